@@ -1,0 +1,53 @@
+"""jobspool: a file-backed durable job queue with lease fencing, feeding LanceDB tables."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+# The spool and its records
+from jobspool.queue.job import Job, Lease, Reservation
+from jobspool.queue.signals import Fail, Retry
+from jobspool.queue.spool import Spool
+from jobspool.queue.states import JobState
+from jobspool.queue.stats import Stats
+
+if TYPE_CHECKING:
+    from jobspool.app import App
+    from jobspool.queue.worker import Context, RunReport, Worker
+
+__version__ = "0.1.0"
+
+__all__ = [
+    # Running jobs
+    "App",
+    "Context",
+    "Fail",
+    # The spool and its records
+    "Job",
+    "JobState",
+    "Lease",
+    "Reservation",
+    "Retry",
+    "RunReport",
+    "Spool",
+    "Stats",
+    "Worker",
+    "__version__",
+]
+
+_LAZY = {
+    "Worker": "jobspool.queue.worker",
+    "Context": "jobspool.queue.worker",
+    "RunReport": "jobspool.queue.worker",
+    "App": "jobspool.app",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # The worker pulls in anyio; keep `import jobspool` light for scripts that only enqueue.
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'jobspool' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

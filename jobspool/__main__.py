@@ -1,0 +1,5 @@
+import sys
+
+from jobspool.cli import main
+
+sys.exit(main())

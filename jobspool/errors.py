@@ -1,0 +1,122 @@
+"""The error tree of jobspool: one root, a shallow hierarchy, every class picklable.
+
+Handler control-flow signals (`Retry`, `Fail`) are not faults and live in
+`jobspool.queue.signals`, apart from this tree.
+"""
+
+from __future__ import annotations
+
+
+class JobspoolError(Exception):
+    """Raised when jobspool refuses an operation or finds its spool unusable (the root)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild, (type(self), self.message, dict(self.__dict__)))
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _rebuild(cls: type[JobspoolError], message: str, state: dict[str, object]) -> JobspoolError:
+    err = cls.__new__(cls)
+    Exception.__init__(err, message)
+    err.__dict__.update(state)
+    return err
+
+
+class InvalidJob(JobspoolError):
+    """Raised when a job's kind, id, payload or options are malformed; nothing is written."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class JobTooLarge(InvalidJob):
+    """Raised when a serialized job (or a stored result) exceeds `max_job_bytes`."""
+
+    def __init__(self, message: str, *, size: int = 0, limit: int = 0) -> None:
+        super().__init__(message, field="payload")
+        self.size = size
+        self.limit = limit
+
+
+class JobNotFound(JobspoolError):
+    """Raised when no job with the given id exists in any state directory."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"job {job_id!r} not found")
+        self.job_id = job_id
+
+
+class LeaseLost(JobspoolError):
+    """Raised when a lease holder acts on a job it no longer holds (expired, taken, canceled)."""
+
+    def __init__(self, job_id: str, token: int, reason: str) -> None:
+        super().__init__(f"lease on job {job_id!r} (token {token}) lost: {reason}")
+        self.job_id = job_id
+        self.token = token
+        self.reason = reason
+
+
+class InvalidTransition(JobspoolError):
+    """Raised when a job's current state does not allow the requested change."""
+
+    def __init__(self, job_id: str, state: str, action: str) -> None:
+        super().__init__(f"cannot {action} job {job_id!r} in state {state!r}")
+        self.job_id = job_id
+        self.state = state
+        self.action = action
+
+
+class SpoolError(JobspoolError):
+    """Raised when the spool directory is missing, unsafe, unwritable or of an unknown format."""
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class Backpressure(JobspoolError):
+    """Raised when enqueue is refused because the backlog is over a configured limit (retryable)."""
+
+    def __init__(self, message: str, *, limit: str = "", value: float = 0.0) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.value = value
+
+
+class ProjectionError(JobspoolError):
+    """Raised when a projection write is malformed (a permanent, per-job failure)."""
+
+    def __init__(self, message: str, *, table: str = "", field: str | None = None) -> None:
+        super().__init__(message)
+        self.table = table
+        self.field = field
+
+
+class WaitTimeout(JobspoolError, TimeoutError):
+    """Raised when `Spool.wait` gives up before the job reached a terminal state."""
+
+    def __init__(self, job_id: str, timeout: float) -> None:
+        super().__init__(f"job {job_id!r} did not finish within {timeout} s")
+        self.job_id = job_id
+        self.timeout = timeout
+
+
+__all__ = [
+    "Backpressure",
+    "InvalidJob",
+    "InvalidTransition",
+    "JobNotFound",
+    "JobTooLarge",
+    "JobspoolError",
+    "LeaseLost",
+    "ProjectionError",
+    "SpoolError",
+    "WaitTimeout",
+]

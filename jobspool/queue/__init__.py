@@ -1,0 +1,1 @@
+"""Job model, on-disk store, locking, state machine, `Spool` and `Worker`."""

@@ -1,0 +1,217 @@
+"""The claim index: a per-process cache of which jobs a claim could take, in claim order.
+
+Why it exists: a claim must take due jobs in (priority, run_at, id) order,
+and the priority of a job is inside its file. Reading every file of
+`ready/` for every claim would make a claim cost O(jobs queued). Instead
+each process keeps, per state directory it claims from, the sort key of
+every job it has seen there, and relists a directory only when that
+directory's generation counter (bumped by every writer, see `lock.py`)
+moved. A listing reads only the files it has not seen before. So a claim
+costs O(batch) file reads plus at most one listing of each changed
+directory, whatever the depth of the queue.
+
+What it guarantees: it is only ever consulted under the spool lock, and the
+spool re-reads every candidate file before acting on it, so a stale entry
+can cost a wasted read or a slightly different order among equals, never a
+wrong claim. A job that left a directory and came back between two of our
+listings keeps its old sort key in `ready/` (order only); in `retryable/`
+the inode number is part of the key, so a rewritten file is read again.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from jobspool.queue.job import CorruptJob, Job, decode_job
+from jobspool.queue.states import ALL_STATES, JobState
+from jobspool.queue.store import JOB_SUFFIX, Store
+
+log = logging.getLogger(__name__)
+
+SLOT = {state: i for i, state in enumerate(ALL_STATES)}
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A job a claim may take: where it is and its sort key."""
+
+    priority: int
+    run_at: float
+    job_id: str
+    state: JobState
+    kind: str
+
+    @property
+    def order(self) -> tuple[int, float, str]:
+        return (self.priority, self.run_at, self.job_id)
+
+
+_Key = tuple[int, float, str]  # (priority, run_at, kind)
+
+
+class ClaimIndex:
+    """Cached claim candidates of `ready/`, `retryable/` and `leased/` for one process."""
+
+    def __init__(self, store: Store, generation: Callable[[int], int]) -> None:
+        self._store = store
+        self._generation = generation
+        self._gen: dict[JobState, int | None] = {
+            JobState.READY: None, JobState.RETRYABLE: None, JobState.LEASED: None}
+        # ready: id -> (priority, run_at, kind); heaps per kind of (priority, run_at, id)
+        self._ready: dict[str, _Key] = {}
+        self._ready_heaps: dict[str, list[tuple[int, float, str]]] = {}
+        # retryable: id -> ((priority, run_at, kind), inode); waiting heap by run_at per kind,
+        # and a due heap by claim order per kind once run_at has passed
+        self._retry: dict[str, tuple[_Key, int]] = {}
+        self._retry_wait: dict[str, list[tuple[float, int, str]]] = {}
+        self._retry_due: dict[str, list[tuple[int, float, str]]] = {}
+        # leased: id -> (expires_at, kind, priority); expiries only grow, so a cached value
+        # is a lower bound and "not expired" from the cache is always true
+        self._leased: dict[str, tuple[float, str, int]] = {}
+        self._bad: set[tuple[str, str]] = set()
+
+    # ------------------------------------------------------------ freshness
+
+    def tracked(self, state: JobState) -> bool:
+        return state in self._gen
+
+    def is_current(self, state: JobState) -> bool:
+        g = self._gen.get(state)
+        return g is not None and g == self._generation(SLOT[state])
+
+    def mark_current(self, state: JobState, generation: int) -> None:
+        if state in self._gen:
+            self._gen[state] = generation
+
+    def invalidate(self) -> None:
+        for state in self._gen:
+            self._gen[state] = None
+
+    def refresh(self) -> None:
+        """Relist every directory whose generation moved (call under the spool lock)."""
+        for state in (JobState.READY, JobState.RETRYABLE, JobState.LEASED):
+            g = self._generation(SLOT[state])
+            if self._gen[state] != g:
+                self._relist(state)
+                self._gen[state] = g
+
+    def _read(self, state: JobState, job_id: str) -> Job | None:
+        try:
+            data = self._store.read(state.value, job_id + JOB_SUFFIX)
+        except FileNotFoundError:
+            return None
+        try:
+            return decode_job(data, expect_id=job_id, expect_state=state)
+        except CorruptJob as exc:
+            if (state.value, job_id) not in self._bad:
+                self._bad.add((state.value, job_id))
+                log.warning("skipping unreadable job file %s/%s%s: %s (run `jobspool recover` "
+                            "to quarantine it)", state.value, job_id, JOB_SUFFIX, exc.reason)
+            return None
+
+    def _relist(self, state: JobState) -> None:
+        if state is JobState.READY:
+            names = set(self._store.names(state.value))
+            for gone in self._ready.keys() - names:
+                del self._ready[gone]
+            for job_id in names - self._ready.keys():
+                job = self._read(state, job_id)
+                if job is not None:
+                    self.learn(job)
+        elif state is JobState.RETRYABLE:
+            listing = dict(self._store.scan(state.value))
+            for gone in [k for k, (_, ino) in self._retry.items() if listing.get(k) != ino]:
+                del self._retry[gone]
+            for job_id in listing.keys() - self._retry.keys():
+                job = self._read(state, job_id)
+                if job is not None:
+                    self.learn(job, inode=listing[job_id])
+        else:
+            names = set(self._store.names(state.value))
+            for gone in self._leased.keys() - names:
+                del self._leased[gone]
+            for job_id in names - self._leased.keys():
+                job = self._read(state, job_id)
+                if job is not None:
+                    self.learn(job)
+
+    # ------------------------------------------------------------ updates
+
+    def learn(self, job: Job, *, inode: int = -1) -> None:
+        """Record a job now sitting in one of the claimable directories."""
+        if job.state is JobState.READY:
+            self._ready[job.id] = (job.priority, job.run_at, job.kind)
+            heapq.heappush(self._ready_heaps.setdefault(job.kind, []),
+                           (job.priority, job.run_at, job.id))
+        elif job.state is JobState.RETRYABLE:
+            if inode == -1:
+                inode = self._inode(JobState.RETRYABLE, job.id)
+            self._retry[job.id] = ((job.priority, job.run_at, job.kind), inode)
+            heapq.heappush(self._retry_wait.setdefault(job.kind, []),
+                           (job.run_at, job.priority, job.id))
+        elif job.state is JobState.LEASED and job.lease is not None:
+            self._leased[job.id] = (job.lease.expires_at, job.kind, job.priority)
+
+    def forget(self, state: JobState, job_id: str) -> None:
+        if state is JobState.READY:
+            self._ready.pop(job_id, None)
+        elif state is JobState.RETRYABLE:
+            self._retry.pop(job_id, None)
+        elif state is JobState.LEASED:
+            self._leased.pop(job_id, None)
+
+    def _inode(self, state: JobState, job_id: str) -> int:
+        try:
+            return self._store.path(state.value, job_id + JOB_SUFFIX).stat().st_ino
+        except FileNotFoundError:
+            return -1
+
+    # ------------------------------------------------------------ queries
+
+    def candidates(self, now: float, kinds: frozenset[str] | None, limit: int) -> list[Candidate]:
+        """Up to `limit` due candidates in claim order (entries stay in the index)."""
+        pool: list[Candidate] = []
+        for kind, heap in self._ready_heaps.items():
+            if kinds is None or kind in kinds:
+                pool.extend(self._peek(heap, limit, JobState.READY, kind))
+        for kind, wait in self._retry_wait.items():
+            if kinds is not None and kind not in kinds:
+                continue
+            due = self._retry_due.setdefault(kind, [])
+            while wait and wait[0][0] <= now:
+                run_at, priority, job_id = heapq.heappop(wait)
+                entry = self._retry.get(job_id)
+                if entry is not None and entry[0][:2] == (priority, run_at):
+                    heapq.heappush(due, (priority, run_at, job_id))
+            pool.extend(self._peek(due, limit, JobState.RETRYABLE, kind))
+        for job_id, (expires_at, kind, priority) in self._leased.items():
+            if expires_at <= now and (kinds is None or kind in kinds):
+                pool.append(Candidate(priority, expires_at, job_id, JobState.LEASED, kind))
+        pool.sort(key=lambda c: c.order)
+        return pool[:limit]
+
+    def _peek(self, heap: list[tuple[int, float, str]], limit: int, state: JobState,
+              kind: str) -> Iterable[Candidate]:
+        out: list[tuple[int, float, str]] = []
+        while heap and len(out) < limit:
+            item = heapq.heappop(heap)
+            priority, run_at, job_id = item
+            if state is JobState.READY:
+                key = self._ready.get(job_id)
+            else:
+                entry = self._retry.get(job_id)
+                key = entry[0] if entry is not None else None
+            if key is not None and key[:2] == (priority, run_at) and key[2] == kind:
+                out.append(item)
+        for item in out:
+            heapq.heappush(heap, item)
+        return [Candidate(p, r, j, state, kind) for p, r, j in out]
+
+
+    def counts(self) -> dict[str, int]:
+        return {"ready": len(self._ready), "retryable": len(self._retry),
+                "leased": len(self._leased)}
+

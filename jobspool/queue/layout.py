@@ -1,0 +1,135 @@
+"""The spool directory's layout: creating it, checking it is safe, and `spool.json`.
+
+Checked before anything is written: the root is a directory we may write,
+`spool.json`'s format version is one this code understands, and every state
+directory, `tmp/` and `quarantine/` is a real directory inside the root — a
+symlink there could send writes outside the spool, so it is refused.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from jobspool.errors import SpoolError
+from jobspool.queue.states import ALL_STATES
+from jobspool.queue.store import POOL_DIR, TMP_DIR, write_atomic
+
+SPOOL_FORMAT = 1
+SPOOL_FILE = "spool.json"
+QUARANTINE_DIR = "quarantine"
+SUBDIRS: tuple[str, ...] = (*(s.value for s in ALL_STATES), TMP_DIR, POOL_DIR, QUARANTINE_DIR)
+
+
+@dataclass(frozen=True, slots=True)
+class SpoolSettings:
+    """The settings a spool was created with (defaults for every later opener)."""
+
+    lease_seconds: float
+    max_attempts: int
+    retry_base_seconds: float
+    retry_max_seconds: float
+    keep_terminal: int
+    max_rescues: int | None
+    prepare_grace_seconds: float
+
+
+@dataclass
+class Layout:
+    root: Path
+    settings: dict[str, Any]
+    created: bool
+    durable: bool
+
+    def save_settings(self, settings: SpoolSettings) -> None:
+        doc = {"format": SPOOL_FORMAT, "settings": asdict(settings)}
+        write_atomic(self.root / SPOOL_FILE, orjson.dumps(doc, option=orjson.OPT_INDENT_2),
+                     durable=self.durable)
+
+
+def read_spool_file(root: Path) -> dict[str, Any] | None:
+    path = root / SPOOL_FILE
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise SpoolError(f"cannot read {path}: {exc.strerror}", path=str(path)) from None
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise SpoolError(f"{path} is not valid JSON", path=str(path)) from None
+    if not isinstance(doc, dict):
+        raise SpoolError(f"{path} is not a JSON object", path=str(path))
+    version = doc.get("format")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise SpoolError(f"{path} has no integer format version", path=str(path))
+    if version > SPOOL_FORMAT:
+        raise SpoolError(
+            f"spool {root} has format version {version}, newer than this jobspool "
+            f"understands (format {SPOOL_FORMAT}); upgrade jobspool", path=str(path))
+    return doc
+
+
+def open_layout(root: Path, *, create: bool, durable: bool) -> Layout:
+    """Check (and with `create`, make) the spool directory; raise `SpoolError` naming the path."""
+    try:
+        st = root.stat()
+    except FileNotFoundError:
+        if not create:
+            raise SpoolError(f"spool {root} does not exist (run `jobspool init`)",
+                             path=str(root)) from None
+        st = None
+    except OSError as exc:
+        raise SpoolError(f"cannot access spool {root}: {exc.strerror}", path=str(root)) from None
+    if st is not None and not stat.S_ISDIR(st.st_mode):
+        raise SpoolError(f"spool root {root} is not a directory", path=str(root))
+    doc = read_spool_file(root) if st is not None else None
+    if st is None:
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SpoolError(f"cannot create spool {root}: {exc.strerror}",
+                             path=str(root)) from None
+    if not os.access(root, os.W_OK | os.X_OK):
+        raise SpoolError(f"spool {root} is not writable", path=str(root))
+    for name in SUBDIRS:
+        _ensure_dir(root, name, create=create or doc is None)
+    if doc is None and not create:
+        raise SpoolError(f"{root} is not a spool (no {SPOOL_FILE}; run `jobspool init`)",
+                         path=str(root))
+    settings = doc.get("settings", {}) if doc is not None else {}
+    if not isinstance(settings, dict):
+        raise SpoolError(f"{root / SPOOL_FILE}: 'settings' is not an object",
+                         path=str(root / SPOOL_FILE))
+    return Layout(root=root, settings=settings, created=doc is None, durable=durable)
+
+
+def _ensure_dir(root: Path, name: str, *, create: bool) -> None:
+    path = root / name
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        if not create:
+            raise SpoolError(f"spool directory {path} is missing", path=str(path)) from None
+        try:
+            path.mkdir()
+        except FileExistsError:
+            return _ensure_dir(root, name, create=False)  # a racing opener made it
+        except OSError as exc:
+            code = errno.errorcode.get(exc.errno or 0, "")
+            raise SpoolError(f"cannot create {path}: {exc.strerror} {code}".rstrip(),
+                             path=str(path)) from None
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        raise SpoolError(f"{path} is a symlink; state directories must be real directories "
+                         "inside the spool", path=str(path))
+    if not stat.S_ISDIR(st.st_mode):
+        raise SpoolError(f"{path} is not a directory", path=str(path))
+    return None

@@ -1,0 +1,189 @@
+"""The state machine: pure functions that compute a job's next snapshot.
+
+Nothing here touches the disk or reads a clock: `now` and the random source
+are passed in, so every rule about leases, due-ness and backoff is a pure
+function of the job and the time. The spool calls these under its lock and
+hands the result to the store.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from jobspool.errors import LeaseLost
+from jobspool.queue.job import Job, Lease, LeaseInfo, clip_error, evolve
+from jobspool.queue.states import JobState, check_transition
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Exponential backoff with "equal jitter", capped.
+
+    The n-th retry waits a uniform random time in [d/2, d] where
+    d = min(max_seconds, base_seconds * 2 ** (n - 1)): the floor keeps a
+    storm of failures from retrying at once, the cap keeps a job from
+    sleeping for days.
+    """
+
+    base_seconds: float = 1.0
+    max_seconds: float = 300.0
+
+    def delay(self, attempts: int, rng: random.Random | None = None) -> float:
+        n = max(1, attempts)
+        # Cap the exponent before computing, so attempts in the thousands cannot overflow.
+        d = min(self.max_seconds, self.base_seconds * (2.0 ** min(n - 1, 62)))
+        r = (rng or random).random()
+        return d / 2.0 + r * d / 2.0
+
+
+def _move(job: Job, action: str, dst: JobState, now: float, **changes: Any) -> Job:
+    check_transition(job.id, action, job.state, dst)
+    return evolve(job, state=dst, revision=job.revision + 1, updated_at=now, **changes)
+
+
+def new_job(*, job_id: str, kind: str, payload: Any, now: float, delay: float, priority: int,
+            max_attempts: int, state: JobState | None = None,
+            reservations: tuple[str, ...] = ()) -> Job:
+    run_at = now + delay
+    if state is None:
+        state = JobState.RETRYABLE if delay > 0 else JobState.READY
+    return Job(id=job_id, kind=kind, payload=payload, state=state, priority=priority,
+               attempts=0, max_attempts=max_attempts, revision=1, created_at=now,
+               updated_at=now, run_at=run_at, reservations=reservations)
+
+
+def reopen(job: Job, *, payload: Any, now: float, delay: float, priority: int,
+           max_attempts: int, state: JobState | None = None,
+           reservations: tuple[str, ...] = ()) -> Job:
+    """A canceled job enqueued again: new revision, attempts reset."""
+    if state is None:
+        state = JobState.RETRYABLE if delay > 0 else JobState.READY
+    return _move(job, "reopen", state, now, payload=payload, attempts=0, priority=priority,
+                 max_attempts=max_attempts, run_at=now + delay, lease=None, last_error=None,
+                 result=None, reservations=reservations, rescues=0)
+
+
+def is_due(job: Job, now: float) -> bool:
+    """Whether a claim may take this job now."""
+    if job.state is JobState.READY:
+        return True
+    if job.state is JobState.RETRYABLE:
+        return job.run_at <= now
+    if job.state is JobState.LEASED:
+        return job.lease is not None and job.lease.expires_at <= now
+    return False
+
+
+def lease_expired(job: Job, now: float) -> bool:
+    return job.state is JobState.LEASED and job.lease is not None and job.lease.expires_at <= now
+
+
+def claim(job: Job, *, token: int, owner: str, now: float, lease_seconds: float) -> Job:
+    rescued = 1 if job.state is JobState.LEASED else 0
+    lease = LeaseInfo(token=token, owner=owner, expires_at=now + lease_seconds)
+    return _move(job, "claim", JobState.LEASED, now, attempts=job.attempts + 1, lease=lease,
+                 rescues=job.rescues + rescued)
+
+
+def reclaim(job: Job, *, now: float, policy: RetryPolicy, max_rescues: int | None,
+            rng: random.Random | None = None) -> Job:
+    """An expired lease given back: retryable, or dead letter when attempts (or rescues) run out."""
+    rescues = job.rescues + 1
+    error = job.last_error or "lease expired (worker died or stalled)"
+    if job.attempts >= job.max_attempts:
+        return _move(job, "reclaim", JobState.DEAD_LETTER, now, lease=None, rescues=rescues,
+                     last_error=clip_error(f"attempts exhausted; last: {error}"))
+    if max_rescues is not None and rescues > max_rescues:
+        return _move(job, "reclaim", JobState.DEAD_LETTER, now, lease=None, rescues=rescues,
+                     last_error=clip_error(f"poison pill: lease expired {rescues} times"))
+    return _move(job, "reclaim", JobState.RETRYABLE, now, lease=None, rescues=rescues,
+                 run_at=now + policy.delay(job.attempts, rng))
+
+
+def check_lease(job: Job, lease: Lease, now: float) -> None:
+    """Raise `LeaseLost` unless `lease` is the job's current, unexpired lease."""
+    if job.state is not JobState.LEASED or job.lease is None:
+        raise LeaseLost(lease.job_id, lease.token, f"job is {job.state.value}")
+    if job.lease.token != lease.token:
+        raise LeaseLost(lease.job_id, lease.token, f"job was claimed again (token {job.lease.token})")
+    if job.lease.expires_at <= now:
+        raise LeaseLost(lease.job_id, lease.token, "lease expired")
+
+
+def heartbeat(job: Job, lease: Lease, *, now: float, lease_seconds: float) -> Job:
+    check_lease(job, lease, now)
+    assert job.lease is not None
+    info = LeaseInfo(token=job.lease.token, owner=job.lease.owner,
+                     expires_at=max(job.lease.expires_at, now + lease_seconds))
+    return _move(job, "heartbeat", JobState.LEASED, now, lease=info)
+
+
+def complete(job: Job, lease: Lease, *, now: float, result: Any) -> Job:
+    check_lease(job, lease, now)
+    return _move(job, "complete", JobState.COMPLETED, now, lease=None, result=result)
+
+
+def fail(job: Job, lease: Lease, *, now: float, error: object, retryable: bool,
+         delay: float | None, policy: RetryPolicy, rng: random.Random | None = None) -> Job:
+    check_lease(job, lease, now)
+    message = clip_error(error)
+    if not retryable or job.attempts >= job.max_attempts:
+        return _move(job, "fail", JobState.DEAD_LETTER, now, lease=None, last_error=message)
+    wait = policy.delay(job.attempts, rng) if delay is None else delay
+    return _move(job, "fail", JobState.RETRYABLE, now, lease=None, last_error=message,
+                 run_at=now + wait)
+
+
+def release(job: Job, lease: Lease, *, now: float, delay: float) -> Job:
+    """Give a job back without counting the attempt (shutdown, handler not ready)."""
+    check_lease(job, lease, now)
+    dst = JobState.RETRYABLE if delay > 0 else JobState.READY
+    return _move(job, "release", dst, now, lease=None, attempts=max(0, job.attempts - 1),
+                 run_at=now + delay)
+
+
+def cancel(job: Job, *, now: float) -> Job:
+    return _move(job, "cancel", JobState.CANCELED, now, lease=None, reservations=())
+
+
+def requeue(job: Job, *, now: float) -> Job:
+    return _move(job, "requeue", JobState.READY, now, lease=None, attempts=0, run_at=now,
+                 rescues=0)
+
+
+def commit(job: Job, *, now: float) -> Job:
+    """Publish a prepared job: ready, or retryable until its `run_at` when it was delayed."""
+    dst = JobState.RETRYABLE if job.run_at > now else JobState.READY
+    return _move(job, "commit", dst, now, reservations=())
+
+
+def add_reservation(job: Job, reservation_id: str, *, now: float) -> Job:
+    return evolve(job, reservations=(*job.reservations, reservation_id),
+                  revision=job.revision + 1, updated_at=now)
+
+
+def abort(job: Job, reservation_id: str, *, now: float) -> Job:
+    """Drop one producer's reservation; the last one out cancels the job."""
+    left = tuple(r for r in job.reservations if r != reservation_id)
+    if left:
+        return _move(job, "abort", JobState.PREPARED, now, reservations=left)
+    return _move(job, "abort", JobState.CANCELED, now, reservations=(),
+                 last_error="aborted by its producer")
+
+
+def replay(job: Job, outcome: str, *, now: float, error: str | None = None) -> Job:
+    """Apply a replay hook's verdict to a prepared job left behind by a dead producer."""
+    if outcome == "committed":
+        return _move(job, "replay", JobState.READY, now, reservations=(), run_at=now)
+    if outcome == "aborted":
+        return _move(job, "replay", JobState.CANCELED, now, reservations=(),
+                     last_error="aborted by replay")
+    attempts = job.attempts + 1
+    message = clip_error(error or "replay outcome unknown")
+    if attempts >= job.max_attempts:
+        return _move(job, "replay", JobState.DEAD_LETTER, now, attempts=attempts, reservations=(),
+                     last_error=clip_error(f"replay unresolved after {attempts} attempts; "
+                                           f"last: {message}"))
+    return _move(job, "replay", JobState.PREPARED, now, attempts=attempts, last_error=message)

@@ -1,0 +1,27 @@
+"""Handler control-flow signals. Not faults: they say how a job should be settled."""
+
+from __future__ import annotations
+
+
+class Retry(Exception):
+    """Raise from a handler to retry the job later (`delay` seconds, or the backoff)."""
+
+    def __init__(self, reason: str = "retry requested", *, delay: float | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.delay = delay
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_retry, (self.reason, self.delay))
+
+
+class Fail(Exception):
+    """Raise from a handler to dead-letter the job now, without further attempts."""
+
+    def __init__(self, reason: str = "failed permanently") -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _retry(reason: str, delay: float | None) -> Retry:
+    return Retry(reason, delay=delay)

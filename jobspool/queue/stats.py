@@ -1,0 +1,82 @@
+"""`Spool.stats()`: counts per state and the few figures an operator watches."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from jobspool.queue.states import ALL_STATES, JobState
+
+if TYPE_CHECKING:
+    from jobspool.queue.spool import Spool
+
+# Reading every retryable file to find the oldest due one is O(retryable): cap it.
+_MAX_RETRYABLE_SCAN = 20_000
+_READY_SAMPLE = 16
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """A snapshot of a spool's counts (one listing per directory, taken under the lock)."""
+
+    counts: dict[str, int]
+    total: int
+    due: int
+    oldest_due_age: float | None
+    fence: int
+    quarantined: int
+    temp_files: int
+    now: float
+    by_kind: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "counts": dict(self.counts), "total": self.total, "due": self.due,
+            "oldest_due_age": self.oldest_due_age, "fence": self.fence,
+            "quarantined": self.quarantined, "temp_files": self.temp_files, "now": self.now,
+            "by_kind": {k: dict(v) for k, v in self.by_kind.items()},
+        }
+
+
+def collect_stats(spool: Spool, *, by_kind: bool = False) -> Stats:
+    store = spool.store
+    with spool.lock.hold():
+        now = spool.now()
+        names = {s: store.names(s.value) for s in ALL_STATES}
+        fence = spool._read_fence()
+    counts = {s.value: len(n) for s, n in names.items()}
+    oldest: float | None = None
+    due = counts[JobState.READY.value]
+    for job_id in sorted(names[JobState.READY])[:_READY_SAMPLE]:
+        job = spool._read(JobState.READY, job_id)
+        if job is not None:
+            age = max(0.0, now - job.run_at)
+            oldest = age if oldest is None else max(oldest, age)
+    if counts[JobState.RETRYABLE.value] <= _MAX_RETRYABLE_SCAN:
+        for job_id in names[JobState.RETRYABLE]:
+            job = spool._read(JobState.RETRYABLE, job_id)
+            if job is not None and job.run_at <= now:
+                due += 1
+                age = now - job.run_at
+                oldest = age if oldest is None else max(oldest, age)
+    kinds: dict[str, dict[str, int]] = {}
+    if by_kind:
+        for s in ALL_STATES:
+            for job_id in names[s]:
+                job = spool._read(s, job_id)
+                if job is not None:
+                    per = kinds.setdefault(job.kind, {})
+                    per[s.value] = per.get(s.value, 0) + 1
+    return Stats(
+        counts=counts, total=sum(counts.values()), due=due, oldest_due_age=oldest,
+        fence=fence, quarantined=_count(spool.root / "quarantine", suffix=".json"),
+        temp_files=_count(spool.root / "tmp", suffix=".tmp"), now=now, by_kind=kinds)
+
+
+def _count(path: os.PathLike[str] | str, *, suffix: str) -> int:
+    try:
+        return sum(1 for n in os.listdir(path) if not n.endswith(".reason") and
+                   (suffix == ".json" or n.endswith(suffix)))
+    except FileNotFoundError:
+        return 0

@@ -1,0 +1,282 @@
+"""The on-disk store: reads and atomically writes the files of a spool, nothing more.
+
+It knows nothing of retries or leases; it is handed finished bytes and told
+where they go. Every system call that matters for crash-safety goes through
+the module-level names `os_replace`, `os_fsync`, `os_unlink` and `os_write`,
+so tests can inject a failure at each step.
+
+The write sequence of `apply` (a batch of changes, all under the spool lock):
+
+1. stage: write each new file into `tmp/` (a fresh file, or a recycled one
+   from `tmp/pool/`, rewritten in place: creating inodes is the dominant
+   cost on this kind of disk), then flush the data (fsync per file, or one
+   `syncfs` for the batch);
+2. publish: rename each staged file to its destination, then flush the
+   destination directories — after this point the change is durable;
+3. retire: move each superseded file away (into `tmp/pool/` for reuse, or
+   unlink it), then flush those directories.
+
+A crash at any point leaves, for each job, the old file, or the new file,
+or both; both is settled by recovery keeping the higher `revision`. Step 3
+is ordered after the flush of step 2 so that even a power loss (not just a
+process crash) cannot persist the removal of the old file without the
+arrival of the new one. `durable=False` skips every flush: safe against a
+process crash (the page cache survives it), not against a power loss.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import errno
+import itertools
+import logging
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+# Syscall seams (fault injection patches these).
+os_replace = os.replace
+os_fsync = os.fsync
+os_unlink = os.unlink
+os_write = os.write
+
+JOB_SUFFIX = ".json"
+TMP_DIR = "tmp"
+POOL_DIR = "tmp/pool"
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+_libc: ctypes.CDLL | None = None
+
+
+def _syncfs(fd: int) -> None:
+    """Flush the whole filesystem holding `fd` (Linux `syncfs(2)`): one flush for a batch."""
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    if _libc.syncfs(fd) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """Put `data` at `dst/name` and/or remove `src/name` (directories relative to the root).
+
+    `dst` of `""` is the spool root itself (the `fence` file). `data=None`
+    with a `src` is a removal (pruning).
+    """
+
+    name: str
+    dst: str | None
+    data: bytes | None
+    src: str | None = None
+
+
+class Store:
+    """Atomic file placement inside one spool root."""
+
+    def __init__(self, root: Path, *, durable: bool = True, sync_mode: str = "auto",
+                 pool_size: int = 256) -> None:
+        if sync_mode not in ("auto", "fsync", "syncfs"):
+            raise ValueError(f"sync_mode must be auto, fsync or syncfs, not {sync_mode!r}")
+        self.root = root
+        self.durable = durable
+        self.sync_mode = sync_mode
+        self.pool_size = pool_size
+        self._tmp = root / TMP_DIR
+        self._pool_dir = root / POOL_DIR
+        self._counter = itertools.count()
+        self._pid = os.getpid()
+        self._pool: list[str] = []
+        self._pool_loaded = False
+
+    # ------------------------------------------------------------ reading
+
+    def path(self, directory: str, name: str) -> Path:
+        return self.root / directory / name
+
+    def read(self, directory: str, name: str) -> bytes:
+        """The bytes of one file; raises FileNotFoundError when it is not there."""
+        fd = os.open(os.path.join(self.root, directory, name), os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            chunks = []
+            while True:
+                chunk = os.read(fd, 1 << 17)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
+
+    def names(self, directory: str) -> list[str]:
+        """Job ids with a file in `directory` (one directory listing)."""
+        n = len(JOB_SUFFIX)
+        return [f[:-n] for f in os.listdir(self.root / directory) if f.endswith(JOB_SUFFIX)]
+
+    def scan(self, directory: str) -> list[tuple[str, int]]:
+        """(job id, inode) for each job file in `directory` (inodes come free with the listing)."""
+        n = len(JOB_SUFFIX)
+        with os.scandir(self.root / directory) as it:
+            return [(e.name[:-n], e.inode()) for e in it if e.name.endswith(JOB_SUFFIX)]
+
+    # ------------------------------------------------------------ writing
+
+    def apply(self, changes: Sequence[Change]) -> None:
+        """Apply a batch of changes with the write sequence described in the module docstring."""
+        if not changes:
+            return
+        use_syncfs = self.durable and (
+            self.sync_mode == "syncfs" or (self.sync_mode == "auto" and len(changes) >= 8)
+        )
+        staged: list[tuple[Change, str]] = []
+        try:
+            for ch in changes:
+                if ch.data is not None:
+                    staged.append((ch, self._stage(ch.data, fsync=self.durable and not use_syncfs)))
+        except BaseException:
+            for _, tmp in staged:
+                _quiet_unlink(tmp)
+            raise
+        if use_syncfs:
+            self._flush_fs()
+        dst_dirs: set[str] = set()
+        for ch, tmp in staged:
+            assert ch.dst is not None
+            os_replace(tmp, os.path.join(self.root, ch.dst, ch.name))
+            dst_dirs.add(ch.dst)
+        if self.durable and dst_dirs:
+            self._flush_dirs(dst_dirs, use_syncfs)
+        src_dirs: set[str] = set()
+        for ch in changes:
+            if ch.src is not None and (ch.src != ch.dst or ch.data is None):
+                self._retire(os.path.join(self.root, ch.src, ch.name))
+                src_dirs.add(ch.src)
+        if self.durable and src_dirs:
+            self._flush_dirs(src_dirs, use_syncfs)
+
+    def _stage(self, data: bytes, *, fsync: bool) -> str:
+        """Write `data` into a staging file and return its path (data flushed if `fsync`)."""
+        path, fd = self._staging_file()
+        try:
+            view = memoryview(data)
+            while view:
+                written = os_write(fd, view)
+                view = view[written:]
+            if fsync:
+                os_fsync(fd)
+        except BaseException:
+            os.close(fd)
+            _quiet_unlink(path)
+            raise
+        os.close(fd)
+        return path
+
+    def _staging_file(self) -> tuple[str, int]:
+        self._check_fork()
+        while self._pool:
+            name = self._pool.pop()
+            path = os.path.join(self._pool_dir, name)
+            try:
+                # Rewriting a recycled inode avoids the cost of creating one.
+                return path, os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue  # another process took it
+        path = os.path.join(self._tmp, f"{self._pid}.{next(self._counter)}.tmp")
+        return path, os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+
+    def _retire(self, path: str) -> None:
+        """Remove a superseded file: recycle it into the pool while the pool has room."""
+        self._check_fork()
+        if len(self._pool) < self.pool_size:
+            name = f"{self._pid}.{next(self._counter)}"
+            try:
+                os_replace(path, os.path.join(self._pool_dir, name))
+                self._pool.append(name)
+                return
+            except FileNotFoundError:
+                return
+        with contextlib.suppress(FileNotFoundError):
+            os_unlink(path)
+
+    def _check_fork(self) -> None:
+        if not self._pool_loaded or self._pid != os.getpid():
+            self._pid = os.getpid()
+            self._counter = itertools.count()
+            try:
+                self._pool = os.listdir(self._pool_dir)[: self.pool_size]
+            except FileNotFoundError:
+                self._pool = []
+            self._pool_loaded = True
+
+    def _flush_fs(self) -> None:
+        fd = os.open(self.root, _DIR_FLAGS)
+        try:
+            _syncfs(fd)
+        finally:
+            os.close(fd)
+
+    def _flush_dirs(self, dirs: Iterable[str], use_syncfs: bool) -> None:
+        if use_syncfs:
+            self._flush_fs()
+            return
+        for d in dirs:
+            fsync_dir(self.root / d if d else self.root)
+
+    def remove_file(self, directory: str, name: str) -> bool:
+        """Unlink one file (used by recovery for stale temp files); flushes the directory."""
+        try:
+            os_unlink(os.path.join(self.root, directory, name))
+        except FileNotFoundError:
+            return False
+        if self.durable:
+            fsync_dir(self.root / directory)
+        return True
+
+    def pool_names(self) -> list[str]:
+        try:
+            return os.listdir(self._pool_dir)
+        except FileNotFoundError:
+            return []
+
+    def forget_pool(self) -> None:
+        """Drop the in-memory pool list (after recovery trimmed or emptied the pool)."""
+        self._pool = []
+        self._pool_loaded = False
+
+
+def fsync_dir(path: Path | str) -> None:
+    fd = os.open(path, _DIR_FLAGS)
+    try:
+        os_fsync(fd)
+    except OSError as exc:
+        # Some filesystems refuse fsync on a directory; the rename is as durable as they allow.
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP):
+            raise
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
+    """Write one file outside the batch path (spool.json at creation): tmp, fsync, rename."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        os_write(fd, data)
+        if durable:
+            os_fsync(fd)
+    finally:
+        os.close(fd)
+    os_replace(tmp, path)
+    if durable:
+        fsync_dir(path.parent)
+
+
+def _quiet_unlink(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)

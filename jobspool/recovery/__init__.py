@@ -1,0 +1,1 @@
+"""Boot recovery, replay of prepared jobs, fsck and retention pruning."""

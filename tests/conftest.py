@@ -1,0 +1,61 @@
+"""Shared fixtures: a fake clock, scratch spools, and the hypothesis profile."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+settings.register_profile(
+    "ci",
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+settings.register_profile(
+    "dev",
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+
+class FakeClock:
+    """A settable clock for every time-dependent rule (leases, backoff, due-ness)."""
+
+    def __init__(self, start: float = 1_700_000_000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def spool_root(tmp_path: Path) -> Path:
+    return tmp_path / "spool"
+
+
+@pytest.fixture
+def spool(spool_root: Path, clock: FakeClock) -> Iterator[object]:
+    from jobspool import Spool
+
+    s = Spool(spool_root, durable=False, clock=clock, lease_seconds=30.0)
+    yield s
+    s.close()
