@@ -237,6 +237,13 @@ class Spool:
                                                  JobState.CANCELED):
                 self._terminal_writes += 1
 
+    def _touch(self, states: Iterable[JobState]) -> None:
+        """Tell every process's claim index that these directories changed outside `_commit`
+        (recovery's quarantine moves, pruning); call under the lock."""
+        for s in states:
+            self._lock.bump(SLOT[s])
+        self._index.invalidate()
+
     def _stale_removals(self, job_id: str, stale: Iterable[JobState]) -> list[Change]:
         return [Change(name=job_id + JOB_SUFFIX, dst=None, data=None, src=s.value) for s in stale]
 
