@@ -14,6 +14,20 @@ from typing import Any
 
 import orjson
 
+
+class FakeClock:
+    """A settable clock (the same shape as conftest's, for code that cannot take a fixture)."""
+
+    def __init__(self, start: float = 1_700_000_000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 STATE_DIRS = ("prepared", "ready", "leased", "retryable", "completed", "dead_letter", "canceled")
 
 
