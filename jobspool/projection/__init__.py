@@ -1,0 +1,72 @@
+"""Projection of jobs into LanceDB tables: fenced, group-committed writes and maintenance.
+
+The handler side (`PendingWrite`, `make_upsert`, `make_delete`, `LIVE_FILTER`)
+imports neither LanceDB nor pyarrow. The store, the reader and maintenance
+are loaded on first access, so importing this package stays cheap.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from jobspool.projection.handler import (
+    LIVE_FILTER,
+    RESERVED_COLUMNS,
+    PendingWrite,
+    live_filter,
+    make_delete,
+    make_upsert,
+)
+
+if TYPE_CHECKING:
+    from jobspool.projection.lance import ApplyResult, LanceProjection, ProjectionStore
+    from jobspool.projection.maintenance import (
+        MaintenanceBeat,
+        MaintenanceReport,
+        TableOutcome,
+        maintain,
+        read_maintenance_state,
+    )
+
+_LAZY = {
+    "ApplyResult": "jobspool.projection.lance",
+    "LanceProjection": "jobspool.projection.lance",
+    "ProjectionStore": "jobspool.projection.lance",
+    "MaintenanceBeat": "jobspool.projection.maintenance",
+    "MaintenanceReport": "jobspool.projection.maintenance",
+    "TableOutcome": "jobspool.projection.maintenance",
+    "maintain": "jobspool.projection.maintenance",
+    "read_maintenance_state": "jobspool.projection.maintenance",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = [  # noqa: RUF022 - grouped by weight: the first group never loads LanceDB
+    # writes a handler makes (no LanceDB, no pyarrow)
+    "LIVE_FILTER",
+    "RESERVED_COLUMNS",
+    "PendingWrite",
+    "live_filter",
+    "make_delete",
+    "make_upsert",
+    # the store and the reader (LanceDB, imported lazily)
+    "ApplyResult",
+    "LanceProjection",
+    "ProjectionStore",
+    # maintenance
+    "MaintenanceBeat",
+    "MaintenanceReport",
+    "TableOutcome",
+    "maintain",
+    "read_maintenance_state",
+]

@@ -1,0 +1,229 @@
+"""What a handler hands to the projection: pending, fenced writes (no LanceDB here).
+
+A handler never opens LanceDB. It calls `ctx.upsert(table, rows, version=...)`
+or `ctx.delete(table, ids, version=...)`; the worker turns each call into a
+`PendingWrite` with `make_upsert` / `make_delete`, gathers the writes of every
+job of a claimed batch, and hands them to `ProjectionStore.apply`, which
+commits one merge per table (group commit).
+
+Every write carries two numbers that decide, inside the merge, whether it may
+replace what a row holds (DESIGN §4):
+
+- `version`: the source's version of the record (an mtime, a revision). When
+  the handler gives none, the lease token stands in for it.
+- `fence`: the lease token of the job run that produced the write. Tokens are
+  strictly increasing across all claims, so a zombie run (lease expired,
+  job claimed again) always writes with a lower fence than its successor.
+
+A write applies only when `(version, fence)` is >= the stored pair. This
+protects against stale and duplicated runs and against a late write
+resurrecting a deleted record (deletes are tombstones with the same pair).
+It does not protect against a source that hands out a *higher* version for
+older content: the version must really order the source's states.
+
+This module imports neither LanceDB nor pyarrow, so the worker and the CLI can
+build writes without paying for either.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from jobspool.errors import ProjectionError
+
+# Reserved columns every projected table carries besides the user's columns.
+VERSION_COLUMN = "version"  # float64: the source version of the row
+FENCE_COLUMN = "fence"  # int64: the lease token of the write that produced the row
+DELETED_COLUMN = "_deleted"  # bool: True for a tombstone
+WRITTEN_AT_COLUMN = "_written_at"  # float64: wall-clock seconds of the commit (tombstone GC)
+RESERVED_COLUMNS: frozenset[str] = frozenset(
+    {VERSION_COLUMN, FENCE_COLUMN, DELETED_COLUMN, WRITTEN_AT_COLUMN}
+)
+# Columns readers never see: they exist for fencing and garbage collection only.
+HIDDEN_COLUMNS: tuple[str, ...] = (DELETED_COLUMN, WRITTEN_AT_COLUMN)
+
+#: The filter that keeps live rows (drops tombstones). Add it to every raw
+#: LanceDB query on a projected table: `tbl.search().where(LIVE_FILTER)`, or
+#: `f"({your_filter}) AND {LIVE_FILTER}"`.
+LIVE_FILTER = f"{DELETED_COLUMN} = false"
+
+# LanceDB accepts letters, digits, `_`, `-` and `.` in table names; a leading
+# dot is refused because the maintenance state file beside the tables is one.
+TABLE_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+MAX_KEY_CHARS = 1024
+
+Op = Literal["upsert", "delete"]
+
+
+def live_filter(where: str | None = None) -> str:
+    """Return a LanceDB filter that applies `where` to live rows only (tombstones excluded)."""
+    if where is None or not where.strip():
+        return LIVE_FILTER
+    return f"({where}) AND {LIVE_FILTER}"
+
+
+@dataclass(frozen=True, slots=True)
+class PendingWrite:
+    """One projection write of one job run, not yet committed.
+
+    `rows` is set for an upsert and empty for a delete; `keys` the other way
+    round. `version` is already resolved (the lease token when the handler
+    gave none) and `fence` is the lease token.
+    """
+
+    job_id: str
+    table: str
+    op: Op
+    rows: tuple[dict[str, Any], ...]
+    keys: tuple[str, ...]
+    version: float
+    fence: int
+
+
+def _check_common(job_id: object, table: object, version: object, fence: object) -> float:
+    if not isinstance(job_id, str) or not job_id:
+        raise ProjectionError(f"job_id must be a non-empty string, got {job_id!r}")
+    if not isinstance(table, str) or not TABLE_NAME_RE.fullmatch(table):
+        raise ProjectionError(
+            f"table name {table!r} must match [A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}}",
+            table=str(table),
+        )
+    if isinstance(fence, bool) or not isinstance(fence, int) or fence < 0:
+        raise ProjectionError(
+            f"fence must be a non-negative integer (the lease token), got {fence!r}",
+            table=table,
+            field=FENCE_COLUMN,
+        )
+    if version is None:
+        return float(fence)
+    if isinstance(version, bool) or not isinstance(version, int | float):
+        raise ProjectionError(
+            f"version must be a number (an mtime, a revision), got {version!r}",
+            table=table,
+            field=VERSION_COLUMN,
+        )
+    resolved = float(version)
+    if not math.isfinite(resolved):
+        raise ProjectionError(f"version must be finite, got {version!r}", table=table, field=VERSION_COLUMN)
+    return resolved
+
+
+def check_key(value: object, *, table: str, key: str) -> str:
+    """Return `value` when it is a usable row key, else raise ProjectionError naming `key`."""
+    if not isinstance(value, str):
+        raise ProjectionError(
+            f"key field {key!r} of table {table!r} must be a string, got "
+            f"{type(value).__name__} {value!r:.80}",
+            table=table,
+            field=key,
+        )
+    if not value or len(value) > MAX_KEY_CHARS or "\x00" in value:
+        raise ProjectionError(
+            f"key field {key!r} of table {table!r} must be 1-{MAX_KEY_CHARS} characters "
+            f"without NUL, got {value!r:.80}",
+            table=table,
+            field=key,
+        )
+    return value
+
+
+def _check_row(row: object, *, table: str, key: str) -> dict[str, Any]:
+    if not isinstance(row, Mapping):
+        raise ProjectionError(
+            f"rows for table {table!r} must be dicts, got {type(row).__name__}", table=table
+        )
+    if key not in row:
+        raise ProjectionError(
+            f"row for table {table!r} is missing its key field {key!r}", table=table, field=key
+        )
+    check_key(row[key], table=table, key=key)
+    for name in row:
+        if not isinstance(name, str) or not name:
+            raise ProjectionError(
+                f"field names of table {table!r} must be non-empty strings, got {name!r}",
+                table=table,
+                field=str(name),
+            )
+        if name in RESERVED_COLUMNS:
+            raise ProjectionError(
+                f"field {name!r} of table {table!r} is reserved for fencing; rename it",
+                table=table,
+                field=name,
+            )
+    # A shallow copy: the handler may reuse or mutate its dict after the call.
+    return dict(row)
+
+
+def make_upsert(
+    job_id: str,
+    table: str,
+    rows: Mapping[str, Any] | Iterable[Mapping[str, Any]],
+    version: float | None,
+    fence: int,
+    key: str = "id",
+) -> PendingWrite:
+    """Validate the shape of an upsert cheaply and return it as a PendingWrite.
+
+    Checks: every row is a dict holding a string `key`, no field is reserved
+    (`version`, `fence`, `_deleted`, `_written_at`), `version` is a finite
+    number or None (then the lease token `fence` stands in). Whether the
+    fields fit the table's schema is checked later, by the store, per job.
+    Raises ProjectionError (one line, naming the field) on the first problem.
+    """
+    resolved = _check_common(job_id, table, version, fence)
+    checked: tuple[dict[str, Any], ...]
+    if isinstance(rows, Mapping):
+        checked = (_check_row(rows, table=table, key=key),)
+    elif isinstance(rows, str | bytes) or not isinstance(rows, Iterable):
+        raise ProjectionError(
+            f"rows for table {table!r} must be a dict or an iterable of dicts, got {type(rows).__name__}",
+            table=table,
+        )
+    else:
+        checked = tuple(_check_row(row, table=table, key=key) for row in rows)
+    return PendingWrite(job_id, table, "upsert", checked, (), resolved, fence)
+
+
+def make_delete(
+    job_id: str,
+    table: str,
+    ids: str | Iterable[str],
+    version: float | None,
+    fence: int,
+) -> PendingWrite:
+    """Validate a delete and return it as a PendingWrite (tombstones, applied by the store).
+
+    `ids` is one key or an iterable of keys; each must be a non-empty string.
+    Raises ProjectionError naming the bad id.
+    """
+    resolved = _check_common(job_id, table, version, fence)
+    if isinstance(ids, str):
+        keys: tuple[str, ...] = (check_key(ids, table=table, key="id"),)
+    elif isinstance(ids, bytes) or not isinstance(ids, Iterable):
+        raise ProjectionError(
+            f"ids for table {table!r} must be a string or an iterable of strings, got {type(ids).__name__}",
+            table=table,
+        )
+    else:
+        keys = tuple(check_key(i, table=table, key="id") for i in ids)
+    return PendingWrite(job_id, table, "delete", (), keys, resolved, fence)
+
+
+__all__ = [
+    "DELETED_COLUMN",
+    "FENCE_COLUMN",
+    "HIDDEN_COLUMNS",
+    "LIVE_FILTER",
+    "RESERVED_COLUMNS",
+    "VERSION_COLUMN",
+    "WRITTEN_AT_COLUMN",
+    "PendingWrite",
+    "check_key",
+    "live_filter",
+    "make_delete",
+    "make_upsert",
+]

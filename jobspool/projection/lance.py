@@ -1,0 +1,579 @@
+"""The LanceDB projection: group-committed, version-fenced writes, and tombstone-free reads.
+
+`ProjectionStore.apply` commits the pending writes of a whole claimed batch
+as ONE `merge_insert` per table (a LanceDB commit costs 10–25 ms whatever
+its size, so per-job commits would cap a worker near 50 jobs/s). The merge
+itself carries the fence (DESIGN §4):
+
+    when_matched_update_all(where=FENCE_WHERE).when_not_matched_insert_all()
+
+so a row is replaced only by a write whose `(version, fence)` is >= the
+stored pair. That is what protects the table against a zombie run (its lease
+expired and another run wrote since), duplicated deliveries (an equal pair
+rewrites the same content: idempotent) and late writes after a delete
+(deletes are tombstone rows under the same rule). It needs no lock, so it
+also holds between processes and hosts.
+
+What it relies on:
+- Batches are deduplicated per key first (highest pair wins): LanceDB
+  refuses a merge whose source repeats an existing key and silently
+  duplicates a repeated new one.
+- Tables carry an unenforced primary key from their first version (field
+  metadata at creation). Without it, two processes inserting the same new
+  key concurrently both insert it; with it, LanceDB's commit conflict
+  resolution rebases one merge onto the other.
+- Connections use `read_consistency_interval=0`, so each operation sees the
+  latest version, including another process's compaction and cleanup.
+- Any LanceDB error means "outcome unknown": a timed-out commit may have
+  landed. The jobs are retried, and since the fenced merge is idempotent a
+  re-run converges on the same rows.
+
+What it does not protect against: a source that hands out a higher version
+for older content, and anything written to the table behind its back.
+
+`import lancedb` costs over a second, so it happens only when a store or a
+projection is first used, never when this module is imported.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import pyarrow as pa
+
+from jobspool.errors import ProjectionError
+from jobspool.projection.handler import (
+    HIDDEN_COLUMNS,
+    LIVE_FILTER,
+    RESERVED_COLUMNS,
+    PendingWrite,
+    check_key,
+    live_filter,
+    make_delete,
+    make_upsert,
+)
+from jobspool.projection.schema import (
+    PK_METADATA_KEY,
+    Entry,
+    build_batch,
+    check_key_name,
+    infer_schema,
+    table_schema,
+    user_columns,
+)
+
+#: The fence, as LanceDB evaluates it inside the merge: the incoming (source)
+#: row replaces the stored (target) one only when its (version, fence) pair is
+#: greater or equal, compared lexicographically.
+FENCE_WHERE = (
+    "source.version > target.version OR (source.version = target.version AND source.fence >= target.fence)"
+)
+
+
+# --- seams: every LanceDB call that writes or opens goes through these names,
+# so tests can inject a failure at each (monkeypatch the module attribute).
+
+
+def _connect(uri: str) -> Any:
+    import lancedb  # lazy: 1-2 s, paid only by processes that project
+
+    return lancedb.connect(uri, read_consistency_interval=timedelta(0))
+
+
+def _open_table(conn: Any, name: str) -> Any | None:
+    try:
+        return conn.open_table(name)
+    except ValueError as exc:
+        if "not found" in str(exc).lower():
+            return None
+        raise
+
+
+def _create_table(conn: Any, name: str, schema: pa.Schema) -> Any:
+    # exist_ok: another process may create the same table at the same moment;
+    # both then write into the one that won.
+    return conn.create_table(name, schema=schema, exist_ok=True)
+
+
+def _execute_merge(tbl: Any, key: str, batch: pa.Table, timeout: timedelta | None) -> Any:
+    return (
+        tbl.merge_insert(key)
+        .when_matched_update_all(where=FENCE_WHERE)
+        .when_not_matched_insert_all()
+        .execute(batch, timeout=timeout)
+    )
+
+
+def _one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300]
+
+
+def uri_of(target: str | os.PathLike[str] | Any) -> str | None:
+    """Return the URI a path or a LanceDB connection points at (None when unknown)."""
+    if isinstance(target, str | os.PathLike):
+        return os.fspath(target)
+    uri = getattr(target, "uri", None)
+    return uri if isinstance(uri, str) else None
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    """What one `ProjectionStore.apply` did.
+
+    - `failed`: job id -> error, for jobs that wrote a table whose commit
+      failed. The outcome is unknown (the commit may have landed); retry the
+      job, the fenced merge makes the re-run idempotent.
+    - `rejected`: job id -> permanent error: its rows do not fit (missing or
+      non-string key, a field not in the schema or of the wrong type). None
+      of its writes were applied, in any table; the other jobs' were.
+    - `tables`: table -> rows the fence let through in that table's one merge.
+    """
+
+    failed: dict[str, BaseException]
+    rejected: dict[str, ProjectionError]
+    tables: dict[str, int]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed and not self.rejected
+
+
+@dataclass
+class _Plan:
+    table: str
+    schema: pa.Schema
+    exists: bool
+    job_ids: set[str]
+    batch: pa.Table | None
+
+
+class ProjectionStore:
+    """The write side of the projection: applies pending writes with one fenced merge per table.
+
+    `uri_or_connection` is a LanceDB URI or local directory (opened with
+    `read_consistency_interval=0`) or an open LanceDB connection (used as
+    is). `schemas` declares the user schema of tables created later; other
+    tables get a schema inferred from their first rows. `key` names the
+    string key column of every table. Thread-safe: applies are serialized.
+    """
+
+    def __init__(
+        self,
+        uri_or_connection: str | os.PathLike[str] | Any,
+        *,
+        key: str = "id",
+        schemas: Mapping[str, pa.Schema] | None = None,
+        commit_timeout: timedelta | None = None,
+        clock: Any = time.time,
+    ) -> None:
+        self.key = check_key_name(key)
+        self._schemas: dict[str, pa.Schema] = {
+            name: table_schema(s, key) for name, s in (schemas or {}).items()
+        }
+        if isinstance(uri_or_connection, str | os.PathLike):
+            self._uri: str | None = os.fspath(uri_or_connection)
+            self._conn: Any = None
+        else:
+            self._uri = uri_of(uri_or_connection)
+            self._conn = uri_or_connection
+        self._commit_timeout = commit_timeout
+        self._clock = clock
+        self._tables: dict[str, Any] = {}
+        self._lock = threading.RLock()
+        self._closed = False
+
+    # --- plumbing
+
+    @property
+    def uri(self) -> str | None:
+        """The URI (or local directory) of the database, when known."""
+        return self._uri
+
+    @property
+    def connection(self) -> Any:
+        """The LanceDB connection (opened on first use)."""
+        with self._lock:
+            if self._closed:
+                raise ProjectionError("projection store is closed")
+            if self._conn is None:
+                assert self._uri is not None
+                self._conn = _connect(self._uri)
+            return self._conn
+
+    def declared_schema(self, name: str) -> pa.Schema | None:
+        """The stored schema declared for `name` at construction, if any."""
+        return self._schemas.get(name)
+
+    def open(self, name: str) -> Any | None:
+        """Return the LanceDB table `name`, or None when it does not exist yet."""
+        with self._lock:
+            tbl = self._tables.get(name)
+            if tbl is None:
+                tbl = _open_table(self.connection, name)
+                if tbl is not None:
+                    self._tables[name] = tbl
+            return tbl
+
+    def _forget(self, name: str) -> None:
+        # After an error the handle may point at files another process's
+        # cleanup removed; the next use opens the table afresh.
+        self._tables.pop(name, None)
+
+    def table_names(self) -> list[str]:
+        """The names of the tables in the database, sorted."""
+        conn = self.connection
+        names: list[str] = []
+        token: str | None = None
+        while True:
+            page = conn.list_tables(page_token=token)
+            names.extend(page.tables)
+            token = page.page_token
+            if not token:
+                break
+        return sorted(names)
+
+    def table(self, name: str) -> LanceProjection:
+        """Return a reader (and convenience writer) for table `name`, sharing this store."""
+        return LanceProjection(self, name, key=self.key)
+
+    def close(self) -> None:
+        """Drop cached table handles and the connection; later use raises ProjectionError."""
+        with self._lock:
+            self._tables.clear()
+            self._conn = None
+            self._closed = True
+
+    def __enter__(self) -> ProjectionStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- writing
+
+    def apply(self, writes: Sequence[PendingWrite]) -> ApplyResult:
+        """Commit `writes` with ONE fenced `merge_insert` per table (group commit).
+
+        Steps: group by table; check each job's rows against the table's
+        schema (the stored one, the declared one, or one inferred from these
+        rows for a new table) and split out the jobs that do not fit as
+        `rejected`; deduplicate per key keeping the highest (version, fence)
+        (on a tie, the later write); build one batch per table; merge.
+
+        A table whose merge raises puts every job that wrote it in `failed`
+        (outcome unknown, retryable); the other tables still commit. Deletes
+        for a table that does not exist and has no declared schema are no-ops:
+        there is nothing to delete, and no schema to create it with.
+        """
+        with self._lock:
+            return self._apply(writes)
+
+    def _apply(self, writes: Sequence[PendingWrite]) -> ApplyResult:
+        by_table: dict[str, list[PendingWrite]] = {}
+        for w in writes:
+            by_table.setdefault(w.table, []).append(w)
+        failed: dict[str, BaseException] = {}
+        rejected: dict[str, ProjectionError] = {}
+        written_at = float(self._clock())
+
+        # Phase 1: decide. Repeat until no job is newly rejected: dropping a
+        # job can change which row wins a key, and a job rejected in one
+        # table is dropped from every table (it will be dead-lettered whole).
+        plans: dict[str, _Plan] = {}
+        broken: set[str] = set()
+        while True:
+            plans.clear()
+            newly = False
+            for name, tws in by_table.items():
+                live = [w for w in tws if w.job_id not in rejected]
+                if not live or name in broken:
+                    continue
+                try:
+                    plan, bad = self._plan(name, live, written_at)
+                except Exception as exc:  # opening the table failed: outcome unknown
+                    self._forget(name)
+                    broken.add(name)
+                    for w in live:
+                        failed.setdefault(w.job_id, exc)
+                    continue
+                if bad:
+                    rejected.update(bad)
+                    newly = True
+                elif plan is not None:
+                    plans[name] = plan
+            if not newly:
+                break
+
+        # Phase 2: commit, one merge per table.
+        tables: dict[str, int] = {}
+        for name, plan in plans.items():
+            if plan.batch is None:
+                tables[name] = 0
+                continue
+            try:
+                tables[name] = self._commit(plan)
+            except Exception as exc:
+                self._forget(name)
+                for job_id in plan.job_ids:
+                    failed.setdefault(job_id, exc)
+        for job_id in rejected:  # permanent beats retryable: the job is dead-lettered
+            failed.pop(job_id, None)
+        return ApplyResult(failed=failed, rejected=rejected, tables=tables)
+
+    def _plan(
+        self, name: str, writes: list[PendingWrite], written_at: float
+    ) -> tuple[_Plan | None, dict[str, ProjectionError]]:
+        key = self.key
+        tbl = self.open(name)
+        if tbl is not None:
+            schema: pa.Schema | None = tbl.schema
+        else:
+            schema = self._schemas.get(name)
+            if schema is None:
+                rows = [r for w in writes for r in w.rows if isinstance(r.get(key), str)]
+                # Only deletes (or only bad rows) for a table that does not
+                # exist: no schema; a no-op for the deletes, checks for the rest.
+                schema = table_schema(infer_schema(rows, key), key) if rows else None
+        bad: dict[str, ProjectionError] = {}
+        allowed = user_columns(schema) if schema is not None else frozenset({key})
+        for w in writes:
+            err = self._check_write(w, allowed)
+            if err is not None:
+                bad.setdefault(w.job_id, err)
+        if bad:
+            return None, bad
+        job_ids = {w.job_id for w in writes}
+        if schema is None:
+            return _Plan(name, pa.schema([]), False, job_ids, None), {}
+        entries = _dedup(writes, key)
+        built = build_batch(name, schema, key, entries, written_at)
+        if built.bad:
+            return None, built.bad
+        return _Plan(name, schema, tbl is not None, job_ids, built.batch), {}
+
+    def _check_write(self, w: PendingWrite, allowed: frozenset[str]) -> ProjectionError | None:
+        key = self.key
+        try:
+            if w.op == "delete":
+                for k in w.keys:
+                    check_key(k, table=w.table, key=key)
+                return None
+            for row in w.rows:
+                if key not in row:
+                    return ProjectionError(
+                        f"row for table {w.table!r} is missing its key field {key!r}",
+                        table=w.table,
+                        field=key,
+                    )
+                check_key(row[key], table=w.table, key=key)
+                for field, value in row.items():
+                    if field in RESERVED_COLUMNS:
+                        return ProjectionError(
+                            f"field {field!r} of table {w.table!r} is reserved for fencing",
+                            table=w.table,
+                            field=field,
+                        )
+                    if field not in allowed and value is not None:
+                        return ProjectionError(
+                            f"field {field!r} is not in the schema of table {w.table!r} "
+                            f"(columns: {', '.join(sorted(allowed))})",
+                            table=w.table,
+                            field=field,
+                        )
+        except ProjectionError as exc:
+            return exc
+        return None
+
+    def _commit(self, plan: _Plan) -> int:
+        assert plan.batch is not None
+        tbl = self.open(plan.table) if plan.exists else None
+        if tbl is None:
+            tbl = self._create(plan.table, plan.schema)
+            if not tbl.schema.equals(plan.schema, check_metadata=False):
+                # Another process created it first, with a schema inferred from
+                # its own rows. Retry: the next attempt checks against that one.
+                raise ProjectionError(
+                    f"table {plan.table!r} was created concurrently with another schema; retry",
+                    table=plan.table,
+                )
+        result = _execute_merge(tbl, self.key, plan.batch, self._commit_timeout)
+        return int(result.num_inserted_rows) + int(result.num_updated_rows)
+
+    def _create(self, name: str, schema: pa.Schema) -> Any:
+        tbl = _create_table(self.connection, name, schema)
+        field = tbl.schema.field(self.key)
+        if PK_METADATA_KEY not in (field.metadata or {}):
+            # A LanceDB that drops field metadata at creation: set the key now.
+            try:
+                tbl.set_unenforced_primary_key(self.key)
+            except ValueError as exc:
+                if "already set" not in str(exc):
+                    raise
+        self._tables[name] = tbl
+        return tbl
+
+
+def _dedup(writes: Iterable[PendingWrite], key: str) -> list[Entry]:
+    """Keep, per key, the write with the highest (version, fence); on a tie the later one."""
+    best: dict[str, Entry] = {}
+    for w in writes:
+        if w.op == "upsert":
+            candidates: Iterable[Entry] = (
+                Entry(w.job_id, row[key], row, w.version, w.fence) for row in w.rows
+            )
+        else:
+            candidates = (Entry(w.job_id, k, None, w.version, w.fence) for k in w.keys)
+        for e in candidates:
+            cur = best.get(e.key)
+            if cur is None or (e.version, e.fence) >= (cur.version, cur.fence):
+                best[e.key] = e
+    return list(best.values())
+
+
+def _sql_string(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _strip_hidden(tbl: pa.Table) -> pa.Table:
+    hidden = [c for c in HIDDEN_COLUMNS if c in tbl.column_names]
+    return tbl.drop_columns(hidden) if hidden else tbl
+
+
+class LanceProjection:
+    """One projected table: reads that never show tombstones, and convenience writes.
+
+    `LanceProjection(uri, table, schema=None, key="id")` opens its own store;
+    `ProjectionStore.table(name)` shares the store's connection. Rows come
+    back with the user's columns plus `version` and `fence`; the hidden
+    `_deleted` and `_written_at` columns are dropped. For raw LanceDB queries
+    on `raw`, add `LIVE_FILTER` (see `jobspool.projection.handler`).
+    """
+
+    LIVE_FILTER = LIVE_FILTER
+
+    def __init__(
+        self,
+        uri: str | os.PathLike[str] | ProjectionStore | Any,
+        table: str,
+        schema: pa.Schema | None = None,
+        key: str = "id",
+    ) -> None:
+        if isinstance(uri, ProjectionStore):
+            self._store = uri
+        else:
+            self._store = ProjectionStore(
+                uri, key=key, schemas={table: schema} if schema is not None else None
+            )
+        self.name = table
+        self.key = self._store.key
+
+    @property
+    def store(self) -> ProjectionStore:
+        return self._store
+
+    @property
+    def raw(self) -> Any | None:
+        """The LanceDB table (None until first written). Filter raw queries with LIVE_FILTER."""
+        return self._store.open(self.name)
+
+    def version(self) -> int | None:
+        """The table's current LanceDB version (None until first written)."""
+        tbl = self.raw
+        return None if tbl is None else int(tbl.version)
+
+    def _empty(self) -> pa.Table:
+        schema = self._store.declared_schema(self.name)
+        if schema is None:
+            return pa.table({self.key: pa.array([], type=pa.string())})
+        return _strip_hidden(schema.empty_table())
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        """Return the live row with this key (None if absent or deleted)."""
+        tbl = self.raw
+        if tbl is None:
+            return None
+        found = tbl.search().where(f"{self.key} = {_sql_string(key)} AND {LIVE_FILTER}").limit(1).to_arrow()
+        rows = _strip_hidden(found).to_pylist()
+        return rows[0] if rows else None
+
+    def to_arrow(self, *, where: str | None = None, columns: Sequence[str] | None = None) -> pa.Table:
+        """Return the live rows (optionally filtered) as an Arrow table; never tombstones."""
+        tbl = self.raw
+        if tbl is None:
+            return self._empty()
+        query = tbl.search().where(live_filter(where)).limit(None)
+        if columns is not None:
+            query = query.select(list(columns))
+        return _strip_hidden(query.to_arrow())
+
+    def count(self, where: str | None = None) -> int:
+        """Count the live rows (optionally filtered)."""
+        tbl = self.raw
+        return 0 if tbl is None else int(tbl.count_rows(live_filter(where)))
+
+    def search(
+        self,
+        query: Any = None,
+        *,
+        where: str | None = None,
+        limit: int | None = 10,
+        vector_column_name: str | None = None,
+        query_type: str = "auto",
+        columns: Sequence[str] | None = None,
+    ) -> pa.Table:
+        """Vector, full-text or filter search over live rows, as LanceDB's `search`.
+
+        Tombstones are filtered before the limit (a pre-filter), so `limit`
+        live rows come back when that many match. Full-text search needs an
+        FTS index on the table (create it on `raw`).
+        """
+        tbl = self.raw
+        if tbl is None:
+            return self._empty()
+        q = tbl.search(query, vector_column_name=vector_column_name, query_type=query_type)
+        q = q.where(live_filter(where)).limit(limit)
+        if columns is not None:
+            q = q.select(list(columns))
+        return _strip_hidden(q.to_arrow())
+
+    def upsert(
+        self,
+        rows: Mapping[str, Any] | Iterable[Mapping[str, Any]],
+        *,
+        version: float | None = None,
+        fence: int = 0,
+        job_id: str = "direct",
+    ) -> int:
+        """Write rows outside a worker, fenced like any job; returns rows the fence let through."""
+        return self._write(make_upsert(job_id, self.name, rows, version, fence, key=self.key))
+
+    def delete(
+        self,
+        ids: str | Iterable[str],
+        *,
+        version: float | None = None,
+        fence: int = 0,
+        job_id: str = "direct",
+    ) -> int:
+        """Tombstone rows outside a worker, fenced like any job; returns tombstones written."""
+        return self._write(make_delete(job_id, self.name, ids, version, fence))
+
+    def _write(self, write: PendingWrite) -> int:
+        result = self._store.apply([write])
+        if write.job_id in result.rejected:
+            raise result.rejected[write.job_id]
+        if write.job_id in result.failed:
+            err = result.failed[write.job_id]
+            raise ProjectionError(
+                f"commit to table {self.name!r} failed, outcome unknown: {_one_line(err)}", table=self.name
+            ) from err
+        return result.tables.get(self.name, 0)
+
+
+__all__ = ["FENCE_WHERE", "ApplyResult", "LanceProjection", "ProjectionStore", "uri_of"]

@@ -1,0 +1,621 @@
+"""Bounded, throttled maintenance of projected tables: compaction, cleanup, key index, tombstone GC.
+
+Every fenced merge adds a LanceDB version, a small fragment and deletion
+files; left alone, reads slow down and the version list grows without end.
+`maintain` repairs that per table, in this order:
+
+1. Tombstone GC: tombstones older than `tombstone_retention` AND written
+   under a fence below `min_live_token` (the smallest token of any live
+   lease) are deleted. A tombstone must outlive every run that could still
+   write the row with a lower (version, fence): the retention window covers
+   zombie runs (expired leases, no longer "live"), the token bound covers
+   live ones. Without `min_live_token` no tombstone is collected.
+2. A BTREE index on the key once the table passes `index_threshold` rows
+   (merges then find their matches through it).
+3. `optimize(cleanup_older_than=...)`: compaction, index update, and removal
+   of versions older than minutes. Never `delete_unverified`: it removes files
+   of in-flight commits and corrupted tables under concurrent writers.
+   Versions newer than `cleanup_older_than` stay, so a reader that opened
+   the table a moment ago keeps reading.
+
+A run is bounded: it stops starting work once `budget_seconds` are spent
+(remaining tables are `deferred`, `resume_at` names where the next run
+starts), stops between steps when `cancel` is set, and cuts off any single
+LanceDB call after `call_timeout` seconds (the call is left to finish in a
+background thread and the table is `skipped` until it does). A lost commit
+race with a writer is benign: the table is `deferred`, not `failed`. One
+table failing never stops the others.
+
+Outcomes and the time of the last success / count of consecutive failures
+per table are kept in `<uri>/.jobspool-maintenance.json` (local URIs only)
+so `jobspool health` can report them (`read_maintenance_state`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from jobspool.projection.handler import (
+    DELETED_COLUMN,
+    FENCE_COLUMN,
+    WRITTEN_AT_COLUMN,
+)
+from jobspool.projection.lance import ProjectionStore, _one_line, _open_table
+
+log = logging.getLogger("jobspool.projection.maintenance")
+
+Outcome = Literal["optimized", "deferred", "skipped", "failed"]
+STATE_FILE = ".jobspool-maintenance.json"
+STATE_LOCK = ".jobspool-maintenance.lock"
+STATE_FORMAT = 1
+T = TypeVar("T")
+
+
+# --- seams: the LanceDB calls maintenance makes (tests inject failures here).
+
+
+def _optimize(tbl: Any, cleanup_older_than: timedelta) -> None:
+    # delete_unverified stays False, always: see the module docstring.
+    tbl.optimize(cleanup_older_than=cleanup_older_than, delete_unverified=False)
+
+
+def _count_rows(tbl: Any, where: str | None) -> int:
+    return int(tbl.count_rows(where))
+
+
+def _delete_rows(tbl: Any, where: str) -> None:
+    tbl.delete(where)
+
+
+def _has_index_on(tbl: Any, column: str) -> bool:
+    return any(list(ix.columns) == [column] for ix in tbl.list_indices())
+
+
+def _create_key_index(tbl: Any, column: str) -> None:
+    from lancedb.index import BTree  # lazy, as every lancedb import
+
+    tbl.create_index(column, config=BTree(), replace=False)
+
+
+# --- reports
+
+
+@dataclass(frozen=True)
+class TableOutcome:
+    """What maintenance did to one table, and why."""
+
+    table: str
+    outcome: Outcome
+    reason: str
+    seconds: float = 0.0
+    version_before: int | None = None
+    version_after: int | None = None
+    tombstones_removed: int = 0
+    indexed: bool = False
+
+
+@dataclass(frozen=True)
+class MaintenanceReport:
+    """The outcome of one maintenance run, per table, and where the next run resumes."""
+
+    tables: tuple[TableOutcome, ...]
+    resume_at: str | None
+    seconds: float
+    canceled: bool = False
+
+    def __getitem__(self, table: str) -> TableOutcome:
+        for t in self.tables:
+            if t.table == table:
+                return t
+        raise KeyError(table)
+
+    def counts(self) -> dict[str, int]:
+        """Number of tables per outcome."""
+        out: dict[str, int] = {}
+        for t in self.tables:
+            out[t.outcome] = out.get(t.outcome, 0) + 1
+        return out
+
+    @property
+    def ok(self) -> bool:
+        """True when no table failed (deferred and skipped tables are fine)."""
+        return all(t.outcome != "failed" for t in self.tables)
+
+
+# --- deadlines
+
+
+class CallTimedOut(Exception):
+    """Raised when a maintenance call did not return within its deadline (it keeps running)."""
+
+
+_INFLIGHT: set[tuple[str, str]] = set()
+_INFLIGHT_LOCK = threading.Lock()
+
+
+def _busy(slot: tuple[str, str]) -> bool:
+    with _INFLIGHT_LOCK:
+        return slot in _INFLIGHT
+
+
+def _call_with_deadline(fn: Callable[[], T], timeout: float, slot: tuple[str, str]) -> T:
+    """Run `fn` in a daemon thread and wait at most `timeout` seconds for it.
+
+    LanceDB calls cannot be interrupted; one that hangs (a stuck object-store
+    request, a huge compaction) is abandoned, not killed. Its table stays in
+    `_INFLIGHT` until it returns, so no second maintenance call piles onto it.
+    """
+    done = threading.Event()
+    box: list[Any] = []
+
+    def run() -> None:
+        try:
+            box.append((True, fn()))
+        except BaseException as exc:  # handed to the caller, never lost in the thread
+            box.append((False, exc))
+        finally:
+            with _INFLIGHT_LOCK:
+                _INFLIGHT.discard(slot)
+            done.set()
+
+    with _INFLIGHT_LOCK:
+        _INFLIGHT.add(slot)
+    threading.Thread(target=run, name=f"jobspool-maintain-{slot[1]}", daemon=True).start()
+    if not done.wait(timeout):
+        raise CallTimedOut(f"call did not return within {timeout:g}s; left running")
+    ok, value = box[0]
+    if ok:
+        return value  # type: ignore[no-any-return]
+    raise value
+
+
+def is_conflict(exc: BaseException) -> bool:
+    """Whether a LanceDB error is a lost commit race (benign: retry later), not a fault."""
+    text = str(exc).lower()
+    return "conflict" in text or "incompatible transaction" in text
+
+
+# --- persisted state
+
+
+def state_path(uri: str | None) -> Path | None:
+    """The maintenance state file for a database URI (None for remote URIs)."""
+    if uri is None:
+        return None
+    if uri.startswith("file://"):
+        uri = uri[len("file://") :]
+    elif "://" in uri:
+        return None
+    return Path(uri) / STATE_FILE
+
+
+def read_maintenance_state(uri: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read the persisted maintenance state: `{"tables": {name: {...}}, "resume_at": ...}`.
+
+    Per table: `last_success` and `last_attempt` (epoch seconds or None),
+    `last_outcome`, `last_reason`, `consecutive_failures`, `version_after`.
+    A missing or unreadable file reads as empty state (never raises).
+    """
+    path = state_path(os.fspath(uri))
+    empty: dict[str, Any] = {"format": STATE_FORMAT, "tables": {}, "resume_at": None}
+    if path is None:
+        return empty
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return empty
+    if not isinstance(data, dict) or not isinstance(data.get("tables"), dict):
+        return empty
+    data.setdefault("resume_at", None)
+    return data
+
+
+def _save_state(
+    uri: str | None,
+    outcomes: Sequence[TableOutcome],
+    resume_at: str | None,
+    now: float,
+    *,
+    touch_resume: bool,
+) -> None:
+    path = state_path(uri)
+    if path is None:
+        return
+    import portalocker
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Read-modify-write under a lock: two processes' beats may finish at
+        # once. The file is advisory (health reporting, where to resume), so
+        # it is replaced atomically but not fsynced.
+        with portalocker.Lock(str(path.parent / STATE_LOCK), mode="a", timeout=10):
+            state = read_maintenance_state(str(path.parent))
+            tables: dict[str, Any] = state["tables"]
+            for o in outcomes:
+                entry = tables.setdefault(
+                    o.table, {"last_success": None, "consecutive_failures": 0, "version_after": None}
+                )
+                entry["last_attempt"] = now
+                entry["last_outcome"] = o.outcome
+                entry["last_reason"] = o.reason
+                if o.outcome == "optimized":
+                    entry["last_success"] = now
+                    entry["consecutive_failures"] = 0
+                    entry["version_after"] = o.version_after
+                elif o.outcome == "failed":
+                    entry["consecutive_failures"] = int(entry.get("consecutive_failures", 0)) + 1
+            if touch_resume:
+                state["resume_at"] = resume_at
+            state["format"] = STATE_FORMAT
+            state["updated_at"] = now
+            tmp = path.with_name(f"{STATE_FILE}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(state, indent=1, sort_keys=True), encoding="utf-8")
+            os.replace(tmp, path)
+    except (OSError, portalocker.LockException) as exc:
+        log.warning("could not save maintenance state to %s: %s", path, _one_line(exc))
+
+
+# --- the run
+
+
+@dataclass
+class _Run:
+    store: ProjectionStore
+    key: str
+    deadline: float
+    cleanup_older_than: timedelta
+    tombstone_retention: timedelta
+    min_live_token: int | None
+    index_threshold: int
+    cancel: threading.Event | None
+    call_timeout: float
+    clock: Callable[[], float]
+    wall: float
+    state: dict[str, Any] = field(default_factory=dict)
+
+    def stop_reason(self) -> str | None:
+        if self.cancel is not None and self.cancel.is_set():
+            return "canceled"
+        if self.clock() >= self.deadline:
+            return "budget exhausted"
+        return None
+
+
+def _ordered(names: Sequence[str], resume_at: str | None) -> list[str]:
+    # Start where the last run stopped, so a budget too small for all
+    # tables still reaches every table over successive runs.
+    names = list(dict.fromkeys(names))
+    if resume_at in names:
+        i = names.index(resume_at)
+        return names[i:] + names[:i]
+    return names
+
+
+def maintain(
+    uri_or_store: str | os.PathLike[str] | ProjectionStore | Any,
+    *,
+    tables: Sequence[str] | None = None,
+    key: str = "id",
+    budget_seconds: float = 30.0,
+    cleanup_older_than: timedelta = timedelta(minutes=10),
+    tombstone_retention: timedelta = timedelta(hours=1),
+    min_live_token: int | None = None,
+    index_threshold: int = 50_000,
+    cancel: threading.Event | None = None,
+    call_timeout: float = 300.0,
+    clock: Callable[[], float] = time.monotonic,
+    wall_clock: Callable[[], float] = time.time,
+) -> MaintenanceReport:
+    """Maintain the projected tables of a database, within a time budget.
+
+    `uri_or_store` is a URI, a local directory, a LanceDB connection or a
+    ProjectionStore. `tables` limits the run (default: every table, starting
+    at the persisted `resume_at`). Returns a report with one outcome per
+    table: `optimized`, `deferred` (budget spent, canceled, or a lost commit
+    race; with the reason), `skipped` (absent, unchanged since the last run,
+    or a previous call still running) or `failed` (with the error).
+    Never raises for a table's failure; raises only when the database
+    itself cannot be listed.
+    """
+    if cleanup_older_than <= timedelta(0):
+        raise ValueError("cleanup_older_than must be positive: 0 breaks concurrent readers")
+    started = clock()
+    store = (
+        uri_or_store if isinstance(uri_or_store, ProjectionStore) else ProjectionStore(uri_or_store, key=key)
+    )
+    state = read_maintenance_state(store.uri) if store.uri is not None else {"tables": {}}
+    names = list(tables) if tables is not None else store.table_names()
+    order = _ordered(names, state.get("resume_at"))
+    run = _Run(
+        store,
+        store.key,
+        started + budget_seconds,
+        cleanup_older_than,
+        tombstone_retention,
+        min_live_token,
+        index_threshold,
+        cancel,
+        call_timeout,
+        clock,
+        wall_clock(),
+        state.get("tables", {}),
+    )
+    outcomes: list[TableOutcome] = []
+    resume_at: str | None = None
+    for i, name in enumerate(order):
+        stop = run.stop_reason()
+        if stop is not None:
+            resume_at = name
+            outcomes.extend(TableOutcome(n, "deferred", stop) for n in order[i:])
+            break
+        outcome = _maintain_table(run, name)
+        outcomes.append(outcome)
+        if outcome.outcome == "deferred" and outcome.reason in ("canceled", "budget exhausted"):
+            resume_at = name
+            outcomes.extend(TableOutcome(n, "deferred", outcome.reason) for n in order[i + 1 :])
+            break
+        log.log(
+            logging.WARNING if outcome.outcome == "failed" else logging.DEBUG,
+            "maintenance of table %r: %s (%s)",
+            name,
+            outcome.outcome,
+            outcome.reason,
+        )
+    canceled = cancel is not None and cancel.is_set()
+    touch_resume = tables is None or resume_at is not None or state.get("resume_at") in names
+    _save_state(store.uri, outcomes, resume_at, wall_clock(), touch_resume=touch_resume)
+    return MaintenanceReport(tuple(outcomes), resume_at, clock() - started, canceled)
+
+
+def _maintain_table(run: _Run, name: str) -> TableOutcome:
+    started = run.clock()
+    slot = (run.store.uri or "", name)
+    if _busy(slot):
+        return TableOutcome(name, "skipped", "a previous maintenance call is still running")
+    before: int | None = None
+    removed = 0
+    indexed = False
+
+    def call(fn: Callable[[], T]) -> T:
+        return _call_with_deadline(fn, run.call_timeout, slot)
+
+    def done(outcome: Outcome, reason: str, after: int | None = None) -> TableOutcome:
+        return TableOutcome(name, outcome, reason, run.clock() - started, before, after, removed, indexed)
+
+    try:
+        conn = run.store.connection
+        tbl = call(lambda: _open_table(conn, name))
+        if tbl is None:
+            return done("skipped", "table does not exist")
+        before = int(tbl.version)
+        prev = run.state.get(name) or {}
+        last_success = prev.get("last_success")
+        if (
+            prev.get("version_after") == before
+            and isinstance(last_success, int | float)
+            and run.wall - last_success < run.cleanup_older_than.total_seconds()
+        ):
+            return done("skipped", "unchanged since the last maintenance", before)
+
+        schema_names = set(tbl.schema.names)
+        if run.min_live_token is not None and WRITTEN_AT_COLUMN in schema_names:
+            cutoff = run.wall - run.tombstone_retention.total_seconds()
+            where = (
+                f"{DELETED_COLUMN} = true AND {FENCE_COLUMN} < {int(run.min_live_token)}"
+                f" AND {WRITTEN_AT_COLUMN} < {cutoff!r}"
+            )
+            # Count first: a delete that matches nothing still commits a version.
+            n = call(lambda: _count_rows(tbl, where))
+            if n:
+                call(lambda: _delete_rows(tbl, where))
+                removed = n
+        if (stop := run.stop_reason()) is not None:
+            return done("deferred", stop, int(tbl.version))
+
+        if run.key in schema_names and not call(lambda: _has_index_on(tbl, run.key)):
+            rows = call(lambda: _count_rows(tbl, None))
+            if rows >= run.index_threshold:
+                call(lambda: _create_key_index(tbl, run.key))
+                indexed = True
+        if (stop := run.stop_reason()) is not None:
+            return done("deferred", stop, int(tbl.version))
+
+        call(lambda: _optimize(tbl, run.cleanup_older_than))
+        after = int(tbl.version)
+        parts = ["compacted and cleaned up"]
+        if removed:
+            parts.append(f"removed {removed} tombstones")
+        if indexed:
+            parts.append(f"indexed {run.key!r}")
+        return done("optimized", "; ".join(parts), after)
+    except CallTimedOut as exc:
+        return done("failed", str(exc))
+    except Exception as exc:
+        if is_conflict(exc):
+            return done("deferred", f"lost a commit race, retried next run: {_one_line(exc)}")
+        return done("failed", _one_line(exc))
+
+
+# --- the beat
+
+
+class MaintenanceBeat:
+    """A throttled background maintainer the worker pokes after each committed batch.
+
+    `note_commit(table)` counts commits; `maybe_run()` never blocks: it wakes
+    a background thread that runs `maintain` on the tables that are due. A
+    table is due once it has commits and either `interval` seconds passed
+    since its last run (trailing edge: the run happens even if the worker
+    goes quiet) or `commit_threshold` commits piled up. One run at a time,
+    so at most one maintenance per table at a time within a process;
+    between processes a lost race is benign.
+
+    `min_live_token` is an int, or a callable returning one (or None), asked
+    at the start of each run; it must be safe to call from another thread.
+    """
+
+    def __init__(
+        self,
+        target: str | os.PathLike[str] | ProjectionStore | Any,
+        *,
+        interval: float = 60.0,
+        commit_threshold: int = 100,
+        budget_seconds: float = 10.0,
+        cleanup_older_than: timedelta = timedelta(minutes=10),
+        tombstone_retention: timedelta = timedelta(hours=1),
+        min_live_token: int | Callable[[], int | None] | None = None,
+        index_threshold: int = 50_000,
+        call_timeout: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if interval < 0 or commit_threshold < 1:
+            raise ValueError("interval must be >= 0 and commit_threshold >= 1")
+        # One store for every run: its connection is opened once, lazily.
+        self._target = target if isinstance(target, ProjectionStore) else ProjectionStore(target)
+        self._interval = interval
+        self._threshold = commit_threshold
+        self._options: dict[str, Any] = {
+            "budget_seconds": budget_seconds,
+            "cleanup_older_than": cleanup_older_than,
+            "tombstone_retention": tombstone_retention,
+            "index_threshold": index_threshold,
+            "call_timeout": call_timeout,
+        }
+        self._min_live_token = min_live_token
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._pending: dict[str, int] = {}
+        self._last_run: dict[str, float] = {}
+        self._started = clock()
+        self._cancel = threading.Event()
+        self._closed = False
+        self._running = False
+        self._thread: threading.Thread | None = None
+        self._runs = 0
+        self._last_report: MaintenanceReport | None = None
+
+    @property
+    def last_report(self) -> MaintenanceReport | None:
+        return self._last_report
+
+    @property
+    def runs(self) -> int:
+        """How many maintenance runs finished."""
+        return self._runs
+
+    def note_commit(self, table: str, count: int = 1) -> None:
+        """Record `count` commits to `table` (call after each successful apply)."""
+        with self._cond:
+            self._pending[table] = self._pending.get(table, 0) + count
+            if self._pending[table] >= self._threshold:
+                self._cond.notify_all()
+
+    def _due(self, now: float) -> tuple[list[str], float | None]:
+        due: list[str] = []
+        wait: float | None = None
+        for table, n in self._pending.items():
+            at = self._last_run.get(table, self._started) + self._interval
+            if n >= self._threshold or now >= at:
+                due.append(table)
+            else:
+                wait = at - now if wait is None else min(wait, at - now)
+        return sorted(due), wait
+
+    def maybe_run(self) -> bool:
+        """Wake the background maintainer; True when some table is due now. Never blocks."""
+        with self._cond:
+            if self._closed:
+                return False
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._loop, name="jobspool-maintenance-beat", daemon=True
+                )
+                self._thread.start()
+            due, _ = self._due(self._clock())
+            self._cond.notify_all()
+            return bool(due) and not self._running
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    if self._closed:
+                        return
+                    due, wait = self._due(self._clock())
+                    if due:
+                        break
+                    self._cond.wait(wait)
+                for table in due:
+                    self._pending.pop(table, None)
+                self._running = True
+            report = self._run(due)
+            with self._cond:
+                now = self._clock()
+                for table in due:
+                    self._last_run[table] = now
+                if report is not None:
+                    for t in report.tables:
+                        if t.outcome in ("deferred", "failed"):
+                            # Try again on the next beat, not in a tight loop.
+                            self._pending[t.table] = max(self._pending.get(t.table, 0), 1)
+                self._last_report = report
+                self._runs += 1
+                self._running = False
+                self._cond.notify_all()
+
+    def _run(self, tables: list[str]) -> MaintenanceReport | None:
+        try:
+            token = self._min_live_token
+            min_token = token() if callable(token) else token
+            return maintain(
+                self._target, tables=tables, min_live_token=min_token, cancel=self._cancel, **self._options
+            )
+        except Exception as exc:  # the beat must outlive any single bad run
+            log.warning("maintenance beat run failed: %s", _one_line(exc))
+            return MaintenanceReport(
+                tuple(TableOutcome(t, "failed", _one_line(exc)) for t in tables), None, 0.0
+            )
+
+    def wait_for_run(self, timeout: float | None = None) -> MaintenanceReport | None:
+        """Block until the next run finishes (or `timeout`); return its report."""
+        with self._cond:
+            seen = self._runs
+            self._cond.wait_for(lambda: self._runs > seen or self._closed, timeout)
+            return self._last_report if self._runs > seen else None
+
+    def close(self, timeout: float | None = 30.0) -> None:
+        """Stop the beat: cancel a run in progress between steps and join the thread."""
+        with self._cond:
+            self._closed = True
+            self._cancel.set()
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+
+    def __enter__(self) -> MaintenanceBeat:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = [
+    "CallTimedOut",
+    "MaintenanceBeat",
+    "MaintenanceReport",
+    "TableOutcome",
+    "is_conflict",
+    "maintain",
+    "read_maintenance_state",
+    "state_path",
+]
