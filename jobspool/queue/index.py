@@ -211,6 +211,14 @@ class ClaimIndex:
         return [Candidate(p, r, j, state, kind) for p, r, j in out]
 
 
+    def next_due_at(self, now: float, kinds: frozenset[str] | None) -> float | None:
+        """The earliest future time a cached retryable job or lease becomes claimable."""
+        times = [key[1] for key, _ in self._retry.values()
+                 if key[1] > now and (kinds is None or key[2] in kinds)]
+        times += [exp for exp, kind, _ in self._leased.values()
+                  if exp > now and (kinds is None or kind in kinds)]
+        return min(times, default=None)
+
     def counts(self) -> dict[str, int]:
         return {"ready": len(self._ready), "retryable": len(self._retry),
                 "leased": len(self._leased)}

@@ -486,6 +486,49 @@ class Spool:
         return Lease(job_id=lease.job_id, token=lease.token, owner=lease.owner,
                      expires_at=new.lease.expires_at, job=new)
 
+    def heartbeat_many(self, leases: Sequence[Lease], *, lease_seconds: float | None = None
+                       ) -> list[Lease | LeaseLost]:
+        """Extend many leases under one lock hold and one shared flush (the worker's beat).
+
+        Returns per lease the extended lease, or the `LeaseLost` that refused it.
+        """
+        seconds = self.lease_seconds if lease_seconds is None else validate_seconds(
+            "lease_seconds", lease_seconds, positive=True)
+        out: list[Lease | LeaseLost] = []
+        with self._lock.hold():
+            now = self.now()
+            pairs: list[tuple[Job | None, Job | None]] = []
+            for lease in leases:
+                try:
+                    job = self._leased_job(lease)
+                    new = machine.heartbeat(job, lease, now=now, lease_seconds=seconds)
+                except LeaseLost as exc:
+                    out.append(exc)
+                    continue
+                pairs.append((job, new))
+                assert new.lease is not None
+                out.append(Lease(job_id=lease.job_id, token=lease.token, owner=lease.owner,
+                                 expires_at=new.lease.expires_at, job=new))
+            self._commit(pairs)
+        return out
+
+    def next_due_at(self, kinds: Iterable[str] | None = None) -> float | None:
+        """When the next not-yet-due job (retryable, or an expiring lease) becomes claimable."""
+        kind_set = None if kinds is None else frozenset(kinds)
+        with self._lock.hold():
+            self._index.refresh()
+            return self._index.next_due_at(self.now(), kind_set)
+
+    def live_tokens(self) -> list[int]:
+        """Tokens of every unexpired lease (maintenance keeps tombstones newer than the least)."""
+        now = self.now()
+        out = []
+        for job_id in self._store.names(JobState.LEASED.value):
+            job = self._read(JobState.LEASED, job_id)
+            if job is not None and job.lease is not None and job.lease.expires_at > now:
+                out.append(job.lease.token)
+        return out
+
     def complete(self, lease: Lease, result: Any = None) -> Job:
         """Mark a leased job completed (fenced: `LeaseLost` if the lease is not current)."""
         outcome = self.complete_many([(lease, result)])[0]

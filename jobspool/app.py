@@ -1,0 +1,81 @@
+"""`App`: what `--app MODULE:ATTR` names — handlers, replay hooks, a projection URI."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jobspool.errors import JobspoolError
+from jobspool.queue.job import Job, validate_kind
+
+
+class AppError(JobspoolError):
+    """Raised when `--app MODULE:ATTR` cannot be imported or names no handlers."""
+
+
+@dataclass(frozen=True)
+class App:
+    """Handlers by kind, optional replay hooks by kind (DESIGN §6), optional projection URI.
+
+    `keys` names the key column per projection table when it is not `id`.
+    """
+
+    handlers: Mapping[str, Callable[..., Any]]
+    replay: Mapping[str, Callable[[Job], str]] = field(default_factory=dict)
+    projection: str | None = None
+    keys: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.handlers, Mapping):
+            raise AppError(f"App handlers must be a mapping of kind -> function, "
+                           f"got {type(self.handlers).__name__}")
+        for kind, fn in {**self.handlers, **self.replay}.items():
+            validate_kind(kind)
+            if not callable(fn):
+                raise AppError(f"handler for kind {kind!r} is not callable")
+
+
+def as_app(obj: Any, *, name: str = "app") -> App:
+    """Accept an `App`, any object with a `handlers` mapping, or a plain mapping of handlers."""
+    if isinstance(obj, App):
+        app = obj
+    elif isinstance(obj, Mapping):
+        app = App(handlers=dict(obj))
+    elif isinstance(getattr(obj, "handlers", None), Mapping):
+        app = App(handlers=dict(obj.handlers), replay=dict(getattr(obj, "replay", None) or {}),
+                  projection=getattr(obj, "projection", None),
+                  keys=dict(getattr(obj, "keys", None) or {}))
+    else:
+        raise AppError(f"{name} is not an App, an object with a 'handlers' mapping, or a "
+                       f"mapping of kind -> handler (got {type(obj).__name__})")
+    if not app.handlers:
+        raise AppError(f"{name} has no handlers")
+    return app
+
+
+def load_app(spec: str) -> App:
+    """Import `MODULE:ATTR` (uvicorn/arq style) and normalize it to an `App`."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise AppError(f"--app {spec!r} must look like MODULE:ATTR (e.g. myproject.jobs:app)")
+    # Like uvicorn: the working directory is importable, so `--app tasks:app` finds ./tasks.py.
+    cwd = str(Path.cwd())
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise AppError(f"--app {spec!r}: cannot import module {module_name!r} ({exc})") from None
+    except Exception as exc:
+        raise AppError(f"--app {spec!r}: importing {module_name!r} failed: "
+                       f"{type(exc).__name__}: {exc}") from None
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise AppError(f"--app {spec!r}: module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    return as_app(obj, name=f"--app {spec!r}")

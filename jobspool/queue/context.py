@@ -1,0 +1,81 @@
+"""`Context`: what a handler gets beside its job — its lease, heartbeats, fencing, writes."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
+
+from jobspool.queue.job import Job, Lease
+
+if TYPE_CHECKING:
+    from jobspool.projection.handler import PendingWrite
+    from jobspool.queue.spool import Spool
+
+
+class Context:
+    """One job run's context: `ctx.token`, `ctx.heartbeat()`, `ctx.fenced()`, `ctx.upsert()`.
+
+    Projection writes are buffered here and applied by the worker with the
+    rest of the batch (one merge per table), only if the job's lease is
+    still current when the batch settles; a run whose lease was lost has its
+    writes discarded — and even a write that slipped through is fenced by
+    its token inside the merge.
+    """
+
+    def __init__(self, spool: Spool, lease: Lease, *, key_for: Mapping[str, str] | None = None
+                 ) -> None:
+        self.spool = spool
+        self.lease = lease
+        self.job: Job = lease.job
+        self.writes: list[PendingWrite] = []
+        self.lost = False
+        self.outcome: tuple[str, Any] | None = None
+        self.settled = False
+        self._key_for = dict(key_for or {})
+        self._mutex = threading.Lock()
+
+    @property
+    def token(self) -> int:
+        """The fencing token of this run's lease (strictly larger than any earlier run's)."""
+        return self.lease.token
+
+    @property
+    def job_id(self) -> str:
+        return self.lease.job_id
+
+    def heartbeat(self) -> Lease:
+        """Extend the lease now (`LeaseLost` if it is gone); the worker also beats on its own."""
+        lease = self.spool.heartbeat(self.lease)
+        with self._mutex:
+            self.lease = lease
+        return lease
+
+    def fenced(self) -> AbstractContextManager[Lease]:
+        """A block run under the spool lock only while this run's lease is current.
+
+        Blocks every other spool operation while it runs: keep it short.
+        """
+        return self.spool.fenced(self.lease)
+
+    def upsert(self, table: str, rows: Mapping[str, Any] | Iterable[Mapping[str, Any]],
+               version: float | None = None) -> None:
+        """Write rows into a projection table when the batch commits (fenced by version, token)."""
+        from jobspool.projection.handler import make_upsert
+
+        write = make_upsert(self.job_id, table, rows, version, self.token,
+                            key=self._key_for.get(table, "id"))
+        with self._mutex:
+            self.writes.append(write)
+
+    def delete(self, table: str, ids: str | Iterable[str], version: float | None = None) -> None:
+        """Delete rows (as fenced tombstones) when the batch commits."""
+        from jobspool.projection.handler import make_delete
+
+        write = make_delete(self.job_id, table, ids, version, self.token)
+        with self._mutex:
+            self.writes.append(write)
+
+    def __repr__(self) -> str:
+        return f"Context(job_id={self.job_id!r}, token={self.token})"
