@@ -21,8 +21,19 @@ from bench.peers import REFERENCE, REGISTRY, available, open_adapter
 from bench.worker import child
 
 BENCH_DIR = Path(__file__).resolve().parent
-MAIN_QUEUES = ["jobspool", "jobspool_nd", "sqlite_min", "persistqueue", "litequeue_full", "litequeue", "dirq"]
-DEPTH_QUEUES = ["jobspool", "sqlite_min", "naive"]
+MAIN_QUEUES = [
+    "jobspool",
+    "jobspool_nd",
+    "sqlite_min",
+    "sqlite_min_batch",
+    "persistqueue",
+    "litequeue_full",
+    "litequeue",
+    "dirq",
+]
+DEPTH_QUEUES = ["jobspool", "sqlite_min", "sqlite_min_batch", "naive"]
+# Measured only when named with --only (variants of jobspool's flush strategy).
+EXTRA_QUEUES = ["jobspool_fsync", "jobspool_syncfs"]
 MAIN_METRICS = ["enqueue", "consume", "e2e_1", "e2e_2", "e2e_1_io", "e2e_2_io"]
 
 
@@ -371,8 +382,8 @@ def config_from(args: argparse.Namespace) -> Config:
         if unknown:
             raise SystemExit(f"unknown queue(s) {sorted(unknown)}; known: {', '.join(REGISTRY)}")
         wanted = set(only) | ({REFERENCE} if set(only) - {"physical"} else set())
-        cfg.queues = [q for q in MAIN_QUEUES if q in wanted]
-        cfg.depth_queues = [q for q in DEPTH_QUEUES if q in wanted]
+        cfg.queues = [q for q in MAIN_QUEUES + EXTRA_QUEUES if q in wanted]
+        cfg.depth_queues = [q for q in DEPTH_QUEUES + EXTRA_QUEUES if q in wanted]
         if "physical" not in only:
             cfg.phases = [p for p in cfg.phases if p != "physical"]
     return cfg

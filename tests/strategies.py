@@ -51,7 +51,6 @@ BAD_JOB_IDS: list[Any] = [
     "y" * 130,
     "ü",
     "a:b",
-    None,
     42,
     b"bytes",
 ]

@@ -221,3 +221,24 @@ def test_tokens_are_strictly_increasing_across_claims_of_different_jobs(spool: S
             spool.release(lease)
     assert tokens == sorted(tokens)
     assert len(set(tokens)) == len(tokens)
+
+
+def test_a_released_job_is_claimed_once_per_batch(spool: Spool) -> None:
+    # Released at the same instant it was enqueued: same (priority, run_at, id) key.
+    spool.enqueue("note", job_id="a")
+    spool.enqueue("note", job_id="b")
+    for lease in spool.claim(limit=2):
+        spool.release(lease)
+    leases = spool.claim(limit=3)
+    assert sorted(x.job_id for x in leases) == ["a", "b"]
+    for lease in leases:
+        assert spool.complete(lease).state is JobState.COMPLETED
+
+
+def test_a_requeued_job_is_claimed_once_per_batch(spool: Spool) -> None:
+    spool.enqueue("note", job_id="a")
+    spool.claim()
+    spool.cancel("a")
+    spool.requeue("a")
+    leases = spool.claim(limit=5)
+    assert [x.job_id for x in leases] == ["a"]

@@ -9,6 +9,7 @@ in place of one of its directories raises `SpoolError` naming the path.
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -257,7 +258,7 @@ def test_a_symlink_in_place_of_a_spool_directory_is_refused_naming_it(
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     target = root / which
-    target.rmdir()
+    shutil.rmtree(target)  # tmp/ may hold a reusable pool
     target.symlink_to(elsewhere, target_is_directory=True)
     with pytest.raises(SpoolError) as info:
         s = Spool(root, durable=False, clock=clock)

@@ -25,11 +25,29 @@ REGISTRY: dict[str, tuple[str, str, dict[str, Any], str]] = {
         {"durable": False},
         "jobspool Spool, durable=False",
     ),
+    "jobspool_fsync": (
+        "bench.peers.jobspool_adapter",
+        "JobspoolAdapter",
+        {"durable": True, "sync_mode": "fsync"},
+        "jobspool Spool, durable=True, sync_mode=fsync (per-file fsyncs)",
+    ),
+    "jobspool_syncfs": (
+        "bench.peers.jobspool_adapter",
+        "JobspoolAdapter",
+        {"durable": True, "sync_mode": "syncfs"},
+        "jobspool Spool, durable=True, sync_mode=syncfs",
+    ),
     "sqlite_min": (
         "bench.peers.sqlite_min",
         "SqliteMinAdapter",
-        {},
-        "minimal SQLite queue: WAL, synchronous=FULL, UPDATE…RETURNING",
+        {"per_job": True},
+        "minimal SQLite queue: WAL, synchronous=FULL, UPDATE…RETURNING, one job per commit",
+    ),
+    "sqlite_min_batch": (
+        "bench.peers.sqlite_min",
+        "SqliteMinAdapter",
+        {"per_job": False},
+        "the same, one commit per batch (jobspool's batch size)",
     ),
     "persistqueue": (
         "bench.peers.persistqueue_adapter",

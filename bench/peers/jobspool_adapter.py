@@ -2,7 +2,8 @@
 
 ``enqueue_many`` per enqueue batch, ``claim(limit=n)`` per claim and
 ``complete_many`` per completion batch: what a jobspool worker does with a
-batch. A completion that comes back as ``LeaseLost`` is not counted as done.
+batch. A completion that comes back as an error in ``complete_many``'s list
+(``LeaseLost`` or any other ``JobspoolError``) is not counted as done.
 """
 
 from __future__ import annotations
@@ -20,16 +21,22 @@ def check_available() -> None:
 
 class JobspoolAdapter(Adapter):
     def __init__(
-        self, root: str, *, durable: bool = True, lease_seconds: float = 600.0, **options: Any
+        self,
+        root: str,
+        *,
+        durable: bool = True,
+        lease_seconds: float = 600.0,
+        sync_mode: str | None = None,
+        **options: Any,
     ) -> None:
         super().__init__(root, **options)
         from jobspool import Spool
-        from jobspool.errors import LeaseLost
 
-        self._lease_lost = LeaseLost
         self.durable = durable
         self.lease_seconds = lease_seconds
-        self.spool = Spool(root, durable=durable, lease_seconds=lease_seconds)
+        # Only passed when asked for, so the adapter also drives a Spool without it.
+        extra = {} if sync_mode is None else {"sync_mode": sync_mode}
+        self.spool = Spool(root, durable=durable, lease_seconds=lease_seconds, **extra)
         self.owner = f"bench-{os.getpid()}"
 
     def enqueue(self, ids: Sequence[int]) -> None:
@@ -41,7 +48,8 @@ class JobspoolAdapter(Adapter):
 
     def complete(self, claimed: Sequence[Claimed]) -> list[int]:
         results = self.spool.complete_many([(c.handle, None) for c in claimed])
-        return [c.i for c, r in zip(claimed, results, strict=True) if not isinstance(r, self._lease_lost)]
+        ok = [c.i for c, r in zip(claimed, results, strict=True) if not isinstance(r, Exception)]
+        return ok
 
     def prefill(self, ids: Sequence[int]) -> None:
         # Setup only: a non-durable spool on the same root writes the same files
@@ -51,11 +59,7 @@ class JobspoolAdapter(Adapter):
         fast = Spool(self.root, durable=False, lease_seconds=self.lease_seconds)
         for k in range(0, len(ids), 1000):
             fast.enqueue_many("bench", [payload(i, self.pad) for i in ids[k : k + 1000]])
-        close = getattr(fast, "close", None)
-        if close is not None:
-            close()
+        fast.close()
 
     def close(self) -> None:
-        close = getattr(self.spool, "close", None)
-        if close is not None:
-            close()
+        self.spool.close()

@@ -17,6 +17,7 @@ handler returns later is discarded (counted, logged), never written.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import os
@@ -302,9 +303,9 @@ class Worker:
             live = [c for c in ctxs if not c.settled and not c.lost]
             if not live:
                 continue
-            results = await anyio.to_thread.run_sync(
-                lambda: self.spool.heartbeat_many([c.lease for c in live],
-                                                  lease_seconds=self.lease_seconds))
+            results = await anyio.to_thread.run_sync(functools.partial(
+                self.spool.heartbeat_many, [c.lease for c in live],
+                lease_seconds=self.lease_seconds))
             for ctx, res in zip(live, results, strict=True):
                 if isinstance(res, LeaseLost):
                     ctx.lost = True
