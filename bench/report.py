@@ -265,7 +265,11 @@ def markdown(doc: dict[str, Any]) -> str:
             + f" | {depths[-1]:,} / {depths[0]:,} | peak RSS at {depths[-1]:,} (MB) |",
             "|---|" + "---:|" * (len(depths) + 2),
         ]
-        notes = []
+        notes = [
+            'Peak RSS is `ru_maxrss` of the measuring process itself: "harness" is the interpreter '
+            'with the bench loaded, "after open" adds the queue\'s imports and opening it on the '
+            "backlog; the peak follows a full measurement (enqueue, claim, complete)"
+        ]
         for q in dq:
             row = [f"`{q}`"]
             for d in depths:
@@ -276,9 +280,9 @@ def markdown(doc: dict[str, Any]) -> str:
                 row.append(_n(c.get("rate")) + _r(c.get("ratio")) + ("*" if c.get("capped") else ""))
                 if c.get("capped"):
                     notes.append(
-                        f"`{q}` at {d:,}: capped at {cfg['naive_budget_s']:g} s per "
+                        f"\\* `{q}` at {d:,}: capped at {cfg['naive_budget_s']:g} s per "
                         f"measurement, {c.get('completed', 0):,} jobs over "
-                        f"{c['rounds']} round(s)"
+                        f"{c['rounds']} round(s): a measured rate over fewer jobs, not extrapolated"
                     )
                 if c.get("dups") or c.get("missing"):
                     notes.append(f"`{q}` at {d:,}: {c['dups']} duplicates, {c['missing']} missing")
@@ -290,12 +294,12 @@ def markdown(doc: dict[str, Any]) -> str:
             row.append(
                 "–"
                 if rss is None
-                else f"{rss:.0f} (after import {big.get('rss_import_mb', 0):.0f}, "
+                else f"{rss:.0f} (harness {big.get('rss_import_mb', 0):.0f}, "
                 f"after open {big.get('rss_open_mb', 0):.0f})"
             )
             lines.append("| " + " | ".join(row) + " |")
         if notes:
-            lines += [""] + [f"\\* {n}: a measured rate over fewer jobs, not extrapolated." for n in notes]
+            lines += ["", *[f"{n}." for n in notes]]
         lines.append("")
 
     if s["targets"]:
