@@ -196,15 +196,19 @@ class ClaimIndex:
     def _peek(self, heap: list[tuple[int, float, str]], limit: int, state: JobState,
               kind: str) -> Iterable[Candidate]:
         out: list[tuple[int, float, str]] = []
+        seen: set[str] = set()
         while heap and len(out) < limit:
             item = heapq.heappop(heap)
             priority, run_at, job_id = item
+            if job_id in seen:
+                continue  # the same job learned twice with an equal key: one entry is enough
             if state is JobState.READY:
                 key = self._ready.get(job_id)
             else:
                 entry = self._retry.get(job_id)
                 key = entry[0] if entry is not None else None
             if key is not None and key[:2] == (priority, run_at) and key[2] == kind:
+                seen.add(job_id)
                 out.append(item)
         for item in out:
             heapq.heappush(heap, item)

@@ -416,6 +416,8 @@ class Spool:
                 if not cands:
                     break
                 for c in cands:
+                    if any(p.id == c.job_id for p in picked):
+                        continue
                     job = self._read(c.state, c.job_id)
                     self._index.forget(c.state, c.job_id)
                     if job is None:
