@@ -86,7 +86,7 @@ class PendingWrite:
 
 def _check_common(job_id: object, table: object, version: object, fence: object) -> float:
     if not isinstance(job_id, str) or not job_id:
-        raise ProjectionError(f"job_id must be a non-empty string, got {job_id!r}")
+        raise ProjectionError(f"field 'job_id' must be a non-empty string, got {job_id!r}")
     if not isinstance(table, str) or not TABLE_NAME_RE.fullmatch(table):
         raise ProjectionError(
             f"table name {table!r} must match [A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}}",
@@ -94,7 +94,7 @@ def _check_common(job_id: object, table: object, version: object, fence: object)
         )
     if isinstance(fence, bool) or not isinstance(fence, int) or fence < 0:
         raise ProjectionError(
-            f"fence must be a non-negative integer (the lease token), got {fence!r}",
+            f"field 'fence' must be a non-negative integer (the lease token), got {fence!r}",
             table=table,
             field=FENCE_COLUMN,
         )
@@ -102,13 +102,15 @@ def _check_common(job_id: object, table: object, version: object, fence: object)
         return float(fence)
     if isinstance(version, bool) or not isinstance(version, int | float):
         raise ProjectionError(
-            f"version must be a number (an mtime, a revision), got {version!r}",
+            f"field 'version' must be a number (an mtime, a revision), got {version!r}",
             table=table,
             field=VERSION_COLUMN,
         )
     resolved = float(version)
     if not math.isfinite(resolved):
-        raise ProjectionError(f"version must be finite, got {version!r}", table=table, field=VERSION_COLUMN)
+        raise ProjectionError(
+            f"field 'version' must be finite, got {version!r}", table=table, field=VERSION_COLUMN
+        )
     return resolved
 
 

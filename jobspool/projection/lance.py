@@ -106,7 +106,9 @@ def _execute_merge(tbl: Any, key: str, batch: pa.Table, timeout: timedelta | Non
         tbl.merge_insert(key)
         .when_matched_update_all(where=FENCE_WHERE)
         .when_not_matched_insert_all()
-        .execute(batch, timeout=timeout)
+        # "null": tombstones hold null vectors, which the default "error"
+        # refuses. Bad user vectors never get here (schema.strict_array).
+        .execute(batch, on_bad_vectors="null", timeout=timeout)
     )
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from jobspool.errors import ProjectionError
 from jobspool.projection.handler import (
@@ -198,11 +199,16 @@ def strict_array(values: list[Any], field: pa.Field) -> pa.Array:
     Raises ValueError (or an Arrow error) describing the mismatch.
     """
     arr = pa.array(values)
-    if arr.type == field.type:
-        return arr
-    if not _family_fits(arr.type, field.type):
-        raise ValueError(f"expected {field.type}, got {arr.type}")
-    return arr.cast(field.type)  # safe=True: no truncation, no overflow
+    if arr.type != field.type:
+        if not _family_fits(arr.type, field.type):
+            raise ValueError(f"expected {field.type}, got {arr.type}")
+        arr = arr.cast(field.type)  # safe=True: no truncation, no overflow
+    if pa.types.is_fixed_size_list(field.type) and pa.types.is_floating(field.type.value_type):
+        # LanceDB would drop or null a vector holding NaN; refuse it instead.
+        nan = pc.any(pc.is_nan(arr.flatten())).as_py()
+        if nan:
+            raise ValueError("vector contains NaN")
+    return arr
 
 
 def field_error(table: str, field: pa.Field, value: Any, exc: BaseException) -> ProjectionError:

@@ -1,0 +1,169 @@
+"""Version fencing inside the merge: stale, duplicated and late writes never make a table wrong."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobspool.projection.handler import LIVE_FILTER, make_delete, make_upsert
+from jobspool.projection.lance import ProjectionStore
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> ProjectionStore:
+    return ProjectionStore(tmp_path / "db")
+
+
+def upsert(
+    store: ProjectionStore,
+    job: str,
+    row: dict[str, object],
+    version: float | None,
+    fence: int,
+    table: str = "notes",
+) -> int:
+    result = store.apply([make_upsert(job, table, row, version, fence)])
+    assert result.ok, result
+    return result.tables[table]
+
+
+def delete(
+    store: ProjectionStore, job: str, key: str, version: float | None, fence: int, table: str = "notes"
+) -> int:
+    result = store.apply([make_delete(job, table, key, version, fence)])
+    assert result.ok, result
+    return result.tables[table]
+
+
+def test_lower_version_after_higher_is_ignored(store: ProjectionStore) -> None:
+    upsert(store, "j1", {"id": "a", "text": "new"}, 5.0, 10)
+    assert upsert(store, "j2", {"id": "a", "text": "old"}, 4.0, 99) == 0
+    assert store.table("notes").get("a") == {"id": "a", "text": "new", "version": 5.0, "fence": 10}
+
+
+def test_lower_fence_at_equal_version_is_ignored(store: ProjectionStore) -> None:
+    upsert(store, "j1", {"id": "a", "text": "second run"}, 5.0, 11)
+    assert upsert(store, "j0", {"id": "a", "text": "first run"}, 5.0, 10) == 0
+    assert store.table("notes").get("a")["text"] == "second run"  # type: ignore[index]
+
+
+def test_higher_version_or_fence_replaces_the_row(store: ProjectionStore) -> None:
+    upsert(store, "j1", {"id": "a", "text": "v1"}, 1.0, 10)
+    assert upsert(store, "j2", {"id": "a", "text": "v2"}, 2.0, 3) == 1
+    assert upsert(store, "j3", {"id": "a", "text": "v2 again, later run"}, 2.0, 4) == 1
+    row = store.table("notes").get("a")
+    assert row == {"id": "a", "text": "v2 again, later run", "version": 2.0, "fence": 4}
+
+
+def test_equal_version_and_fence_is_an_idempotent_rewrite(store: ProjectionStore) -> None:
+    upsert(store, "j1", {"id": "a", "text": "same"}, 3.0, 7)
+    upsert(store, "j1", {"id": "a", "text": "same"}, 3.0, 7)
+    proj = store.table("notes")
+    assert proj.count() == 1
+    assert proj.get("a") == {"id": "a", "text": "same", "version": 3.0, "fence": 7}
+    assert proj.raw.count_rows() == 1  # type: ignore[union-attr]
+
+
+def test_version_defaults_to_the_fence_token(store: ProjectionStore) -> None:
+    upsert(store, "j1", {"id": "a", "text": "token 8"}, None, 8)
+    assert upsert(store, "j0", {"id": "a", "text": "token 7"}, None, 7) == 0
+    assert store.table("notes").get("a") == {"id": "a", "text": "token 8", "version": 8.0, "fence": 8}
+
+
+def test_delete_hides_the_row_from_every_reader(store: ProjectionStore) -> None:
+    upsert(store, "j1", {"id": "a", "text": "gone soon", "n": 1}, 1.0, 1)
+    upsert(store, "j2", {"id": "b", "text": "stays", "n": 2}, 1.0, 2)
+    assert delete(store, "j3", "a", 2.0, 3) == 1
+    proj = store.table("notes")
+    assert proj.get("a") is None
+    assert proj.count() == 1
+    assert proj.to_arrow().column("id").to_pylist() == ["b"]
+    assert proj.search(where="n >= 0", limit=10).column("id").to_pylist() == ["b"]
+    assert "_deleted" not in proj.to_arrow().column_names
+    raw = proj.raw
+    assert raw is not None
+    assert raw.count_rows() == 2  # the tombstone is stored...
+    assert raw.count_rows(LIVE_FILTER) == 1  # ...and the documented filter hides it
+
+
+def test_stale_upsert_after_tombstone_does_not_resurrect(store: ProjectionStore) -> None:
+    upsert(store, "j1", {"id": "a", "text": "v1"}, 1.0, 1)
+    delete(store, "j2", "a", 2.0, 2)
+    # A zombie run of an older version, even with a newer lease token.
+    assert upsert(store, "j3", {"id": "a", "text": "v1 replayed"}, 1.0, 50) == 0
+    assert store.table("notes").get("a") is None
+    # A newer version of the source legitimately brings it back.
+    upsert(store, "j4", {"id": "a", "text": "v3"}, 3.0, 51)
+    assert store.table("notes").get("a") == {"id": "a", "text": "v3", "version": 3.0, "fence": 51}
+
+
+def test_stale_delete_does_not_remove_a_newer_row(store: ProjectionStore) -> None:
+    upsert(store, "j1", {"id": "a", "text": "v5"}, 5.0, 5)
+    assert delete(store, "j0", "a", 4.0, 9) == 0
+    assert store.table("notes").get("a") is not None
+
+
+def test_delete_of_never_written_key_still_fences_later_stale_writes(
+    store: ProjectionStore,
+) -> None:
+    upsert(store, "j0", {"id": "other", "text": "x"}, 1.0, 1)
+    delete(store, "j1", "a", 5.0, 5)
+    assert upsert(store, "j2", {"id": "a", "text": "late"}, 4.0, 6) == 0
+    assert store.table("notes").get("a") is None
+
+
+def test_a_batch_keeps_the_highest_version_per_key(store: ProjectionStore) -> None:
+    writes = [
+        make_upsert("j1", "notes", {"id": "a", "text": "v2"}, 2.0, 1),
+        make_upsert("j2", "notes", {"id": "a", "text": "v1"}, 1.0, 9),
+        make_delete("j3", "notes", "b", 1.0, 3),
+        make_upsert("j4", "notes", {"id": "b", "text": "b v2"}, 2.0, 4),
+        make_upsert("j5", "notes", {"id": "c", "text": "c"}, 1.0, 5),
+        make_delete("j6", "notes", "c", 1.0, 6),
+    ]
+    result = store.apply(writes)
+    assert result.ok
+    proj = store.table("notes")
+    assert proj.get("a")["text"] == "v2"  # type: ignore[index]
+    assert proj.get("b")["text"] == "b v2"  # type: ignore[index]
+    assert proj.get("c") is None
+    assert proj.raw.count_rows() == 3  # type: ignore[union-attr]
+
+
+def test_zombie_with_expired_lease_cannot_overwrite_newer_completion(
+    tmp_path: Path, store: ProjectionStore
+) -> None:
+    from jobspool.errors import LeaseLost
+    from jobspool.queue.spool import Spool
+
+    now = [1_700_000_000.0]
+    spool = Spool(tmp_path / "spool", durable=False, clock=lambda: now[0], lease_seconds=30.0)
+    request_close = spool.close
+    try:
+        _zombie_scenario(spool, store, now, LeaseLost)
+    finally:
+        request_close()
+
+
+def _zombie_scenario(
+    spool: Any, store: ProjectionStore, now: list[float], lease_lost: type[Exception]
+) -> None:
+    spool.enqueue("note", {"id": "a"}, job_id="job-a")
+    [zombie] = spool.claim(owner="zombie")
+    now[0] += 31.0  # the zombie pauses past its lease
+    [fresh] = spool.claim(owner="fresh")
+    assert fresh.token > zombie.token
+
+    # The fresh run read source revision 2 and completes.
+    assert upsert(store, fresh.job_id, {"id": "a", "text": "rev 2"}, 2.0, fresh.token) == 1
+    spool.complete(fresh)
+
+    # The zombie wakes with its older snapshot (revision 1), or without a
+    # version (its token stands in): neither can overwrite the row.
+    assert upsert(store, zombie.job_id, {"id": "a", "text": "rev 1"}, 1.0, zombie.token) == 0
+    assert upsert(store, zombie.job_id, {"id": "a", "text": "rev ?"}, None, zombie.token) == 0
+    with pytest.raises(lease_lost):
+        spool.complete(zombie)
+    assert store.table("notes").get("a") == {"id": "a", "text": "rev 2", "version": 2.0, "fence": fresh.token}
