@@ -102,7 +102,7 @@ def test_two_processes_never_duplicate_a_key_and_keep_the_highest_pair(tmp_path:
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    for p, (out, err) in zip(procs, outputs, strict=True):
+    for p, (_out, err) in zip(procs, outputs, strict=True):
         assert p.returncode == 0, err[-2000:]
 
     raw = ProjectionStore(uri).open("shared")
