@@ -531,6 +531,11 @@ class Spool:
                 out.append(job.lease.token)
         return out
 
+    def min_live_token(self) -> int:
+        """The smallest token any live lease holds, or the next token when none is live:
+        no run that could still write carries a smaller one."""
+        return min(self.live_tokens(), default=self.fence_value() + 1)
+
     def complete(self, lease: Lease, result: Any = None) -> Job:
         """Mark a leased job completed (fenced: `LeaseLost` if the lease is not current)."""
         outcome = self.complete_many([(lease, result)])[0]

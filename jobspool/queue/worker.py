@@ -495,7 +495,7 @@ class Worker:
         except ImportError:
             return
         if self._beat is None:
-            self._beat = MaintenanceBeat(store, live_tokens=self.spool.live_tokens)
+            self._beat = MaintenanceBeat(store, min_live_token=self.spool.min_live_token)
         for t in tables:
             self._beat.note_commit(t)
         self._beat.maybe_run()
