@@ -1,0 +1,149 @@
+"""`fsck`: a read-only check of every on-disk invariant of a spool (DESIGN §2, §4).
+
+Checked: each file of a state directory is a readable job (`<id>.json`, the
+id field matching the name, the state field matching the directory, every
+field well typed); one file per job id; the fence counter readable and at
+least every lease token on disk; no stale staging file in `tmp/`.
+
+Like recovery it scans without the lock and re-checks whatever looked wrong
+under the lock (briefly, in batches), so a live worker moving a job during
+the scan is not reported as a fault. The lock is taken only to read: fsck
+never writes, moves or removes anything. Informational notes (expired
+leases, prepared jobs past their grace period, quarantined files, terminal
+directories over their retention limit) do not make the spool unhealthy:
+they are what `recover` is for, and are reported apart from the problems.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from jobspool.queue.fence import FENCE_FILE, decode_fence
+from jobspool.queue.states import ALL_STATES, TERMINAL, JobState
+from jobspool.queue.store import JOB_SUFFIX, TMP_DIR
+from jobspool.recovery.quarantine import confirm, quarantined_files
+from jobspool.recovery.scan import Scan, probe, scan_spool
+
+if TYPE_CHECKING:
+    from jobspool.queue.spool import Spool
+
+BATCH = 256
+
+
+@dataclass(frozen=True, slots=True)
+class FsckReport:
+    """The outcome of `fsck`: `ok` when `problems` is empty; each problem names its file."""
+
+    ok: bool
+    problems: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    counts: dict[str, int] = field(default_factory=dict)  # readable job files per state
+    jobs: int = 0
+    fence: int | None = None
+    max_token: int = 0
+    quarantined: int = 0
+    temp_files: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "problems": list(self.problems), "notes": list(self.notes),
+                "counts": dict(self.counts), "jobs": self.jobs, "fence": self.fence,
+                "max_token": self.max_token, "quarantined": self.quarantined,
+                "temp_files": self.temp_files}
+
+
+def fsck(spool: Spool) -> FsckReport:
+    """Check the spool without changing it; see the module docstring."""
+    scan = scan_spool(spool)
+    problems: list[str] = []
+
+    # Files that are not readable jobs, and ids with several copies: confirmed under the lock.
+    strays = [b for b in scan.bad if not b.name.endswith(JOB_SUFFIX)]
+    suspects = sorted(set(scan.duplicates()) |
+                      {b.name[: -len(JOB_SUFFIX)] for b in scan.bad if b.name.endswith(JOB_SUFFIX)})
+    for start in range(0, len(suspects), BATCH):
+        with spool.lock.hold():
+            for job_id in suspects[start:start + BATCH]:
+                problems.extend(_check_id(spool, job_id))
+    for start in range(0, len(strays), BATCH):
+        with spool.lock.hold():
+            for stray in strays[start:start + BATCH]:
+                bad = confirm(spool, stray)
+                if bad is not None:
+                    problems.append(f"{bad.path}: {bad.reason}")
+
+    top, _ = scan.max_token()
+    with spool.lock.hold():
+        fence, fence_problem = _read_fence(spool)
+        temps = _temp_files(spool)
+        if fence is not None and fence < top:
+            # Tokens only grow and the counter only grows: re-read the holder to be sure.
+            holders = [e for e in scan.entries if e.token is not None and e.token > fence]
+            for e in holders:
+                good, _ = probe(spool, e.job_id)
+                for job in good:
+                    if job.lease is not None and job.lease.token > fence:
+                        problems.append(f"{FENCE_FILE}: counter {fence} is below token "
+                                        f"{job.lease.token} in {job.state.value}/{job.id}{JOB_SUFFIX}")
+    if fence_problem:
+        problems.append(fence_problem)
+    problems.extend(f"{TMP_DIR}/{name}: stale temp file (no writer holds the lock)"
+                    for name in temps)
+
+    counts = {s.value: 0 for s in ALL_STATES}
+    for e in scan.entries:
+        counts[e.state.value] += 1
+    quarantined = len(quarantined_files(spool))
+    return FsckReport(ok=not problems, problems=tuple(problems),
+                      notes=tuple(_notes(spool, scan, counts, quarantined)), counts=counts,
+                      jobs=len({e.job_id for e in scan.entries}), fence=fence, max_token=top,
+                      quarantined=quarantined, temp_files=len(temps))
+
+
+def _check_id(spool: Spool, job_id: str) -> list[str]:
+    good, bad = probe(spool, job_id)
+    out = [f"{b.path}: {b.reason}" for b in bad]
+    if len(good) > 1:
+        where = ", ".join(f"{j.state.value}/{job_id}{JOB_SUFFIX} (revision {j.revision})"
+                          for j in good)
+        out.append(f"job {job_id} has {len(good)} files: {where}")
+    return out
+
+
+def _read_fence(spool: Spool) -> tuple[int | None, str | None]:
+    try:
+        return decode_fence(spool.store.read("", FENCE_FILE)), None
+    except FileNotFoundError:
+        return None, f"{FENCE_FILE}: missing"
+    except ValueError as exc:
+        return None, f"{FENCE_FILE}: {exc}"
+
+
+def _temp_files(spool: Spool) -> list[str]:
+    # Called under the lock: staging files live only within one lock hold.
+    with os.scandir(spool.root / TMP_DIR) as it:
+        return sorted(e.name for e in it if e.name.endswith(".tmp"))
+
+
+def _notes(spool: Spool, scan: Scan, counts: dict[str, int], quarantined: int) -> list[str]:
+    now = spool.now()
+    notes: list[str] = []
+    expired = [e for e in scan.in_state(JobState.LEASED)
+               if e.expires_at is not None and e.expires_at <= now]
+    if expired:
+        notes.append(f"{len(expired)} expired lease(s), e.g. leased/{expired[0].job_id}{JOB_SUFFIX}"
+                     " (recover or a claim returns them)")
+    cutoff = now - spool.prepare_grace_seconds
+    stuck = [e for e in scan.in_state(JobState.PREPARED) if e.updated_at <= cutoff]
+    if stuck:
+        notes.append(f"{len(stuck)} prepared job(s) past the grace period, e.g. "
+                     f"prepared/{stuck[0].job_id}{JOB_SUFFIX} (recover --app replays them)")
+    if quarantined:
+        notes.append(f"{quarantined} file(s) in quarantine/")
+    for s in sorted(TERMINAL, key=lambda s: s.value):
+        if counts[s.value] > spool.keep_terminal:
+            notes.append(f"{s.value}/ holds {counts[s.value]} jobs, over keep_terminal="
+                         f"{spool.keep_terminal} (prune removes the oldest)")
+    return notes
+

@@ -1,0 +1,181 @@
+"""Retention pruning of terminal jobs (`completed`, `dead_letter`, `canceled`).
+
+Rules (DESIGN §3): each terminal state keeps its newest `keep` jobs by
+`updated_at` (ties: the larger id is newer) and loses the rest; with
+`older_than`, jobs whose `updated_at` is more than that many seconds in the
+past go too, however few there are. Dead letters have their own limit,
+`keep_dead` (default: `keep`), because they are evidence an operator may
+still need. Removing a job removes every readable file of it in every state
+directory, so a stale copy left by a crash can never bring it back; an
+unreadable copy is left for recovery to quarantine (never delete what could
+not be read).
+
+Cost: one listing per terminal directory, then, only for a directory over
+its limit (or when `older_than` is given), one lock-free read per file of it
+to learn `updated_at`; removals are re-checked under the lock in batches
+(one read plus six existence probes per removed job). Nothing here looks at
+`ready/`, `leased/` and the other live directories beyond those probes.
+
+`prune_if_over` is what `Spool` calls after every few dozen terminal writes:
+three `os.listdir` calls and nothing else while every directory is within
+its limit. When one is over, pruning it reads `keep + excess` files and
+removes `excess`; since the spool calls it only every
+`max(64, keep_terminal // 4)` terminal writes, the excess is at least that
+large, which bounds the amortized cost at about five reads per terminal
+write whatever `keep_terminal` is.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from jobspool.queue.job import validate_int, validate_seconds
+from jobspool.queue.states import ALL_STATES, JobState
+from jobspool.queue.store import JOB_SUFFIX, Change
+from jobspool.recovery.scan import Bad, Entry, Scan, entry_of, read_job, scan_state
+
+if TYPE_CHECKING:
+    from jobspool.queue.job import Job
+    from jobspool.queue.spool import Spool
+
+log = logging.getLogger(__name__)
+
+TERMINAL_ORDER: tuple[JobState, ...] = (JobState.COMPLETED, JobState.DEAD_LETTER,
+                                        JobState.CANCELED)
+BATCH = 256
+
+
+@dataclass(frozen=True, slots=True)
+class PruneReport:
+    """What one pruning pass removed: ids per terminal state, plus stale copies removed."""
+
+    completed: tuple[str, ...] = ()
+    dead_letter: tuple[str, ...] = ()
+    canceled: tuple[str, ...] = ()
+    stale_copies: tuple[str, ...] = ()  # `state/id.json` of older copies removed with their job
+    kept: dict[str, int] = field(default_factory=dict)  # jobs left per examined state
+
+    @property
+    def pruned(self) -> tuple[str, ...]:
+        """Every removed job id."""
+        return (*self.completed, *self.dead_letter, *self.canceled)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {"completed": len(self.completed), "dead_letter": len(self.dead_letter),
+                "canceled": len(self.canceled), "stale_copies": len(self.stale_copies)}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "pruned": len(self.pruned),
+            "counts": self.counts,
+            "ids": {"completed": list(self.completed), "dead_letter": list(self.dead_letter),
+                    "canceled": list(self.canceled), "stale_copies": list(self.stale_copies)},
+            "kept": dict(self.kept),
+        }
+
+
+def prune(spool: Spool, *, keep: int | None = None, older_than: float | None = None,
+          keep_dead: int | None = None, states: tuple[JobState, ...] = TERMINAL_ORDER,
+          scan: Scan | None = None) -> PruneReport:
+    """Remove old terminal jobs of `states`; see the module docstring for the rules.
+
+    `scan` lets recovery hand over the lock-free scan it already made (every
+    removal is re-checked under the lock anyway).
+    """
+    keep = spool.keep_terminal if keep is None else validate_int("keep", keep, minimum=0)
+    keep_dead = keep if keep_dead is None else validate_int("keep_dead", keep_dead, minimum=0)
+    if older_than is not None:
+        older_than = validate_seconds("older_than", older_than)
+    removed: dict[JobState, list[str]] = {s: [] for s in TERMINAL_ORDER}
+    stale_removed: list[str] = []
+    kept: dict[str, int] = {}
+    for state in states:
+        if state not in removed:
+            raise ValueError(f"{state.value} is not a terminal state")
+        limit = keep_dead if state is JobState.DEAD_LETTER else keep
+        # The cheap test first: a directory within its limit costs one listing.
+        if scan is None and older_than is None and len(spool.store.names(state.value)) <= limit:
+            continue
+        entries = scan.in_state(state) if scan is not None else _scan(spool, state)
+        victims = _victims(entries, limit, older_than, spool.now())
+        for start in range(0, len(victims), BATCH):
+            gone, stale = _remove(spool, victims[start:start + BATCH])
+            removed[state].extend(gone)
+            stale_removed.extend(stale)
+        kept[state.value] = len(entries) - len(removed[state])
+    report = PruneReport(completed=tuple(removed[JobState.COMPLETED]),
+                         dead_letter=tuple(removed[JobState.DEAD_LETTER]),
+                         canceled=tuple(removed[JobState.CANCELED]),
+                         stale_copies=tuple(stale_removed), kept=kept)
+    if report.pruned:
+        log.info("pruned %d terminal jobs (%s)", len(report.pruned), report.counts)
+    return report
+
+
+def prune_if_over(spool: Spool) -> PruneReport | None:
+    """Prune only the terminal directories holding more than `keep_terminal` files.
+
+    Three directory listings when nothing is over; None then.
+    """
+    keep = spool.keep_terminal
+    over = tuple(s for s in TERMINAL_ORDER if len(os.listdir(spool.root / s.value)) > keep)
+    if not over:
+        return None
+    return prune(spool, states=over)
+
+
+def _scan(spool: Spool, state: JobState) -> list[Entry]:
+    out = Scan()
+    scan_state(spool, state, out)
+    return out.entries
+
+
+def _victims(entries: list[Entry], limit: int, older_than: float | None,
+             now: float) -> list[Entry]:
+    ranked = sorted(entries, key=lambda e: (e.updated_at, e.job_id), reverse=True)
+    victims = ranked[limit:]
+    if older_than is not None:
+        cutoff = now - older_than
+        victims = [e for e in ranked[:limit] if e.updated_at < cutoff] + victims
+    return victims
+
+
+def _remove(spool: Spool, victims: list[Entry]) -> tuple[list[str], list[str]]:
+    """Remove a batch of jobs (every readable copy) under one lock hold and one flush."""
+    gone: list[str] = []
+    stale_paths: list[str] = []
+    with spool.lock.hold():
+        pairs: list[tuple[Job | None, Job | None]] = []
+        extra: list[Change] = []
+        for victim in victims:
+            found = read_job(spool, victim.state.value, victim.job_id + JOB_SUFFIX)
+            if found is None or isinstance(found, Bad) or found.revision != victim.revision:
+                continue  # moved on (requeued, re-read as corrupt) since the scan: not ours
+            others = _other_copies(spool, found)
+            if any(o.revision >= found.revision for o in others):
+                continue  # this copy is the stale one: recovery settles it, pruning must not
+            pairs.append((found, None))
+            for o in others:
+                extra.append(Change(name=o.id + JOB_SUFFIX, dst=None, data=None,
+                                    src=o.state.value))
+                stale_paths.append(entry_of(o).path)
+            gone.append(found.id)
+        spool._commit(pairs, extra)
+    return gone, stale_paths
+
+
+def _other_copies(spool: Spool, job: Job) -> list[Job]:
+    """Readable copies of `job` in the other state directories (an existence probe each)."""
+    out: list[Job] = []
+    name = job.id + JOB_SUFFIX
+    for s in ALL_STATES:
+        if s is job.state or not os.path.lexists(spool.root / s.value / name):
+            continue
+        got = read_job(spool, s.value, name)
+        if got is not None and not isinstance(got, Bad):
+            out.append(got)
+    return out

@@ -1,0 +1,321 @@
+"""Boot recovery (DESIGN §6): repair what a crash left, reclaim, replay, prune.
+
+`recover(spool, replay)` runs on boot in every process (`jobspool recover`,
+a systemd `ExecStartPre=`), possibly while other processes work on the same
+spool, so it never holds the spool lock for long: one lock-free scan of the
+state directories (see `scan.py`) finds suspects, and each step re-checks its
+suspects under the lock, in batches of at most `BATCH` jobs, before acting.
+Every job move goes through `Spool._commit` (the store's write sequence,
+durable flushes included) with snapshots computed by the state machine.
+
+The steps, in order (each idempotent: a second run finds nothing to do):
+
+1. duplicates — one id in several state directories (a crash between the
+   rename that publishes a new version and the removal of the old one): the
+   copy with the higher revision stays (ties: see `scan.survivor_key`), the
+   others are removed;
+2. quarantine — files in state directories that are not readable jobs go
+   to `quarantine/` with a reason file (`quarantine.py`), never deleted;
+3. temp files — every `tmp/*.tmp` is removed: staging files are created
+   and consumed within one lock hold, so under the lock any that exists
+   belongs to a writer that died. `tmp/pool/` (recycled files) is only
+   trimmed to the store's pool size;
+4. fence — raised to the largest lease token found on disk (a crash in the
+   middle of a claim batch can publish a token before the counter), and
+   rebuilt from the tokens when the file is unreadable;
+5. expired leases — back to `retryable`, or `dead_letter` when attempts or
+   rescues are exhausted (`machine.reclaim`);
+6. prepared jobs past `prepare_grace_seconds` — replayed (`replay.py`);
+7. retention pruning (`prune.py`).
+
+What it does not do: guess. A job whose only copy is unreadable stays in
+quarantine for a human; a prepared job without a hook stays prepared.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
+
+from jobspool.queue import machine
+from jobspool.queue import store as store_mod
+from jobspool.queue.fence import FENCE_FILE, decode_fence, encode_fence
+from jobspool.queue.states import JobState
+from jobspool.queue.store import JOB_SUFFIX, TMP_DIR, Change
+from jobspool.recovery.prune import prune
+from jobspool.recovery.quarantine import quarantine, quarantine_root_file
+from jobspool.recovery.replay import ReplayHook, ReplayHooks, Verdict, ask, hook_for
+from jobspool.recovery.scan import Bad, Scan, probe, scan_spool, survivor_key
+
+if TYPE_CHECKING:
+    from jobspool.queue.job import Job
+    from jobspool.queue.spool import Spool
+
+__all__ = ["BATCH", "RecoveryReport", "ReplayHook", "ReplayHooks", "recover"]
+
+log = logging.getLogger(__name__)
+
+BATCH = 256  # jobs per lock hold: bounds how long a live worker waits behind recovery
+HOOK_BATCH = 64  # replay verdicts gathered (outside the lock) per lock hold
+# `.spool.json.<pid>.tmp` is written outside the lock when a spool is created: only an old
+# one is surely abandoned.
+ROOT_TMP_AGE = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryReport:
+    """What one recovery pass did, step by step; each field holds the ids (or paths) involved."""
+
+    duplicates_resolved: tuple[str, ...] = ()  # job ids whose extra copies were removed
+    stale_copies_removed: tuple[str, ...] = ()  # `state/id.json` of the removed copies
+    quarantined: tuple[str, ...] = ()  # source paths (`state/name`) moved to quarantine/
+    quarantine_names: tuple[str, ...] = ()  # their names inside quarantine/
+    temp_files_removed: tuple[str, ...] = ()  # `tmp/<name>` (and root-level leftovers)
+    pool_files_trimmed: tuple[str, ...] = ()  # `tmp/pool/<name>` beyond the pool size
+    fence_raised: tuple[str, ...] = ()  # ids holding tokens above the old fence (or "fence")
+    leases_reclaimed: tuple[str, ...] = ()  # expired leases moved to retryable
+    dead_lettered: tuple[str, ...] = ()  # moved to dead_letter (reclaim or replay exhausted)
+    replayed_committed: tuple[str, ...] = ()
+    replayed_aborted: tuple[str, ...] = ()
+    replay_unknown: tuple[str, ...] = ()  # stayed prepared, attempt counted
+    prepared_pending: tuple[str, ...] = ()  # past the grace period but no hook for the kind
+    pruned: tuple[str, ...] = ()
+    fence_before: int | None = None  # None: the fence file was missing or unreadable
+    fence_after: int | None = None
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {f.name: len(getattr(self, f.name)) for f in fields(self)
+                if f.name not in ("fence_before", "fence_after")}
+
+    @property
+    def changed(self) -> bool:
+        """Whether this pass changed anything on disk (a pending report is not a change)."""
+        return any(n for name, n in self.counts.items() if name != "prepared_pending")
+
+    def to_dict(self) -> dict[str, Any]:
+        ids = {name: list(getattr(self, name)) for name in self.counts}
+        return {"changed": self.changed, "counts": self.counts, "ids": ids,
+                "fence": {"before": self.fence_before, "after": self.fence_after}}
+
+
+def recover(spool: Spool, replay: ReplayHooks | None = None) -> RecoveryReport:
+    """Run every recovery step once (see the module docstring); safe beside live workers."""
+    scan = scan_spool(spool)
+    dups, stale, moved = _repair(spool, scan)
+    temps, trimmed = _clean_tmp(spool)
+    fence_ids, before, after = _raise_fence(spool, scan)
+    reclaimed, dead = _reclaim(spool, scan)
+    committed, aborted, unknown, dead_replay, pending = _replay(spool, scan, replay)
+    pruned = prune(spool, scan=scan).pruned
+    report = RecoveryReport(
+        duplicates_resolved=tuple(dups), stale_copies_removed=tuple(stale),
+        quarantined=tuple(src for src, _ in moved), quarantine_names=tuple(q for _, q in moved),
+        temp_files_removed=tuple(temps), pool_files_trimmed=tuple(trimmed),
+        fence_raised=tuple(fence_ids), leases_reclaimed=tuple(reclaimed),
+        dead_lettered=tuple(dead + dead_replay), replayed_committed=tuple(committed),
+        replayed_aborted=tuple(aborted), replay_unknown=tuple(unknown),
+        prepared_pending=tuple(pending), pruned=pruned, fence_before=before, fence_after=after)
+    if report.changed:
+        log.info("recovery of %s: %s", spool.root,
+                 {k: v for k, v in report.counts.items() if v})
+    return report
+
+
+# ---------------------------------------------------------------- 1, 2: duplicates, quarantine
+
+
+def _repair(spool: Spool, scan: Scan) -> tuple[list[str], list[str], list[tuple[str, str]]]:
+    suspects = set(scan.duplicates())
+    strays: list[Bad] = []
+    for bad in scan.bad:
+        if bad.name.endswith(JOB_SUFFIX):
+            suspects.add(bad.name[: -len(JOB_SUFFIX)])
+        else:
+            strays.append(bad)
+    dups: list[str] = []
+    stale: list[str] = []
+    moved: list[tuple[str, str]] = []
+    ordered = sorted(suspects)
+    for start in range(0, len(ordered), BATCH):
+        with spool.lock.hold():
+            to_quarantine: list[Bad] = []
+            removals: list[Change] = []
+            for job_id in ordered[start:start + BATCH]:
+                good, unreadable = probe(spool, job_id)
+                to_quarantine.extend(unreadable)
+                if len(good) < 2:
+                    continue
+                best = max(good, key=survivor_key)
+                for copy in good:
+                    if copy is not best:
+                        removals.append(Change(name=job_id + JOB_SUFFIX, dst=None, data=None,
+                                               src=copy.state.value))
+                        stale.append(f"{copy.state.value}/{job_id}{JOB_SUFFIX}")
+                dups.append(job_id)
+            moved.extend(quarantine(spool, to_quarantine))
+            spool._commit([], removals)
+    for start in range(0, len(strays), BATCH):
+        with spool.lock.hold():
+            moved.extend(quarantine(spool, strays[start:start + BATCH]))
+    return dups, stale, moved
+
+
+# ---------------------------------------------------------------- 3: temp files
+
+
+def _clean_tmp(spool: Spool) -> tuple[list[str], list[str]]:
+    removed: list[str] = []
+    trimmed: list[str] = []
+    tmp = spool.root / TMP_DIR
+    with spool.lock.hold():
+        # Under the lock no writer is between staging and publishing: every staging file
+        # here belongs to a process that died mid-write.
+        with os.scandir(tmp) as it:
+            names = [e.name for e in it if e.name.endswith(".tmp") and e.is_file(follow_symlinks=False)]
+        for name in names:
+            if _unlink(tmp / name):
+                removed.append(f"{TMP_DIR}/{name}")
+        root_dirty = False
+        for name in os.listdir(spool.root):
+            if not (name.startswith(".") and name.endswith(".tmp")):
+                continue
+            path = spool.root / name
+            # `.fence.*.tmp` is only written under the lock; the spool.json one is not.
+            if not name.startswith(f".{FENCE_FILE}.") and not _older_than(path, ROOT_TMP_AGE):
+                continue
+            if _unlink(path):
+                removed.append(name)
+                root_dirty = True
+        pool = sorted(spool.store.pool_names())
+        for name in pool[spool.store.pool_size:]:
+            if _unlink(spool.root / store_mod.POOL_DIR / name):
+                trimmed.append(f"{store_mod.POOL_DIR}/{name}")
+        if trimmed:
+            spool.store.forget_pool()
+        if spool.durable:
+            if removed:
+                store_mod.fsync_dir(tmp)
+            if root_dirty:
+                store_mod.fsync_dir(spool.root)
+            if trimmed:
+                store_mod.fsync_dir(spool.root / store_mod.POOL_DIR)
+    return removed, trimmed
+
+
+def _unlink(path: os.PathLike[str]) -> bool:
+    try:
+        store_mod.os_unlink(path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _older_than(path: os.PathLike[str], seconds: float) -> bool:
+    try:
+        return time.time() - os.stat(path).st_mtime > seconds
+    except FileNotFoundError:
+        return False
+
+
+# ---------------------------------------------------------------- 4: fence
+
+
+def _raise_fence(spool: Spool, scan: Scan) -> tuple[list[str], int | None, int | None]:
+    """Make the fence at least every token the scan saw.
+
+    The scan is enough: a token written after it was minted from the counter
+    as it then stood (a claim refuses to run on an unreadable counter), so
+    only tokens already on disk can be above it.
+    """
+    top, _ = scan.max_token()
+    with spool.lock.hold():
+        current: int | None
+        try:
+            current = decode_fence(spool.store.read("", FENCE_FILE))
+        except FileNotFoundError:
+            current = None
+        except ValueError as exc:
+            current = None
+            quarantine_root_file(spool, FENCE_FILE, f"unreadable fence counter: {exc}")
+        if current is not None and current >= top:
+            return [], current, current
+        floor = current or 0
+        value = max(top, floor)
+        spool._commit([], [Change(name=FENCE_FILE, dst="", data=encode_fence(value))])
+    ids = sorted({e.job_id for e in scan.entries if e.token is not None and e.token > floor})
+    log.warning("fence of %s raised from %s to %d (tokens on disk above it: %s)", spool.root,
+                current, value, ids or "none")
+    return ids or [FENCE_FILE], current, value
+
+
+# ---------------------------------------------------------------- 5: expired leases
+
+
+def _reclaim(spool: Spool, scan: Scan) -> tuple[list[str], list[str]]:
+    now = spool.now()
+    expired = sorted(e.job_id for e in scan.in_state(JobState.LEASED)
+                     if e.expires_at is not None and e.expires_at <= now)
+    reclaimed: list[str] = []
+    dead: list[str] = []
+    for start in range(0, len(expired), BATCH):
+        with spool.lock.hold():
+            now = spool.now()
+            pairs: list[tuple[Job | None, Job | None]] = []
+            extra: list[Change] = []
+            for job_id in expired[start:start + BATCH]:
+                job, stale = spool._locate(job_id)
+                if job is None or not machine.lease_expired(job, now):
+                    continue  # completed, heartbeated or reclaimed by a claim meanwhile
+                new = machine.reclaim(job, now=now, policy=spool.policy,
+                                      max_rescues=spool.max_rescues, rng=spool._rng)
+                pairs.append((job, new))
+                extra.extend(spool._stale_removals(job_id, stale))
+                (dead if new.state is JobState.DEAD_LETTER else reclaimed).append(job_id)
+            spool._commit(pairs, extra)
+    return reclaimed, dead
+
+
+# ---------------------------------------------------------------- 6: replay
+
+
+def _replay(spool: Spool, scan: Scan, replay: ReplayHooks | None
+            ) -> tuple[list[str], list[str], list[str], list[str], list[str]]:
+    cutoff = spool.now() - spool.prepare_grace_seconds
+    due = sorted((e for e in scan.in_state(JobState.PREPARED) if e.updated_at <= cutoff),
+                 key=lambda e: e.job_id)
+    out: dict[str, list[str]] = {k: [] for k in ("committed", "aborted", "unknown", "dead")}
+    pending: list[str] = []
+    for start in range(0, len(due), HOOK_BATCH):
+        verdicts: list[Verdict] = []
+        for entry in due[start:start + HOOK_BATCH]:
+            hook = hook_for(replay, entry.kind)
+            if hook is None:
+                pending.append(entry.job_id)
+                continue
+            job = spool._read(JobState.PREPARED, entry.job_id)
+            if job is None or job.revision != entry.revision:
+                continue  # committed or aborted by its producer since the scan
+            # Outside the lock: a hook may take seconds (it asks the primary store).
+            verdicts.append(ask(hook, job))
+        if not verdicts:
+            continue
+        with spool.lock.hold():
+            now = spool.now()
+            pairs: list[tuple[Job | None, Job | None]] = []
+            extra: list[Change] = []
+            for v in verdicts:
+                job, stale = spool._locate(v.job.id)
+                if job is None or job.state is not JobState.PREPARED or \
+                        job.revision != v.job.revision:
+                    continue  # the producer spoke meanwhile: its word wins over the hook's
+                new = machine.replay(job, v.outcome, now=now, error=v.error)
+                pairs.append((job, new))
+                extra.extend(spool._stale_removals(job.id, stale))
+                key = "dead" if new.state is JobState.DEAD_LETTER else v.outcome
+                out[key].append(job.id)
+            spool._commit(pairs, extra)
+    return out["committed"], out["aborted"], out["unknown"], out["dead"], pending

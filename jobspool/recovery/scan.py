@@ -1,0 +1,171 @@
+"""One lock-free pass over every state directory: what recovery, fsck and pruning act on.
+
+Why lock-free: a scan reads every job file, O(jobs), and holding the spool
+lock that long would stop every worker. Writes are atomic renames, so a file
+read here is always some complete version (or gone: moved meanwhile). What
+the scan finds is therefore a list of *suspects*, never a verdict: every
+step that acts on it re-reads the files concerned under the lock first.
+
+One caveat makes that re-check necessary even for "corrupt" verdicts: the
+store recycles superseded files as staging files (`tmp/pool/`), rewriting
+their inode in place. A lock-free reader that opened a file just before it
+was superseded may read another job's bytes, or half of them. Under the
+lock no writer runs, so a second read there is authoritative.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from jobspool.queue.job import CorruptJob, Job, decode_job
+from jobspool.queue.states import ALL_STATES, JobState
+from jobspool.queue.store import JOB_SUFFIX
+
+if TYPE_CHECKING:
+    from jobspool.queue.spool import Spool
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """What the scan keeps of one readable job file (not the payload: a scan must stay small)."""
+
+    state: JobState
+    job_id: str
+    kind: str
+    revision: int
+    updated_at: float
+    token: int | None
+    expires_at: float | None
+
+    @property
+    def path(self) -> str:
+        return f"{self.state.value}/{self.job_id}{JOB_SUFFIX}"
+
+
+@dataclass(frozen=True, slots=True)
+class Bad:
+    """A file in a state directory that is not a readable job: `dir/name` and why."""
+
+    directory: str
+    name: str
+    reason: str
+
+    @property
+    def path(self) -> str:
+        return f"{self.directory}/{self.name}" if self.directory else self.name
+
+
+@dataclass
+class Scan:
+    """Everything one pass over the state directories saw."""
+
+    entries: list[Entry] = field(default_factory=list)
+    bad: list[Bad] = field(default_factory=list)
+    # job id -> state directories holding a `<id>.json` (readable or not)
+    where: dict[str, list[JobState]] = field(default_factory=dict)
+
+    def duplicates(self) -> list[str]:
+        """Ids with a file in more than one state directory."""
+        return sorted(i for i, states in self.where.items() if len(states) > 1)
+
+    def in_state(self, state: JobState) -> list[Entry]:
+        return [e for e in self.entries if e.state is state]
+
+    def max_token(self) -> tuple[int, str | None]:
+        """The largest lease token in any readable job file, and the file holding it."""
+        best, path = 0, None
+        for e in self.entries:
+            if e.token is not None and e.token > best:
+                best, path = e.token, e.path
+        return best, path
+
+
+def read_job(spool: Spool, directory: str, name: str) -> Job | Bad | None:
+    """Read and decode one file of a state directory; None when it is not there (any more)."""
+    state = JobState(directory)
+    if not name.endswith(JOB_SUFFIX):
+        if not os.path.lexists(spool.root / directory / name):
+            return None
+        return Bad(directory, name, "not a job file (name does not end in .json)")
+    try:
+        data = spool.store.read(directory, name)
+    except FileNotFoundError:
+        return None
+    except IsADirectoryError:
+        return Bad(directory, name, "a directory where a job file belongs")
+    except OSError as exc:
+        return Bad(directory, name, f"cannot read: {exc.strerror or exc}")
+    try:
+        return decode_job(data, expect_id=name[: -len(JOB_SUFFIX)], expect_state=state)
+    except CorruptJob as exc:
+        return Bad(directory, name, exc.reason if data else "empty file")
+
+
+def entry_of(job: Job) -> Entry:
+    return Entry(state=job.state, job_id=job.id, kind=job.kind, revision=job.revision,
+                 updated_at=job.updated_at,
+                 token=None if job.lease is None else job.lease.token,
+                 expires_at=None if job.lease is None else job.lease.expires_at)
+
+
+def scan_state(spool: Spool, state: JobState, out: Scan) -> None:
+    """Add one state directory's files to `out` (one listing, one read per file)."""
+    directory = state.value
+    with os.scandir(spool.root / directory) as it:
+        listing = [(e.name, e.is_file(follow_symlinks=False)) for e in it]
+    for name, regular in listing:
+        if name.endswith(JOB_SUFFIX):
+            out.where.setdefault(name[: -len(JOB_SUFFIX)], []).append(state)
+        if not regular:
+            # A symlink could point outside the spool, a directory would make readers fail
+            # with EISDIR: neither is a job, whatever its name.
+            kind = "a symlink" if os.path.islink(spool.root / directory / name) else "not a file"
+            out.bad.append(Bad(directory, name, f"{kind} where a job file belongs"))
+            continue
+        got = read_job(spool, directory, name)
+        if got is None:
+            continue  # moved on since the listing
+        if isinstance(got, Bad):
+            out.bad.append(got)
+        else:
+            out.entries.append(entry_of(got))
+
+
+def scan_spool(spool: Spool, states: tuple[JobState, ...] = ALL_STATES) -> Scan:
+    """One lock-free pass over `states` (all of them by default)."""
+    out = Scan()
+    for state in states:
+        scan_state(spool, state, out)
+    return out
+
+
+def probe(spool: Spool, job_id: str) -> tuple[list[Job], list[Bad]]:
+    """Every copy of one job, readable and not, read now (call under the lock to be exact)."""
+    good: list[Job] = []
+    bad: list[Bad] = []
+    name = job_id + JOB_SUFFIX
+    for state in ALL_STATES:
+        path = spool.root / state.value / name
+        if os.path.islink(path):
+            bad.append(Bad(state.value, name, "a symlink where a job file belongs"))
+            continue
+        got = read_job(spool, state.value, name)
+        if isinstance(got, Bad):
+            bad.append(got)
+        elif got is not None:
+            good.append(got)
+    return good, bad
+
+
+# A tie in revision cannot come from one crash (a state change always writes revision + 1),
+# but it can from two: a stale leased copy re-claimed after the job completed elsewhere.
+# Then the terminal copy wins, because finished work must never be resurrected; after that
+# the later update, and last the later state in the lifecycle order of JobState.
+_RANK = {s: i for i, s in enumerate(ALL_STATES)}
+
+
+def survivor_key(job: Job) -> tuple[int, bool, float, int]:
+    """Sort key of the copy of a job that recovery keeps (the largest wins)."""
+    return (job.revision, job.terminal, job.updated_at, _RANK[job.state])
