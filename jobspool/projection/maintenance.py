@@ -399,14 +399,14 @@ def _maintain_table(run: _Run, name: str) -> TableOutcome:
         before = int(tbl.version)
         prev = run.state.get(name) or {}
         last_success = prev.get("last_success")
-        if (
+        unchanged = (
             prev.get("version_after") == before
             and isinstance(last_success, int | float)
             and run.wall - last_success < run.cleanup_older_than.total_seconds()
-        ):
-            return done("skipped", "unchanged since the last maintenance", before)
+        )
 
         schema_names = set(tbl.schema.names)
+        doomed = 0
         if run.min_live_token is not None and WRITTEN_AT_COLUMN in schema_names:
             cutoff = run.wall - run.tombstone_retention.total_seconds()
             where = (
@@ -414,10 +414,12 @@ def _maintain_table(run: _Run, name: str) -> TableOutcome:
                 f" AND {WRITTEN_AT_COLUMN} < {cutoff!r}"
             )
             # Count first: a delete that matches nothing still commits a version.
-            n = call(lambda: _count_rows(tbl, where))
-            if n:
-                call(lambda: _delete_rows(tbl, where))
-                removed = n
+            doomed = call(lambda: _count_rows(tbl, where))
+        if unchanged and not doomed:
+            return done("skipped", "unchanged since the last maintenance", before)
+        if doomed:
+            call(lambda: _delete_rows(tbl, where))
+            removed = doomed
         if (stop := run.stop_reason()) is not None:
             return done("deferred", stop, int(tbl.version))
 
