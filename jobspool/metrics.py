@@ -1,0 +1,338 @@
+"""Prometheus metrics: `jobspool stats --prometheus` and `jobspool worker --metrics-port`.
+
+Why `prometheus_client` rather than writing the format by hand: the text
+exposition format has escaping rules for label values (backslash, quote,
+newline — job kinds are safe, worker owners and hostnames need not be),
+`# HELP`/`# TYPE` ordering, the `_total` suffix convention for counters and
+float formatting (`+Inf`, `NaN`, exponent forms) that a hand-written
+renderer gets subtly wrong, and the node_exporter textfile collector
+rejects a whole file over one bad line. The library is already a
+dependency, its `generate_latest` is the reference renderer, and its WSGI
+server gives `--metrics-port` a correct `/metrics` endpoint (content
+negotiation, gzip, `?name[]=` filtering) for free. We use a private
+`CollectorRegistry` with one custom collector that reads the spool at
+scrape time, so nothing is registered globally and no value is cached
+between scrapes (except for the short `min_interval` of a served endpoint).
+
+What is exported (all read from the spool directory at collection time):
+
+- `jobspool_jobs{state,kind}` (gauge): jobs per state and kind;
+- `jobspool_due_jobs`, `jobspool_oldest_due_age_seconds` (0 when nothing is
+  due), `jobspool_dead_letters`, `jobspool_quarantined_files`,
+  `jobspool_temp_files` (gauges);
+- `jobspool_fence` (gauge): the last fencing token handed out; it only ever
+  grows, one per claimed job, so `rate(jobspool_fence[5m])` is the claim rate;
+- `jobspool_job_rescues{kind}` and `jobspool_job_retries{kind}` (gauges): the
+  sum of `rescues` (expired-lease reclaims) and of `attempts - 1` over the
+  jobs currently on disk. These are gauges, not counters, on purpose:
+  retention pruning removes jobs, so the sums go down, and a counter that
+  goes down reads as a reset to `rate()`, which would invent a spike;
+- `jobspool_worker_<counter>_total{worker}` (counters): the run counters of
+  live workers (`RunReport`: claimed, completed, retried, dead_lettered,
+  lease_lost, released, projected_rows, crashes). A served endpoint reports
+  its own worker directly; `stats --prometheus` reports every worker that
+  published a snapshot under `<root>/metrics/` within `WORKER_STALE_SECONDS`
+  (see `publish_worker_report`).
+
+Cost: per-kind counts and the rescue/retry sums read every job file (one
+pass, no lock held); terminal states are bounded by retention, so this is
+O(live jobs + keep_terminal). A served endpoint caches the rendered page for
+`min_interval` seconds so aggressive scrapers cannot turn this into load.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import orjson
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import make_wsgi_app
+
+from jobspool.queue.states import ALL_STATES, JobState
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+    from jobspool.queue.spool import Spool
+    from jobspool.queue.worker import RunReport
+
+METRICS_DIR = "metrics"
+WORKER_STALE_SECONDS = 300.0
+WORKER_COUNTERS = ("claimed", "completed", "retried", "dead_lettered", "lease_lost",
+                   "released", "projected_rows", "crashes")
+_WORKER_HELP = {
+    "claimed": "Jobs this worker claimed.",
+    "completed": "Jobs this worker completed.",
+    "retried": "Jobs this worker failed with a retry.",
+    "dead_lettered": "Jobs this worker dead-lettered.",
+    "lease_lost": "Results this worker discarded because the lease was lost.",
+    "released": "Leases this worker gave back unfinished.",
+    "projected_rows": "Rows this worker wrote to projection tables.",
+    "crashes": "Times this worker's own machinery failed and was restarted.",
+}
+_SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
+
+
+class ReportsRuns(Protocol):
+    """What a served endpoint asks of its worker: a snapshot of its live run counters."""
+
+    def live_report(self) -> RunReport | None: ...
+
+
+# ---------------------------------------------------------------- collection
+
+
+class SpoolCollector:
+    """A prometheus_client collector reading one spool (and optionally one live worker)."""
+
+    def __init__(self, spool: Spool, worker: object = None) -> None:
+        self.spool = spool
+        self.worker = worker
+
+    def collect(self) -> Iterator[Metric]:
+        spool = self.spool
+        stats = spool.stats()
+        per_kind: dict[str, dict[str, int]] = {}
+        rescues: dict[str, int] = {}
+        retries: dict[str, int] = {}
+        for job in spool.jobs():  # one pass: counts, rescues and retries from the same reads
+            per = per_kind.setdefault(job.kind, {})
+            per[job.state.value] = per.get(job.state.value, 0) + 1
+            rescues[job.kind] = rescues.get(job.kind, 0) + job.rescues
+            retries[job.kind] = retries.get(job.kind, 0) + max(0, job.attempts - 1)
+
+        jobs = GaugeMetricFamily("jobspool_jobs", "Jobs in the spool, per state and kind.",
+                                 labels=["state", "kind"])
+        for kind in sorted(per_kind):
+            for state in ALL_STATES:  # every state, so a series drops to 0 instead of vanishing
+                jobs.add_metric([state.value, kind], per_kind[kind].get(state.value, 0))
+        yield jobs
+        yield _gauge("jobspool_due_jobs", "Jobs claimable now (ready, and retryable past backoff).",
+                     stats.due)
+        yield _gauge("jobspool_oldest_due_age_seconds",
+                     "How long the oldest due job has waited (0 when nothing is due).",
+                     stats.oldest_due_age or 0.0)
+        yield _gauge("jobspool_dead_letters", "Jobs in dead_letter/.",
+                     stats.counts.get(JobState.DEAD_LETTER.value, 0))
+        yield _gauge("jobspool_fence",
+                     "Last fencing token handed out (grows by one per claimed job).", stats.fence)
+        yield _gauge("jobspool_quarantined_files", "Unreadable files moved to quarantine/.",
+                     stats.quarantined)
+        yield _gauge("jobspool_temp_files", "Files in tmp/ (staging; a pile-up means crashes).",
+                     stats.temp_files)
+        yield _per_kind("jobspool_job_rescues",
+                        "Expired-lease reclaims recorded on the jobs now in the spool.", rescues)
+        yield _per_kind("jobspool_job_retries",
+                        "Attempts beyond the first recorded on the jobs now in the spool.", retries)
+        yield from _worker_families(self._worker_reports())
+
+    def _worker_reports(self) -> dict[str, dict[str, Any]]:
+        worker = self.worker
+        if worker is not None:
+            live = getattr(worker, "live_report", None)
+            report = live() if callable(live) else None
+            if report is None:
+                return {}
+            owner = str(getattr(worker, "owner", "") or f"pid-{os.getpid()}")
+            return {owner: _report_counters(report)}
+        return read_worker_reports(self.spool)
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value)
+
+
+def _per_kind(name: str, doc: str, values: dict[str, int]) -> GaugeMetricFamily:
+    g = GaugeMetricFamily(name, doc, labels=["kind"])
+    for kind in sorted(values):
+        g.add_metric([kind], values[kind])
+    return g
+
+
+def _worker_families(reports: dict[str, dict[str, Any]]) -> Iterator[Metric]:
+    if not reports:
+        return
+    for counter in WORKER_COUNTERS:
+        # CounterMetricFamily appends `_total` to the samples.
+        c = CounterMetricFamily(f"jobspool_worker_{counter}", _WORKER_HELP[counter],
+                                labels=["worker"])
+        for owner in sorted(reports):
+            value = reports[owner].get(counter, 0)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                c.add_metric([owner], value)
+        yield c
+
+
+def _report_counters(report: RunReport | dict[str, Any]) -> dict[str, Any]:
+    d = report if isinstance(report, dict) else asdict(report)
+    return {k: d.get(k, 0) for k in WORKER_COUNTERS}
+
+
+def registry_for(spool: Spool, worker: object = None) -> CollectorRegistry:
+    """A private registry holding only the spool collector (nothing global is touched)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SpoolCollector(spool, worker))
+    return registry
+
+
+def render_prometheus(spool: Spool, worker: object = None) -> str:
+    """The Prometheus text exposition of a spool (what node_exporter's textfile collector reads)."""
+    return generate_latest(registry_for(spool, worker)).decode("utf-8")
+
+
+# ---------------------------------------------------------------- worker snapshots on disk
+
+
+def _snapshot_path(spool: Spool, owner: str) -> Path:
+    return Path(spool.root) / METRICS_DIR / (_SAFE_NAME.sub("_", owner)[:150] + ".json")
+
+
+def publish_worker_report(spool: Spool, owner: str, report: RunReport) -> None:
+    """Write a worker's run counters to `<root>/metrics/<owner>.json` for `stats --prometheus`.
+
+    Advisory data: replaced atomically (write to a sibling, rename) but not
+    fsynced — losing the last snapshot in a power cut costs nothing. A
+    worker calls this every few seconds and `remove_worker_report` on exit;
+    a snapshot older than `WORKER_STALE_SECONDS` is ignored by readers, so a
+    worker that died is dropped from the metrics.
+    """
+    path = _snapshot_path(spool, owner)
+    path.parent.mkdir(exist_ok=True)
+    doc = {"format": 1, "owner": owner, "pid": os.getpid(), "written_at": time.time(),
+           **_report_counters(report)}
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_bytes(orjson.dumps(doc))
+    os.replace(tmp, path)
+
+
+def remove_worker_report(spool: Spool, owner: str) -> None:
+    """Remove a worker's snapshot (on a clean exit)."""
+    with contextlib.suppress(FileNotFoundError):
+        _snapshot_path(spool, owner).unlink()
+
+
+def read_worker_reports(spool: Spool, *, stale_after: float = WORKER_STALE_SECONDS,
+                        now: float | None = None) -> dict[str, dict[str, Any]]:
+    """Fresh worker snapshots under `<root>/metrics/`, by owner; bad or stale files are skipped."""
+    directory = Path(spool.root) / METRICS_DIR
+    try:
+        names = sorted(n for n in os.listdir(directory) if n.endswith(".json"))
+    except (FileNotFoundError, NotADirectoryError):
+        return {}
+    wall = time.time() if now is None else now
+    out: dict[str, dict[str, Any]] = {}
+    for name in names:
+        try:
+            doc = orjson.loads((directory / name).read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            continue
+        if not isinstance(doc, dict):
+            continue
+        written = doc.get("written_at")
+        owner = doc.get("owner")
+        if not isinstance(written, int | float) or not isinstance(owner, str):
+            continue
+        if wall - written > stale_after:
+            continue
+        out[owner] = _report_counters(doc)
+    return out
+
+
+# ---------------------------------------------------------------- serving
+
+
+class MetricsServer:
+    """A `/metrics` HTTP endpoint in a daemon thread; `shutdown()` stops it and frees the port."""
+
+    def __init__(self, httpd: WSGIServer, thread: threading.Thread) -> None:
+        self._httpd = httpd
+        self._thread = thread
+
+    @property
+    def port(self) -> int:
+        return int(self._httpd.server_address[1])
+
+    @property
+    def host(self) -> str:
+        return str(self._httpd.server_address[0])
+
+    def shutdown(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5.0)
+
+
+class _CachedCollector:
+    """Re-collects at most once per `min_interval` seconds; scrapes in between get the copy."""
+
+    def __init__(self, inner: SpoolCollector, min_interval: float) -> None:
+        self._inner = inner
+        self._min_interval = min_interval
+        self._lock = threading.Lock()
+        self._at = float("-inf")
+        self._families: list[Metric] = []
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            now = time.monotonic()
+            if now - self._at >= self._min_interval:
+                self._families = list(self._inner.collect())
+                self._at = now
+            return iter(list(self._families))
+
+
+def serve_metrics(spool: Spool, host: str = "127.0.0.1", port: int = 0, worker: object = None,
+                  *, min_interval: float = 1.0) -> MetricsServer:
+    """Serve the spool's metrics (and `worker`'s live counters) on http://host:port/metrics.
+
+    Loopback by default: metrics name job kinds and hosts, so exposing them
+    beyond the machine is a deliberate choice (`--metrics-host`). Raises
+    `OSError` when the address cannot be bound (port in use, no such
+    address). Port 0 picks a free port (see `.port`).
+    """
+    from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+    from prometheus_client.exposition import ThreadingWSGIServer
+
+    class _Quiet(WSGIRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            """Access logs would flood stderr at every scrape."""
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_CachedCollector(SpoolCollector(spool, worker), min_interval))
+    server_class: type[WSGIServer] = ThreadingWSGIServer
+    if ":" in host:
+        import socket
+
+        class _V6(ThreadingWSGIServer):
+            address_family = socket.AF_INET6
+
+        server_class = _V6
+    httpd = make_server(host, port, make_wsgi_app(registry), server_class, handler_class=_Quiet)
+    thread = threading.Thread(target=httpd.serve_forever, name="jobspool-metrics", daemon=True)
+    thread.start()
+    return MetricsServer(httpd, thread)
+
+
+__all__ = [
+    "METRICS_DIR",
+    "WORKER_COUNTERS",
+    "MetricsServer",
+    "ReportsRuns",
+    "SpoolCollector",
+    "publish_worker_report",
+    "read_worker_reports",
+    "registry_for",
+    "remove_worker_report",
+    "render_prometheus",
+    "serve_metrics",
+]

@@ -1,0 +1,173 @@
+"""Writer backpressure: refuse `enqueue`/`prepare` while the due backlog is over a limit.
+
+Off by default. `Spool(max_due=N)` bounds the number of jobs waiting in
+`ready/`; `Spool(max_lag_seconds=S)` bounds how long the oldest of them has
+waited. While a bound is exceeded, `enqueue`, `enqueue_many` and `prepare`
+raise `Backpressure` (retryable: nothing was written) naming the limit and
+the value that tripped it. Thresholds, with hysteresis so producers do not
+flap at the edge:
+
+- refused when admitting the batch would leave more than `max_due` ready
+  jobs (`due + n > max_due`), or when the oldest ready job has waited more
+  than `max_lag_seconds`; a batch larger than `max_due` is still admitted
+  into an empty backlog, or it could never be admitted at all;
+- once refused, admitted again only when the backlog is *under half* of
+  each limit (`due < max_due / 2` and `lag < max_lag_seconds / 2`).
+
+What is measured, and what it costs (this runs under the spool lock on
+every enqueue):
+
+- `due` is one `os.listdir` of `ready/` (a count of names, no file reads).
+  Jobs in `retryable/` whose backoff ended are not counted: finding them
+  means reading every retryable file. Delayed jobs and prepared jobs are not
+  backlog either.
+- `lag` is the age (`now - run_at`) of the ready job with the smallest id,
+  one file read. Generated ids are time-ordered, so that is the oldest job;
+  with caller-given ids it is an approximation (the lexicographically first
+  id), while `max_due` stays exact.
+- The measurement is cached per spool object for `CACHE_SECONDS` of the
+  spool's clock, and this process's own admissions are added to the cached
+  count meanwhile. The trade-off: within that window jobs added by other
+  processes are not seen, so the backlog can overshoot `max_due` by what
+  other producers enqueue in a quarter second; in exchange a burst of
+  enqueues costs one listing per window instead of one per job. A refusal,
+  and a release from the refused state, are always decided on a fresh
+  measurement — a stale cache can admit a little late or a little too much,
+  never refuse wrongly.
+
+The on/off state is per `Spool` object (per producer process), kept here,
+because a call that raises cannot hand a new state back to its caller.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from jobspool.errors import Backpressure
+from jobspool.queue.states import JobState
+from jobspool.queue.store import JOB_SUFFIX
+
+if TYPE_CHECKING:
+    from jobspool.queue.spool import Spool
+
+CACHE_SECONDS = 0.25
+
+
+@dataclass(slots=True)
+class Backlog:
+    """One measurement of the due backlog: ready jobs, and `run_at` of the oldest one."""
+
+    due: int
+    oldest_run_at: float | None
+    measured_at: float
+
+    def lag(self, now: float) -> float:
+        return 0.0 if self.oldest_run_at is None else max(0.0, now - self.oldest_run_at)
+
+
+@dataclass(slots=True)
+class _State:
+    on: bool = False
+    backlog: Backlog | None = None
+    admitted_since: int = 0  # jobs this process admitted since `backlog` was measured
+
+
+_STATES: weakref.WeakKeyDictionary[Spool, _State] = weakref.WeakKeyDictionary()
+
+
+def measure(spool: Spool) -> Backlog:
+    """Count `ready/` (one listing) and read the job with the smallest id (one file read)."""
+    now = spool.now()
+    names = [n for n in os.listdir(spool.root / JobState.READY.value) if n.endswith(JOB_SUFFIX)]
+    oldest: float | None = None
+    # A job claimed between the listing and the read is simply gone: try the next one.
+    for name in sorted(names)[:4]:
+        job = spool._read(JobState.READY, name[: -len(JOB_SUFFIX)])
+        if job is not None:
+            oldest = job.run_at
+            break
+    return Backlog(due=len(names), oldest_run_at=oldest, measured_at=now)
+
+
+def _over(spool: Spool, backlog: Backlog, n: int, now: float) -> tuple[str, float, float] | None:
+    """The limit the admission of `n` jobs would break, as (name, value, limit), or None."""
+    if spool.max_due is not None and backlog.due > 0 and backlog.due + n > spool.max_due:
+        return ("max_due", float(backlog.due), float(spool.max_due))
+    lag = backlog.lag(now)
+    if spool.max_lag_seconds is not None and lag > spool.max_lag_seconds:
+        return ("max_lag_seconds", lag, spool.max_lag_seconds)
+    return None
+
+
+def _still_high(spool: Spool, backlog: Backlog, now: float) -> tuple[str, float, float] | None:
+    """While refusing: the limit whose half the backlog has not yet dropped under, or None."""
+    if spool.max_due is not None and backlog.due >= spool.max_due / 2:
+        return ("max_due", float(backlog.due), float(spool.max_due))
+    lag = backlog.lag(now)
+    if spool.max_lag_seconds is not None and lag >= spool.max_lag_seconds / 2:
+        return ("max_lag_seconds", lag, spool.max_lag_seconds)
+    return None
+
+
+def _refuse(limit: tuple[str, float, float], *, releasing: bool) -> Backpressure:
+    name, value, bound = limit
+    if name == "max_due":
+        what = f"{int(value)} ready jobs"
+        shown = f"max_due={int(bound)}"
+        back = f"under {bound / 2:g} ready jobs"
+    else:
+        what = f"the oldest ready job has waited {value:.1f} s"
+        shown = f"max_lag_seconds={bound:g}"
+        back = f"under {bound / 2:g} s of lag"
+    state = "still over half of" if releasing else "over"
+    return Backpressure(f"backpressure: {what}, {state} the limit {shown}; nothing was "
+                        f"written, retry later (enqueues are admitted again {back})",
+                        limit=name, value=value)
+
+
+def admit(spool: Spool, n: int, currently_on: bool) -> bool:
+    """Admit `n` new jobs or raise `Backpressure`; returns the new state (False: admitting).
+
+    Call under the spool lock, before writing. `currently_on` is the caller's
+    idea of the previous state; the state kept here for this spool counts
+    too (see the module docstring).
+    """
+    st = _STATES.get(spool)
+    if st is None:
+        st = _STATES[spool] = _State()
+    now = spool.now()
+    on = st.on or currently_on
+    fresh = False
+    if on or st.backlog is None or now - st.backlog.measured_at >= CACHE_SECONDS or \
+            now < st.backlog.measured_at:
+        st.backlog, st.admitted_since, fresh = measure(spool), 0, True
+    backlog = st.backlog
+    estimate = Backlog(backlog.due + st.admitted_since, backlog.oldest_run_at, backlog.measured_at)
+    if on:
+        high = _still_high(spool, estimate, now)
+        if high is not None:
+            st.on = True
+            raise _refuse(high, releasing=True)
+    limit = _over(spool, estimate, n, now)
+    if limit is not None and not fresh:
+        # Never refuse on a cached figure: others may have drained the queue since.
+        st.backlog, st.admitted_since = measure(spool), 0
+        limit = _over(spool, st.backlog, n, now)
+    if limit is not None:
+        st.on = True
+        raise _refuse(limit, releasing=False)
+    st.on = False
+    st.admitted_since += n
+    return False
+
+
+def is_on(spool: Spool) -> bool:
+    """Whether this spool object is currently refusing enqueues (for stats and tests)."""
+    st = _STATES.get(spool)
+    return st is not None and st.on
+
+
+__all__ = ["CACHE_SECONDS", "Backlog", "admit", "is_on", "measure"]
