@@ -80,13 +80,17 @@ def test_two_processes_never_duplicate_a_key_and_keep_the_highest_pair(tmp_path:
     # The table exists before the race, as the first batch of a worker makes it.
     from jobspool.projection.handler import make_upsert
 
-    assert ProjectionStore(uri).apply([make_upsert("init", "shared", {"id": "init", "by": 0},
-                                                   0.0, 0)]).ok
+    assert ProjectionStore(uri).apply([make_upsert("init", "shared", {"id": "init", "by": 0}, 0.0, 0)]).ok
     go = tmp_path / "go"
     procs = [
-        subprocess.Popen([sys.executable, "-c", WRITER, uri, str(me), str(ROUNDS), str(go)],
-                         cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": ""},
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", WRITER, uri, str(me), str(ROUNDS), str(go)],
+            cwd=ROOT,
+            env={"PYTHONPATH": str(ROOT), "PATH": ""},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for me in (1, 2)
     ]
     try:

@@ -188,6 +188,7 @@ class ProjectionStore:
         self._clock = clock
         self._tables: dict[str, Any] = {}
         self._lock = threading.RLock()
+        self._exclusive: dict[str, threading.Lock] = {}
         self._closed = False
 
     # --- plumbing
@@ -221,6 +222,23 @@ class ProjectionStore:
                 if tbl is not None:
                     self._tables[name] = tbl
             return tbl
+
+    def exclusive(self, name: str) -> threading.Lock:
+        """The lock that keeps this store's merges off table `name` while it is held.
+
+        Maintenance holds it around compaction, tombstone GC and indexing:
+        a compaction that races a merge touching the same fragments loses
+        (LanceDB retries the writer, not the rewrite), so under a steady
+        stream of batches it would never win. Holding it delays this
+        process's next merge on that one table by the length of the
+        compaction; other processes are not held back (their races are
+        benign, and retried on the next beat).
+        """
+        with self._lock:
+            lock = self._exclusive.get(name)
+            if lock is None:
+                lock = self._exclusive[name] = threading.Lock()
+            return lock
 
     def _forget(self, name: str) -> None:
         # After an error the handle may point at files another process's
@@ -315,7 +333,7 @@ class ProjectionStore:
         # Phase 2: commit, one merge per table.
         tables: dict[str, int] = {}
         for name, plan in plans.items():
-            if plan.batch is None:
+            if plan.batch is None or plan.batch.num_rows == 0:
                 tables[name] = 0
                 continue
             try:
@@ -404,7 +422,8 @@ class ProjectionStore:
                     f"table {plan.table!r} was created concurrently with another schema; retry",
                     table=plan.table,
                 )
-        result = _execute_merge(tbl, self.key, plan.batch, self._commit_timeout)
+        with self.exclusive(plan.table):
+            result = _execute_merge(tbl, self.key, plan.batch, self._commit_timeout)
         return int(result.num_inserted_rows) + int(result.num_updated_rows)
 
     def _create(self, name: str, schema: pa.Schema) -> Any:

@@ -7,9 +7,12 @@ files; left alone, reads slow down and the version list grows without end.
 1. Tombstone GC: tombstones older than `tombstone_retention` AND written
    under a fence below `min_live_token` (the smallest token of any live
    lease) are deleted. A tombstone must outlive every run that could still
-   write the row with a lower (version, fence): the retention window covers
-   zombie runs (expired leases, no longer "live"), the token bound covers
-   live ones. Without `min_live_token` no tombstone is collected.
+   write the row with a lower (version, fence): the token bound covers runs
+   holding a live lease claimed before the delete, the retention window
+   covers zombies (expired leases, no longer "live"). What no bound covers:
+   a source that, after the window, replays a version older than the
+   delete; that write resurrects the row. Without `min_live_token` no
+   tombstone is collected.
 2. A BTREE index on the key once the table passes `index_threshold` rows
    (merges then find their matches through it).
 3. `optimize(cleanup_older_than=...)`: compaction, index update, and removal
@@ -388,6 +391,17 @@ def _maintain_table(run: _Run, name: str) -> TableOutcome:
     def call(fn: Callable[[], T]) -> T:
         return _call_with_deadline(fn, run.call_timeout, slot)
 
+    def write(fn: Callable[[], T]) -> T:
+        # Keep this process's merges off the table while maintenance commits,
+        # so the rewrite is not preempted (see ProjectionStore.exclusive).
+        lock = run.store.exclusive(name)
+        if not lock.acquire(timeout=run.call_timeout):
+            raise CallTimedOut(f"table stayed busy with writes for {run.call_timeout:g}s")
+        try:
+            return call(fn)
+        finally:
+            lock.release()
+
     def done(outcome: Outcome, reason: str, after: int | None = None) -> TableOutcome:
         return TableOutcome(name, outcome, reason, run.clock() - started, before, after, removed, indexed)
 
@@ -418,7 +432,7 @@ def _maintain_table(run: _Run, name: str) -> TableOutcome:
         if unchanged and not doomed:
             return done("skipped", "unchanged since the last maintenance", before)
         if doomed:
-            call(lambda: _delete_rows(tbl, where))
+            write(lambda: _delete_rows(tbl, where))
             removed = doomed
         if (stop := run.stop_reason()) is not None:
             return done("deferred", stop, int(tbl.version))
@@ -426,12 +440,12 @@ def _maintain_table(run: _Run, name: str) -> TableOutcome:
         if run.key in schema_names and not call(lambda: _has_index_on(tbl, run.key)):
             rows = call(lambda: _count_rows(tbl, None))
             if rows >= run.index_threshold:
-                call(lambda: _create_key_index(tbl, run.key))
+                write(lambda: _create_key_index(tbl, run.key))
                 indexed = True
         if (stop := run.stop_reason()) is not None:
             return done("deferred", stop, int(tbl.version))
 
-        call(lambda: _optimize(tbl, run.cleanup_older_than))
+        write(lambda: _optimize(tbl, run.cleanup_older_than))
         after = int(tbl.version)
         parts = ["compacted and cleaned up"]
         if removed:
@@ -508,6 +522,11 @@ class MaintenanceBeat:
     @property
     def last_report(self) -> MaintenanceReport | None:
         return self._last_report
+
+    @property
+    def running(self) -> bool:
+        """True while a maintenance run is in progress."""
+        return self._running
 
     @property
     def runs(self) -> int:
