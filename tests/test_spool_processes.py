@@ -31,7 +31,8 @@ import os, sys, time
 from jobspool import Spool
 
 root, log_path, go, durable, batch, me = sys.argv[1:7]
-spool = Spool(root, create=False, durable=durable == "1", lease_seconds=600.0)
+spool = Spool(root, create=False, durable=durable == "1", lease_seconds=600.0,
+              keep_terminal=100_000)
 deadline = time.monotonic() + 60
 while not os.path.exists(go):
     if time.monotonic() > deadline:
@@ -63,7 +64,8 @@ def _revision_of_a_job_that_ran_once(tmp_path: Path) -> int:
 
 def _run(tmp_path: Path, *, procs: int, jobs: int, durable: bool) -> None:
     root = tmp_path / "spool"
-    spool = Spool(root, durable=durable, lease_seconds=600.0)
+    # keep_terminal above the job count: retention pruning must not hide the evidence.
+    spool = Spool(root, durable=durable, lease_seconds=600.0, keep_terminal=100_000)
     try:
         spool.enqueue_many("work", [{"i": i} for i in range(jobs)])
     finally:

@@ -24,7 +24,7 @@ JOBS = 500
 @pytest.mark.timeout(120)
 def test_eight_threads_sharing_one_spool_complete_each_job_exactly_once(tmp_path: Path) -> None:
     root = tmp_path / "spool"
-    spool = Spool(root, durable=False, lease_seconds=300.0)
+    spool = Spool(root, durable=False, lease_seconds=300.0, keep_terminal=100_000)
     try:
         spool.enqueue_many("work", [{"i": i} for i in range(JOBS)])
         done: list[list[tuple[str, int]]] = [[] for _ in range(THREADS)]

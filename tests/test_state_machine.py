@@ -99,6 +99,10 @@ class SpoolMachine(RuleBasedStateMachine):
         job = self.spool.enqueue(kind, {"n": 1}, job_id=job_id, delay=delay, priority=priority,
                                  max_attempts=max_attempts)
         existing = self.model.get(job.id)
+        if existing is not None and existing.state == "canceled":
+            # Which kind a reopened job keeps is not the machine's concern (see
+            # test_spool_enqueue for that); follow the spool.
+            kind = job.kind
         if existing is not None and existing.state != "canceled":
             assert str(job.state) == existing.state
             assert job.attempts == existing.attempts
@@ -137,7 +141,8 @@ class SpoolMachine(RuleBasedStateMachine):
 
         leases = self.spool.claim(kinds=kinds, limit=limit, lease_seconds=lease_seconds)
 
-        assert [x.job_id for x in leases] == picked
+        got = [x.job_id for x in leases]
+        assert got == picked, f"claim(limit={limit}, kinds={kinds}) took {got}, model {picked}"
         seconds = LEASE_SECONDS if lease_seconds is None else lease_seconds
         for lease in leases:
             assert lease.token > self.last_token, "fencing token did not increase"
@@ -290,5 +295,7 @@ class SpoolMachine(RuleBasedStateMachine):
                 assert raw.get("lease") is None
 
 
-SpoolMachine.TestCase.settings = settings(stateful_step_count=40)
+# More examples than the profile's default: the short sequences that break claim
+# (release or requeue at the same instant, then a batch claim) need them to turn up.
+SpoolMachine.TestCase.settings = settings(max_examples=50, stateful_step_count=30)
 TestSpoolStateMachine = SpoolMachine.TestCase
