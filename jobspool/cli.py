@@ -544,6 +544,12 @@ def _exit_code_for(exc: JobspoolError) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    import warnings
+
+    from jobspool.errors import CorruptFileWarning
+
+    # The same event is logged as a warning already; one line per bad file is enough.
+    warnings.simplefilter("ignore", CorruptFileWarning)
     as_json = "--json" in argv
     try:
         args = build_parser().parse_args(argv)

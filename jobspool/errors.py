@@ -108,8 +108,13 @@ class WaitTimeout(JobspoolError, TimeoutError):
         self.timeout = timeout
 
 
+class CorruptFileWarning(UserWarning):
+    """Warned when a reader skips a job file it cannot decode (`recover` quarantines it)."""
+
+
 __all__ = [
     "Backpressure",
+    "CorruptFileWarning",
     "InvalidJob",
     "InvalidTransition",
     "JobNotFound",

@@ -25,7 +25,7 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from jobspool.queue.job import CorruptJob, Job, decode_job
+from jobspool.queue.job import CorruptJob, Job, decode_job, report_unreadable
 from jobspool.queue.states import ALL_STATES, JobState
 from jobspool.queue.store import JOB_SUFFIX, Store
 
@@ -108,8 +108,7 @@ class ClaimIndex:
         except CorruptJob as exc:
             if (state.value, job_id) not in self._bad:
                 self._bad.add((state.value, job_id))
-                log.warning("skipping unreadable job file %s/%s%s: %s (run `jobspool recover` "
-                            "to quarantine it)", state.value, job_id, JOB_SUFFIX, exc.reason)
+                report_unreadable(state.value, job_id, exc.reason)
             return None
 
     def _relist(self, state: JobState) -> None:

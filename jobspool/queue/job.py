@@ -8,18 +8,22 @@ so every boundary refuses the same things with the same messages.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
 
-from jobspool.errors import InvalidJob, JobTooLarge
+from jobspool.errors import CorruptFileWarning, InvalidJob, JobTooLarge
 from jobspool.queue.states import JobState
+
+_log = logging.getLogger("jobspool.queue")
 
 FORMAT_VERSION = 1
 MAX_JOB_BYTES = 64 * 1024
@@ -103,6 +107,18 @@ class CorruptJob(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+def report_unreadable(directory: str, job_id: str, reason: str) -> None:
+    """Say, without raising, that a reader skipped an unreadable job file.
+
+    Both a log warning (for operators) and a `CorruptFileWarning` (for code
+    and tests); the CLI silences the latter since it logs the former.
+    """
+    message = (f"skipping unreadable job file {directory}/{job_id}.json: {reason} "
+               "(`jobspool recover` moves it to quarantine/)")
+    _log.warning(message, extra={"job_id": job_id, "state": directory})
+    warnings.warn(message, CorruptFileWarning, stacklevel=3)
 
 
 # ---------------------------------------------------------------- validation

@@ -54,13 +54,14 @@ def new_job(*, job_id: str, kind: str, payload: Any, now: float, delay: float, p
                updated_at=now, run_at=run_at, reservations=reservations)
 
 
-def reopen(job: Job, *, payload: Any, now: float, delay: float, priority: int,
+def reopen(job: Job, *, kind: str, payload: Any, now: float, delay: float, priority: int,
            max_attempts: int, state: JobState | None = None,
            reservations: tuple[str, ...] = ()) -> Job:
     """A canceled job enqueued again: new revision, attempts reset."""
     if state is None:
         state = JobState.RETRYABLE if delay > 0 else JobState.READY
-    return _move(job, "reopen", state, now, payload=payload, attempts=0, priority=priority,
+    return _move(job, "reopen", state, now, kind=kind, payload=payload, attempts=0,
+                 priority=priority,
                  max_attempts=max_attempts, run_at=now + delay, lease=None, last_error=None,
                  result=None, reservations=reservations, rescues=0)
 

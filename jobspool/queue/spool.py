@@ -51,6 +51,7 @@ from jobspool.queue.job import (
     evolve,
     new_job_id,
     new_token_id,
+    report_unreadable,
     validate_int,
     validate_job_id,
     validate_kind,
@@ -181,8 +182,7 @@ class Spool:
         try:
             return decode_job(data, expect_id=job_id, expect_state=state)
         except CorruptJob as exc:
-            log.warning("skipping unreadable job file %s/%s%s: %s", state.value, job_id,
-                        JOB_SUFFIX, exc.reason)
+            report_unreadable(state.value, job_id, exc.reason)
             return None
 
     def _locate(self, job_id: str) -> tuple[Job | None, list[JobState]]:
@@ -308,7 +308,8 @@ class Spool:
                 new = evolve(job, created_at=now, updated_at=now, run_at=now + delay)
                 pairs.append((None, new))
             elif existing.state is JobState.CANCELED:
-                new = machine.reopen(existing, payload=job.payload, now=now, delay=delay,
+                new = machine.reopen(existing, kind=job.kind, payload=job.payload, now=now,
+                                     delay=delay,
                                      priority=priority, max_attempts=max_attempts,
                                      state=job.state if reservation else None,
                                      reservations=job.reservations)

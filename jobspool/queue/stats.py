@@ -30,6 +30,43 @@ class Stats:
     now: float
     by_kind: dict[str, dict[str, int]] = field(default_factory=dict)
 
+    def __getitem__(self, state: str) -> int:
+        """`stats["ready"]`: the count of one state."""
+        return self.counts[str(state)]
+
+    @property
+    def oldest_ready_age(self) -> float | None:
+        """Seconds the oldest due job has waited (ready, or retryable past its run_at)."""
+        return self.oldest_due_age
+
+    @property
+    def prepared(self) -> int:
+        return self.counts["prepared"]
+
+    @property
+    def ready(self) -> int:
+        return self.counts["ready"]
+
+    @property
+    def leased(self) -> int:
+        return self.counts["leased"]
+
+    @property
+    def retryable(self) -> int:
+        return self.counts["retryable"]
+
+    @property
+    def completed(self) -> int:
+        return self.counts["completed"]
+
+    @property
+    def dead_letter(self) -> int:
+        return self.counts["dead_letter"]
+
+    @property
+    def canceled(self) -> int:
+        return self.counts["canceled"]
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "counts": dict(self.counts), "total": self.total, "due": self.due,
