@@ -107,8 +107,8 @@ def churn(workdir: Path, total: int, batch: int, with_beat: bool) -> dict[str, A
                 beat.note_commit("docs")
                 beat.maybe_run()
         write_s = time.perf_counter() - t0
-        if beat is not None and beat.running:
-            beat.wait_for_run(timeout=120)  # let the run in flight finish, not cancel it
+        if beat is not None and (beat.running or beat.maybe_run()):
+            beat.wait_for_run(timeout=120)  # let a due or running run finish, not cancel it
     finally:
         if beat is not None:
             beat.close(timeout=120)

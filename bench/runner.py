@@ -118,7 +118,8 @@ class Harness:
             extra = "".join(
                 f" {k}={rec[k]}" for k in ("dups", "missing", "extra", "lease_lost") if rec.get(k)
             )
-            print(f"{tag} {rec.get('rate', 0):>10,.0f} jobs/s{extra}", flush=True)
+            rate = rec.get("rate", rec.get("life_batch_jobs", 0))
+            print(f"{tag} {rate:>10,.0f} jobs/s{extra}", flush=True)
         return rec
 
     @staticmethod

@@ -292,3 +292,43 @@ def test_beat_survives_a_failing_run_and_close_is_prompt(store: ProjectionStore,
         assert report is not None and report["a"].outcome == "failed"
     finally:
         beat.close(timeout=30)
+
+
+def test_compaction_is_not_preempted_by_this_process_writing_the_same_table(
+    tmp_path: Path,
+) -> None:
+    store = ProjectionStore(tmp_path / "db")
+    fill(store, "hot", commits=5)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def writer() -> None:
+        fence = 1000
+        try:
+            while not stop.is_set():
+                # Rewrites the same keys, so every merge touches the fragments
+                # a compaction rewrites: an unguarded compaction loses the race.
+                writes = [
+                    make_upsert(f"w{fence}-{i}", "hot", {"id": f"k{i}", "n": i}, None, fence + i)
+                    for i in range(5)
+                ]
+                result = store.apply(writes)
+                assert result.ok, result
+                fence += 5
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        outcomes = []
+        for _ in range(3):
+            fill(store, "hot", commits=0)
+            time.sleep(0.05)  # let a few merges land between runs
+            outcomes.append(maintain(store, tables=["hot"])["hot"].outcome)
+    finally:
+        stop.set()
+        thread.join(60)
+    assert not errors
+    assert outcomes == ["optimized"] * 3
+    assert store.table("hot").count() == 5

@@ -286,3 +286,25 @@ def test_handler_module_imports_without_lancedb_or_pyarrow() -> None:
         check=True,
     )
     assert out.stdout.strip() == ""
+
+
+def test_a_vector_with_nan_or_the_wrong_length_is_rejected(tmp_path: Path) -> None:
+    declared = pa.schema([pa.field("id", pa.string()), pa.field("vector", pa.list_(pa.float32(), 2))])
+    store = ProjectionStore(tmp_path / "db", schemas={"docs": declared})
+    result = store.apply(
+        [
+            make_upsert("nan", "docs", {"id": "a", "vector": [float("nan"), 1.0]}, None, 1),
+            make_upsert("short", "docs", {"id": "b", "vector": [1.0]}, None, 2),
+            make_upsert("ok", "docs", {"id": "c", "vector": [1.0, 2.0]}, None, 3),
+        ]
+    )
+    assert set(result.rejected) == {"nan", "short"}
+    assert result.rejected["nan"].field == "vector"
+    assert store.table("docs").to_arrow(columns=["id"]).to_pylist() == [{"id": "c"}]
+
+
+def test_an_upsert_of_no_rows_commits_nothing(store: ProjectionStore) -> None:
+    before = seed(store)
+    result = store.apply([make_upsert("empty", "notes", [], None, 5)])
+    assert result.ok and result.tables == {"notes": 0}
+    assert store.table("notes").version() == before

@@ -34,7 +34,7 @@ import anyio
 import anyio.to_thread
 
 from jobspool.errors import JobspoolError, LeaseLost, ProjectionError
-from jobspool.queue.context import Context
+from jobspool.queue.context import Context as Context
 from jobspool.queue.job import Job, validate_int, validate_seconds
 from jobspool.queue.signals import Fail, Retry
 from jobspool.queue.states import JobState
@@ -343,9 +343,9 @@ class Worker:
         for job_id, err in result.rejected.items():
             if job_id in by_id:
                 by_id[job_id].outcome = ("fail", str(err))
-        for job_id, exc in result.failed.items():
+        for job_id, error in result.failed.items():
             if job_id in by_id:
-                by_id[job_id].outcome = ("error", exc)
+                by_id[job_id].outcome = ("error", error)
         counters.projected_rows += sum(result.tables.values())
         if self._maintenance_enabled and result.tables:
             self._maintenance_beat(store, list(result.tables))
