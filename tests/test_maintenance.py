@@ -294,11 +294,44 @@ def test_beat_survives_a_failing_run_and_close_is_prompt(store: ProjectionStore,
         beat.close(timeout=30)
 
 
-def test_compaction_is_not_preempted_by_this_process_writing_the_same_table(
-    tmp_path: Path,
+def test_maintenance_commits_never_interleave_with_this_process_merges(
+    tmp_path: Path, monkeypatch: Any
 ) -> None:
+    # A compaction that races a merge touching its fragments loses (LanceDB
+    # retries the writer, not the rewrite); under a steady writer it would
+    # never win. So maintenance holds the store's merges off that table.
+    import jobspool.projection.lance as lance_mod
+
     store = ProjectionStore(tmp_path / "db")
     fill(store, "hot", commits=5)
+    state = {"merging": 0, "optimizing": 0, "overlaps": 0, "merges": 0}
+    guard = threading.Lock()
+    real_merge, real_optimize = lance_mod._execute_merge, maint._optimize
+
+    def merge(tbl: Any, key: str, batch: Any, timeout: Any) -> Any:
+        with guard:
+            state["merging"] += 1
+            state["merges"] += 1
+            state["overlaps"] += state["optimizing"]
+        try:
+            return real_merge(tbl, key, batch, timeout)
+        finally:
+            with guard:
+                state["merging"] -= 1
+
+    def optimize(tbl: Any, cleanup: timedelta) -> None:
+        with guard:
+            state["optimizing"] += 1
+            state["overlaps"] += state["merging"]
+        try:
+            real_optimize(tbl, cleanup)
+            time.sleep(0.05)  # widen the window a racing merge would fall into
+        finally:
+            with guard:
+                state["optimizing"] -= 1
+
+    monkeypatch.setattr(lance_mod, "_execute_merge", merge)
+    monkeypatch.setattr(maint, "_optimize", optimize)
     stop = threading.Event()
     errors: list[BaseException] = []
 
@@ -306,8 +339,6 @@ def test_compaction_is_not_preempted_by_this_process_writing_the_same_table(
         fence = 1000
         try:
             while not stop.is_set():
-                # Rewrites the same keys, so every merge touches the fragments
-                # a compaction rewrites: an unguarded compaction loses the race.
                 writes = [
                     make_upsert(f"w{fence}-{i}", "hot", {"id": f"k{i}", "n": i}, None, fence + i)
                     for i in range(5)
@@ -322,13 +353,15 @@ def test_compaction_is_not_preempted_by_this_process_writing_the_same_table(
     thread.start()
     try:
         outcomes = []
-        for _ in range(3):
-            fill(store, "hot", commits=0)
-            time.sleep(0.05)  # let a few merges land between runs
+        for _ in range(4):
+            before = state["merges"]
+            while state["merges"] < before + 2 and thread.is_alive():
+                time.sleep(0.005)  # let merges land between runs: each run has work
             outcomes.append(maintain(store, tables=["hot"])["hot"].outcome)
     finally:
         stop.set()
         thread.join(60)
     assert not errors
-    assert outcomes == ["optimized"] * 3
+    assert outcomes == ["optimized"] * 4
+    assert state["overlaps"] == 0
     assert store.table("hot").count() == 5
