@@ -239,3 +239,13 @@ def test_explicit_projection_uri_is_read_and_default_needs_the_directory(
     assert codes(spool, projection=str(elsewhere)) == ["maintenance_failing"]
     assert check_health(spool, projection=str(elsewhere)).figures["projection"] == str(elsewhere)
     assert codes(spool, projection="s3://bucket/db") == []  # remote: no local state to read
+
+
+def test_an_unreadable_leased_file_is_skipped_with_a_warning_not_a_crash(
+        spool: Spool, spool_root: Path) -> None:
+    from jobspool.errors import CorruptFileWarning
+
+    (spool_root / "leased" / "broken.json").write_bytes(b"\x00garbage")
+    with pytest.warns(CorruptFileWarning):
+        health = check_health(spool)
+    assert health.ok

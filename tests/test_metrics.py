@@ -198,3 +198,14 @@ def test_a_port_in_use_raises_oserror(spool: Spool) -> None:
         port = taken.getsockname()[1]
         with pytest.raises(OSError):
             serve_metrics(spool, "127.0.0.1", port, None)
+
+
+def test_an_unreadable_job_file_is_skipped_with_a_warning_not_a_crash(
+        spool: Spool, spool_root: Path) -> None:
+    from jobspool.errors import CorruptFileWarning
+
+    spool.enqueue("mail")
+    (spool_root / "ready" / "broken.json").write_bytes(b"{")
+    with pytest.warns(CorruptFileWarning):
+        samples, _ = parse(render_prometheus(spool))
+    assert value(samples, "jobspool_jobs", state="ready", kind="mail") == 1
