@@ -12,9 +12,10 @@ since its lease expired, so its claim-order key is (priority, expires_at, id).
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from jobspool import JobState, Lease, Spool
-from jobspool.errors import InvalidTransition, LeaseLost
+from jobspool.errors import InvalidTransition, JobspoolError, LeaseLost
+from jobspool.queue.job import Reservation
 from tests.helpers_spool import (
     STATE_DIRS,
     FakeClock,
@@ -50,6 +52,7 @@ class ModelJob:
     token: int | None = None
     expires_at: float | None = None
     rescues: int = 0
+    reservations: set[str] = field(default_factory=set)
 
 
 class SpoolMachine(RuleBasedStateMachine):
@@ -66,6 +69,7 @@ class SpoolMachine(RuleBasedStateMachine):
         self.max_rescues: int | None = getattr(self.spool, "max_rescues", None)
         self.model: dict[str, ModelJob] = {}
         self.leases: list[Lease] = []
+        self.reservations: list[Reservation] = []
         self.last_token = 0
 
     def teardown(self) -> None:
@@ -247,6 +251,7 @@ class SpoolMachine(RuleBasedStateMachine):
             return
         assert self.spool.cancel(job_id).state is JobState.CANCELED
         m.state = "canceled"
+        m.reservations.clear()
         self._release_lease(m)
 
     @precondition(lambda self: self.model)
@@ -265,6 +270,58 @@ class SpoolMachine(RuleBasedStateMachine):
         m.attempts = job.attempts
         m.rescues = 0
         m.run_at = job.run_at
+
+    @rule(job_id=st.sampled_from([*FIXED_IDS, None]), kind=st.sampled_from(["a", "b"]))
+    def prepare(self, job_id: str | None, kind: str) -> None:
+        r = self.spool.prepare(kind, {"n": 2}, job_id=job_id)
+        self.reservations.append(r)
+        existing = self.model.get(r.job_id)
+        if existing is None or existing.state == "canceled":
+            assert r.job.state is JobState.PREPARED
+            assert r.job.attempts == 0
+            self.model[r.job_id] = ModelJob(kind=r.job.kind, priority=0,
+                                            max_attempts=r.job.max_attempts, state="prepared",
+                                            run_at=r.job.run_at,
+                                            reservations={r.reservation_id})
+        elif existing.state == "prepared":
+            assert r.job.state is JobState.PREPARED
+            existing.reservations.add(r.reservation_id)
+        else:
+            assert str(r.job.state) == existing.state  # idempotent: returned unchanged
+
+    @precondition(lambda self: self.reservations)
+    @rule(i=st.integers(0, 10_000))
+    def commit(self, i: int) -> None:
+        r = self.reservations[i % len(self.reservations)]
+        m = self.model[r.job_id]
+        if m.state == "canceled" or (m.state == "prepared"
+                                     and r.reservation_id not in m.reservations):
+            with pytest.raises(InvalidTransition):
+                self.spool.commit(r)
+            return
+        job = self.spool.commit(r)
+        if m.state == "prepared":
+            assert job.state is JobState.READY
+            m.state = "ready"
+            m.run_at = job.run_at
+            m.reservations.clear()
+        else:
+            assert str(job.state) == m.state  # idempotent once the job left prepared
+
+    @precondition(lambda self: self.reservations)
+    @rule(i=st.integers(0, 10_000))
+    def abort(self, i: int) -> None:
+        r = self.reservations[i % len(self.reservations)]
+        m = self.model[r.job_id]
+        if m.state != "prepared" or r.reservation_id not in m.reservations:
+            # Not this producer's to abort (any more): nothing may change.
+            with contextlib.suppress(JobspoolError):
+                self.spool.abort(r)
+            return
+        self.spool.abort(r)
+        m.reservations.discard(r.reservation_id)
+        if not m.reservations:
+            m.state = "canceled"
 
     @rule(seconds=st.sampled_from([0.5, 3.0, 10.0, 15.0, 30.0, 31.0, 100.0]))
     def advance_clock(self, seconds: float) -> None:
