@@ -198,6 +198,11 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("health", parents=[common], help="ok / degraded, with reasons")
     c.add_argument("--max-due-age", type=_positive_float, default=300.0, metavar="SECONDS")
     c.add_argument("--projection", help="LanceDB URI whose maintenance state to check")
+    c.add_argument("--lease-grace", type=_nonneg_float, default=0.0, metavar="SECONDS",
+                   help="tolerate leases expired this long before calling them unreclaimed")
+    c.add_argument("--maintenance-cadence", type=_positive_float, default=60.0,
+                   metavar="SECONDS")
+    c.add_argument("--max-maintenance-failures", type=_positive_int, default=3)
     c.set_defaults(func=cmd_health)
 
     c = sub.add_parser("demo", parents=[common, logging_opts],
@@ -520,7 +525,10 @@ def cmd_health(args: argparse.Namespace) -> int:
     from jobspool.health import check_health
 
     with _open(args) as spool:
-        health = check_health(spool, max_due_age=args.max_due_age, projection=args.projection)
+        health = check_health(spool, max_due_age=args.max_due_age, projection=args.projection,
+                              lease_grace=args.lease_grace,
+                              maintenance_cadence=args.maintenance_cadence,
+                              max_maintenance_failures=args.max_maintenance_failures)
     _emit(args, health.to_dict(), lambda: health.text())
     return EXIT_OK if health.ok else EXIT_UNHEALTHY
 

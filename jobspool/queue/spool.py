@@ -64,6 +64,7 @@ from jobspool.queue.stats import Stats, collect_stats
 from jobspool.queue.store import JOB_SUFFIX, Change, Store, write_atomic
 
 if TYPE_CHECKING:
+    from jobspool.health import Health
     from jobspool.recovery.fsck import FsckReport
     from jobspool.recovery.prune import PruneReport
     from jobspool.recovery.recover import RecoveryReport, ReplayHook
@@ -134,7 +135,6 @@ class Spool:
         self._store = Store(self.root, durable=durable, sync_mode=sync_mode)
         self._index = ClaimIndex(self._store, self._lock.generation)
         self._owner = f"{socket.gethostname()}:{os.getpid()}"
-        self._backpressure_on = False
         self._terminal_writes = 0
         self.settings = SpoolSettings(
             lease_seconds=self.lease_seconds, max_attempts=self.max_attempts,
@@ -278,7 +278,6 @@ class Spool:
         for job in fresh:
             encode_job(job, max_bytes=self.max_job_bytes)  # refuse before taking the lock
         with self._lock.hold():
-            self._admit(len(fresh))
             now = self.now()
             return self._insert(fresh, given=job_ids is not None, now=now, delay=delay,
                                 priority=priority, max_attempts=attempts)
@@ -321,16 +320,19 @@ class Spool:
                 new = existing  # idempotent: the job exists, return it unchanged
             seen[job.id] = new
             out.append(new)
+        # Backpressure counts only what this call adds: an idempotent re-enqueue of an
+        # existing job adds nothing and is never refused.
+        self._admit(sum(1 for old, new in pairs if old is None or old.state is JobState.CANCELED))
         self._commit(pairs, stale)
         return out
 
     def _admit(self, n: int) -> None:
         """Writer backpressure (off unless `max_due`/`max_lag_seconds` are set)."""
-        if self.max_due is None and self.max_lag_seconds is None:
+        if n == 0 or (self.max_due is None and self.max_lag_seconds is None):
             return
         from jobspool.queue.backpressure import admit
 
-        self._backpressure_on = admit(self, n, self._backpressure_on)
+        admit(self, n, False)
 
     # ------------------------------------------------------------ two-phase
 
@@ -351,7 +353,6 @@ class Spool:
                               state=JobState.PREPARED, reservations=(rid,))
         encode_job(job, max_bytes=self.max_job_bytes)
         with self._lock.hold():
-            self._admit(1)
             (stored,) = self._insert([job], given=job_id is not None, now=self.now(),
                                      delay=delay, priority=priority, max_attempts=attempts,
                                      reservation=rid)
@@ -427,9 +428,12 @@ class Spool:
                         self._index.learn(job)  # the cache was behind; keep the true key
                         continue
                     if machine.lease_expired(job, now) and self._exhausted(job):
-                        dead.append((job, machine.reclaim(job, now=now, policy=self.policy,
-                                                          max_rescues=self.max_rescues,
-                                                          rng=self._rng)))
+                        gone = machine.reclaim(job, now=now, policy=self.policy,
+                                               max_rescues=self.max_rescues, rng=self._rng)
+                        log.warning("job %s (%s) dead-lettered on reclaim: %s", job.id, job.kind,
+                                    gone.last_error, extra={"job_id": job.id, "kind": job.kind,
+                                                            "state": gone.state.value})
+                        dead.append((job, gone))
                         continue
                     picked.append(job)
             if not picked:
@@ -722,6 +726,12 @@ class Spool:
         from jobspool.recovery.prune import prune
 
         return prune(self, keep=keep, older_than=older_than)
+
+    def health(self, **options: Any) -> Health:
+        """An `ok` / `degraded` verdict with reasons (see `jobspool.health.check_health`)."""
+        from jobspool.health import check_health
+
+        return check_health(self, **options)
 
     def fsck(self) -> FsckReport:
         """Check every invariant of the spool without changing anything."""

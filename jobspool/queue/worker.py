@@ -155,6 +155,8 @@ class Worker:
         self._crash_window = crash_window_seconds
         self._crash_times: list[float] = []
         self._async = {k: _is_async(fn) for k, fn in self.handlers.items()}
+        self._live: _Counters | None = None
+        self._published = 0.0
 
     # ------------------------------------------------------------ public entry points
 
@@ -173,6 +175,7 @@ class Worker:
             validate_int("max_jobs", max_jobs, minimum=0)
         wait_for_retries = validate_seconds("wait_for_retries", wait_for_retries)
         counters = _Counters()
+        self._live = counters
         try:
             while not self._stop.is_set():
                 want = self.batch_size if max_jobs is None else min(
@@ -192,6 +195,7 @@ class Worker:
                     break
         finally:
             self._close_beat()
+            self._live = None
         return counters.freeze(await anyio.to_thread.run_sync(self._unhandled))
 
     async def run_forever(self, *, poll_seconds: float = 0.5, handle_signals: bool = True,
@@ -199,6 +203,7 @@ class Worker:
         """Serve until `stop()` or SIGTERM/SIGINT: stop claiming, let running handlers finish
         within `grace_seconds`, release the leases of those that did not, return."""
         counters = _Counters()
+        self._live = counters
         idle = 0.01
         async with anyio.create_task_group() as tg:
             if handle_signals and threading.current_thread() is threading.main_thread():
@@ -212,6 +217,7 @@ class Worker:
                         continue
                     if progress is not None:
                         progress(counters.freeze())
+                    self._publish(counters)
                     if n:
                         idle = 0.01
                         continue
@@ -219,8 +225,29 @@ class Worker:
                     idle = min(poll_seconds, idle * 2)
             finally:
                 self._close_beat()
+                self._publish(counters, final=True)
+                self._live = None
                 tg.cancel_scope.cancel()
         return counters.freeze()
+
+    def live_report(self) -> RunReport | None:
+        """The counters of the run in progress (None between runs), for metrics."""
+        live = self._live
+        return None if live is None else live.freeze()
+
+    def _publish(self, counters: _Counters, *, final: bool = False) -> None:
+        """Every few seconds, leave our counters where `jobspool stats --prometheus` finds them."""
+        from jobspool import metrics
+
+        now = time.monotonic()
+        try:
+            if final:
+                metrics.remove_worker_report(self.spool, self.owner)
+            elif now - self._published >= 5.0:
+                self._published = now
+                metrics.publish_worker_report(self.spool, self.owner, counters.freeze())
+        except OSError as exc:  # advisory data: never let it stop the worker
+            log.debug("could not publish worker metrics: %s", exc)
 
     def stop(self) -> None:
         """Ask the worker to stop claiming; running handlers get `grace_seconds` to finish."""
