@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 from jobspool.queue import machine
 from jobspool.queue import store as store_mod
 from jobspool.queue.fence import FENCE_FILE, decode_fence, encode_fence
-from jobspool.queue.states import JobState
+from jobspool.queue.states import CLAIMABLE, JobState
 from jobspool.queue.store import JOB_SUFFIX, TMP_DIR, Change
 from jobspool.recovery.prune import prune
 from jobspool.recovery.quarantine import quarantine, quarantine_root_file
@@ -246,6 +246,10 @@ def _raise_fence(spool: Spool, scan: Scan) -> tuple[list[str], int | None, int |
         floor = current or 0
         value = max(top, floor)
         spool._commit([], [Change(name=FENCE_FILE, dst="", data=encode_fence(value))])
+        if current is None:
+            # Claims failed on the broken counter, possibly after dropping candidates from
+            # their processes' caches: make every process relist the claimable directories.
+            spool._touch(CLAIMABLE)
     ids = sorted({e.job_id for e in scan.entries if e.token is not None and e.token > floor})
     log.warning("fence of %s raised from %s to %d (tokens on disk above it: %s)", spool.root,
                 current, value, ids or "none")
