@@ -18,7 +18,7 @@ import orjson
 import pytest
 
 from jobspool import JobState, Spool
-from jobspool.errors import SpoolError
+from jobspool.errors import LeaseLost, SpoolError
 from jobspool.queue.fence import encode_fence
 from jobspool.queue.job import encode_job, evolve
 from jobspool.recovery.quarantine import quarantined_files, read_reason
@@ -210,6 +210,8 @@ def test_an_expired_lease_goes_back_to_retryable(spool: Spool, spool_root: Path,
     assert job.attempts == 1
     assert job.rescues == 1
     assert spool.get("b_alive").state is JobState.LEASED
+    with pytest.raises(LeaseLost):
+        spool.complete(dead)
     spool.complete(alive)  # a live lease is left alone
 
 
