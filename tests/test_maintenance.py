@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from datetime import timedelta
@@ -49,6 +50,7 @@ def test_every_table_is_optimized_and_the_state_is_persisted(store: ProjectionSt
         ("c", "optimized"),
     ]
     assert report.resume_at is None and report.ok
+    assert json.loads(json.dumps(report.to_dict()))["counts"] == {"optimized": 3}
     state = read_maintenance_state(tmp_path / "db")
     assert set(state["tables"]) == {"a", "b", "c"}
     assert state["tables"]["a"]["consecutive_failures"] == 0

@@ -42,7 +42,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -132,6 +132,17 @@ class MaintenanceReport:
     def ok(self) -> bool:
         """True when no table failed (deferred and skipped tables are fine)."""
         return all(t.outcome != "failed" for t in self.tables)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready form (`jobspool maintain --json`)."""
+        return {
+            "tables": [asdict(t) for t in self.tables],
+            "resume_at": self.resume_at,
+            "seconds": self.seconds,
+            "canceled": self.canceled,
+            "counts": self.counts(),
+            "ok": self.ok,
+        }
 
 
 # --- deadlines
