@@ -1,0 +1,198 @@
+"""`jobspool worker` under SIGTERM/SIGINT: stop claiming, finish or release, exit 0.
+
+After the signal no job may be lost or left leased: every job is completed,
+or back in ready/retryable, and `run-until-idle` finishes the rest. The
+handlers log each run (see tests/apps/simple.py) so a job handled twice shows.
+Timeouts only guard against hangs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from jobspool import JobState, Spool
+from tests.helpers_spool import job_files
+
+REPO = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.slow
+
+
+def _env(log: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO)
+    env.pop("JOBSPOOL_ROOT", None)
+    env["JOBSPOOL_TEST_LOG"] = str(log)
+    return env
+
+
+def _worker(root: Path, log: Path, *args: str) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "jobspool", "--root", str(root), "worker",
+           "--app", "tests.apps.simple:app", "--json", *args]
+    return subprocess.Popen(cmd, cwd=REPO, env=_env(log), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+
+
+def _wait_until(what: Callable[[], bool], proc: subprocess.Popen[bytes], timeout: float = 30.0
+                ) -> None:
+    deadline = time.monotonic() + timeout
+    while not what():
+        if proc.poll() is not None:
+            _, err = proc.communicate()
+            pytest.fail(f"worker exited early ({proc.returncode}): {err.decode(errors='replace')}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            pytest.fail("condition not reached before the guard timeout")
+        time.sleep(0.02)
+
+
+def _count(root: Path, state: str) -> int:
+    d = root / state
+    return sum(1 for _ in d.iterdir()) if d.is_dir() else 0
+
+
+def _stop(proc: subprocess.Popen[bytes], sig: int, timeout: float = 30.0
+          ) -> tuple[int, dict[str, Any], str]:
+    proc.send_signal(sig)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail(f"worker did not exit within {timeout} s of {signal.Signals(sig).name}")
+    text = err.decode(errors="replace")
+    assert "Traceback" not in text, text
+    return proc.returncode, orjson.loads(out), text
+
+
+def _logged(log: Path) -> Counter[str]:
+    if not log.exists():
+        return Counter()
+    return Counter(line.split()[0] for line in log.read_text().splitlines())
+
+
+def _assert_nothing_lost_or_leased(root: Path, ids: list[str]) -> dict[str, list[str]]:
+    on_disk = job_files(root)
+    assert set(on_disk) == set(ids), "a job file disappeared"
+    assert not list((root / "leased").iterdir()), "a job was left leased"
+    for job_id, where in on_disk.items():
+        assert len(where) == 1, f"{job_id} is in {where}"
+        assert where[0] in ("completed", "ready", "retryable"), f"{job_id} is in {where}"
+    return on_disk
+
+
+def _drain(root: Path, log: Path) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "jobspool", "--root", str(root), "run-until-idle",
+           "--app", "tests.apps.simple:app", "--json"]
+    done = subprocess.run(cmd, cwd=REPO, env=_env(log), capture_output=True, timeout=120,
+                          check=False)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    report: dict[str, Any] = orjson.loads(done.stdout)
+    return report
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_mid_batch_finishes_running_handlers_releases_the_rest_and_exits_0(
+        tmp_path: Path, sig: int) -> None:
+    root = tmp_path / "spool"
+    log = tmp_path / "handled.log"
+    n = 30
+    with Spool(root) as spool:
+        ids = [j.id for j in spool.enqueue_many("slow", [{"sleep": 0.3} for _ in range(n)])]
+    proc = _worker(root, log, "--concurrency", "2", "--batch-size", "8")
+    _wait_until(lambda: _count(root, "completed") >= 3, proc)
+    code, report, _ = _stop(proc, sig)
+
+    assert code == 0
+    assert 3 <= report["completed"] < n
+    assert report["lease_lost"] == 0
+    on_disk = _assert_nothing_lost_or_leased(root, ids)
+    completed = {i for i, where in on_disk.items() if where == ["completed"]}
+    assert len(completed) == report["completed"]
+    # Every handler that ran was allowed to finish and its job completed: the log lists
+    # exactly the completed jobs, each once.
+    assert _logged(log) == Counter({i: 1 for i in completed})
+    with Spool(root, create=False) as spool:
+        for job in spool.jobs(state="ready"):
+            assert job.attempts == 0, "a released job must not lose an attempt"
+
+    # The jobs left behind are finished by the next worker, each exactly once overall.
+    rest = _drain(root, log)
+    assert rest["completed"] == n - len(completed)
+    assert _logged(log) == Counter({i: 1 for i in ids})
+    with Spool(root, create=False) as spool:
+        assert spool.stats().counts["completed"] == n
+        assert all(j.attempts == 1 for j in spool.jobs())
+
+
+def test_handlers_past_the_grace_period_are_released_not_failed(tmp_path: Path) -> None:
+    root = tmp_path / "spool"
+    log = tmp_path / "handled.log"
+    with Spool(root) as spool:
+        ids = [j.id for j in spool.enqueue_many("slow", [{"sleep": 30} for _ in range(4)])]
+    proc = _worker(root, log, "--concurrency", "2", "--batch-size", "4", "--grace", "0.5")
+    _wait_until(lambda: _count(root, "leased") == 4, proc)
+    time.sleep(0.3)  # let two handlers start
+    # Exits 0 without waiting for the 30 s handlers (the guard timeout is far below that):
+    # a handler still running in an abandoned thread after its job was released could
+    # otherwise run side by side with the next worker that claims the job.
+    code, report, _ = _stop(proc, signal.SIGTERM, timeout=10.0)
+    assert code == 0
+    assert report["completed"] == 0
+    assert report["released"] == 4
+    assert report["retried"] == 0 and report["dead_lettered"] == 0
+    on_disk = _assert_nothing_lost_or_leased(root, ids)
+    assert all(where == ["ready"] for where in on_disk.values())
+    with Spool(root, create=False) as spool:
+        for job in spool.jobs():
+            assert job.state is JobState.READY
+            assert job.attempts == 0
+            assert job.last_error is None
+    assert _logged(log) == Counter()
+
+
+def test_sigterm_to_an_idle_worker_exits_0_with_a_json_report(tmp_path: Path) -> None:
+    root = tmp_path / "spool"
+    log = tmp_path / "handled.log"
+    with Spool(root) as spool:
+        job = spool.enqueue("work")
+    proc = _worker(root, log)
+    _wait_until(lambda: _count(root, "completed") == 1, proc)
+    time.sleep(0.2)  # idle polling now
+    code, report, _ = _stop(proc, signal.SIGTERM)
+    assert code == 0
+    assert report["completed"] == 1
+    assert report["claimed"] == 1
+    assert _logged(log) == Counter({job.id: 1})
+
+
+def test_a_worker_started_on_a_busy_spool_keeps_serving_new_jobs(tmp_path: Path) -> None:
+    """`worker` runs forever: jobs enqueued after it went idle are picked up too."""
+    root = tmp_path / "spool"
+    log = tmp_path / "handled.log"
+    with Spool(root) as spool:
+        spool.enqueue("work")
+    proc = _worker(root, log)
+    try:
+        _wait_until(lambda: _count(root, "completed") == 1, proc)
+        time.sleep(0.6)  # past the poll back-off's first steps
+        with Spool(root) as spool:
+            late = spool.enqueue("work")
+        _wait_until(lambda: _count(root, "completed") == 2, proc)
+    finally:
+        code, report, _ = _stop(proc, signal.SIGTERM)
+    assert code == 0
+    assert report["completed"] == 2
+    assert _logged(log)[late.id] == 1
