@@ -519,6 +519,39 @@ class Spool:
             self._commit(pairs)
         return out
 
+    def check_leases(self, leases: Sequence[Lease], *, margin: float = 0.0,
+                     lease_seconds: float | None = None) -> list[Lease | LeaseLost]:
+        """Which leases are still current: per lease, itself or the `LeaseLost` refusing it.
+
+        Reads only; a lease with less than `margin` seconds left is extended
+        (written) in the same lock hold, so a caller about to do a side effect
+        keeps it for at least that long.
+        """
+        seconds = self.lease_seconds if lease_seconds is None else validate_seconds(
+            "lease_seconds", lease_seconds, positive=True)
+        out: list[Lease | LeaseLost] = []
+        with self._lock.hold():
+            now = self.now()
+            pairs: list[tuple[Job | None, Job | None]] = []
+            for lease in leases:
+                try:
+                    job = self._leased_job(lease)
+                    machine.check_lease(job, lease, now)
+                except LeaseLost as exc:
+                    out.append(exc)
+                    continue
+                assert job.lease is not None
+                if job.lease.expires_at - now >= margin:
+                    out.append(lease)
+                    continue
+                new = machine.heartbeat(job, lease, now=now, lease_seconds=seconds)
+                pairs.append((job, new))
+                assert new.lease is not None
+                out.append(Lease(job_id=lease.job_id, token=lease.token, owner=lease.owner,
+                                 expires_at=new.lease.expires_at, job=new))
+            self._commit(pairs)
+        return out
+
     def next_due_at(self, kinds: Iterable[str] | None = None) -> float | None:
         """When the next not-yet-due job (retryable, or an expiring lease) becomes claimable."""
         kind_set = None if kinds is None else frozenset(kinds)

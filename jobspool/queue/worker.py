@@ -184,7 +184,7 @@ class Worker:
                     break
                 try:
                     n = await self._cycle(want, counters)
-                except (OSError, JobspoolError, RuntimeError) as exc:
+                except Exception as exc:  # our machinery, never a handler (those are caught)
                     await self._supervise(exc, counters)
                     continue
                 if progress is not None:
@@ -212,7 +212,7 @@ class Worker:
                 while not self._stop.is_set():
                     try:
                         n = await self._cycle(self.batch_size, counters)
-                    except (OSError, JobspoolError, RuntimeError) as exc:
+                    except Exception as exc:  # our machinery, never a handler (those are caught)
                         await self._supervise(exc, counters)
                         continue
                     if progress is not None:
@@ -330,9 +330,16 @@ class Worker:
             live = [c for c in ctxs if not c.settled and not c.lost]
             if not live:
                 continue
-            results = await anyio.to_thread.run_sync(functools.partial(
-                self.spool.heartbeat_many, [c.lease for c in live],
-                lease_seconds=self.lease_seconds))
+            try:
+                results = await anyio.to_thread.run_sync(functools.partial(
+                    self.spool.heartbeat_many, [c.lease for c in live],
+                    lease_seconds=self.lease_seconds))
+            except (OSError, JobspoolError) as exc:
+                # A failed beat is not a lost lease: the leases still run for a while, and
+                # the next beat (or the check before settling) finds out which survived.
+                log.warning("heartbeat of %d leases failed (%s); retrying at the next beat",
+                            len(live), exc)
+                continue
             for ctx, res in zip(live, results, strict=True):
                 if isinstance(res, LeaseLost):
                     ctx.lost = True
@@ -351,6 +358,20 @@ class Worker:
     async def _settle(self, ctxs: list[Context], counters: _Counters) -> None:
         done = [c for c in ctxs if c.outcome is not None and c.outcome[0] == "complete"
                 and not c.lost]
+        if any(c.writes for c in done):
+            # Drop the runs whose lease is gone before their writes reach a table: a
+            # canceled job has no newer write to fence it out, so the merge's (version,
+            # fence) rule alone would not stop it. Leases near expiry are extended here,
+            # so none can lapse while the merge runs.
+            checks = await anyio.to_thread.run_sync(functools.partial(
+                self.spool.check_leases, [c.lease for c in done],
+                margin=self.lease_seconds / 3.0, lease_seconds=self.lease_seconds))
+            for ctx, check in zip(done, checks, strict=True):
+                if isinstance(check, LeaseLost):
+                    ctx.lost = True
+                else:
+                    ctx.lease = check
+            done = [c for c in done if not c.lost]
         if any(c.writes for c in done):
             await self._project(done, counters)
         await anyio.to_thread.run_sync(self._settle_sync, ctxs, counters)
