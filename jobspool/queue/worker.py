@@ -395,8 +395,9 @@ class Worker:
             if job_id in by_id:
                 by_id[job_id].outcome = ("error", error)
         counters.projected_rows += sum(result.tables.values())
-        if self._maintenance_enabled and result.tables:
-            self._maintenance_beat(store, list(result.tables))
+        written = [t for t, n in result.tables.items() if n > 0]
+        if self._maintenance_enabled and written:
+            self._maintenance_beat(store, written)
 
     def _settle_sync(self, ctxs: list[Context], counters: _Counters) -> None:
         completes: list[Context] = []
