@@ -136,7 +136,8 @@ def test_the_report_serializes(spool: Spool, clock: Any) -> None:
     assert isinstance(report, PruneReport)
     doc = orjson.loads(orjson.dumps(report.to_dict()))
     assert doc["pruned"] == 1
-    assert doc["ids"]["completed"] == ["a"]
+    assert doc["completed"] == ["a"]
+    assert doc["canceled"] == doc["dead_letter"] == doc["stale_copies"] == []
 
 
 def test_recovery_prunes_to_keep_terminal(tmp_path: Path) -> None:

@@ -69,13 +69,10 @@ class PruneReport:
                 "canceled": len(self.canceled), "stale_copies": len(self.stale_copies)}
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "pruned": len(self.pruned),
-            "counts": self.counts,
-            "ids": {"completed": list(self.completed), "dead_letter": list(self.dead_letter),
-                    "canceled": list(self.canceled), "stale_copies": list(self.stale_copies)},
-            "kept": dict(self.kept),
-        }
+        """Flat JSON: the removed ids per state (counts are their lengths) and the total."""
+        return {"completed": list(self.completed), "dead_letter": list(self.dead_letter),
+                "canceled": list(self.canceled), "stale_copies": list(self.stale_copies),
+                "pruned": len(self.pruned)}
 
 
 def prune(spool: Spool, *, keep: int | None = None, older_than: float | None = None,

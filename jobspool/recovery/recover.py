@@ -97,9 +97,12 @@ class RecoveryReport:
         return any(n for name, n in self.counts.items() if name != "prepared_pending")
 
     def to_dict(self) -> dict[str, Any]:
-        ids = {name: list(getattr(self, name)) for name in self.counts}
-        return {"changed": self.changed, "counts": self.counts, "ids": ids,
-                "fence": {"before": self.fence_before, "after": self.fence_after}}
+        """Flat JSON: each step's ids (its count is their number), the fence, `changed`."""
+        doc: dict[str, Any] = {"changed": self.changed}
+        doc.update({name: list(getattr(self, name)) for name in self.counts})
+        doc["fence_before"] = self.fence_before
+        doc["fence_after"] = self.fence_after
+        return doc
 
 
 def recover(spool: Spool, replay: ReplayHooks | None = None) -> RecoveryReport:
