@@ -1,0 +1,511 @@
+"""The command line, through a subprocess, for every command of DESIGN §8 and its `--json`.
+
+Each `--json` output must parse as exactly one JSON document (`orjson.loads`
+of the whole of stdout). Successful commands exit 0 and print nothing on
+stderr. Bad input and refusals are in test_cli_errors.py; SIGTERM to `worker`
+in test_worker_signals.py; `demo` in test_demo.py.
+"""
+
+from __future__ import annotations
+
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from jobspool import JobState, Spool
+from tests.helpers_spool import job_files
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+    def json(self) -> Any:
+        return orjson.loads(self.out)
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO)
+    env.pop("JOBSPOOL_ROOT", None)
+    env.update(extra)
+    return env
+
+
+def cli(*args: str | Path, stdin: str | None = None, env: dict[str, str] | None = None,
+        timeout: float = 60.0) -> Result:
+    done = subprocess.run([sys.executable, "-m", "jobspool", *map(str, args)], cwd=REPO,
+                          env=env or _env(), input=(stdin or "").encode(),
+                          capture_output=True, timeout=timeout, check=False)
+    return Result(done.returncode, done.stdout.decode(), done.stderr.decode())
+
+
+def ok(*args: str | Path, **kwargs: Any) -> Result:
+    r = cli(*args, **kwargs)
+    assert r.code == 0, f"exit {r.code}: {r.err}"
+    assert "Traceback" not in r.err, r.err
+    return r
+
+
+def ok_json(*args: str | Path, **kwargs: Any) -> Any:
+    r = ok(*args, "--json", **kwargs)
+    return r.json()
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return tmp_path / "spool"
+
+
+@pytest.fixture
+def spool_with_jobs(root: Path) -> Path:
+    ok("--root", root, "init")
+    return root
+
+
+# ---------------------------------------------------------------- init
+
+
+def test_init_creates_the_spool_layout_and_reports_it(root: Path) -> None:
+    doc = ok_json("--root", root, "init")
+    assert doc["created"] is True
+    assert Path(doc["root"]) == root.resolve()
+    assert doc["settings"]["lease_seconds"] == 60.0
+    for d in ("prepared", "ready", "leased", "retryable", "completed", "dead_letter",
+              "canceled", "tmp", "quarantine"):
+        assert (root / d).is_dir(), d
+    assert (root / "spool.json").is_file()
+    again = ok_json("--root", root, "init")
+    assert again["created"] is False
+
+
+def test_init_stores_settings_that_later_opens_use(root: Path) -> None:
+    doc = ok_json("--root", root, "init", "--lease-seconds", "7.5", "--max-attempts", "2",
+                  "--keep-terminal", "10")
+    assert doc["settings"]["lease_seconds"] == 7.5
+    assert doc["settings"]["max_attempts"] == 2
+    assert doc["settings"]["keep_terminal"] == 10
+    job = ok_json("--root", root, "enqueue", "work")
+    assert job["max_attempts"] == 2
+    with Spool(root, create=False) as spool:
+        assert spool.lease_seconds == 7.5
+
+
+def test_init_text_output_names_the_directory(root: Path) -> None:
+    r = ok("--root", root, "init")
+    assert str(root.resolve()) in r.out
+    assert r.err == ""
+
+
+def test_json_flag_works_before_or_after_the_command_and_root_comes_from_the_env(
+        root: Path) -> None:
+    ok("--root", root, "init")
+    a = ok("--json", "--root", root, "stats").json()
+    b = ok("stats", "--root", root, "--json").json()
+    c = ok("stats", "--json", env=_env(JOBSPOOL_ROOT=str(root))).json()
+    assert a["counts"] == b["counts"] == c["counts"]
+
+
+def test_version_and_help(root: Path) -> None:
+    assert ok("--version").out.startswith("jobspool ")
+    helptext = ok("--help").out
+    for command in ("init", "enqueue", "run-until-idle", "worker", "recover", "stats", "list",
+                    "show", "cancel", "requeue", "prune", "fsck", "maintain", "demo"):
+        assert command in helptext
+
+
+# ---------------------------------------------------------------- enqueue
+
+
+def test_enqueue_with_a_json_payload(spool_with_jobs: Path) -> None:
+    job = ok_json("--root", spool_with_jobs, "enqueue", "work", '{"doc": 1, "tags": ["a"]}',
+                  "--priority", "3", "--max-attempts", "4")
+    assert job["kind"] == "work"
+    assert job["payload"] == {"doc": 1, "tags": ["a"]}
+    assert job["state"] == "ready"
+    assert job["priority"] == 3
+    assert job["max_attempts"] == 4
+    assert job_files(spool_with_jobs) == {job["id"]: ["ready"]}
+
+
+def test_enqueue_reads_the_payload_from_stdin_with_a_dash(spool_with_jobs: Path) -> None:
+    payload = {"text": "from a pipe", "n": [1, 2, 3]}
+    job = ok_json("--root", spool_with_jobs, "enqueue", "work", "-",
+                  stdin=orjson.dumps(payload).decode() + "\n")
+    assert job["payload"] == payload
+
+
+def test_enqueue_without_a_payload_stores_null(spool_with_jobs: Path) -> None:
+    job = ok_json("--root", spool_with_jobs, "enqueue", "work")
+    assert job["payload"] is None
+
+
+def test_enqueue_with_an_id_is_idempotent(spool_with_jobs: Path) -> None:
+    first = ok_json("--root", spool_with_jobs, "enqueue", "work", '{"v": 1}', "--id", "doc-1.a_b")
+    second = ok_json("--root", spool_with_jobs, "enqueue", "work", '{"v": 2}', "--id", "doc-1.a_b")
+    assert first["id"] == second["id"] == "doc-1.a_b"
+    assert second["payload"] == {"v": 1}
+    assert second["revision"] == first["revision"]
+    assert job_files(spool_with_jobs) == {"doc-1.a_b": ["ready"]}
+
+
+def test_enqueue_with_a_delay_is_not_due_yet(spool_with_jobs: Path) -> None:
+    before = time.time()
+    job = ok_json("--root", spool_with_jobs, "enqueue", "work", "--delay", "3600")
+    assert job["state"] == "retryable"
+    assert job["run_at"] >= before + 3600
+    report = ok_json("--root", spool_with_jobs, "run-until-idle", "--app", "tests.apps.simple:app")
+    assert report["claimed"] == 0
+
+
+def test_enqueue_text_output_is_the_id_and_state(spool_with_jobs: Path) -> None:
+    r = ok("--root", spool_with_jobs, "enqueue", "work", "--id", "j1")
+    assert r.out.split() == ["j1", "ready"]
+
+
+def test_enqueue_creates_a_missing_spool(root: Path) -> None:
+    ok_json("--root", root, "enqueue", "work")
+    assert (root / "spool.json").is_file()
+
+
+# ---------------------------------------------------------------- run-until-idle
+
+
+def test_run_until_idle_drains_and_reports_as_one_json_document(
+        spool_with_jobs: Path, tmp_path: Path) -> None:
+    root = spool_with_jobs
+    log = tmp_path / "log"
+    for i in range(5):
+        ok("--root", root, "enqueue", "work", f'{{"i": {i}}}')
+    ok("--root", root, "enqueue", "poison")
+    ok("--root", root, "enqueue", "nobody_handles_this")
+    report = ok_json("--root", root, "run-until-idle", "--app", "tests.apps.simple:app",
+                     "--concurrency", "2", env=_env(JOBSPOOL_TEST_LOG=str(log)))
+    assert report["claimed"] == 6
+    assert report["completed"] == 5
+    assert report["dead_lettered"] == 1
+    assert report["unhandled"] == {"nobody_handles_this": 1}
+    for key in ("retried", "lease_lost", "released", "duration", "rate"):
+        assert key in report
+    assert len(log.read_text().splitlines()) == 5
+    counts = ok_json("--root", root, "stats")["counts"]
+    assert (counts["completed"], counts["dead_letter"], counts["ready"]) == (5, 1, 1)
+
+
+def test_run_until_idle_text_summary_names_unhandled_kinds_and_draws_no_bar_on_a_pipe(
+        spool_with_jobs: Path) -> None:
+    root = spool_with_jobs
+    ok("--root", root, "enqueue", "work")
+    ok("--root", root, "enqueue", "orphan")
+    r = ok("--root", root, "run-until-idle", "--app", "tests.apps.simple:app")
+    assert "completed 1" in r.out
+    assert "orphan" in r.out
+    assert "\r" not in r.out  # no progress bar when stdout is not a terminal
+
+
+def test_run_until_idle_max_jobs_and_kinds(spool_with_jobs: Path) -> None:
+    root = spool_with_jobs
+    for _ in range(5):
+        ok("--root", root, "enqueue", "work")
+    ok("--root", root, "enqueue", "awork")
+    r1 = ok_json("--root", root, "run-until-idle", "--app", "tests.apps.simple:app",
+                 "--kinds", "work", "--max-jobs", "2", "--batch-size", "1")
+    assert r1["claimed"] == 2
+    r2 = ok_json("--root", root, "run-until-idle", "--app", "tests.apps.simple:app",
+                 "--kinds", "work")
+    assert r2["claimed"] == 3
+    assert r2["unhandled"] == {"awork": 1}
+    r3 = ok_json("--root", root, "run-until-idle", "--app", "tests.apps.simple:app")
+    assert r3["completed"] == 1
+
+
+def test_run_until_idle_wait_retries_finishes_flaky_jobs(spool_with_jobs: Path) -> None:
+    root = spool_with_jobs
+    job = ok_json("--root", root, "enqueue", "flaky")
+    report = ok_json("--root", root, "run-until-idle", "--app", "tests.apps.simple:app",
+                     "--wait-retries", "10")
+    assert (report["completed"], report["retried"]) == (1, 2)
+    shown = ok_json("--root", root, "show", job["id"])
+    assert shown["state"] == "completed"
+    assert shown["attempts"] == 3
+
+
+@pytest.mark.parametrize("target", ["tests.apps.plain:handlers", "tests.apps.plain:registry"])
+def test_run_until_idle_accepts_a_plain_mapping_or_an_object_with_handlers(
+        spool_with_jobs: Path, target: str) -> None:
+    root = spool_with_jobs
+    job = ok_json("--root", root, "enqueue", "echo", '{"x": 1}')
+    ok_json("--root", root, "run-until-idle", "--app", target)
+    assert ok_json("--root", root, "show", job["id"])["result"] == {"x": 1}
+
+
+def test_run_until_idle_finds_an_app_in_the_working_directory(tmp_path: Path) -> None:
+    """Like uvicorn: `--app tasks:app` imports ./tasks.py without PYTHONPATH tricks."""
+    root = tmp_path / "spool"
+    (tmp_path / "mytasks.py").write_text(
+        "def shout(job, ctx):\n    return job.payload.upper()\n\nhandlers = {'shout': shout}\n")
+    env = _env()
+    env["PYTHONPATH"] = str(REPO)
+    ok("--root", root, "enqueue", "shout", '"hi"')
+    done = subprocess.run([sys.executable, "-m", "jobspool", "--root", str(root),
+                           "run-until-idle", "--app", "mytasks:handlers", "--json"],
+                          cwd=tmp_path, env=env, capture_output=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr.decode()
+    assert orjson.loads(done.stdout)["completed"] == 1
+
+
+def _run_on_a_tty(args: list[str], timeout: float = 60.0) -> str:
+    """Run the CLI with stdout on a pseudo-terminal and return what it printed."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "jobspool", *args], cwd=REPO, env=_env(),
+                            stdin=subprocess.DEVNULL, stdout=slave, stderr=subprocess.PIPE)
+    os.close(slave)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.1)
+            if ready:
+                try:
+                    data = os.read(master, 65536)
+                except OSError:  # EIO: the child closed the terminal
+                    break
+                if not data:
+                    break
+                chunks.append(data)
+            elif proc.poll() is not None:
+                break
+        proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
+    assert proc.stderr is not None
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    assert proc.returncode == 0, err
+    return b"".join(chunks).decode(errors="replace")
+
+
+def test_run_until_idle_draws_a_progress_bar_on_a_terminal(spool_with_jobs: Path) -> None:
+    root = spool_with_jobs
+    with Spool(root) as spool:
+        spool.enqueue_many("slow", [{"sleep": 0.05} for _ in range(30)])
+    out = _run_on_a_tty(["--root", str(root), "run-until-idle", "--app",
+                         "tests.apps.simple:app", "--batch-size", "5"])
+    assert "\r[" in out  # redrawn in place
+    assert "jobs/s" in out
+    assert "30/30" in out
+    assert "completed 30" in out  # and the summary after it
+
+
+def test_run_until_idle_json_on_a_terminal_is_still_one_document(spool_with_jobs: Path) -> None:
+    root = spool_with_jobs
+    ok("--root", root, "enqueue", "work")
+    out = _run_on_a_tty(["--root", str(root), "run-until-idle", "--app",
+                         "tests.apps.simple:app", "--json"])
+    assert orjson.loads(out.replace("\r\n", "\n"))["completed"] == 1
+
+
+# ---------------------------------------------------------------- worker
+
+
+def test_worker_serves_until_sigterm_and_prints_a_json_report(spool_with_jobs: Path) -> None:
+    root = spool_with_jobs
+    ok("--root", root, "enqueue", "work")
+    proc = subprocess.Popen([sys.executable, "-m", "jobspool", "--root", str(root), "worker",
+                             "--app", "tests.apps.simple:app", "--json"], cwd=REPO, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while not list((root / "completed").iterdir()):
+            assert proc.poll() is None, proc.communicate()[1].decode()
+            assert time.monotonic() < deadline, "the job was never completed"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err.decode()
+    assert b"Traceback" not in err
+    report = orjson.loads(out)
+    assert report["completed"] == 1
+
+
+# ---------------------------------------------------------------- recover
+
+
+def test_recover_reclaims_a_dead_workers_lease_and_reports_counts(spool_with_jobs: Path) -> None:
+    root = spool_with_jobs
+    with Spool(root) as spool:
+        job = spool.enqueue("work")
+        spool.claim(lease_seconds=0.05)  # and then the "worker" dies
+    time.sleep(0.1)
+    doc = ok_json("--root", root, "recover")
+    assert doc["leases_reclaimed"] == [job.id]
+    assert doc["changed"] is True
+    shown = ok_json("--root", root, "show", job.id)
+    assert shown["state"] in ("retryable", "ready")
+    assert not list((root / "leased").iterdir())
+    # Idempotent: a second run finds nothing to do.
+    again = ok_json("--root", root, "recover", "--app", "tests.apps.simple:app")
+    assert again["leases_reclaimed"] == []
+    assert again["changed"] is False
+    assert ok("--root", root, "recover").out.strip() != ""
+
+
+# ---------------------------------------------------------------- stats, list, show
+
+
+def test_stats_counts_every_state_and_by_kind(spool_with_jobs: Path) -> None:
+    root = spool_with_jobs
+    with Spool(root) as spool:
+        spool.enqueue_many("a", [1, 2])
+        spool.enqueue("b")
+        (lease,) = spool.claim(kinds=["b"])
+        spool.complete(lease, "done")
+    doc = ok_json("--root", root, "stats", "--by-kind")
+    assert doc["counts"]["ready"] == 2
+    assert doc["counts"]["completed"] == 1
+    assert set(doc["counts"]) == {s.value for s in JobState}
+    assert doc["by_kind"]["a"]["ready"] == 2
+    assert doc["by_kind"]["b"]["completed"] == 1
+    text = ok("--root", root, "stats").out
+    assert "ready" in text and "completed" in text
+
+
+def test_stats_prometheus_output(spool_with_jobs: Path) -> None:
+    ok("--root", spool_with_jobs, "enqueue", "work")
+    out = ok("--root", spool_with_jobs, "stats", "--prometheus").out
+    assert "# TYPE" in out
+    assert "jobspool" in out
+
+
+def test_list_filters_by_state_and_kind_and_limits(spool_with_jobs: Path) -> None:
+    root = spool_with_jobs
+    with Spool(root) as spool:
+        a = [j.id for j in spool.enqueue_many("a", [1, 2, 3])]
+        b = spool.enqueue("b").id
+        spool.cancel(a[0])
+    everything = ok_json("--root", root, "list")
+    assert sorted(j["id"] for j in everything) == sorted([*a, b])
+    ready_a = ok_json("--root", root, "list", "--state", "ready", "--kind", "a")
+    assert [j["id"] for j in ready_a] == a[1:]  # FIFO order
+    assert [j["id"] for j in ok_json("--root", root, "list", "--state", "canceled")] == [a[0]]
+    assert len(ok_json("--root", root, "list", "--limit", "2")) == 2
+    assert ok_json("--root", root, "list", "--kind", "nothing") == []
+    text = ok("--root", root, "list", "--kind", "b").out
+    assert b in text
+
+
+def test_show_prints_every_field_of_one_job(spool_with_jobs: Path) -> None:
+    root = spool_with_jobs
+    job = ok_json("--root", root, "enqueue", "work", '{"k": "v"}', "--id", "show-me")
+    shown = ok_json("--root", root, "show", "show-me")
+    assert shown == job
+    for field in ("id", "kind", "payload", "state", "priority", "attempts", "max_attempts",
+                  "revision", "created_at", "updated_at", "run_at", "lease", "last_error",
+                  "result"):
+        assert field in shown
+    text = ok("--root", root, "show", "show-me").out
+    assert "show-me" in text and "work" in text
+
+
+# ---------------------------------------------------------------- cancel, requeue
+
+
+def test_cancel_a_ready_job(spool_with_jobs: Path) -> None:
+    root = spool_with_jobs
+    ok("--root", root, "enqueue", "work", "--id", "c1")
+    doc = ok_json("--root", root, "cancel", "c1")
+    assert doc["state"] == "canceled"
+    assert job_files(root) == {"c1": ["canceled"]}
+    report = ok_json("--root", root, "run-until-idle", "--app", "tests.apps.simple:app")
+    assert report["claimed"] == 0
+
+
+def test_requeue_one_dead_letter_and_all_of_them(spool_with_jobs: Path) -> None:
+    root = spool_with_jobs
+    for i in range(3):
+        ok("--root", root, "enqueue", "poison", "--id", f"p{i}")
+    ok("--root", root, "run-until-idle", "--app", "tests.apps.simple:app")
+    assert ok_json("--root", root, "stats")["counts"]["dead_letter"] == 3
+    one = ok_json("--root", root, "requeue", "p0")
+    assert one["state"] == "ready"
+    assert one["attempts"] == 0
+    rest = ok_json("--root", root, "requeue", "--all-dead")
+    assert sorted(rest["requeued"]) == ["p1", "p2"]
+    counts = ok_json("--root", root, "stats")["counts"]
+    assert (counts["ready"], counts["dead_letter"]) == (3, 0)
+    assert ok_json("--root", root, "requeue", "--all-dead")["requeued"] == []
+
+
+def test_requeue_a_canceled_job(spool_with_jobs: Path) -> None:
+    root = spool_with_jobs
+    ok("--root", root, "enqueue", "work", "--id", "c1")
+    ok("--root", root, "cancel", "c1")
+    assert ok_json("--root", root, "requeue", "c1")["state"] == "ready"
+
+
+# ---------------------------------------------------------------- prune, fsck, maintain, health
+
+
+def test_prune_removes_old_terminal_jobs(spool_with_jobs: Path) -> None:
+    root = spool_with_jobs
+    for i in range(4):
+        ok("--root", root, "enqueue", "work", "--id", f"w{i}")
+    ok("--root", root, "run-until-idle", "--app", "tests.apps.simple:app")
+    ok("--root", root, "enqueue", "work", "--id", "still-ready")
+    doc = ok_json("--root", root, "prune", "--keep", "1")
+    assert doc["pruned"] == 3
+    left = job_files(root)
+    assert len(left) == 2
+    assert len([i for i, where in left.items() if where == ["completed"]]) == 1
+    assert left["still-ready"] == ["ready"]
+    assert ok("--root", root, "prune").code == 0
+
+
+def test_fsck_on_a_healthy_spool(spool_with_jobs: Path) -> None:
+    root = spool_with_jobs
+    ok("--root", root, "enqueue", "work")
+    doc = ok_json("--root", root, "fsck")
+    assert doc["ok"] is True
+    assert doc["problems"] == []
+    assert "consistent" in ok("--root", root, "fsck").out
+
+
+def test_maintain_with_no_tables_reports_structured_json(spool_with_jobs: Path) -> None:
+    doc = ok_json("--root", spool_with_jobs, "maintain", timeout=120)
+    assert isinstance(doc, dict)
+    assert doc.get("tables") == [], f"maintain --json should list per-table outcomes: {doc}"
+
+
+def test_health_ok_then_degraded_by_a_dead_letter(spool_with_jobs: Path) -> None:
+    root = spool_with_jobs
+    ok("--root", root, "enqueue", "work")
+    doc = ok_json("--root", root, "health")
+    assert doc["status"] == "ok" and doc["ok"] is True
+    ok("--root", root, "enqueue", "poison")
+    ok("--root", root, "run-until-idle", "--app", "tests.apps.simple:app")
+    bad = cli("--root", root, "health", "--json")
+    assert bad.code == 2
+    doc = bad.json()
+    assert doc["status"] == "degraded"
+    assert [r["code"] for r in doc["reasons"]] == ["dead_letters"]
