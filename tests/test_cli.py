@@ -73,7 +73,8 @@ def root(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def spool_with_jobs(root: Path) -> Path:
-    ok("--root", root, "init")
+    """An initialized spool (made in-process: `init` itself is tested on its own)."""
+    Spool(root).close()
     return root
 
 
@@ -189,10 +190,10 @@ def test_run_until_idle_drains_and_reports_as_one_json_document(
         spool_with_jobs: Path, tmp_path: Path) -> None:
     root = spool_with_jobs
     log = tmp_path / "log"
-    for i in range(5):
-        ok("--root", root, "enqueue", "work", f'{{"i": {i}}}')
-    ok("--root", root, "enqueue", "poison")
-    ok("--root", root, "enqueue", "nobody_handles_this")
+    with Spool(root) as spool:
+        spool.enqueue_many("work", [{"i": i} for i in range(5)])
+        spool.enqueue("poison")
+        spool.enqueue("nobody_handles_this")
     report = ok_json("--root", root, "run-until-idle", "--app", "tests.apps.simple:app",
                      "--concurrency", "2", env=_env(JOBSPOOL_TEST_LOG=str(log)))
     assert report["claimed"] == 6
@@ -219,9 +220,9 @@ def test_run_until_idle_text_summary_names_unhandled_kinds_and_draws_no_bar_on_a
 
 def test_run_until_idle_max_jobs_and_kinds(spool_with_jobs: Path) -> None:
     root = spool_with_jobs
-    for _ in range(5):
-        ok("--root", root, "enqueue", "work")
-    ok("--root", root, "enqueue", "awork")
+    with Spool(root) as spool:
+        spool.enqueue_many("work", [{} for _ in range(5)])
+        spool.enqueue("awork")
     r1 = ok_json("--root", root, "run-until-idle", "--app", "tests.apps.simple:app",
                  "--kinds", "work", "--max-jobs", "2", "--batch-size", "1")
     assert r1["claimed"] == 2
@@ -443,8 +444,8 @@ def test_cancel_a_ready_job(spool_with_jobs: Path) -> None:
 
 def test_requeue_one_dead_letter_and_all_of_them(spool_with_jobs: Path) -> None:
     root = spool_with_jobs
-    for i in range(3):
-        ok("--root", root, "enqueue", "poison", "--id", f"p{i}")
+    with Spool(root) as spool:
+        spool.enqueue_many("poison", [None] * 3, job_ids=["p0", "p1", "p2"])
     ok("--root", root, "run-until-idle", "--app", "tests.apps.simple:app")
     assert ok_json("--root", root, "stats")["counts"]["dead_letter"] == 3
     one = ok_json("--root", root, "requeue", "p0")
@@ -469,10 +470,11 @@ def test_requeue_a_canceled_job(spool_with_jobs: Path) -> None:
 
 def test_prune_removes_old_terminal_jobs(spool_with_jobs: Path) -> None:
     root = spool_with_jobs
-    for i in range(4):
-        ok("--root", root, "enqueue", "work", "--id", f"w{i}")
-    ok("--root", root, "run-until-idle", "--app", "tests.apps.simple:app")
-    ok("--root", root, "enqueue", "work", "--id", "still-ready")
+    with Spool(root) as spool:
+        spool.enqueue_many("work", [None] * 4)
+        for lease in spool.claim(limit=4):
+            spool.complete(lease)
+        spool.enqueue("work", job_id="still-ready")
     doc = ok_json("--root", root, "prune", "--keep", "1")
     assert doc["pruned"] == 3
     left = job_files(root)
@@ -502,8 +504,10 @@ def test_health_ok_then_degraded_by_a_dead_letter(spool_with_jobs: Path) -> None
     ok("--root", root, "enqueue", "work")
     doc = ok_json("--root", root, "health")
     assert doc["status"] == "ok" and doc["ok"] is True
-    ok("--root", root, "enqueue", "poison")
-    ok("--root", root, "run-until-idle", "--app", "tests.apps.simple:app")
+    with Spool(root) as spool:
+        spool.enqueue("poison")
+        (lease,) = spool.claim(kinds=["poison"])
+        spool.fail(lease, "poison pill", retryable=False)
     bad = cli("--root", root, "health", "--json")
     assert bad.code == 2
     doc = bad.json()
