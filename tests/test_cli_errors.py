@@ -1,0 +1,291 @@
+"""Exit codes and error messages of the command line (DESIGN §8), through a subprocess.
+
+0 success; 1 usage or bad input; 2 the spool is unhealthy or an operation was
+refused. Every failure prints exactly one line on stderr (`jobspool: error: ...`),
+never a traceback, and changes nothing on disk. Under `--json` stdout still
+carries one JSON document describing the error.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from jobspool import Spool
+from tests.helpers_spool import job_files
+
+REPO = Path(__file__).resolve().parent.parent
+
+APP = "tests.apps.simple:app"
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO)
+    env.pop("JOBSPOOL_ROOT", None)
+    env.update(extra)
+    return env
+
+
+def cli(*args: str | Path, stdin: str | None = None, env: dict[str, str] | None = None
+        ) -> Result:
+    done = subprocess.run([sys.executable, "-m", "jobspool", *map(str, args)], cwd=REPO,
+                          env=env or _env(), input=(stdin or "").encode(),
+                          capture_output=True, timeout=60, check=False)
+    return Result(done.returncode, done.stdout.decode(), done.stderr.decode())
+
+
+def refused(code: int, *args: str | Path, mentions: tuple[str, ...] = (), **kwargs: Any
+            ) -> Result:
+    """Run a command that must fail with `code`, one stderr line, and no traceback."""
+    r = cli(*args, **kwargs)
+    assert r.code == code, f"expected exit {code}, got {r.code}; stderr: {r.err!r}"
+    assert "Traceback" not in r.err, r.err
+    lines = r.err.splitlines()
+    assert len(lines) == 1, f"expected one line on stderr, got {len(lines)}: {r.err!r}"
+    assert lines[0].startswith("jobspool: "), lines[0]
+    for word in mentions:
+        assert word in lines[0], f"{word!r} not named in {lines[0]!r}"
+    return r
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    r = tmp_path / "spool"
+    Spool(r).close()
+    return r
+
+
+@pytest.fixture
+def populated(root: Path) -> Path:
+    """A spool with one completed job (`done-1`) and one ready job (`ready-1`)."""
+    with Spool(root) as spool:
+        spool.enqueue("work", job_id="done-1")
+        spool.enqueue("work", job_id="ready-1", delay=0.0, priority=1)
+        (lease,) = spool.claim()
+        assert lease.job_id == "done-1"
+        spool.complete(lease)
+    return root
+
+
+# ---------------------------------------------------------------- exit 1: bad input
+
+
+@pytest.mark.parametrize(("args", "mentions"), [
+    (("enqueue", "bad kind"), ("bad kind",)),
+    (("enqueue", "9lives"), ("9lives",)),
+    (("enqueue", "work", "--id", "../x"), ("../x",)),
+    (("enqueue", "work", "--id", "a/b"), ("a/b",)),
+    (("enqueue", "work", "--id", ".hidden"), (".hidden",)),
+    (("enqueue", "work", "{not json"), ("JSON",)),
+    (("enqueue", "work", "--delay", "soon"), ("soon",)),
+    (("enqueue", "work", "--delay", "-1"), ("-1",)),
+    (("enqueue", "work", "--delay", "nan"), ("nan",)),
+    (("enqueue", "work", "--priority", "high"), ("high",)),
+    (("enqueue", "work", "--max-attempts", "0"), ("0",)),
+    (("enqueue", "work", '"' + "x" * 70_000 + '"'), ("65536",)),
+    (("enqueue",), ("kind",)),
+], ids=["kind-space", "kind-digit", "id-dotdot", "id-slash", "id-dot", "bad-json",
+        "delay-word", "delay-negative", "delay-nan", "priority-word", "attempts-zero",
+        "payload-too-large", "no-kind"])
+def test_enqueue_bad_input_exits_1_and_writes_nothing(
+        root: Path, args: tuple[str, ...], mentions: tuple[str, ...]) -> None:
+    refused(1, "--root", root, *args, mentions=mentions)
+    assert job_files(root) == {}
+    assert not (root.parent / "x.json").exists()
+
+
+def test_enqueue_bad_json_on_stdin_exits_1(root: Path) -> None:
+    refused(1, "--root", root, "enqueue", "work", "-", stdin="{'single': 'quotes'}",
+            mentions=("stdin", "JSON"))
+    refused(1, "--root", root, "enqueue", "work", "-", stdin="", mentions=("stdin",))
+    assert job_files(root) == {}
+
+
+@pytest.mark.parametrize("command", ["run-until-idle", "worker"])
+@pytest.mark.parametrize(("app", "mentions"), [
+    ("no_such_module_anywhere:app", ("no_such_module_anywhere",)),
+    ("tests.apps.simple:no_such_attr", ("no_such_attr",)),
+    ("tests.apps.empty:app", ("tests.apps.empty:app", "no handlers")),
+    ("tests.apps.empty:handlers", ("tests.apps.empty:handlers", "no handlers")),
+    ("tests.apps.plain:not_handlers", ("not_handlers",)),
+    ("tests.apps.broken:app", ("tests.apps.broken", "refuses to be imported")),
+    ("tests.apps.simple", ("MODULE:ATTR",)),
+    (":app", ("MODULE:ATTR",)),
+], ids=["missing-module", "missing-attr", "empty-app", "empty-dict", "not-handlers",
+        "import-raises", "no-colon", "no-module"])
+def test_a_bad_app_exits_1_with_one_line_naming_it(
+        root: Path, command: str, app: str, mentions: tuple[str, ...]) -> None:
+    with Spool(root) as spool:
+        job = spool.enqueue("work")
+    refused(1, "--root", root, command, "--app", app, mentions=mentions)
+    with Spool(root, create=False) as spool:
+        after = spool.get(job.id)
+        assert after.state.value == "ready" and after.attempts == 0
+
+
+@pytest.mark.parametrize(("args", "mentions"), [
+    (("--kinds", "work,nope"), ("nope",)),
+    (("--concurrency", "0"), ("0",)),
+    (("--concurrency", "many"), ("many",)),
+    (("--batch-size", "-3"), ("-3",)),
+    (("--max-jobs", "-1"), ("-1",)),
+    (("--lease-seconds", "0"), ("0",)),
+    (("--wait-retries", "later"), ("later",)),
+], ids=["kinds-unknown", "concurrency-zero", "concurrency-word", "batch-negative",
+        "max-jobs-negative", "lease-zero", "wait-word"])
+def test_run_until_idle_bad_options_exit_1(root: Path, args: tuple[str, ...],
+                                          mentions: tuple[str, ...]) -> None:
+    refused(1, "--root", root, "run-until-idle", "--app", APP, *args, mentions=mentions)
+
+
+def test_run_until_idle_without_app_exits_1(root: Path) -> None:
+    refused(1, "--root", root, "run-until-idle", mentions=("--app",))
+
+
+def test_an_unknown_command_exits_1(root: Path) -> None:
+    refused(1, "--root", root, "frobnicate", mentions=("frobnicate",))
+
+
+def test_no_command_exits_1() -> None:
+    refused(1)
+
+
+def test_an_unknown_option_exits_1(root: Path) -> None:
+    refused(1, "--root", root, "stats", "--colour", mentions=("--colour",))
+
+
+def test_no_root_given_exits_1() -> None:
+    refused(1, "stats", mentions=("--root", "JOBSPOOL_ROOT"))
+    refused(1, "enqueue", "work", mentions=("--root", "JOBSPOOL_ROOT"))
+
+
+def test_a_spool_that_does_not_exist_is_named_and_not_created(tmp_path: Path) -> None:
+    missing = tmp_path / "typo"
+    r = cli("--root", missing, "stats")
+    # Bad input (1) or refused (2): either way one line naming it and the way out.
+    assert r.code in (1, 2)
+    refused(r.code, "--root", missing, "stats", mentions=(str(missing), "init"))
+    assert not missing.exists()
+
+
+@pytest.mark.parametrize("args", [("show", "nope"), ("cancel", "nope"), ("requeue", "nope")])
+def test_an_unknown_job_id_exits_1_naming_it(root: Path, args: tuple[str, ...]) -> None:
+    refused(1, "--root", root, *args, mentions=("nope",))
+
+
+@pytest.mark.parametrize("command", ["show", "cancel", "requeue"])
+def test_an_invalid_job_id_exits_1(root: Path, command: str) -> None:
+    refused(1, "--root", root, command, "../x", mentions=("../x",))
+
+
+def test_requeue_needs_exactly_one_of_an_id_or_all_dead(root: Path) -> None:
+    refused(1, "--root", root, "requeue")
+    refused(1, "--root", root, "requeue", "x", "--all-dead")
+
+
+def test_list_with_an_unknown_state_or_bad_kind_exits_1(root: Path) -> None:
+    refused(1, "--root", root, "list", "--state", "finished", mentions=("finished",))
+    refused(1, "--root", root, "list", "--kind", "no/kind", mentions=("no/kind",))
+
+
+def test_recover_with_a_bad_app_exits_1(root: Path) -> None:
+    refused(1, "--root", root, "recover", "--app", "no_such_module_anywhere:app",
+            mentions=("no_such_module_anywhere",))
+
+
+def test_demo_with_a_bad_job_count_exits_1(tmp_path: Path) -> None:
+    refused(1, "--root", tmp_path / "d", "demo", "--jobs", "0")
+    assert not (tmp_path / "d").exists()
+
+
+def test_json_errors_are_one_json_document_on_stdout(root: Path) -> None:
+    r = refused(1, "--root", root, "enqueue", "bad kind", "--json")
+    doc = orjson.loads(r.out)
+    assert doc["ok"] is False
+    assert doc["exit"] == 1
+    assert "bad kind" in doc["error"]
+
+
+# ---------------------------------------------------------------- exit 2: refused / unhealthy
+
+
+def test_cancel_of_a_completed_job_is_refused_with_2(populated: Path) -> None:
+    refused(2, "--root", populated, "cancel", "done-1", mentions=("done-1", "completed"))
+    with Spool(populated, create=False) as spool:
+        assert spool.get("done-1").state.value == "completed"
+
+
+def test_requeue_of_a_ready_job_is_refused_with_2(populated: Path) -> None:
+    refused(2, "--root", populated, "requeue", "ready-1", mentions=("ready-1",))
+
+
+def test_fsck_on_a_corrupted_spool_exits_2_and_names_the_file(root: Path) -> None:
+    with Spool(root) as spool:
+        spool.enqueue("work", job_id="good")
+    bad = root / "ready" / "broken.json"
+    bad.write_bytes(b"{this is not json")
+    r = cli("--root", root, "fsck", "--json")
+    assert r.code == 2, r.err
+    doc = orjson.loads(r.out)
+    assert doc["ok"] is False
+    assert any("broken.json" in p for p in doc["problems"])
+    text = cli("--root", root, "fsck")
+    assert text.code == 2
+    assert "broken.json" in text.out
+    assert bad.read_bytes() == b"{this is not json"  # fsck changes nothing
+
+
+def test_fsck_finds_a_job_in_two_state_directories(root: Path) -> None:
+    with Spool(root) as spool:
+        spool.enqueue("work", job_id="twice")
+    # A crash between rename and unlink leaves two copies (DESIGN §2); fsck must say so.
+    data = (root / "ready" / "twice.json").read_bytes()
+    (root / "completed" / "twice.json").write_bytes(data)
+    r = cli("--root", root, "fsck", "--json")
+    assert r.code == 2
+    assert any("twice" in p for p in orjson.loads(r.out)["problems"]), r.out
+
+
+@pytest.mark.parametrize("command", [("stats",), ("init",), ("enqueue", "work"), ("fsck",),
+                                     ("list",), ("run-until-idle", "--app", APP)])
+def test_a_spool_root_that_is_a_file_exits_2(tmp_path: Path, command: tuple[str, ...]) -> None:
+    f = tmp_path / "not-a-dir"
+    f.write_text("hello")
+    refused(2, "--root", f, *command, mentions=(str(f),))
+    assert f.read_text() == "hello"
+
+
+def test_a_state_directory_replaced_by_a_symlink_is_refused_with_2(
+        root: Path, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (root / "ready").rmdir()
+    (root / "ready").symlink_to(elsewhere)
+    refused(2, "--root", root, "enqueue", "work", mentions=("ready",))
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_health_of_a_degraded_spool_exits_2(root: Path) -> None:
+    with Spool(root) as spool:
+        spool.enqueue("work")
+        (lease,) = spool.claim()
+        spool.fail(lease, "broken", retryable=False)
+    r = cli("--root", root, "health")
+    assert r.code == 2
+    assert "dead_letters" in r.out
+    assert "Traceback" not in r.err
