@@ -8,6 +8,7 @@ or any other answer) keeps it prepared with the attempt counted until
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,7 @@ def test_aborted_cancels_the_job(spool: Spool, clock: Any) -> None:
 
 
 def test_unknown_keeps_it_prepared_counts_the_attempt_and_waits_another_grace(
-        spool: Spool, clock: Any) -> None:
+        spool: Spool, clock: Any, caplog: pytest.LogCaptureFixture) -> None:
     _orphan(spool, clock, "note", "j", max_attempts=3)
     calls: list[str] = []
 
@@ -75,7 +76,10 @@ def test_unknown_keeps_it_prepared_counts_the_attempt_and_waits_another_grace(
     spool.recover(replay={"note": hook})
     assert spool.get("j").attempts == 2
     clock.advance(GRACE + 1)
-    last = spool.recover(replay={"note": hook})
+    with caplog.at_level(logging.WARNING, logger="jobspool"):
+        last = spool.recover(replay={"note": hook})
+    assert any("j" == getattr(r, "job_id", None) and "dead-lettered" in r.getMessage()
+               for r in caplog.records), "a dead letter is never silent"
     assert last.dead_lettered == ("j",)
     assert last.replay_unknown == ()
     job = spool.get("j")

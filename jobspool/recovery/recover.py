@@ -281,7 +281,11 @@ def _reclaim(spool: Spool, scan: Scan) -> tuple[list[str], list[str]]:
                                       max_rescues=spool.max_rescues, rng=spool._rng)
                 pairs.append((job, new))
                 extra.extend(spool._stale_removals(job_id, stale))
-                (dead if new.state is JobState.DEAD_LETTER else reclaimed).append(job_id)
+                if new.state is JobState.DEAD_LETTER:
+                    _warn_dead(new, "on reclaim by recovery")
+                    dead.append(job_id)
+                else:
+                    reclaimed.append(job_id)
             spool._commit(pairs, extra)
     return reclaimed, dead
 
@@ -322,7 +326,16 @@ def _replay(spool: Spool, scan: Scan, replay: ReplayHooks | None
                 new = machine.replay(job, v.outcome, now=now, error=v.error)
                 pairs.append((job, new))
                 extra.extend(spool._stale_removals(job.id, stale))
-                key = "dead" if new.state is JobState.DEAD_LETTER else v.outcome
-                out[key].append(job.id)
+                if new.state is JobState.DEAD_LETTER:
+                    _warn_dead(new, "by replay")
+                    out["dead"].append(job.id)
+                else:
+                    out[v.outcome].append(job.id)
             spool._commit(pairs, extra)
     return out["committed"], out["aborted"], out["unknown"], out["dead"], pending
+
+
+def _warn_dead(job: Job, how: str) -> None:
+    # A dead letter needs a human: never silent (the same record shape as the spool's own).
+    log.warning("job %s (%s) dead-lettered %s: %s", job.id, job.kind, how, job.last_error,
+                extra={"job_id": job.id, "kind": job.kind, "state": job.state.value})
