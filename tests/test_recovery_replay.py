@@ -78,7 +78,7 @@ def test_unknown_keeps_it_prepared_counts_the_attempt_and_waits_another_grace(
     clock.advance(GRACE + 1)
     with caplog.at_level(logging.WARNING, logger="jobspool"):
         last = spool.recover(replay={"note": hook})
-    assert any("j" == getattr(r, "job_id", None) and "dead-lettered" in r.getMessage()
+    assert any(getattr(r, "job_id", None) == "j" and "dead-lettered" in r.getMessage()
                for r in caplog.records), "a dead letter is never silent"
     assert last.dead_lettered == ("j",)
     assert last.replay_unknown == ()
