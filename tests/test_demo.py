@@ -1,0 +1,144 @@
+"""`jobspool demo`: a realistic batch through two worker processes into LanceDB.
+
+Run as a user would, through a subprocess, with `--jobs 200` to stay small.
+The report is checked against the spool and the LanceDB table read
+independently, and the commands it suggests are run.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from jobspool import JobState, Spool
+from tests.helpers_spool import job_files
+
+REPO = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.slow
+
+JOBS = 200
+POISON = f"doc-{JOBS // 2:05d}"  # the demo's one deliberately broken document
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO)
+    env.pop("JOBSPOOL_ROOT", None)
+    env.update(extra)
+    return env
+
+
+def _jobspool(*args: str | Path, env: dict[str, str] | None = None, timeout: float = 120.0
+              ) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([sys.executable, "-m", "jobspool", *map(str, args)], cwd=REPO,
+                          env=env or _env(), capture_output=True, timeout=timeout, check=False)
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    root = tmp_path_factory.mktemp("demo") / "spool"
+    done = _jobspool("--root", root, "demo", "--jobs", str(JOBS), "--json")
+    err = done.stderr.decode(errors="replace")
+    assert done.returncode == 0, err
+    assert "Traceback" not in err, err
+    return root, orjson.loads(done.stdout)
+
+
+def test_demo_reports_what_happened_as_one_json_document(demo: tuple[Path, dict[str, Any]]
+                                                         ) -> None:
+    root, doc = demo
+    assert Path(doc["root"]) == root
+    assert doc["jobs"] == JOBS
+    assert doc["workers"] == 2
+    assert len(doc["per_worker"]) == 2
+    totals = doc["totals"]
+    assert totals["completed"] == JOBS - 1
+    assert totals["dead_lettered"] == 1
+    assert totals["lease_lost"] == 0
+    assert totals["retried"] >= 2  # the flaky document asks twice before it succeeds
+    assert totals["claimed"] == totals["completed"] + totals["retried"] + totals["dead_lettered"]
+    assert sum(w["completed"] for w in doc["per_worker"]) == JOBS - 1
+    assert doc["counts"]["completed"] == JOBS - 1
+    assert doc["counts"]["dead_letter"] == 1
+    assert sum(doc["counts"].values()) == JOBS
+    assert len(doc["retried_jobs"]) >= 1
+    (dead,) = doc["dead_letters"]
+    assert "deliberately" in dead["error"]
+    assert doc["table_rows"] == JOBS - 1
+    assert doc["sample_row"]["id"] == "doc-00042"
+
+
+def test_demo_leaves_a_spool_the_report_agrees_with(demo: tuple[Path, dict[str, Any]]) -> None:
+    root, doc = demo
+    on_disk = job_files(root)
+    assert len(on_disk) == JOBS
+    where = [w for ws in on_disk.values() for w in ws]
+    assert where.count("completed") == JOBS - 1
+    assert where.count("dead_letter") == 1
+    assert len(where) == JOBS  # one file per job, nothing left leased or duplicated
+    with Spool(root, create=False) as spool:
+        (dead,) = spool.jobs(state=JobState.DEAD_LETTER)
+        assert dead.id == doc["dead_letters"][0]["id"]
+        assert dead.payload["doc_id"] == POISON
+        assert dead.attempts == 1  # Fail dead-letters at once
+        for job_id in doc["retried_jobs"]:
+            job = spool.get(job_id)
+            assert job.state is JobState.COMPLETED
+            assert job.attempts == 3
+        assert spool.fsck().ok
+
+
+def test_demo_projects_every_good_document_into_lancedb(demo: tuple[Path, dict[str, Any]]
+                                                        ) -> None:
+    from jobspool.projection.lance import LanceProjection
+
+    _, doc = demo
+    assert Path(doc["projection"]).is_dir()
+    table = LanceProjection(doc["projection"], "docs")
+    try:
+        assert table.count() == JOBS - 1
+        assert table.get(POISON) is None
+        row = table.get("doc-00042")
+        assert row is not None
+        assert row["title"].startswith("note 42")
+        assert row["words"] >= 20
+        ids = set(table.to_arrow(columns=["id"]).column("id").to_pylist())
+        assert ids == {f"doc-{i:05d}" for i in range(JOBS)} - {POISON}
+    finally:
+        table.store.close()
+
+
+def test_the_commands_the_demo_suggests_work(demo: tuple[Path, dict[str, Any]]) -> None:
+    root, doc = demo
+    dead_id = doc["dead_letters"][0]["id"]
+    shown = _jobspool("--root", root, "show", dead_id, "--json")
+    assert shown.returncode == 0, shown.stderr.decode()
+    assert orjson.loads(shown.stdout)["state"] == "dead_letter"
+    stats = _jobspool("--root", root, "stats")
+    assert stats.returncode == 0
+    assert b"dead_letter" in stats.stdout
+
+
+def test_demo_text_output_in_a_fresh_temporary_spool(tmp_path: Path) -> None:
+    """The README's first command: no --root, human output that says where things are."""
+    done = _jobspool("demo", "--jobs", "60", env=_env(TMPDIR=str(tmp_path)))
+    out = done.stdout.decode()
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    assert "Traceback" not in done.stderr.decode(errors="replace")
+    made = [p for p in tmp_path.iterdir() if p.name.startswith("jobspool-demo-")]
+    assert len(made) == 1
+    root = made[0] / "spool"
+    assert str(root) in out
+    assert "dead letter" in out
+    assert "LanceDB" in out
+    with Spool(root, create=False) as spool:
+        counts = spool.stats().counts
+    assert counts["completed"] == 59
+    assert counts["dead_letter"] == 1
