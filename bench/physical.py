@@ -4,12 +4,14 @@ A file queue cannot beat these, so every jobspool figure can be read as a
 fraction of them. The life of one job is taken as its least durable footprint:
 one new 1 KB file written and fsynced (enqueue), three renames between state
 directories (ready, leased, done) and one fsync of the destination directory
-after each. Batched, B jobs share each directory fsync (the file fsyncs are
-not shared: one per file).
+after each. Batched, B jobs share each directory fsync; the file fsyncs are
+either one per file or, with ``syncfs(2)``, one flush of the filesystem for
+the whole batch's new files. The limit quoted is the faster of the two.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import time
@@ -26,13 +28,23 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def _create(path: str) -> None:
+def _create(path: str, sync: bool = True) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         os.write(fd, DATA)
-        os.fsync(fd)
+        if sync:
+            os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _syncfs_fn() -> Any:
+    """``syncfs(fd)`` from libc (Python has no wrapper), or None where it is missing."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.syncfs
+    except (OSError, AttributeError):
+        return None
 
 
 def _dirs(root: str) -> dict[str, str]:
@@ -42,10 +54,17 @@ def _dirs(root: str) -> dict[str, str]:
     return d
 
 
-def _life(d: dict[str, str], names: list[str]) -> None:
+def _life(d: dict[str, str], names: list[str], syncfs: Any = None) -> None:
     """Enqueue, claim and complete ``names`` as one batch with bare file operations."""
     for n in names:
-        _create(os.path.join(d["tmp"], n))
+        _create(os.path.join(d["tmp"], n), sync=syncfs is None)
+    if syncfs is not None:
+        fd = os.open(d["tmp"], os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            if syncfs(fd) != 0:
+                raise OSError(ctypes.get_errno(), "syncfs failed")
+        finally:
+            os.close(fd)
     for src, dst in (("tmp", "ready"), ("ready", "leased"), ("leased", "done")):
         for n in names:
             os.rename(os.path.join(d[src], n), os.path.join(d[dst], n))
@@ -87,7 +106,15 @@ def measure(root: str, n: int, batch: int) -> dict[str, Any]:
     t = time.perf_counter()
     for k in range(0, total, batch):
         _life(d, [f"b{j}" for j in range(k, k + batch)])
-    out["life_batch_jobs"] = total / (time.perf_counter() - t)
+    out["life_batch_fsync_jobs"] = total / (time.perf_counter() - t)
+
+    syncfs = _syncfs_fn()
+    if syncfs is not None:
+        t = time.perf_counter()
+        for k in range(0, total, batch):
+            _life(d, [f"s{j}" for j in range(k, k + batch)], syncfs=syncfs)
+        out["life_batch_syncfs_jobs"] = total / (time.perf_counter() - t)
+    out["life_batch_jobs"] = max(out["life_batch_fsync_jobs"], out.get("life_batch_syncfs_jobs", 0))
     out["batch"] = batch
 
     shutil.rmtree(root, ignore_errors=True)

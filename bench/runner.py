@@ -50,7 +50,7 @@ class Config:
     depth_jobs: int = 1000
     depth_rounds: int = 3
     depth_rounds_max: int = 3
-    naive_budget_s: float = 20.0
+    naive_budget_s: float = 10.0
     deadline_s: float = 300.0
     queues: list[str] = field(default_factory=lambda: list(MAIN_QUEUES))
     depth_queues: list[str] = field(default_factory=lambda: list(DEPTH_QUEUES))
@@ -404,11 +404,14 @@ def main(argv: list[str] | None = None) -> int:
     started = dt.datetime.now(dt.UTC)
     harness = Harness(cfg)
     t = time.monotonic()
+    load_before = os.getloadavg()
     harness.run()
     meta = report.machine(cfg.workdir)
     meta.update(
         started=started.isoformat(timespec="seconds"),
         wall_s=round(time.monotonic() - t, 1),
+        loadavg_before=load_before,
+        loadavg_after=os.getloadavg(),
         skipped=skipped,
         argv=sys.argv[1:] if argv is None else argv,
     )

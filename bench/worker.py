@@ -16,7 +16,24 @@ from typing import Any
 
 
 def rss_mb() -> float:
-    """Peak resident set size of this process so far, in MB (Linux reports KiB)."""
+    """Peak resident set size of this process so far, in MB.
+
+    ``VmHWM`` from ``/proc/self/status``, not ``getrusage``: Linux carries
+    ``ru_maxrss`` across ``execve`` from the (v)forked parent, so a spawned
+    child's ``ru_maxrss`` is at least its parent's RSS at spawn time.
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return ru_maxrss_mb()
+
+
+def ru_maxrss_mb() -> float:
+    """``getrusage``'s peak RSS in MB (Linux reports KiB); see ``rss_mb`` for its caveat."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
@@ -27,6 +44,7 @@ def child(
     try:
         result = ROLES[role](params, ready, start, producer_done)
         result["rss_mb"] = rss_mb()
+        result["ru_maxrss_mb"] = ru_maxrss_mb()
         results.put((role, result, None))
     except BaseException:
         ready.put(role)  # never leave the parent waiting for a dead child
