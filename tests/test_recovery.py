@@ -88,7 +88,7 @@ def test_equal_revisions_keep_the_terminal_copy(spool: Spool, spool_root: Path,
     assert assert_disk_consistent(spool_root) == {"j": "completed"}
 
 
-def test_duplicates_across_many_jobs_are_settled_in_batches(spool: Spool,
+def test_duplicates_across_many_jobs_are_settled_one_batch_per_lock_hold(spool: Spool,
                                                             spool_root: Path) -> None:
     from jobspool.recovery import recover as recover_mod
 
@@ -99,11 +99,24 @@ def test_duplicates_across_many_jobs_are_settled_in_batches(spool: Spool,
         _put_back(spool_root, "ready", job_id, data)
     saved = recover_mod.BATCH
     recover_mod.BATCH = 7
+    holds = 0
+    real_acquire = spool.lock.acquire
+
+    def counting_acquire() -> None:
+        nonlocal holds
+        if not spool.lock.held:
+            holds += 1
+        real_acquire()
+
+    spool.lock.acquire = counting_acquire  # type: ignore[method-assign]
     try:
         report = spool.recover()
     finally:
         recover_mod.BATCH = saved
+        del spool.lock.acquire
     assert sorted(report.duplicates_resolved) == sorted(olds)
+    # Live workers wait behind one batch at a time, never behind the whole pass.
+    assert holds >= 30 // 7 + 1
     assert set(assert_disk_consistent(spool_root).values()) == {"leased"}
 
 
