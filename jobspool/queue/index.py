@@ -101,14 +101,14 @@ class ClaimIndex:
     def _read(self, state: JobState, job_id: str) -> Job | None:
         try:
             data = self._store.read(state.value, job_id + JOB_SUFFIX)
+            return decode_job(data, expect_id=job_id, expect_state=state)
         except FileNotFoundError:
             return None
-        try:
-            return decode_job(data, expect_id=job_id, expect_state=state)
-        except CorruptJob as exc:
+        except (CorruptJob, OSError) as exc:
             if (state.value, job_id) not in self._bad:
                 self._bad.add((state.value, job_id))
-                report_unreadable(state.value, job_id, exc.reason)
+                reason = exc.reason if isinstance(exc, CorruptJob) else (exc.strerror or str(exc))
+                report_unreadable(state.value, job_id, reason)
             return None
 
     def _relist(self, state: JobState) -> None:

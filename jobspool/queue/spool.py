@@ -179,6 +179,9 @@ class Spool:
             data = self._store.read(state.value, job_id + JOB_SUFFIX)
         except FileNotFoundError:
             return None
+        except OSError as exc:  # a directory in its place, no permission, EIO: unreadable
+            report_unreadable(state.value, job_id, exc.strerror or str(exc))
+            return None
         try:
             return decode_job(data, expect_id=job_id, expect_state=state)
         except CorruptJob as exc:
@@ -200,7 +203,8 @@ class Spool:
         Encoding happens first, so a job that is too large or not serializable
         raises before any file is touched.
         """
-        changes: list[Change] = []
+        # Root files (the fence) go first: see `claim`.
+        changes: list[Change] = [ch for ch in extra if ch.dst == ""]
         touched: set[JobState] = set()
         for old, new in pairs:
             name = (new or old).id + JOB_SUFFIX  # type: ignore[union-attr]
@@ -211,7 +215,7 @@ class Spool:
                 touched.add(old.state)
             if new is not None:
                 touched.add(new.state)
-        changes.extend(extra)
+        changes.extend(ch for ch in extra if ch.dst != "")
         for ch in extra:
             for d in (ch.src, ch.dst):
                 if d and d in JobState._value2member_map_:
@@ -409,49 +413,86 @@ class Spool:
                 validate_kind(k)
         who = owner or self._owner
         with self._lock.hold():
-            now = self.now()
-            self._index.refresh()
-            picked: list[Job] = []
-            dead: list[tuple[Job | None, Job | None]] = []
-            while len(picked) < limit:
-                cands = self._index.candidates(now, kind_set, limit - len(picked))
-                if not cands:
-                    break
-                for c in cands:
-                    if any(p.id == c.job_id for p in picked):
-                        continue
-                    job = self._read(c.state, c.job_id)
-                    self._index.forget(c.state, c.job_id)
-                    if job is None:
-                        continue
-                    if not machine.is_due(job, now):
-                        self._index.learn(job)  # the cache was behind; keep the true key
-                        continue
-                    if machine.lease_expired(job, now) and self._exhausted(job):
-                        gone = machine.reclaim(job, now=now, policy=self.policy,
-                                               max_rescues=self.max_rescues, rng=self._rng)
-                        log.warning("job %s (%s) dead-lettered on reclaim: %s", job.id, job.kind,
-                                    gone.last_error, extra={"job_id": job.id, "kind": job.kind,
-                                                            "state": gone.state.value})
-                        dead.append((job, gone))
-                        continue
-                    picked.append(job)
-            if not picked:
-                if dead:
-                    self._commit(dead)
-                return []
-            first = self._read_fence() + 1
-            pairs: list[tuple[Job | None, Job | None]] = list(dead)
-            leases: list[Lease] = []
-            for token, job in enumerate(picked, start=first):
-                new = machine.claim(job, token=token, owner=who, now=now, lease_seconds=seconds)
-                pairs.append((job, new))
-                assert new.lease is not None
-                leases.append(Lease(job_id=new.id, token=token, owner=who,
-                                    expires_at=new.lease.expires_at, job=new))
-            fence = Change(name=FENCE_FILE, dst="", data=encode_fence(first + len(picked) - 1))
-            self._commit(pairs, [fence])
-            return leases
+            try:
+                return self._claim_locked(kind_set, limit, who, seconds)
+            except BaseException:
+                # The index already forgot the candidates it handed out; a failure before
+                # the write must not hide those jobs from this process's later claims.
+                self._index.invalidate()
+                raise
+
+    def _claim_locked(self, kind_set: frozenset[str] | None, limit: int, who: str,
+                      seconds: float) -> list[Lease]:
+        now = self.now()
+        fence = self._read_fence()  # before touching the index: a bad fence changes nothing
+        self._index.refresh()
+        picked: list[Job] = []
+        dead: list[tuple[Job | None, Job | None]] = []
+        stale: list[Change] = []
+        while len(picked) < limit:
+            cands = self._index.candidates(now, kind_set, limit - len(picked))
+            if not cands:
+                break
+            for c in cands:
+                if any(p.id == c.job_id for p in picked):
+                    continue
+                job = self._read(c.state, c.job_id)
+                self._index.forget(c.state, c.job_id)
+                if job is None:
+                    continue
+                if not machine.is_due(job, now):
+                    self._index.learn(job)  # the cache was behind; keep the true key
+                    continue
+                newer = self._newer_copy(job)
+                if newer is not None:
+                    # A crash between publishing a job's new file and retiring the old one
+                    # left this stale copy; running it would redo or undo finished work.
+                    log.warning("job %s: dropping stale %s copy (revision %d) behind %s "
+                                "(revision %d)", job.id, job.state.value, job.revision,
+                                newer.state.value, newer.revision, extra={"job_id": job.id})
+                    stale.extend(self._stale_removals(job.id, [job.state]))
+                    continue
+                if machine.lease_expired(job, now) and self._exhausted(job):
+                    gone = machine.reclaim(job, now=now, policy=self.policy,
+                                           max_rescues=self.max_rescues, rng=self._rng)
+                    log.warning("job %s (%s) dead-lettered on reclaim: %s", job.id, job.kind,
+                                gone.last_error, extra={"job_id": job.id, "kind": job.kind,
+                                                        "state": gone.state.value})
+                    dead.append((job, gone))
+                    continue
+                picked.append(job)
+        pairs: list[tuple[Job | None, Job | None]] = list(dead)
+        leases: list[Lease] = []
+        extra: list[Change] = []
+        if picked:
+            # The counter goes first in the batch: a crash mid-batch may leave it ahead
+            # of the tokens on disk (harmless), never behind them.
+            extra.append(Change(name=FENCE_FILE, dst="",
+                                data=encode_fence(fence + len(picked))))
+        for token, job in enumerate(picked, start=fence + 1):
+            new = machine.claim(job, token=token, owner=who, now=now, lease_seconds=seconds)
+            pairs.append((job, new))
+            assert new.lease is not None
+            leases.append(Lease(job_id=new.id, token=token, owner=who,
+                                expires_at=new.lease.expires_at, job=new))
+        if pairs or stale:
+            self._commit(pairs, extra + stale)
+        return leases
+
+    def _newer_copy(self, job: Job) -> Job | None:
+        """A copy of `job` with a higher revision in another state directory, if any.
+
+        Six failed opens (a few microseconds each) per claimed job buy the
+        guarantee that a crash leftover is never claimed before recovery ran.
+        """
+        best: Job | None = None
+        for state in ALL_STATES:
+            if state is not job.state:
+                other = self._read(state, job.id)
+                if other is not None and other.revision > job.revision and (
+                        best is None or other.revision > best.revision):
+                    best = other
+        return best
 
     def _exhausted(self, job: Job) -> bool:
         if job.attempts >= job.max_attempts:
