@@ -182,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("prune", parents=[common], help="remove old terminal jobs")
     c.add_argument("--keep", type=_nonneg_int)
     c.add_argument("--older-than", type=_nonneg_float, metavar="SECONDS")
+    c.add_argument("--keep-dead", type=_nonneg_int, help="dead letters to keep (default: --keep)")
     c.set_defaults(func=cmd_prune)
 
     c = sub.add_parser("fsck", parents=[common], help="check the spool's invariants")
@@ -478,7 +479,8 @@ def cmd_requeue(args: argparse.Namespace) -> int:
 
 def cmd_prune(args: argparse.Namespace) -> int:
     with _open(args) as spool:
-        report = spool.prune(keep=args.keep, older_than=args.older_than)
+        report = spool.prune(keep=args.keep, older_than=args.older_than,
+                             keep_dead=args.keep_dead)
     _emit(args, report.to_dict(), lambda: _report_text("pruned", report.to_dict()))
     return EXIT_OK
 

@@ -795,11 +795,13 @@ class Spool:
 
         return recover(self, replay)
 
-    def prune(self, keep: int | None = None, older_than: float | None = None) -> PruneReport:
-        """Remove old terminal jobs, keeping the newest `keep` of each terminal state."""
+    def prune(self, keep: int | None = None, older_than: float | None = None, *,
+              keep_dead: int | None = None) -> PruneReport:
+        """Remove old terminal jobs: beyond the newest `keep` of each terminal state
+        (`keep_dead` for dead letters, default `keep`), and/or older than `older_than` s."""
         from jobspool.recovery.prune import prune
 
-        return prune(self, keep=keep, older_than=older_than)
+        return prune(self, keep=keep, older_than=older_than, keep_dead=keep_dead)
 
     def health(self, **options: Any) -> Health:
         """An `ok` / `degraded` verdict with reasons (see `jobspool.health.check_health`)."""
