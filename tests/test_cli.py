@@ -173,6 +173,14 @@ def test_enqueue_with_a_delay_is_not_due_yet(spool_with_jobs: Path) -> None:
     assert report["claimed"] == 0
 
 
+def test_a_delayed_job_is_run_by_run_until_idle_waiting_for_retries(spool_with_jobs: Path) -> None:
+    job = ok_json("--root", spool_with_jobs, "enqueue", "work", "--delay", "0.3")
+    report = ok_json("--root", spool_with_jobs, "run-until-idle", "--app", "tests.apps.simple:app",
+                     "--wait-retries", "10")
+    assert report["completed"] == 1
+    assert ok_json("--root", spool_with_jobs, "show", job["id"])["state"] == "completed"
+
+
 def test_enqueue_text_output_is_the_id_and_state(spool_with_jobs: Path) -> None:
     r = ok("--root", spool_with_jobs, "enqueue", "work", "--id", "j1")
     assert r.out.split() == ["j1", "ready"]
@@ -313,6 +321,18 @@ def test_run_until_idle_draws_a_progress_bar_on_a_terminal(spool_with_jobs: Path
     assert "jobs/s" in out
     assert "30/30" in out
     assert "completed 30" in out  # and the summary after it
+
+
+def test_the_progress_bar_total_counts_only_jobs_this_worker_can_run(spool_with_jobs: Path) -> None:
+    """Due jobs of kinds the app lacks are left alone; the bar must still reach its total."""
+    root = spool_with_jobs
+    with Spool(root) as spool:
+        spool.enqueue_many("slow", [{"sleep": 0.02} for _ in range(10)])
+        spool.enqueue_many("orphan", [None] * 5)
+    out = _run_on_a_tty(["--root", str(root), "run-until-idle", "--app",
+                         "tests.apps.simple:app", "--batch-size", "2"])
+    assert "10/10" in out, out
+    assert "/15" not in out, out
 
 
 def test_run_until_idle_json_on_a_terminal_is_still_one_document(spool_with_jobs: Path) -> None:

@@ -289,3 +289,21 @@ def test_health_of_a_degraded_spool_exits_2(root: Path) -> None:
     assert r.code == 2
     assert "dead_letters" in r.out
     assert "Traceback" not in r.err
+
+
+@pytest.mark.parametrize("command", ["worker", "run-until-idle"])
+def test_a_worker_that_cannot_claim_gives_up_with_2_instead_of_serving_dead(
+        root: Path, command: str) -> None:
+    """The supervised loop restarts after a failure of its own machinery, and after
+    repeated quick failures exits non-zero (2: the spool is unhealthy) with one last
+    line naming the cause, rather than a traceback or a process that serves nothing."""
+    with Spool(root) as spool:
+        spool.enqueue("work")
+    (root / "fence").write_text("garbage")
+    r = cli("--root", root, command, "--app", APP, "--json")
+    assert r.code == 2, r.err[-2000:]
+    last = r.err.strip().splitlines()[-1]
+    assert last.startswith("jobspool: error:"), last
+    assert "fence" in last
+    doc = orjson.loads(r.out)
+    assert doc["ok"] is False and doc["exit"] == 2
