@@ -191,6 +191,28 @@ def test_a_callable_object_with_an_async_call_is_awaited(spool: Spool) -> None:
     assert spool.get(job.id).result == "from __call__"
 
 
+@pytest.mark.parametrize("delay", [float("nan"), float("inf"), "soon"], ids=["nan", "inf", "str"])
+def test_a_nonsense_retry_delay_is_a_handler_fault_not_a_corrupt_file_or_a_dead_worker(
+        spool: Spool, delay: Any) -> None:
+    """`Retry(delay=...)` comes from user code: a NaN/inf delay must not be written as a
+    job file nobody can read, and a wrong type must not crash the worker's loop."""
+    job = spool.enqueue("work")
+    other = spool.enqueue("work", "fine")
+
+    def handler(j: Job, c: Context) -> str:
+        if j.payload != "fine":
+            raise Retry("bad delay", delay=delay)
+        return "ok"
+
+    report = Worker(spool, {"work": handler}, max_crashes=2).run_until_idle()
+    assert report.crashes == 0
+    assert spool.get(other.id).state is JobState.COMPLETED
+    after = spool.get(job.id)  # readable, not skipped as a corrupt file
+    assert after.state in (JobState.RETRYABLE, JobState.DEAD_LETTER)
+    assert after.attempts == 1
+    assert spool.fsck().ok
+
+
 def test_a_mixed_batch_settles_every_job_by_its_own_outcome(spool: Spool) -> None:
     ids = {name: spool.enqueue("work", name).id for name in ("ok", "retry", "fail", "boom")}
 
