@@ -74,6 +74,8 @@ def _stop(proc: subprocess.Popen[bytes], sig: int, timeout: float = 30.0
         pytest.fail(f"worker did not exit within {timeout} s of {signal.Signals(sig).name}")
     text = err.decode(errors="replace")
     assert "Traceback" not in text, text
+    assert proc.returncode == 0, (f"exit {proc.returncode} after {signal.Signals(sig).name} "
+                                  f"(negative: killed by the signal); stderr: {text[-500:]}")
     return proc.returncode, orjson.loads(out), text
 
 
@@ -196,3 +198,25 @@ def test_a_worker_started_on_a_busy_spool_keeps_serving_new_jobs(tmp_path: Path)
     assert code == 0
     assert report["completed"] == 2
     assert _logged(log)[late.id] == 1
+
+
+def test_sigterm_to_run_until_idle_strands_no_lease(tmp_path: Path) -> None:
+    """Scripts run `run-until-idle` under `timeout`, CI runners and `docker stop`, which
+    send SIGTERM. Like `worker`, it should stop claiming, settle or release what it holds,
+    and exit cleanly, instead of leaving leases to expire (and attempts to be counted)."""
+    root = tmp_path / "spool"
+    log = tmp_path / "handled.log"
+    with Spool(root) as spool:
+        ids = [j.id for j in spool.enqueue_many("slow", [{"sleep": 0.3} for _ in range(20)])]
+    cmd = [sys.executable, "-m", "jobspool", "--root", str(root), "run-until-idle",
+           "--app", "tests.apps.simple:app", "--json", "--concurrency", "2", "--batch-size", "4"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(log), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    _wait_until(lambda: _count(root, "completed") >= 2, proc)
+    code, report, _ = _stop(proc, signal.SIGTERM)
+    assert code == 0
+    assert report["completed"] >= 2
+    _assert_nothing_lost_or_leased(root, ids)
+    rest = _drain(root, log)
+    assert rest["completed"] + report["completed"] == 20
+    assert _logged(log) == Counter({i: 1 for i in ids})
