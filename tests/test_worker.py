@@ -644,6 +644,14 @@ def test_worker_refuses_missing_or_uncallable_handlers(spool: Spool, handlers: A
         Worker(spool, handlers)
 
 
+@pytest.mark.parametrize("kind", ["bad kind", "../x", ""])
+def test_worker_refuses_a_handler_for_an_invalid_kind_when_constructed(
+        spool: Spool, kind: str) -> None:
+    """Not later, as a crash loop of its claims."""
+    with pytest.raises(InvalidJob, match="kind"):
+        Worker(spool, {kind: lambda j, c: None})
+
+
 @pytest.mark.parametrize("kwargs", [{"concurrency": 0}, {"batch_size": 0},
                                     {"lease_seconds": 0}, {"concurrency": 1.5}])
 def test_worker_refuses_bad_settings(spool: Spool, kwargs: dict[str, Any]) -> None:
