@@ -349,7 +349,8 @@ def cmd_run_until_idle(args: argparse.Namespace) -> int:
         worker = _make_worker(args, spool)
         progress = None if args.json else Progress.for_stdout(spool, worker.kinds)
         report = worker.run_until_idle(args.max_jobs, wait_for_retries=args.wait_retries,
-                                       progress=progress.update if progress else None)
+                                       progress=progress.update if progress else None,
+                                       handle_signals=True)
         if progress:
             progress.close()
     doc = report.to_dict()
@@ -366,6 +367,7 @@ def cmd_run_until_idle(args: argparse.Namespace) -> int:
         return "\n".join(lines)
 
     _emit(args, doc, text)
+    _exit_past_abandoned_handlers()
     return EXIT_OK
 
 
@@ -398,7 +400,24 @@ def cmd_worker(args: argparse.Namespace) -> int:
     _emit(args, report.to_dict(), f"worker stopped: completed {report.completed}, retried "
                                   f"{report.retried}, dead-lettered {report.dead_lettered}, "
                                   f"released {report.released}")
+    _exit_past_abandoned_handlers()
     return EXIT_OK
+
+
+def _exit_past_abandoned_handlers() -> None:
+    """Exit now if sync handlers cut off by the grace period are still running.
+
+    Their leases were released (another worker may be running those jobs
+    already) and Python cannot stop a thread; waiting for them at
+    interpreter exit would make `worker` ignore its own grace period.
+    """
+    import threading
+
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate()
+           if t is not threading.main_thread()):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_OK)
 
 
 def cmd_recover(args: argparse.Namespace) -> int:
@@ -547,7 +566,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _exit_code_for(exc: JobspoolError) -> int:
-    if isinstance(exc, SpoolError | InvalidTransition | Backpressure):
+    from jobspool.queue.worker import WorkerCrashed
+
+    if isinstance(exc, SpoolError | InvalidTransition | Backpressure | WorkerCrashed):
         return EXIT_UNHEALTHY
     return EXIT_USAGE
 

@@ -22,16 +22,23 @@ class Progress:
         self.stream = stream
         self._last = 0.0
         self._drawn = False
+        self._final: RunReport | None = None
 
     @classmethod
     def for_stdout(cls, spool: Spool, kinds: Iterable[str]) -> Progress | None:
         if not sys.stdout.isatty():
             return None
-        return cls(spool.stats().due, sys.stdout)
+        # Interactive only, so reading every file once for an honest total is affordable.
+        wanted = set(kinds)
+        now = spool.now()
+        total = sum(1 for state in ("ready", "retryable") for job in spool.jobs(state=state)
+                    if job.kind in wanted and (state == "ready" or job.run_at <= now))
+        return cls(total, sys.stdout)
 
-    def update(self, report: RunReport) -> None:
+    def update(self, report: RunReport, *, force: bool = False) -> None:
         now = time.monotonic()
-        if now - self._last < 0.1:
+        self._final = report
+        if now - self._last < 0.1 and not force:
             return
         self._last = now
         done = report.completed + report.retried + report.dead_lettered
@@ -45,6 +52,8 @@ class Progress:
         self._drawn = True
 
     def close(self) -> None:
+        if self._final is not None:
+            self.update(self._final, force=True)  # the last frame, never throttled away
         if self._drawn:
             self.stream.write("\n")
             self.stream.flush()

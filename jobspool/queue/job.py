@@ -239,7 +239,8 @@ def encode_job(job: Job, *, max_bytes: int = MAX_JOB_BYTES) -> bytes:
         raise InvalidJob(f"job {job.id!r} is not JSON-serializable: {exc}", field="payload") from None
     if len(data) > max_bytes:
         raise JobTooLarge(
-            f"job {job.id!r} is {len(data)} bytes serialized, over the limit of {max_bytes}",
+            f"job {job.id!r} (payload and result included) is {len(data)} bytes serialized, "
+            f"over max_job_bytes={max_bytes}",
             size=len(data),
             limit=max_bytes,
         )

@@ -663,6 +663,8 @@ class Spool:
                         new = machine.complete(job, lease, now=now, result=arg)
                     else:
                         err, retryable, delay = arg
+                        if delay is not None:
+                            delay = validate_seconds("delay", delay)
                         new = machine.fail(job, lease, now=now, error=err, retryable=retryable,
                                            delay=delay, policy=self.policy, rng=self._rng)
                     encode_job(new, max_bytes=self.max_job_bytes)

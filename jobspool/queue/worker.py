@@ -35,7 +35,7 @@ import anyio.to_thread
 
 from jobspool.errors import JobspoolError, LeaseLost, ProjectionError
 from jobspool.queue.context import Context as Context
-from jobspool.queue.job import Job, validate_int, validate_seconds
+from jobspool.queue.job import Job, validate_int, validate_kind, validate_seconds
 from jobspool.queue.signals import Fail, Retry
 from jobspool.queue.states import JobState
 
@@ -133,6 +133,7 @@ class Worker:
         if not handlers:
             raise JobspoolError("a worker needs at least one handler (kind -> function)")
         for kind, fn in handlers.items():
+            validate_kind(kind)
             if not callable(fn):
                 raise JobspoolError(f"handler for kind {kind!r} is not callable: {fn!r}")
         self.spool = spool
@@ -161,16 +162,41 @@ class Worker:
     # ------------------------------------------------------------ public entry points
 
     def run_until_idle(self, max_jobs: int | None = None, *, wait_for_retries: float = 0.0,
-                       progress: Callable[[RunReport], None] | None = None) -> RunReport:
+                       progress: Callable[[RunReport], None] | None = None,
+                       handle_signals: bool = False) -> RunReport:
         """Drain the due jobs this worker handles, then return (sync)."""
         async def main() -> RunReport:
             return await self.arun_until_idle(max_jobs, wait_for_retries=wait_for_retries,
-                                              progress=progress)
+                                              progress=progress, handle_signals=handle_signals)
         return anyio.run(main)
 
     async def arun_until_idle(self, max_jobs: int | None = None, *, wait_for_retries: float = 0.0,
-                              progress: Callable[[RunReport], None] | None = None) -> RunReport:
-        """Drain due jobs; with `wait_for_retries` > 0, also wait for retries due within it."""
+                              progress: Callable[[RunReport], None] | None = None,
+                              handle_signals: bool = False) -> RunReport:
+        """Drain due jobs; with `wait_for_retries` > 0, also wait for retries due within it.
+
+        With `handle_signals` (what the CLI does), SIGTERM/SIGINT stop it the
+        way they stop `run_forever`: no new claims, running handlers get
+        `grace_seconds`, the rest are released, and it returns normally.
+        """
+        if handle_signals and threading.current_thread() is threading.main_thread():
+            result: RunReport | WorkerCrashed | None = None
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._watch_signals)
+                try:
+                    result = await self._drain(max_jobs, wait_for_retries, progress)
+                except WorkerCrashed as exc:
+                    result = exc  # raised below, outside the task group
+                finally:
+                    tg.cancel_scope.cancel()
+            if isinstance(result, WorkerCrashed):
+                raise result
+            assert result is not None
+            return result
+        return await self._drain(max_jobs, wait_for_retries, progress)
+
+    async def _drain(self, max_jobs: int | None, wait_for_retries: float,
+                     progress: Callable[[RunReport], None] | None) -> RunReport:
         if max_jobs is not None:
             validate_int("max_jobs", max_jobs, minimum=0)
         wait_for_retries = validate_seconds("wait_for_retries", wait_for_retries)
@@ -205,6 +231,7 @@ class Worker:
         counters = _Counters()
         self._live = counters
         idle = 0.01
+        crashed: WorkerCrashed | None = None
         async with anyio.create_task_group() as tg:
             if handle_signals and threading.current_thread() is threading.main_thread():
                 tg.start_soon(self._watch_signals)
@@ -213,7 +240,11 @@ class Worker:
                     try:
                         n = await self._cycle(self.batch_size, counters)
                     except Exception as exc:  # our machinery, never a handler (those are caught)
-                        await self._supervise(exc, counters)
+                        try:
+                            await self._supervise(exc, counters)
+                        except WorkerCrashed as gave_up:
+                            crashed = gave_up  # raised below, outside the task group
+                            break
                         continue
                     if progress is not None:
                         progress(counters.freeze())
@@ -228,6 +259,8 @@ class Worker:
                 self._publish(counters, final=True)
                 self._live = None
                 tg.cancel_scope.cancel()
+        if crashed is not None:
+            raise crashed
         return counters.freeze()
 
     def live_report(self) -> RunReport | None:
@@ -308,7 +341,13 @@ class Worker:
                         result = await result
                 ctx.outcome = ("complete", result)
             except Retry as r:
-                ctx.outcome = ("retry", r)
+                try:
+                    if r.delay is not None:
+                        validate_seconds("Retry(delay=...)", r.delay)
+                    ctx.outcome = ("retry", r)
+                except JobspoolError as bad:
+                    # The handler's mistake: retry with the normal backoff and say why.
+                    ctx.outcome = ("error", bad)
             except Fail as f:
                 ctx.outcome = ("fail", f.reason)
             except ProjectionError as e:
@@ -512,7 +551,7 @@ class Worker:
     async def _watch_signals(self) -> None:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for signum in signals:
-                log.warning("received %s: no new claims; running handlers get %.0f s",
+                log.warning("received %s: no new claims; running handlers get %g s",
                             signal.Signals(signum).name, self.grace_seconds)
                 self.stop()
 
