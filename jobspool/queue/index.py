@@ -25,6 +25,8 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+import orjson
+
 from jobspool.queue.job import CorruptJob, Job, decode_job, report_unreadable
 from jobspool.queue.states import ALL_STATES, JobState
 from jobspool.queue.store import JOB_SUFFIX, Store
@@ -111,15 +113,37 @@ class ClaimIndex:
                 report_unreadable(state.value, job_id, reason)
             return None
 
+    def _peek_key(self, state: JobState, job_id: str) -> tuple[int, float, str] | None:
+        """(priority, run_at, kind) of a job file without the full decode (the listing's hot
+        path: a fresh process meets the whole backlog here once). Anything unusual falls back
+        to `decode_job`, which reports it; the candidate is fully decoded before a claim."""
+        try:
+            data = self._store.read(state.value, job_id + JOB_SUFFIX)
+            d = orjson.loads(data)
+            priority, run_at, kind = d["priority"], d["run_at"], d["kind"]
+            if (type(priority) is int and type(run_at) in (int, float) and type(kind) is str
+                    and d["state"] == state.value and d["id"] == job_id):
+                return (priority, float(run_at), kind)
+        except FileNotFoundError:
+            return None
+        except (OSError, orjson.JSONDecodeError, KeyError, TypeError):
+            pass
+        job = self._read(state, job_id)
+        return None if job is None else (job.priority, job.run_at, job.kind)
+
     def _relist(self, state: JobState) -> None:
         if state is JobState.READY:
             names = set(self._store.names(state.value))
             for gone in self._ready.keys() - names:
                 del self._ready[gone]
+            heaps = self._ready_heaps
             for job_id in names - self._ready.keys():
-                job = self._read(state, job_id)
-                if job is not None:
-                    self.learn(job)
+                key = self._peek_key(state, job_id)
+                if key is not None:
+                    self._ready[job_id] = key
+                    heaps.setdefault(key[2], []).append((key[0], key[1], job_id))
+            for heap in heaps.values():
+                heapq.heapify(heap)
         elif state is JobState.RETRYABLE:
             listing = dict(self._store.scan(state.value))
             for gone in [k for k, (_, ino) in self._retry.items() if listing.get(k) != ino]:

@@ -108,6 +108,32 @@ class SpoolLock:
         _SLOT.pack_into(self._map, slot * _SLOT.size, value)
         return value
 
+    # Slots past the per-state generations: a writer in flight, and crash suspicion.
+    WRITER_SLOT = 12
+    SUSPECT_SLOT = 13
+
+    def begin_write(self) -> None:
+        """Mark a batch of renames in flight (under the lock). Finding the mark already set
+        means the previous writer died mid-batch: the spool may hold duplicates."""
+        if self.generation(self.WRITER_SLOT):
+            self.bump(self.SUSPECT_SLOT)
+        _SLOT.pack_into(self._map, self.WRITER_SLOT * _SLOT.size, os.getpid())
+
+    def end_write(self, *, clean: bool) -> None:
+        if not clean:
+            self.bump(self.SUSPECT_SLOT)
+        _SLOT.pack_into(self._map, self.WRITER_SLOT * _SLOT.size, 0)
+
+    def suspect(self) -> int:
+        """Non-zero while a writer may have died mid-batch since the last recovery. Lives in
+        shared memory: it survives a process crash, not a reboot (recovery runs on boot)."""
+        return self.generation(self.SUSPECT_SLOT)
+
+    def clear_suspect(self, seen: int) -> None:
+        """Clear the suspicion recovery started from, unless a new one arrived meanwhile."""
+        if self.generation(self.SUSPECT_SLOT) == seen:
+            _SLOT.pack_into(self._map, self.SUSPECT_SLOT * _SLOT.size, 0)
+
     def close(self) -> None:
         try:
             self._map.close()

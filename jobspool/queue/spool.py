@@ -221,13 +221,16 @@ class Spool:
                 if d and d in JobState._value2member_map_:
                     touched.add(JobState(d))
         current = {s for s in touched if self._index.tracked(s) and self._index.is_current(s)}
+        self._lock.begin_write()
         try:
             self._store.apply(changes)
         except BaseException:
+            self._lock.end_write(clean=False)
             for s in touched:
                 self._lock.bump(SLOT[s])
             self._index.invalidate()
             raise
+        self._lock.end_write(clean=True)
         for s in touched:
             g = self._lock.bump(SLOT[s])
             if s in current:
@@ -443,7 +446,9 @@ class Spool:
                 if not machine.is_due(job, now):
                     self._index.learn(job)  # the cache was behind; keep the true key
                     continue
-                newer = self._newer_copy(job)
+                # Only after a writer died mid-batch (and until recovery ran) can a job have
+                # a stale copy here; checking always would cost six opens per claimed job.
+                newer = self._newer_copy(job) if self._lock.suspect() else None
                 if newer is not None:
                     # A crash between publishing a job's new file and retiring the old one
                     # left this stale copy; running it would redo or undo finished work.
@@ -795,7 +800,12 @@ class Spool:
         """Repair what a crash left, reclaim expired leases, replay prepared jobs, prune."""
         from jobspool.recovery.recover import recover
 
-        return recover(self, replay)
+        with self._lock.hold():
+            suspect = self._lock.suspect()
+        report = recover(self, replay)
+        with self._lock.hold():
+            self._lock.clear_suspect(suspect)
+        return report
 
     def prune(self, keep: int | None = None, older_than: float | None = None, *,
               keep_dead: int | None = None) -> PruneReport:
