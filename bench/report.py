@@ -123,6 +123,9 @@ def summarize(records: list[dict[str, Any]], cfg: Any) -> dict[str, Any]:
                 cell["rss_import_mb"] = max(r.get("rss_import_mb") or 0 for r in ok)
             if ok and "completed" in ok[0]:
                 cell["completed"] = sum(r.get("completed", 0) for r in ok)
+            warm = [r["t_warm"] for r in ok if "t_warm" in r]
+            if warm:
+                cell["t_warm"] = _median(warm)
         cells[q][metric] = cell
 
     def get(q: str, metric: str, key: str = "rate") -> Any:
@@ -289,15 +292,19 @@ def markdown(doc: dict[str, Any]) -> str:
             "",
             "| queue | "
             + " | ".join(f"{d:,} queued" for d in depths)
-            + f" | {depths[-1]:,} / {depths[0]:,} | peak RSS at {depths[-1]:,} (MB) |",
-            "|---|" + "---:|" * (len(depths) + 2),
+            + f" | {depths[-1]:,} / {depths[0]:,} | start-up at {depths[-1]:,} (s) "
+            f"| peak RSS at {depths[-1]:,} (MB) |",
+            "|---|" + "---:|" * (len(depths) + 3),
         ]
         notes = [
             "Peak RSS is the measuring process's own high-water mark (`VmHWM`; `ru_maxrss`, also in "
             'the JSON, is inflated: Linux carries it over from the spawning parent). "harness" is '
             'the interpreter with the bench loaded, "after open" adds the queue\'s imports and '
             "opening it on the "
-            "backlog; the peak follows a full measurement (enqueue, claim, complete)"
+            "backlog; the peak follows a full measurement (enqueue, claim, complete)",
+            "Start-up is the time a consumer opened on the backlog spends in `warm()` before "
+            "the timed cycle: what a long-running worker pays once (jobspool reads the sort "
+            "key of every queued job into its claim index; the SQLite queues do nothing)",
         ]
         for q in dq:
             row = [f"`{q}`"]
@@ -319,6 +326,8 @@ def markdown(doc: dict[str, Any]) -> str:
             hi = cells[q].get(f"depth_{depths[-1]}", {}).get("rate")
             row.append(f"{hi / lo:.2f}×" if lo and hi else "–")
             big = cells[q].get(f"depth_{depths[-1]}", {})
+            warm_s = big.get("t_warm")
+            row.append("–" if warm_s is None else f"{warm_s:.2f}")
             rss = big.get("rss_mb")
             row.append(
                 "–"

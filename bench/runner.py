@@ -276,6 +276,7 @@ class Harness:
                             "rss_import_mb": c["rss_import_mb"],
                             "t_enqueue": c["t_enqueue"],
                             "t_consume": c["t_consume"],
+                            "t_warm": c.get("t_warm", 0.0),
                         }
                         # The backlog the queue keeps: what it did not complete stays queued.
                         queued[q] += c["enqueued"] - len(c["ids"])

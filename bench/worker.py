@@ -131,6 +131,9 @@ def _cycle(params: dict[str, Any], ready: Any, start: Any, producer_done: Any) -
     ids, batch, budget = params["ids"], params["batch"], params["budget_s"]
     rss_import = rss_mb()
     adapter = _open(params)
+    w0 = time.monotonic()
+    adapter.warm()
+    t_warm = time.monotonic() - w0
     rss_open = rss_mb()
     ready.put("cycle")
     start.wait()
@@ -162,6 +165,7 @@ def _cycle(params: dict[str, Any], ready: Any, start: Any, producer_done: Any) -
         "capped": capped,
         "t_enqueue": t_enq,
         "t_consume": t_con,
+        "t_warm": t_warm,
         "rss_import_mb": rss_import,
         "rss_open_mb": rss_open,
     }

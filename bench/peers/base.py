@@ -54,6 +54,9 @@ class Adapter(ABC):
 
     batched: bool = True
 
+    def warm(self) -> None:  # noqa: B027 - optional hook, a no-op for most queues
+        """Whatever a long-running consumer does once at start-up (timed apart)."""
+
     def __init__(self, root: str, *, pad: int = 512, **options: Any) -> None:
         self.root = root
         self.pad = pad
