@@ -40,48 +40,32 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message}")
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number")
-    return value
+def _number(cast: Callable[[str], float], noun: str, *, strictly_positive: bool
+            ) -> Callable[[str], Any]:
+    """An argparse type: a finite number of `cast`'s kind, positive or non-negative."""
+    need = "a positive" if strictly_positive else "a non-negative"
+
+    def parse(text: str) -> Any:
+        try:
+            value = cast(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
+        ok = value > 0 if strictly_positive else value >= 0  # False for NaN too
+        if not ok or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"{text!r} must be {need} {noun.split()[-1]}")
+        return value
+
+    return parse
 
 
-def _nonneg_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a non-negative number")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive integer")
-    return value
-
-
-def _nonneg_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a non-negative integer")
-    return value
+_positive_float = _number(float, "a number", strictly_positive=True)
+_nonneg_float = _number(float, "a number", strictly_positive=False)
+_positive_int = _number(int, "an integer", strictly_positive=True)
+_nonneg_int = _number(int, "an integer", strictly_positive=False)
 
 
 def _port(text: str) -> int:
-    value = _nonneg_int(text)
+    value = int(_nonneg_int(text))
     if value > 65535:
         raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port")
     return value

@@ -16,7 +16,8 @@ import orjson
 
 
 class FakeClock:
-    """A settable clock (the same shape as conftest's, for code that cannot take a fixture)."""
+    """A settable clock for every time-dependent rule (leases, backoff, due-ness);
+    conftest's `clock` fixture is one of these."""
 
     def __init__(self, start: float = 1_700_000_000.0) -> None:
         self.now = start

@@ -24,8 +24,7 @@ import pytest
 
 from jobspool import JobState, Spool
 from tests.helpers_spool import job_files
-
-REPO = Path(__file__).resolve().parent.parent
+from tests.subproc import REPO, cli_env
 
 
 @dataclass
@@ -39,11 +38,7 @@ class Result:
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO)
-    env.pop("JOBSPOOL_ROOT", None)
-    env.update(extra)
-    return env
+    return cli_env(**extra)
 
 
 def cli(*args: str | Path, stdin: str | None = None, env: dict[str, str] | None = None,

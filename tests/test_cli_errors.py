@@ -8,7 +8,6 @@ carries one JSON document describing the error.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -20,8 +19,7 @@ import pytest
 
 from jobspool import Spool
 from tests.helpers_spool import job_files
-
-REPO = Path(__file__).resolve().parent.parent
+from tests.subproc import REPO, cli_env
 
 APP = "tests.apps.simple:app"
 
@@ -34,11 +32,7 @@ class Result:
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO)
-    env.pop("JOBSPOOL_ROOT", None)
-    env.update(extra)
-    return env
+    return cli_env(**extra)
 
 
 def cli(*args: str | Path, stdin: str | None = None, env: dict[str, str] | None = None

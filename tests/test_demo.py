@@ -7,7 +7,6 @@ independently, and the commands it suggests are run.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,8 +17,7 @@ import pytest
 
 from jobspool import JobState, Spool
 from tests.helpers_spool import job_files
-
-REPO = Path(__file__).resolve().parent.parent
+from tests.subproc import REPO, cli_env
 
 pytestmark = pytest.mark.slow
 
@@ -28,11 +26,7 @@ POISON = f"doc-{JOBS // 2:05d}"  # the demo's one deliberately broken document
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO)
-    env.pop("JOBSPOOL_ROOT", None)
-    env.update(extra)
-    return env
+    return cli_env(**extra)
 
 
 def _jobspool(*args: str | Path, env: dict[str, str] | None = None, timeout: float = 120.0

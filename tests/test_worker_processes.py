@@ -10,7 +10,6 @@ timeouts only guard against hangs.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from collections import Counter
@@ -22,18 +21,13 @@ import pytest
 
 from jobspool import JobState, Spool
 from tests.helpers_spool import job_files
-
-REPO = Path(__file__).resolve().parent.parent
+from tests.subproc import REPO, cli_env
 
 pytestmark = pytest.mark.slow
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO)
-    env.pop("JOBSPOOL_ROOT", None)
-    env.update(extra)
-    return env
+    return cli_env(**extra)
 
 
 def _run_until_idle(root: Path, log: Path, *args: str) -> subprocess.Popen[bytes]:

@@ -8,7 +8,6 @@ Timeouts only guard against hangs.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -23,18 +22,13 @@ import pytest
 
 from jobspool import JobState, Spool
 from tests.helpers_spool import job_files
-
-REPO = Path(__file__).resolve().parent.parent
+from tests.subproc import REPO, cli_env
 
 pytestmark = pytest.mark.slow
 
 
 def _env(log: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO)
-    env.pop("JOBSPOOL_ROOT", None)
-    env["JOBSPOOL_TEST_LOG"] = str(log)
-    return env
+    return cli_env(JOBSPOOL_TEST_LOG=str(log))
 
 
 def _worker(root: Path, log: Path, *args: str) -> subprocess.Popen[bytes]:

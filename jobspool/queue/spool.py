@@ -721,26 +721,23 @@ class Spool:
 
     def cancel(self, job_id: str) -> Job:
         """Cancel a job that has not finished (a leased one too: its holder is fenced out)."""
-        validate_job_id(job_id)
-        with self._lock.hold():
-            job, stale = self._locate(job_id)
-            if job is None:
-                raise JobNotFound(job_id)
-            check_source(job_id, "cancel", job.state)
-            new = machine.cancel(job, now=self.now())
-            self._commit([(job, new)], self._stale_removals(job_id, stale))
+        new = self._admin_move(job_id, "cancel", machine.cancel)
         self._maybe_autoprune()
         return new
 
     def requeue(self, job_id: str) -> Job:
         """Run a dead-lettered or canceled job again from scratch (attempts reset)."""
+        return self._admin_move(job_id, "requeue", machine.requeue)
+
+    def _admin_move(self, job_id: str, action: str, decide: Callable[..., Job]) -> Job:
+        """Move one job by id (an operator's action), clearing any crash leftover of it."""
         validate_job_id(job_id)
         with self._lock.hold():
             job, stale = self._locate(job_id)
             if job is None:
                 raise JobNotFound(job_id)
-            check_source(job_id, "requeue", job.state)
-            new = machine.requeue(job, now=self.now())
+            check_source(job_id, action, job.state)
+            new = decide(job, now=self.now())
             self._commit([(job, new)], self._stale_removals(job_id, stale))
             return new
 
