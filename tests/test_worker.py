@@ -822,3 +822,51 @@ def test_ctx_upsert_writes_rows_into_a_lancedb_table_and_a_lost_run_writes_nothi
         assert report.projected_rows == 3
     finally:
         table.store.close()
+
+
+# ---------------------------------------------------------------- pipelining
+
+
+def test_a_slow_job_does_not_hold_its_quick_batch_mates_hostage(spool: Spool) -> None:
+    """Quick jobs claimed with a slow one are settled (completed on disk) while it runs."""
+    spool.enqueue("work", {"slow": True}, job_id="slow")
+    spool.enqueue_many("work", [{"slow": False} for _ in range(9)])
+    seen: dict[str, int] = {}
+
+    def handler(j: Job, c: Context) -> str:
+        if j.payload["slow"]:
+            deadline = time.monotonic() + 10.0  # a guard against hangs, not a timing claim
+            while time.monotonic() < deadline:
+                seen["completed_while_slow_ran"] = sum(
+                    1 for _ in spool.jobs(state=JobState.COMPLETED))
+                if seen["completed_while_slow_ran"] == 9:
+                    break
+                time.sleep(0.02)
+        return "ok"
+
+    report = Worker(spool, {"work": handler}, concurrency=2, batch_size=10).run_until_idle()
+    assert seen["completed_while_slow_ran"] == 9
+    assert report.completed == 10
+
+
+def test_a_burst_of_quick_jobs_is_projected_in_one_table_version(tmp_path: Path) -> None:
+    """Group commit survives pipelining: one batch of quick jobs, one merge, one version."""
+    from jobspool.projection.lance import LanceProjection
+
+    uri = str(tmp_path / "index")
+    with Spool(tmp_path / "s", durable=False) as spool:
+        spool.enqueue("note", {"n": -1})  # creates the table first
+        Worker(spool, {"note": _project_note}, projection=uri,
+               maintenance=False).run_until_idle()
+        before = LanceProjection(uri, "notes").version()
+        spool.enqueue_many("note", [{"n": i} for i in range(20)])
+        report = Worker(spool, {"note": _project_note}, projection=uri, batch_size=50,
+                        concurrency=4, maintenance=False).run_until_idle()
+    table = LanceProjection(uri, "notes")
+    assert report.completed == 20
+    assert table.count() == 21
+    assert before is not None and table.version() == before + 1
+
+
+def _project_note(job: Job, ctx: Context) -> None:
+    ctx.upsert("notes", {"id": f"n{job.payload['n']}", "n": job.payload["n"]})

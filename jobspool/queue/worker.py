@@ -1,23 +1,13 @@
-"""`Worker`: claims batches, runs handlers under heartbeated leases, settles them together.
+"""`Worker`: runs handlers over a spool under heartbeated, fenced leases.
 
-One batch goes through four steps:
-1. claim up to `batch_size` jobs of the kinds this worker handles (one lock
-   hold, one shared flush);
-2. run their handlers, at most `concurrency` at once (sync handlers in
-   worker threads, async ones on the loop), while one beat task extends
-   every unsettled lease of the batch every `lease_seconds / 3`;
-3. apply the projection writes of the jobs that succeeded as one merge per
-   table (group commit); a table whose commit fails fails its jobs
-   (retryable), rows that do not fit dead-letter their own job;
-4. settle: complete the successes and fail the failures in one batch each.
-
-A heartbeat refused with `LeaseLost` marks the job lost: whatever its
-handler returns later is discarded (counted, logged), never written.
+The worker is configuration and entry points (`run_until_idle`,
+`arun_until_idle`, `run_forever`, `stop`), signal handling, supervision of
+its own machinery, metrics and the projection it writes through; the loop
+itself — claim, run, beat, settle — is `jobspool.queue.pipeline`.
 """
 
 from __future__ import annotations
 
-import functools
 import inspect
 import logging
 import os
@@ -26,17 +16,18 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.to_thread
 
-from jobspool.errors import JobspoolError, LeaseLost, ProjectionError
+from jobspool.errors import JobspoolError
 from jobspool.queue.context import Context as Context
 from jobspool.queue.job import Job, validate_int, validate_kind, validate_seconds
-from jobspool.queue.signals import Fail, Retry
+from jobspool.queue.pipeline import Pipeline
+from jobspool.queue.report import Counters
+from jobspool.queue.report import RunReport as RunReport
 from jobspool.queue.states import JobState
 
 if TYPE_CHECKING:
@@ -51,51 +42,6 @@ Handler = Callable[[Job, Context], Any]
 
 class WorkerCrashed(JobspoolError):
     """Raised when the worker's own machinery failed repeatedly in a short time."""
-
-
-@dataclass(frozen=True, slots=True)
-class RunReport:
-    """What a worker run did."""
-
-    claimed: int = 0
-    completed: int = 0
-    retried: int = 0
-    dead_lettered: int = 0
-    lease_lost: int = 0
-    released: int = 0
-    duration: float = 0.0
-    projected_rows: int = 0
-    crashes: int = 0
-    unhandled: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def rate(self) -> float:
-        """Settled jobs per second."""
-        settled = self.completed + self.retried + self.dead_lettered
-        return settled / self.duration if self.duration > 0 else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["rate"] = round(self.rate, 2)
-        return d
-
-
-@dataclass
-class _Counters:
-    claimed: int = 0
-    completed: int = 0
-    retried: int = 0
-    dead_lettered: int = 0
-    lease_lost: int = 0
-    released: int = 0
-    projected_rows: int = 0
-    crashes: int = 0
-    started: float = field(default_factory=time.monotonic)
-
-    def freeze(self, unhandled: dict[str, int] | None = None) -> RunReport:
-        return RunReport(self.claimed, self.completed, self.retried, self.dead_lettered,
-                         self.lease_lost, self.released, time.monotonic() - self.started,
-                         self.projected_rows, self.crashes, dict(unhandled or {}))
 
 
 def _is_async(fn: Callable[..., Any]) -> bool:
@@ -148,7 +94,7 @@ class Worker:
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{id(self) & 0xFFFF:x}"
         self._projection_spec = projection
         self._projection: ProjectionStore | None = None
-        self._keys = dict(keys or {})
+        self.keys = dict(keys or {})
         self._maintenance_enabled = maintenance
         self._beat: Any = None
         self._stop = threading.Event()
@@ -156,7 +102,7 @@ class Worker:
         self._crash_window = crash_window_seconds
         self._crash_times: list[float] = []
         self._async = {k: _is_async(fn) for k, fn in self.handlers.items()}
-        self._live: _Counters | None = None
+        self._live: Counters | None = None
         self._published = 0.0
 
     # ------------------------------------------------------------ public entry points
@@ -200,25 +146,11 @@ class Worker:
         if max_jobs is not None:
             validate_int("max_jobs", max_jobs, minimum=0)
         wait_for_retries = validate_seconds("wait_for_retries", wait_for_retries)
-        counters = _Counters()
+        counters = Counters()
         self._live = counters
         try:
-            while not self._stop.is_set():
-                want = self.batch_size if max_jobs is None else min(
-                    self.batch_size, max_jobs - counters.claimed)
-                if want <= 0:
-                    break
-                try:
-                    n = await self._cycle(want, counters)
-                except Exception as exc:  # our machinery, never a handler (those are caught)
-                    await self._supervise(exc, counters)
-                    continue
-                if progress is not None:
-                    progress(counters.freeze())
-                if n:
-                    continue
-                if not await self._wait_for_due(wait_for_retries):
-                    break
+            await Pipeline(self, counters, until_idle=True, max_jobs=max_jobs,
+                           wait_for_retries=wait_for_retries, progress=progress).run()
         finally:
             self._close_beat()
             self._live = None
@@ -228,32 +160,18 @@ class Worker:
                           progress: Callable[[RunReport], None] | None = None) -> RunReport:
         """Serve until `stop()` or SIGTERM/SIGINT: stop claiming, let running handlers finish
         within `grace_seconds`, release the leases of those that did not, return."""
-        counters = _Counters()
+        poll_seconds = validate_seconds("poll_seconds", poll_seconds, positive=True)
+        counters = Counters()
         self._live = counters
-        idle = 0.01
         crashed: WorkerCrashed | None = None
         async with anyio.create_task_group() as tg:
             if handle_signals and threading.current_thread() is threading.main_thread():
                 tg.start_soon(self._watch_signals)
             try:
-                while not self._stop.is_set():
-                    try:
-                        n = await self._cycle(self.batch_size, counters)
-                    except Exception as exc:  # our machinery, never a handler (those are caught)
-                        try:
-                            await self._supervise(exc, counters)
-                        except WorkerCrashed as gave_up:
-                            crashed = gave_up  # raised below, outside the task group
-                            break
-                        continue
-                    if progress is not None:
-                        progress(counters.freeze())
-                    self._publish(counters)
-                    if n:
-                        idle = 0.01
-                        continue
-                    await self._sleep_unless_stopped(idle)
-                    idle = min(poll_seconds, idle * 2)
+                await Pipeline(self, counters, until_idle=False, poll_seconds=poll_seconds,
+                               progress=progress).run()
+            except WorkerCrashed as gave_up:
+                crashed = gave_up  # raised below, outside the task group
             finally:
                 self._close_beat()
                 self._publish(counters, final=True)
@@ -268,7 +186,7 @@ class Worker:
         live = self._live
         return None if live is None else live.freeze()
 
-    def _publish(self, counters: _Counters, *, final: bool = False) -> None:
+    def _publish(self, counters: Counters, *, final: bool = False) -> None:
         """Every few seconds, leave our counters where `jobspool stats --prometheus` finds them."""
         from jobspool import metrics
 
@@ -290,231 +208,12 @@ class Worker:
     def stopping(self) -> bool:
         return self._stop.is_set()
 
-    # ------------------------------------------------------------ the batch cycle
-
-    async def _cycle(self, want: int, counters: _Counters) -> int:
-        if not self.kinds:
-            return 0
-        leases = await anyio.to_thread.run_sync(
-            lambda: self.spool.claim(kinds=self.kinds, limit=want, owner=self.owner,
-                                     lease_seconds=self.lease_seconds))
-        if not leases:
-            return 0
-        counters.claimed += len(leases)
-        ctxs = [Context(self.spool, lease, key_for=self._keys) for lease in leases]
-        try:
-            await self._run_batch(ctxs, counters)
-        except BaseException:
-            # Our machinery failed mid-batch: give back what was not settled, best effort,
-            # so the jobs do not wait for their leases to expire.
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(self._release_unsettled, ctxs, counters)
-            raise
-        return len(leases)
-
-    async def _run_batch(self, ctxs: list[Context], counters: _Counters) -> None:
-        limiter = anyio.CapacityLimiter(self.concurrency)
-        threads = anyio.CapacityLimiter(self.concurrency)
-        async with anyio.create_task_group() as outer:
-            outer.start_soon(self._beat_leases, ctxs)
-            with anyio.CancelScope() as handlers_scope:
-                outer.start_soon(self._cut_off_after_grace, handlers_scope)
-                async with anyio.create_task_group() as tg:
-                    for ctx in ctxs:
-                        tg.start_soon(self._run_one, ctx, limiter, threads)
-            await self._settle(ctxs, counters)
-            outer.cancel_scope.cancel()
-
-    async def _run_one(self, ctx: Context, limiter: anyio.CapacityLimiter,
-                       threads: anyio.CapacityLimiter) -> None:
-        async with limiter:
-            if ctx.lost or self._stop.is_set():
-                return  # not started: released at settle time
-            fn = self.handlers[ctx.job.kind]
-            try:
-                if self._async[ctx.job.kind]:
-                    result = await fn(ctx.job, ctx)
-                else:
-                    result = await anyio.to_thread.run_sync(fn, ctx.job, ctx, limiter=threads,
-                                                            abandon_on_cancel=True)
-                    if inspect.isawaitable(result):
-                        result = await result
-                ctx.outcome = ("complete", result)
-            except Retry as r:
-                try:
-                    if r.delay is not None:
-                        validate_seconds("Retry(delay=...)", r.delay)
-                    ctx.outcome = ("retry", r)
-                except JobspoolError as bad:
-                    # The handler's mistake: retry with the normal backoff and say why.
-                    ctx.outcome = ("error", bad)
-            except Fail as f:
-                ctx.outcome = ("fail", f.reason)
-            except ProjectionError as e:
-                ctx.outcome = ("fail", str(e))
-            except LeaseLost:
-                ctx.lost = True
-            except anyio.get_cancelled_exc_class():
-                raise
-            except Exception as exc:  # a handler's fault, not ours: retry with backoff
-                log.info("handler for job %s (%s) raised %s: %s", ctx.job_id, ctx.job.kind,
-                         type(exc).__name__, exc, extra={"job_id": ctx.job_id, "kind": ctx.job.kind,
-                                                         "token": ctx.token})
-                ctx.outcome = ("error", exc)
-
-    async def _beat_leases(self, ctxs: list[Context]) -> None:
-        interval = self.lease_seconds / 3.0
-        while True:
-            await anyio.sleep(interval)
-            live = [c for c in ctxs if not c.settled and not c.lost]
-            if not live:
-                continue
-            try:
-                results = await anyio.to_thread.run_sync(functools.partial(
-                    self.spool.heartbeat_many, [c.lease for c in live],
-                    lease_seconds=self.lease_seconds))
-            except (OSError, JobspoolError) as exc:
-                # A failed beat is not a lost lease: the leases still run for a while, and
-                # the next beat (or the check before settling) finds out which survived.
-                log.warning("heartbeat of %d leases failed (%s); retrying at the next beat",
-                            len(live), exc)
-                continue
-            for ctx, res in zip(live, results, strict=True):
-                if isinstance(res, LeaseLost):
-                    ctx.lost = True
-                    log.warning("lease lost on job %s (token %d): %s; its result will be "
-                                "discarded", ctx.job_id, ctx.token, res.reason,
-                                extra={"job_id": ctx.job_id, "token": ctx.token})
-                else:
-                    ctx.lease = res
-
-    async def _cut_off_after_grace(self, scope: anyio.CancelScope) -> None:
-        while not self._stop.is_set():
-            await anyio.sleep(0.05)
-        await anyio.sleep(self.grace_seconds)
-        scope.cancel()
-
-    async def _settle(self, ctxs: list[Context], counters: _Counters) -> None:
-        done = [c for c in ctxs if c.outcome is not None and c.outcome[0] == "complete"
-                and not c.lost]
-        if any(c.writes for c in done):
-            # Drop the runs whose lease is gone before their writes reach a table: a
-            # canceled job has no newer write to fence it out, so the merge's (version,
-            # fence) rule alone would not stop it. Leases near expiry are extended here,
-            # so none can lapse while the merge runs.
-            checks = await anyio.to_thread.run_sync(functools.partial(
-                self.spool.check_leases, [c.lease for c in done],
-                margin=self.lease_seconds / 3.0, lease_seconds=self.lease_seconds))
-            for ctx, check in zip(done, checks, strict=True):
-                if isinstance(check, LeaseLost):
-                    ctx.lost = True
-                else:
-                    ctx.lease = check
-            done = [c for c in done if not c.lost]
-        if any(c.writes for c in done):
-            await self._project(done, counters)
-        await anyio.to_thread.run_sync(self._settle_sync, ctxs, counters)
-
-    async def _project(self, done: list[Context], counters: _Counters) -> None:
-        writes = [w for c in done for w in c.writes]
-        try:
-            store = await anyio.to_thread.run_sync(self._projection_store)
-            result = await anyio.to_thread.run_sync(store.apply, writes)
-        except Exception as exc:  # outcome unknown: retry all; the fenced merge is idempotent
-            log.warning("projection commit failed (%s: %s); retrying its %d jobs",
-                        type(exc).__name__, exc, len(done))
-            for c in done:
-                c.outcome = ("error", exc)
-            return
-        by_id = {c.job_id: c for c in done}
-        for job_id, err in result.rejected.items():
-            if job_id in by_id:
-                by_id[job_id].outcome = ("fail", str(err))
-        for job_id, error in result.failed.items():
-            if job_id in by_id:
-                by_id[job_id].outcome = ("error", error)
-        counters.projected_rows += sum(result.tables.values())
-        written = [t for t, n in result.tables.items() if n > 0]
-        if self._maintenance_enabled and written:
-            self._maintenance_beat(store, written)
-
-    def _settle_sync(self, ctxs: list[Context], counters: _Counters) -> None:
-        completes: list[Context] = []
-        fails: list[tuple[Context, object, bool, float | None]] = []
-        releases: list[Context] = []
-        for c in ctxs:
-            if c.lost:
-                counters.lease_lost += 1
-                log.warning("discarding the result of job %s: its lease (token %d) was lost",
-                            c.job_id, c.token, extra={"job_id": c.job_id, "token": c.token})
-                c.settled = True
-            elif c.outcome is None:
-                releases.append(c)
-            elif c.outcome[0] == "complete":
-                completes.append(c)
-            elif c.outcome[0] == "retry":
-                r: Retry = c.outcome[1]
-                fails.append((c, f"Retry: {r.reason}", True, r.delay))
-            elif c.outcome[0] == "fail":
-                fails.append((c, c.outcome[1], False, None))
-            else:
-                fails.append((c, c.outcome[1], True, None))
-        if completes:
-            results = self.spool.complete_many([(c.lease, c.outcome[1]) for c in completes
-                                                if c.outcome is not None])
-            for c, res in zip(completes, results, strict=True):
-                c.settled = True
-                if isinstance(res, LeaseLost):
-                    self._count_lost(c, res, counters)
-                elif isinstance(res, JobspoolError):
-                    # The result cannot be stored (not JSON, too large): that will not change.
-                    fails.append((c, f"handler result refused: {res}", False, None))
-                    c.settled = False
-                else:
-                    counters.completed += 1
-        if fails:
-            results = self.spool.fail_many([(c.lease, err, retry, delay)
-                                            for c, err, retry, delay in fails])
-            for (c, *_), res in zip(fails, results, strict=True):
-                c.settled = True
-                if isinstance(res, LeaseLost):
-                    self._count_lost(c, res, counters)
-                elif isinstance(res, JobspoolError):
-                    log.error("could not record the failure of job %s: %s", c.job_id, res)
-                elif res.state is JobState.DEAD_LETTER:
-                    counters.dead_lettered += 1
-                    log.warning("job %s (%s) dead-lettered: %s", c.job_id, c.job.kind,
-                                res.last_error, extra={"job_id": c.job_id, "kind": c.job.kind,
-                                                       "state": "dead_letter"})
-                else:
-                    counters.retried += 1
-        for c in releases:
-            self._release(c, counters)
-
-    def _count_lost(self, c: Context, err: LeaseLost, counters: _Counters) -> None:
-        counters.lease_lost += 1
-        log.warning("lease lost on job %s (token %d) before settling: %s; result discarded",
-                    c.job_id, c.token, err.reason, extra={"job_id": c.job_id, "token": c.token})
-
-    def _release(self, c: Context, counters: _Counters) -> None:
-        try:
-            self.spool.release(c.lease)
-            counters.released += 1
-        except LeaseLost:
-            counters.lease_lost += 1
-        c.settled = True
-
-    def _release_unsettled(self, ctxs: list[Context], counters: _Counters) -> None:
-        for c in ctxs:
-            if not c.settled and not c.lost:
-                try:
-                    self._release(c, counters)
-                except (OSError, JobspoolError) as exc:
-                    log.warning("could not release job %s: %s", c.job_id, exc)
+    def is_async(self, kind: str) -> bool:
+        return self._async[kind]
 
     # ------------------------------------------------------------ support
 
-    async def _supervise(self, exc: BaseException, counters: _Counters) -> None:
+    async def _supervise(self, exc: BaseException, counters: Counters) -> None:
         """Log a failure of our own machinery, back off, and give up if it keeps failing."""
         counters.crashes += 1
         now = time.monotonic()
@@ -526,19 +225,6 @@ class Worker:
             raise WorkerCrashed(f"worker loop failed {len(self._crash_times)} times within "
                                 f"{self._crash_window:.0f} s; last: {type(exc).__name__}: {exc}")
         await self._sleep_unless_stopped(min(5.0, 0.1 * 2 ** (len(self._crash_times) - 1)))
-
-    async def _wait_for_due(self, bound: float) -> bool:
-        """Sleep until the next retry becomes due if that is within `bound` seconds."""
-        if bound <= 0:
-            return False
-        nxt = await anyio.to_thread.run_sync(self.spool.next_due_at, self.kinds)
-        if nxt is None:
-            return False
-        wait = nxt - self.spool.now()
-        if wait > bound:
-            return False
-        await self._sleep_unless_stopped(max(0.0, wait) + 0.01)
-        return not self._stop.is_set()
 
     async def _sleep_unless_stopped(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
@@ -565,7 +251,9 @@ class Worker:
                     out[job.kind] = out.get(job.kind, 0) + 1
         return out
 
-    def _projection_store(self) -> ProjectionStore:
+    def projection_store(self) -> ProjectionStore:
+        """The projection this worker writes through (opened on first use: lancedb is slow
+        to import)."""
         if self._projection is None:
             from jobspool.projection.lance import ProjectionStore
 
@@ -577,7 +265,10 @@ class Worker:
                     spec if spec is not None else default_projection_uri(self.spool.root))
         return self._projection
 
-    def _maintenance_beat(self, store: ProjectionStore, tables: list[str]) -> None:
+    def note_commits(self, store: ProjectionStore, tables: list[str]) -> None:
+        """Tell the maintenance beat which tables just got a commit."""
+        if not self._maintenance_enabled:
+            return
         try:
             from jobspool.projection.maintenance import MaintenanceBeat
         except ImportError:

@@ -1,0 +1,60 @@
+"""`RunReport`: what a worker run did; and the live counters it is frozen from."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class RunReport:
+    """What a worker run did."""
+
+    claimed: int = 0
+    completed: int = 0
+    retried: int = 0
+    dead_lettered: int = 0
+    lease_lost: int = 0
+    released: int = 0
+    duration: float = 0.0
+    projected_rows: int = 0
+    crashes: int = 0
+    unhandled: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def rate(self) -> float:
+        """Settled jobs per second."""
+        settled = self.completed + self.retried + self.dead_lettered
+        return settled / self.duration if self.duration > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["rate"] = round(self.rate, 2)
+        return d
+
+
+_COUNTED = tuple(f.name for f in fields(RunReport) if f.type in ("int", int))
+
+
+class Counters:
+    """The mutable tallies of a run in progress (one event loop writes them)."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        for name in _COUNTED:
+            setattr(self, name, 0)
+
+    claimed: int
+    completed: int
+    retried: int
+    dead_lettered: int
+    lease_lost: int
+    released: int
+    projected_rows: int
+    crashes: int
+
+    def freeze(self, unhandled: dict[str, int] | None = None) -> RunReport:
+        counts = {name: getattr(self, name) for name in _COUNTED}
+        return RunReport(**counts, duration=time.monotonic() - self.started,
+                         unhandled=dict(unhandled or {}))
