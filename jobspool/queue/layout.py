@@ -91,6 +91,8 @@ def open_layout(root: Path, *, create: bool, durable: bool) -> Layout:
     if st is not None and not stat.S_ISDIR(st.st_mode):
         raise SpoolError(f"spool root {root} is not a directory", path=str(root))
     doc = read_spool_file(root) if st is not None else None
+    if st is not None and doc is None and create:
+        _refuse_foreign_directory(root)
     if st is None:
         try:
             root.mkdir(parents=True, exist_ok=True)
@@ -109,6 +111,26 @@ def open_layout(root: Path, *, create: bool, durable: bool) -> Layout:
         raise SpoolError(f"{root / SPOOL_FILE}: 'settings' is not an object",
                          path=str(root / SPOOL_FILE))
     return Layout(root=root, settings=settings, created=doc is None, durable=durable)
+
+
+# What a spool directory may already hold before its spool.json exists: a fresh or
+# half-created spool (a crash during creation, or a racing opener), never user data.
+_SPOOL_ENTRIES = frozenset({*(s.value for s in ALL_STATES), TMP_DIR, QUARANTINE_DIR, ".lock",
+                            "fence", SPOOL_FILE})
+
+
+def _refuse_foreign_directory(root: Path) -> None:
+    """Refuse to turn a non-empty directory that is not a spool into one (a mistyped --root
+    would otherwise get state directories sprinkled among the user's files)."""
+    try:
+        foreign = sorted(n for n in os.listdir(root)
+                         if n not in _SPOOL_ENTRIES and not n.startswith((".spool.json.", ".fence.")))
+    except OSError as exc:
+        raise SpoolError(f"cannot list {root}: {exc.strerror}", path=str(root)) from None
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+        raise SpoolError(f"{root} is not empty and is not a spool (no {SPOOL_FILE}; it holds "
+                         f"{shown}); pass an empty or new directory", path=str(root))
 
 
 def _ensure_dir(root: Path, name: str, *, create: bool) -> None:
