@@ -75,7 +75,10 @@ def run_demo(*, root: str | None, jobs: int, workers: int, as_json: bool) -> int
     base = Path(root) if root else Path(tempfile.mkdtemp(prefix="jobspool-demo-")) / "spool"
     say = (lambda *_: None) if as_json else print
     started = time.monotonic()
-    with Spool(base, durable=True, retry_base_seconds=0.2, retry_max_seconds=1.0) as spool:
+    # keep_terminal above the batch: the final counts then show every job (by default a
+    # spool keeps the newest 1,000 of each terminal state and prunes older ones).
+    with Spool(base, durable=True, retry_base_seconds=0.2, retry_max_seconds=1.0,
+               keep_terminal=max(1000, jobs + 100)) as spool:
         docs = make_docs(jobs)
         t0 = time.monotonic()
         spool.enqueue_many("doc", docs)
