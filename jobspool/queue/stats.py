@@ -68,9 +68,13 @@ class Stats:
         return self.counts["canceled"]
 
     def to_dict(self) -> dict[str, Any]:
+        # Each state's count also at the top level, so `jq .ready` works as well as
+        # `jq .counts.ready`.
         return {
+            **self.counts,
             "counts": dict(self.counts), "total": self.total, "due": self.due,
-            "oldest_due_age": self.oldest_due_age, "fence": self.fence,
+            "oldest_due_age": self.oldest_due_age, "oldest_ready_age": self.oldest_due_age,
+            "fence": self.fence,
             "quarantined": self.quarantined, "temp_files": self.temp_files, "now": self.now,
             "by_kind": {k: dict(v) for k, v in self.by_kind.items()},
         }
