@@ -359,3 +359,23 @@ def test_a_spool_of_a_newer_format_is_refused_before_anything_is_touched(
              for p in all_files(spool_root)}
     assert after == before
     assert read_raw(spool_root, "ready", "j")["state"] == "ready"
+
+
+def test_recovery_leaves_a_live_producers_prestaged_files_and_removes_a_dead_ones(
+        spool_root: Path) -> None:
+    import subprocess
+    import sys
+
+    with Spool(spool_root, durable=False) as spool:
+        dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True, check=True)
+        dead_pid = int(dead.stdout)
+        (spool_root / "tmp" / f"{dead_pid}.3.stage").write_bytes(b'{"half":')
+        live = spool_root / "tmp" / f"{os.getpid()}.9.stage"
+        live.write_bytes(b"{}")
+        report = spool.recover()
+        assert f"tmp/{dead_pid}.3.stage" in report.temp_files_removed
+        assert live.exists(), "a live producer's staged file must survive recovery"
+        assert not (spool_root / "tmp" / f"{dead_pid}.3.stage").exists()
+        live.unlink()
+        assert spool.fsck().ok

@@ -351,3 +351,28 @@ def test_reopening_a_canceled_job_with_another_kind_never_mixes_kind_and_payload
     assert (job.kind, job.payload) in [("sms", {"phone": "+100"}),
                                        ("email", {"to": "a@example.org"})]
     assert spool.get("j") == job
+
+
+def test_enqueue_writes_its_files_before_taking_the_lock(spool: Spool,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Creating inodes is an enqueue's costly part; other processes must not wait for it."""
+    held_while_staging: list[bool] = []
+    real = spool.store.prestage
+
+    def prestage(datas: Any) -> Any:
+        held_while_staging.append(spool.lock.held)
+        return real(datas)
+
+    monkeypatch.setattr(spool.store, "prestage", prestage)
+    jobs = spool.enqueue_many("note", [{"i": i} for i in range(20)])
+    assert held_while_staging == [False]
+    assert sorted(p.name for p in (spool.root / "ready").iterdir()) == sorted(
+        f"{j.id}.json" for j in jobs)
+    assert [p.name for p in (spool.root / "tmp").iterdir() if p.name != "pool"] == []
+
+
+def test_an_idempotent_enqueue_leaves_no_staged_file_behind(spool: Spool) -> None:
+    spool.enqueue("note", {"v": 1}, job_id="same")
+    again = spool.enqueue("note", {"v": 2}, job_id="same")
+    assert again.payload == {"v": 1}
+    assert [p.name for p in (spool.root / "tmp").iterdir() if p.name != "pool"] == []

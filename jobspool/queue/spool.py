@@ -197,7 +197,7 @@ class Spool:
         return best, [j.state for j in copies if j is not best]
 
     def _commit(self, pairs: Sequence[tuple[Job | None, Job | None]],
-                extra: Sequence[Change] = ()) -> None:
+                extra: Sequence[Change] = (), *, staged: dict[str, str] | None = None) -> None:
         """Persist a batch of (old, new) snapshots as one store batch (call under the lock).
 
         Encoding happens first, so a job that is too large or not serializable
@@ -208,9 +208,13 @@ class Spool:
         touched: set[JobState] = set()
         for old, new in pairs:
             name = (new or old).id + JOB_SUFFIX  # type: ignore[union-attr]
-            data = encode_job(new, max_bytes=self.max_job_bytes) if new is not None else None
+            path = staged.get(new.id) if staged and new is not None and old is None else None
+            if path is not None:
+                data: bytes | None = b""  # written (and size-checked) by `prestage`
+            else:
+                data = encode_job(new, max_bytes=self.max_job_bytes) if new is not None else None
             changes.append(Change(name=name, dst=new.state.value if new else None, data=data,
-                                  src=old.state.value if old else None))
+                                  src=old.state.value if old else None, staged=path))
             if old is not None:
                 touched.add(old.state)
             if new is not None:
@@ -282,12 +286,19 @@ class Spool:
         fresh = [machine.new_job(job_id=i, kind=kind, payload=p, now=now, delay=delay,
                                  priority=priority, max_attempts=attempts)
                  for i, p in zip(ids, payload_list, strict=True)]
-        for job in fresh:
-            encode_job(job, max_bytes=self.max_job_bytes)  # refuse before taking the lock
-        with self._lock.hold():
-            now = self.now()
-            return self._insert(fresh, given=job_ids is not None, now=now, delay=delay,
-                                priority=priority, max_attempts=attempts)
+        # Encode (refusing bad input) and write the new files before taking the lock:
+        # creating inodes is the costly part of an enqueue, and other processes need not
+        # wait for it. Only the renames that publish them happen under the lock.
+        datas = [encode_job(job, max_bytes=self.max_job_bytes) for job in fresh]
+        paths = self._store.prestage(datas)
+        staged = {job.id: path for job, path in zip(fresh, paths, strict=True)}
+        try:
+            with self._lock.hold():
+                return self._insert(fresh, given=job_ids is not None, now=self.now(),
+                                    delay=delay, priority=priority, max_attempts=attempts,
+                                    staged=staged)
+        finally:
+            self._store.discard(list(staged.values()))  # whatever was not published
 
     def _ids_for(self, payloads: list[Any], job_ids: Sequence[str | None] | None) -> list[str]:
         if job_ids is None:
@@ -298,7 +309,12 @@ class Spool:
         return [new_job_id() if i is None else validate_job_id(i) for i in job_ids]
 
     def _insert(self, fresh: list[Job], *, given: bool, now: float, delay: float, priority: int,
-                max_attempts: int, reservation: str | None = None) -> list[Job]:
+                max_attempts: int, reservation: str | None = None,
+                staged: dict[str, str] | None = None) -> list[Job]:
+        """Publish new jobs; `staged` maps ids to files already written for them (those
+        that get published are removed from it, the caller discards the rest)."""
+        staged = {} if staged is None else staged
+        publish: dict[str, str] = {}
         out: list[Job] = []
         pairs: list[tuple[Job | None, Job | None]] = []
         stale: list[Change] = []
@@ -311,7 +327,11 @@ class Spool:
             stale.extend(self._stale_removals(job.id, copies))
             new: Job | None
             if existing is None:
-                new = evolve(job, created_at=now, updated_at=now, run_at=now + delay)
+                if job.id in staged:
+                    new = job  # exactly what was written outside the lock
+                    publish[job.id] = staged.pop(job.id)
+                else:
+                    new = evolve(job, created_at=now, updated_at=now, run_at=now + delay)
                 pairs.append((None, new))
             elif existing.state is JobState.CANCELED:
                 new = machine.reopen(existing, kind=job.kind, payload=job.payload, now=now,
@@ -330,7 +350,11 @@ class Spool:
         # Backpressure counts only what this call adds: an idempotent re-enqueue of an
         # existing job adds nothing and is never refused.
         self._admit(sum(1 for old, new in pairs if old is None or old.state is JobState.CANCELED))
-        self._commit(pairs, stale)
+        try:
+            self._commit(pairs, stale, staged=publish)
+        except BaseException:
+            staged.update(publish)  # not published: the caller discards them
+            raise
         return out
 
     def _admit(self, n: int) -> None:

@@ -33,6 +33,7 @@ import errno
 import itertools
 import logging
 import os
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +48,7 @@ os_write = os.write
 
 JOB_SUFFIX = ".json"
 TMP_DIR = "tmp"
+STAGE_SUFFIX = ".stage"
 POOL_DIR = "tmp/pool"
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _READ_CHUNK = 1 << 17
@@ -76,6 +78,7 @@ class Change:
     dst: str | None
     data: bytes | None
     src: str | None = None
+    staged: str | None = None  # a file `prestage` already wrote and flushed with `data`
 
 
 class Store:
@@ -144,15 +147,20 @@ class Store:
             # Take what other processes recycled; only here, before staging starts, so a
             # listing can never hand out a file this batch already staged into.
             self._pool = self.pool_names()[: self.pool_size]
+        fresh = 0
         try:
             for ch in changes:
-                if ch.data is not None:
+                if ch.staged is not None:
+                    staged.append((ch, ch.staged))
+                elif ch.data is not None:
                     staged.append((ch, self._stage(ch.data, fsync=self.durable and not use_syncfs)))
+                    fresh += 1
         except BaseException:
-            for _, tmp in staged:
-                _quiet_unlink(tmp)
+            for ch, tmp in staged:
+                if ch.staged is None:
+                    _quiet_unlink(tmp)
             raise
-        if use_syncfs:
+        if use_syncfs and fresh:
             self._flush_fs()
         dst_dirs: set[str] = set()
         for ch, tmp in staged:
@@ -169,14 +177,49 @@ class Store:
         if self.durable and src_dirs:
             self._flush_dirs(src_dirs, use_syncfs)
 
+    def prestage(self, datas: Sequence[bytes]) -> list[str]:
+        """Write and flush new files *outside* the spool lock; `apply` publishes them later.
+
+        Creating an inode is the dominant cost of an enqueue on this kind of
+        disk, and doing it before taking the lock keeps producers from
+        stalling every other process meanwhile. These files are fresh (the
+        recycling pool is shared and only touched under the lock) and named
+        `<pid>.<n>.stage`, so recovery running in another process leaves them
+        alone while their writer lives (see `stale_stage_files`). The caller
+        must `discard` the ones it does not publish.
+        """
+        self._check_fork()
+        paths: list[str] = []
+        use_syncfs = self.durable and (self.sync_mode == "syncfs" or (
+            self.sync_mode == "auto" and len(datas) >= 8))
+        try:
+            for data in datas:
+                path = os.path.join(self._tmp, f"{self._pid}.{next(self._counter)}{STAGE_SUFFIX}")
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+                paths.append(path)
+                try:
+                    _write_all(fd, data)
+                    if self.durable and not use_syncfs:
+                        os_fsync(fd)
+                finally:
+                    os.close(fd)
+            if use_syncfs and paths:
+                self._flush_fs()
+        except BaseException:
+            self.discard(paths)
+            raise
+        return paths
+
+    def discard(self, paths: Sequence[str]) -> None:
+        """Remove pre-staged files that will not be published."""
+        for path in paths:
+            _quiet_unlink(path)
+
     def _stage(self, data: bytes, *, fsync: bool) -> str:
         """Write `data` into a staging file and return its path (data flushed if `fsync`)."""
         path, fd, size = self._staging_file()
         try:
-            view = memoryview(data)
-            while view:
-                written = os_write(fd, view)
-                view = view[written:]
+            _write_all(fd, data)
             if size > len(data):
                 os.ftruncate(fd, len(data))
             if fsync:
@@ -293,6 +336,48 @@ def write_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
     os_replace(tmp, path)
     if durable:
         fsync_dir(path.parent)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os_write(fd, view)
+        view = view[written:]
+
+
+def stale_stage_files(tmp: Path, *, max_age: float = 600.0) -> list[str]:
+    """Pre-staged files (`<pid>.<n>.stage`) whose writer is gone: its pid is not running,
+    or the file is older than `max_age` seconds (a recycled pid, or a writer stuck)."""
+    out: list[str] = []
+    try:
+        entries = list(os.scandir(tmp))
+    except FileNotFoundError:
+        return out
+    now = time.time()
+    for e in entries:
+        if not e.name.endswith(STAGE_SUFFIX) or not e.is_file(follow_symlinks=False):
+            continue
+        pid_text = e.name.split(".", 1)[0]
+        alive = pid_text.isdigit() and _pid_alive(int(pid_text))
+        try:
+            old = now - e.stat(follow_symlinks=False).st_mtime > max_age
+        except FileNotFoundError:
+            continue  # published or discarded meanwhile
+        if not alive or old:
+            out.append(e.name)
+    return sorted(out)
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
 
 
 def _quiet_unlink(path: str) -> None:

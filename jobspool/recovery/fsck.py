@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from jobspool.queue.fence import FENCE_FILE, decode_fence
 from jobspool.queue.states import ALL_STATES, TERMINAL, JobState
-from jobspool.queue.store import JOB_SUFFIX, TMP_DIR
+from jobspool.queue.store import JOB_SUFFIX, TMP_DIR, stale_stage_files
 from jobspool.recovery.quarantine import confirm, quarantined_files
 from jobspool.recovery.scan import Scan, probe, scan_spool
 
@@ -121,9 +121,11 @@ def _read_fence(spool: Spool) -> tuple[int | None, str | None]:
 
 
 def _temp_files(spool: Spool) -> list[str]:
-    # Called under the lock: staging files live only within one lock hold.
+    # Called under the lock: `.tmp` staging files live only within one lock hold; `.stage`
+    # files are written outside it and are stale only once their writer is gone.
     with os.scandir(spool.root / TMP_DIR) as it:
-        return sorted(e.name for e in it if e.name.endswith(".tmp"))
+        names = [e.name for e in it if e.name.endswith(".tmp")]
+    return sorted(names + stale_stage_files(spool.root / TMP_DIR))
 
 
 def _notes(spool: Spool, scan: Scan, counts: dict[str, int], quarantined: int) -> list[str]:

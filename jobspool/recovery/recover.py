@@ -179,6 +179,9 @@ def _clean_tmp(spool: Spool) -> tuple[list[str], list[str]]:
         # here belongs to a process that died mid-write.
         with os.scandir(tmp) as it:
             names = [e.name for e in it if e.name.endswith(".tmp") and e.is_file(follow_symlinks=False)]
+        # Files pre-staged outside the lock (`.stage`) belong to a live producer unless
+        # their writer is gone.
+        names += store_mod.stale_stage_files(tmp)
         for name in names:
             if _unlink(tmp / name):
                 removed.append(f"{TMP_DIR}/{name}")
