@@ -870,3 +870,17 @@ def test_a_burst_of_quick_jobs_is_projected_in_one_table_version(tmp_path: Path)
 
 def _project_note(job: Job, ctx: Context) -> None:
     ctx.upsert("notes", {"id": f"n{job.payload['n']}", "n": job.payload["n"]})
+
+
+def test_a_worker_asked_for_kinds_it_has_no_handler_for_refuses_to_start(spool: Spool) -> None:
+    with pytest.raises(JobspoolError, match="without a handler"):
+        Worker(spool, {"work": lambda j, c: None}, kinds=["other"])
+
+
+def test_a_worker_narrowed_by_kinds_leaves_the_rest_for_others(spool: Spool) -> None:
+    spool.enqueue("work")
+    spool.enqueue("other")
+    report = Worker(spool, {"work": lambda j, c: None, "other": lambda j, c: None},
+                    kinds=["work"]).run_until_idle()
+    assert report.completed == 1
+    assert report.unhandled == {"other": 1}

@@ -121,7 +121,7 @@ class Pipeline:
                 if self.w.stopping:
                     return
                 if self.until_idle:
-                    if self._budget_spent():
+                    if self._budget_spent() or not self.w.kinds:
                         return
                     if tried_claim and not await self._wait_for_due():
                         return

@@ -89,7 +89,12 @@ class Worker:
         self.lease_seconds = spool.lease_seconds if lease_seconds is None else validate_seconds(
             "lease_seconds", lease_seconds, positive=True)
         self.grace_seconds = validate_seconds("grace_seconds", grace_seconds)
-        wanted = set(self.handlers) if kinds is None else set(kinds) & set(self.handlers)
+        if kinds is not None:
+            missing = sorted(set(kinds) - set(self.handlers))
+            if missing:
+                raise JobspoolError(f"kinds without a handler in this worker: "
+                                    f"{', '.join(map(repr, missing))}")
+        wanted = set(self.handlers) if kinds is None else set(kinds)
         self.kinds = frozenset(wanted)
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{id(self) & 0xFFFF:x}"
         self._projection_spec = projection
