@@ -18,6 +18,7 @@ administrative and O(jobs) by nature.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import random
 import socket
@@ -553,15 +554,10 @@ class Spool:
 
     def heartbeat(self, lease: Lease, *, lease_seconds: float | None = None) -> Lease:
         """Extend a lease; `LeaseLost` (and no change) unless it is current and unexpired."""
-        seconds = self.lease_seconds if lease_seconds is None else validate_seconds(
-            "lease_seconds", lease_seconds, positive=True)
-        with self._lock.hold():
-            job = self._leased_job(lease)
-            new = machine.heartbeat(job, lease, now=self.now(), lease_seconds=seconds)
-            self._commit([(job, new)])
-        assert new.lease is not None
-        return Lease(job_id=lease.job_id, token=lease.token, owner=lease.owner,
-                     expires_at=new.lease.expires_at, job=new)
+        (out,) = self.heartbeat_many([lease], lease_seconds=lease_seconds)
+        if isinstance(out, LeaseLost):
+            raise out
+        return out
 
     def heartbeat_many(self, leases: Sequence[Lease], *, lease_seconds: float | None = None
                        ) -> list[Lease | LeaseLost]:
@@ -569,25 +565,7 @@ class Spool:
 
         Returns per lease the extended lease, or the `LeaseLost` that refused it.
         """
-        seconds = self.lease_seconds if lease_seconds is None else validate_seconds(
-            "lease_seconds", lease_seconds, positive=True)
-        out: list[Lease | LeaseLost] = []
-        with self._lock.hold():
-            now = self.now()
-            pairs: list[tuple[Job | None, Job | None]] = []
-            for lease in leases:
-                try:
-                    job = self._leased_job(lease)
-                    new = machine.heartbeat(job, lease, now=now, lease_seconds=seconds)
-                except LeaseLost as exc:
-                    out.append(exc)
-                    continue
-                pairs.append((job, new))
-                assert new.lease is not None
-                out.append(Lease(job_id=lease.job_id, token=lease.token, owner=lease.owner,
-                                 expires_at=new.lease.expires_at, job=new))
-            self._commit(pairs)
-        return out
+        return self.check_leases(leases, margin=math.inf, lease_seconds=lease_seconds)
 
     def check_leases(self, leases: Sequence[Lease], *, margin: float = 0.0,
                      lease_seconds: float | None = None) -> list[Lease | LeaseLost]:
