@@ -163,3 +163,12 @@ def test_limits_must_be_positive(spool_root: Path) -> None:
         Spool(spool_root, durable=False, max_due=0)
     with pytest.raises(JobspoolError, match="max_lag_seconds"):
         Spool(spool_root, durable=False, max_lag_seconds=-1.0)
+
+
+def test_a_refused_enqueue_leaves_no_staged_file_behind(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "s", durable=False, max_due=2)
+    spool.enqueue_many("k", [1, 2])
+    with pytest.raises(Backpressure):
+        spool.enqueue_many("k", [3, 4, 5])
+    assert [p.name for p in (tmp_path / "s" / "tmp").iterdir() if p.name != "pool"] == []
+    spool.close()

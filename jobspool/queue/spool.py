@@ -350,8 +350,9 @@ class Spool:
             out.append(new)
         # Backpressure counts only what this call adds: an idempotent re-enqueue of an
         # existing job adds nothing and is never refused.
-        self._admit(sum(1 for old, new in pairs if old is None or old.state is JobState.CANCELED))
         try:
+            self._admit(sum(1 for old, new in pairs
+                            if old is None or old.state is JobState.CANCELED))
             self._commit(pairs, stale, staged=publish)
         except BaseException:
             staged.update(publish)  # not published: the caller discards them
