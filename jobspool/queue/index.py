@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import orjson
 
+from jobspool.queue.changelog import ADD, ChangeRing
 from jobspool.queue.job import CorruptJob, Job, decode_job, report_unreadable
 from jobspool.queue.states import ALL_STATES, JobState
 from jobspool.queue.store import JOB_SUFFIX, Store
@@ -57,9 +58,11 @@ _Key = tuple[int, float, str]  # (priority, run_at, kind)
 class ClaimIndex:
     """Cached claim candidates of `ready/`, `retryable/` and `leased/` for one process."""
 
-    def __init__(self, store: Store, generation: Callable[[int], int]) -> None:
+    def __init__(self, store: Store, generation: Callable[[int], int],
+                 ring: ChangeRing | None = None) -> None:
         self._store = store
         self._generation = generation
+        self._ring = ring
         self._gen: dict[JobState, int | None] = {
             JobState.READY: None, JobState.RETRYABLE: None, JobState.LEASED: None}
         # ready: id -> (priority, run_at, kind); heaps per kind of (priority, run_at, id)
@@ -96,9 +99,28 @@ class ClaimIndex:
         """Relist every directory whose generation moved (call under the spool lock)."""
         for state in (JobState.READY, JobState.RETRYABLE, JobState.LEASED):
             g = self._generation(SLOT[state])
-            if self._gen[state] != g:
+            seen = self._gen[state]
+            if seen == g:
+                continue
+            if not (state is JobState.READY and seen is not None and self._replay(seen, g)):
                 self._relist(state)
-                self._gen[state] = g
+            self._gen[state] = g
+
+    def _replay(self, seen: int, now: int) -> bool:
+        """Apply other processes' logged changes to `ready/` instead of relisting it."""
+        changes = None if self._ring is None else self._ring.since(seen, now)
+        if changes is None:
+            return False
+        for op, job_id in changes:
+            if op == ADD:
+                key = self._peek_key(JobState.READY, job_id)
+                if key is not None:
+                    self._ready[job_id] = key
+                    heapq.heappush(self._ready_heaps.setdefault(key[2], []),
+                                   (key[0], key[1], job_id))
+            else:
+                self._ready.pop(job_id, None)
+        return True
 
     def _read(self, state: JobState, job_id: str) -> Job | None:
         try:

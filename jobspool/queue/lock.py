@@ -37,7 +37,10 @@ from pathlib import Path
 
 import portalocker
 
-_MAP_SIZE = 4096
+from jobspool.queue.changelog import RING_BYTES, ChangeRing
+
+# Generations and flags in the first page, the ready/ change ring after it.
+_MAP_SIZE = 4096 + (-(-RING_BYTES // 4096)) * 4096
 _SLOT = struct.Struct("<Q")
 
 
@@ -58,7 +61,9 @@ class SpoolLock:
         # which keeps other processes' maps valid (shrinking would SIGBUS them).
         if os.fstat(self._fd).st_size < _MAP_SIZE:
             os.ftruncate(self._fd, _MAP_SIZE)
-        self._map = mmap.mmap(self._fd, _MAP_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self._map = mmap.mmap(self._fd, _MAP_SIZE, mmap.MAP_SHARED,
+                              mmap.PROT_READ | mmap.PROT_WRITE)
+        self.ring = ChangeRing(self._map)
         self._thread_lock = threading.RLock()
         self._depth = 0
 

@@ -134,7 +134,7 @@ class Spool:
         self._rng = random.Random(seed)
         self._lock = SpoolLock(self.root / ".lock")
         self._store = Store(self.root, durable=durable, sync_mode=sync_mode)
-        self._index = ClaimIndex(self._store, self._lock.generation)
+        self._index = ClaimIndex(self._store, self._lock.generation, self._lock.ring)
         self._owner = f"{socket.gethostname()}:{os.getpid()}"
         self._terminal_writes = 0
         self.settings = SpoolSettings(
@@ -238,6 +238,8 @@ class Spool:
         self._lock.end_write(clean=True)
         for s in touched:
             g = self._lock.bump(SLOT[s])
+            if s is JobState.READY:
+                self._log_ready(g, pairs, extra)
             if s in current:
                 self._index.mark_current(s, g)
         for old, new in pairs:
@@ -248,6 +250,18 @@ class Spool:
             if new is not None and new.state in (JobState.COMPLETED, JobState.DEAD_LETTER,
                                                  JobState.CANCELED):
                 self._terminal_writes += 1
+
+    def _log_ready(self, generation: int, pairs: Sequence[tuple[Job | None, Job | None]],
+                   extra: Sequence[Change]) -> None:
+        """Tell other processes' claim indexes what this batch did to `ready/` (changelog.py)."""
+        ready = JobState.READY
+        added = [new.id for old, new in pairs
+                 if new is not None and new.state is ready and (old is None or old.state is not ready)]
+        removed = [old.id for old, new in pairs
+                   if old is not None and old.state is ready and (new is None or new.state is not ready)]
+        removed += [ch.name[: -len(JOB_SUFFIX)] for ch in extra
+                    if ch.src == ready.value and ch.dst is None]
+        self._lock.ring.record(generation, added, removed)
 
     def _touch(self, states: Iterable[JobState]) -> None:
         """Tell every process's claim index that these directories changed outside `_commit`

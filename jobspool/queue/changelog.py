@@ -1,0 +1,83 @@
+"""A ring of recent changes to `ready/`, in the lock file's shared memory.
+
+Why: each process caches the claimable jobs of `ready/` (see `index.py`)
+and used to relist the whole directory whenever another process changed
+it. With a deep backlog and a live producer that is a 100,000-name listing
+per batch (~150 ms). Instead, every writer records, under the spool lock,
+which job ids its batch added to or removed from `ready/`, tagged with the
+directory's new generation; a reader that is a few generations behind
+applies those entries and lists nothing.
+
+What it guarantees: a reader uses the ring only when it holds every entry
+of every generation it missed (each entry carries its batch's size, so a
+torn or overwritten batch shows); anything else — a crash between the bump
+and the entries, a batch larger than the ring, a reader too far behind, an
+out-of-band change such as recovery's quarantine — falls back to a full
+listing. Like the generations, the ring is a cache hint: never trusted
+across a reboot, never a source of truth about any job.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from collections.abc import Sequence
+
+RING_OFFSET = 4096
+SLOTS = 512
+_HEADER = struct.Struct("<Q")  # entries written so far
+_ENTRY = struct.Struct("<QIIcB128s")  # generation, batch size, index in batch, op, id length, id
+_ENTRY_SIZE = 160
+RING_BYTES = _HEADER.size + SLOTS * _ENTRY_SIZE
+
+ADD = b"A"
+REMOVE = b"R"
+NOTHING = b"N"
+
+
+class ChangeRing:
+    """Writer and reader of the ring; every call must hold the spool lock."""
+
+    def __init__(self, shared: mmap.mmap) -> None:
+        self._map = shared
+
+    def _count(self) -> int:
+        return int(_HEADER.unpack_from(self._map, RING_OFFSET)[0])
+
+    def record(self, generation: int, added: Sequence[str], removed: Sequence[str]) -> None:
+        """Log one batch's changes to `ready/` under its new generation."""
+        entries = [(ADD, i) for i in added] + [(REMOVE, i) for i in removed]
+        if not entries:
+            entries = [(NOTHING, "")]
+        if len(entries) > SLOTS:
+            return  # cannot be logged whole: readers see a gap and relist
+        start = self._count()
+        for n, (op, job_id) in enumerate(entries):
+            raw = job_id.encode()
+            offset = RING_OFFSET + _HEADER.size + ((start + n) % SLOTS) * _ENTRY_SIZE
+            _ENTRY.pack_into(self._map, offset, generation, len(entries), n, op, len(raw), raw)
+        _HEADER.pack_into(self._map, RING_OFFSET, start + len(entries))
+
+    def since(self, seen: int, now: int) -> list[tuple[bytes, str]] | None:
+        """The (op, id) changes of generations `seen+1 .. now` in order, or None when the
+        ring does not hold all of them (the caller must relist)."""
+        missed = now - seen
+        if missed <= 0:
+            return []
+        if missed > SLOTS:
+            return None
+        count = self._count()
+        by_gen: dict[int, list[tuple[int, int, bytes, str]]] = {}
+        for k in range(max(0, count - SLOTS), count):
+            offset = RING_OFFSET + _HEADER.size + (k % SLOTS) * _ENTRY_SIZE
+            gen, size, idx, op, length, raw = _ENTRY.unpack_from(self._map, offset)
+            if seen < gen <= now:
+                by_gen.setdefault(gen, []).append((idx, size, op, raw[:length].decode()))
+        out: list[tuple[bytes, str]] = []
+        for gen in range(seen + 1, now + 1):
+            batch = sorted(by_gen.get(gen, []))
+            if not batch or len(batch) != batch[0][1] or [b[0] for b in batch] != list(
+                    range(len(batch))):
+                return None
+            out.extend((op, job_id) for _, _, op, job_id in batch if op != NOTHING)
+        return out

@@ -1,0 +1,94 @@
+"""The ready/ change ring: other processes' changes applied without relisting ready/."""
+
+from __future__ import annotations
+
+import mmap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobspool import JobState, Spool
+from jobspool.queue.changelog import ADD, REMOVE, RING_BYTES, RING_OFFSET, SLOTS, ChangeRing
+
+
+@pytest.fixture
+def ring() -> ChangeRing:
+    return ChangeRing(mmap.mmap(-1, RING_OFFSET + RING_BYTES))
+
+
+def test_a_reader_gets_the_changes_of_every_generation_it_missed_in_order(
+        ring: ChangeRing) -> None:
+    ring.record(1, ["a", "b"], [])
+    ring.record(2, [], ["a"])
+    ring.record(3, [], [])
+    ring.record(4, ["c"], ["b"])
+    assert ring.since(0, 4) == [(ADD, "a"), (ADD, "b"), (REMOVE, "a"), (ADD, "c"),
+                                (REMOVE, "b")]
+    assert ring.since(2, 4) == [(ADD, "c"), (REMOVE, "b")]
+    assert ring.since(4, 4) == []
+
+
+def test_a_generation_without_entries_means_relist(ring: ChangeRing) -> None:
+    ring.record(1, ["a"], [])
+    ring.record(3, ["c"], [])  # generation 2 was bumped by a writer that logged nothing
+    assert ring.since(0, 3) is None
+    assert ring.since(2, 3) == [(ADD, "c")]
+
+
+def test_overwritten_or_oversized_batches_mean_relist(ring: ChangeRing) -> None:
+    ring.record(1, ["x"], [])
+    for g in range(2, SLOTS + 3):
+        ring.record(g, [f"j{g}"], [])
+    assert ring.since(0, SLOTS + 2) is None  # generation 1 was overwritten
+    ring.record(SLOTS + 3, [f"k{i}" for i in range(SLOTS + 1)], [])  # too large to log
+    assert ring.since(SLOTS + 2, SLOTS + 3) is None
+
+
+def _count_listings(spool: Spool, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    calls: list[str] = []
+    real = spool.store.names
+
+    def names(directory: str) -> Any:
+        calls.append(directory)
+        return real(directory)
+
+    monkeypatch.setattr(spool.store, "names", names)
+    return calls
+
+
+def test_another_spools_enqueues_and_claims_reach_a_warm_index_without_a_listing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "s"
+    consumer = Spool(root, durable=False)
+    producer = Spool(root, durable=False)  # its own lock handle, map and index: a peer
+    producer.enqueue_many("k", [{"i": i} for i in range(10)], job_ids=[f"a{i}" for i in range(10)])
+    consumer.preload()
+    listings = _count_listings(consumer, monkeypatch)
+
+    taken = [lease.job_id for lease in producer.claim(limit=3)]  # the peer claims a0..a2
+    producer.enqueue("k", job_id="urgent", priority=-5)
+    got = [lease.job_id for lease in consumer.claim(limit=4)]
+
+    assert taken == ["a0", "a1", "a2"]
+    assert got == ["urgent", "a3", "a4", "a5"]
+    assert "ready" not in listings, "the ring should have spared the listing of ready/"
+    consumer.close()
+    producer.close()
+
+
+def test_a_change_the_ring_did_not_see_falls_back_to_a_listing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "s"
+    consumer = Spool(root, durable=False)
+    other = Spool(root, durable=False)
+    other.enqueue("k", job_id="first")
+    consumer.preload()
+    listings = _count_listings(consumer, monkeypatch)
+    (root / "ready" / "first.json").unlink()  # an out-of-band change, like a quarantine:
+    with other.lock.hold():
+        other._touch([JobState.READY])  # its generation moves, the ring logs nothing
+    assert consumer.claim() == []
+    assert "ready" in listings
+    consumer.close()
+    other.close()
