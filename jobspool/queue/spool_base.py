@@ -1,0 +1,276 @@
+"""`SpoolBase`: opening a spool directory and the one path every change takes.
+
+`_commit` is that path: encode the new snapshots (refusing bad ones before
+any file is touched), hand them to the store as one batch, then bump the
+generation of every directory touched and log what the batch did to
+`ready/`, so every process's claim index can follow (`index.py`,
+`changelog.py`). The public operations live in `leasing.py` (claims and
+lease holders) and `spool.py` (producers, administration, reading).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Self, cast
+
+from jobspool.errors import JobspoolError, SpoolError
+from jobspool.queue import machine
+from jobspool.queue.fence import FENCE_FILE, decode_fence, encode_fence
+from jobspool.queue.index import SLOT, ClaimIndex
+from jobspool.queue.job import (
+    MAX_JOB_BYTES,
+    CorruptJob,
+    Job,
+    decode_job,
+    encode_job,
+    report_unreadable,
+    validate_int,
+    validate_seconds,
+)
+from jobspool.queue.layout import SpoolSettings, open_layout
+from jobspool.queue.lock import SpoolLock
+from jobspool.queue.states import ALL_STATES, CLAIMABLE, JobState
+from jobspool.queue.store import JOB_SUFFIX, Change, Store, write_atomic
+
+if TYPE_CHECKING:
+    from jobspool.queue.spool import Spool
+
+
+log = logging.getLogger("jobspool.queue.spool")
+
+_UNSET: Any = object()
+
+
+def _pick(value: Any, stored: dict[str, Any], name: str, default: Any) -> Any:
+    if value is not _UNSET and value is not None:
+        return value
+    return stored.get(name, default)
+
+
+class SpoolBase:
+    """Settings, lock, store and claim index of one spool directory; the commit path."""
+
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        create: bool = True,
+        lease_seconds: float = _UNSET,
+        max_attempts: int = _UNSET,
+        retry_base_seconds: float = _UNSET,
+        retry_max_seconds: float = _UNSET,
+        keep_terminal: int = _UNSET,
+        durable: bool = True,
+        clock: Callable[[], float] = time.time,
+        max_job_bytes: int = MAX_JOB_BYTES,
+        max_rescues: int | None = _UNSET,
+        prepare_grace_seconds: float = _UNSET,
+        max_due: int | None = None,
+        max_lag_seconds: float | None = None,
+        sync_mode: str = "auto",
+        seed: int | None = None,
+    ) -> None:
+        self.root = Path(root)
+        layout = open_layout(self.root, create=create, durable=durable)
+        stored = layout.settings
+        self.lease_seconds = validate_seconds(
+            "lease_seconds", _pick(lease_seconds, stored, "lease_seconds", 60.0), positive=True)
+        self.max_attempts = validate_int(
+            "max_attempts", _pick(max_attempts, stored, "max_attempts", 5), minimum=1)
+        self.retry_base_seconds = validate_seconds(
+            "retry_base_seconds", _pick(retry_base_seconds, stored, "retry_base_seconds", 1.0))
+        self.retry_max_seconds = validate_seconds(
+            "retry_max_seconds", _pick(retry_max_seconds, stored, "retry_max_seconds", 300.0))
+        self.keep_terminal = validate_int(
+            "keep_terminal", _pick(keep_terminal, stored, "keep_terminal", 1000), minimum=0)
+        rescues = stored.get("max_rescues", 10) if max_rescues is _UNSET else max_rescues
+        self.max_rescues = None if rescues is None else validate_int("max_rescues", rescues,
+                                                                     minimum=1)
+        self.prepare_grace_seconds = validate_seconds(
+            "prepare_grace_seconds",
+            _pick(prepare_grace_seconds, stored, "prepare_grace_seconds", 300.0))
+        self.max_job_bytes = validate_int("max_job_bytes", max_job_bytes, minimum=256)
+        self.max_due = None if max_due is None else validate_int("max_due", max_due, minimum=1)
+        self.max_lag_seconds = (None if max_lag_seconds is None else
+                                validate_seconds("max_lag_seconds", max_lag_seconds,
+                                                 positive=True))
+        self.durable = durable
+        self.clock = clock
+        self.policy = machine.RetryPolicy(self.retry_base_seconds, self.retry_max_seconds)
+        self._rng = random.Random(seed)
+        self._lock = SpoolLock(self.root / ".lock")
+        self._store = Store(self.root, durable=durable, sync_mode=sync_mode)
+        self._index = ClaimIndex(self._store, self._lock.generation, self._lock.ring)
+        self._owner = f"{socket.gethostname()}:{os.getpid()}"
+        self._terminal_writes = 0
+        self.settings = SpoolSettings(
+            lease_seconds=self.lease_seconds, max_attempts=self.max_attempts,
+            retry_base_seconds=self.retry_base_seconds, retry_max_seconds=self.retry_max_seconds,
+            keep_terminal=self.keep_terminal, max_rescues=self.max_rescues,
+            prepare_grace_seconds=self.prepare_grace_seconds)
+        if layout.created:
+            layout.save_settings(self.settings)
+        if not (self.root / FENCE_FILE).exists():
+            with self._lock.hold():  # re-check under the lock: never reset a live counter
+                if not (self.root / FENCE_FILE).exists():
+                    write_atomic(self.root / FENCE_FILE, encode_fence(0), durable=durable)
+
+    # ------------------------------------------------------------ plumbing
+
+    def close(self) -> None:
+        self._lock.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Spool({str(self.root)!r})"
+
+    @property
+    def lock(self) -> SpoolLock:
+        return self._lock
+
+    @property
+    def store(self) -> Store:
+        return self._store
+
+    def now(self) -> float:
+        return float(self.clock())
+
+    def _read(self, state: JobState, job_id: str) -> Job | None:
+        """One job file, or None when absent; a corrupt file is logged and treated as absent."""
+        try:
+            data = self._store.read(state.value, job_id + JOB_SUFFIX)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:  # a directory in its place, no permission, EIO: unreadable
+            report_unreadable(state.value, job_id, exc.strerror or str(exc))
+            return None
+        try:
+            return decode_job(data, expect_id=job_id, expect_state=state)
+        except CorruptJob as exc:
+            report_unreadable(state.value, job_id, exc.reason)
+            return None
+
+    def _locate(self, job_id: str) -> tuple[Job | None, list[JobState]]:
+        """The newest copy of a job and the states holding stale copies (crash leftovers)."""
+        copies = [j for j in (self._read(s, job_id) for s in ALL_STATES) if j is not None]
+        if not copies:
+            return None, []
+        best = max(copies, key=lambda j: j.revision)
+        return best, [j.state for j in copies if j is not best]
+
+    def _commit(self, pairs: Sequence[tuple[Job | None, Job | None]],
+                extra: Sequence[Change] = (), *, staged: dict[str, str] | None = None) -> None:
+        """Persist a batch of (old, new) snapshots as one store batch (call under the lock).
+
+        Encoding happens first, so a job that is too large or not serializable
+        raises before any file is touched.
+        """
+        # Root files (the fence) go first: see `claim`.
+        changes: list[Change] = [ch for ch in extra if ch.dst == ""]
+        touched: set[JobState] = set()
+        for old, new in pairs:
+            name = (new or old).id + JOB_SUFFIX  # type: ignore[union-attr]
+            path = staged.get(new.id) if staged and new is not None and old is None else None
+            if path is not None:
+                data: bytes | None = b""  # written (and size-checked) by `prestage`
+            else:
+                data = encode_job(new, max_bytes=self.max_job_bytes) if new is not None else None
+            changes.append(Change(name=name, dst=new.state.value if new else None, data=data,
+                                  src=old.state.value if old else None, staged=path))
+            if old is not None:
+                touched.add(old.state)
+            if new is not None:
+                touched.add(new.state)
+        changes.extend(ch for ch in extra if ch.dst != "")
+        for ch in extra:
+            for d in (ch.src, ch.dst):
+                if d and d in JobState._value2member_map_:
+                    touched.add(JobState(d))
+        current = {s for s in touched if self._index.tracked(s) and self._index.is_current(s)}
+        self._lock.begin_write()
+        try:
+            self._store.apply(changes)
+        except BaseException:
+            self._lock.end_write(clean=False)
+            for s in touched:
+                self._lock.bump(SLOT[s])
+            self._index.invalidate()
+            raise
+        self._lock.end_write(clean=True)
+        for s in touched:
+            g = self._lock.bump(SLOT[s])
+            if s is JobState.READY:
+                self._log_ready(g, pairs, extra)
+            if s in current:
+                self._index.mark_current(s, g)
+        for old, new in pairs:
+            if old is not None:
+                self._index.forget(old.state, old.id)
+            if new is not None and new.state in CLAIMABLE:
+                self._index.learn(new)
+            if new is not None and new.state in (JobState.COMPLETED, JobState.DEAD_LETTER,
+                                                 JobState.CANCELED):
+                self._terminal_writes += 1
+
+    def _log_ready(self, generation: int, pairs: Sequence[tuple[Job | None, Job | None]],
+                   extra: Sequence[Change]) -> None:
+        """Tell other processes' claim indexes what this batch did to `ready/` (changelog.py)."""
+        ready = JobState.READY
+        added = [new.id for old, new in pairs
+                 if new is not None and new.state is ready and (old is None or old.state is not ready)]
+        removed = [old.id for old, new in pairs
+                   if old is not None and old.state is ready and (new is None or new.state is not ready)]
+        removed += [ch.name[: -len(JOB_SUFFIX)] for ch in extra
+                    if ch.src == ready.value and ch.dst is None]
+        self._lock.ring.record(generation, added, removed)
+
+    def _touch(self, states: Iterable[JobState]) -> None:
+        """Tell every process's claim index that these directories changed outside `_commit`
+        (recovery's quarantine moves, pruning); call under the lock."""
+        for s in states:
+            self._lock.bump(SLOT[s])
+        self._index.invalidate()
+
+    def _stale_removals(self, job_id: str, stale: Iterable[JobState]) -> list[Change]:
+        return [Change(name=job_id + JOB_SUFFIX, dst=None, data=None, src=s.value) for s in stale]
+
+    def _read_fence(self) -> int:
+        try:
+            return decode_fence(self._store.read("", FENCE_FILE))
+        except FileNotFoundError:
+            return 0
+        except ValueError as exc:
+            raise SpoolError(f"{self.root / FENCE_FILE}: {exc}; run `jobspool recover` to "
+                             "rebuild it from the tokens on disk",
+                             path=str(self.root / FENCE_FILE)) from None
+
+    def fence_value(self) -> int:
+        """The last token handed out (read under the lock)."""
+        with self._lock.hold():
+            return self._read_fence()
+
+    def _maybe_autoprune(self) -> None:
+        """Amortized retention: prune once per `keep_terminal // 4 + 64` terminal writes here."""
+        if self._terminal_writes < max(64, self.keep_terminal // 4):
+            return
+        self._terminal_writes = 0
+        try:
+            from jobspool.recovery.prune import prune_if_over
+
+            prune_if_over(cast("Spool", self))
+        except ImportError:
+            pass
+        except (OSError, JobspoolError) as exc:
+            log.warning("automatic pruning failed (will retry later): %s", exc)
