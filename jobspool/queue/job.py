@@ -159,14 +159,6 @@ def clip_error(error: object) -> str:
     return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
 
 
-def check_json(name: str, value: Any) -> bytes:
-    """Serialize `value` or refuse it with a one-line `InvalidJob`."""
-    try:
-        return orjson.dumps(value)
-    except (TypeError, orjson.JSONEncodeError) as exc:
-        raise InvalidJob(f"{name} is not JSON-serializable: {exc}", field=name) from None
-
-
 # ---------------------------------------------------------------- ids
 
 _id_lock = threading.Lock()

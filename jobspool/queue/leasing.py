@@ -15,16 +15,12 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from jobspool.errors import (
-    JobspoolError,
-    LeaseLost,
-)
+from jobspool.errors import InvalidJob, JobspoolError, JobTooLarge, LeaseLost
 from jobspool.queue import machine
 from jobspool.queue.fence import FENCE_FILE, encode_fence
 from jobspool.queue.job import (
     Job,
     Lease,
-    check_json,
     encode_job,
     validate_int,
     validate_kind,
@@ -280,11 +276,11 @@ class LeasingSpool(SpoolBase):
         with self._lock.hold():
             now = self.now()
             pairs: list[tuple[Job | None, Job | None]] = []
+            encoded: dict[str, bytes] = {}
             for lease, (action, arg) in zip(leases, actions, strict=True):
                 try:
                     job = self._leased_job(lease)
                     if action == "complete":
-                        check_json("result", arg)
                         new = machine.complete(job, lease, now=now, result=arg)
                     else:
                         err, retryable, delay = arg
@@ -292,15 +288,28 @@ class LeasingSpool(SpoolBase):
                             delay = validate_seconds("delay", delay)
                         new = machine.fail(job, lease, now=now, error=err, retryable=retryable,
                                            delay=delay, policy=self.policy, rng=self._rng)
-                    encode_job(new, max_bytes=self.max_job_bytes)
+                    # Encoded here, once, so one bad result refuses only its own item.
+                    encoded[new.id] = self._encode_settled(new, action)
                 except JobspoolError as exc:
                     out.append(exc)
                     continue
                 out.append(new)
                 pairs.append((job, new))
-            self._commit(pairs)
+            self._commit(pairs, encoded=encoded)
         self._maybe_autoprune()
         return out
+
+    def _encode_settled(self, job: Job, action: str) -> bytes:
+        try:
+            return encode_job(job, max_bytes=self.max_job_bytes)
+        except JobTooLarge:
+            raise
+        except InvalidJob as exc:
+            if action != "complete":
+                raise
+            # The only new data a completion brings is the handler's result: name it.
+            raise InvalidJob(f"result of job {job.id!r} is not JSON-serializable: "
+                             f"{exc.message.rpartition(': ')[2]}", field="result") from None
 
     def release(self, lease: Lease, *, delay: float = 0.0) -> Job:
         """Give a leased job back without counting the attempt (fenced)."""

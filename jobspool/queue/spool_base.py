@@ -171,7 +171,8 @@ class SpoolBase:
         return best, [j.state for j in copies if j is not best]
 
     def _commit(self, pairs: Sequence[tuple[Job | None, Job | None]],
-                extra: Sequence[Change] = (), *, staged: dict[str, str] | None = None) -> None:
+                extra: Sequence[Change] = (), *, staged: dict[str, str] | None = None,
+                encoded: dict[str, bytes] | None = None) -> None:
         """Persist a batch of (old, new) snapshots as one store batch (call under the lock).
 
         Encoding happens first, so a job that is too large or not serializable
@@ -185,8 +186,12 @@ class SpoolBase:
             path = staged.get(new.id) if staged and new is not None and old is None else None
             if path is not None:
                 data: bytes | None = b""  # written (and size-checked) by `prestage`
+            elif new is None:
+                data = None
+            elif encoded is not None and new.id in encoded:
+                data = encoded[new.id]  # the caller encoded (and size-checked) it already
             else:
-                data = encode_job(new, max_bytes=self.max_job_bytes) if new is not None else None
+                data = encode_job(new, max_bytes=self.max_job_bytes)
             changes.append(Change(name=name, dst=new.state.value if new else None, data=data,
                                   src=old.state.value if old else None, staged=path))
             if old is not None:
