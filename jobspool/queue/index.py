@@ -267,8 +267,3 @@ class ClaimIndex:
         times += [exp for exp, kind, _ in self._leased.values()
                   if exp > now and (kinds is None or kind in kinds)]
         return min(times, default=None)
-
-    def counts(self) -> dict[str, int]:
-        return {"ready": len(self._ready), "retryable": len(self._retry),
-                "leased": len(self._leased)}
-

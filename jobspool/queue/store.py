@@ -289,16 +289,6 @@ class Store:
         for d in dirs:
             fsync_dir(self.root / d if d else self.root)
 
-    def remove_file(self, directory: str, name: str) -> bool:
-        """Unlink one file (used by recovery for stale temp files); flushes the directory."""
-        try:
-            os_unlink(os.path.join(self.root, directory, name))
-        except FileNotFoundError:
-            return False
-        if self.durable:
-            fsync_dir(self.root / directory)
-        return True
-
     def pool_names(self) -> list[str]:
         try:
             return os.listdir(self._pool_dir)
