@@ -242,3 +242,16 @@ def test_a_requeued_job_is_claimed_once_per_batch(spool: Spool) -> None:
     spool.requeue("a")
     leases = spool.claim(limit=5)
     assert [x.job_id for x in leases] == ["a"]
+
+
+def test_claim_never_takes_an_excluded_job_even_with_its_lease_expired(spool: Spool,
+                                                                       clock: Any) -> None:
+    spool.enqueue("note", job_id="mine", priority=-1)
+    (mine,) = spool.claim()
+    spool.enqueue("note", job_id="next")
+    clock.advance(31.0)  # the lease on "mine" has expired: it is claimable again
+    got = [lease.job_id for lease in spool.claim(limit=5, exclude={"mine"})]
+    assert got == ["next"]
+    assert spool.claim(limit=5, exclude={"mine"}) == []
+    (again,) = spool.claim()  # without the exclusion, the crashed-worker rule applies
+    assert again.job_id == "mine" and again.token > mine.token

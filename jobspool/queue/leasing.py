@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -39,13 +39,17 @@ class LeasingSpool(SpoolBase):
     # ------------------------------------------------------------ consuming
 
     def claim(self, *, kinds: Iterable[str] | str | None = None, limit: int = 1,
-              owner: str | None = None, lease_seconds: float | None = None) -> list[Lease]:
+              owner: str | None = None, lease_seconds: float | None = None,
+              exclude: Collection[str] = ()) -> list[Lease]:
         """Lease up to `limit` due jobs in (priority, run_at, id) order, one fsync'd batch.
 
         Takes jobs from `ready`, from `retryable` once `run_at <= now`, and from
         `leased` when the lease expired (the crashed-worker case: the attempt
         is counted, and a job out of attempts or rescues is dead-lettered
         instead). Each lease gets a fresh token from the spool-wide counter.
+        `exclude` names jobs the caller already runs (a worker never claims
+        one of its own jobs whose lease lapsed while its handler still runs:
+        another worker may, that is what fencing is for).
         """
         validate_int("limit", limit, minimum=1)
         seconds = self.lease_seconds if lease_seconds is None else validate_seconds(
@@ -60,7 +64,7 @@ class LeasingSpool(SpoolBase):
         who = owner or self._owner
         with self._lock.hold():
             try:
-                return self._claim_locked(kind_set, limit, who, seconds)
+                return self._claim_locked(kind_set, limit, who, seconds, frozenset(exclude))
             except BaseException:
                 # The index already forgot the candidates it handed out; a failure before
                 # the write must not hide those jobs from this process's later claims.
@@ -68,18 +72,24 @@ class LeasingSpool(SpoolBase):
                 raise
 
     def _claim_locked(self, kind_set: frozenset[str] | None, limit: int, who: str,
-                      seconds: float) -> list[Lease]:
+                      seconds: float, exclude: frozenset[str]) -> list[Lease]:
         now = self.now()
         fence = self._read_fence()  # before touching the index: a bad fence changes nothing
         self._index.refresh()
         picked: list[Job] = []
         dead: list[tuple[Job | None, Job | None]] = []
         stale: list[Change] = []
+        skipped: set[str] = set()  # excluded candidates: left in the index, asked past
         while len(picked) < limit:
-            cands = self._index.candidates(now, kind_set, limit - len(picked))
+            want = limit - len(picked) + len(skipped)
+            cands = [c for c in self._index.candidates(now, kind_set, want)
+                     if c.job_id not in skipped]
             if not cands:
                 break
             for c in cands:
+                if c.job_id in exclude:
+                    skipped.add(c.job_id)
+                    continue
                 if any(p.id == c.job_id for p in picked):
                     continue
                 job = self._read(c.state, c.job_id)

@@ -157,7 +157,7 @@ class Pipeline:
             return 0
         leases = await anyio.to_thread.run_sync(functools.partial(
             self.spool.claim, kinds=self.w.kinds, limit=want, owner=self.w.owner,
-            lease_seconds=self.w.lease_seconds))
+            lease_seconds=self.w.lease_seconds, exclude=frozenset(self.in_hand)))
         self.counters.claimed += len(leases)
         for lease in leases:
             ctx = Context(self.spool, lease, key_for=self.w.keys)
