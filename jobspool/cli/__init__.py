@@ -1,0 +1,73 @@
+"""The `jobspool` command line (DESIGN §8). Commands call the public API only.
+
+Exit codes: 0 success, 1 usage or bad input (one line, no traceback), 2 the
+spool is unhealthy or an operation was refused.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+import orjson
+
+from jobspool.cli.common import EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE, Refused, UsageError
+from jobspool.cli.parser import build_parser
+from jobspool.errors import (
+    Backpressure,
+    InvalidTransition,
+    JobspoolError,
+    SpoolError,
+)
+
+__all__ = ["EXIT_OK", "EXIT_UNHEALTHY", "EXIT_USAGE", "build_parser", "main"]
+
+
+# ---------------------------------------------------------------- main
+
+
+def _exit_code_for(exc: JobspoolError) -> int:
+    from jobspool.queue.worker import WorkerCrashed
+
+    if isinstance(exc, SpoolError | InvalidTransition | Backpressure | WorkerCrashed):
+        return EXIT_UNHEALTHY
+    return EXIT_USAGE
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    import warnings
+
+    from jobspool.errors import CorruptFileWarning
+
+    # The same event is logged as a warning already; one line per bad file is enough.
+    warnings.simplefilter("ignore", CorruptFileWarning)
+    as_json = "--json" in argv
+    try:
+        args = build_parser().parse_args(argv)
+        if not hasattr(args, "json") or args.json is None:
+            args.json = False
+        return int(args.func(args))
+    except UsageError as exc:
+        return _fail(str(exc), EXIT_USAGE, as_json)
+    except Refused as exc:
+        return _fail(str(exc), EXIT_UNHEALTHY, as_json)
+    except JobspoolError as exc:
+        return _fail(str(exc), _exit_code_for(exc), as_json)
+    except ValueError as exc:
+        return _fail(str(exc), EXIT_USAGE, as_json)
+    except OSError as exc:
+        where = f": {exc.filename}" if exc.filename else ""
+        return _fail(f"{exc.strerror or exc}{where}", EXIT_UNHEALTHY, as_json)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return EXIT_OK
+
+
+def _fail(message: str, code: int, as_json: bool) -> int:
+    line = " ".join(message.split())
+    if as_json:
+        sys.stdout.write(orjson.dumps({"ok": False, "error": line, "exit": code}).decode() + "\n")
+    sys.stderr.write(f"jobspool: error: {line}\n")
+    return code

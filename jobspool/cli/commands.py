@@ -1,0 +1,322 @@
+"""The commands: each parses nothing, calls the public API, renders the outcome."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+import orjson
+
+from jobspool.cli.common import (
+    EXIT_OK,
+    EXIT_UNHEALTHY,
+    Refused,
+    UsageError,
+    _emit,
+    _job_line,
+    _job_text,
+    _open,
+    _root,
+)
+
+# ---------------------------------------------------------------- commands
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    from jobspool.queue.spool import Spool
+
+    root = _root(args)
+    existed = (root / "spool.json").exists()
+    opts = {k: v for k, v in (("lease_seconds", args.lease_seconds),
+                              ("max_attempts", args.max_attempts),
+                              ("keep_terminal", args.keep_terminal)) if v is not None}
+    with Spool(root, create=True, **opts) as spool:
+        doc = {"root": str(spool.root.resolve()), "created": not existed,
+               "settings": _settings_dict(spool)}
+    _emit(args, doc, f"{'spool already initialized at' if existed else 'initialized spool at'} "
+                     f"{doc['root']}")
+    return EXIT_OK
+
+
+def _settings_dict(spool: Any) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return asdict(spool.settings)
+
+
+def _read_payload(text: str | None) -> Any:
+    if text is None:
+        return None
+    raw = sys.stdin.read() if text == "-" else text
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        where = "stdin" if text == "-" else "PAYLOAD_JSON"
+        raise UsageError(f"payload from {where} is not valid JSON: {exc}") from None
+
+
+def cmd_enqueue(args: argparse.Namespace) -> int:
+    payload = _read_payload(args.payload)
+    with _open(args, create=True) as spool:
+        job = spool.enqueue(args.kind, payload, job_id=args.job_id, delay=args.delay,
+                            priority=args.priority, max_attempts=args.max_attempts)
+    _emit(args, job.to_dict(), f"{job.id} {job.state.value}")
+    return EXIT_OK
+
+
+def _load_app(spec: str | None) -> Any:
+    if spec is None:
+        return None
+    from jobspool.app import AppError, load_app
+
+    try:
+        return load_app(spec)
+    except AppError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _make_worker(args: argparse.Namespace, spool: Any) -> Any:
+    from jobspool.queue.worker import Worker
+
+    app = _load_app(args.app)
+    kinds = None
+    if args.kinds:
+        kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+        missing = [k for k in kinds if k not in app.handlers]
+        if missing:
+            raise UsageError(f"--kinds names kinds the app has no handler for: "
+                             f"{', '.join(missing)}")
+    return Worker(spool, app, concurrency=args.concurrency, batch_size=args.batch_size,
+                  kinds=kinds, lease_seconds=args.lease_seconds,
+                  projection=args.projection or app.projection,
+                  maintenance=not args.no_maintenance)
+
+
+def _setup_logging(args: argparse.Namespace) -> None:
+    from jobspool.logs import setup_logging
+
+    setup_logging(getattr(args, "log_level", "warning"), getattr(args, "log_format", "text"))
+
+
+def cmd_run_until_idle(args: argparse.Namespace) -> int:
+    _setup_logging(args)
+    from jobspool.progress import Progress
+
+    with _open(args, create=True) as spool:
+        worker = _make_worker(args, spool)
+        progress = None if args.json else Progress.for_stdout(spool, worker.kinds)
+        report = worker.run_until_idle(args.max_jobs, wait_for_retries=args.wait_retries,
+                                       progress=progress.update if progress else None,
+                                       handle_signals=True)
+        if progress:
+            progress.close()
+    doc = report.to_dict()
+
+    def text() -> str:
+        lines = [f"claimed {report.claimed}, completed {report.completed}, retried "
+                 f"{report.retried}, dead-lettered {report.dead_lettered}, lease lost "
+                 f"{report.lease_lost}, released {report.released} in {report.duration:.2f} s "
+                 f"({report.rate:.0f} jobs/s)"]
+        if report.projected_rows:
+            lines.append(f"projected {report.projected_rows} rows")
+        for kind, n in sorted(report.unhandled.items()):
+            lines.append(f"left {n} due job(s) of kind {kind!r}: no handler in this app")
+        return "\n".join(lines)
+
+    _emit(args, doc, text)
+    _exit_past_abandoned_handlers()
+    return EXIT_OK
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    _setup_logging(args)
+    import anyio
+
+    from jobspool.queue.worker import WorkerCrashed
+
+    with _open(args, create=True) as spool:
+        worker = _make_worker(args, spool)
+        worker.grace_seconds = args.grace
+        server = None
+        if args.metrics_port is not None:
+            from jobspool.metrics import serve_metrics
+
+            try:
+                server = serve_metrics(spool, args.metrics_host, args.metrics_port, worker)
+            except OSError as exc:
+                raise UsageError(f"--metrics-port {args.metrics_port}: cannot listen on "
+                                 f"{args.metrics_host}:{args.metrics_port} "
+                                 f"({exc.strerror})") from None
+        try:
+            report = anyio.run(worker.run_forever)
+        except WorkerCrashed as exc:
+            raise Refused(str(exc)) from None
+        finally:
+            if server is not None:
+                server.shutdown()
+    _emit(args, report.to_dict(), f"worker stopped: completed {report.completed}, retried "
+                                  f"{report.retried}, dead-lettered {report.dead_lettered}, "
+                                  f"released {report.released}")
+    _exit_past_abandoned_handlers()
+    return EXIT_OK
+
+
+def _exit_past_abandoned_handlers() -> None:
+    """Exit now if sync handlers cut off by the grace period are still running.
+
+    Their leases were released (another worker may be running those jobs
+    already) and Python cannot stop a thread; waiting for them at
+    interpreter exit would make `worker` ignore its own grace period.
+    """
+    import threading
+
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate()
+           if t is not threading.main_thread()):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_OK)
+
+
+def cmd_recover(args: argparse.Namespace) -> int:
+    _setup_logging(args)
+    app = _load_app(args.app)
+    with _open(args, create=True) as spool:
+        report = spool.recover(replay=dict(app.replay) if app is not None else None)
+    _emit(args, report.to_dict(), lambda: _report_text("recovered", report.to_dict()))
+    return EXIT_OK
+
+
+def _report_text(title: str, d: dict[str, Any]) -> str:
+    counts = {k: (len(v) if isinstance(v, list | tuple | dict) else v) for k, v in d.items()
+              if isinstance(v, int | list | tuple | dict) and not isinstance(v, bool)}
+    return f"{title}: " + ", ".join(f"{k}={v}" for k, v in counts.items())
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    with _open(args) as spool:
+        if args.prometheus:
+            from jobspool.metrics import render_prometheus
+
+            sys.stdout.write(render_prometheus(spool))
+            return EXIT_OK
+        stats = spool.stats(by_kind=args.by_kind)
+    d = stats.to_dict()
+
+    def text() -> str:
+        lines = [f"{state:<12} {n:>9}" for state, n in stats.counts.items()]
+        lines.append(f"{'total':<12} {stats.total:>9}")
+        age = "-" if stats.oldest_due_age is None else f"{stats.oldest_due_age:.1f} s"
+        lines.append(f"due now {stats.due}, oldest due {age}, fence {stats.fence}, "
+                     f"quarantined {stats.quarantined}")
+        for kind, per in sorted(stats.by_kind.items()):
+            lines.append(f"  {kind}: " + ", ".join(f"{s}={n}" for s, n in per.items()))
+        return "\n".join(lines)
+
+    _emit(args, d, text)
+    return EXIT_OK
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    import itertools
+
+    with _open(args) as spool:
+        jobs = list(itertools.islice(spool.jobs(state=args.state, kind=args.kind), args.limit))
+    _emit(args, [j.to_dict() for j in jobs],
+          lambda: "\n".join(_job_line(j) for j in jobs) if jobs else "no jobs")
+    return EXIT_OK
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    with _open(args) as spool:
+        job = spool.get(args.job_id)
+    _emit(args, job.to_dict(), lambda: _job_text(job))
+    return EXIT_OK
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    with _open(args) as spool:
+        job = spool.cancel(args.job_id)
+    _emit(args, job.to_dict(), f"{job.id} canceled")
+    return EXIT_OK
+
+
+def cmd_requeue(args: argparse.Namespace) -> int:
+    if bool(args.job_id) == bool(args.all_dead):
+        raise UsageError("requeue takes a job id or --all-dead (one of them)")
+    with _open(args) as spool:
+        if args.all_dead:
+            jobs = spool.requeue_all()
+            _emit(args, {"requeued": [j.id for j in jobs]}, f"requeued {len(jobs)} dead letter(s)")
+        else:
+            job = spool.requeue(args.job_id)
+            _emit(args, job.to_dict(), f"{job.id} requeued")
+    return EXIT_OK
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    with _open(args) as spool:
+        report = spool.prune(keep=args.keep, older_than=args.older_than,
+                             keep_dead=args.keep_dead)
+    _emit(args, report.to_dict(), lambda: _report_text("pruned", report.to_dict()))
+    return EXIT_OK
+
+
+def cmd_fsck(args: argparse.Namespace) -> int:
+    with _open(args) as spool:
+        report = spool.fsck()
+    d = report.to_dict()
+    _emit(args, d, lambda: "spool is consistent" if report.ok else
+          "spool has problems:\n" + "\n".join(f"  {p}" for p in report.problems))
+    return EXIT_OK if report.ok else EXIT_UNHEALTHY
+
+
+def _projection_uri(args: argparse.Namespace, spool: Any) -> str:
+    from jobspool.queue.worker import default_projection_uri
+
+    app = _load_app(getattr(args, "app", None))
+    return str(args.projection or (app.projection if app and app.projection else None)
+               or default_projection_uri(spool.root))
+
+
+def cmd_maintain(args: argparse.Namespace) -> int:
+    _setup_logging(args)
+    with _open(args) as spool:
+        uri = _projection_uri(args, spool)
+        tables = [t for t in (args.tables or "").split(",") if t] or None
+        from jobspool.projection.maintenance import maintain
+
+        report = maintain(uri, tables=tables, budget_seconds=args.budget,
+                          min_live_token=spool.min_live_token())
+    d = report.to_dict() if hasattr(report, "to_dict") else {"report": str(report)}
+    _emit(args, d, lambda: _maintain_text(report))
+    return EXIT_OK if report.ok else EXIT_UNHEALTHY
+
+
+def _maintain_text(report: Any) -> str:
+    lines = [f"{t.table:<24} {t.outcome:<10} {t.reason}" for t in report.tables]
+    if report.resume_at:
+        lines.append(f"next run resumes at table {report.resume_at!r}")
+    return "\n".join(lines) if lines else "no tables"
+
+
+def cmd_health(args: argparse.Namespace) -> int:
+    from jobspool.health import check_health
+
+    with _open(args) as spool:
+        health = check_health(spool, max_due_age=args.max_due_age, projection=args.projection,
+                              lease_grace=args.lease_grace,
+                              maintenance_cadence=args.maintenance_cadence,
+                              max_maintenance_failures=args.max_maintenance_failures)
+    _emit(args, health.to_dict(), lambda: health.text())
+    return EXIT_OK if health.ok else EXIT_UNHEALTHY
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    _setup_logging(args)
+    from jobspool.demo import run_demo
+
+    return run_demo(root=args.root or os.environ.get("JOBSPOOL_ROOT"), jobs=args.jobs,
+                    workers=args.workers, as_json=args.json)
+

@@ -1,0 +1,109 @@
+"""Shared pieces of the command line: exit codes, errors, argument types, output."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NoReturn
+
+import orjson
+
+EXIT_OK = 0
+EXIT_USAGE = 1
+EXIT_UNHEALTHY = 2
+
+
+class UsageError(Exception):
+    """Bad command-line input: exit 1 with one line."""
+
+
+class Refused(Exception):
+    """An operation was refused or the spool is unhealthy: exit 2 with one line."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _number(cast: Callable[[str], float], noun: str, *, strictly_positive: bool
+            ) -> Callable[[str], Any]:
+    """An argparse type: a finite number of `cast`'s kind, positive or non-negative."""
+    need = "a positive" if strictly_positive else "a non-negative"
+
+    def parse(text: str) -> Any:
+        try:
+            value = cast(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
+        ok = value > 0 if strictly_positive else value >= 0  # False for NaN too
+        if not ok or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"{text!r} must be {need} {noun.split()[-1]}")
+        return value
+
+    return parse
+
+
+_positive_float = _number(float, "a number", strictly_positive=True)
+_nonneg_float = _number(float, "a number", strictly_positive=False)
+_positive_int = _number(int, "an integer", strictly_positive=True)
+_nonneg_int = _number(int, "an integer", strictly_positive=False)
+
+
+def _port(text: str) -> int:
+    value = int(_nonneg_int(text))
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port")
+    return value
+
+
+def _version() -> str:
+    from jobspool import __version__
+
+    return __version__
+
+
+def _state_names() -> list[str]:
+    from jobspool.queue.states import JobState
+
+    return [s.value for s in JobState]
+
+
+# ---------------------------------------------------------------- output helpers
+
+
+def _emit(args: argparse.Namespace, doc: Any, text: str | Callable[[], str]) -> None:
+    if args.json:
+        sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2, default=str).decode()
+                         + "\n")
+    else:
+        sys.stdout.write((text() if callable(text) else text).rstrip("\n") + "\n")
+
+
+def _root(args: argparse.Namespace) -> Path:
+    root = args.root or os.environ.get("JOBSPOOL_ROOT")
+    if not root:
+        raise UsageError("no spool given: pass --root DIR or set JOBSPOOL_ROOT")
+    return Path(root)
+
+
+def _open(args: argparse.Namespace, *, create: bool = False, **kwargs: Any) -> Any:
+    from jobspool.queue.spool import Spool
+
+    return Spool(_root(args), create=create, **kwargs)
+
+
+def _job_line(job: Any) -> str:
+    return (f"{job.id:<28} {job.state.value:<11} {job.kind:<16} attempts={job.attempts}/"
+            f"{job.max_attempts} priority={job.priority}"
+            + (f"  last_error={job.last_error[:60]!r}" if job.last_error else ""))
+
+
+def _job_text(job: Any) -> str:
+    d = job.to_dict()
+    return "\n".join(f"{k:>13}: {orjson.dumps(v).decode() if not isinstance(v, str) else v}"
+                     for k, v in d.items())
+
