@@ -41,6 +41,10 @@ class ChangeRing:
     def __init__(self, shared: mmap.mmap) -> None:
         self._map = shared
 
+    def remap(self, shared: mmap.mmap) -> None:
+        """Follow the lock file to a new map (after `.lock` was replaced)."""
+        self._map = shared
+
     def _count(self) -> int:
         return int(_HEADER.unpack_from(self._map, RING_OFFSET)[0])
 

@@ -108,6 +108,7 @@ class SpoolBase:
         self._lock = SpoolLock(self.root / ".lock")
         self._store = Store(self.root, durable=durable, sync_mode=sync_mode)
         self._index = ClaimIndex(self._store, self._lock.generation, self._lock.ring)
+        self._lock.on_reopen = self._index.invalidate
         self._owner = f"{socket.gethostname()}:{os.getpid()}"
         self._terminal_writes = 0
         self.settings = SpoolSettings(
