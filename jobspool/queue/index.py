@@ -16,12 +16,26 @@ can cost a wasted read or a slightly different order among equals, never a
 wrong claim. A job that left a directory and came back between two of our
 listings keeps its old sort key in `ready/` (order only); in `retryable/`
 the inode number is part of the key, so a rewritten file is read again.
+
+Changes made behind the spool's back (a job file copied into `ready/` by
+hand, restored from a backup or from quarantine) bump no generation. So at
+most once per `check_seconds` (stretched to keep relisting under ~2 % of
+the time on a huge directory) a refresh also stats each directory and
+relists it when its mtime/ctime/size moved since the stamp taken before the
+last listing, when that stamp was *racy* (taken within a filesystem
+timestamp tick of the directory's last change, so a later change in the
+same tick would look identical), or when the last listing met a file it
+could not read (a copy still being written). Any change through the spool
+also moves the directory's mtime, so a busy directory is relisted at that
+rate: that, not correctness, is what the stretching bounds.
 """
 
 from __future__ import annotations
 
 import heapq
 import logging
+import os
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -53,6 +67,15 @@ class Candidate:
 
 
 _Key = tuple[int, float, str]  # (priority, run_at, kind)
+_Stamp = tuple[int, int, int, bool]  # directory (mtime_ns, ctime_ns, size, racy)
+
+# How often a refresh looks for changes made behind the spool's back, at least.
+CHECK_SECONDS = 1.0
+# Filesystem timestamps come from a coarse clock (one tick: 1-10 ms on Linux); a change
+# this close to a stamp may share its timestamp with a later one.
+_RACY_NS = 50_000_000
+# Relisting because of a moved stamp may take at most 1/_RELIST_SHARE of the time.
+_RELIST_SHARE = 50
 
 
 class ClaimIndex:
@@ -77,6 +100,11 @@ class ClaimIndex:
         # is a lower bound and "not expired" from the cache is always true
         self._leased: dict[str, tuple[float, str, int]] = {}
         self._bad: set[tuple[str, str]] = set()
+        # Directory stamps for changes made behind the spool's back (see the module docstring).
+        self.check_seconds = CHECK_SECONDS
+        self._next_check = time.monotonic() + self.check_seconds
+        self._stamp: dict[JobState, _Stamp | None] = dict.fromkeys(self._gen)
+        self._dirty: dict[JobState, bool] = dict.fromkeys(self._gen, False)
 
     # ------------------------------------------------------------ freshness
 
@@ -96,15 +124,42 @@ class ClaimIndex:
             self._gen[state] = None
 
     def refresh(self) -> None:
-        """Relist every directory whose generation moved (call under the spool lock)."""
+        """Relist every directory whose generation moved, and (at most once per
+        `check_seconds`) every directory changed behind the spool's back (under the lock)."""
+        started = time.monotonic()
+        check = started >= self._next_check
+        relisted = False
         for state in (JobState.READY, JobState.RETRYABLE, JobState.LEASED):
             g = self._generation(SLOT[state])
             seen = self._gen[state]
-            if seen == g:
-                continue
-            if not (state is JobState.READY and seen is not None and self._replay(seen, g)):
+            fresh = False
+            if seen != g and not (state is JobState.READY and seen is not None
+                                  and self._replay(seen, g)):
                 self._relist(state)
+                fresh = relisted = True
+            if check and not fresh and self._moved(state):
+                self._relist(state)
+                relisted = True
             self._gen[state] = g
+        if check:
+            spent = time.monotonic() - started if relisted else 0.0
+            self._next_check = time.monotonic() + max(self.check_seconds, spent * _RELIST_SHARE)
+
+    def _dir_stamp(self, state: JobState) -> _Stamp | None:
+        try:
+            st = os.stat(self._store.root / state.value)
+        except OSError:
+            return None
+        racy = time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) < _RACY_NS
+        return (st.st_mtime_ns, st.st_ctime_ns, st.st_size, racy)
+
+    def _moved(self, state: JobState) -> bool:
+        """Whether `state`'s directory may hold changes the last listing did not see."""
+        stamp = self._stamp.get(state)
+        if stamp is None or stamp[3] or self._dirty.get(state, False):
+            return True
+        now = self._dir_stamp(state)
+        return now is None or now[:3] != stamp[:3]
 
     def _replay(self, seen: int, now: int) -> bool:
         """Apply other processes' logged changes to `ready/` instead of relisting it."""
@@ -154,6 +209,10 @@ class ClaimIndex:
         return None if job is None else (job.priority, job.run_at, job.kind)
 
     def _relist(self, state: JobState) -> None:
+        # Stamp before listing: a change landing in between is listed now and, having
+        # moved the directory past the stamp, relisted once more later (harmless).
+        self._stamp[state] = self._dir_stamp(state)
+        missed = False
         if state is JobState.READY:
             names = set(self._store.names(state.value))
             for gone in self._ready.keys() - names:
@@ -164,6 +223,8 @@ class ClaimIndex:
                 if key is not None:
                     self._ready[job_id] = key
                     heaps.setdefault(key[2], []).append((key[0], key[1], job_id))
+                else:
+                    missed = True
             for heap in heaps.values():
                 heapq.heapify(heap)
         elif state is JobState.RETRYABLE:
@@ -174,6 +235,8 @@ class ClaimIndex:
                 job = self._read(state, job_id)
                 if job is not None:
                     self.learn(job, inode=listing[job_id])
+                else:
+                    missed = True
         else:
             names = set(self._store.names(state.value))
             for gone in self._leased.keys() - names:
@@ -182,6 +245,11 @@ class ClaimIndex:
                 job = self._read(state, job_id)
                 if job is not None:
                     self.learn(job)
+                else:
+                    missed = True
+        # A file that could not be read may be a copy still being written: its completion
+        # will not move the directory, so look again at the next check.
+        self._dirty[state] = missed
 
     # ------------------------------------------------------------ updates
 
