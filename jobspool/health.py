@@ -17,26 +17,43 @@ tripped it.
 |                         | 3x `maintenance_cadence` although maintenance was attempted    |
 | `maintenance_failing`   | a table's optimize failed `max_maintenance_failures` times in  |
 |                         | a row (lost commit races are `deferred`, never counted)        |
+| `unreadable_files`      | a state directory holds a file that is not a readable job      |
+|                         | (claims skip it: the job it should be never runs)              |
+| `ready_not_claimed`     | a file has sat in `ready/` longer than `max_due_age` since it  |
+|                         | arrived there (by its ctime): e.g. placed by hand where no     |
+|                         | worker for its kind looks                                      |
+| `low_disk_space`        | the spool's filesystem has less than `min_free_bytes` or       |
+|                         | `min_free_percent` free (a full disk fails every write)        |
+| `worker_stale`          | a worker's metrics file under `metrics/` was last written more |
+|                         | than `worker_stale` seconds ago (it refreshes every 5 s while  |
+|                         | its loop runs: the worker is stuck, or died without cleanup)   |
 
-Cost: one listing of every state directory (`Spool.stats`), plus reading the
-files of `leased/` and `prepared/` (both small in a healthy spool: bounded
-by worker concurrency and by in-flight two-phase producers), plus the
-projection's maintenance state file. Nothing is written.
+Cost: one listing of every state directory (`Spool.stats`), plus one
+lock-free read of every job file to find unreadable ones (as `stats
+--prometheus` does; terminal states are bounded by retention), one `lstat`
+per file in `ready/`, one `statvfs`, the worker metrics files and the
+projection's maintenance state file. Nothing is written, so read access to
+the spool is enough (`Spool(root, read_only=True)`).
 
 Time: spool rules use the spool's clock (`spool.now()`). Maintenance
 timestamps are wall-clock seconds written by `maintain`; they are compared
 with the same `spool.now()`, which is the wall clock unless a test injects
-another.
+another. File times (a ready file's arrival, a worker's metrics file) are
+the filesystem's and are compared with the wall clock (`time.time()`).
 """
 
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from jobspool.queue.states import JobState
+from jobspool.queue.store import JOB_SUFFIX
 
 if TYPE_CHECKING:
     from jobspool.queue.spool import Spool
@@ -45,6 +62,13 @@ DEFAULT_MAX_DUE_AGE = 300.0
 DEFAULT_MAINTENANCE_CADENCE = 60.0  # MaintenanceBeat's default interval
 DEFAULT_MAX_MAINTENANCE_FAILURES = 3
 STALE_FACTOR = 3.0
+DEFAULT_MIN_FREE_BYTES = 100 * 1024 * 1024
+DEFAULT_MIN_FREE_PERCENT = 1.0
+DEFAULT_WORKER_STALE = 60.0  # workers rewrite their metrics file every 5 s
+
+# Seams for tests (a nearly full disk, a clock for file times).
+os_statvfs = os.statvfs
+wall_clock = time.time
 _EXAMPLES = 3  # job ids / tables named in a message
 
 # Outcomes that count as "maintenance is doing its job" besides `optimized`:
@@ -121,6 +145,9 @@ def check_health(
     lease_grace: float = 0.0,
     maintenance_cadence: float = DEFAULT_MAINTENANCE_CADENCE,
     max_maintenance_failures: int = DEFAULT_MAX_MAINTENANCE_FAILURES,
+    min_free_bytes: int = DEFAULT_MIN_FREE_BYTES,
+    min_free_percent: float = DEFAULT_MIN_FREE_PERCENT,
+    worker_stale: float = DEFAULT_WORKER_STALE,
 ) -> Health:
     """Check a spool (and its projection's maintenance) and return the verdict with reasons.
 
@@ -128,6 +155,9 @@ def check_health(
     defaults to `<root>/index` when that directory exists. A remote URI has
     no local state file and adds no reasons. `lease_grace` tolerates leases
     that expired that recently (a worker about to reclaim them).
+    `min_free_bytes` / `min_free_percent` bound the free space of the
+    spool's filesystem; `worker_stale` is the age in seconds past which a
+    worker's metrics file means a stuck or vanished worker.
     """
     if not max_due_age > 0:
         raise ValueError(f"max_due_age must be a positive number, not {max_due_age!r}")
@@ -139,6 +169,12 @@ def check_health(
     if max_maintenance_failures < 1:
         raise ValueError(f"max_maintenance_failures must be at least 1, not "
                          f"{max_maintenance_failures!r}")
+    if not min_free_bytes >= 0:
+        raise ValueError(f"min_free_bytes must not be negative, not {min_free_bytes!r}")
+    if not 0 <= min_free_percent <= 100:
+        raise ValueError(f"min_free_percent must be between 0 and 100, not {min_free_percent!r}")
+    if not worker_stale > 0:
+        raise ValueError(f"worker_stale must be a positive number, not {worker_stale!r}")
     stats = spool.stats()
     now = stats.now
     reasons: list[Reason] = []
@@ -185,6 +221,37 @@ def check_health(
             f"each has a .reason file beside it; repair and re-enqueue, or delete them",
             stats.quarantined))
 
+    unreadable = _unreadable_files(spool)
+    if unreadable:
+        reasons.append(Reason(
+            "unreadable_files",
+            f"{_plural(len(unreadable), 'unreadable file')} in state directories "
+            f"({_ids(unreadable)}): claims skip them, so those jobs never run; run `jobspool "
+            f"recover` to quarantine them, then `jobspool quarantine show`",
+            len(unreadable)))
+
+    waiting = _ready_not_claimed(spool, max_due_age)
+    if waiting:
+        reasons.append(Reason(
+            "ready_not_claimed",
+            f"{_plural(len(waiting), 'job file')} sat in ready/ over {max_due_age:g} s since "
+            f"arriving ({_ids(waiting)}): no worker took them; is a worker running for their "
+            f"kind? (a file placed by hand is noticed by workers within seconds)",
+            len(waiting)))
+
+    disk = _disk_reason(spool, min_free_bytes, min_free_percent)
+    if disk is not None:
+        reasons.append(disk)
+
+    stale_workers = _stale_workers(spool, worker_stale)
+    if stale_workers:
+        reasons.append(Reason(
+            "worker_stale",
+            f"{_plural(len(stale_workers), 'worker')} stopped refreshing its metrics file for "
+            f"over {worker_stale:g} s ({_ids(stale_workers)}): stuck, or died without "
+            f"cleaning up; if it is gone, delete its file under {spool.root / 'metrics'}",
+            len(stale_workers)))
+
     uri = os.fspath(projection) if projection is not None else default_projection(spool)
     if uri is not None:
         reasons.extend(_maintenance_reasons(uri, now, maintenance_cadence,
@@ -193,7 +260,9 @@ def check_health(
     figures = {"counts": dict(stats.counts), "due": stats.due,
                "oldest_due_age": stats.oldest_due_age, "fence": stats.fence,
                "quarantined": stats.quarantined, "expired_leases": len(expired),
-               "stale_prepared": len(stuck), "projection": uri}
+               "stale_prepared": len(stuck), "projection": uri,
+               "unreadable_files": len(unreadable), "ready_not_claimed": len(waiting),
+               "stale_workers": len(stale_workers), **_disk_figures(spool)}
     return Health(reasons=reasons, root=str(spool.root), checked_at=now, figures=figures)
 
 
@@ -209,6 +278,102 @@ def _expired_leases(spool: Spool, cutoff: float) -> list[str]:
 def _stale_prepared(spool: Spool, cutoff: float) -> list[str]:
     """Prepared jobs last touched at or before `cutoff` — the rule recovery replays by."""
     return [job.id for job in spool.jobs(JobState.PREPARED) if job.updated_at <= cutoff]
+
+
+def _unreadable_files(spool: Spool) -> list[str]:
+    """`state/name` of each file in a state directory that is not a readable job, confirmed
+    by a second read under the lock (a lock-free read can race a recycled file, scan.py)."""
+    from jobspool.recovery.quarantine import confirm
+    from jobspool.recovery.scan import scan_spool
+
+    suspects = scan_spool(spool).bad
+    if not suspects:
+        return []
+    with spool.lock.hold():
+        confirmed = [confirm(spool, bad) for bad in suspects]
+    return sorted(bad.path for bad in confirmed if bad is not None)
+
+
+def _ready_not_claimed(spool: Spool, max_due_age: float) -> list[str]:
+    """Ids of files in `ready/` that arrived (ctime: the rename into ready/) over
+    `max_due_age` seconds ago."""
+    directory = Path(spool.root) / JobState.READY.value
+    cutoff = wall_clock() - max_due_age
+    out: list[str] = []
+    try:
+        with os.scandir(directory) as it:
+            for entry in it:
+                if not entry.name.endswith(JOB_SUFFIX):
+                    continue
+                try:
+                    arrived = entry.stat(follow_symlinks=False).st_ctime
+                except FileNotFoundError:
+                    continue  # claimed meanwhile
+                if arrived <= cutoff:
+                    out.append(entry.name[: -len(JOB_SUFFIX)])
+    except FileNotFoundError:
+        return []
+    return sorted(out)
+
+
+def _disk_figures(spool: Spool) -> dict[str, Any]:
+    try:
+        st = os_statvfs(spool.root)
+    except OSError:
+        return {"free_bytes": None, "free_percent": None}
+    free = st.f_bavail * st.f_frsize
+    percent = 100.0 * st.f_bavail / st.f_blocks if st.f_blocks else 100.0
+    return {"free_bytes": free, "free_percent": round(percent, 3)}
+
+
+def _disk_reason(spool: Spool, min_bytes: int, min_percent: float) -> Reason | None:
+    figures = _disk_figures(spool)
+    free, percent = figures["free_bytes"], figures["free_percent"]
+    if free is None or percent is None:
+        return None
+    if free >= min_bytes and percent >= min_percent:
+        return None
+    return Reason(
+        "low_disk_space",
+        f"the filesystem holding {spool.root} has {free / 2**20:.1f} MiB free ({percent:.2f} %; "
+        f"bounds {min_bytes / 2**20:.1f} MiB and {min_percent:g} %): writes will start "
+        f"failing; prune (`jobspool prune`) or free space",
+        free)
+
+
+def _stale_workers(spool: Spool, stale_after: float) -> list[str]:
+    """Owners of worker metrics files (`metrics.publish_worker_report`) older than
+    `stale_after` seconds; a file that cannot be read counts by its modification time."""
+    from jobspool.metrics import METRICS_DIR
+
+    directory = Path(spool.root) / METRICS_DIR
+    now = wall_clock()
+    out: list[str] = []
+    try:
+        names = sorted(n for n in os.listdir(directory) if n.endswith(".json"))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    for name in names:
+        path = directory / name
+        try:
+            raw = path.read_bytes()
+            written = path.stat().st_mtime
+        except FileNotFoundError:
+            continue  # the worker exited cleanly meanwhile
+        except OSError:
+            continue
+        owner = name[: -len(".json")]
+        try:
+            doc = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            doc = None
+        if isinstance(doc, dict):
+            at = _number(doc.get("written_at"))
+            written = at if at is not None else written
+            owner = doc["owner"] if isinstance(doc.get("owner"), str) else owner
+        if now - written > stale_after:
+            out.append(owner)
+    return out
 
 
 def _number(value: object) -> float | None:

@@ -59,7 +59,7 @@ def _read_payload(text: str | None) -> Any:
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
     payload = _read_payload(args.payload)
-    with _open(args, create=True) as spool:
+    with _open(args, create=args.create) as spool:
         job = spool.enqueue(args.kind, payload, job_id=args.job_id, delay=args.delay,
                             priority=args.priority, max_attempts=args.max_attempts)
     _emit(args, job.to_dict(), f"{job.id} {job.state.value}")
@@ -104,7 +104,7 @@ def cmd_run_until_idle(args: argparse.Namespace) -> int:
     _setup_logging(args)
     from jobspool.progress import Progress
 
-    with _open(args, create=True) as spool:
+    with _open(args, create=args.create) as spool:
         worker = _make_worker(args, spool)
         progress = None if args.json else Progress.for_stdout(spool, worker.kinds)
         report = worker.run_until_idle(args.max_jobs, wait_for_retries=args.wait_retries,
@@ -136,7 +136,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     from jobspool.queue.worker import WorkerCrashed
 
-    with _open(args, create=True) as spool:
+    with _open(args, create=args.create) as spool:
         worker = _make_worker(args, spool)
         worker.grace_seconds = args.grace
         server = None
@@ -182,7 +182,7 @@ def _exit_past_abandoned_handlers() -> None:
 def cmd_recover(args: argparse.Namespace) -> int:
     _setup_logging(args)
     app = _load_app(args.app)
-    with _open(args, create=True) as spool:
+    with _open(args, create=args.create) as spool:
         report = spool.recover(replay=dict(app.replay) if app is not None else None)
     _emit(args, report.to_dict(), lambda: _report_text("recovered", report.to_dict()))
     return EXIT_OK
@@ -195,7 +195,9 @@ def _report_text(title: str, d: dict[str, Any]) -> str:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    with _open(args) as spool:
+    if args.prometheus and args.json:
+        raise UsageError("stats: --prometheus and --json are two output formats; pick one")
+    with _open(args, read_only=True) as spool:
         if args.prometheus:
             from jobspool.metrics import render_prometheus
 
@@ -221,7 +223,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
 def cmd_list(args: argparse.Namespace) -> int:
     import itertools
 
-    with _open(args) as spool:
+    with _open(args, read_only=True) as spool:
         jobs = list(itertools.islice(spool.jobs(state=args.state, kind=args.kind), args.limit))
     _emit(args, [j.to_dict() for j in jobs],
           lambda: "\n".join(_job_line(j) for j in jobs) if jobs else "no jobs")
@@ -229,24 +231,53 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    with _open(args) as spool:
+    with _open(args, read_only=True) as spool:
         job = spool.get(args.job_id)
     _emit(args, job.to_dict(), lambda: _job_text(job))
     return EXIT_OK
 
 
+def _bulk(args: argparse.Namespace) -> bool:
+    """Whether a cancel/requeue names filters (many jobs) rather than one ID."""
+    filters = [f for f, v in (("--kind", args.kind), ("--state", args.state),
+                              ("--older-than", args.older_than)) if v is not None]
+    if filters and args.job_id:
+        raise UsageError(f"{args.command} takes a job id or filters ({', '.join(filters)}), "
+                         "not both")
+    return bool(filters)
+
+
+def _bulk_move(args: argparse.Namespace, spool: Any, verb: str) -> None:
+    method = spool.cancel_matching if verb == "canceled" else spool.requeue_matching
+    jobs = method(kind=args.kind, states=args.state, older_than=args.older_than)
+    _emit(args, {verb: [j.id for j in jobs], "count": len(jobs)},
+          f"{verb} {len(jobs)} job(s)")
+
+
 def cmd_cancel(args: argparse.Namespace) -> int:
+    bulk = _bulk(args)
+    if not bulk and not args.job_id:
+        raise UsageError("cancel takes a job id, or --kind/--state/--older-than filters")
     with _open(args) as spool:
+        if bulk:
+            _bulk_move(args, spool, "canceled")
+            return EXIT_OK
         job = spool.cancel(args.job_id)
     _emit(args, job.to_dict(), f"{job.id} canceled")
     return EXIT_OK
 
 
 def cmd_requeue(args: argparse.Namespace) -> int:
-    if bool(args.job_id) == bool(args.all_dead):
-        raise UsageError("requeue takes a job id or --all-dead (one of them)")
+    bulk = _bulk(args)
+    if bulk and args.all_dead:
+        raise UsageError("requeue --all-dead is every dead letter: drop it to use filters")
+    if not bulk and bool(args.job_id) == bool(args.all_dead):
+        raise UsageError("requeue takes a job id, --all-dead, or --kind/--state/--older-than "
+                         "filters (one of them)")
     with _open(args) as spool:
-        if args.all_dead:
+        if bulk:
+            _bulk_move(args, spool, "requeued")
+        elif args.all_dead:
             jobs = spool.requeue_all()
             _emit(args, {"requeued": [j.id for j in jobs]}, f"requeued {len(jobs)} dead letter(s)")
         else:
@@ -264,7 +295,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 
 def cmd_fsck(args: argparse.Namespace) -> int:
-    with _open(args) as spool:
+    with _open(args, read_only=True) as spool:
         report = spool.fsck()
     d = report.to_dict()
     _emit(args, d, lambda: "spool is consistent" if report.ok else
@@ -304,11 +335,14 @@ def _maintain_text(report: Any) -> str:
 def cmd_health(args: argparse.Namespace) -> int:
     from jobspool.health import check_health
 
-    with _open(args) as spool:
+    limits = {k: v for k, v in (("min_free_bytes", args.min_free_bytes),
+                                ("min_free_percent", args.min_free_percent),
+                                ("worker_stale", args.worker_stale)) if v is not None}
+    with _open(args, read_only=True) as spool:
         health = check_health(spool, max_due_age=args.max_due_age, projection=args.projection,
                               lease_grace=args.lease_grace,
                               maintenance_cadence=args.maintenance_cadence,
-                              max_maintenance_failures=args.max_maintenance_failures)
+                              max_maintenance_failures=args.max_maintenance_failures, **limits)
     _emit(args, health.to_dict(), lambda: health.text())
     return EXIT_OK if health.ok else EXIT_UNHEALTHY
 

@@ -77,8 +77,13 @@ def read_spool_file(root: Path) -> dict[str, Any] | None:
     return doc
 
 
-def open_layout(root: Path, *, create: bool, durable: bool) -> Layout:
-    """Check (and with `create`, make) the spool directory; raise `SpoolError` naming the path."""
+def open_layout(root: Path, *, create: bool, durable: bool, read_only: bool = False) -> Layout:
+    """Check (and with `create`, make) the spool directory; raise `SpoolError` naming the path.
+
+    `read_only` opens an existing spool with read access alone (never creating
+    anything): what `stats`, `list`, `show`, `health` and `fsck` need.
+    """
+    create = create and not read_only
     try:
         st = root.stat()
     except FileNotFoundError:
@@ -93,15 +98,26 @@ def open_layout(root: Path, *, create: bool, durable: bool) -> Layout:
     doc = read_spool_file(root) if st is not None else None
     if st is not None and doc is None and create:
         _refuse_foreign_directory(root)
+    if st is not None and doc is None and not create:
+        # Before any directory is made: a mistyped root must be left exactly as it was.
+        raise SpoolError(f"{root} is not a spool (no {SPOOL_FILE}; run `jobspool init`)",
+                         path=str(root))
     if st is None:
         try:
             root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise SpoolError(f"cannot create spool {root}: {exc.strerror}",
                              path=str(root)) from None
-    if not os.access(root, os.W_OK | os.X_OK):
-        raise SpoolError(f"spool {root} is not writable", path=str(root))
+    if read_only:
+        if not os.access(root, os.R_OK | os.X_OK):
+            raise SpoolError(f"spool {root} is not readable", path=str(root))
+    elif not os.access(root, os.W_OK | os.X_OK):
+        raise SpoolError(f"spool {root} is not writable (open it read-only to inspect it: "
+                         "`jobspool stats`, `list`, `show`, `health` and `fsck` need read "
+                         "access alone)", path=str(root))
     for name in SUBDIRS:
+        if read_only and name not in _STATE_NAMES and not os.path.lexists(root / name):
+            continue  # a reader needs the state directories only
         _ensure_dir(root, name, create=create or doc is None)
     if doc is None and not create:
         raise SpoolError(f"{root} is not a spool (no {SPOOL_FILE}; run `jobspool init`)",
@@ -112,6 +128,8 @@ def open_layout(root: Path, *, create: bool, durable: bool) -> Layout:
                          path=str(root / SPOOL_FILE))
     return Layout(root=root, settings=settings, created=doc is None, durable=durable)
 
+
+_STATE_NAMES = frozenset(s.value for s in ALL_STATES)
 
 # What a spool directory may already hold before its spool.json exists: a fresh or
 # half-created spool (a crash during creation, or a racing opener), never user data.

@@ -253,6 +253,26 @@ class Spool(LeasingSpool):
             self._commit(pairs)
         return [new for _, new in pairs if new is not None]
 
+    def cancel_matching(self, *, kind: str | None = None,
+                        states: Iterable[JobState | str] | str | None = None,
+                        older_than: float | None = None) -> list[Job]:
+        """Cancel every unfinished job of `kind`, in `states` (all cancelable ones by
+        default), last changed more than `older_than` seconds ago; returns them."""
+        from jobspool.queue.bulk import cancel_matching
+
+        moved = cancel_matching(self, kind=kind, states=states, older_than=older_than)
+        self._maybe_autoprune()
+        return moved
+
+    def requeue_matching(self, *, kind: str | None = None,
+                         states: Iterable[JobState | str] | str | None = None,
+                         older_than: float | None = None) -> list[Job]:
+        """Requeue every job of `kind`, in `states` (dead letters by default; canceled on
+        request), last changed more than `older_than` seconds ago; returns them."""
+        from jobspool.queue.bulk import requeue_matching
+
+        return requeue_matching(self, kind=kind, states=states, older_than=older_than)
+
     def get(self, job_id: str) -> Job:
         """The current snapshot of a job; `JobNotFound` if no state directory holds it."""
         validate_job_id(job_id)

@@ -47,6 +47,14 @@ log = logging.getLogger("jobspool.queue.spool")
 _UNSET: Any = object()
 
 
+# What a read-only spool refuses up front (`_commit` and `_touch` refuse the rest): every
+# public operation that writes, before it stages a file or takes the lock.
+_WRITERS = ("enqueue", "enqueue_many", "prepare", "commit", "abort", "claim", "heartbeat",
+            "heartbeat_many", "check_leases", "complete", "complete_many", "fail", "fail_many",
+            "release", "fenced", "cancel", "requeue", "requeue_all", "recover", "prune",
+            "cancel_matching", "requeue_matching")
+
+
 def _pick(value: Any, stored: dict[str, Any], name: str, default: Any) -> Any:
     if value is not _UNSET and value is not None:
         return value
@@ -76,9 +84,11 @@ class SpoolBase:
         max_lag_seconds: float | None = None,
         sync_mode: str = "auto",
         seed: int | None = None,
+        read_only: bool = False,
     ) -> None:
         self.root = Path(root)
-        layout = open_layout(self.root, create=create, durable=durable)
+        self.read_only = read_only
+        layout = open_layout(self.root, create=create, durable=durable, read_only=read_only)
         stored = layout.settings
         self.lease_seconds = validate_seconds(
             "lease_seconds", _pick(lease_seconds, stored, "lease_seconds", 60.0), positive=True)
@@ -105,7 +115,7 @@ class SpoolBase:
         self.clock = clock
         self.policy = machine.RetryPolicy(self.retry_base_seconds, self.retry_max_seconds)
         self._rng = random.Random(seed)
-        self._lock = SpoolLock(self.root / ".lock")
+        self._lock = SpoolLock(self.root / ".lock", read_only=read_only)
         self._store = Store(self.root, durable=durable, sync_mode=sync_mode)
         self._index = ClaimIndex(self._store, self._lock.generation, self._lock.ring)
         self._lock.on_reopen = self._index.invalidate
@@ -116,6 +126,11 @@ class SpoolBase:
             retry_base_seconds=self.retry_base_seconds, retry_max_seconds=self.retry_max_seconds,
             keep_terminal=self.keep_terminal, max_rescues=self.max_rescues,
             prepare_grace_seconds=self.prepare_grace_seconds)
+        if read_only:
+            for name in _WRITERS:
+                if hasattr(self, name):
+                    setattr(self, name, self._refuser(name))
+            return
         if layout.created:
             layout.save_settings(self.settings)
         if not (self.root / FENCE_FILE).exists():
@@ -124,6 +139,20 @@ class SpoolBase:
                     write_atomic(self.root / FENCE_FILE, encode_fence(0), durable=durable)
 
     # ------------------------------------------------------------ plumbing
+
+    def _check_writable(self, action: str) -> None:
+        """Raise `SpoolError` naming the cause when this spool was opened `read_only`."""
+        if self.read_only:
+            raise SpoolError(f"cannot {action}: spool {self.root} is open read-only "
+                             "(open it with read_only=False, as a user who may write it)",
+                             path=str(self.root))
+
+    def _refuser(self, name: str) -> Callable[..., Any]:
+        def refuse(*args: Any, **kwargs: Any) -> Any:
+            self._check_writable(name.replace("_", " "))
+
+        refuse.__name__ = name
+        return refuse
 
     def close(self) -> None:
         self._lock.close()
@@ -179,6 +208,7 @@ class SpoolBase:
         Encoding happens first, so a job that is too large or not serializable
         raises before any file is touched.
         """
+        self._check_writable("write")
         # Root files (the fence) go first: see `claim`.
         changes: list[Change] = [ch for ch in extra if ch.dst == ""]
         touched: set[JobState] = set()
@@ -245,6 +275,7 @@ class SpoolBase:
     def _touch(self, states: Iterable[JobState]) -> None:
         """Tell every process's claim index that these directories changed outside `_commit`
         (recovery's quarantine moves, pruning); call under the lock."""
+        self._check_writable("write")
         for s in states:
             self._lock.bump(SLOT[s])
         self._index.invalidate()

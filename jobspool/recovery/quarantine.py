@@ -22,19 +22,24 @@ of "corrupt" is only a suspicion.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
 import socket
 import time
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from jobspool.errors import JobspoolError, SpoolError
 from jobspool.queue import store as store_mod
+from jobspool.queue.job import CorruptJob, Job, decode_job
 from jobspool.queue.layout import QUARANTINE_DIR
 from jobspool.queue.states import JobState
+from jobspool.queue.store import JOB_SUFFIX
 from jobspool.recovery.scan import Bad, read_job
 
 if TYPE_CHECKING:
@@ -150,3 +155,178 @@ def read_reason(spool: Spool, qname: str) -> dict[str, object]:
     if not isinstance(doc, dict):
         raise ValueError(f"{qname}{REASON_SUFFIX} is not a JSON object")
     return doc
+
+
+# ---------------------------------------------------------------- operator commands
+#
+# `jobspool quarantine list|show|restore|purge`: look at what recovery moved aside, put a
+# repaired file back where workers find it, or delete what is not worth keeping.
+
+_SHOW_BYTES = 64 * 1024
+
+
+class NotQuarantined(JobspoolError):
+    """Raised when a name given to a quarantine command matches no quarantined file."""
+
+    def __init__(self, ident: str, detail: str = "") -> None:
+        super().__init__(f"no quarantined file {ident!r}{detail} (see `jobspool quarantine "
+                         "list`)")
+        self.ident = ident
+
+
+@dataclass(frozen=True, slots=True)
+class QuarantinedFile:
+    """One file in `quarantine/`: its name there (the id commands take), where it came
+    from (`state/name`), why it was moved, when (epoch seconds, None if unrecorded), its size."""
+
+    name: str
+    source: str
+    reason: str
+    quarantined_at: float | None
+    size: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "source": self.source, "reason": self.reason,
+                "quarantined_at": self.quarantined_at, "size": self.size}
+
+
+def _describe(spool: Spool, name: str) -> QuarantinedFile | None:
+    qdir = spool.root / QUARANTINE_DIR
+    try:
+        size = (qdir / name).lstat().st_size
+    except FileNotFoundError:
+        return None
+    try:
+        doc = read_reason(spool, name)
+    except (OSError, ValueError):
+        doc = {}
+    source, reason, at = doc.get("source"), doc.get("reason"), doc.get("quarantined_at")
+    if not isinstance(source, str):
+        parts = name.split(".", 2)  # <time>-<pid>-<n>.<origin>.<original name>
+        source = f"{parts[1]}/{parts[2]}" if len(parts) == 3 else "unknown"
+    return QuarantinedFile(
+        name=name, source=source,
+        reason=reason if isinstance(reason, str) else "no reason recorded",
+        quarantined_at=float(at) if isinstance(at, int | float) and
+        not isinstance(at, bool) else None,
+        size=size)
+
+
+def list_quarantined(spool: Spool) -> list[QuarantinedFile]:
+    """Every quarantined file, oldest first (names sort by the time they were moved)."""
+    out = (_describe(spool, n) for n in quarantined_files(spool))
+    return [q for q in out if q is not None]
+
+
+def resolve(spool: Spool, ident: str) -> str:
+    """The quarantine name `ident` means: an exact name, a unique prefix of one, or the id
+    of the job (the original file name without `.json`) when exactly one file matches."""
+    if not ident or "/" in ident or ident in (".", ".."):
+        raise NotQuarantined(ident)
+    names = quarantined_files(spool)
+    if ident in names:
+        return ident
+    by_prefix = [n for n in names if n.startswith(ident)]
+    by_job = [n for n in names if n.split(".", 2)[-1] in (ident, ident + JOB_SUFFIX)]
+    for found in (by_prefix, by_job):
+        if len(found) == 1:
+            return found[0]
+        if len(found) > 1:
+            raise NotQuarantined(ident, f": {len(found)} files match; give the full name")
+    raise NotQuarantined(ident)
+
+
+def show_quarantined(spool: Spool, ident: str) -> dict[str, Any]:
+    """One file's description, its content (text, at most 64 KiB) and, when it now reads
+    as a job (repaired in place), that job."""
+    name = resolve(spool, ident)
+    info = _describe(spool, name)
+    if info is None:
+        raise NotQuarantined(ident)
+    data = (spool.root / QUARANTINE_DIR / name).read_bytes()
+    doc = info.to_dict()
+    doc["content"] = data[:_SHOW_BYTES].decode("utf-8", errors="replace")
+    doc["truncated"] = len(data) > _SHOW_BYTES
+    try:
+        doc["job"] = decode_job(data).to_dict()
+        doc["readable"] = True
+    except CorruptJob as exc:
+        doc["job"] = None
+        doc["readable"] = False
+        doc["problem"] = exc.reason if data else "empty file"
+    return doc
+
+
+def restore_quarantined(spool: Spool, ident: str) -> Job:
+    """Move a repaired quarantined job file back into the directory of its `state`.
+
+    Refused (`SpoolError`, nothing moved) while the file is still not a
+    readable job, or when the spool already holds a job with its id (two
+    copies would be a crash leftover that recovery settles by revision,
+    possibly against the restored one). The rename is atomic and, in a
+    durable spool, both directories are flushed; the state directory's
+    generation is bumped so every worker's claim index sees the job.
+    """
+    spool._check_writable("restore a quarantined file")
+    name = resolve(spool, ident)
+    qpath = spool.root / QUARANTINE_DIR / name
+    with spool.lock.hold():
+        try:
+            data = qpath.read_bytes()
+        except FileNotFoundError:
+            raise NotQuarantined(ident) from None
+        try:
+            job = decode_job(data)
+        except CorruptJob as exc:
+            raise SpoolError(f"cannot restore {QUARANTINE_DIR}/{name}: still not a readable job "
+                             f"({exc.reason if data else 'empty file'}); repair it in place "
+                             "first, or `jobspool quarantine purge` it", path=str(qpath)) from None
+        existing, _ = spool._locate(job.id)
+        if existing is not None:
+            raise SpoolError(f"cannot restore {QUARANTINE_DIR}/{name}: job {job.id!r} already "
+                             f"exists (state {existing.state.value}); purge the quarantined "
+                             "copy instead", path=str(qpath))
+        target = spool.root / job.state.value / (job.id + JOB_SUFFIX)
+        store_mod.os_replace(qpath, target)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(qpath.with_name(name + REASON_SUFFIX))
+        if spool.durable:
+            store_mod.fsync_dir(spool.root / job.state.value)
+            store_mod.fsync_dir(spool.root / QUARANTINE_DIR)
+        spool._touch([job.state])
+    log.info("restored %s/%s as %s", QUARANTINE_DIR, name, target.relative_to(spool.root),
+                extra={"job_id": job.id, "state": job.state.value})
+    return job
+
+
+def purge_quarantined(spool: Spool, idents: Sequence[str] = (), *,
+                      older_than: float | None = None) -> list[str]:
+    """Delete quarantined files (and their reason files) for good; returns their names.
+
+    All of them when `idents` is empty (orphan reason files too), else the
+    ones named; `older_than` keeps those quarantined within that many seconds.
+    """
+    spool._check_writable("purge quarantined files")
+    names = [resolve(spool, i) for i in idents] if idents else quarantined_files(spool)
+    qdir = spool.root / QUARANTINE_DIR
+    now = spool.now()
+    purged: list[str] = []
+    for name in dict.fromkeys(names):
+        if older_than is not None:
+            info = _describe(spool, name)
+            at = info.quarantined_at if info is not None else None
+            if at is None or now - at <= older_than:
+                continue
+        for path in (qdir / name, qdir / (name + REASON_SUFFIX)):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        purged.append(name)
+    if not idents and older_than is None:
+        with contextlib.suppress(FileNotFoundError):
+            for orphan in os.listdir(qdir):  # a crash between a reason file and its move
+                if orphan.endswith(REASON_SUFFIX):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(qdir / orphan)
+    if purged and spool.durable:
+        store_mod.fsync_dir(qdir)
+    return purged

@@ -1,0 +1,161 @@
+"""`jobspool dashboard`: serve the web dashboard for one spool (extra `jobspool[web]`)."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from jobspool.cli.common import (
+    EXIT_OK,
+    Refused,
+    UsageError,
+    _nonneg_float,
+    _port,
+    _root,
+)
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8177
+TOKEN_ENV = "JOBSPOOL_DASHBOARD_TOKEN"
+
+
+def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    """Register `dashboard` on the CLI's subparsers."""
+    c = sub.add_parser("dashboard", parents=parents,
+                       help="serve a web dashboard for the spool (needs jobspool[web])")
+    add_serve_options(c, prefix="")
+    c.set_defaults(func=cmd_dashboard)
+
+
+def add_serve_options(c: argparse.ArgumentParser, *, prefix: str) -> None:
+    """--host/--port/--read-only/--token (prefixed for `demo --dashboard`)."""
+    c.add_argument(f"--{prefix}host", default=DEFAULT_HOST,
+                   help=f"address to listen on (default {DEFAULT_HOST}; any other address "
+                        f"needs --token)")
+    c.add_argument(f"--{prefix}port", type=_port, default=DEFAULT_PORT,
+                   help=f"TCP port (default {DEFAULT_PORT}; 0 picks a free one)")
+    c.add_argument(f"--{prefix}read-only", action="store_true",
+                   help="show only: no requeue, cancel, purge or restore")
+    c.add_argument(f"--{prefix}token", default=None,
+                   help=f"require this token (bearer header or login form); default "
+                        f"${TOKEN_ENV}, which keeps it out of `ps`")
+    c.add_argument(f"--{prefix}poll", type=_nonneg_float, default=3.0, metavar="SECONDS",
+                   help="how often open pages refresh their figures, in seconds (0: never)")
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    return serve(_root(args), host=args.host, port=args.port, read_only=args.read_only,
+                 token=args.token, poll=args.poll, as_json=args.json)
+
+
+def _need_web_extra() -> None:
+    missing = []
+    for module in ("starlette", "uvicorn", "jinja2"):
+        try:
+            __import__(module)
+        except ImportError:
+            missing.append(module)
+    if missing:
+        raise UsageError(f"the dashboard needs the web extra (missing {', '.join(missing)}): "
+                         f"pip install 'jobspool[web]'")
+
+
+def _open_spool(root: Path, read_only: bool) -> Any:
+    from jobspool.queue.spool import Spool
+
+    options: dict[str, Any] = {"create": False}
+    # A read-only dashboard opens the spool read-only where this version can, so it works
+    # for a user who may read the spool but not write it.
+    if read_only and "read_only" in inspect.signature(Spool.__init__).parameters:
+        options["read_only"] = True
+    return Spool(root, **options)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    try:
+        return socket.create_server((host.strip("[]"), port), family=family, backlog=64)
+    except OSError as exc:
+        raise Refused(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
+def serve(root: Path | str, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
+          read_only: bool = False, token: str | None = None, poll: float = 3.0,
+          as_json: bool = False) -> int:
+    """Serve the dashboard until SIGINT/SIGTERM; refuses an unguarded non-loopback address."""
+    from jobspool.dashboard.security import BindRefused, check_bind
+
+    token = token or os.environ.get(TOKEN_ENV) or None
+    try:
+        check_bind(host, token)
+    except BindRefused as exc:
+        raise Refused(str(exc)) from None
+    _need_web_extra()
+    import uvicorn
+
+    from jobspool.dashboard.app import create_app
+
+    with _open_spool(Path(root), read_only) as spool:
+        app = create_app(spool, read_only=read_only, token=token, poll_seconds=poll)
+        sock = _listen(host, port)
+        bound = sock.getsockname()[1]
+        shown = f"[{host.strip('[]')}]" if ":" in host else host
+        url = f"http://{shown}:{bound}/"
+        if as_json:
+            sys.stdout.write(orjson.dumps({"url": url, "root": str(spool.root),
+                                           "read_only": read_only,
+                                           "token_required": token is not None}).decode() + "\n")
+        else:
+            sys.stdout.write(f"jobspool dashboard for {spool.root}: {url}"
+                             f"{' (read-only)' if read_only else ''}"
+                             f"{' (token required)' if token else ''} — Ctrl-C stops it\n")
+        sys.stdout.flush()
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
+                                server_header=False, timeout_graceful_shutdown=2)
+        uvicorn.Server(config).run(sockets=[sock])
+    return EXIT_OK
+
+
+def add_demo_options(sub: Any) -> None:
+    """`demo --dashboard`: after the batch, leave the dashboard running on the demo's spool."""
+    demo = sub.choices.get("demo")
+    if demo is None:
+        return
+    demo.add_argument("--dashboard", action="store_true",
+                      help="after the batch, serve the dashboard on the demo's spool until Ctrl-C")
+    add_serve_options(demo, prefix="dashboard-")
+    demo.set_defaults(func=_demo_then_dashboard(demo.get_default("func")))
+
+
+def _demo_then_dashboard(run_demo: Any) -> Any:
+    def cmd(args: argparse.Namespace) -> int:
+        if not args.dashboard:
+            return int(run_demo(args))
+        import tempfile
+
+        token = args.dashboard_token or os.environ.get(TOKEN_ENV) or None
+        from jobspool.dashboard.security import BindRefused, check_bind
+
+        try:  # refuse before the batch runs, not after
+            check_bind(args.dashboard_host, token)
+        except BindRefused as exc:
+            raise Refused(str(exc)) from None
+        _need_web_extra()
+        root = args.root or os.environ.get("JOBSPOOL_ROOT") or str(
+            Path(tempfile.mkdtemp(prefix="jobspool-demo-")) / "spool")
+        args.root = root
+        code = int(run_demo(args))
+        if code != EXIT_OK:
+            return code
+        return serve(root, host=args.dashboard_host, port=args.dashboard_port,
+                     read_only=args.dashboard_read_only, token=token, poll=args.dashboard_poll,
+                     as_json=args.json)
+
+    return cmd

@@ -1,0 +1,112 @@
+"""The dashboard's actions: each one call (or one loop) over the public `Spool` API.
+
+Every function returns a short sentence for the notice shown after the
+redirect; refusals (a job in the wrong state, gone, an unknown quarantine
+entry) are `ActionError` with a sentence for the operator.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from jobspool.errors import InvalidTransition, JobNotFound, JobspoolError
+from jobspool.queue.states import JobState
+
+if TYPE_CHECKING:
+    from jobspool.queue.spool import Spool
+
+
+class ActionError(Exception):
+    """An action that could not be carried out; the message is shown to the operator."""
+
+
+def requeue(spool: Spool, job_id: str) -> str:
+    try:
+        spool.requeue(job_id)
+    except JobNotFound:
+        raise ActionError(f"job {job_id} does not exist (pruned?)") from None
+    except InvalidTransition as exc:
+        raise ActionError(f"cannot requeue {job_id}: {exc}") from None
+    return f"requeued {job_id}"
+
+
+def cancel(spool: Spool, job_id: str) -> str:
+    try:
+        spool.cancel(job_id)
+    except JobNotFound:
+        raise ActionError(f"job {job_id} does not exist (pruned?)") from None
+    except InvalidTransition as exc:
+        raise ActionError(f"cannot cancel {job_id}: {exc}") from None
+    return f"canceled {job_id}"
+
+
+def dead_of_kind(spool: Spool, kind: str) -> list[str]:
+    """Ids of the dead letters of one kind (reads `dead_letter/`, bounded by retention)."""
+    return [j.id for j in spool.jobs(JobState.DEAD_LETTER, kind=kind)]
+
+
+def requeue_dead(spool: Spool, kind: str) -> str:
+    """Requeue every dead letter of `kind`; one that moved meanwhile is skipped, not an error."""
+    done = 0
+    for job_id in dead_of_kind(spool, kind):
+        try:
+            spool.requeue(job_id)
+            done += 1
+        except (JobNotFound, InvalidTransition):
+            continue
+    return f"requeued {done} dead letter{'s' if done != 1 else ''} of kind {kind}"
+
+
+def purge_dead(spool: Spool, kind: str) -> str:
+    """Remove every dead letter of `kind` for good, the way retention pruning removes jobs.
+
+    The public API prunes by age and count, not by kind; this reuses the
+    pruning path (which re-checks each job under the lock and removes stale
+    copies too), so a job requeued meanwhile is left alone.
+    """
+    from jobspool.recovery.prune import _remove
+    from jobspool.recovery.scan import entry_of
+
+    victims = [entry_of(j) for j in spool.jobs(JobState.DEAD_LETTER, kind=kind)]
+    gone: list[str] = []
+    for start in range(0, len(victims), 256):
+        removed, _ = _remove(spool, victims[start:start + 256])
+        gone.extend(removed)
+    return f"purged {len(gone)} dead letter{'s' if len(gone) != 1 else ''} of kind {kind}"
+
+
+def _quarantine_restore() -> Callable[..., Any] | None:
+    # The quarantine commands own the restore logic (re-check, refuse a duplicate id,
+    # bump the directory's generation); the dashboard only calls it.
+    module = importlib.import_module("jobspool.recovery.quarantine")
+    for name in ("restore_quarantined", "restore"):
+        found = getattr(module, name, None)
+        if callable(found):
+            return found  # type: ignore[no-any-return]
+    return None
+
+
+def can_restore() -> bool:
+    """Whether this version has the quarantine restore logic (`jobspool quarantine restore`)."""
+    return _quarantine_restore() is not None
+
+
+def restore(spool: Spool, name: str) -> str:
+    """Put a quarantined file back into its state directory (the quarantine module decides)."""
+    from jobspool.recovery.quarantine import quarantined_files
+
+    if name not in quarantined_files(spool):
+        raise ActionError(f"no quarantined file named {name!r}")
+    fn = _quarantine_restore()
+    if fn is None:
+        raise ActionError("this version cannot restore from quarantine")
+    try:
+        outcome = fn(spool, name)
+    except (JobspoolError, ValueError, OSError) as exc:
+        raise ActionError(f"cannot restore {name}: {exc}") from None
+    job_id = getattr(outcome, "id", None)
+    state = getattr(getattr(outcome, "state", None), "value", None)
+    detail = f" as job {job_id} ({state})" if job_id else ""
+    return f"restored {name}{detail}"

@@ -1,0 +1,241 @@
+"""`create_app(spool, ...)`: the dashboard as a Starlette ASGI app (served by `jobspool dashboard`).
+
+The app holds one `Spool` and reads it through the public API from worker
+threads (file I/O must not stall the event loop). A background task samples
+the workers' published counters for the throughput chart. Pages are Jinja2
+templates with autoescape on; a small script polls `/api/overview` and
+updates the counts, chart, workers and health in place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, unquote
+
+import anyio
+import orjson
+from jinja2 import Environment, PackageLoader
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.routing import Mount
+from starlette.staticfiles import StaticFiles
+
+from jobspool.dashboard import security
+from jobspool.dashboard.data import Overview
+from jobspool.dashboard.throughput import Throughput
+from jobspool.queue.states import ALL_STATES
+
+if TYPE_CHECKING:
+    from jobspool.queue.spool import Spool
+
+NOTICE_COOKIE = "jobspool_notice"
+MAX_FORM_BYTES = 16 * 1024
+
+
+@dataclass
+class Dashboard:
+    """What every request handler needs: the spool, the switches, the caches."""
+
+    spool: Spool
+    guard: security.Guard
+    read_only: bool
+    poll_seconds: float
+    sample_seconds: float
+    env: Environment
+    overview: Overview
+    throughput: Throughput
+    _cached: tuple[float, dict[str, Any]] | None = field(default=None, repr=False)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The overview document, recomputed at most once a second (many tabs, one cost)."""
+        now = time.monotonic()
+        if self._cached is not None and now - self._cached[0] < 1.0:
+            return self._cached[1]
+        doc = self.overview.snapshot(self.throughput.series())
+        doc["read_only"] = self.read_only
+        self._cached = (time.monotonic(), doc)
+        return doc
+
+    def render(self, request: Request, template: str, status: int = 200,
+               **context: Any) -> HTMLResponse:
+        notice = request.cookies.get(NOTICE_COOKIE)
+        page = self.env.get_template(template).render(
+            read_only=self.read_only, csrf=self.guard.csrf_for(request.state.sid),
+            csrf_field=security.CSRF_FIELD, poll_ms=int(self.poll_seconds * 1000),
+            token_required=self.guard.token is not None, path=request.url.path,
+            notice=unquote(notice)[:300] if notice else None, **context)
+        response = HTMLResponse(page, status_code=status)
+        if notice:
+            response.delete_cookie(NOTICE_COOKIE, path="/")
+        return response
+
+
+def json_response(doc: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(doc, default=str), status_code=status,
+                    media_type="application/json")
+
+
+def redirect(to: str, notice: str | None = None) -> RedirectResponse:
+    """A 303 to a local path, carrying a one-shot notice in a cookie (never in the URL)."""
+    response = RedirectResponse(safe_next(to), status_code=303)
+    if notice:
+        response.set_cookie(NOTICE_COOKIE, quote(notice[:300]), path="/", httponly=True,
+                            samesite="strict")
+    return response
+
+
+def safe_next(target: str | None) -> str:
+    """Only a local path: `//evil.example` and absolute URLs would make an open redirect."""
+    if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
+        return "/"
+    return target
+
+
+async def read_form(request: Request) -> dict[str, str]:
+    """A small urlencoded form (the dashboard posts nothing else); oversize is refused."""
+    from urllib.parse import parse_qs
+
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM_BYTES:
+            raise FormTooLarge
+    fields = parse_qs(body.decode("utf-8", errors="replace"), keep_blank_values=True)
+    return {k: v[0] for k, v in fields.items()}
+
+
+class FormTooLarge(Exception):
+    """Raised when a POST body is larger than any form the dashboard sends."""
+
+
+def _guard_middleware(dash: Dashboard) -> type[BaseHTTPMiddleware]:
+    guard = dash.guard
+
+    class Guarded(BaseHTTPMiddleware):
+        async def dispatch(self, request: Request, call_next: RequestResponseEndpoint
+                           ) -> Response:
+            response = await self._check(request, call_next)
+            for name, value in security.SECURITY_HEADERS.items():
+                response.headers.setdefault(name, value)
+            return response
+
+        async def _check(self, request: Request, call_next: RequestResponseEndpoint
+                         ) -> Response:
+            host = request.headers.get("host")
+            if not security.host_allowed(host, token=guard.token):
+                return PlainTextResponse("this dashboard answers only to localhost "
+                                         "(start it with a token to serve other names)", 400)
+            path = request.url.path
+            public = path.startswith("/static/") or path == "/login"
+            if not public and not guard.authorized(request.headers.get("authorization"),
+                                                   request.cookies.get(security.AUTH_COOKIE)):
+                if request.method in ("GET", "HEAD") and not path.startswith("/api/"):
+                    return RedirectResponse(f"/login?next={quote(path)}", status_code=303)
+                return PlainTextResponse("a token is required", 401,
+                                         headers={"www-authenticate": "Bearer"})
+            if request.method not in ("GET", "HEAD") and not security.same_origin(
+                    request.headers.get("origin"), host):
+                return PlainTextResponse("cross-origin request refused", 403)
+            sid = request.cookies.get(security.SESSION_COOKIE)
+            fresh = not sid or len(sid) > 64
+            request.state.sid = security.Guard.new_session() if fresh else sid
+            response = await call_next(request)
+            if fresh:
+                response.set_cookie(security.SESSION_COOKIE, request.state.sid, path="/",
+                                    httponly=True, samesite="strict")
+            return response
+
+    return Guarded
+
+
+def create_app(spool: Spool, *, read_only: bool = False, token: str | None = None,
+               poll_seconds: float = 3.0, sample_seconds: float = 5.0,
+               max_due_age: float = 300.0) -> Starlette:
+    """The dashboard for one spool. `token`, when set, is required on every request."""
+    from jobspool.dashboard.routes import routes
+
+    env = Environment(loader=PackageLoader("jobspool.dashboard", "templates"), autoescape=True,
+                      trim_blocks=True, lstrip_blocks=True)
+    env.filters["iso"] = _iso
+    env.filters["ago"] = _ago
+    env.filters["pretty"] = _pretty
+    env.globals["states"] = ALL_STATES
+    dash = Dashboard(spool=spool, guard=security.Guard(token), read_only=read_only,
+                     poll_seconds=poll_seconds, sample_seconds=sample_seconds, env=env,
+                     overview=Overview(spool, max_due_age=max_due_age),
+                     throughput=Throughput(spool))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_sample_forever, dash)
+            yield
+            tg.cancel_scope.cancel()
+
+    app = Starlette(routes=[*routes(dash),
+                            Mount("/static", StaticFiles(packages=[("jobspool.dashboard",
+                                                                     "static")]),
+                                  name="static")],
+                    middleware=[Middleware(_guard_middleware(dash))], lifespan=lifespan)
+    app.state.dashboard = dash
+    return app
+
+
+async def _sample_forever(dash: Dashboard) -> None:
+    import logging
+
+    log = logging.getLogger("jobspool.dashboard")
+    try:
+        await anyio.to_thread.run_sync(dash.throughput.backfill)
+    except Exception as exc:  # a chart must never take the dashboard down
+        log.warning("throughput backfill failed: %s", exc)
+    while True:
+        try:
+            await anyio.to_thread.run_sync(dash.throughput.sample)
+        except Exception as exc:
+            log.warning("throughput sample failed: %s", exc)
+        await anyio.sleep(dash.sample_seconds)
+
+
+def in_thread(fn: Callable[..., Any], *args: Any) -> Awaitable[Any]:
+    """Run blocking spool I/O off the event loop."""
+    return anyio.to_thread.run_sync(lambda: fn(*args))
+
+
+def _iso(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) + \
+        time.strftime(" %z", time.localtime(ts))
+
+
+def _ago(ts: float | None, now: float | None = None) -> str:
+    if ts is None:
+        return "-"
+    delta = (time.time() if now is None else now) - ts
+    return age_text(abs(delta)) + (" ago" if delta >= 0 else " from now")
+
+
+def age_text(seconds: float | None) -> str:
+    """12 s, 4 min, 3.2 h, 2.0 d."""
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
+
+
+def _pretty(value: Any) -> str:
+    return orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS,
+                        default=str).decode()

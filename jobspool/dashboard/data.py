@@ -1,0 +1,206 @@
+"""What the dashboard shows, read through the public `Spool` API: overview, pages, one job.
+
+Nothing here renders HTML; the views and the JSON endpoints share these
+snapshots. Costs, because a dashboard left open polls all day:
+
+- the overview lists each state directory once (`stats()`) and reads only
+  `leased/` (live workers) and `prepared/` (health) files; counts per kind
+  read every job file, so they are cached and refreshed at most every
+  `20 x` what the last pass took (never more often than every 5 s);
+- a list page lists its state directory once and reads only the files it
+  shows — plus, with a kind or error filter, the files it has to look at to
+  fill the page, at most `SCAN_BUDGET` of them, starting after the cursor.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from jobspool.errors import JobNotFound
+from jobspool.queue.states import ALL_STATES, CANCELABLE, REQUEUEABLE, TERMINAL, JobState
+
+if TYPE_CHECKING:
+    from jobspool.queue.job import Job
+    from jobspool.queue.spool import Spool
+
+PAGE_SIZE = 50
+SCAN_BUDGET = 2000
+_KIND_MIN_INTERVAL = 5.0
+_KIND_COST_FACTOR = 20.0
+
+
+def newest_first(state: JobState) -> bool:
+    """Terminal lists show the latest outcome first; live ones show the next to run first."""
+    return state in TERMINAL
+
+
+def list_ids(spool: Spool, state: JobState) -> list[str]:
+    """Job ids in one state, in display order, from one directory listing (no file reads)."""
+    store = getattr(spool, "store", None)
+    names = getattr(store, "names", None)
+    ids = sorted(names(state.value)) if callable(names) else sorted(j.id for j in spool.jobs(state))
+    if newest_first(state):
+        ids.reverse()
+    return ids
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of a filtered list and how to get the next one."""
+
+    state: JobState
+    jobs: list[Job]
+    total: int  # jobs in the state (unfiltered)
+    next_cursor: str | None  # the last id looked at, when more may follow
+    scanned: int  # files read to fill this page
+    truncated: bool  # the scan budget ran out before the page was full
+
+
+def _matches(job: Job, kind: str | None, text: str | None) -> bool:
+    if kind is not None and job.kind != kind:
+        return False
+    if text:
+        needle = text.casefold()
+        hay = (job.id, job.last_error or "", getattr(job, "traceback", None) or "")
+        return any(needle in h.casefold() for h in hay)
+    return True
+
+
+def page(spool: Spool, state: JobState, *, kind: str | None = None, text: str | None = None,
+         cursor: str | None = None, size: int = PAGE_SIZE, budget: int = SCAN_BUDGET) -> Page:
+    """The jobs of `state` after `cursor` (an id) that match the filters, at most `size`."""
+    ids = list_ids(spool, state)
+    start = 0
+    if cursor:
+        if newest_first(state):
+            # ids descend: skip every id at or above the cursor
+            start = len(ids) - bisect.bisect_left(ids[::-1], cursor)
+        else:
+            start = bisect.bisect_right(ids, cursor)
+    out: list[Job] = []
+    scanned = 0
+    end = start
+    filtered = bool(kind or text)
+    while end < len(ids) and len(out) < size and not (filtered and scanned >= budget):
+        job_id = ids[end]
+        end += 1
+        scanned += 1
+        job = _get(spool, job_id)
+        if job is None or job.state is not state or not _matches(job, kind, text):
+            continue
+        out.append(job)
+    more = end < len(ids)
+    return Page(state=state, jobs=out, total=len(ids),
+                next_cursor=ids[end - 1] if more and end > start else None,
+                scanned=scanned, truncated=more and len(out) < size)
+
+
+def _get(spool: Spool, job_id: str) -> Job | None:
+    try:
+        return spool.get(job_id)
+    except JobNotFound:
+        return None  # finished and pruned, or never there: nothing to show
+
+
+def get_job(spool: Spool, job_id: str) -> Job | None:
+    """One job, or None (an invalid id is a `ValueError`/`InvalidJob` for the caller)."""
+    return _get(spool, job_id)
+
+
+def can_requeue(job: Job) -> bool:
+    return job.state in REQUEUEABLE
+
+
+def can_cancel(job: Job) -> bool:
+    return job.state in CANCELABLE
+
+
+def timeline(job: Job) -> list[tuple[str, float]]:
+    """The job's recorded moments, oldest first (ties keep this order: created, due, updated)."""
+    points = [("created", job.created_at), ("due (run_at)", job.run_at),
+              ("last updated", job.updated_at)]
+    if job.lease is not None:
+        points.append(("lease expires", job.lease.expires_at))
+    return sorted(points, key=lambda p: p[1])
+
+
+# ---------------------------------------------------------------- overview
+
+
+@dataclass
+class _KindCache:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    at: float = float("-inf")
+    interval: float = _KIND_MIN_INTERVAL
+    by_kind: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+class Overview:
+    """Builds the overview document; per-kind counts are cached (they read every file)."""
+
+    def __init__(self, spool: Spool, *, max_due_age: float = 300.0) -> None:
+        self.spool = spool
+        self.max_due_age = max_due_age
+        self._kinds = _KindCache()
+
+    def by_kind(self) -> dict[str, dict[str, int]]:
+        cache = self._kinds
+        with cache.lock:
+            now = time.monotonic()
+            if now - cache.at >= cache.interval:
+                t0 = time.monotonic()
+                cache.by_kind = self.spool.stats(by_kind=True).by_kind
+                took = time.monotonic() - t0
+                cache.at = time.monotonic()
+                cache.interval = max(_KIND_MIN_INTERVAL, _KIND_COST_FACTOR * took)
+            return {k: dict(v) for k, v in cache.by_kind.items()}
+
+    def snapshot(self, throughput: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Everything the overview page shows, as JSON-able data."""
+        from jobspool.health import check_health
+
+        spool = self.spool
+        stats = spool.stats()
+        health = check_health(spool, max_due_age=self.max_due_age)
+        kinds = self.by_kind()
+        return {
+            "root": str(spool.root),
+            "now": stats.now,
+            "counts": dict(stats.counts),
+            "total": stats.total,
+            "due": stats.due,
+            "oldest_due_age": stats.oldest_due_age,
+            "fence": stats.fence,
+            "quarantined": stats.quarantined,
+            "by_kind": {k: {s.value: per.get(s.value, 0) for s in ALL_STATES}
+                        for k, per in sorted(kinds.items())},
+            "health": {"status": health.status,
+                       "reasons": [r.to_dict() for r in health.reasons]},
+            "workers": live_workers(spool, stats.now),
+            "throughput": throughput or {},
+        }
+
+
+def live_workers(spool: Spool, now: float) -> list[dict[str, Any]]:
+    """Workers that published metrics recently, and every lease holder, with what each runs."""
+    from jobspool.metrics import read_worker_reports
+
+    reports = read_worker_reports(spool)
+    running: dict[str, list[dict[str, Any]]] = {}
+    for job in spool.jobs(JobState.LEASED):
+        if job.lease is None:
+            continue
+        running.setdefault(job.lease.owner, []).append({
+            "id": job.id, "kind": job.kind, "attempts": job.attempts,
+            "lease_left": round(job.lease.expires_at - now, 1),
+            "expired": job.lease.expires_at <= now})
+    out = []
+    for owner in sorted(set(reports) | set(running)):
+        counters = reports.get(owner)
+        out.append({"owner": owner, "publishing": counters is not None,
+                    "counters": counters or {}, "running": running.get(owner, [])})
+    return out

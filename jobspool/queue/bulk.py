@@ -1,0 +1,116 @@
+"""Operator actions on many jobs at once: cancel or requeue by kind, state and age.
+
+What they guarantee: every job is re-read under the spool lock before it
+moves (a job a worker finished meanwhile is left alone), and the moves are
+committed in chunks of `CHUNK` jobs, one lock hold each, so a bulk action
+on a large spool never stops workers for long. A chunk is atomic the way a
+batch of `_commit` is; the action as a whole is not: a crash midway leaves
+the jobs of the chunks already committed moved, the rest untouched, and
+running the same command again finishes the job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from jobspool.errors import InvalidJob
+from jobspool.queue import machine
+from jobspool.queue.job import Job, validate_kind, validate_seconds
+from jobspool.queue.states import CANCELABLE, REQUEUEABLE, JobState
+
+if TYPE_CHECKING:
+    from jobspool.queue.spool import Spool
+
+CHUNK = 500
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    """Which jobs a bulk action takes: any of `states`, of `kind` (any when None), last
+    changed more than `older_than` seconds ago (any age when None)."""
+
+    states: tuple[JobState, ...]
+    kind: str | None = None
+    older_than: float | None = None
+
+    def __call__(self, job: Job, now: float) -> bool:
+        if self.kind is not None and job.kind != self.kind:
+            return False
+        return self.older_than is None or now - job.updated_at > self.older_than
+
+
+def _states(action: str, given: Iterable[JobState | str] | JobState | str | None,
+            allowed: frozenset[JobState], default: tuple[JobState, ...]) -> tuple[JobState, ...]:
+    if given is None:
+        return default
+    items = [given] if isinstance(given, str) else list(given)
+    out: list[JobState] = []
+    for item in items:
+        try:
+            state = JobState(item)
+        except ValueError:
+            raise InvalidJob(f"{item!r} is not a job state", field="states") from None
+        if state not in allowed:
+            names = ", ".join(sorted(s.value for s in allowed))
+            raise InvalidJob(f"cannot {action} jobs in state {state.value!r} (only {names})",
+                             field="states")
+        out.append(state)
+    return tuple(dict.fromkeys(out))
+
+
+def match(action: str, *, kind: str | None, states: Iterable[JobState | str] | str | None,
+          older_than: float | None) -> Match:
+    """Validate a bulk action's filters (`InvalidJob` naming the bad one)."""
+    if kind is not None:
+        validate_kind(kind)
+    if older_than is not None:
+        older_than = validate_seconds("older_than", older_than)
+    if action == "cancel":
+        chosen = _states(action, states, CANCELABLE,
+                         tuple(s for s in JobState if s in CANCELABLE))
+    else:
+        chosen = _states(action, states, REQUEUEABLE, (JobState.DEAD_LETTER,))
+    return Match(chosen, kind, older_than)
+
+
+def apply_matching(spool: Spool, action: str, which: Match,
+                   decide: Callable[..., Job]) -> list[Job]:
+    """Move every job `which` selects with `decide` (machine.cancel / machine.requeue)."""
+    moved: list[Job] = []
+    for state in which.states:
+        ids = sorted(spool.store.names(state.value))
+        for start in range(0, len(ids), CHUNK):
+            with spool.lock.hold():
+                now = spool.now()
+                pairs: list[tuple[Job | None, Job | None]] = []
+                for job_id in ids[start:start + CHUNK]:
+                    job = spool._read(state, job_id)  # re-read under the lock
+                    if job is not None and which(job, now):
+                        pairs.append((job, decide(job, now=now)))
+                if pairs:
+                    spool._commit(pairs)
+            moved.extend(new for _, new in pairs if new is not None)
+    return moved
+
+
+def cancel_matching(spool: Spool, *, kind: str | None = None,
+                    states: Iterable[JobState | str] | str | None = None,
+                    older_than: float | None = None) -> list[Job]:
+    """Cancel every unfinished job matching the filters (all cancelable states by default)."""
+    which = match("cancel", kind=kind, states=states, older_than=older_than)
+    spool._check_writable("cancel")
+    return apply_matching(spool, "cancel", which, machine.cancel)
+
+
+def requeue_matching(spool: Spool, *, kind: str | None = None,
+                     states: Iterable[JobState | str] | str | None = None,
+                     older_than: float | None = None) -> list[Job]:
+    """Requeue every job matching the filters (dead letters by default; canceled on request)."""
+    which = match("requeue", kind=kind, states=states, older_than=older_than)
+    spool._check_writable("requeue")
+    return apply_matching(spool, "requeue", which, machine.requeue)
+
+
+__all__ = ["CHUNK", "Match", "apply_matching", "cancel_matching", "match", "requeue_matching"]
