@@ -366,16 +366,23 @@ def test_recovery_leaves_a_live_producers_prestaged_files_and_removes_a_dead_one
     import subprocess
     import sys
 
+    from jobspool.queue import liveness
+
     with Spool(spool_root, durable=False) as spool:
-        dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+        # A producer that registered its liveness lock, then died without cleaning up.
+        code = ("import os, sys; from pathlib import Path; from jobspool.queue import liveness; "
+                "m = liveness.mark_for(Path(sys.argv[1])); print(m.ident, flush=True); os._exit(0)")
+        dead = subprocess.run([sys.executable, "-c", code, str(spool_root)],
                               capture_output=True, text=True, check=True)
-        dead_pid = int(dead.stdout)
-        (spool_root / "tmp" / f"{dead_pid}.3.stage").write_bytes(b'{"half":')
-        live = spool_root / "tmp" / f"{os.getpid()}.9.stage"
+        dead_ident = dead.stdout.strip()
+        (spool_root / "tmp" / f"{dead_ident}.3.stage").write_bytes(b'{"half":')
+        mine = spool.process_mark().ident
+        live = spool_root / "tmp" / f"{mine}.9.stage"
         live.write_bytes(b"{}")
         report = spool.recover()
-        assert f"tmp/{dead_pid}.3.stage" in report.temp_files_removed
+        assert f"tmp/{dead_ident}.3.stage" in report.temp_files_removed
         assert live.exists(), "a live producer's staged file must survive recovery"
-        assert not (spool_root / "tmp" / f"{dead_pid}.3.stage").exists()
+        assert not (spool_root / "tmp" / f"{dead_ident}.3.stage").exists()
+        assert liveness.probe(spool_root, dead_ident)[0] == liveness.Verdict.UNKNOWN
         live.unlink()
         assert spool.fsck().ok

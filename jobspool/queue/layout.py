@@ -18,13 +18,23 @@ from typing import Any
 import orjson
 
 from jobspool.errors import SpoolError
+from jobspool.queue.job import MAX_JOB_BYTES
+from jobspool.queue.perms import (
+    DEFAULT_ACCESS,
+    dir_mode,
+    file_mode,
+    make_dir,
+    refuse_foreign_writers,
+    validate_access,
+)
 from jobspool.queue.states import ALL_STATES
-from jobspool.queue.store import POOL_DIR, TMP_DIR, write_atomic
+from jobspool.queue.store import LIVE_DIR, POOL_DIR, TMP_DIR, write_atomic
 
 SPOOL_FORMAT = 1
 SPOOL_FILE = "spool.json"
 QUARANTINE_DIR = "quarantine"
-SUBDIRS: tuple[str, ...] = (*(s.value for s in ALL_STATES), TMP_DIR, POOL_DIR, QUARANTINE_DIR)
+SUBDIRS: tuple[str, ...] = (*(s.value for s in ALL_STATES), TMP_DIR, POOL_DIR, LIVE_DIR,
+                            QUARANTINE_DIR)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +48,8 @@ class SpoolSettings:
     keep_terminal: int
     max_rescues: int | None
     prepare_grace_seconds: float
+    max_job_bytes: int = MAX_JOB_BYTES
+    access: str = DEFAULT_ACCESS
 
 
 @dataclass
@@ -46,11 +58,12 @@ class Layout:
     settings: dict[str, Any]
     created: bool
     durable: bool
+    access: str = DEFAULT_ACCESS
 
     def save_settings(self, settings: SpoolSettings) -> None:
         doc = {"format": SPOOL_FORMAT, "settings": asdict(settings)}
         write_atomic(self.root / SPOOL_FILE, orjson.dumps(doc, option=orjson.OPT_INDENT_2),
-                     durable=self.durable)
+                     durable=self.durable, mode=file_mode(self.access))
 
 
 def read_spool_file(root: Path) -> dict[str, Any] | None:
@@ -77,8 +90,12 @@ def read_spool_file(root: Path) -> dict[str, Any] | None:
     return doc
 
 
-def open_layout(root: Path, *, create: bool, durable: bool, read_only: bool = False) -> Layout:
+def open_layout(root: Path, *, create: bool, durable: bool, read_only: bool = False,
+                access: str | None = None) -> Layout:
     """Check (and with `create`, make) the spool directory; raise `SpoolError` naming the path.
+
+    `access` ("private" or "group", see `perms.py`) applies when the spool is created;
+    an existing spool keeps the one saved in its `spool.json`.
 
     `read_only` opens an existing spool with read access alone (never creating
     anything): what `stats`, `list`, `show`, `health` and `fsck` need.
@@ -102,12 +119,22 @@ def open_layout(root: Path, *, create: bool, durable: bool, read_only: bool = Fa
         # Before any directory is made: a mistyped root must be left exactly as it was.
         raise SpoolError(f"{root} is not a spool (no {SPOOL_FILE}; run `jobspool init`)",
                          path=str(root))
+    saved = (doc.get("settings") or {}).get("access") if doc is not None else None
+    chosen = validate_access(saved if saved is not None else (access or DEFAULT_ACCESS))
     if st is None:
         try:
-            root.mkdir(parents=True, exist_ok=True)
+            root.parent.mkdir(parents=True, exist_ok=True)
+            make_dir(root, dir_mode(chosen))
+        except FileExistsError:
+            pass  # a racing opener made it
         except OSError as exc:
             raise SpoolError(f"cannot create spool {root}: {exc.strerror}",
                              path=str(root)) from None
+        st = root.stat()
+    elif doc is None and create:
+        os.chmod(root, dir_mode(chosen))  # an empty directory we are turning into a spool
+        st = root.stat()
+    refuse_foreign_writers(root, st)
     if read_only:
         if not os.access(root, os.R_OK | os.X_OK):
             raise SpoolError(f"spool {root} is not readable", path=str(root))
@@ -118,7 +145,9 @@ def open_layout(root: Path, *, create: bool, durable: bool, read_only: bool = Fa
     for name in SUBDIRS:
         if read_only and name not in _STATE_NAMES and not os.path.lexists(root / name):
             continue  # a reader needs the state directories only
-        _ensure_dir(root, name, create=create or doc is None)
+        # `live/` came with a later version: an existing spool gets it on first open.
+        _ensure_dir(root, name, create=create or doc is None or name == LIVE_DIR,
+                    mode=dir_mode(chosen))
     if doc is None and not create:
         raise SpoolError(f"{root} is not a spool (no {SPOOL_FILE}; run `jobspool init`)",
                          path=str(root))
@@ -126,14 +155,15 @@ def open_layout(root: Path, *, create: bool, durable: bool, read_only: bool = Fa
     if not isinstance(settings, dict):
         raise SpoolError(f"{root / SPOOL_FILE}: 'settings' is not an object",
                          path=str(root / SPOOL_FILE))
-    return Layout(root=root, settings=settings, created=doc is None, durable=durable)
+    return Layout(root=root, settings=settings, created=doc is None, durable=durable,
+                  access=chosen)
 
 
 _STATE_NAMES = frozenset(s.value for s in ALL_STATES)
 
 # What a spool directory may already hold before its spool.json exists: a fresh or
 # half-created spool (a crash during creation, or a racing opener), never user data.
-_SPOOL_ENTRIES = frozenset({*(s.value for s in ALL_STATES), TMP_DIR, QUARANTINE_DIR, ".lock",
+_SPOOL_ENTRIES = frozenset({*(s.value for s in ALL_STATES), TMP_DIR, QUARANTINE_DIR, LIVE_DIR, ".lock",
                             "fence", SPOOL_FILE})
 
 
@@ -151,7 +181,7 @@ def _refuse_foreign_directory(root: Path) -> None:
                          f"{shown}); pass an empty or new directory", path=str(root))
 
 
-def _ensure_dir(root: Path, name: str, *, create: bool) -> None:
+def _ensure_dir(root: Path, name: str, *, create: bool, mode: int) -> None:
     path = root / name
     try:
         st = path.lstat()
@@ -159,9 +189,9 @@ def _ensure_dir(root: Path, name: str, *, create: bool) -> None:
         if not create:
             raise SpoolError(f"spool directory {path} is missing", path=str(path)) from None
         try:
-            path.mkdir()
+            make_dir(path, mode)
         except FileExistsError:
-            return _ensure_dir(root, name, create=False)  # a racing opener made it
+            return _ensure_dir(root, name, create=False, mode=mode)  # a racing opener made it
         except OSError as exc:
             code = errno.errorcode.get(exc.errno or 0, "")
             raise SpoolError(f"cannot create {path}: {exc.strerror} {code}".rstrip(),
@@ -172,4 +202,5 @@ def _ensure_dir(root: Path, name: str, *, create: bool) -> None:
                          "inside the spool", path=str(path))
     if not stat.S_ISDIR(st.st_mode):
         raise SpoolError(f"{path} is not a directory", path=str(path))
+    refuse_foreign_writers(path, st)
     return None

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from jobspool.errors import InvalidJob, JobspoolError, JobTooLarge, LeaseLost
-from jobspool.queue import machine
+from jobspool.queue import liveness, machine
 from jobspool.queue.fence import FENCE_FILE, encode_fence
 from jobspool.queue.job import (
     Job,
@@ -24,6 +24,7 @@ from jobspool.queue.job import (
     encode_job,
     validate_int,
     validate_kind,
+    validate_owner,
     validate_seconds,
 )
 from jobspool.queue.spool_base import SpoolBase
@@ -61,7 +62,7 @@ class LeasingSpool(SpoolBase):
             kind_set = frozenset([kinds] if isinstance(kinds, str) else kinds)
             for k in kind_set:
                 validate_kind(k)
-        who = owner or self._owner
+        who = self._owner if owner is None else validate_owner(owner)
         with self._lock.hold():
             try:
                 return self._claim_locked(kind_set, limit, who, seconds, frozenset(exclude))
@@ -80,6 +81,7 @@ class LeasingSpool(SpoolBase):
         dead: list[tuple[Job | None, Job | None]] = []
         stale: list[Change] = []
         skipped: set[str] = set()  # excluded candidates: left in the index, asked past
+        fresh: set[str] = set()  # expired leases of dead holders that never started them
         while len(picked) < limit:
             want = limit - len(picked) + len(skipped)
             cands = [c for c in self._index.candidates(now, kind_set, want)
@@ -110,7 +112,8 @@ class LeasingSpool(SpoolBase):
                                 newer.state.value, newer.revision, extra={"job_id": job.id})
                     stale.extend(self._stale_removals(job.id, [job.state]))
                     continue
-                if machine.lease_expired(job, now) and self._exhausted(job):
+                unstarted = machine.lease_expired(job, now) and self._unstarted(job)
+                if machine.lease_expired(job, now) and not unstarted and self._exhausted(job):
                     gone = machine.reclaim(job, now=now, policy=self.policy,
                                            max_rescues=self.max_rescues, rng=self._rng)
                     log.warning("job %s (%s) dead-lettered on reclaim: %s", job.id, job.kind,
@@ -119,16 +122,20 @@ class LeasingSpool(SpoolBase):
                     dead.append((job, gone))
                     continue
                 picked.append(job)
+                if unstarted:
+                    fresh.add(job.id)
         pairs: list[tuple[Job | None, Job | None]] = list(dead)
         leases: list[Lease] = []
         extra: list[Change] = []
+        proc = self.process_mark().ident if picked else None
         if picked:
             # The counter goes first in the batch: a crash mid-batch may leave it ahead
             # of the tokens on disk (harmless), never behind them.
             extra.append(Change(name=FENCE_FILE, dst="",
                                 data=encode_fence(fence + len(picked))))
         for token, job in enumerate(picked, start=fence + 1):
-            new = machine.claim(job, token=token, owner=who, now=now, lease_seconds=seconds)
+            new = machine.claim(job, token=token, owner=who, now=now, lease_seconds=seconds,
+                                proc=proc, unstarted=job.id in fresh)
             pairs.append((job, new))
             assert new.lease is not None
             leases.append(Lease(job_id=new.id, token=token, owner=who,
@@ -151,6 +158,29 @@ class LeasingSpool(SpoolBase):
                         best is None or other.revision > best.revision):
                     best = other
         return best
+
+    def _unstarted(self, job: Job) -> bool:
+        """Whether an expired lease's holder is provably dead and never started its handler
+        (see `liveness.py`): then the attempt was never made and is not counted."""
+        if job.lease is None or job.lease.proc is None:
+            return False
+        verdict, doc = liveness.probe(self.root, job.lease.proc)
+        if verdict != liveness.Verdict.DEAD:
+            return False
+        running = liveness.running_tokens(doc)
+        return running is not None and job.lease.token not in running
+
+    def process_mark(self) -> liveness.ProcessMark:
+        """This process's liveness mark in this spool (registered on first use)."""
+        return liveness.mark_for(self.root, self._store.file_mode)
+
+    def note_running(self, tokens: Iterable[int], *, started: bool) -> None:
+        """Record that handlers for these leases started (or settled): if this process dies,
+        recovery charges a rescue only to the jobs whose handlers had started."""
+        try:
+            self.process_mark().running(tokens, started=started)
+        except OSError as exc:  # advisory: without it a death is charged to the whole batch
+            log.debug("could not record running handlers: %s", exc)
 
     def _exhausted(self, job: Job) -> bool:
         if job.attempts >= job.max_attempts:
@@ -310,6 +340,9 @@ class LeasingSpool(SpoolBase):
         return out
 
     def _encode_settled(self, job: Job, action: str) -> bytes:
+        if action != "complete":
+            # A failure's error and traceback are cut to fit: recording it never fails.
+            return self._encode_internal(job)
         try:
             return encode_job(job, max_bytes=self.max_job_bytes)
         except JobTooLarge:

@@ -54,6 +54,7 @@ from pathlib import Path
 
 from jobspool.errors import SpoolError
 from jobspool.queue.changelog import RING_BYTES, ChangeRing
+from jobspool.queue.perms import set_fd_mode
 
 # Generations and flags in the first page, the ready/ change ring after it.
 _MAP_SIZE = 4096 + (-(-RING_BYTES // 4096)) * 4096
@@ -106,6 +107,8 @@ class SpoolLock:
                 fd = os.open(self._path, os.O_RDONLY | os.O_CLOEXEC)
             else:
                 fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, self._mode)
+                with contextlib.suppress(OSError):  # another user's lock file: leave its mode
+                    set_fd_mode(fd, self._mode)
             dir_fd = os.open(self._root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as exc:
             raise SpoolError(f"cannot open the spool lock {self._path}: "

@@ -14,12 +14,13 @@ import logging
 import os
 import random
 import socket
+import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self, cast
 
-from jobspool.errors import JobspoolError, SpoolError
+from jobspool.errors import JobspoolError, JobTooLarge, SpoolError
 from jobspool.queue import machine
 from jobspool.queue.fence import FENCE_FILE, decode_fence, encode_fence
 from jobspool.queue.index import SLOT, ClaimIndex
@@ -27,7 +28,9 @@ from jobspool.queue.job import (
     MAX_JOB_BYTES,
     CorruptJob,
     Job,
+    admission_limit,
     decode_job,
+    encode_fitting,
     encode_job,
     report_unreadable,
     validate_int,
@@ -35,6 +38,7 @@ from jobspool.queue.job import (
 )
 from jobspool.queue.layout import SpoolSettings, open_layout
 from jobspool.queue.lock import SpoolLock
+from jobspool.queue.perms import file_mode
 from jobspool.queue.states import ALL_STATES, CLAIMABLE, JobState
 from jobspool.queue.store import JOB_SUFFIX, Change, Store, write_atomic
 
@@ -77,7 +81,7 @@ class SpoolBase:
         keep_terminal: int = _UNSET,
         durable: bool = True,
         clock: Callable[[], float] = time.time,
-        max_job_bytes: int = MAX_JOB_BYTES,
+        max_job_bytes: int = _UNSET,
         max_rescues: int | None = _UNSET,
         prepare_grace_seconds: float = _UNSET,
         max_due: int | None = None,
@@ -85,10 +89,13 @@ class SpoolBase:
         sync_mode: str = "auto",
         seed: int | None = None,
         read_only: bool = False,
+        access: str | None = None,
     ) -> None:
         self.root = Path(root)
         self.read_only = read_only
-        layout = open_layout(self.root, create=create, durable=durable, read_only=read_only)
+        layout = open_layout(self.root, create=create, durable=durable, read_only=read_only,
+                             access=access)
+        self.access = layout.access
         stored = layout.settings
         self.lease_seconds = validate_seconds(
             "lease_seconds", _pick(lease_seconds, stored, "lease_seconds", 60.0), positive=True)
@@ -106,7 +113,9 @@ class SpoolBase:
         self.prepare_grace_seconds = validate_seconds(
             "prepare_grace_seconds",
             _pick(prepare_grace_seconds, stored, "prepare_grace_seconds", 300.0))
-        self.max_job_bytes = validate_int("max_job_bytes", max_job_bytes, minimum=256)
+        self.max_job_bytes = validate_int(
+            "max_job_bytes", _pick(max_job_bytes, stored, "max_job_bytes", MAX_JOB_BYTES),
+            minimum=1024)
         self.max_due = None if max_due is None else validate_int("max_due", max_due, minimum=1)
         self.max_lag_seconds = (None if max_lag_seconds is None else
                                 validate_seconds("max_lag_seconds", max_lag_seconds,
@@ -115,8 +124,10 @@ class SpoolBase:
         self.clock = clock
         self.policy = machine.RetryPolicy(self.retry_base_seconds, self.retry_max_seconds)
         self._rng = random.Random(seed)
-        self._lock = SpoolLock(self.root / ".lock", read_only=read_only)
-        self._store = Store(self.root, durable=durable, sync_mode=sync_mode)
+        self._lock = SpoolLock(self.root / ".lock", read_only=read_only,
+                               mode=file_mode(self.access))
+        self._store = Store(self.root, durable=durable, sync_mode=sync_mode,
+                            file_mode=file_mode(self.access))
         self._index = ClaimIndex(self._store, self._lock.generation, self._lock.ring)
         self._lock.on_reopen = self._index.invalidate
         self._owner = f"{socket.gethostname()}:{os.getpid()}"
@@ -125,7 +136,8 @@ class SpoolBase:
             lease_seconds=self.lease_seconds, max_attempts=self.max_attempts,
             retry_base_seconds=self.retry_base_seconds, retry_max_seconds=self.retry_max_seconds,
             keep_terminal=self.keep_terminal, max_rescues=self.max_rescues,
-            prepare_grace_seconds=self.prepare_grace_seconds)
+            prepare_grace_seconds=self.prepare_grace_seconds,
+            max_job_bytes=self.max_job_bytes, access=self.access)
         if read_only:
             for name in _WRITERS:
                 if hasattr(self, name):
@@ -136,7 +148,8 @@ class SpoolBase:
         if not (self.root / FENCE_FILE).exists():
             with self._lock.hold():  # re-check under the lock: never reset a live counter
                 if not (self.root / FENCE_FILE).exists():
-                    write_atomic(self.root / FENCE_FILE, encode_fence(0), durable=durable)
+                    write_atomic(self.root / FENCE_FILE, encode_fence(0), durable=durable,
+                                 mode=file_mode(self.access))
 
     # ------------------------------------------------------------ plumbing
 
@@ -222,7 +235,7 @@ class SpoolBase:
             elif encoded is not None and new.id in encoded:
                 data = encoded[new.id]  # the caller encoded (and size-checked) it already
             else:
-                data = encode_job(new, max_bytes=self.max_job_bytes)
+                data = self._encode_internal(new)
             changes.append(Change(name=name, dst=new.state.value if new else None, data=data,
                                   src=old.state.value if old else None, staged=path))
             if old is not None:
@@ -259,6 +272,28 @@ class SpoolBase:
             if new is not None and new.state in (JobState.COMPLETED, JobState.DEAD_LETTER,
                                                  JobState.CANCELED):
                 self._terminal_writes += 1
+
+    def _encode_internal(self, job: Job) -> bytes:
+        """Encode the result of a transition the spool itself makes (claim, heartbeat, fail,
+        release, cancel, requeue, reclaim, replay): never refused for its size.
+
+        Admission (`encode_admitted`) kept room for what these add and `encode_fitting`
+        cuts errors and tracebacks to the room left, so the file fits `max_job_bytes`.
+        Only a job admitted under an older, looser rule can still be over: it is written
+        anyway (logged), because refusing would wedge it — and every batch it is in.
+        """
+        try:
+            return encode_fitting(job, max_bytes=self.max_job_bytes)
+        except JobTooLarge as exc:
+            log.warning("job %s is %d bytes serialized, over max_job_bytes=%d; written anyway "
+                        "so that it can move on", job.id, exc.size, self.max_job_bytes,
+                        extra={"job_id": job.id})
+            return encode_job(job, max_bytes=sys.maxsize)
+
+    @property
+    def admission_bytes(self) -> int:
+        """The largest serialized size a new job may have (see `job.admission_limit`)."""
+        return admission_limit(self.max_job_bytes)
 
     def _log_ready(self, generation: int, pairs: Sequence[tuple[Job | None, Job | None]],
                    extra: Sequence[Change]) -> None:

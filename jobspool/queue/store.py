@@ -38,6 +38,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from jobspool.queue import liveness
+from jobspool.queue.liveness import LIVE_DIR as LIVE_DIR
+from jobspool.queue.perms import set_fd_mode
+
 log = logging.getLogger(__name__)
 
 # Syscall seams (fault injection patches these).
@@ -51,6 +55,14 @@ TMP_DIR = "tmp"
 STAGE_SUFFIX = ".stage"
 POOL_DIR = "tmp/pool"
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+# One counter for every Store of the process: with the process's random ident it makes
+# staging names unique across Spool objects, threads, processes and PID namespaces.
+_COUNTER = itertools.count()
+
+
+def staging_name(suffix: str = "") -> str:
+    """`<process ident>.<n><suffix>`: unique, and tells recovery whose file it is."""
+    return f"{liveness.process_ident()}.{next(_COUNTER)}{suffix}"
 _READ_CHUNK = 1 << 17
 
 _libc: ctypes.CDLL | None = None
@@ -85,7 +97,7 @@ class Store:
     """Atomic file placement inside one spool root."""
 
     def __init__(self, root: Path, *, durable: bool = True, sync_mode: str = "auto",
-                 pool_size: int = 256) -> None:
+                 pool_size: int = 256, file_mode: int = 0o600) -> None:
         if sync_mode not in ("auto", "fsync", "syncfs"):
             raise ValueError(f"sync_mode must be auto, fsync or syncfs, not {sync_mode!r}")
         self.root = root
@@ -93,9 +105,9 @@ class Store:
         self.durable = durable
         self.sync_mode = sync_mode
         self.pool_size = pool_size
+        self.file_mode = file_mode
         self._tmp = root / TMP_DIR
         self._pool_dir = root / POOL_DIR
-        self._counter = itertools.count()
         self._pid = os.getpid()
         self._pool: list[str] = []
         self._pool_loaded = False
@@ -160,13 +172,22 @@ class Store:
                 if ch.staged is None:
                     _quiet_unlink(tmp)
             raise
-        if use_syncfs and fresh:
-            self._flush_fs()
-        dst_dirs: set[str] = set()
-        for ch, tmp in staged:
-            assert ch.dst is not None
-            os_replace(tmp, os.path.join(self.root, ch.dst, ch.name))
-            dst_dirs.add(ch.dst)
+        published = 0
+        try:
+            if use_syncfs and fresh:
+                self._flush_fs()
+            for ch, tmp in staged:
+                assert ch.dst is not None
+                os_replace(tmp, os.path.join(self.root, ch.dst, ch.name))
+                published += 1
+        except BaseException:
+            # Staged files that never got published are nobody's: remove them now rather
+            # than leave them in tmp/ for recovery (prestaged ones are their caller's).
+            for ch, tmp in staged[published:]:
+                if ch.staged is None:
+                    _quiet_unlink(tmp)
+            raise
+        dst_dirs = {ch.dst for ch, _ in staged if ch.dst is not None}
         if self.durable and dst_dirs:
             self._flush_dirs(dst_dirs, use_syncfs)
         src_dirs: set[str] = set()
@@ -184,20 +205,24 @@ class Store:
         disk, and doing it before taking the lock keeps producers from
         stalling every other process meanwhile. These files are fresh (the
         recycling pool is shared and only touched under the lock) and named
-        `<pid>.<n>.stage`, so recovery running in another process leaves them
-        alone while their writer lives (see `stale_stage_files`). The caller
-        must `discard` the ones it does not publish.
+        `<ident>.<n>.stage` after this process's liveness mark, so recovery
+        running in another process leaves them alone while their writer lives
+        (see `stray_tmp_files`). The caller must `discard` the ones it does
+        not publish.
         """
         self._check_fork()
+        liveness.mark_for(self.root, self.file_mode)
         paths: list[str] = []
         use_syncfs = self.durable and (self.sync_mode == "syncfs" or (
             self.sync_mode == "auto" and len(datas) >= 8))
         try:
             for data in datas:
-                path = os.path.join(self._tmp, f"{self._pid}.{next(self._counter)}{STAGE_SUFFIX}")
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+                path = os.path.join(self._tmp, staging_name(STAGE_SUFFIX))
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+                             self.file_mode)
                 paths.append(path)
                 try:
+                    set_fd_mode(fd, self.file_mode)
                     _write_all(fd, data)
                     if self.durable and not use_syncfs:
                         os_fsync(fd)
@@ -248,14 +273,21 @@ class Store:
             except FileNotFoundError:
                 continue  # another process took it
             return path, fd, os.fstat(fd).st_size
-        path = os.path.join(self._tmp, f"{self._pid}.{next(self._counter)}.tmp")
-        return path, os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644), 0
+        path = os.path.join(self._tmp, staging_name(".tmp"))
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, self.file_mode)
+        try:
+            set_fd_mode(fd, self.file_mode)
+        except BaseException:
+            os.close(fd)
+            _quiet_unlink(path)
+            raise
+        return path, fd, 0
 
     def _retire(self, path: str) -> None:
         """Remove a superseded file: recycle it into the pool while the pool has room."""
         self._check_fork()
         if len(self._pool) < self.pool_size:
-            name = f"{self._pid}.{next(self._counter)}"
+            name = staging_name()
             try:
                 os_replace(path, os.path.join(self._pool_dir, name))
                 self._pool.append(name)
@@ -268,7 +300,6 @@ class Store:
     def _check_fork(self) -> None:
         if not self._pool_loaded or self._pid != os.getpid():
             self._pid = os.getpid()
-            self._counter = itertools.count()
             try:
                 self._pool = os.listdir(self._pool_dir)[: self.pool_size]
             except FileNotFoundError:
@@ -313,17 +344,25 @@ def fsync_dir(path: Path | str) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
+def write_atomic(path: Path, data: bytes, *, durable: bool = True, mode: int = 0o600) -> None:
     """Write one file outside the batch path (spool.json at creation): tmp, fsync, rename."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    tmp = path.with_name(f".{path.name}.{staging_name('.tmp')}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
     try:
-        os_write(fd, data)
+        set_fd_mode(fd, mode)
+        _write_all(fd, data)
         if durable:
             os_fsync(fd)
-    finally:
+    except BaseException:
         os.close(fd)
-    os_replace(tmp, path)
+        _quiet_unlink(str(tmp))
+        raise
+    os.close(fd)
+    try:
+        os_replace(tmp, path)
+    except BaseException:
+        _quiet_unlink(str(tmp))
+        raise
     if durable:
         fsync_dir(path.parent)
 
@@ -335,39 +374,45 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[written:]
 
 
-def stale_stage_files(tmp: Path, *, max_age: float = 600.0) -> list[str]:
-    """Pre-staged files (`<pid>.<n>.stage`) whose writer is gone: its pid is not running,
-    or the file is older than `max_age` seconds (a recycled pid, or a writer stuck)."""
+def stray_tmp_files(tmp: Path, *, max_age: float = 600.0) -> list[str]:
+    """Files in `tmp/` that no live writer will publish (call under the spool lock).
+
+    Under the lock no writer is between staging and publishing, so every `.tmp`
+    staging file is a dead writer's, and so is anything else that is not a
+    pre-staged `<ident>.<n>.stage` (a person's or an older version's leftover).
+    A `.stage` file is a producer's, written outside the lock: it goes only when
+    its writer's liveness lock is provably free, or, when its writer is unknown
+    (no liveness file), once it is older than `max_age` seconds.
+    """
     out: list[str] = []
     try:
         entries = list(os.scandir(tmp))
     except FileNotFoundError:
         return out
     now = time.time()
+    root = tmp.parent
+    verdicts: dict[str, str] = {}
     for e in entries:
-        if not e.name.endswith(STAGE_SUFFIX) or not e.is_file(follow_symlinks=False):
+        if e.is_dir(follow_symlinks=False):
+            continue  # tmp/pool/, tmp/live/
+        if not e.name.endswith(STAGE_SUFFIX):
+            out.append(e.name)
             continue
-        pid_text = e.name.split(".", 1)[0]
-        alive = pid_text.isdigit() and _pid_alive(int(pid_text))
+        ident = e.name.split(".", 1)[0]
+        if ident not in verdicts:
+            verdicts[ident] = liveness.probe(root, ident)[0]
+        verdict = verdicts[ident]
+        if verdict == liveness.Verdict.ALIVE:
+            continue
+        if verdict == liveness.Verdict.DEAD:
+            out.append(e.name)
+            continue
         try:
-            old = now - e.stat(follow_symlinks=False).st_mtime > max_age
+            if now - e.stat(follow_symlinks=False).st_mtime > max_age:
+                out.append(e.name)
         except FileNotFoundError:
             continue  # published or discarded meanwhile
-        if not alive or old:
-            out.append(e.name)
     return sorted(out)
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by someone else
-    return True
 
 
 def _quiet_unlink(path: str) -> None:

@@ -16,13 +16,12 @@ they are what `recover` is for, and are reported apart from the problems.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from jobspool.queue.fence import FENCE_FILE, decode_fence
 from jobspool.queue.states import ALL_STATES, TERMINAL, JobState
-from jobspool.queue.store import JOB_SUFFIX, TMP_DIR, stale_stage_files
+from jobspool.queue.store import JOB_SUFFIX, TMP_DIR, stray_tmp_files
 from jobspool.recovery.quarantine import confirm, quarantined_files
 from jobspool.recovery.scan import Scan, probe, scan_spool
 
@@ -88,7 +87,7 @@ def fsck(spool: Spool) -> FsckReport:
                                         f"{job.lease.token} in {job.state.value}/{job.id}{JOB_SUFFIX}")
     if fence_problem:
         problems.append(fence_problem)
-    problems.extend(f"{TMP_DIR}/{name}: stale temp file (no writer holds the lock)"
+    problems.extend(f"{TMP_DIR}/{name}: stray temp file (no live writer will publish it)"
                     for name in temps)
 
     counts = {s.value: 0 for s in ALL_STATES}
@@ -121,11 +120,8 @@ def _read_fence(spool: Spool) -> tuple[int | None, str | None]:
 
 
 def _temp_files(spool: Spool) -> list[str]:
-    # Called under the lock: `.tmp` staging files live only within one lock hold; `.stage`
-    # files are written outside it and are stale only once their writer is gone.
-    with os.scandir(spool.root / TMP_DIR) as it:
-        names = [e.name for e in it if e.name.endswith(".tmp")]
-    return sorted(names + stale_stage_files(spool.root / TMP_DIR))
+    # Called under the lock: see `stray_tmp_files` for what a live writer may leave there.
+    return stray_tmp_files(spool.root / TMP_DIR)
 
 
 def _notes(spool: Spool, scan: Scan, counts: dict[str, int], quarantined: int) -> list[str]:

@@ -16,15 +16,20 @@ The steps, in order (each idempotent: a second run finds nothing to do):
    others are removed;
 2. quarantine — files in state directories that are not readable jobs go
    to `quarantine/` with a reason file (`quarantine.py`), never deleted;
-3. temp files — every `tmp/*.tmp` is removed: staging files are created
-   and consumed within one lock hold, so under the lock any that exists
-   belongs to a writer that died. `tmp/pool/` (recycled files) is only
-   trimmed to the store's pool size;
+3. temp files — everything in `tmp/` that no live writer will publish is
+   removed (`store.stray_tmp_files`): staging files are created and consumed
+   within one lock hold, so under the lock any `.tmp` belongs to a writer
+   that died; a producer's `.stage` file goes once its writer's liveness
+   lock is free; anything else is a stray. `tmp/pool/` (recycled files) is
+   only trimmed to the store's pool size;
 4. fence — raised to the largest lease token found on disk (a crash in the
    middle of a claim batch can publish a token before the counter), and
    rebuilt from the tokens when the file is unreadable;
-5. expired leases — back to `retryable`, or `dead_letter` when attempts or
-   rescues are exhausted (`machine.reclaim`);
+5. expired leases, and leases whose holder is provably dead (its liveness
+   lock is free, `liveness.py`) at once — back to `retryable`, or
+   `dead_letter` when attempts or rescues are exhausted (`machine.reclaim`);
+   a dead holder's jobs whose handlers never started go back to `ready`
+   uncounted. The dead processes' liveness files are removed afterwards;
 6. prepared jobs past `prepare_grace_seconds` — replayed (`replay.py`);
 7. retention pruning (`prune.py`).
 
@@ -36,11 +41,13 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import time
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jobspool.queue import machine
+from jobspool.queue import liveness, machine
 from jobspool.queue import store as store_mod
 from jobspool.queue.fence import FENCE_FILE, decode_fence, encode_fence
 from jobspool.queue.states import CLAIMABLE, JobState
@@ -76,7 +83,8 @@ class RecoveryReport:
     temp_files_removed: tuple[str, ...] = ()  # `tmp/<name>` (and root-level leftovers)
     pool_files_trimmed: tuple[str, ...] = ()  # `tmp/pool/<name>` beyond the pool size
     fence_raised: tuple[str, ...] = ()  # ids holding tokens above the old fence (or "fence")
-    leases_reclaimed: tuple[str, ...] = ()  # expired leases moved to retryable
+    leases_reclaimed: tuple[str, ...] = ()  # expired (or dead holders') leases to retryable
+    leases_returned: tuple[str, ...] = ()  # dead holders' unstarted jobs back to ready
     dead_lettered: tuple[str, ...] = ()  # moved to dead_letter (reclaim or replay exhausted)
     replayed_committed: tuple[str, ...] = ()
     replayed_aborted: tuple[str, ...] = ()
@@ -111,7 +119,7 @@ def recover(spool: Spool, replay: ReplayHooks | None = None) -> RecoveryReport:
     dups, stale, moved = _repair(spool, scan)
     temps, trimmed = _clean_tmp(spool)
     fence_ids, before, after = _raise_fence(spool, scan)
-    reclaimed, dead = _reclaim(spool, scan)
+    reclaimed, returned, dead = _reclaim(spool, scan)
     committed, aborted, unknown, dead_replay, pending = _replay(spool, scan, replay)
     pruned = prune(spool, scan=scan).pruned
     report = RecoveryReport(
@@ -119,6 +127,7 @@ def recover(spool: Spool, replay: ReplayHooks | None = None) -> RecoveryReport:
         quarantined=tuple(src for src, _ in moved), quarantine_names=tuple(q for _, q in moved),
         temp_files_removed=tuple(temps), pool_files_trimmed=tuple(trimmed),
         fence_raised=tuple(fence_ids), leases_reclaimed=tuple(reclaimed),
+        leases_returned=tuple(returned),
         dead_lettered=tuple(dead + dead_replay), replayed_committed=tuple(committed),
         replayed_aborted=tuple(aborted), replay_unknown=tuple(unknown),
         prepared_pending=tuple(pending), pruned=pruned, fence_before=before, fence_after=after)
@@ -175,16 +184,14 @@ def _clean_tmp(spool: Spool) -> tuple[list[str], list[str]]:
     trimmed: list[str] = []
     tmp = spool.root / TMP_DIR
     with spool.lock.hold():
-        # Under the lock no writer is between staging and publishing: every staging file
-        # here belongs to a process that died mid-write.
-        with os.scandir(tmp) as it:
-            names = [e.name for e in it if e.name.endswith(".tmp") and e.is_file(follow_symlinks=False)]
-        # Files pre-staged outside the lock (`.stage`) belong to a live producer unless
-        # their writer is gone.
-        names += store_mod.stale_stage_files(tmp)
-        for name in names:
-            if _unlink(tmp / name):
+        # Under the lock no writer is between staging and publishing: what is left is a
+        # dead writer's, a person's or an older version's (see `stray_tmp_files`).
+        for name in store_mod.stray_tmp_files(tmp):
+            if _remove_stray(tmp / name):
                 removed.append(f"{TMP_DIR}/{name}")
+        for name in liveness.stale_new_files(spool.root):
+            if _unlink(spool.root / liveness.LIVE_DIR / name):
+                removed.append(f"{liveness.LIVE_DIR}/{name}")
         root_dirty = False
         for name in os.listdir(spool.root):
             if not (name.startswith(".") and name.endswith(".tmp")):
@@ -210,6 +217,17 @@ def _clean_tmp(spool: Spool) -> tuple[list[str], list[str]]:
             if trimmed:
                 store_mod.fsync_dir(spool.root / store_mod.POOL_DIR)
     return removed, trimmed
+
+
+def _remove_stray(path: Path) -> bool:
+    """Remove a stray entry of tmp/ (a file, a symlink, or a directory someone left)."""
+    try:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+            return True
+    except OSError:
+        return False
+    return _unlink(path)
 
 
 def _unlink(path: os.PathLike[str]) -> bool:
@@ -265,32 +283,52 @@ def _raise_fence(spool: Spool, scan: Scan) -> tuple[list[str], int | None, int |
 # ---------------------------------------------------------------- 5: expired leases
 
 
-def _reclaim(spool: Spool, scan: Scan) -> tuple[list[str], list[str]]:
-    now = spool.now()
-    expired = sorted(e.job_id for e in scan.in_state(JobState.LEASED)
-                     if e.expires_at is not None and e.expires_at <= now)
+def _reclaim(spool: Spool, scan: Scan) -> tuple[list[str], list[str], list[str]]:
+    leased = sorted(e.job_id for e in scan.in_state(JobState.LEASED))
     reclaimed: list[str] = []
+    returned: list[str] = []
     dead: list[str] = []
-    for start in range(0, len(expired), BATCH):
+    verdicts: dict[str, tuple[str, dict[str, object] | None]] = {}
+
+    def holder(proc: str | None) -> tuple[str, dict[str, object] | None]:
+        if proc is None:
+            return liveness.Verdict.UNKNOWN, None
+        if proc not in verdicts:
+            verdicts[proc] = liveness.probe(spool.root, proc)
+        return verdicts[proc]
+
+    for start in range(0, len(leased), BATCH):
         with spool.lock.hold():
             now = spool.now()
             pairs: list[tuple[Job | None, Job | None]] = []
             extra: list[Change] = []
-            for job_id in expired[start:start + BATCH]:
+            for job_id in leased[start:start + BATCH]:
                 job, stale = spool._locate(job_id)
-                if job is None or not machine.lease_expired(job, now):
+                if job is None or job.state is not JobState.LEASED or job.lease is None:
                     continue  # completed, heartbeated or reclaimed by a claim meanwhile
-                new = machine.reclaim(job, now=now, policy=spool.policy,
-                                      max_rescues=spool.max_rescues, rng=spool._rng)
+                verdict, doc = holder(job.lease.proc)
+                gone = verdict == liveness.Verdict.DEAD
+                if not gone and not machine.lease_expired(job, now):
+                    continue
+                running = liveness.running_tokens(doc) if gone else None
+                if running is not None and job.lease.token not in running:
+                    new = machine.return_unstarted(job, now=now)
+                    returned.append(job_id)
+                else:
+                    new = machine.reclaim(job, now=now, policy=spool.policy,
+                                          max_rescues=spool.max_rescues, rng=spool._rng)
+                    if new.state is JobState.DEAD_LETTER:
+                        _warn_dead(new, "on reclaim by recovery")
+                        dead.append(job_id)
+                    else:
+                        reclaimed.append(job_id)
                 pairs.append((job, new))
                 extra.extend(spool._stale_removals(job_id, stale))
-                if new.state is JobState.DEAD_LETTER:
-                    _warn_dead(new, "on reclaim by recovery")
-                    dead.append(job_id)
-                else:
-                    reclaimed.append(job_id)
             spool._commit(pairs, extra)
-    return reclaimed, dead
+    # Their leases are settled: the dead processes' liveness files have told all they know.
+    for ident in liveness.dead_marks(spool.root):
+        liveness.remove_dead(spool.root, ident)
+    return reclaimed, returned, dead
 
 
 # ---------------------------------------------------------------- 6: replay

@@ -1,0 +1,252 @@
+"""Process liveness in a spool: `live/<ident>.lock`, flock-held for a process's life.
+
+Every process that writes a spool registers once per spool: a random
+`ident` (unique across objects, threads, processes and PID namespaces — a
+pid is not: containers sharing a volume are all PID 1) names its staging
+files and its leases, and an exclusive `flock` on its liveness file is held
+until the process exits. The kernel drops that lock when the process dies,
+however it dies (SIGKILL included), so any process on the same host can tell
+a live writer from a dead one by trying the lock — across PID namespaces too,
+where a pid lookup (`kill(pid, 0)`) sees nothing or the wrong process.
+
+Verdicts are three-valued: alive (the lock is held), dead (the file is there
+and nobody holds its lock, on this host: after a reboot nobody does), or
+unknown (no file: never registered here, or already cleaned up). Only
+"dead" lets recovery act early; "unknown" waits for lease expiry and file age.
+
+The file also says which fencing tokens have a handler running (`running`),
+rewritten in place (no flush: a process crash keeps the page cache) when a
+handler starts or ends. When the process has died, recovery charges a rescue
+only to the jobs whose handlers were running, and gives the batch mates that
+never started back uncounted.
+
+What it does not cover: a spool shared between hosts (not supported: flock
+is not coherent over NFS), and a process frozen (SIGSTOP) — alive, so its
+leases are left to expire as usual.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import errno
+import fcntl
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+import orjson
+
+from jobspool.queue.perms import set_fd_mode
+
+LIVE_DIR = "live"
+LIVE_SUFFIX = ".lock"
+
+_lock = threading.Lock()
+_marks: dict[str, ProcessMark] = {}
+_ident = ""
+
+
+def _new_ident() -> str:
+    return os.urandom(8).hex()
+
+
+def process_ident() -> str:
+    """This process's identity in every spool (new after a fork)."""
+    global _ident
+    if not _ident:
+        _ident = _new_ident()
+    return _ident
+
+
+def _after_fork_in_child() -> None:
+    global _ident
+    _ident = ""
+    # The child must not keep the parent's liveness locks alive: flock locks belong to the
+    # open file description, which fork shares. Drop our copies without unlocking.
+    for mark in _marks.values():
+        with contextlib.suppress(OSError):
+            os.close(mark.fd)
+    _marks.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+@atexit.register
+def _remove_own_marks() -> None:
+    # A clean exit leaves nothing to attribute; a crash skips this and leaves the
+    # unlocked file that tells recovery this process is gone.
+    for mark in list(_marks.values()):
+        with contextlib.suppress(OSError):
+            os.unlink(mark.path)
+        with contextlib.suppress(OSError):
+            os.close(mark.fd)
+    _marks.clear()
+
+
+def boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+class ProcessMark:
+    """This process's liveness file in one spool (see the module docstring)."""
+
+    def __init__(self, root: Path, ident: str, mode: int) -> None:
+        self.ident = ident
+        self.path = root / LIVE_DIR / f"{ident}{LIVE_SUFFIX}"
+        # Created under a temporary name and locked before it takes its real name, so
+        # nobody can ever see the real name unlocked while this process lives.
+        tmp = self.path.with_name(f"{ident}.new")
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, mode)
+        try:
+            set_fd_mode(fd, mode)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self.fd = fd
+            self._running: dict[int, int] = {}
+            self._guard = threading.Lock()
+            self._base = {"pid": os.getpid(), "host": socket.gethostname(), "boot": boot_id(),
+                          "started": time.time()}
+            self._write()
+            os.replace(tmp, self.path)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+    def _write(self) -> None:
+        doc = dict(self._base, running=sorted(self._running))
+        data = orjson.dumps(doc)
+        os.pwrite(self.fd, data, 0)
+        os.ftruncate(self.fd, len(data))
+
+    def running(self, tokens: Iterable[int], *, started: bool) -> None:
+        """Record that handlers for `tokens` started (or ended); cheap, no flush."""
+        with self._guard:
+            for t in tokens:
+                if started:
+                    self._running[t] = self._running.get(t, 0) + 1
+                elif self._running.get(t, 0) > 1:
+                    self._running[t] -= 1
+                else:
+                    self._running.pop(t, None)
+            with contextlib.suppress(OSError):
+                self._write()
+
+
+def mark_for(root: Path, mode: int = 0o600) -> ProcessMark:
+    """This process's mark in the spool at `root`, registering it on first use."""
+    key = os.path.realpath(root)
+    with _lock:
+        mark = _marks.get(key)
+        if mark is None:
+            mark = ProcessMark(Path(key), process_ident(), mode)
+            _marks[key] = mark
+        return mark
+
+
+class Verdict:
+    ALIVE = "alive"
+    DEAD = "dead"
+    UNKNOWN = "unknown"
+
+
+def probe(root: Path, ident: str) -> tuple[str, dict[str, object] | None]:
+    """Whether the process `ident` lives, and what its file says (only when dead)."""
+    if ident == _ident:
+        return Verdict.ALIVE, None  # ourselves (in a copied spool, the file is not our lock)
+    path = root / LIVE_DIR / f"{ident}{LIVE_SUFFIX}"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return Verdict.UNKNOWN, None
+    except OSError:
+        return Verdict.UNKNOWN, None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                return Verdict.ALIVE, None
+            return Verdict.UNKNOWN, None
+        try:
+            doc = orjson.loads(os.pread(fd, 1 << 20, 0))
+        except (orjson.JSONDecodeError, OSError):
+            doc = None
+        if not isinstance(doc, dict):
+            return Verdict.DEAD, None
+        if doc.get("host") not in (None, socket.gethostname()):
+            return Verdict.UNKNOWN, None  # another machine's process: nothing to prove here
+        return Verdict.DEAD, doc
+    finally:
+        os.close(fd)
+
+
+def running_tokens(doc: dict[str, object] | None) -> set[int] | None:
+    """The tokens a dead process was running handlers for (None: not recorded)."""
+    if doc is None:
+        return None
+    raw = doc.get("running")
+    if not isinstance(raw, list):
+        return None
+    return {t for t in raw if isinstance(t, int) and not isinstance(t, bool)}
+
+
+def dead_marks(root: Path) -> list[str]:
+    """Idents whose liveness file is there but unlocked: their processes are gone."""
+    try:
+        names = os.listdir(root / LIVE_DIR)
+    except FileNotFoundError:
+        return []
+    out = []
+    for name in names:
+        if name.endswith(LIVE_SUFFIX):
+            ident = name[: -len(LIVE_SUFFIX)]
+            if probe(root, ident)[0] == Verdict.DEAD:
+                out.append(ident)
+    return sorted(out)
+
+
+def remove_dead(root: Path, ident: str) -> bool:
+    """Delete a dead process's file, only while holding its lock (never a live one's)."""
+    path = root / LIVE_DIR / f"{ident}{LIVE_SUFFIX}"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return True
+    finally:
+        os.close(fd)
+
+
+def stale_new_files(root: Path, max_age: float = 60.0) -> list[str]:
+    """`<ident>.new` files of processes that died while registering."""
+    d = root / LIVE_DIR
+    try:
+        names = [n for n in os.listdir(d) if n.endswith(".new")]
+    except FileNotFoundError:
+        return []
+    out = []
+    now = time.time()
+    for n in names:
+        try:
+            if now - os.stat(d / n).st_mtime > max_age:
+                out.append(n)
+        except FileNotFoundError:
+            continue
+    return out
