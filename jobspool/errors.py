@@ -108,6 +108,17 @@ class WaitTimeout(JobspoolError, TimeoutError):
         self.timeout = timeout
 
 
+class TimeLimitExceeded(JobspoolError):
+    """Raised (as a run's failure) when a handler ran past its kind's `timeout`."""
+
+    def __init__(self, job_id: str, kind: str, timeout: float, detail: str = "") -> None:
+        super().__init__(f"job {job_id!r} ({kind}) ran past its time limit of {timeout:g} s"
+                         + (f"; {detail}" if detail else ""))
+        self.job_id = job_id
+        self.kind = kind
+        self.timeout = timeout
+
+
 class CorruptFileWarning(UserWarning):
     """Warned when a reader skips a job file it cannot decode (`recover` quarantines it)."""
 
@@ -123,5 +134,6 @@ __all__ = [
     "LeaseLost",
     "ProjectionError",
     "SpoolError",
+    "TimeLimitExceeded",
     "WaitTimeout",
 ]

@@ -28,6 +28,9 @@ _log = logging.getLogger("jobspool.queue")
 FORMAT_VERSION = 1
 MAX_JOB_BYTES = 64 * 1024
 MAX_ERROR_CHARS = 1024
+# A stored traceback keeps its last lines (where it was raised) within this many UTF-8 bytes
+# of JSON, so a failure always fits beside the payload (DESIGN §9, sizes).
+MAX_TRACEBACK_BYTES = 8 * 1024
 
 JOB_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 KIND_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
@@ -64,6 +67,7 @@ class Job:
     result: Any = None
     reservations: tuple[str, ...] = ()
     rescues: int = 0
+    traceback: str | None = None  # the last failed run's, bounded (MAX_TRACEBACK_CHARS)
 
     @property
     def terminal(self) -> bool:
@@ -220,6 +224,8 @@ def _to_dict(job: Job) -> dict[str, Any]:
         "reservations": list(job.reservations),
         "rescues": job.rescues,
     }
+    if job.traceback is not None:
+        d["traceback"] = job.traceback  # absent when None: older readers never see the key
     return d
 
 
@@ -301,6 +307,9 @@ def decode_job(data: bytes, *, expect_id: str | None = None,
     rescues = d.get("rescues", 0)
     if isinstance(rescues, bool) or not isinstance(rescues, int):
         raise CorruptJob("field 'rescues' is not an integer")
+    tb = d.get("traceback")
+    if tb is not None and not isinstance(tb, str):
+        raise CorruptJob("field 'traceback' is not a string")
     return Job(
         id=job_id,
         kind=kind,
@@ -318,6 +327,7 @@ def decode_job(data: bytes, *, expect_id: str | None = None,
         result=d.get("result"),
         reservations=tuple(reservations),
         rescues=rescues,
+        traceback=tb,
     )
 
 

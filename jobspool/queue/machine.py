@@ -13,7 +13,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from jobspool.errors import LeaseLost
-from jobspool.queue.job import Job, Lease, LeaseInfo, clip_error, evolve
+from jobspool.queue.job import (
+    MAX_TRACEBACK_BYTES,
+    Job,
+    Lease,
+    LeaseInfo,
+    clip_error,
+    evolve,
+)
 from jobspool.queue.states import JobState, check_transition
 
 
@@ -36,6 +43,44 @@ class RetryPolicy:
         d = min(self.max_seconds, self.base_seconds * (2.0 ** min(n - 1, 62)))
         r = (rng or random).random()
         return d / 2.0 + r * d / 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A failed run as the worker reports it to `Spool.fail` in place of a bare message.
+
+    Carries what a plain string cannot: the run's traceback, the per-kind
+    backoff and attempt limit (`Policy`), and how the run ended —
+    `interrupted` (cut off by a shutdown: back to `ready`, the attempt
+    counted) or `rescued` (its process died running it: a rescue counted too).
+    """
+
+    error: str
+    traceback: str | None = None
+    policy: RetryPolicy | None = None
+    max_attempts: int | None = None
+    interrupted: bool = False
+    rescued: bool = False
+
+    def __str__(self) -> str:
+        return self.error
+
+
+def clip_traceback(text: str | None) -> str | None:
+    """Keep a traceback's end (where it was raised) within `MAX_TRACEBACK_BYTES` of JSON."""
+    if text is None:
+        return None
+    # JSON escapes newlines and quotes, so measure the escaped form, not the characters.
+    import orjson
+
+    if len(orjson.dumps(text)) <= MAX_TRACEBACK_BYTES:
+        return text
+    keep = MAX_TRACEBACK_BYTES // 2
+    while True:
+        tail = "... (earlier lines cut)\n" + text[-keep:]
+        if len(orjson.dumps(tail)) <= MAX_TRACEBACK_BYTES or keep <= 64:
+            return tail
+        keep //= 2
 
 
 def _move(job: Job, action: str, dst: JobState, now: float, **changes: Any) -> Job:
@@ -63,7 +108,7 @@ def reopen(job: Job, *, kind: str, payload: Any, now: float, delay: float, prior
     return _move(job, "reopen", state, now, kind=kind, payload=payload, attempts=0,
                  priority=priority,
                  max_attempts=max_attempts, run_at=now + delay, lease=None, last_error=None,
-                 result=None, reservations=reservations, rescues=0)
+                 result=None, reservations=reservations, rescues=0, traceback=None)
 
 
 def is_due(job: Job, now: float) -> bool:
@@ -128,13 +173,33 @@ def complete(job: Job, lease: Lease, *, now: float, result: Any) -> Job:
 
 def fail(job: Job, lease: Lease, *, now: float, error: object, retryable: bool,
          delay: float | None, policy: RetryPolicy, rng: random.Random | None = None) -> Job:
+    """A failed run: retryable with backoff, or dead letter when permanent or exhausted.
+
+    `error` is a message, an exception, or a `Failure` whose policy and attempt
+    limit override the spool's and whose traceback is stored on the job.
+    """
     check_lease(job, lease, now)
+    tb: str | None = None
+    limit = job.max_attempts
+    rescues = job.rescues
+    if isinstance(error, Failure):
+        tb = clip_traceback(error.traceback)
+        policy = error.policy or policy
+        limit = error.max_attempts or limit
+        rescues += 1 if error.rescued else 0
+        if error.interrupted and retryable and job.attempts < limit:
+            # Cut off by a shutdown: runnable again at once, but the attempt counts, so a
+            # job that keeps taking its worker down cannot loop forever.
+            return _move(job, "release", JobState.READY, now, lease=None, run_at=now,
+                         last_error=clip_error(error.error), traceback=tb)
+        error = error.error
     message = clip_error(error)
-    if not retryable or job.attempts >= job.max_attempts:
-        return _move(job, "fail", JobState.DEAD_LETTER, now, lease=None, last_error=message)
+    if not retryable or job.attempts >= limit:
+        return _move(job, "fail", JobState.DEAD_LETTER, now, lease=None, last_error=message,
+                     traceback=tb, rescues=rescues)
     wait = policy.delay(job.attempts, rng) if delay is None else delay
     return _move(job, "fail", JobState.RETRYABLE, now, lease=None, last_error=message,
-                 run_at=now + wait)
+                 run_at=now + wait, traceback=tb, rescues=rescues)
 
 
 def release(job: Job, lease: Lease, *, now: float, delay: float) -> Job:

@@ -1,0 +1,108 @@
+"""`Policy`: per-kind retry and time-limit settings (DESIGN §9).
+
+A policy overrides, for the jobs of one kind, what the spool and the job say
+by default: how many attempts a job gets, how long one run may take, the
+backoff between attempts, and which exceptions are worth a retry at all.
+`App(policies={kind: Policy(...)})` and `Worker(..., policies=...)` take
+them; everything is checked when the app or worker is built, never mid-run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from jobspool.errors import JobspoolError
+
+
+class PolicyError(JobspoolError):
+    """Raised when a `Policy` or a policies mapping is malformed (checked at start-up)."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How the jobs of one kind are run and retried; `None` means "the spool's default".
+
+    - `max_attempts`: attempts before a failing job is dead-lettered (overrides
+      the job's own `max_attempts` for this worker's decisions).
+    - `timeout`: seconds one run may take. Past it the run fails with
+      `jobspool.errors.TimeLimitExceeded` (the retry rules below apply): an
+      async handler is cancelled; a sync handler in a thread cannot be
+      stopped, so its lease is given up and the thread is logged as hung —
+      under `worker --processes N` its process is replaced instead.
+    - `retry_base_seconds`, `retry_max_seconds`: the exponential backoff.
+    - `retry_on`: exception classes worth a retry. When set, any other
+      exception dead-letters the job at once (`Retry` and `Fail` keep their
+      meaning). Include `TimeLimitExceeded` to retry runs that timed out.
+    """
+
+    max_attempts: int | None = None
+    timeout: float | None = None
+    retry_base_seconds: float | None = None
+    retry_max_seconds: float | None = None
+    retry_on: tuple[type[BaseException], ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_attempts is not None:
+            v = self.max_attempts
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise PolicyError(f"Policy max_attempts must be an integer >= 1, got {v!r}")
+        for name in ("timeout", "retry_base_seconds", "retry_max_seconds"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, _positive_seconds(name, value))
+        if (self.retry_base_seconds is not None and self.retry_max_seconds is not None
+                and self.retry_max_seconds < self.retry_base_seconds):
+            raise PolicyError(f"Policy retry_max_seconds ({self.retry_max_seconds:g}) is below "
+                              f"retry_base_seconds ({self.retry_base_seconds:g})")
+        if self.retry_on is not None:
+            object.__setattr__(self, "retry_on", _exception_classes(self.retry_on))
+
+    def retries(self, exc: BaseException) -> bool:
+        """Whether a run that raised `exc` may be retried under this policy."""
+        return self.retry_on is None or isinstance(exc, self.retry_on)
+
+
+def _positive_seconds(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise PolicyError(f"Policy {name} must be a number of seconds, got {value!r}")
+    v = float(value)
+    if not math.isfinite(v) or v <= 0:
+        raise PolicyError(f"Policy {name} must be a positive finite number, got {value!r}")
+    return v
+
+
+def _exception_classes(value: object) -> tuple[type[BaseException], ...]:
+    items: Any = (value,) if isinstance(value, type) else value
+    try:
+        classes = tuple(items)
+    except TypeError:
+        raise PolicyError(f"Policy retry_on must be an exception class or a tuple of them, "
+                          f"got {value!r}") from None
+    for cls in classes:
+        if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+            raise PolicyError(f"Policy retry_on must hold exception classes, got {cls!r}")
+    return classes
+
+
+def check_policies(policies: Mapping[str, Policy] | None, kinds: Mapping[str, object]
+                   ) -> dict[str, Policy]:
+    """Validate a kind -> `Policy` mapping against the kinds that have handlers."""
+    if policies is None:
+        return {}
+    if not isinstance(policies, Mapping):
+        raise PolicyError(f"policies must be a mapping of kind -> Policy, "
+                          f"got {type(policies).__name__}")
+    out: dict[str, Policy] = {}
+    for kind, policy in policies.items():
+        if not isinstance(policy, Policy):
+            raise PolicyError(f"policy for kind {kind!r} must be a jobspool.Policy, "
+                              f"got {type(policy).__name__}")
+        if kind not in kinds:
+            known = ", ".join(sorted(map(repr, kinds))) or "none"
+            raise PolicyError(f"policy for unknown kind {kind!r} (kinds with a handler: "
+                              f"{known})")
+        out[kind] = policy
+    return out

@@ -1,0 +1,187 @@
+"""What keeps a worker's leases alive and its handlers contained, beside the event loop.
+
+- `Monitor`: a thread (not a task on the loop) that extends every live lease
+  every `lease_seconds / 3`, so an async handler that blocks the loop keeps
+  its lease, and that names the handler when the loop has not turned for a
+  second. It stops extending the lease of a run that is past its time limit
+  by more than a beat: such a run is hung, and another worker may take over.
+- `Tracked`: wraps an async handler's coroutine so the monitor knows which
+  handler is on the loop at each step.
+- Helpers to tell our own cancellation from a handler's exception, and to
+  format a traceback, or the stack of a thread that ran out of time.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Coroutine, Generator
+from typing import TYPE_CHECKING, Any
+
+from jobspool.errors import JobspoolError, LeaseLost
+
+if TYPE_CHECKING:
+    from jobspool.queue.context import Context
+    from jobspool.queue.spool import Spool
+
+log = logging.getLogger("jobspool.queue.worker")
+
+# A loop that has not turned for this long is reported (once per stall).
+BLOCKED_SECONDS = 1.0
+_TICK = 0.1
+
+
+def format_traceback(exc: BaseException) -> str:
+    """The exception's traceback as Python prints it."""
+    return "".join(traceback.format_exception(exc))
+
+
+def thread_stack(ident: int | None) -> str | None:
+    """Where the thread `ident` is now, as a traceback-like text (None if it is gone)."""
+    if ident is None:
+        return None
+    frame = sys._current_frames().get(ident)
+    if frame is None:
+        return None
+    return "Stack of the handler's thread when its time limit passed:\n" + "".join(
+        traceback.format_stack(frame))
+
+
+def cancel_requested() -> bool:
+    """Whether the current task is being cancelled by a cancel scope (ours), as opposed to
+    a handler raising a cancellation exception of its own."""
+    import asyncio
+
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:
+        return True  # not on asyncio (trio): a Cancelled is always the runtime's
+    return task is None or task.cancelling() > 0
+
+
+class Tracked:
+    """Awaits a coroutine while telling the monitor whose code is on the loop at each step."""
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], monitor: Monitor, label: str) -> None:
+        self.coro = coro
+        self.monitor = monitor
+        self.label = label
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        it = self.coro.__await__()
+        value: Any = None
+        error: BaseException | None = None
+        while True:
+            self.monitor.on_loop = self.label
+            try:
+                step = it.send(value) if error is None else it.throw(error)
+            except StopIteration as stop:
+                return stop.value
+            finally:
+                self.monitor.on_loop = None
+            try:
+                value = yield step
+                error = None
+            except GeneratorExit:
+                self.coro.close()
+                raise
+            except BaseException as exc:  # delivered into the handler, as await would
+                value, error = None, exc
+
+
+class Monitor:
+    """The heartbeat and loop-watchdog thread of one pipeline run."""
+
+    def __init__(self, spool: Spool, contexts: Callable[[], list[Context]], *,
+                 lease_seconds: float) -> None:
+        self.spool = spool
+        self.contexts = contexts
+        self.lease_seconds = lease_seconds
+        self.interval = lease_seconds / 3.0
+        self.tick = time.monotonic()
+        self.on_loop: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="jobspool-heartbeat", daemon=True)
+        self._blocked_since: float | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5.0)
+
+    async def ticker(self) -> None:
+        """On the loop: prove every `_TICK` that it still turns."""
+        import anyio
+
+        while True:
+            self.tick = time.monotonic()
+            await anyio.sleep(_TICK)
+
+    def _run(self) -> None:
+        next_beat = time.monotonic() + self.interval
+        while not self._stop.wait(_TICK):
+            now = time.monotonic()
+            self._watch_loop(now)
+            if now >= next_beat:
+                next_beat = now + self.interval
+                try:
+                    self.beat(now)
+                except Exception as exc:  # a beat failing must never end the heartbeats
+                    log.warning("heartbeat failed (%s: %s); retrying at the next beat",
+                                type(exc).__name__, exc)
+
+    def _watch_loop(self, now: float) -> None:
+        stalled = now - self.tick
+        if stalled > BLOCKED_SECONDS + _TICK:
+            if self._blocked_since is None:
+                self._blocked_since = self.tick
+                who = self.on_loop or "no async handler (the worker's own code)"
+                log.warning("event loop blocked for %.1f s by %s: async handlers must not "
+                            "block (use anyio.to_thread.run_sync or a sync handler); leases "
+                            "are still extended from the heartbeat thread", stalled, who)
+        elif self._blocked_since is not None:
+            log.info("event loop ran again after %.1f s", now - self._blocked_since)
+            self._blocked_since = None
+
+    def beat(self, now: float) -> None:
+        """Extend every live lease in one `heartbeat_many` (one lock hold, one flush)."""
+        live = []
+        for c in self.contexts():
+            if c.settled or c.lost:
+                continue
+            if c.deadline is not None and now > c.deadline + self.interval:
+                if not c.hung:
+                    c.hung = True
+                    log.warning("job %s (%s, token %d) is past its time limit and still "
+                                "running; its lease is no longer extended", c.job_id,
+                                c.job.kind, c.token, extra={"job_id": c.job_id,
+                                                            "kind": c.job.kind,
+                                                            "token": c.token})
+                continue
+            live.append(c)
+        if not live:
+            return
+        try:
+            results = self.spool.heartbeat_many([c.lease for c in live],
+                                                lease_seconds=self.lease_seconds)
+        except (OSError, JobspoolError) as exc:
+            # A failed beat is not a lost lease: the leases still run for a while, and the
+            # next beat (or the check before settling) finds out which survived.
+            log.warning("heartbeat of %d leases failed (%s); retrying at the next beat",
+                        len(live), exc)
+            return
+        for ctx, res in zip(live, results, strict=True):
+            if isinstance(res, LeaseLost):
+                if not ctx.settled:
+                    ctx.lost = True
+                    log.warning("lease lost on job %s (token %d): %s; its result will be "
+                                "discarded", ctx.job_id, ctx.token, res.reason,
+                                extra={"job_id": ctx.job_id, "token": ctx.token})
+            else:
+                ctx.set_lease(res)
