@@ -181,8 +181,11 @@ def test_enqueue_text_output_is_the_id_and_state(spool_with_jobs: Path) -> None:
     assert r.out.split() == ["j1", "ready"]
 
 
-def test_enqueue_creates_a_missing_spool(root: Path) -> None:
-    ok_json("--root", root, "enqueue", "work")
+def test_enqueue_refuses_a_missing_spool_unless_told_to_create_it(root: Path) -> None:
+    r = cli("--root", root, "enqueue", "work")
+    assert r.code == 2 and "jobspool init" in r.err and len(r.err.splitlines()) == 1
+    assert not root.exists()  # a mistyped root is never silently a new empty spool
+    ok_json("--root", root, "enqueue", "work", "--create")
     assert (root / "spool.json").is_file()
 
 
@@ -264,7 +267,7 @@ def test_run_until_idle_finds_an_app_in_the_working_directory(tmp_path: Path) ->
         "def shout(job, ctx):\n    return job.payload.upper()\n\nhandlers = {'shout': shout}\n")
     env = _env()
     env["PYTHONPATH"] = str(REPO)
-    ok("--root", root, "enqueue", "shout", '"hi"')
+    ok("--root", root, "enqueue", "shout", '"hi"', "--create")
     done = subprocess.run([sys.executable, "-m", "jobspool", "--root", str(root),
                            "run-until-idle", "--app", "mytasks:handlers", "--json"],
                           cwd=tmp_path, env=env, capture_output=True, timeout=60, check=False)

@@ -248,4 +248,5 @@ def test_an_unreadable_leased_file_is_skipped_with_a_warning_not_a_crash(
     (spool_root / "leased" / "broken.json").write_bytes(b"\x00garbage")
     with pytest.warns(CorruptFileWarning):
         health = check_health(spool)
-    assert health.ok
+    assert health.codes() == ["unreadable_files"]  # no crash; the file is named
+    assert "leased/broken.json" in health.reasons[0].message

@@ -1,0 +1,142 @@
+"""Health sees stuck work: unreadable files, ready files nobody claims, a nearly full disk,
+a worker that stopped refreshing its metrics. Each is `degraded` with its reason, and
+`ok` again once fixed."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import orjson
+import pytest
+
+from jobspool import JobState, Spool
+from jobspool import health as health_mod
+from jobspool.cli import main
+from jobspool.health import check_health
+from tests.conftest import FakeClock
+
+GUARD_SECONDS = 30.0
+
+
+@pytest.fixture
+def spool(spool_root: Path, clock: FakeClock) -> Iterator[Spool]:
+    s = Spool(spool_root, durable=False, clock=clock, lease_seconds=30.0)
+    yield s
+    s.close()
+
+
+def _hand_made_job(tmp_path: Path, job_id: str, clock: FakeClock) -> Path:
+    with Spool(tmp_path / "backup", durable=False, clock=clock) as other:
+        other.enqueue("mail", {"to": "x"}, job_id=job_id)
+    return tmp_path / "backup" / "ready" / f"{job_id}.json"
+
+
+def test_an_unreadable_file_in_a_state_directory_degrades_until_it_is_removed(
+        spool: Spool) -> None:
+    spool.enqueue("mail")
+    bad = spool.root / "ready" / "garbled.json"
+    bad.write_bytes(b'{"id": "garbled", "state": ')
+    with pytest.warns(Warning):  # stats skips the file with a warning
+        health = check_health(spool)
+    assert health.codes() == ["unreadable_files"]
+    (reason,) = health.reasons
+    assert reason.value == 1 and "ready/garbled.json" in reason.message
+    assert "jobspool recover" in reason.message
+    bad.unlink()
+    assert check_health(spool).ok
+
+
+def test_an_unreadable_file_is_fixed_by_recover_then_a_quarantine_purge(spool: Spool) -> None:
+    (spool.root / "retryable" / "empty.json").write_bytes(b"")
+    with pytest.warns(Warning):  # stats skips the file with a warning
+        assert "unreadable_files" in check_health(spool).codes()
+    spool.recover()
+    assert check_health(spool).codes() == ["quarantined_files"]
+    assert main(["--root", str(spool.root), "quarantine", "purge"]) == 0
+    assert check_health(spool).ok
+
+
+def test_a_file_placed_in_ready_by_hand_degrades_until_a_running_worker_claims_it(
+        spool: Spool, clock: FakeClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert spool.claim() == []  # a worker whose claim index is current and empty
+    shutil.copyfile(_hand_made_job(tmp_path, "restored", clock),
+                    spool.root / "ready" / "restored.json")
+    assert check_health(spool, max_due_age=60.0).ok  # it has just arrived
+    arrived = time.time()
+    monkeypatch.setattr(health_mod, "wall_clock", lambda: arrived + 61.0)
+    health = check_health(spool, max_due_age=60.0)
+    assert health.codes() == ["ready_not_claimed"]
+    assert "restored" in health.reasons[0].message
+    deadline = time.monotonic() + GUARD_SECONDS
+    while not spool.claim():  # the running worker notices the file behind its back
+        assert time.monotonic() < deadline, "the hand-placed job was never claimed"
+        time.sleep(0.05)
+    assert spool.get("restored").state is JobState.LEASED
+    assert check_health(spool, max_due_age=60.0).ok
+
+
+def _statvfs(free_blocks: int, blocks: int = 1_000_000, frsize: int = 4096) -> SimpleNamespace:
+    return SimpleNamespace(f_bavail=free_blocks, f_blocks=blocks, f_frsize=frsize)
+
+
+def test_free_disk_below_either_bound_degrades_and_clears_when_space_returns(
+        spool: Spool, monkeypatch: pytest.MonkeyPatch) -> None:
+    disk = {"free": 10}  # 40 KiB of 4 GB free
+    monkeypatch.setattr(health_mod, "os_statvfs", lambda path: _statvfs(disk["free"]))
+    health = check_health(spool)
+    assert health.codes() == ["low_disk_space"]
+    assert health.reasons[0].value == 10 * 4096
+    assert health.to_dict()["figures"]["free_bytes"] == 10 * 4096
+    disk["free"] = 500_000  # 2 GB, 50 %
+    assert check_health(spool).ok
+    assert check_health(spool, min_free_percent=60.0).codes() == ["low_disk_space"]
+    assert check_health(spool, min_free_bytes=3 * 2**30).codes() == ["low_disk_space"]
+    assert check_health(spool, min_free_bytes=0, min_free_percent=0.0).ok
+
+
+def _metrics_file(root: Path, owner: str, written_at: float) -> Path:
+    path = root / "metrics" / f"{owner}.json"
+    path.parent.mkdir(exist_ok=True)
+    path.write_bytes(orjson.dumps({"format": 1, "owner": owner, "pid": 1,
+                                   "written_at": written_at, "claimed": 3}))
+    return path
+
+
+def test_a_worker_whose_metrics_file_went_stale_degrades_until_it_refreshes_or_is_removed(
+        spool: Spool) -> None:
+    now = time.time()
+    _metrics_file(spool.root, "host-a:100", now)
+    stale = _metrics_file(spool.root, "host-b:200", now - 120.0)
+    health = check_health(spool, worker_stale=60.0)
+    assert health.codes() == ["worker_stale"]
+    assert "host-b:200" in health.reasons[0].message and "host-a:100" not in \
+        health.reasons[0].message
+    _metrics_file(spool.root, "host-b:200", time.time())  # the worker came back to life
+    assert check_health(spool, worker_stale=60.0).ok
+    os.utime(stale, (now - 120.0, now - 120.0))
+    stale.write_bytes(b"not json")  # unreadable: judged by its modification time
+    os.utime(stale, (now - 120.0, now - 120.0))
+    assert check_health(spool, worker_stale=60.0).codes() == ["worker_stale"]
+    stale.unlink()  # the operator removed what a dead worker left
+    assert check_health(spool, worker_stale=60.0).ok
+
+
+def test_the_health_command_takes_the_new_bounds_and_exits_2_with_their_reason(
+        spool: Spool, capsys: pytest.CaptureFixture[str]) -> None:
+    root = str(spool.root)
+    assert main(["--root", root, "health", "--json"]) == 0
+    capsys.readouterr()
+    assert main(["--root", root, "health", "--json", "--min-free-bytes",
+                 str(2**62)]) == 2
+    doc = orjson.loads(capsys.readouterr().out)
+    assert [r["code"] for r in doc["reasons"]] == ["low_disk_space"]
+    _metrics_file(spool.root, "w", time.time() - 10.0)
+    assert main(["--root", root, "health", "--worker-stale", "5"]) == 2
+    assert "[worker_stale]" in capsys.readouterr().out
+    assert main(["--root", root, "health", "--min-free-percent", "101"]) == 1
+    assert "101" in capsys.readouterr().err
