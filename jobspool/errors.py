@@ -53,6 +53,31 @@ class JobNotFound(JobspoolError):
         self.job_id = job_id
 
 
+class DuplicateJob(JobspoolError):
+    """Raised when enqueue finds the job id taken and its `on_conflict` policy refuses it."""
+
+    def __init__(self, job_id: str, state: str, reason: str = "") -> None:
+        super().__init__(f"job {job_id!r} already exists (state {state!r})"
+                         + (f": {reason}" if reason else ""))
+        self.job_id = job_id
+        self.state = state
+
+
+class JobFailed(JobspoolError):
+    """Raised when a caller awaiting a job's result finds it dead-lettered or canceled."""
+
+    def __init__(self, job_id: str, state: str, last_error: str | None = None) -> None:
+        super().__init__(f"job {job_id!r} ended {state}"
+                         + (f": {last_error}" if last_error else ""))
+        self.job_id = job_id
+        self.state = state
+        self.last_error = last_error
+
+
+class ScheduleError(JobspoolError):
+    """Raised when a `Schedule` is malformed (bad cron, interval, catch-up) or has no handler."""
+
+
 class LeaseLost(JobspoolError):
     """Raised when a lease holder acts on a job it no longer holds (expired, taken, canceled)."""
 
@@ -79,6 +104,21 @@ class SpoolError(JobspoolError):
     def __init__(self, message: str, *, path: str | None = None) -> None:
         super().__init__(message)
         self.path = path
+
+
+class WriteFailed(SpoolError):
+    """Raised when the disk refused a write (full, I/O error, read-only) part-way through a change.
+
+    `errno` is the operating system's error number; `landed` names the jobs whose
+    new state reached the disk anyway (the write failed after publishing them), so
+    a caller can adopt those instead of redoing them. Nothing else changed.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, errno: int | None = None,
+                 landed: frozenset[str] = frozenset()) -> None:
+        super().__init__(message, path=path)
+        self.errno = errno
+        self.landed = landed
 
 
 class Backpressure(JobspoolError):
@@ -126,13 +166,16 @@ class CorruptFileWarning(UserWarning):
 __all__ = [
     "Backpressure",
     "CorruptFileWarning",
+    "DuplicateJob",
     "InvalidJob",
     "InvalidTransition",
+    "JobFailed",
     "JobNotFound",
     "JobTooLarge",
     "JobspoolError",
     "LeaseLost",
     "ProjectionError",
+    "ScheduleError",
     "SpoolError",
     "TimeLimitExceeded",
     "WaitTimeout",

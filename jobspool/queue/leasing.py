@@ -15,7 +15,7 @@ from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from jobspool.errors import InvalidJob, JobspoolError, JobTooLarge, LeaseLost
+from jobspool.errors import InvalidJob, JobspoolError, JobTooLarge, LeaseLost, WriteFailed
 from jobspool.queue import liveness, machine
 from jobspool.queue.fence import FENCE_FILE, encode_fence
 from jobspool.queue.job import (
@@ -141,7 +141,17 @@ class LeasingSpool(SpoolBase):
             leases.append(Lease(job_id=new.id, token=token, owner=who,
                                 expires_at=new.lease.expires_at, job=new))
         if pairs or stale:
-            self._commit(pairs, extra + stale)
+            try:
+                self._commit(pairs, extra + stale)
+            except WriteFailed as exc:
+                adopted = [lease for lease in leases if lease.job_id in exc.landed]
+                if not adopted:
+                    raise
+                # Published but not confirmed durable: run them (at worst a power loss
+                # returns them to their old state and they run again).
+                log.warning("claim: %s; adopting the %d lease(s) that reached the disk",
+                            exc, len(adopted))
+                return adopted
         return leases
 
     def _newer_copy(self, job: Job) -> Job | None:
@@ -240,7 +250,15 @@ class LeasingSpool(SpoolBase):
                 assert new.lease is not None
                 out.append(Lease(job_id=lease.job_id, token=lease.token, owner=lease.owner,
                                  expires_at=new.lease.expires_at, job=new))
-            self._commit(pairs)
+            try:
+                self._commit(pairs)
+            except WriteFailed as exc:
+                # A lease whose extension did not land is still the current one, unextended.
+                log.warning("heartbeat: %s", exc)
+                given = {lease.job_id: lease for lease in leases}
+                tried = {new.id for _, new in pairs if new is not None}
+                out = [given[o.job_id] if not isinstance(o, LeaseLost) and o.job_id in tried
+                       and o.job_id not in exc.landed else o for o in out]
         return out
 
     def preload(self) -> None:
@@ -335,7 +353,14 @@ class LeasingSpool(SpoolBase):
                     continue
                 out.append(new)
                 pairs.append((job, new))
-            self._commit(pairs, encoded=encoded)
+            try:
+                self._commit(pairs, encoded=encoded)
+            except WriteFailed as exc:
+                # Settled where the new version reached the disk; the others stay leased
+                # under their current lease and get this error.
+                log.warning("settle: %s (%d of %d settled anyway)", exc, len(exc.landed),
+                            len(pairs))
+                out = [o if not isinstance(o, Job) or o.id in exc.landed else exc for o in out]
         self._maybe_autoprune()
         return out
 

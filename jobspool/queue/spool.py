@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from jobspool.errors import (
@@ -29,15 +30,18 @@ from jobspool.errors import (
 )
 from jobspool.queue import machine
 from jobspool.queue.job import (
+    EnqueueResult,
     Job,
     Reservation,
-    encode_job,
+    check_json,
+    encode_admitted,
     evolve,
     new_job_id,
     new_token_id,
     validate_int,
     validate_job_id,
     validate_kind,
+    validate_run_at,
     validate_seconds,
 )
 from jobspool.queue.leasing import LeasingSpool
@@ -52,48 +56,125 @@ if TYPE_CHECKING:
     from jobspool.recovery.recover import RecoveryReport, ReplayHook
 
 
+def _on_conflict(value: object) -> str:
+    if value not in machine.ON_CONFLICT:
+        raise InvalidJob(f"on_conflict {value!r} must be one of "
+                         f"{', '.join(machine.ON_CONFLICT)}", field="on_conflict")
+    return str(value)
+
+
+def _unique_states(states: Iterable[JobState | str] | None) -> frozenset[JobState] | None:
+    if states is None:
+        return None
+    if isinstance(states, str):
+        states = [states]
+    out: set[JobState] = set()
+    for s in states:
+        try:
+            out.add(JobState(s))
+        except ValueError:
+            raise InvalidJob(f"unique_states names {s!r}, not a state (one of "
+                             f"{', '.join(x.value for x in JobState)})",
+                             field="unique_states") from None
+    return frozenset(out)
+
+
+def _run_at(run_at: object, delay: float, now: float) -> float | None:
+    if run_at is None:
+        return None
+    if delay:
+        raise InvalidJob(f"give delay or run_at, not both (delay={delay!r}, run_at={run_at!r})",
+                         field="run_at")
+    return validate_run_at(run_at, now)
+
+
 class Spool(LeasingSpool):
     """A durable job queue in one directory, shared safely by threads and processes."""
 
     # ------------------------------------------------------------ producing
 
     def enqueue(self, kind: str, payload: Any = None, *, job_id: str | None = None,
-                delay: float = 0.0, priority: int = 0, max_attempts: int | None = None) -> Job:
-        """Add a job (idempotent on `job_id`); `delay` > 0 parks it in `retryable` until due."""
+                delay: float = 0.0, run_at: float | datetime | None = None, priority: int = 0,
+                max_attempts: int | None = None, on_conflict: str = "keep",
+                unique_states: Iterable[JobState | str] | None = None) -> Job:
+        """Add a job; `delay` > 0 or a future `run_at` parks it (scheduled) until due.
+
+        With the `job_id` of an existing job, `on_conflict` decides (DESIGN §9):
+        `"keep"` returns it unchanged (a canceled one is reopened), `"replace"`
+        rewrites it (a finished one runs again; a leased one raises
+        `DuplicateJob`), `"error"` raises `DuplicateJob`. `unique_states` narrows
+        the conflict to existing jobs in those states (a leased job always
+        conflicts); any other existing job is replaced. `enqueue_result` says
+        whether the call created anything.
+        """
+        return self.enqueue_result(kind, payload, job_id=job_id, delay=delay, run_at=run_at,
+                                   priority=priority, max_attempts=max_attempts,
+                                   on_conflict=on_conflict, unique_states=unique_states).job
+
+    def enqueue_result(self, kind: str, payload: Any = None, *, job_id: str | None = None,
+                       delay: float = 0.0, run_at: float | datetime | None = None,
+                       priority: int = 0, max_attempts: int | None = None,
+                       on_conflict: str = "keep",
+                       unique_states: Iterable[JobState | str] | None = None) -> EnqueueResult:
+        """`enqueue`, returning an `EnqueueResult`: the job and whether this call created it."""
         ids = None if job_id is None else [job_id]
-        return self.enqueue_many(kind, [payload], job_ids=ids, delay=delay, priority=priority,
-                                 max_attempts=max_attempts)[0]
+        return self.enqueue_many_results(kind, [payload], job_ids=ids, delay=delay,
+                                         run_at=run_at, priority=priority,
+                                         max_attempts=max_attempts, on_conflict=on_conflict,
+                                         unique_states=unique_states)[0]
 
     def enqueue_many(self, kind: str, payloads: Iterable[Any], *,
                      job_ids: Sequence[str | None] | None = None, delay: float = 0.0,
-                     priority: int = 0, max_attempts: int | None = None) -> list[Job]:
+                     run_at: float | datetime | None = None, priority: int = 0,
+                     max_attempts: int | None = None, on_conflict: str = "keep",
+                     unique_states: Iterable[JobState | str] | None = None) -> list[Job]:
         """Add many jobs of one kind under one lock hold and one shared flush.
 
-        All input is validated before anything is written: one bad item and
-        nothing of the batch lands.
+        All input is validated before anything is written: one bad item (or,
+        with `on_conflict="error"`, one taken id) and nothing of the batch lands.
         """
+        return [r.job for r in self.enqueue_many_results(
+            kind, payloads, job_ids=job_ids, delay=delay, run_at=run_at, priority=priority,
+            max_attempts=max_attempts, on_conflict=on_conflict, unique_states=unique_states)]
+
+    def enqueue_many_results(self, kind: str, payloads: Iterable[Any], *,
+                             job_ids: Sequence[str | None] | None = None, delay: float = 0.0,
+                             run_at: float | datetime | None = None, priority: int = 0,
+                             max_attempts: int | None = None, on_conflict: str = "keep",
+                             unique_states: Iterable[JobState | str] | None = None
+                             ) -> list[EnqueueResult]:
+        """`enqueue_many`, returning an `EnqueueResult` per payload."""
         validate_kind(kind)
         payload_list = list(payloads)
         ids = self._ids_for(payload_list, job_ids)
+        for p in payload_list:
+            check_json(p, "payload")
+        policy = _on_conflict(on_conflict)
+        unique = _unique_states(unique_states)
         delay = validate_seconds("delay", delay)
         validate_int("priority", priority)
         attempts = self.max_attempts if max_attempts is None else validate_int(
             "max_attempts", max_attempts, minimum=1)
         now = self.now()
+        at = _run_at(run_at, delay, now)
         fresh = [machine.new_job(job_id=i, kind=kind, payload=p, now=now, delay=delay,
-                                 priority=priority, max_attempts=attempts)
+                                 run_at=at, priority=priority, max_attempts=attempts)
                  for i, p in zip(ids, payload_list, strict=True)]
         # Encode (refusing bad input) and write the new files before taking the lock:
         # creating inodes is the costly part of an enqueue, and other processes need not
         # wait for it. Only the renames that publish them happen under the lock.
-        datas = [encode_job(job, max_bytes=self.max_job_bytes) for job in fresh]
-        paths = self._store.prestage(datas)
-        staged = {job.id: path for job, path in zip(fresh, paths, strict=True)}
+        datas = [encode_admitted(job, max_bytes=self.max_job_bytes) for job in fresh]
+        # One staged file per id: an id given twice in one batch stores its first payload
+        # (the second is an idempotent repeat), and nothing is staged for the repeat.
+        firsts = {job.id: i for i, job in reversed(list(enumerate(fresh)))}
+        order = sorted(firsts.values())
+        paths = self._store.prestage([datas[i] for i in order])
+        staged = {fresh[i].id: path for i, path in zip(order, paths, strict=True)}
         try:
             with self._lock.hold():
                 return self._insert(fresh, given=job_ids is not None, now=self.now(),
-                                    delay=delay, priority=priority, max_attempts=attempts,
-                                    staged=staged)
+                                    delay=delay, run_at=at, on_conflict=policy,
+                                    unique_states=unique, staged=staged)
         finally:
             self._store.discard(list(staged.values()))  # whatever was not published
 
@@ -105,50 +186,47 @@ class Spool(LeasingSpool):
                              field="job_ids")
         return [new_job_id() if i is None else validate_job_id(i) for i in job_ids]
 
-    def _insert(self, fresh: list[Job], *, given: bool, now: float, delay: float, priority: int,
-                max_attempts: int, reservation: str | None = None,
-                staged: dict[str, str] | None = None) -> list[Job]:
+    def _insert(self, fresh: list[Job], *, given: bool, now: float, delay: float,
+                run_at: float | None = None, on_conflict: str = "keep",
+                unique_states: frozenset[JobState] | None = None,
+                reservation: str | None = None,
+                staged: dict[str, str] | None = None) -> list[EnqueueResult]:
         """Publish new jobs; `staged` maps ids to files already written for them (those
         that get published are removed from it, the caller discards the rest)."""
         staged = {} if staged is None else staged
         publish: dict[str, str] = {}
-        out: list[Job] = []
+        out: list[EnqueueResult] = []
         pairs: list[tuple[Job | None, Job | None]] = []
         stale: list[Change] = []
-        seen: dict[str, Job] = {}
+        seen: dict[str, EnqueueResult] = {}
         for job in fresh:
             if job.id in seen:
-                out.append(seen[job.id])
+                out.append(EnqueueResult(seen[job.id].job, "existing"))
                 continue
             existing, copies = self._locate(job.id) if given else (None, [])
             stale.extend(self._stale_removals(job.id, copies))
-            new: Job | None
             if existing is None:
                 if job.id in staged:
                     new = job  # exactly what was written outside the lock
                     publish[job.id] = staged.pop(job.id)
                 else:
-                    new = evolve(job, created_at=now, updated_at=now, run_at=now + delay)
+                    due = now + delay if run_at is None else run_at
+                    new = evolve(job, created_at=now, updated_at=now, run_at=due)
                 pairs.append((None, new))
-            elif existing.state is JobState.CANCELED:
-                new = machine.reopen(existing, kind=job.kind, payload=job.payload, now=now,
-                                     delay=delay,
-                                     priority=priority, max_attempts=max_attempts,
-                                     state=job.state if reservation else None,
-                                     reservations=job.reservations)
-                pairs.append((existing, new))
-            elif reservation is not None and existing.state is JobState.PREPARED:
-                new = machine.add_reservation(existing, reservation, now=now)
-                pairs.append((existing, new))
+                result = EnqueueResult(new, "created")
             else:
-                new = existing  # idempotent: the job exists, return it unchanged
-            seen[job.id] = new
-            out.append(new)
-        # Backpressure counts only what this call adds: an idempotent re-enqueue of an
-        # existing job adds nothing and is never refused.
+                outcome, new = machine.decide_enqueue(
+                    existing, job, now=now, on_conflict=on_conflict,
+                    unique_states=unique_states, reservation=reservation)
+                if outcome != "existing":
+                    pairs.append((existing, new))
+                result = EnqueueResult(new, outcome)
+            seen[job.id] = result
+            out.append(result)
+        # Backpressure counts only what this call adds to the backlog: an idempotent
+        # re-enqueue of an existing job adds nothing and is never refused.
         try:
-            self._admit(sum(1 for old, new in pairs
-                            if old is None or old.state is JobState.CANCELED))
+            self._admit(sum(1 for old, new in pairs if old is None or old.terminal))
             self._commit(pairs, stale, staged=publish)
         except BaseException:
             staged.update(publish)  # not published: the caller discards them
@@ -166,7 +244,7 @@ class Spool(LeasingSpool):
     # ------------------------------------------------------------ two-phase
 
     def prepare(self, kind: str, payload: Any = None, *, job_id: str | None = None,
-                delay: float = 0.0, priority: int = 0,
+                delay: float = 0.0, run_at: float | datetime | None = None, priority: int = 0,
                 max_attempts: int | None = None) -> Reservation:
         """Reserve a job in `prepared` (outbox step 1); several producers may share one id."""
         validate_kind(kind)
@@ -175,17 +253,18 @@ class Spool(LeasingSpool):
         validate_int("priority", priority)
         attempts = self.max_attempts if max_attempts is None else validate_int(
             "max_attempts", max_attempts, minimum=1)
+        check_json(payload, "payload")
         rid = new_token_id()
         now = self.now()
+        at = _run_at(run_at, delay, now)
         job = machine.new_job(job_id=jid, kind=kind, payload=payload, now=now, delay=delay,
-                              priority=priority, max_attempts=attempts,
+                              run_at=at, priority=priority, max_attempts=attempts,
                               state=JobState.PREPARED, reservations=(rid,))
-        encode_job(job, max_bytes=self.max_job_bytes)
+        encode_admitted(job, max_bytes=self.max_job_bytes)
         with self._lock.hold():
             (stored,) = self._insert([job], given=job_id is not None, now=self.now(),
-                                     delay=delay, priority=priority, max_attempts=attempts,
-                                     reservation=rid)
-        return Reservation(job_id=jid, reservation_id=rid, job=stored)
+                                     delay=delay, run_at=at, reservation=rid)
+        return Reservation(job_id=jid, reservation_id=rid, job=stored.job)
 
     def commit(self, reservation: Reservation) -> Job:
         """Publish a prepared job (outbox step 3). Idempotent once the job left `prepared`."""

@@ -10,6 +10,7 @@ lease holders) and `spool.py` (producers, administration, reading).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -40,7 +41,7 @@ from jobspool.queue.layout import SpoolSettings, open_layout
 from jobspool.queue.lock import SpoolLock
 from jobspool.queue.perms import file_mode
 from jobspool.queue.states import ALL_STATES, CLAIMABLE, JobState
-from jobspool.queue.store import JOB_SUFFIX, Change, Store, write_atomic
+from jobspool.queue.store import JOB_SUFFIX, Change, Store, write_atomic, write_failed
 
 if TYPE_CHECKING:
     from jobspool.queue.spool import Spool
@@ -251,11 +252,18 @@ class SpoolBase:
         self._lock.begin_write()
         try:
             self._store.apply(changes)
-        except BaseException:
+        except BaseException as exc:
             self._lock.end_write(clean=False)
             for s in touched:
                 self._lock.bump(SLOT[s])
             self._index.invalidate()
+            if isinstance(exc, OSError):
+                # The outcome is unknown per job: say which new versions are on disk, so
+                # the caller adopts those (a claim keeps their leases, a settle counts
+                # them done) instead of believing nothing happened.
+                landed = self._landed(pairs)
+                self._retire_superseded(pairs, landed)
+                raise write_failed(exc, self.root, landed) from None
             raise
         self._lock.end_write(clean=True)
         for s in touched:
@@ -272,6 +280,26 @@ class SpoolBase:
             if new is not None and new.state in (JobState.COMPLETED, JobState.DEAD_LETTER,
                                                  JobState.CANCELED):
                 self._terminal_writes += 1
+
+    def _landed(self, pairs: Sequence[tuple[Job | None, Job | None]]) -> frozenset[str]:
+        """Ids whose new version is on disk, re-read after a failed write."""
+        out = set()
+        for _old, new in pairs:
+            if new is not None:
+                found = self._read(new.state, new.id)
+                if found is not None and found.revision == new.revision:
+                    out.add(new.id)
+        return frozenset(out)
+
+    def _retire_superseded(self, pairs: Sequence[tuple[Job | None, Job | None]],
+                           landed: frozenset[str]) -> None:
+        """Best effort after a failed write: remove the old copies of jobs whose new version
+        landed, so readers see one copy (recovery settles any left, by revision)."""
+        for old, new in pairs:
+            if old is not None and new is not None and new.id in landed \
+                    and old.state is not new.state:
+                with contextlib.suppress(OSError):
+                    os.unlink(self.root / old.state.value / (old.id + JOB_SUFFIX))
 
     def _encode_internal(self, job: Job) -> bytes:
         """Encode the result of a transition the spool itself makes (claim, heartbeat, fail,

@@ -38,6 +38,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from jobspool.errors import WriteFailed
 from jobspool.queue import liveness
 from jobspool.queue.liveness import LIVE_DIR as LIVE_DIR
 from jobspool.queue.perms import set_fd_mode
@@ -230,6 +231,9 @@ class Store:
                     os.close(fd)
             if use_syncfs and paths:
                 self._flush_fs()
+        except OSError as exc:
+            self.discard(paths)
+            raise write_failed(exc, self.root) from None
         except BaseException:
             self.discard(paths)
             raise
@@ -330,6 +334,24 @@ class Store:
         """Drop the in-memory pool list (after recovery trimmed or emptied the pool)."""
         self._pool = []
         self._pool_loaded = False
+
+
+_HINTS = {
+    errno.ENOSPC: "the disk is full: free space on it, then run `jobspool recover`",
+    errno.EDQUOT: "the disk quota is used up: raise it or free space, then run `jobspool recover`",
+    errno.EIO: "the disk reported an I/O error: check it (dmesg), then run `jobspool recover`",
+    errno.EROFS: "the filesystem is read-only: remount it read-write",
+    errno.EACCES: "permission denied: run as the spool's owner or fix its permissions",
+    errno.EPERM: "operation not permitted: run as the spool's owner or fix its permissions",
+}
+
+
+def write_failed(exc: OSError, root: Path, landed: frozenset[str] = frozenset()) -> WriteFailed:
+    """A one-line `WriteFailed` for an OSError met while writing the spool at `root`."""
+    where = exc.filename or root
+    hint = _HINTS.get(exc.errno or 0, "run `jobspool recover` once the cause is fixed")
+    return WriteFailed(f"cannot write to spool {root}: {exc.strerror or exc} ({where}); {hint}",
+                       path=str(where), errno=exc.errno, landed=landed)
 
 
 def fsync_dir(path: Path | str) -> None:

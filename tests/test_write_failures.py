@@ -1,0 +1,88 @@
+"""A write the disk refuses part-way: the caller learns what landed and adopts it.
+
+An I/O error on the flush after a claim's or a settle's renames used to leave
+leases published on disk that the worker believed failed (and completed jobs it
+then reported as "lease lost"). Now the spool re-reads what the batch touched:
+a claim returns the leases that reached the disk, a settle counts the jobs whose
+new version landed, and only the rest get a one-line `WriteFailed`.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobspool import JobState, Spool
+from jobspool.errors import WriteFailed
+from jobspool.queue import store as store_mod
+from tests.helpers_spool import tmp_leftovers
+
+
+@pytest.fixture
+def durable(tmp_path: Path) -> Iterator[Spool]:
+    s = Spool(tmp_path / "spool", sync_mode="fsync")
+    yield s
+    s.close()
+
+
+def _failing_once(real: Callable[..., Any], err: int) -> Callable[..., Any]:
+    state = {"armed": True}
+
+    def fake(*args: Any, **kwargs: Any) -> Any:
+        if state["armed"]:
+            state["armed"] = False
+            raise OSError(err, "injected " + errno.errorcode[err])
+        return real(*args, **kwargs)
+
+    return fake
+
+
+def test_a_claim_whose_directory_flush_fails_returns_the_leases_that_landed(
+        durable: Spool, monkeypatch: pytest.MonkeyPatch) -> None:
+    for i in range(3):
+        durable.enqueue("note", job_id=f"j{i}")
+    monkeypatch.setattr(store_mod, "fsync_dir", _failing_once(store_mod.fsync_dir, errno.EIO))
+    leases = durable.claim(limit=3)
+    assert sorted(lease.job_id for lease in leases) == ["j0", "j1", "j2"]
+    for lease in leases:
+        assert durable.get(lease.job_id).lease.token == lease.token  # type: ignore[union-attr]
+    assert [durable.complete(lease).state for lease in leases] == [JobState.COMPLETED] * 3
+
+
+def test_a_settle_whose_flush_fails_after_the_renames_counts_the_jobs_as_completed(
+        durable: Spool, monkeypatch: pytest.MonkeyPatch) -> None:
+    for i in range(2):
+        durable.enqueue("note", job_id=f"j{i}")
+    leases = durable.claim(limit=2)
+    monkeypatch.setattr(store_mod, "fsync_dir", _failing_once(store_mod.fsync_dir, errno.EIO))
+    results = durable.complete_many([(lease, {"ok": True}) for lease in leases])
+    assert [getattr(r, "state", r) for r in results] == [JobState.COMPLETED] * 2
+    assert {j.state for j in durable.jobs()} == {JobState.COMPLETED}
+
+
+def test_a_settle_whose_rename_fails_reports_a_one_line_error_and_keeps_the_lease(
+        durable: Spool, monkeypatch: pytest.MonkeyPatch) -> None:
+    durable.enqueue("note", job_id="j0")
+    (lease,) = durable.claim()
+    monkeypatch.setattr(store_mod, "os_replace", _failing_once(store_mod.os_replace, errno.ENOSPC))
+    (result,) = durable.complete_many([(lease, 1)])
+    assert isinstance(result, WriteFailed)
+    assert result.errno == errno.ENOSPC and "\n" not in str(result)
+    assert "disk is full" in str(result) and str(durable.root) in str(result)
+    assert durable.get("j0").state is JobState.LEASED  # nothing changed: the lease still holds
+    assert tmp_leftovers(durable.root) == []  # the unpublished staging file was removed
+    assert durable.complete(lease, 2).result == 2
+
+
+def test_enqueue_on_a_full_disk_names_the_spool_and_what_to_do(
+        durable: Spool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(store_mod, "os_write", _failing_once(store_mod.os_write, errno.ENOSPC))
+    with pytest.raises(WriteFailed) as info:
+        durable.enqueue("note", job_id="j0")
+    assert "free space" in str(info.value) and "\n" not in str(info.value)
+    assert list(durable.jobs()) == [] and tmp_leftovers(durable.root) == []
+    assert durable.enqueue("note", job_id="j0").state is JobState.READY
