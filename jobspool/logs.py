@@ -2,13 +2,22 @@
 
 Events carry the job id, kind, token and state as `extra` fields; the JSON
 formatter emits them as keys so a log shipper can index them.
+
+With `--log-format json`, *every* line the command writes to stderr is one
+JSON object: log records, Python warnings (captured into logging), the
+final summary of `worker` / `run-until-idle` (`summary`, always written,
+whatever the level) and a refused command's error line (`error_line`). At
+`info`, a worker also logs one start-up line and one line per completed job
+(failures are warnings already).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -16,15 +25,20 @@ import orjson
 LEVELS = ("debug", "info", "warning", "error", "critical")
 FORMATS = ("text", "json")
 _EXTRA_KEYS = ("job_id", "kind", "token", "state", "table", "path", "owner")
+CLI_LOGGER = "jobspool.cli"
+
+def _timestamp(created: float) -> str:
+    return (time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created))
+            + f".{int((created % 1) * 1000):03d}Z")
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: ts, level, logger, msg, and any of the known extra keys."""
+    """One JSON object per line: ts, level, logger, msg, any of the known extra keys, and
+    the `fields` mapping of a record that has one (start-up lines, summaries)."""
 
     def format(self, record: logging.LogRecord) -> str:
         doc: dict[str, Any] = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
+            "ts": _timestamp(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
@@ -32,8 +46,14 @@ class JsonFormatter(logging.Formatter):
         for key in _EXTRA_KEYS:
             if key in record.__dict__:
                 doc[key] = record.__dict__[key]
+        fields = record.__dict__.get("fields")
+        if isinstance(fields, dict):
+            for key, value in fields.items():
+                doc.setdefault(key, value)
         if record.exc_info:
             doc["exc"] = self.formatException(record.exc_info)
+        if record.stack_info:
+            doc["stack"] = self.formatStack(record.stack_info)
         return orjson.dumps(doc, default=str).decode()
 
 
@@ -46,8 +66,53 @@ def setup_logging(level: str = "warning", fmt: str = "text") -> None:
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
+        # A `warnings.warn` would otherwise print two lines of plain text on stderr.
+        logging.captureWarnings(True)
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+
+
+def json_lines(argv: Sequence[str]) -> bool:
+    """Whether the command line asks for JSON lines on stderr (read from argv, not from
+    `setup_logging`: an error found while parsing it comes first)."""
+    args = list(argv)
+    for i, arg in enumerate(args):
+        if arg == "--log-format=json" or (arg == "--log-format" and args[i + 1:i + 2] == ["json"]):
+            return True
+    return False
+
+
+def _write(level: str, msg: str, fields: dict[str, Any]) -> None:
+    doc = {"ts": _timestamp(time.time()), "level": level, "logger": CLI_LOGGER, "msg": msg,
+           **fields}
+    sys.stderr.write(orjson.dumps(doc, default=str).decode() + "\n")
+    sys.stderr.flush()
+
+
+def startup(command: str, **fields: Any) -> None:
+    """The start-up line of a long-running command (info)."""
+    from jobspool import __version__
+
+    logging.getLogger(CLI_LOGGER).info(
+        "%s starting", command,
+        extra={"fields": {"event": "start", "command": command, "pid": os.getpid(),
+                          "version": __version__, **fields}})
+
+
+def summary(command: str, doc: dict[str, Any]) -> None:
+    """The final summary of a command as one JSON line on stderr, whatever the log level
+    (in text mode the summary is printed on stdout as before)."""
+    _write("info", f"{command} finished", {"event": "summary", "command": command,
+                                           "summary": doc})
+
+
+def error_line(message: str, code: int) -> None:
+    """A failed command's one-line error, as JSON."""
+    _write("error", message, {"event": "error", "exit": code})
+
+
+__all__ = ["FORMATS", "LEVELS", "JsonFormatter", "error_line", "json_lines", "setup_logging",
+           "startup", "summary"]

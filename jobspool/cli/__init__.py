@@ -34,8 +34,12 @@ def _exit_code_for(exc: JobspoolError) -> int:
     return EXIT_USAGE
 
 
+_ARGV: list[str] = []  # for `_fail`: errors found before logging is set up
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    _ARGV[:] = argv
     import warnings
 
     from jobspool.errors import CorruptFileWarning
@@ -69,5 +73,10 @@ def _fail(message: str, code: int, as_json: bool) -> int:
     line = " ".join(message.split())
     if as_json:
         sys.stdout.write(orjson.dumps({"ok": False, "error": line, "exit": code}).decode() + "\n")
-    sys.stderr.write(f"jobspool: error: {line}\n")
+    from jobspool.logs import error_line, json_lines
+
+    if json_lines(_ARGV):
+        error_line(line, code)  # `--log-format json`: every stderr line is JSON
+    else:
+        sys.stderr.write(f"jobspool: error: {line}\n")
     return code

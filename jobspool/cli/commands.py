@@ -95,9 +95,12 @@ def _make_worker(args: argparse.Namespace, spool: Any) -> Any:
 
 
 def _setup_logging(args: argparse.Namespace) -> None:
-    from jobspool.logs import setup_logging
+    from jobspool.logs import setup_logging, startup
 
     setup_logging(getattr(args, "log_level", "warning"), getattr(args, "log_format", "text"))
+    startup(str(args.command), root=args.root or os.environ.get("JOBSPOOL_ROOT"),
+            **{k: getattr(args, k) for k in ("app", "concurrency", "batch_size", "kinds",
+                                             "processes") if getattr(args, k, None) is not None})
 
 
 def cmd_run_until_idle(args: argparse.Namespace) -> int:

@@ -79,6 +79,11 @@ def _emit(args: argparse.Namespace, doc: Any, text: str | Callable[[], str]) -> 
     if args.json:
         sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2, default=str).decode()
                          + "\n")
+    elif getattr(args, "log_format", "text") == "json":
+        # A long-running command logging JSON: its summary is one more JSON line on stderr.
+        from jobspool.logs import summary
+
+        summary(str(getattr(args, "command", "jobspool")), doc)
     else:
         sys.stdout.write((text() if callable(text) else text).rstrip("\n") + "\n")
 

@@ -382,6 +382,9 @@ class Pipeline:
                     continue
                 else:
                     self.counters.completed += 1
+                    log.info("job %s (%s) completed", c.job_id, c.job.kind,
+                             extra={"job_id": c.job_id, "kind": c.job.kind, "token": c.token,
+                                    "state": "completed"})
                 self._forget(c)
         if fails:
             results = self.spool.fail_many([(c.lease, err, retry, delay)
