@@ -13,6 +13,7 @@ from jobspool.queue.stats import Stats
 
 if TYPE_CHECKING:
     from jobspool.app import App
+    from jobspool.projection.lance import LanceProjection
     from jobspool.queue.worker import Context, RunReport, Worker
 
 __version__ = "0.1.0"
@@ -25,6 +26,8 @@ __all__ = [
     # The spool and its records
     "Job",
     "JobState",
+    # Reading what workers projected (LanceDB)
+    "LanceProjection",
     "Lease",
     "Reservation",
     "Retry",
@@ -40,6 +43,7 @@ _LAZY = {
     "Context": "jobspool.queue.worker",
     "RunReport": "jobspool.queue.worker",
     "App": "jobspool.app",
+    "LanceProjection": "jobspool.projection.lance",  # pulls in lancedb and pyarrow
 }
 
 
