@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 # The spool and its records
-from jobspool.queue.job import Job, Lease, Reservation
+from jobspool.queue.job import EnqueueResult, Job, Lease, Reservation
 from jobspool.queue.signals import Fail, Retry
 from jobspool.queue.spool import Spool
 from jobspool.queue.states import JobState
@@ -13,15 +13,21 @@ from jobspool.queue.stats import Stats
 
 if TYPE_CHECKING:
     from jobspool.app import App
+    from jobspool.async_spool import AsyncSpool
+    from jobspool.policy import Policy
     from jobspool.projection.lance import LanceProjection
     from jobspool.queue.worker import Context, RunReport, Worker
+    from jobspool.schedules import Schedule
 
 __version__ = "0.1.0"
 
 __all__ = [
     # Running jobs
     "App",
+    # Producers
+    "AsyncSpool",
     "Context",
+    "EnqueueResult",
     "Fail",
     # The spool and its records
     "Job",
@@ -29,9 +35,11 @@ __all__ = [
     # Reading what workers projected (LanceDB)
     "LanceProjection",
     "Lease",
+    "Policy",
     "Reservation",
     "Retry",
     "RunReport",
+    "Schedule",
     "Spool",
     "Stats",
     "Worker",
@@ -44,6 +52,9 @@ _LAZY = {
     "RunReport": "jobspool.queue.worker",
     "App": "jobspool.app",
     "LanceProjection": "jobspool.projection.lance",  # pulls in lancedb and pyarrow
+    "Policy": "jobspool.policy",
+    "AsyncSpool": "jobspool.async_spool",
+    "Schedule": "jobspool.schedules",
 }
 
 

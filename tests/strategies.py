@@ -12,7 +12,7 @@ from jobspool.queue.states import JobState
 _ID_FIRST = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
 _ID_REST = _ID_FIRST + "._-"
 _KIND_FIRST = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-_KIND_REST = _KIND_FIRST + "0123456789_"
+_KIND_REST = _KIND_FIRST + "0123456789_.-"
 
 # Valid caller-given ids: [A-Za-z0-9][A-Za-z0-9._-]{0,127}
 job_ids = st.builds(
@@ -25,11 +25,11 @@ short_job_ids = st.builds(
     st.sampled_from(_ID_FIRST),
     st.text(alphabet=_ID_REST, max_size=12),
 )
-# Valid kinds: [A-Za-z][A-Za-z0-9_]{0,63}
+# Valid kinds: [A-Za-z][A-Za-z0-9_.-]{0,127} (DESIGN §9)
 kinds = st.builds(
     lambda a, b: a + b,
     st.sampled_from(_KIND_FIRST),
-    st.text(alphabet=_KIND_REST, max_size=63),
+    st.text(alphabet=_KIND_REST, max_size=127),
 )
 
 # Ids a caller might try that must be refused before any path is built.
@@ -58,13 +58,14 @@ BAD_KINDS: list[Any] = [
     "",
     "1abc",
     "_x",
-    "a-b",
-    "a.b",
+    ".x",
+    "-x",
     "a/b",
     "../x",
     "a\x00b",
     "a b",
-    "k" * 65,
+    "a:b",
+    "k" * 129,
     None,
     7,
 ]

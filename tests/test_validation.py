@@ -54,8 +54,8 @@ def test_enqueue_refuses_a_bad_kind_and_writes_nothing(spool: Spool, spool_root:
 
 
 def test_the_longest_valid_id_and_kind_are_accepted(spool: Spool) -> None:
-    job = spool.enqueue("k" * 64, job_id="a" + "b" * 127)
-    assert spool.get("a" + "b" * 127).kind == "k" * 64
+    job = spool.enqueue("k" * 128, job_id="a" + "b" * 127)
+    assert spool.get("a" + "b" * 127).kind == "k" * 128
     assert job.id == "a" + "b" * 127
 
 

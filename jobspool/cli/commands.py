@@ -7,14 +7,13 @@ import os
 import sys
 from typing import Any
 
-import orjson
-
 from jobspool.cli.common import (
     EXIT_OK,
     EXIT_UNHEALTHY,
     Refused,
     UsageError,
     _emit,
+    _job_doc,
     _job_line,
     _job_text,
     _open,
@@ -47,22 +46,55 @@ def _settings_dict(spool: Any) -> dict[str, Any]:
 
 
 def _read_payload(text: str | None) -> Any:
+    """Parse PAYLOAD_JSON. The parser is lenient on purpose (NaN, Infinity, 1e999, huge
+    integers, lone surrogates are read), so that the API's payload rule refuses them with
+    the very message `Spool.enqueue` gives: one rule for API and CLI (DESIGN §9)."""
+    import json
+
     if text is None:
         return None
     raw = sys.stdin.read() if text == "-" else text
     try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
+        return json.loads(raw)
+    except (json.JSONDecodeError, RecursionError) as exc:
         where = "stdin" if text == "-" else "PAYLOAD_JSON"
         raise UsageError(f"payload from {where} is not valid JSON: {exc}") from None
 
 
+def _run_at(text: str | None) -> Any:
+    """`--run-at`: epoch seconds or an ISO 8601 time with a zone (`2026-12-01T09:00:00Z`);
+    the API validates the value (finite, aware, not far in the past)."""
+    if text is None:
+        return None
+    from datetime import datetime
+
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        return datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise UsageError(f"--run-at {text!r} is neither epoch seconds nor an ISO 8601 time "
+                         "(e.g. 2026-12-01T09:00:00Z)") from None
+
+
 def cmd_enqueue(args: argparse.Namespace) -> int:
     payload = _read_payload(args.payload)
+    run_at = _run_at(args.run_at)
+    unique = ([s.strip() for s in args.unique_states.split(",") if s.strip()]
+              if args.unique_states else None)
     with _open(args, create=args.create) as spool:
-        job = spool.enqueue(args.kind, payload, job_id=args.job_id, delay=args.delay,
-                            priority=args.priority, max_attempts=args.max_attempts)
-    _emit(args, job.to_dict(), f"{job.id} {job.state.value}")
+        result = spool.enqueue_result(args.kind, payload, job_id=args.job_id, delay=args.delay,
+                                      run_at=run_at, priority=args.priority,
+                                      max_attempts=args.max_attempts,
+                                      on_conflict=args.on_conflict, unique_states=unique)
+    job = result.job
+    if not result.created:
+        # stdout stays `ID STATE` (scripts parse it); whether anything was written goes here.
+        sys.stderr.write(f"jobspool: note: job {job.id!r} already exists ({job.status}); kept "
+                         "unchanged (--on-conflict replace rewrites it)\n")
+    _emit(args, _job_doc(job), f"{job.id} {job.status}")
     return EXIT_OK
 
 
@@ -86,8 +118,9 @@ def _make_worker(args: argparse.Namespace, spool: Any) -> Any:
         kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
         missing = [k for k in kinds if k not in app.handlers]
         if missing:
-            raise UsageError(f"--kinds names kinds the app has no handler for: "
-                             f"{', '.join(missing)}")
+            raise UsageError(f"--kinds names kinds --app {args.app} has no handler for: "
+                             f"{', '.join(missing)} (it handles: "
+                             f"{', '.join(sorted(app.handlers))})")
     return Worker(spool, app, concurrency=args.concurrency, batch_size=args.batch_size,
                   kinds=kinds, lease_seconds=args.lease_seconds,
                   projection=args.projection or app.projection,
@@ -215,6 +248,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
         age = "-" if stats.oldest_due_age is None else f"{stats.oldest_due_age:.1f} s"
         lines.append(f"due now {stats.due}, oldest due {age}, fence {stats.fence}, "
                      f"quarantined {stats.quarantined}")
+        if stats.scheduled:
+            lines.append(f"of retryable, {stats.scheduled} scheduled (delayed, not run yet) and "
+                         f"{stats.retryable - stats.scheduled} retries")
         for kind, per in sorted(stats.by_kind.items()):
             lines.append(f"  {kind}: " + ", ".join(f"{s}={n}" for s, n in per.items()))
         return "\n".join(lines)
@@ -228,7 +264,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
     with _open(args, read_only=True) as spool:
         jobs = list(itertools.islice(spool.jobs(state=args.state, kind=args.kind), args.limit))
-    _emit(args, [j.to_dict() for j in jobs],
+    _emit(args, [_job_doc(j) for j in jobs],
           lambda: "\n".join(_job_line(j) for j in jobs) if jobs else "no jobs")
     return EXIT_OK
 
@@ -236,7 +272,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     with _open(args, read_only=True) as spool:
         job = spool.get(args.job_id)
-    _emit(args, job.to_dict(), lambda: _job_text(job))
+    _emit(args, _job_doc(job), lambda: _show_text(job))
     return EXIT_OK
 
 
@@ -255,6 +291,17 @@ def _bulk_move(args: argparse.Namespace, spool: Any, verb: str) -> None:
     jobs = method(kind=args.kind, states=args.state, older_than=args.older_than)
     _emit(args, {verb: [j.id for j in jobs], "count": len(jobs)},
           f"{verb} {len(jobs)} job(s)")
+
+
+def _show_text(job: Any) -> str:
+    """`show`: one field a line, the last failed run's traceback last, as Python printed it."""
+    from jobspool.queue.job import evolve
+
+    text = _job_text(evolve(job, traceback=None))
+    if job.traceback:
+        text += "\n    traceback:\n" + "\n".join(
+            "      " + line for line in job.traceback.rstrip("\n").splitlines())
+    return text
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:

@@ -101,14 +101,42 @@ def _open(args: argparse.Namespace, *, create: bool = False, **kwargs: Any) -> A
     return Spool(_root(args), create=create, **kwargs)
 
 
+_TIME_FIELDS = ("created_at", "updated_at", "run_at")
+
+
+def _job_doc(job: Any) -> dict[str, Any]:
+    """A job as `--json` prints it: the file's fields plus `status` (`scheduled` for a
+    delayed job) and ISO 8601 forms of its times (`run_at_iso`, ...)."""
+    from jobspool.queue.job import iso_time
+
+    d: dict[str, Any] = job.to_dict()
+    d["status"] = job.status
+    for k in _TIME_FIELDS:
+        d[f"{k}_iso"] = iso_time(d[k])
+    return d
+
+
 def _job_line(job: Any) -> str:
-    return (f"{job.id:<28} {job.state.value:<11} {job.kind:<16} attempts={job.attempts}/"
-            f"{job.max_attempts} priority={job.priority}"
+    from jobspool.queue.job import iso_time
+
+    when = (f"due {iso_time(job.run_at)}" if job.state.value in ("retryable", "ready")
+            else f"updated {iso_time(job.updated_at)}")
+    return (f"{job.id:<28} {job.status:<11} {job.kind:<16} attempts={job.attempts}/"
+            f"{job.max_attempts} priority={job.priority} {when}"
             + (f"  last_error={job.last_error[:60]!r}" if job.last_error else ""))
 
 
 def _job_text(job: Any) -> str:
-    d = job.to_dict()
-    return "\n".join(f"{k:>13}: {orjson.dumps(v).decode() if not isinstance(v, str) else v}"
-                     for k, v in d.items())
+    from jobspool.queue.job import iso_time
+
+    lines = []
+    for k, v in job.to_dict().items():
+        if k == "state" and job.status != v:
+            text = f"{v} ({job.status}: not run yet, due at run_at)"
+        elif k in _TIME_FIELDS:
+            text = f"{iso_time(v)} ({v})"
+        else:
+            text = v if isinstance(v, str) else orjson.dumps(v).decode()
+        lines.append(f"{k:>13}: {text}")
+    return "\n".join(lines)
 

@@ -63,6 +63,15 @@ def build_parser() -> argparse.ArgumentParser:
                    "id)")
     c.add_argument("--delay", type=_nonneg_float, default=0.0, metavar="SECONDS",
                    help="run no sooner than SECONDS from now (default: 0)")
+    c.add_argument("--run-at", metavar="TIME",
+                   help="run no sooner than TIME: ISO 8601 with a zone (2026-12-01T09:00:00Z) "
+                   "or epoch seconds")
+    c.add_argument("--on-conflict", choices=("keep", "replace", "error"), default="keep",
+                   help="when --id is taken: keep the existing job (default), replace it "
+                   "(not while it runs), or fail")
+    c.add_argument("--unique-states", metavar="STATES",
+                   help="comma-separated states in which an existing job counts as a "
+                   "duplicate (default: all); in any other it is replaced")
     c.add_argument("--priority", type=int, default=0, metavar="N",
                    help="claim order: lower runs first (default: 0; negative allowed)")
     c.add_argument("--max-attempts", type=_positive_int, metavar="N",

@@ -33,9 +33,10 @@ MAX_ERROR_CHARS = 1024
 MAX_TRACEBACK_BYTES = 8 * 1024
 
 JOB_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-KIND_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
+# Dots and dashes in kinds (`tasks.add`, `index-note`) as every peer allows (DESIGN §9).
+KIND_RE = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,127}")
 JOB_ID_PATTERN = "[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
-KIND_PATTERN = "[A-Za-z][A-Za-z0-9_]{0,63}"
+KIND_PATTERN = "[A-Za-z][A-Za-z0-9_.-]{0,127}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +46,7 @@ class LeaseInfo:
     token: int
     owner: str
     expires_at: float
+    proc: str | None = None  # the holder's liveness ident (`liveness.py`), None if unknown
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +74,16 @@ class Job:
     @property
     def terminal(self) -> bool:
         return self.state in (JobState.COMPLETED, JobState.DEAD_LETTER, JobState.CANCELED)
+
+    @property
+    def scheduled(self) -> bool:
+        """A delayed job not yet run: parked in `retryable` with no attempt (not a retry)."""
+        return self.state is JobState.RETRYABLE and self.attempts == 0
+
+    @property
+    def status(self) -> str:
+        """The state as shown to people: `scheduled` for a delayed job, else the state."""
+        return "scheduled" if self.scheduled else self.state.value
 
     def to_dict(self) -> dict[str, Any]:
         """The job as plain JSON-able data (what `jobspool show --json` prints)."""
@@ -103,6 +115,25 @@ class Reservation:
     job_id: str
     reservation_id: str
     job: Job = field(compare=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueResult:
+    """What one enqueue did (`Spool.enqueue_result`): the job as stored now, and how.
+
+    `outcome` is `"created"` (the id was free, pruned ids included), `"reopened"`
+    (a canceled job run again under `on_conflict="keep"`), `"replaced"` (new
+    content, or a finished job made to run again) or `"existing"` (the job was
+    kept unchanged; nothing was written).
+    """
+
+    job: Job
+    outcome: str
+
+    @property
+    def created(self) -> bool:
+        """Whether this call wrote the job (a new run will happen because of it)."""
+        return self.outcome != "existing"
 
 
 class CorruptJob(Exception):
@@ -156,6 +187,145 @@ def validate_seconds(name: str, value: object, *, positive: bool = False) -> flo
         need = "a positive" if positive else "a non-negative"
         raise InvalidJob(f"{name} must be {need} finite number, got {value!r}", field=name)
     return v
+
+
+# ---------------------------------------------------------------- payload rule
+#
+# One rule for every value jobspool stores as JSON (payloads at enqueue/prepare, from
+# the API and the CLI alike, and handler results): JSON's own types only, so that what
+# a handler reads back is exactly what the producer gave. `None`, `bool`, `str`
+# (valid UTF-8), `int` (orjson's range, -2**63 .. 2**64-1), finite `float`, `list`,
+# `tuple` (stored as a list: the one conversion) and `dict` with `str` keys. Anything
+# else — NaN, infinity, datetimes, UUIDs, bytes, sets, dataclasses — is refused with
+# `InvalidJob` naming where it sits (`payload['when']`), never silently converted:
+# orjson would turn NaN into null and a datetime into a string, and the handler
+# would receive something the producer never sent.
+
+_INT_MIN = -(2**63)
+_INT_MAX = 2**64 - 1
+MAX_JSON_DEPTH = 254  # orjson refuses deeper nesting
+_HINTS = {
+    "datetime": "use .isoformat() or a timestamp",
+    "date": "use .isoformat()",
+    "time": "use .isoformat()",
+    "UUID": "use str(uuid)",
+    "bytes": "use base64 or .hex()",
+    "bytearray": "use base64 or .hex()",
+    "set": "use a sorted list",
+    "frozenset": "use a sorted list",
+    "Decimal": "use str() or float()",
+}
+
+
+class _NotJson(Exception):
+    def __init__(self, path: list[object], what: str) -> None:
+        super().__init__(what)
+        self.path = path
+        self.what = what
+
+
+def check_json(value: object, where: str = "payload") -> None:
+    """Refuse (`InvalidJob`, field `where`) a value JSON cannot carry unchanged.
+
+    The message names the place, e.g. `payload['when'][0] is a datetime, which
+    JSON cannot carry (use .isoformat() or a timestamp)`.
+    """
+    path: list[object] = []
+    try:
+        _check(value, path)
+    except _NotJson as exc:
+        place = where + "".join(f"[{p!r}]" for p in exc.path)
+        raise InvalidJob(f"{place} is {exc.what}", field=where) from None
+    except RecursionError:
+        raise InvalidJob(f"{where} is nested too deeply for JSON", field=where) from None
+
+
+def _check(value: object, path: list[object]) -> None:
+    if value is None or isinstance(value, bool):
+        return
+    if isinstance(value, str):
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise _NotJson(path, "a string with a lone surrogate, which is not valid "
+                                     "UTF-8") from None
+        return
+    if isinstance(value, int):
+        if not _INT_MIN <= value <= _INT_MAX:
+            raise _NotJson(path, "an integer outside the 64-bit range JSON readers support")
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise _NotJson(path, f"{value!r}, which JSON cannot carry (no NaN or infinity)")
+        return
+    if len(path) >= MAX_JSON_DEPTH:
+        raise _NotJson(path, f"nested deeper than {MAX_JSON_DEPTH} levels, which JSON "
+                             "readers refuse")
+    if isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            path.append(i)
+            _check(item, path)
+            path.pop()
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise _NotJson(path, f"an object with a non-string key {key!r}, which JSON "
+                                     "cannot carry")
+            path.append(key)
+            _check(key, path)
+            _check(item, path)
+            path.pop()
+        return
+    name = type(value).__name__
+    hint = _HINTS.get(name)
+    raise _NotJson(path, f"a {name}, which JSON cannot carry" + (f" ({hint})" if hint else ""))
+
+
+def validate_run_at(run_at: object, now: float) -> float:
+    """`run_at` as epoch seconds: a finite number or an aware `datetime`.
+
+    Refused: a naive datetime (its zone is a guess), NaN/infinity, a time more
+    than `MAX_RUN_AT_PAST` seconds before `now` (a unit or clock mistake, not a
+    job to run at once) and one past year 9999 (milliseconds given as seconds).
+    """
+    import datetime as _dt
+
+    if isinstance(run_at, _dt.datetime):
+        if run_at.tzinfo is None or run_at.utcoffset() is None:
+            raise InvalidJob(f"run_at {run_at.isoformat()!r} is a naive datetime; give an aware "
+                             "one (e.g. tzinfo=timezone.utc) or epoch seconds", field="run_at")
+        value = run_at.timestamp()
+    elif isinstance(run_at, bool) or not isinstance(run_at, int | float):
+        raise InvalidJob(f"run_at must be epoch seconds or an aware datetime, got {run_at!r}",
+                         field="run_at")
+    else:
+        value = float(run_at)
+    if not math.isfinite(value):
+        raise InvalidJob(f"run_at must be a finite time, got {run_at!r}", field="run_at")
+    if value > MAX_RUN_AT:
+        raise InvalidJob(f"run_at {run_at!r} is past the year 9999 (milliseconds instead of "
+                         "seconds?)", field="run_at")
+    if value < now - MAX_RUN_AT_PAST:
+        raise InvalidJob(f"run_at {run_at!r} is more than {MAX_RUN_AT_PAST / 86400:.0f} days in "
+                         "the past", field="run_at")
+    return value
+
+
+MAX_RUN_AT = 253402300799.0  # 9999-12-31T23:59:59Z
+MAX_RUN_AT_PAST = 7 * 86400.0
+
+
+def iso_time(epoch: float) -> str:
+    """Epoch seconds as ISO 8601 in UTC, to the millisecond (`2026-12-01T15:21:35.123Z`)."""
+    import datetime as _dt
+
+    try:
+        t = _dt.datetime.fromtimestamp(epoch, _dt.UTC)
+    except (OverflowError, OSError, ValueError):
+        return repr(epoch)
+    return t.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def clip_error(error: object) -> str:
@@ -218,7 +388,7 @@ def _to_dict(job: Job) -> dict[str, Any]:
         "run_at": job.run_at,
         "lease": None
         if job.lease is None
-        else {"token": job.lease.token, "owner": job.lease.owner, "expires_at": job.lease.expires_at},
+        else _lease_dict(job.lease),
         "last_error": job.last_error,
         "result": job.result,
         "reservations": list(job.reservations),
@@ -229,8 +399,18 @@ def _to_dict(job: Job) -> dict[str, Any]:
     return d
 
 
+def _lease_dict(lease: LeaseInfo) -> dict[str, Any]:
+    d: dict[str, Any] = {"token": lease.token, "owner": lease.owner, "expires_at": lease.expires_at}
+    if lease.proc is not None:
+        d["proc"] = lease.proc
+    return d
+
+
 def encode_job(job: Job, *, max_bytes: int = MAX_JOB_BYTES) -> bytes:
     """Serialize a job; refuse one over `max_bytes` or with non-JSON data (nothing written)."""
+    if job.result is not None:
+        # A handler's NaN would otherwise be stored as null: the payload rule, for results.
+        check_json(job.result, "result")
     try:
         data = orjson.dumps(_to_dict(job))
     except (TypeError, orjson.JSONEncodeError) as exc:
@@ -245,6 +425,84 @@ def encode_job(job: Job, *, max_bytes: int = MAX_JOB_BYTES) -> bytes:
     return data
 
 
+# ---------------------------------------------------------------- sizes
+#
+# A job must stay writable through its whole life (DESIGN §9 "Sizes"): a claim adds a
+# lease, a failure an error (and a traceback), a crash a rescue count. New jobs are
+# therefore admitted only up to `max_job_bytes` less a reserve for those additions, and
+# the transitions that add free text (errors, tracebacks) cut it to fit what is left.
+
+MAX_OWNER_CHARS = 128
+_TEXT_FIELDS = ("traceback", "last_error")
+
+
+def transition_reserve(max_bytes: int) -> int:
+    """Bytes kept free at admission for what later transitions add (a lease with an owner
+    of up to `MAX_OWNER_CHARS`, counters, a short error)."""
+    return min(2048, max_bytes // 4)
+
+
+def admission_limit(max_bytes: int) -> int:
+    """The largest serialized size `enqueue`/`prepare` accept under `max_job_bytes`."""
+    return max_bytes - transition_reserve(max_bytes)
+
+
+def encode_admitted(job: Job, *, max_bytes: int) -> bytes:
+    """Encode a new job, refusing it (`JobTooLarge`) unless it leaves the transition reserve."""
+    limit = admission_limit(max_bytes)
+    try:
+        return encode_job(job, max_bytes=limit)
+    except JobTooLarge as exc:
+        raise JobTooLarge(
+            f"job {job.id!r} is {exc.size} bytes serialized, over the {limit} bytes a new job "
+            f"may use (max_job_bytes={max_bytes}, less {max_bytes - limit} kept for the lease, "
+            "errors and counters its later transitions add)", size=exc.size, limit=limit,
+        ) from None
+
+
+def encode_fitting(job: Job, *, max_bytes: int) -> bytes:
+    """Encode a job, cutting its stored error and traceback until the file fits `max_bytes`.
+
+    Raises `JobTooLarge` only when the job is too large without any of that text (a
+    result that does not fit, or a job admitted under an older, looser rule).
+    """
+    try:
+        return encode_job(job, max_bytes=max_bytes)
+    except JobTooLarge as exc:
+        over = exc.size - max_bytes
+    for _ in range(8):
+        texts: list[tuple[str, str]] = []
+        for f in _TEXT_FIELDS:
+            t = getattr(job, f, None)
+            if isinstance(t, str) and t:
+                texts.append((f, t))
+        if not texts:
+            break
+        name, text = texts[0]
+        # Cutting `over` characters removes at least `over` bytes (each is >= 1 byte
+        # encoded); a traceback keeps its tail (the raising frame), an error its head.
+        keep = max(0, len(text) - over - 16)
+        cut: str | None
+        if name == "traceback":
+            cut = "...\n" + text[len(text) - keep:] if keep else None
+        else:
+            cut = text[:keep] + "..." if keep else ""
+        changes: dict[str, Any] = {name: cut}
+        job = replace(job, **changes)
+        try:
+            return encode_job(job, max_bytes=max_bytes)
+        except JobTooLarge as exc:
+            over = exc.size - max_bytes
+    return encode_job(job, max_bytes=max_bytes)
+
+
+def validate_owner(owner: object) -> str:
+    if not isinstance(owner, str) or not 0 < len(owner) <= MAX_OWNER_CHARS or not owner.isprintable():
+        raise InvalidJob(f"lease owner {owner!r} must be 1 to {MAX_OWNER_CHARS} printable characters",
+                         field="owner")
+    return owner
+
+
 def _need(d: dict[str, Any], key: str, types: type | tuple[type, ...]) -> Any:
     if key not in d:
         raise CorruptJob(f"missing field {key!r}")
@@ -257,6 +515,13 @@ def _need(d: dict[str, Any], key: str, types: type | tuple[type, ...]) -> Any:
 
 
 _NUM = (int, float)
+
+
+def _optional_str(d: dict[str, Any], key: str) -> str | None:
+    value = d.get(key)
+    if value is not None and not isinstance(value, str):
+        raise CorruptJob(f"field {key!r} is not a string")
+    return value
 
 
 def decode_job(data: bytes, *, expect_id: str | None = None,
@@ -295,6 +560,7 @@ def decode_job(data: bytes, *, expect_id: str | None = None,
             token=_need(lease_raw, "token", int),
             owner=_need(lease_raw, "owner", str),
             expires_at=float(_need(lease_raw, "expires_at", _NUM)),
+            proc=_optional_str(lease_raw, "proc"),
         )
     if state is JobState.LEASED and lease is None:
         raise CorruptJob("leased job without a lease")

@@ -12,7 +12,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from jobspool.errors import LeaseLost
+from jobspool.errors import DuplicateJob, LeaseLost
 from jobspool.queue.job import (
     MAX_TRACEBACK_BYTES,
     Job,
@@ -90,10 +90,12 @@ def _move(job: Job, action: str, dst: JobState, now: float, **changes: Any) -> J
 
 def new_job(*, job_id: str, kind: str, payload: Any, now: float, delay: float, priority: int,
             max_attempts: int, state: JobState | None = None,
-            reservations: tuple[str, ...] = ()) -> Job:
-    run_at = now + delay
+            reservations: tuple[str, ...] = (), run_at: float | None = None) -> Job:
+    """A fresh job: due at `run_at` (absolute) or `now + delay`; parked in `retryable`
+    (shown as "scheduled": no attempt yet) until then."""
+    run_at = now + delay if run_at is None else run_at
     if state is None:
-        state = JobState.RETRYABLE if delay > 0 else JobState.READY
+        state = JobState.RETRYABLE if run_at > now else JobState.READY
     return Job(id=job_id, kind=kind, payload=payload, state=state, priority=priority,
                attempts=0, max_attempts=max_attempts, revision=1, created_at=now,
                updated_at=now, run_at=run_at, reservations=reservations)
@@ -101,14 +103,66 @@ def new_job(*, job_id: str, kind: str, payload: Any, now: float, delay: float, p
 
 def reopen(job: Job, *, kind: str, payload: Any, now: float, delay: float, priority: int,
            max_attempts: int, state: JobState | None = None,
-           reservations: tuple[str, ...] = ()) -> Job:
+           reservations: tuple[str, ...] = (), run_at: float | None = None) -> Job:
     """A canceled job enqueued again: new revision, attempts reset."""
+    run_at = now + delay if run_at is None else run_at
     if state is None:
-        state = JobState.RETRYABLE if delay > 0 else JobState.READY
+        state = JobState.RETRYABLE if run_at > now else JobState.READY
     return _move(job, "reopen", state, now, kind=kind, payload=payload, attempts=0,
                  priority=priority,
-                 max_attempts=max_attempts, run_at=now + delay, lease=None, last_error=None,
+                 max_attempts=max_attempts, run_at=run_at, lease=None, last_error=None,
                  result=None, reservations=reservations, rescues=0, traceback=None)
+
+
+# ---------------------------------------------------------------- enqueue decisions
+
+ON_CONFLICT: tuple[str, ...] = ("keep", "replace", "error")
+
+
+def decide_enqueue(existing: Job, fresh: Job, *, now: float, on_conflict: str,
+                   unique_states: frozenset[JobState] | None,
+                   reservation: str | None = None) -> tuple[str, Job]:
+    """What enqueueing `fresh` does to the `existing` job of the same id (DESIGN §9).
+
+    Returns `(outcome, job)`: `"existing"` (nothing to write, `job` is `existing`),
+    `"reopened"`, `"replaced"` or `"reserved"` (a new snapshot to write). Raises
+    `DuplicateJob` when the policy refuses. An existing job conflicts when its state
+    is in `unique_states` (all states when None); a running (leased) job always does,
+    since a second run of one id cannot start beside it. A job that does not
+    conflict is replaced, as with `on_conflict="replace"`.
+    """
+    state = existing.state
+    conflicts = unique_states is None or state in unique_states or state is JobState.LEASED
+    policy = on_conflict if conflicts else "replace"
+    if policy == "keep":
+        if state is JobState.CANCELED:
+            # A producer that aborted (or an operator who canceled) may try again.
+            return "reopened", reopen(
+                existing, kind=fresh.kind, payload=fresh.payload, now=now,
+                delay=max(0.0, fresh.run_at - now), priority=fresh.priority,
+                max_attempts=fresh.max_attempts, run_at=fresh.run_at,
+                state=fresh.state if reservation else None, reservations=fresh.reservations)
+        if reservation is not None and state is JobState.PREPARED:
+            return "reserved", add_reservation(existing, reservation, now=now)
+        return "existing", existing
+    if policy == "error":
+        raise DuplicateJob(existing.id, state.value, "on_conflict='error'")
+    if state is JobState.LEASED:
+        raise DuplicateJob(existing.id, state.value,
+                           "it is running and cannot be replaced (cancel it first)")
+    if reservation is not None:
+        raise ValueError("prepare only keeps an existing job")  # never reached via Spool
+    if state is JobState.PREPARED:
+        # Its producers still hold reservations: new content, their commit publishes it.
+        dst, reservations = JobState.PREPARED, existing.reservations
+    else:
+        dst = JobState.RETRYABLE if fresh.run_at > now else JobState.READY
+        reservations = ()
+    return "replaced", _move(existing, "replace", dst, now, kind=fresh.kind,
+                             payload=fresh.payload, attempts=0, priority=fresh.priority,
+                             max_attempts=fresh.max_attempts, run_at=fresh.run_at, lease=None,
+                             last_error=None, result=None, reservations=reservations,
+                             rescues=0)
 
 
 def is_due(job: Job, now: float) -> bool:
@@ -126,11 +180,24 @@ def lease_expired(job: Job, now: float) -> bool:
     return job.state is JobState.LEASED and job.lease is not None and job.lease.expires_at <= now
 
 
-def claim(job: Job, *, token: int, owner: str, now: float, lease_seconds: float) -> Job:
-    rescued = 1 if job.state is JobState.LEASED else 0
-    lease = LeaseInfo(token=token, owner=owner, expires_at=now + lease_seconds)
-    return _move(job, "claim", JobState.LEASED, now, attempts=job.attempts + 1, lease=lease,
+def claim(job: Job, *, token: int, owner: str, now: float, lease_seconds: float,
+          proc: str | None = None, unstarted: bool = False) -> Job:
+    """Lease a due job. Taking over an expired lease counts a rescue, unless `unstarted`:
+    its holder is provably dead and never started its handler, so that attempt is given
+    back instead (a batch mate of a job that killed its worker is not to blame)."""
+    if job.state is JobState.LEASED and unstarted:
+        rescued, attempts = 0, job.attempts
+    else:
+        rescued, attempts = (1 if job.state is JobState.LEASED else 0), job.attempts + 1
+    lease = LeaseInfo(token=token, owner=owner, expires_at=now + lease_seconds, proc=proc)
+    return _move(job, "claim", JobState.LEASED, now, attempts=attempts, lease=lease,
                  rescues=job.rescues + rescued)
+
+
+def return_unstarted(job: Job, *, now: float) -> Job:
+    """A lease whose holder died before starting the handler: back to ready, uncounted."""
+    return _move(job, "release", JobState.READY, now, lease=None,
+                 attempts=max(0, job.attempts - 1), run_at=now)
 
 
 def reclaim(job: Job, *, now: float, policy: RetryPolicy, max_rescues: int | None,
@@ -162,7 +229,8 @@ def heartbeat(job: Job, lease: Lease, *, now: float, lease_seconds: float) -> Jo
     check_lease(job, lease, now)
     assert job.lease is not None
     info = LeaseInfo(token=job.lease.token, owner=job.lease.owner,
-                     expires_at=max(job.lease.expires_at, now + lease_seconds))
+                     expires_at=max(job.lease.expires_at, now + lease_seconds),
+                     proc=job.lease.proc)
     return _move(job, "heartbeat", JobState.LEASED, now, lease=info)
 
 

@@ -40,6 +40,12 @@ ALLOWED: dict[str, dict[JobState, frozenset[JobState]]] = {
     "cancel": {s: frozenset({JobState.CANCELED}) for s in CANCELABLE},
     "requeue": {s: frozenset({JobState.READY}) for s in REQUEUEABLE},
     "reopen": {JobState.CANCELED: frozenset({JobState.READY, JobState.RETRYABLE, JobState.PREPARED})},
+    # enqueue(on_conflict="replace"): new content for a job not running (DESIGN §9).
+    "replace": {
+        JobState.PREPARED: frozenset({JobState.PREPARED}),
+        **{s: frozenset({JobState.READY, JobState.RETRYABLE})
+           for s in (JobState.READY, JobState.RETRYABLE, *TERMINAL)},
+    },
     "reclaim": {JobState.LEASED: frozenset({JobState.RETRYABLE, JobState.DEAD_LETTER})},
     "replay": {
         JobState.PREPARED: frozenset({JobState.READY, JobState.CANCELED, JobState.PREPARED,

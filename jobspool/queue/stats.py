@@ -29,6 +29,9 @@ class Stats:
     temp_files: int
     now: float
     by_kind: dict[str, dict[str, int]] = field(default_factory=dict)
+    # Of `retryable`, the delayed jobs never run yet (enqueued with delay/run_at): shown as
+    # "scheduled", not as failed retries.
+    scheduled: int = 0
 
     def __getitem__(self, state: str) -> int:
         """`stats["ready"]`: the count of one state."""
@@ -74,7 +77,7 @@ class Stats:
             **self.counts,
             "counts": dict(self.counts), "total": self.total, "due": self.due,
             "oldest_due_age": self.oldest_due_age, "oldest_ready_age": self.oldest_due_age,
-            "fence": self.fence,
+            "fence": self.fence, "scheduled": self.scheduled,
             "quarantined": self.quarantined, "temp_files": self.temp_files, "now": self.now,
             "by_kind": {k: dict(v) for k, v in self.by_kind.items()},
         }
@@ -94,9 +97,12 @@ def collect_stats(spool: Spool, *, by_kind: bool = False) -> Stats:
         if job is not None:
             age = max(0.0, now - job.run_at)
             oldest = age if oldest is None else max(oldest, age)
+    scheduled = 0
     if counts[JobState.RETRYABLE.value] <= _MAX_RETRYABLE_SCAN:
         for job_id in names[JobState.RETRYABLE]:
             job = spool._read(JobState.RETRYABLE, job_id)
+            if job is not None and job.attempts == 0:
+                scheduled += 1
             if job is not None and job.run_at <= now:
                 due += 1
                 age = now - job.run_at
@@ -112,7 +118,8 @@ def collect_stats(spool: Spool, *, by_kind: bool = False) -> Stats:
     return Stats(
         counts=counts, total=sum(counts.values()), due=due, oldest_due_age=oldest,
         fence=fence, quarantined=_count(spool.root / "quarantine", suffix=".json"),
-        temp_files=_count(spool.root / "tmp", suffix=".tmp"), now=now, by_kind=kinds)
+        temp_files=_count(spool.root / "tmp", suffix=".tmp"), now=now, by_kind=kinds,
+        scheduled=scheduled)
 
 
 def _count(path: os.PathLike[str] | str, *, suffix: str) -> int:

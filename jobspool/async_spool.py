@@ -1,0 +1,175 @@
+"""`AsyncSpool`: the producer side of a spool for async code (anyio: asyncio and trio).
+
+Every method is a coroutine that runs the matching `Spool` method in a worker
+thread (`anyio.to_thread`), so a slow disk or a contended spool lock never
+blocks the event loop, and nobody has to write `to_thread` themselves. One
+`AsyncSpool` is safe to share across tasks: `Spool` is safe across threads
+(its lock is a re-entrant thread lock plus the spool's file lock), so
+concurrent calls simply queue for the lock like calls from threads do.
+
+`wait` polls from the event loop (`anyio.sleep`), not from a parked thread, so
+thousands of tasks can await results without using up the thread pool.
+
+Cancellation: a call that was cancelled while its thread ran finishes that
+operation (a job half-enqueued is not a state that exists) and then raises the
+cancellation; the caller can `get` the job to learn what happened.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
+from functools import partial
+from typing import Any, ParamSpec, Self, TypeVar
+
+import anyio
+import anyio.to_thread
+
+from jobspool.errors import JobFailed, WaitTimeout
+from jobspool.queue.job import EnqueueResult, Job, Reservation
+from jobspool.queue.spool import Spool
+from jobspool.queue.states import JobState
+from jobspool.queue.stats import Stats
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class AsyncSpool:
+    """Coroutine forms of the producer and reader operations of a `Spool`.
+
+    `AsyncSpool(root, **options)` opens the spool like `Spool(root, **options)`
+    (creating it by default); `AsyncSpool(spool)` wraps an open `Spool`.
+    Use it as `async with AsyncSpool(root) as spool:` or call `close()`.
+    """
+
+    def __init__(self, root: str | os.PathLike[str] | Spool, **options: Any) -> None:
+        if isinstance(root, Spool):
+            if options:
+                raise TypeError("AsyncSpool(spool) takes no options: the spool is open already")
+            self.spool = root
+            self._owned = False
+        else:
+            self.spool = Spool(root, **options)
+            self._owned = True
+
+    async def _run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        return await anyio.to_thread.run_sync(partial(fn, *args, **kwargs))
+
+    # ------------------------------------------------------------ plumbing
+
+    def close(self) -> None:
+        """Close the spool if this object opened it."""
+        if self._owned:
+            self.spool.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"AsyncSpool({str(self.spool.root)!r})"
+
+    # ------------------------------------------------------------ producing
+
+    async def enqueue(self, kind: str, payload: Any = None, *, job_id: str | None = None,
+                      delay: float = 0.0, run_at: float | datetime | None = None,
+                      priority: int = 0, max_attempts: int | None = None,
+                      on_conflict: str = "keep",
+                      unique_states: Iterable[JobState | str] | None = None) -> Job:
+        """`Spool.enqueue` (see there for `on_conflict` and `unique_states`)."""
+        return await self._run(self.spool.enqueue, kind, payload, job_id=job_id, delay=delay,
+                               run_at=run_at, priority=priority, max_attempts=max_attempts,
+                               on_conflict=on_conflict, unique_states=unique_states)
+
+    async def enqueue_result(self, kind: str, payload: Any = None, *,
+                             job_id: str | None = None, delay: float = 0.0,
+                             run_at: float | datetime | None = None, priority: int = 0,
+                             max_attempts: int | None = None, on_conflict: str = "keep",
+                             unique_states: Iterable[JobState | str] | None = None
+                             ) -> EnqueueResult:
+        """`Spool.enqueue_result`: the job and whether this call created it."""
+        return await self._run(self.spool.enqueue_result, kind, payload, job_id=job_id,
+                               delay=delay, run_at=run_at, priority=priority,
+                               max_attempts=max_attempts, on_conflict=on_conflict,
+                               unique_states=unique_states)
+
+    async def enqueue_many(self, kind: str, payloads: Iterable[Any], *,
+                           job_ids: Sequence[str | None] | None = None, delay: float = 0.0,
+                           run_at: float | datetime | None = None, priority: int = 0,
+                           max_attempts: int | None = None, on_conflict: str = "keep",
+                           unique_states: Iterable[JobState | str] | None = None) -> list[Job]:
+        """`Spool.enqueue_many`: one lock hold and one flush for the whole batch."""
+        return await self._run(self.spool.enqueue_many, kind, list(payloads), job_ids=job_ids,
+                               delay=delay, run_at=run_at, priority=priority,
+                               max_attempts=max_attempts, on_conflict=on_conflict,
+                               unique_states=unique_states)
+
+    async def prepare(self, kind: str, payload: Any = None, *, job_id: str | None = None,
+                      delay: float = 0.0, run_at: float | datetime | None = None,
+                      priority: int = 0, max_attempts: int | None = None) -> Reservation:
+        """`Spool.prepare` (outbox step 1)."""
+        return await self._run(self.spool.prepare, kind, payload, job_id=job_id, delay=delay,
+                               run_at=run_at, priority=priority, max_attempts=max_attempts)
+
+    async def commit(self, reservation: Reservation) -> Job:
+        """`Spool.commit` (outbox step 3)."""
+        return await self._run(self.spool.commit, reservation)
+
+    async def abort(self, reservation: Reservation) -> Job | None:
+        """`Spool.abort`: release one reservation."""
+        return await self._run(self.spool.abort, reservation)
+
+    # ------------------------------------------------------------ administration and reads
+
+    async def cancel(self, job_id: str) -> Job:
+        """`Spool.cancel`."""
+        return await self._run(self.spool.cancel, job_id)
+
+    async def requeue(self, job_id: str) -> Job:
+        """`Spool.requeue`."""
+        return await self._run(self.spool.requeue, job_id)
+
+    async def get(self, job_id: str) -> Job:
+        """`Spool.get` (`JobNotFound`)."""
+        return await self._run(self.spool.get, job_id)
+
+    async def stats(self, *, by_kind: bool = False) -> Stats:
+        """`Spool.stats`."""
+        return await self._run(self.spool.stats, by_kind=by_kind)
+
+    async def jobs(self, state: JobState | str | None = None,
+                   kind: str | None = None) -> list[Job]:
+        """`Spool.jobs`, collected into a list."""
+        return await self._run(lambda: list(self.spool.jobs(state=state, kind=kind)))
+
+    async def wait(self, job_id: str, timeout: float | None = None, *,
+                   poll_seconds: float = 0.05) -> Job:
+        """Until the job is terminal (completed, dead letter, canceled); `WaitTimeout` after
+        `timeout` seconds. Polls with backoff up to `poll_seconds * 4` between looks."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.005
+        while True:
+            job = await self.get(job_id)
+            if job.terminal:
+                return job
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise WaitTimeout(job_id, float(timeout or 0))
+            await anyio.sleep(delay if left is None else min(delay, left))
+            delay = min(poll_seconds * 4, delay * 2)
+
+    async def result(self, job_id: str, timeout: float | None = None) -> Any:
+        """Wait for the job and return its result; `jobspool.errors.JobFailed` when it ended
+        dead-lettered or canceled, `WaitTimeout` after `timeout` seconds."""
+        job = await self.wait(job_id, timeout)
+        if job.state is not JobState.COMPLETED:
+            raise JobFailed(job.id, job.state.value, job.last_error)
+        return job.result
+
+
+__all__ = ["AsyncSpool"]

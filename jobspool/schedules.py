@@ -1,0 +1,333 @@
+"""Periodic jobs: `Schedule` (cron or fixed interval) and the `Scheduler` that fires them.
+
+Any number of workers may run the same schedules; each tick still enqueues
+exactly one job, by two means that do not depend on each other:
+
+- the job id is derived from the schedule and the tick (`sched.<name>.<epoch>`),
+  so two workers firing the same tick enqueue the same id and the second finds
+  it taken (`on_conflict="keep"`);
+- the last tick fired per schedule is recorded in `<root>/schedules.json`,
+  read and advanced under the spool lock in the same hold as the enqueue, so a
+  tick is never fired twice even after its job was completed and pruned.
+
+A crash between the enqueue and the record leaves the record behind; the next
+`tick` fires the same tick again and the id makes it a no-op.
+
+Ticks are absolute times (cron in the schedule's time zone, intervals aligned
+to the Unix epoch), so every worker computes the same ticks without talking to
+the others. After downtime, `catch_up` says what happens to the ticks missed:
+`"skip"` fires none of them (only a tick at most `grace_seconds` late counts
+as on time), `"once"` fires the latest one, `"all"` fires each, oldest first,
+up to `max_catch_up`. A schedule seen for the first time starts with its next
+tick: deploying a daily 03:00 job at 10:00 does not run it at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import KW_ONLY, dataclass, field
+from datetime import UTC, datetime, timedelta, tzinfo
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from jobspool.errors import JobspoolError, ScheduleError
+from jobspool.queue.job import JOB_ID_RE, check_json, iso_time, validate_kind
+
+if TYPE_CHECKING:
+    from jobspool.queue.spool import Spool
+    from jobspool.queue.worker import Worker
+
+log = logging.getLogger("jobspool.schedules")
+
+MARKS_FILE = "schedules.json"
+CATCH_UP = ("skip", "once", "all")
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Enqueue a job of `kind` on a cron expression or every `every` seconds.
+
+    `cron` is a five-field expression (`"*/15 * * * *"`, parsed by cronsim) in
+    the time zone `tz` (an IANA name, default UTC); `every` is a whole number
+    of seconds (or a `timedelta`) with ticks aligned to the epoch. `payload` is
+    each job's payload (JSON, the enqueue payload rule). `name` tells apart two
+    schedules of one kind (default: the kind). See the module docstring for
+    `catch_up`, `max_catch_up` and `grace_seconds`.
+    """
+
+    kind: str
+    _: KW_ONLY
+    cron: str | None = None
+    every: float | timedelta | None = None
+    payload: Any = None
+    catch_up: str = "skip"
+    max_catch_up: int = 100
+    grace_seconds: float = 60.0
+    name: str | None = None
+    tz: str = "UTC"
+    priority: int = 0
+    _zone: tzinfo = field(init=False, repr=False, compare=False, default=UTC)
+    _every: int = field(init=False, repr=False, compare=False, default=0)
+
+    def __post_init__(self) -> None:
+        validate_kind(self.kind)
+        label = f"schedule for kind {self.kind!r}"
+        if (self.cron is None) == (self.every is None):
+            raise ScheduleError(f"{label}: give exactly one of cron= or every=")
+        if self.catch_up not in CATCH_UP:
+            raise ScheduleError(f"{label}: catch_up {self.catch_up!r} must be one of "
+                                f"{', '.join(CATCH_UP)}")
+        if isinstance(self.max_catch_up, bool) or not isinstance(self.max_catch_up, int) \
+                or not 1 <= self.max_catch_up <= 10_000:
+            raise ScheduleError(f"{label}: max_catch_up must be an integer from 1 to 10000, "
+                                f"got {self.max_catch_up!r}")
+        if isinstance(self.grace_seconds, bool) or not isinstance(self.grace_seconds, int | float) \
+                or not math.isfinite(self.grace_seconds) or self.grace_seconds < 0:
+            raise ScheduleError(f"{label}: grace_seconds must be a non-negative number, "
+                                f"got {self.grace_seconds!r}")
+        if self.name is not None and (not isinstance(self.name, str)
+                                      or _NAME_RE.fullmatch(self.name) is None):
+            raise ScheduleError(f"{label}: name {self.name!r} must match "
+                                "[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+        try:
+            check_json(self.payload, "payload")
+        except JobspoolError as exc:
+            raise ScheduleError(f"{label}: {exc}") from None
+        object.__setattr__(self, "_zone", _zone(self.tz, label))
+        if self.cron is not None:
+            _cron_check(self.cron, label)
+        else:
+            object.__setattr__(self, "_every", _every_seconds(self.every, label))
+
+    # ------------------------------------------------------------ ticks
+
+    @property
+    def key(self) -> str:
+        """The schedule's name in job ids and in `schedules.json` (its `name`, else its kind)."""
+        return self.name or self.kind
+
+    def describe(self) -> str:
+        """`cron '0 * * * *' (UTC)` or `every 60 s`."""
+        return (f"cron {self.cron!r} ({self.tz})" if self.cron is not None
+                else f"every {self._every} s")
+
+    def next_tick(self, after: float) -> int:
+        """The first tick strictly after `after` (epoch seconds)."""
+        if self.cron is None:
+            return (math.floor(after) // self._every + 1) * self._every
+        from cronsim import CronSim
+
+        start = datetime.fromtimestamp(math.floor(after), self._zone)
+        return int(next(CronSim(self.cron, start)).timestamp())
+
+    def last_tick(self, at: float) -> int:
+        """The latest tick at or before `at`."""
+        if self.cron is None:
+            return (math.floor(at) // self._every) * self._every
+        from cronsim import CronSim
+
+        start = datetime.fromtimestamp(math.floor(at) + 1, self._zone)
+        return int(next(CronSim(self.cron, start, reverse=True)).timestamp())
+
+    def ticks_between(self, after: float, until: float, *, limit: int) -> list[int]:
+        """Up to `limit` latest ticks t with after < t <= until, oldest first."""
+        out: list[int] = []
+        t = self.last_tick(until)
+        while t > after and len(out) < limit:
+            out.append(t)
+            t = self.last_tick(t - 1)
+        out.reverse()
+        return out
+
+    def job_id(self, tick: int) -> str:
+        """The id of this schedule's job for `tick`: `sched.<name>.<epoch>` (hashed if long)."""
+        job_id = f"sched.{self.key}.{tick}"
+        if JOB_ID_RE.fullmatch(job_id):
+            return job_id
+        digest = hashlib.sha256(self.key.encode()).hexdigest()[:12]
+        return f"sched.{self.key[:80]}-{digest}.{tick}"
+
+    def plan(self, last: int | None, now: float) -> tuple[list[int], int]:
+        """The ticks to fire at `now` given the last tick fired, and the new last tick."""
+        latest = self.last_tick(now)
+        if last is None:
+            # First sight: the tick that is happening right now counts, older ones do not.
+            return ([latest] if now - latest <= self.grace_seconds else []), latest
+        if latest <= last:
+            return [], last
+        if self.catch_up == "all":
+            return self.ticks_between(last, now, limit=self.max_catch_up), latest
+        if self.catch_up == "once" or now - latest <= self.grace_seconds:
+            return [latest], latest
+        return [], latest  # skip: the latest tick is late too
+
+
+def _zone(name: str, label: str) -> tzinfo:
+    if name == "UTC":
+        return UTC
+    try:
+        from zoneinfo import ZoneInfo
+
+        return ZoneInfo(name)
+    except (ValueError, LookupError) as exc:
+        raise ScheduleError(f"{label}: unknown time zone {name!r} ({exc})") from None
+
+
+def _cron_check(expr: object, label: str) -> None:
+    from cronsim import CronSim, CronSimError
+
+    if not isinstance(expr, str):
+        raise ScheduleError(f"{label}: cron must be a string, got {expr!r}")
+    try:
+        next(CronSim(expr, datetime(2000, 1, 1, tzinfo=UTC)))
+    except (CronSimError, StopIteration) as exc:
+        raise ScheduleError(f"{label}: invalid cron expression {expr!r} ({exc})") from None
+
+
+def _every_seconds(every: object, label: str) -> int:
+    value: object = every.total_seconds() if isinstance(every, timedelta) else every
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+            or value < 1 or value != int(value):
+        raise ScheduleError(f"{label}: every must be a whole number of seconds >= 1, "
+                            f"got {every!r}")
+    return int(value)
+
+
+def check_schedules(schedules: Iterable[Schedule], kinds: Iterable[str], *,
+                    where: str = "app") -> tuple[Schedule, ...]:
+    """Refuse (`ScheduleError`) what is not a `Schedule`, a kind without a handler, a
+    repeated name; return them as a tuple."""
+    known = set(kinds)
+    out: list[Schedule] = []
+    seen: set[str] = set()
+    for s in schedules:
+        if not isinstance(s, Schedule):
+            raise ScheduleError(f"{where}: schedules must be jobspool.Schedule objects, got {s!r}")
+        if s.kind not in known:
+            raise ScheduleError(f"{where}: schedule for kind {s.kind!r} has no handler "
+                                f"(handlers: {', '.join(sorted(known)) or 'none'})")
+        if s.key in seen:
+            raise ScheduleError(f"{where}: two schedules named {s.key!r}; give one a name=")
+        seen.add(s.key)
+        out.append(s)
+    return tuple(out)
+
+
+# ---------------------------------------------------------------- firing
+
+
+@dataclass(frozen=True, slots=True)
+class Fired:
+    """What one `Scheduler.tick` did for one schedule."""
+
+    schedule: str
+    ticks: tuple[int, ...]  # ticks fired (jobs enqueued or found already there)
+    created: tuple[str, ...]  # job ids this call created
+
+
+def read_marks(root: Path) -> dict[str, int]:
+    """The last tick fired per schedule name (empty when none fired yet or unreadable)."""
+    try:
+        doc = orjson.loads((root / MARKS_FILE).read_bytes())
+    except FileNotFoundError:
+        return {}
+    except (OSError, orjson.JSONDecodeError) as exc:
+        log.warning("ignoring unreadable %s: %s", root / MARKS_FILE, exc)
+        return {}
+    marks = doc.get("last_tick") if isinstance(doc, dict) else None
+    if not isinstance(marks, dict):
+        return {}
+    return {k: v for k, v in marks.items() if isinstance(k, str) and isinstance(v, int)
+            and not isinstance(v, bool)}
+
+
+class Scheduler:
+    """Fires due ticks of a set of schedules into a spool; `tick` is safe to call from
+    any number of threads and processes at once (see the module docstring)."""
+
+    def __init__(self, schedules: Sequence[Schedule]) -> None:
+        self.schedules = tuple(schedules)
+
+    def tick(self, spool: Spool, now: float | None = None) -> list[Fired]:
+        """Enqueue every tick due at `now` (default: the spool's clock) not fired yet."""
+        if not self.schedules:
+            return []
+        from jobspool.queue.store import write_atomic
+
+        out: list[Fired] = []
+        with spool.lock.hold():
+            at = spool.now() if now is None else float(now)
+            marks = read_marks(spool.root)
+            changed = False
+            for s in self.schedules:
+                ticks, last = s.plan(marks.get(s.key), at)
+                created = []
+                for t in ticks:
+                    result = spool.enqueue_result(s.kind, s.payload, job_id=s.job_id(t),
+                                                  priority=s.priority)
+                    if result.created:
+                        created.append(result.job.id)
+                if marks.get(s.key) != last:
+                    marks[s.key] = last
+                    changed = True
+                if ticks:
+                    out.append(Fired(s.key, tuple(ticks), tuple(created)))
+            if changed:
+                doc = {"v": 1, "last_tick": dict(sorted(marks.items()))}
+                write_atomic(spool.root / MARKS_FILE, orjson.dumps(doc, option=orjson.OPT_INDENT_2),
+                             durable=spool.durable)
+        for f in out:
+            if f.created:
+                log.info("schedule %s fired %s", f.schedule, ", ".join(f.created))
+        return out
+
+    def next_wake(self, now: float) -> float:
+        """Seconds until the earliest next tick of any schedule (at least 0)."""
+        if not self.schedules:
+            return math.inf
+        return max(0.0, min(s.next_tick(now) for s in self.schedules) - now)
+
+    def status(self, spool: Spool, now: float | None = None) -> list[dict[str, Any]]:
+        """Per schedule: name, kind, rule, catch-up, last tick fired and next tick (ISO too)."""
+        at = spool.now() if now is None else float(now)
+        marks = read_marks(spool.root)
+        rows = []
+        for s in self.schedules:
+            last = marks.get(s.key)
+            nxt = s.next_tick(at)
+            rows.append({"name": s.key, "kind": s.kind, "rule": s.describe(),
+                         "catch_up": s.catch_up,
+                         "last_tick": last, "last_tick_iso": None if last is None else iso_time(last),
+                         "last_job_id": None if last is None else s.job_id(last),
+                         "next_tick": nxt, "next_tick_iso": iso_time(nxt)})
+        return rows
+
+
+async def serve_schedules(worker: Worker, *, max_sleep: float = 1.0) -> None:
+    """Fire `worker.schedules` until the worker stops (started by `Worker.run_forever`).
+
+    Wakes at the next tick or every `max_sleep` seconds, whichever is first, so
+    a clock jump or a new tick is noticed within a second; a failed firing is
+    logged and retried at the next wake, never fatal to the worker.
+    """
+    import anyio
+
+    scheduler = Scheduler(worker.schedules)
+    spool = worker.spool
+    while not worker.stopping:
+        try:
+            await anyio.to_thread.run_sync(scheduler.tick, spool)
+        except (OSError, JobspoolError) as exc:
+            log.warning("firing schedules failed (retrying): %s", exc)
+        await anyio.sleep(min(max_sleep, scheduler.next_wake(spool.now()) + 0.001))
+
+
+__all__ = ["CATCH_UP", "Fired", "Schedule", "Scheduler", "check_schedules", "read_marks",
+           "serve_schedules"]

@@ -1,0 +1,224 @@
+"""One payload rule for API and CLI (DESIGN §9): JSON-able payloads round-trip unchanged;
+NaN, infinity and every other non-JSON value are refused, identically, naming the field."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+import math
+import sys
+import uuid
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from jobspool import Spool
+from jobspool.cli import main
+from jobspool.errors import InvalidJob
+from tests.helpers_spool import FakeClock, job_files
+from tests.strategies import json_values
+
+# Values JSON text can spell (so the CLI can be handed them) that JSON cannot carry.
+_bad_leaves = st.one_of(
+    st.sampled_from([math.nan, math.inf, -math.inf]),
+    st.integers(min_value=2**64, max_value=2**80),
+    st.integers(min_value=-(2**80), max_value=-(2**63) - 1),
+    st.sampled_from(["\ud800", "a\udfffb"]),
+)
+
+
+@st.composite
+def poisoned(draw: st.DrawFn) -> Any:
+    """A JSON value with one bad leaf somewhere inside."""
+    bad = draw(_bad_leaves)
+    shape = draw(st.sampled_from(["leaf", "list", "dict", "deep"]))
+    if shape == "leaf":
+        return bad
+    if shape == "list":
+        items = draw(st.lists(json_values, max_size=3))
+        items.insert(draw(st.integers(0, len(items))), bad)
+        return items
+    if shape == "dict":
+        d = draw(st.dictionaries(st.text(max_size=5), json_values, max_size=3))
+        d[draw(st.text(max_size=5))] = bad
+        return d
+    return {"a": [1, {"b": [bad]}]}
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+@pytest.fixture
+def cli_root(spool_root: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    assert main(["--root", str(spool_root), "init"]) == 0
+    capsys.readouterr()
+    return str(spool_root)
+
+
+@given(payload=json_values)
+def test_any_json_payload_round_trips_unchanged_through_enqueue_and_claim(
+        spool: Spool, payload: Any) -> None:
+    job = spool.enqueue("k", payload)
+    assert spool.get(job.id).payload == payload
+    (lease,) = spool.claim()
+    assert lease.job.payload == payload
+    spool.complete(lease, payload)
+    assert spool.get(job.id).result == payload
+
+
+@given(payload=json_values)
+def test_any_json_payload_round_trips_unchanged_through_the_cli(
+        cli_root: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        payload: Any) -> None:
+    capsys.readouterr()
+    # From stdin: a negative number in exponent form would read as an option on argv.
+    monkeypatch.setattr(sys, "stdin", io.StringIO(json.dumps(payload)))
+    assert main(["--root", cli_root, "enqueue", "k", "-", "--json"]) == 0
+    job_id = json.loads(capsys.readouterr().out)["id"]
+    with Spool(cli_root) as spool:
+        assert spool.get(job_id).payload == payload
+
+
+@given(payload=poisoned())
+def test_every_non_json_value_is_refused_identically_by_api_and_cli(
+        spool: Spool, spool_root: Path, cli_root: str, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch, payload: Any) -> None:
+    with pytest.raises(InvalidJob) as info:
+        spool.enqueue("k", payload)
+    assert info.value.field == "payload"
+    message = str(info.value)
+    assert message.startswith("payload") and "\n" not in message
+    # json.dumps spells NaN, Infinity, huge integers and lone surrogates (as \\u escapes).
+    capsys.readouterr()
+    monkeypatch.setattr(sys, "stdin", io.StringIO(json.dumps(payload)))
+    code = main(["--root", cli_root, "enqueue", "k", "-"])
+    captured = capsys.readouterr()
+    assert code == 1
+    assert captured.err == f"jobspool: error: {_one_line(message)}\n"
+    assert captured.out == ""
+    assert job_files(spool_root) == {}
+
+
+@pytest.mark.parametrize(("value", "named"), [
+    (dt.datetime(2026, 1, 1, tzinfo=dt.UTC), "datetime"),
+    (dt.date(2026, 1, 1), "date"),
+    (uuid.UUID(int=7), "UUID"),
+    (b"raw", "bytes"),
+    (bytearray(b"raw"), "bytearray"),
+    ({1, 2}, "set"),
+    (frozenset({1}), "frozenset"),
+    (Decimal("1.5"), "Decimal"),
+    (1 + 2j, "complex"),
+    (object(), "object"),
+])
+def test_python_values_json_cannot_carry_are_refused_naming_the_field(
+        spool: Spool, spool_root: Path, value: object, named: str) -> None:
+    with pytest.raises(InvalidJob) as info:
+        spool.enqueue("k", {"doc": {"when": [0, value]}})
+    message = str(info.value)
+    assert message.startswith("payload['doc']['when'][1] is a " + named)
+    assert info.value.field == "payload"
+    with pytest.raises(InvalidJob, match=r"^payload\['x'\] is a " + named):
+        spool.prepare("k", {"x": value})
+    assert job_files(spool_root) == {}
+
+
+def test_a_non_string_key_is_refused_naming_where(spool: Spool) -> None:
+    with pytest.raises(InvalidJob, match=r"payload\['a'\] is an object with a non-string key 1"):
+        spool.enqueue("k", {"a": {1: "x"}})
+
+
+def test_tuples_are_stored_as_lists_the_one_documented_conversion(spool: Spool) -> None:
+    job = spool.enqueue("k", {"pair": (1, "a")})
+    assert spool.get(job.id).payload == {"pair": [1, "a"]}
+
+
+def test_a_nan_in_enqueue_many_refuses_the_whole_batch(spool: Spool, spool_root: Path) -> None:
+    with pytest.raises(InvalidJob, match="nan"):
+        spool.enqueue_many("k", [{"ok": 1}, {"x": math.nan}])
+    assert job_files(spool_root) == {}
+
+
+def test_a_handler_result_with_nan_is_an_error_not_a_null(spool: Spool) -> None:
+    job = spool.enqueue("k", 1)
+    (lease,) = spool.claim()
+    with pytest.raises(InvalidJob) as info:
+        spool.complete(lease, {"score": math.nan})
+    assert info.value.field == "result" and "nan" in str(info.value)
+    still = spool.get(job.id)
+    assert still.state.value == "leased" and still.result is None
+
+
+def test_a_worker_never_stores_a_handler_nan_as_null(spool: Spool) -> None:
+    from jobspool import Worker
+
+    job = spool.enqueue("k", 1, max_attempts=1)
+    Worker(spool, {"k": lambda job, ctx: math.inf}, maintenance=False).run_until_idle()
+    done = spool.get(job.id)
+    assert done.state.value != "completed"
+    assert done.result is None and "inf" in (done.last_error or "")
+
+
+@pytest.mark.parametrize(("run_at", "says"), [
+    (math.nan, "finite"), (math.inf, "finite"), ("tomorrow", "epoch seconds"),
+    (True, "epoch seconds"), (dt.datetime(2030, 1, 1), "naive"),
+    (1_000.0, "in the past"), (1e13, "9999"),
+])
+def test_a_run_at_that_is_not_a_usable_time_is_refused_and_nothing_is_written(
+        spool: Spool, spool_root: Path, run_at: object, says: str) -> None:
+    with pytest.raises(InvalidJob, match=says) as info:
+        spool.enqueue("k", 1, run_at=run_at)  # type: ignore[arg-type]
+    assert info.value.field == "run_at"
+    assert job_files(spool_root) == {}
+
+
+def test_run_at_takes_epoch_seconds_or_an_aware_datetime(spool: Spool, clock: FakeClock) -> None:
+    at = dt.datetime.fromtimestamp(clock.now + 90, dt.UTC)
+    a = spool.enqueue("k", 1, run_at=at)
+    b = spool.enqueue("k", 2, run_at=clock.now + 90)
+    assert a.run_at == b.run_at == clock.now + 90
+    assert (a.status, a.state.value) == ("scheduled", "retryable")
+    assert spool.stats().scheduled == 2
+    past = spool.enqueue("k", 3, run_at=clock.now - 60)
+    assert past.state.value == "ready"
+    with pytest.raises(InvalidJob, match="not both"):
+        spool.enqueue("k", 4, run_at=clock.now + 5, delay=5)
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("nan", "run_at must be a finite time, got nan"),
+    ("inf", "run_at must be a finite time, got inf"),
+    ("2030-01-01T00:00:00", "naive datetime"),
+    ("next tuesday", "--run-at 'next tuesday' is neither epoch seconds nor an ISO 8601 time"),
+])
+def test_cli_run_at_refusals_are_one_line_errors(
+        cli_root: str, capsys: pytest.CaptureFixture[str], text: str, says: str) -> None:
+    assert main(["--root", cli_root, "enqueue", "k", "--run-at", text]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("jobspool: error: ") and says in err and err.count("\n") == 1
+
+
+def test_cli_run_at_accepts_iso_with_zone_and_epoch_and_shows_the_job_as_scheduled(
+        cli_root: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--root", cli_root, "enqueue", "k", "--id", "a", "--run-at",
+                 "2099-06-01T12:00:00+02:00"]) == 0
+    assert capsys.readouterr().out.split() == ["a", "scheduled"]
+    assert main(["--root", cli_root, "enqueue", "k", "--id", "b", "--run-at", "4102444800",
+                 "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["state"], doc["status"], doc["run_at_iso"]) == (
+        "retryable", "scheduled", "2100-01-01T00:00:00.000Z")
+    assert main(["--root", cli_root, "list"]) == 0
+    listed = capsys.readouterr().out
+    assert "scheduled" in listed and "2099-06-01T10:00:00.000Z" in listed
+    assert main(["--root", cli_root, "show", "a"]) == 0
+    shown = capsys.readouterr().out
+    assert "scheduled" in shown and "2099-06-01T10:00:00.000Z" in shown
+    assert main(["--root", cli_root, "stats", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["scheduled"] == 2
