@@ -203,6 +203,11 @@ def build_parser() -> argparse.ArgumentParser:
     from jobspool.cli import quarantine
 
     quarantine.add_parser(sub, [common])
+
+    from jobspool.cli import dashboard
+
+    dashboard.add_parser(sub, [common])
+    dashboard.add_demo_options(sub)
     return p
 
 

@@ -45,7 +45,9 @@ SECURITY_HEADERS = {
                                 "frame-ancestors 'none'; base-uri 'none'"),
     "x-content-type-options": "nosniff",
     "x-frame-options": "DENY",
-    "referrer-policy": "no-referrer",
+    # not no-referrer: under it Chromium sends `Origin: null` with form posts, which the
+    # origin check must refuse (sandboxed frames send it too)
+    "referrer-policy": "same-origin",
     "cache-control": "no-store",
 }
 

@@ -1,0 +1,325 @@
+"""The dashboard app in-process (Starlette's test client): security, actions, pages, paging.
+
+The browser tests (test_dashboard_browser.py) cover the same promises as a
+user meets them; these pin the HTTP contract down case by case.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+from starlette.testclient import TestClient
+
+from jobspool import Spool
+from jobspool.dashboard import create_app
+from jobspool.dashboard.data import page
+from jobspool.dashboard.throughput import Throughput, chart
+from jobspool.queue.states import JobState
+from tests.subproc import cli_env
+
+LOCAL = "http://127.0.0.1"
+_CSRF = re.compile(r'name="csrf" value="([0-9a-f]+)"')
+
+
+@pytest.fixture
+def spool(tmp_path: Path) -> Iterator[Spool]:
+    s = Spool(tmp_path / "spool", durable=False)
+    yield s
+    s.close()
+
+
+def _dead(spool: Spool, kind: str, n: int, error: str = "boom") -> list[str]:
+    ids = [spool.enqueue(kind, {"n": i}).id for i in range(n)]
+    for lease in spool.claim(kinds=[kind], limit=n):
+        spool.fail(lease, error, retryable=False)
+    return ids
+
+
+def _client(spool: Spool, **options: object) -> TestClient:
+    return TestClient(create_app(spool, **options), base_url=LOCAL,  # type: ignore[arg-type]
+                      follow_redirects=False)
+
+
+def _csrf(client: TestClient, path: str = "/jobs/dead_letter") -> str:
+    found = _CSRF.search(client.get(path).text)
+    assert found, f"no CSRF field on {path}"
+    return found.group(1)
+
+
+def test_overview_json_has_the_counts_of_stats(spool: Spool) -> None:
+    _dead(spool, "mail", 2)
+    spool.enqueue("thumb", {})
+    with _client(spool) as client:
+        doc = client.get("/api/overview").json()
+    assert doc["counts"] == spool.stats().counts
+    assert doc["by_kind"]["mail"]["dead_letter"] == 2
+    assert doc["by_kind"]["thumb"]["ready"] == 1
+    assert doc["health"]["status"] == "degraded"
+    assert "dead_letters" in [r["code"] for r in doc["health"]["reasons"]]
+
+
+def test_a_post_without_the_csrf_token_is_refused_and_changes_nothing(spool: Spool) -> None:
+    (job_id,) = _dead(spool, "mail", 1)
+    with _client(spool) as client:
+        client.get("/")  # a session cookie, as a browser would have
+        refused = client.post(f"/job/{job_id}/requeue", data={})
+        wrong = client.post(f"/job/{job_id}/requeue", data={"csrf": "0" * 64})
+    assert refused.status_code == 403 and "CSRF" in refused.text
+    assert wrong.status_code == 403
+    assert spool.get(job_id).state is JobState.DEAD_LETTER
+
+
+def test_a_csrf_token_from_another_session_is_refused(spool: Spool) -> None:
+    (job_id,) = _dead(spool, "mail", 1)
+    app = create_app(spool)
+    with TestClient(app, base_url=LOCAL) as alice, TestClient(app, base_url=LOCAL) as mallory:
+        token = _csrf(mallory)
+        alice.get("/")
+        response = alice.post(f"/job/{job_id}/requeue", data={"csrf": token},
+                              follow_redirects=False)
+    assert response.status_code == 403
+    assert spool.get(job_id).state is JobState.DEAD_LETTER
+
+
+def test_requeue_and_cancel_by_post_move_the_job_and_redirect_with_a_notice(spool: Spool) -> None:
+    (dead,) = _dead(spool, "mail", 1)
+    live = spool.enqueue("mail", {}).id
+    with _client(spool) as client:
+        token = _csrf(client)
+        r1 = client.post(f"/job/{dead}/requeue", data={"csrf": token})
+        shown = client.get(r1.headers["location"]).text
+        shown_again = client.get(r1.headers["location"]).text
+        r2 = client.post(f"/job/{live}/cancel", data={"csrf": token})
+    assert r1.status_code == 303 and r1.headers["location"] == f"/job/{dead}"
+    assert r2.status_code == 303
+    assert spool.get(dead).state is JobState.READY
+    assert spool.get(live).state is JobState.CANCELED
+    assert f"requeued {dead}" in shown
+    assert f"requeued {dead}" not in shown_again  # a notice is shown once
+
+
+def test_no_action_is_reachable_by_get(spool: Spool) -> None:
+    (job_id,) = _dead(spool, "mail", 1)
+    with _client(spool) as client:
+        codes = [client.get(p).status_code for p in
+                 (f"/job/{job_id}/requeue", f"/job/{job_id}/cancel", "/dead/requeue?kind=mail",
+                  "/dead/purge?kind=mail")]
+    assert codes == [405, 405, 405, 405]
+    assert spool.get(job_id).state is JobState.DEAD_LETTER
+
+
+def test_a_cross_origin_post_is_refused_even_with_a_token(spool: Spool) -> None:
+    (job_id,) = _dead(spool, "mail", 1)
+    with _client(spool) as client:
+        token = _csrf(client)
+        response = client.post(f"/job/{job_id}/requeue", data={"csrf": token},
+                               headers={"origin": "https://evil.example"})
+    assert response.status_code == 403
+    assert spool.get(job_id).state is JobState.DEAD_LETTER
+
+
+def test_bulk_requeue_asks_for_confirmation_then_moves_only_that_kind(spool: Spool) -> None:
+    mail = _dead(spool, "mail", 3)
+    other = _dead(spool, "thumb", 1)
+    with _client(spool) as client:
+        token = _csrf(client, "/jobs/dead_letter")
+        ask = client.post("/dead/requeue", data={"csrf": token, "kind": "mail"})
+        untouched = [spool.get(i).state for i in mail]
+        done = client.post("/dead/requeue", data={"csrf": token, "kind": "mail",
+                                                  "confirm": "yes"})
+    assert ask.status_code == 200 and "Requeue 3 dead letters of kind" in ask.text
+    assert untouched == [JobState.DEAD_LETTER] * 3
+    assert done.status_code == 303
+    assert [spool.get(i).state for i in mail] == [JobState.READY] * 3
+    assert spool.get(other[0]).state is JobState.DEAD_LETTER
+
+
+def test_bulk_purge_removes_the_dead_letters_of_a_kind_for_good(spool: Spool) -> None:
+    mail = _dead(spool, "mail", 2)
+    other = _dead(spool, "thumb", 1)
+    with _client(spool) as client:
+        token = _csrf(client, "/jobs/dead_letter")
+        client.post("/dead/purge", data={"csrf": token, "kind": "mail", "confirm": "yes"})
+    assert [j.id for j in spool.jobs()] == other
+    assert not any((spool.root / s.value / f"{i}.json").exists() for s in JobState for i in mail)
+
+
+def test_read_only_hides_every_action_and_refuses_posts(spool: Spool) -> None:
+    (job_id,) = _dead(spool, "mail", 1)
+    with _client(spool, read_only=True) as client:
+        pages = [client.get(p).text for p in ("/", "/jobs/dead_letter", f"/job/{job_id}",
+                                              "/quarantine")]
+        token = _CSRF.search(client.get("/").text)
+        refused = client.post(f"/job/{job_id}/requeue", data={"csrf": "x"})
+    assert not any('method="post"' in p for p in pages)
+    assert token is None  # no forms, so no token either
+    assert refused.status_code == 403 and "read-only" in refused.text
+    assert spool.get(job_id).state is JobState.DEAD_LETTER
+
+
+def test_with_a_token_every_request_needs_it_by_header_or_login_cookie(spool: Spool) -> None:
+    with _client(spool, token="s3cret-token") as client:
+        page_redirect = client.get("/")
+        api = client.get("/api/overview")
+        bearer = client.get("/api/overview", headers={"authorization": "Bearer s3cret-token"})
+        wrong = client.get("/api/overview", headers={"authorization": "Bearer nope"})
+        token = _csrf(client, "/login")
+        bad_login = client.post("/login", data={"csrf": token, "token": "nope", "next": "/"})
+        login = client.post("/login", data={"csrf": token, "token": "s3cret-token",
+                                            "next": "/jobs/ready"})
+        after = client.get("/api/overview")
+    assert page_redirect.status_code == 303 and page_redirect.headers["location"].startswith(
+        "/login")
+    assert api.status_code == 401 and wrong.status_code == 401
+    assert bearer.status_code == 200
+    assert bad_login.status_code == 401
+    assert login.status_code == 303 and login.headers["location"] == "/jobs/ready"
+    assert "s3cret-token" not in login.headers["set-cookie"]
+    assert after.status_code == 200
+
+
+def test_login_never_redirects_off_site(spool: Spool) -> None:
+    with _client(spool, token="t") as client:
+        token = _csrf(client, "/login")
+        response = client.post("/login", data={"csrf": token, "token": "t",
+                                               "next": "//evil.example/x"})
+    assert response.headers["location"] == "/"
+
+
+def test_without_a_token_only_loopback_host_headers_are_answered(spool: Spool) -> None:
+    with _client(spool) as client:
+        rebound = client.get("/", headers={"host": "attacker.example"})
+        local = client.get("/", headers={"host": "localhost:8177"})
+    assert rebound.status_code == 400
+    assert local.status_code == 200
+
+
+def test_markup_in_payloads_and_errors_is_escaped(spool: Spool) -> None:
+    job = spool.enqueue("mail", {"to": "<script>alert(1)</script>"})
+    (lease,) = spool.claim()
+    spool.fail(lease, "<img src=x onerror=alert(2)>", retryable=False)
+    with _client(spool) as client:
+        shown = client.get(f"/job/{job.id}")
+        listed = client.get("/jobs/dead_letter")
+    for response in (shown, listed):
+        assert "<img src=x" not in response.text
+        assert "&lt;img src=x onerror=alert(2)&gt;" in response.text
+        assert "script-src 'self'" in response.headers["content-security-policy"]
+    assert "<script>alert(1)" not in shown.text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in shown.text
+
+
+def test_the_job_page_shows_payload_result_error_lease_and_traceback(spool: Spool) -> None:
+    job = spool.enqueue("mail", {"to": "ann"})
+    (lease,) = spool.claim(owner="worker-7")
+    with _client(spool) as client:
+        running = client.get(f"/job/{job.id}").text
+        spool.complete(lease, {"sent": True})
+        done = client.get(f"/job/{job.id}").text
+        api = client.get(f"/api/job/{job.id}").json()
+        missing = client.get("/job/no-such-job")
+    assert "worker-7" in running and "Cancel" in running
+    assert "&#34;sent&#34;: true" in done and "completed" in done
+    assert api["state"] == "completed" and "traceback" in api
+    assert missing.status_code == 404
+
+
+def test_pages_follow_the_cursor_and_filters_without_reading_earlier_files(spool: Spool) -> None:
+    ids = [spool.enqueue("a" if i % 2 else "b", {"i": i}, job_id=f"job-{i:03d}").id
+           for i in range(30)]
+    first = page(spool, JobState.READY, size=10)
+    second = page(spool, JobState.READY, size=10, cursor=first.next_cursor)
+    kind_a = page(spool, JobState.READY, kind="a", size=5, cursor="job-020")
+    assert [j.id for j in first.jobs] == ids[:10] and first.scanned == 10
+    assert [j.id for j in second.jobs] == ids[10:20] and second.scanned == 10
+    assert [j.id for j in kind_a.jobs] == ["job-021", "job-023", "job-025", "job-027",
+                                           "job-029"]
+    assert kind_a.scanned == 9 and kind_a.next_cursor is None
+    assert first.total == 30
+
+
+def test_terminal_lists_page_newest_first_and_text_matches_errors(spool: Spool) -> None:
+    for i in range(6):
+        spool.enqueue("mail", {}, job_id=f"d-{i}")
+    for lease in spool.claim(limit=6):
+        spool.fail(lease, "timeout" if lease.job_id in ("d-1", "d-4") else "refused",
+                   retryable=False)
+    newest = page(spool, JobState.DEAD_LETTER, size=4)
+    rest = page(spool, JobState.DEAD_LETTER, size=4, cursor=newest.next_cursor)
+    timeouts = page(spool, JobState.DEAD_LETTER, text="TimeOut")
+    assert [j.id for j in newest.jobs] == ["d-5", "d-4", "d-3", "d-2"]
+    assert [j.id for j in rest.jobs] == ["d-1", "d-0"] and rest.next_cursor is None
+    assert [j.id for j in timeouts.jobs] == ["d-4", "d-1"]
+
+
+def test_the_list_page_links_to_the_next_page_with_its_filters(spool: Spool) -> None:
+    for i in range(60):
+        spool.enqueue("mail", {}, job_id=f"job-{i:03d}")
+    with _client(spool) as client:
+        first = client.get("/jobs/ready?kind=mail").text
+        nxt = re.search(r'id="next-page" href="([^"]+)"|href="([^"]+)" id="next-page"', first)
+        assert nxt
+        second = client.get((nxt.group(1) or nxt.group(2)).replace("&amp;", "&")).text
+        bad = client.get("/jobs/ready?kind=../x")
+    assert "job-049" in first and "job-050" not in first
+    assert "job-050" in second and "job-049" not in second
+    assert bad.status_code == 400
+
+
+def test_throughput_counts_what_published_counters_grew_by(spool: Spool) -> None:
+    from jobspool.metrics import publish_worker_report
+    from jobspool.queue.report import RunReport
+
+    now = [1_800_000_030.0]
+    tp = Throughput(spool, clock=lambda: now[0])
+    publish_worker_report(spool, "w1", RunReport(completed=5, retried=1))
+    tp.sample()  # baseline: w1 was already running
+    publish_worker_report(spool, "w1", RunReport(completed=12, retried=1, dead_lettered=2))
+    publish_worker_report(spool, "w2", RunReport(completed=3))
+    now[0] += 60
+    tp.sample()
+    series = tp.series()
+    assert series["totals"] == {"completed": 10, "failed": 2}
+    assert series["rows"][-1]["completed"] == 10
+    assert len(series["rows"]) == 60
+    assert series["chart"]["max"] == 20
+
+
+def test_the_chart_stacks_failed_on_completed_within_its_height() -> None:
+    rows = [{"minute": 60 * i, "completed": c, "failed": f}
+            for i, (c, f) in enumerate([(0, 0), (3, 1), (1, 0)])]
+    geometry = chart(rows, width=300, height=100)
+    bars = geometry["bars"]
+    assert geometry["max"] == 5
+    assert [b["series"] for b in bars] == ["completed", "failed", "completed"]
+    assert bars[0]["h"] == 60.0 and bars[1]["y"] == 100 - 60 - 20
+    assert all(0 <= b["y"] and b["y"] + b["h"] <= 100.0001 for b in bars)
+
+
+def test_a_non_loopback_host_without_a_token_is_refused_in_one_line(tmp_path: Path) -> None:
+    Spool(tmp_path / "spool").close()
+    env = cli_env()
+    env.pop("JOBSPOOL_DASHBOARD_TOKEN", None)
+    done = subprocess.run([sys.executable, "-m", "jobspool", "--root", str(tmp_path / "spool"),
+                           "dashboard", "--host", "0.0.0.0", "--port", "0"],
+                          capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("jobspool: error: refusing to serve")
+    assert "'0.0.0.0'" in lines[0] and "--token" in lines[0]
+
+
+def test_the_api_lists_a_page_as_json(spool: Spool) -> None:
+    _dead(spool, "mail", 3)
+    with _client(spool) as client:
+        doc = orjson.loads(client.get("/api/jobs/dead_letter?kind=mail").content)
+        unknown = client.get("/api/jobs/nowhere")
+    assert doc["total"] == 3 and len(doc["jobs"]) == 3 and doc["next"] is None
+    assert unknown.status_code == 404
