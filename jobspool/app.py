@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from jobspool.errors import JobspoolError
+from jobspool.policy import Policy, check_policies
 from jobspool.queue.job import Job, validate_kind
+from jobspool.schedules import Schedule, check_schedules
 
 
 class AppError(JobspoolError):
@@ -28,6 +30,8 @@ class App:
     replay: Mapping[str, Callable[[Job], str]] = field(default_factory=dict)
     projection: str | None = None
     keys: Mapping[str, str] = field(default_factory=dict)
+    policies: Mapping[str, Policy] = field(default_factory=dict)  # kind -> Policy (DESIGN §9)
+    schedules: Sequence[Schedule] = ()  # periodic jobs, fired by `worker` (jobspool.schedules)
 
     def __post_init__(self) -> None:
         if not isinstance(self.handlers, Mapping):
@@ -37,6 +41,8 @@ class App:
             validate_kind(kind)
             if not callable(fn):
                 raise AppError(f"handler for kind {kind!r} is not callable")
+        object.__setattr__(self, "policies", check_policies(self.policies, self.handlers))
+        object.__setattr__(self, "schedules", check_schedules(self.schedules, self.handlers))
 
 
 def as_app(obj: Any, *, name: str = "app") -> App:
@@ -48,7 +54,9 @@ def as_app(obj: Any, *, name: str = "app") -> App:
     elif isinstance(getattr(obj, "handlers", None), Mapping):
         app = App(handlers=dict(obj.handlers), replay=dict(getattr(obj, "replay", None) or {}),
                   projection=getattr(obj, "projection", None),
-                  keys=dict(getattr(obj, "keys", None) or {}))
+                  keys=dict(getattr(obj, "keys", None) or {}),
+                  policies=dict(getattr(obj, "policies", None) or {}),
+                  schedules=tuple(getattr(obj, "schedules", None) or ()))
     else:
         raise AppError(f"{name} is not an App, an object with a 'handlers' mapping, or a "
                        f"mapping of kind -> handler (got {type(obj).__name__})")

@@ -142,6 +142,7 @@ def cmd_run_until_idle(args: argparse.Namespace) -> int:
 
     with _open(args, create=args.create) as spool:
         worker = _make_worker(args, spool)
+        worker.grace_seconds = args.grace
         progress = None if args.json else Progress.for_stdout(spool, worker.kinds)
         report = worker.run_until_idle(args.max_jobs, wait_for_retries=args.wait_retries,
                                        progress=progress.update if progress else None,
@@ -168,13 +169,18 @@ def cmd_run_until_idle(args: argparse.Namespace) -> int:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     _setup_logging(args)
-    import anyio
+    if args.processes > 1:
+        from jobspool.cli.pool import cmd_worker_pool
 
+        return cmd_worker_pool(args)
     from jobspool.queue.worker import WorkerCrashed
 
     with _open(args, create=args.create) as spool:
         worker = _make_worker(args, spool)
         worker.grace_seconds = args.grace
+        from jobspool.queue.pool import attach_child
+
+        attach_child(worker)  # reports to a `--processes N` supervisor, when it is one's child
         server = None
         if args.metrics_port is not None:
             from jobspool.metrics import serve_metrics
@@ -186,7 +192,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
                                  f"{args.metrics_host}:{args.metrics_port} "
                                  f"({exc.strerror})") from None
         try:
-            report = anyio.run(worker.run_forever)
+            report = worker.run_forever()
         except WorkerCrashed as exc:
             raise Refused(str(exc)) from None
         finally:

@@ -96,15 +96,20 @@ def build_parser() -> argparse.ArgumentParser:
                        "(default: the app's, else <root>/index)")
         c.add_argument("--no-maintenance", action="store_true",
                        help="do not run the projection maintenance beat")
+        c.add_argument("--grace", type=_nonneg_float, default=30.0, metavar="SECONDS",
+                       help="on SIGTERM/SIGINT, let running handlers finish for up to SECONDS, "
+                       "then release their leases; a second signal releases them at once "
+                       "(default: 30)")
         if name == "run-until-idle":
             c.add_argument("--max-jobs", type=_nonneg_int, metavar="N",
                            help="stop after claiming N jobs (default: no limit)")
             c.add_argument("--wait-retries", type=_nonneg_float, default=0.0, metavar="SECONDS",
                            help="also wait for retries that become due within SECONDS")
         else:
-            c.add_argument("--grace", type=_nonneg_float, default=30.0, metavar="SECONDS",
-                           help="on SIGTERM, let running handlers finish for up to SECONDS "
-                           "(default: 30)")
+            c.add_argument("--processes", type=_positive_int, default=1, metavar="N",
+                           help="supervise N worker processes, restarted when they die; a "
+                           "sync handler past its time limit has its process replaced "
+                           "(default: 1, no supervisor)")
             c.add_argument("--metrics-port", type=_port,
                            help="serve Prometheus metrics on 127.0.0.1:PORT")
             c.add_argument("--metrics-host", default="127.0.0.1", metavar="ADDRESS",
@@ -207,6 +212,10 @@ def build_parser() -> argparse.ArgumentParser:
     from jobspool.cli import dashboard
 
     dashboard.add_parser(sub, [common])
+
+    from jobspool.cli import schedules
+
+    schedules.add_parser(sub, [common])
     dashboard.add_demo_options(sub)
     return p
 

@@ -33,6 +33,12 @@ class Context:
         self.lost = False
         self.outcome: tuple[str, Any] | None = None
         self.settled = False
+        # The run's runtime state, shared with the heartbeat thread (plain attribute writes).
+        self.started = False  # the handler was called: a cut-off run counts as an attempt
+        self.deadline: float | None = None  # monotonic time its time limit passes
+        self.hung = False  # past its time limit and still running: no longer beaten
+        self.traceback: str | None = None  # the failed run's, kept on the job
+        self.thread_ident: int | None = None  # a sync handler's thread, while it runs
         self._key_for = dict(key_for or {})
         self._mutex = threading.Lock()
 
@@ -48,9 +54,14 @@ class Context:
     def heartbeat(self) -> Lease:
         """Extend the lease now (`LeaseLost` if it is gone); the worker also beats on its own."""
         lease = self.spool.heartbeat(self.lease)
-        with self._mutex:
-            self.lease = lease
+        self.set_lease(lease)
         return lease
+
+    def set_lease(self, lease: Lease) -> None:
+        """Adopt an extended lease (from the heartbeat thread or the handler's own beat)."""
+        with self._mutex:
+            if lease.expires_at >= self.lease.expires_at:
+                self.lease = lease
 
     def fenced(self) -> AbstractContextManager[Lease]:
         """A block run under the spool lock only while this run's lease is current.

@@ -24,17 +24,33 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import math
+import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.to_thread
 
-from jobspool.errors import JobspoolError, LeaseLost, ProjectionError
+from jobspool.errors import (
+    JobspoolError,
+    LeaseLost,
+    ProjectionError,
+    TimeLimitExceeded,
+    WriteFailed,
+)
 from jobspool.queue.context import Context
-from jobspool.queue.job import validate_seconds
+from jobspool.queue.job import clip_error, validate_seconds
+from jobspool.queue.machine import Failure
 from jobspool.queue.report import Counters, RunReport
+from jobspool.queue.runtime import (
+    Monitor,
+    Tracked,
+    cancel_requested,
+    format_traceback,
+    thread_stack,
+)
 from jobspool.queue.signals import Fail, Retry
 from jobspool.queue.states import JobState
 
@@ -73,19 +89,25 @@ class Pipeline:
         self.crashed: WorkerCrashed | None = None
         self.next_claim_at = 0.0
         self.idle = 0.01
+        self.monitor = Monitor(self.spool, lambda: list(self.in_hand.values()),
+                               lease_seconds=worker.lease_seconds)
 
     # ------------------------------------------------------------ the loop
 
     async def run(self) -> None:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self._beat_leases)
-            tg.start_soon(self._cut_off_after_grace)
-            try:
-                await self._loop(tg)
-            finally:
-                with anyio.CancelScope(shield=True):
-                    await self._give_back_everything()
-                tg.cancel_scope.cancel()
+        self.monitor.start()
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self.monitor.ticker)
+                tg.start_soon(self._cut_off_after_grace)
+                try:
+                    await self._loop(tg)
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await self._give_back_everything()
+                    tg.cancel_scope.cancel()
+        finally:
+            self.monitor.close()
         if self.crashed is not None:
             raise self.crashed
 
@@ -238,17 +260,30 @@ class Pipeline:
             self._finished(ctx)  # outcome None (never started, cut off): released at settle
 
     async def _call(self, ctx: Context) -> None:
+        """Run one handler and record how it ended in `ctx.outcome` (never raises for it)."""
         kind = ctx.job.kind
         fn = self.w.handlers[kind]
+        timeout = self.w.timeout_for(kind)
+        ctx.started = True
+        ctx.deadline = None if timeout is None else time.monotonic() + timeout
+        self.w.note_start(ctx)
+        # Before the handler runs: if this process dies now, recovery blames this job only.
+        self.spool.note_running([ctx.token], started=True)
         try:
-            if self.w.is_async(kind):
-                result = await fn(ctx.job, ctx)
+            with anyio.move_on_after(math.inf if timeout is None else timeout) as limit:
+                if self.w.is_async(kind):
+                    result = await Tracked(fn(ctx.job, ctx), self.monitor,
+                                           f"the handler of kind {kind!r} "
+                                           f"({_name(fn)}, job {ctx.job_id})")
+                else:
+                    result = await anyio.to_thread.run_sync(
+                        _in_thread, fn, ctx, limiter=self.threads, abandon_on_cancel=True)
+                    if inspect.isawaitable(result):
+                        result = await result
+            if limit.cancelled_caught:
+                self._timed_out(ctx, timeout or 0.0)
             else:
-                result = await anyio.to_thread.run_sync(fn, ctx.job, ctx, limiter=self.threads,
-                                                        abandon_on_cancel=True)
-                if inspect.isawaitable(result):
-                    result = await result
-            ctx.outcome = ("complete", result)
+                ctx.outcome = ("complete", result)
         except Retry as r:
             try:
                 if r.delay is not None:
@@ -259,47 +294,55 @@ class Pipeline:
         except Fail as f:
             ctx.outcome = ("fail", f.reason)
         except ProjectionError as e:
+            ctx.traceback = format_traceback(e)
             ctx.outcome = ("fail", str(e))
         except LeaseLost:
             ctx.lost = True
-        except anyio.get_cancelled_exc_class():
-            raise
-        except Exception as exc:  # a handler's fault, not ours: retry with backoff
-            log.info("handler for job %s (%s) raised %s: %s", ctx.job_id, kind,
-                     type(exc).__name__, exc,
-                     extra={"job_id": ctx.job_id, "kind": kind, "token": ctx.token})
-            ctx.outcome = ("error", exc)
+        except _Raised as carried:
+            self._handler_raised(ctx, carried.exc)
+        except anyio.get_cancelled_exc_class() as exc:
+            if cancel_requested():  # ours: shutdown past its grace, or the worker gave up
+                ctx.outcome = ("interrupted", None)
+                raise
+            self._handler_raised(ctx, exc)
+        except BaseException as exc:  # SystemExit and KeyboardInterrupt included:
+            # whatever a handler raises is its job's failure; only a real signal stops us.
+            self._handler_raised(ctx, exc)
+        finally:
+            ctx.thread_ident = None
+            self.w.note_end(ctx)
 
-    async def _beat_leases(self) -> None:
-        interval = self.w.lease_seconds / 3.0
-        while True:
-            await anyio.sleep(interval)
-            live = [c for c in self.in_hand.values() if not c.settled and not c.lost]
-            if not live:
-                continue
-            try:
-                results = await anyio.to_thread.run_sync(functools.partial(
-                    self.spool.heartbeat_many, [c.lease for c in live],
-                    lease_seconds=self.w.lease_seconds))
-            except (OSError, JobspoolError) as exc:
-                # A failed beat is not a lost lease: the leases still run for a while, and
-                # the next beat (or the check before settling) finds out which survived.
-                log.warning("heartbeat of %d leases failed (%s); retrying at the next beat",
-                            len(live), exc)
-                continue
-            for ctx, res in zip(live, results, strict=True):
-                if isinstance(res, LeaseLost):
-                    ctx.lost = True
-                    log.warning("lease lost on job %s (token %d): %s; its result will be "
-                                "discarded", ctx.job_id, ctx.token, res.reason,
-                                extra={"job_id": ctx.job_id, "token": ctx.token})
-                else:
-                    ctx.lease = res
+    def _handler_raised(self, ctx: Context, exc: BaseException) -> None:
+        ctx.traceback = format_traceback(exc)
+        ctx.outcome = ("raised", exc)
+        log.warning("job %s (%s, token %d, attempt %d) failed: %s: %s\n%s", ctx.job_id,
+                    ctx.job.kind, ctx.token, ctx.job.attempts, type(exc).__name__, exc,
+                    ctx.traceback.rstrip("\n"),
+                    extra={"job_id": ctx.job_id, "kind": ctx.job.kind, "token": ctx.token})
+
+    def _timed_out(self, ctx: Context, timeout: float) -> None:
+        sync = not self.w.is_async(ctx.job.kind)
+        stack = thread_stack(ctx.thread_ident) if sync else None
+        detail = ("a sync handler's thread cannot be stopped: it is abandoned, still "
+                  "running" if sync else "the handler was cancelled")
+        exc = TimeLimitExceeded(ctx.job_id, ctx.job.kind, timeout, detail)
+        ctx.traceback = stack or format_traceback(exc)
+        ctx.outcome = ("raised", exc)
+        if sync:
+            ctx.hung = True
+        log.warning("job %s (%s, token %d) ran past its time limit of %g s: %s\n%s",
+                    ctx.job_id, ctx.job.kind, ctx.token, timeout, detail,
+                    ctx.traceback.rstrip("\n"),
+                    extra={"job_id": ctx.job_id, "kind": ctx.job.kind, "token": ctx.token})
+        if sync:
+            self.w.note_hung(ctx)
 
     async def _cut_off_after_grace(self) -> None:
         while not self.w.stopping:
             await anyio.sleep(0.05)
-        await anyio.sleep(self.w.grace_seconds)
+        deadline = time.monotonic() + self.w.grace_seconds
+        while time.monotonic() < deadline and not self.w.hurrying:
+            await anyio.sleep(0.05)
         for scope in list(self.scopes):
             scope.cancel()
 
@@ -350,6 +393,7 @@ class Pipeline:
             self.w.note_commits(store, written)
 
     def _settle_sync(self, group: list[Context]) -> None:
+        refused: WriteFailed | None = None
         completes: list[Context] = []
         fails: list[tuple[Context, object, bool, float | None]] = []
         releases: list[Context] = []
@@ -365,20 +409,30 @@ class Pipeline:
                 completes.append(c)
             elif c.outcome[0] == "retry":
                 r: Retry = c.outcome[1]
-                fails.append((c, f"Retry: {r.reason}", True, r.delay))
+                fails.append((c, self._failure(c, f"Retry: {r.reason}"), True, r.delay))
             elif c.outcome[0] == "fail":
-                fails.append((c, c.outcome[1], False, None))
+                fails.append((c, self._failure(c, c.outcome[1]), False, None))
+            elif c.outcome[0] == "interrupted":
+                fails.append((c, self._failure(c, "interrupted: the worker shut down while "
+                                                  "this job ran", interrupted=True), True, None))
+            elif c.outcome[0] == "raised":  # the handler's own exception: its policy decides
+                exc = c.outcome[1]
+                fails.append((c, self._failure(c, exc), self.w.retries(c.job.kind, exc), None))
             else:
-                fails.append((c, c.outcome[1], True, None))
+                fails.append((c, self._failure(c, c.outcome[1]), True, None))
         if completes:
             results = self.spool.complete_many([(c.lease, c.outcome[1]) for c in completes
                                                 if c.outcome is not None])
             for c, res in zip(completes, results, strict=True):
                 if isinstance(res, LeaseLost):
                     self._count_lost(c, res)
+                elif isinstance(res, WriteFailed):
+                    refused = refused or res  # still leased: released below, or it expires
+                    continue
                 elif isinstance(res, JobspoolError):
                     # The result cannot be stored (not JSON, too large): that will not change.
-                    fails.append((c, f"handler result refused: {res}", False, None))
+                    fails.append((c, self._failure(c, f"handler result refused: {res}"),
+                                  False, None))
                     continue
                 else:
                     self.counters.completed += 1
@@ -392,8 +446,13 @@ class Pipeline:
             for (c, *_), res in zip(fails, results, strict=True):
                 if isinstance(res, LeaseLost):
                     self._count_lost(c, res)
+                elif isinstance(res, WriteFailed):
+                    refused = refused or res
+                    continue
                 elif isinstance(res, JobspoolError):
                     log.error("could not record the failure of job %s: %s", c.job_id, res)
+                elif res.state is JobState.READY:  # interrupted: back at once, attempt counted
+                    self.counters.released += 1
                 elif res.state is JobState.DEAD_LETTER:
                     self.counters.dead_lettered += 1
                     log.warning("job %s (%s) dead-lettered: %s", c.job_id, c.job.kind,
@@ -404,10 +463,23 @@ class Pipeline:
                 self._forget(c)
         for c in releases:
             self._release(c)
+        if refused is not None:
+            # The disk refused part of the settle: the loop releases what is unsettled and
+            # backs off (WriteFailed says what to fix).
+            raise refused
+
+    def _failure(self, c: Context, error: object, *, interrupted: bool = False) -> Failure:
+        """The failed run as the spool records it: message, traceback, the kind's policy."""
+        kind = c.job.kind
+        return Failure(error=clip_error(error), traceback=c.traceback,
+                       policy=self.w.retry_policy(kind), max_attempts=self.w.max_attempts_for(kind),
+                       interrupted=interrupted)
 
     def _forget(self, c: Context) -> None:
         c.settled = True
         self.in_hand.pop(c.job_id, None)
+        if c.started:
+            self.spool.note_running([c.token], started=False)
 
     def _count_lost(self, c: Context, err: LeaseLost) -> None:
         self.counters.lease_lost += 1
@@ -435,10 +507,18 @@ class Pipeline:
                     self._forget(c)
 
     async def _give_back_everything(self) -> None:
-        """On the way out (stop, crash, cancellation): settle what finished, release the rest."""
-        for scope in list(self.scopes):
-            if self.crashed is not None:
+        """On the way out (stop, crash, cancellation): settle what finished, release the rest.
+
+        Runs still going are cancelled first and given a moment to record that
+        they were cut off: those count the attempt, batch mates that never
+        started are released uncounted.
+        """
+        if self.scopes:
+            for scope in list(self.scopes):
                 scope.cancel()
+            with anyio.move_on_after(2.0):
+                while self.scopes:
+                    await anyio.sleep(0.01)
         if self.done:
             group, self.done = self.done, []
             try:
@@ -452,3 +532,26 @@ class Pipeline:
                 scope.cancel()
             await anyio.to_thread.run_sync(self._release_unsettled, rest)
 
+
+class _Raised(Exception):
+    """Carries a handler's non-`Exception` (SystemExit, GeneratorExit...) out of its thread:
+    through an asyncio future those would stop the loop or break the awaiting coroutine."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__(repr(exc))
+        self.exc = exc
+
+
+def _in_thread(fn: Callable[..., Any], ctx: Context) -> Any:
+    """Call a sync handler in a worker thread, leaving where to find its stack."""
+    ctx.thread_ident = threading.get_ident()
+    try:
+        return fn(ctx.job, ctx)
+    except Exception:
+        raise
+    except BaseException as exc:
+        raise _Raised(exc) from None
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"

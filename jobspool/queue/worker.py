@@ -23,8 +23,10 @@ import anyio
 import anyio.to_thread
 
 from jobspool.errors import JobspoolError
+from jobspool.policy import Policy, check_policies
 from jobspool.queue.context import Context as Context
 from jobspool.queue.job import Job, validate_int, validate_kind, validate_seconds
+from jobspool.queue.machine import RetryPolicy
 from jobspool.queue.pipeline import Pipeline
 from jobspool.queue.report import Counters
 from jobspool.queue.report import RunReport as RunReport
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
     from jobspool.app import App
     from jobspool.projection.lance import ProjectionStore
     from jobspool.queue.spool import Spool
+    from jobspool.schedules import Schedule
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +71,8 @@ class Worker:
         keys: Mapping[str, str] | None = None,
         max_crashes: int = 5,
         crash_window_seconds: float = 60.0,
+        policies: Mapping[str, Policy] | None = None,
+        schedules: Sequence[Schedule] | None = None,  # periodic jobs (jobspool.schedules)
     ) -> None:
         from jobspool.app import App
 
@@ -76,6 +81,8 @@ class Worker:
             handlers = app.handlers
             projection = projection if projection is not None else app.projection
             keys = keys if keys is not None else app.keys
+            policies = policies if policies is not None else app.policies
+            schedules = schedules if schedules is not None else app.schedules
         if not handlers:
             raise JobspoolError("a worker needs at least one handler (kind -> function)")
         for kind, fn in handlers.items():
@@ -96,6 +103,18 @@ class Worker:
                                     f"{', '.join(map(repr, missing))}")
         wanted = set(self.handlers) if kinds is None else set(kinds)
         self.kinds = frozenset(wanted)
+        self.policies = check_policies(policies, self.handlers)
+        self._retry_policies = {
+            kind: RetryPolicy(p.retry_base_seconds or spool.retry_base_seconds,
+                              max(p.retry_max_seconds or spool.retry_max_seconds,
+                                  p.retry_base_seconds or 0.0))
+            for kind, p in self.policies.items()
+            if p.retry_base_seconds is not None or p.retry_max_seconds is not None}
+        self._hurry = threading.Event()
+        # Hooks a process pool's child sets to tell its supervisor what runs (see pool.py).
+        self.on_start: Callable[[Context], None] | None = None
+        self.on_end: Callable[[Context], None] | None = None
+        self.on_hung: Callable[[Context], None] | None = None
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{id(self) & 0xFFFF:x}"
         self._projection_spec = projection
         self._projection: ProjectionStore | None = None
@@ -109,13 +128,23 @@ class Worker:
         self._async = {k: _is_async(fn) for k, fn in self.handlers.items()}
         self._live: Counters | None = None
         self._published = 0.0
+        # Fired by run_forever (jobspool.schedules.serve_schedules), not by run_until_idle.
+        self.schedules: tuple[Schedule, ...] = tuple(schedules or ())
 
     # ------------------------------------------------------------ public entry points
 
     def run_until_idle(self, max_jobs: int | None = None, *, wait_for_retries: float = 0.0,
                        progress: Callable[[RunReport], None] | None = None,
                        handle_signals: bool = False) -> RunReport:
-        """Drain the due jobs this worker handles, then return (sync)."""
+        """Drain the due jobs this worker handles, then return (sync).
+
+        From inside a running event loop use `await worker.arun_until_idle()`:
+        this one raises `JobspoolError` there instead of blocking the loop.
+        """
+        if _in_event_loop():
+            raise JobspoolError("Worker.run_until_idle() was called inside a running event "
+                                "loop; use `await worker.arun_until_idle()` there")
+
         async def main() -> RunReport:
             return await self.arun_until_idle(max_jobs, wait_for_retries=wait_for_retries,
                                               progress=progress, handle_signals=handle_signals)
@@ -161,10 +190,34 @@ class Worker:
             self._live = None
         return counters.freeze(await anyio.to_thread.run_sync(self._unhandled))
 
-    async def run_forever(self, *, poll_seconds: float = 0.5, handle_signals: bool = True,
-                          progress: Callable[[RunReport], None] | None = None) -> RunReport:
-        """Serve until `stop()` or SIGTERM/SIGINT: stop claiming, let running handlers finish
-        within `grace_seconds`, release the leases of those that did not, return."""
+    def run_forever(self, *, poll_seconds: float = 0.5, handle_signals: bool = True,
+                    progress: Callable[[RunReport], None] | None = None) -> Any:
+        """Serve until `stop()` or a signal (sync; see `arun_forever` for the behavior).
+
+        Blocks and returns the `RunReport` when called without a running event
+        loop. Inside one it returns the `arun_forever(...)` coroutine instead,
+        so `await worker.run_forever()` (the form of earlier versions) still
+        works; new async code should call `arun_forever` directly.
+        """
+        coro = self.arun_forever(poll_seconds=poll_seconds, handle_signals=handle_signals,
+                                 progress=progress)
+        if _in_event_loop():
+            return coro
+
+        async def main() -> RunReport:
+            return await coro
+        return anyio.run(main)
+
+    async def arun_forever(self, *, poll_seconds: float = 0.5, handle_signals: bool = True,
+                           progress: Callable[[RunReport], None] | None = None) -> RunReport:
+        """Serve until `stop()` or SIGTERM/SIGINT, then return the run's report.
+
+        The first signal (or `stop()`) stops claiming and lets running handlers
+        finish within `grace_seconds`; runs still going then are cut off: their
+        leases are released with the attempt counted, and jobs that never
+        started go back uncounted. A second signal (or `hurry()`) cuts off
+        every run at once.
+        """
         poll_seconds = validate_seconds("poll_seconds", poll_seconds, positive=True)
         counters = Counters()
         self._live = counters
@@ -172,6 +225,10 @@ class Worker:
         async with anyio.create_task_group() as tg:
             if handle_signals and threading.current_thread() is threading.main_thread():
                 tg.start_soon(self._watch_signals)
+            if self.schedules:  # periodic jobs: see jobspool.schedules
+                from jobspool.schedules import serve_schedules
+
+                tg.start_soon(serve_schedules, self)
             try:
                 await Pipeline(self, counters, until_idle=False, poll_seconds=poll_seconds,
                                progress=progress).run()
@@ -209,12 +266,54 @@ class Worker:
         """Ask the worker to stop claiming; running handlers get `grace_seconds` to finish."""
         self._stop.set()
 
+    def hurry(self) -> None:
+        """Stop now: cut off every running handler and release its lease (a second signal)."""
+        self._stop.set()
+        self._hurry.set()
+
     @property
     def stopping(self) -> bool:
         return self._stop.is_set()
 
+    @property
+    def hurrying(self) -> bool:
+        return self._hurry.is_set()
+
     def is_async(self, kind: str) -> bool:
         return self._async[kind]
+
+    # ------------------------------------------------------------ per-kind policy
+
+    def timeout_for(self, kind: str) -> float | None:
+        """The time limit of one run of `kind`, if its policy sets one."""
+        policy = self.policies.get(kind)
+        return None if policy is None else policy.timeout
+
+    def retries(self, kind: str, exc: BaseException) -> bool:
+        """Whether a handler of `kind` that raised `exc` may be retried (`Policy.retry_on`)."""
+        policy = self.policies.get(kind)
+        return policy is None or policy.retries(exc)
+
+    def retry_policy(self, kind: str) -> RetryPolicy | None:
+        """The kind's backoff when its policy changes the spool's, else None."""
+        return self._retry_policies.get(kind)
+
+    def max_attempts_for(self, kind: str) -> int | None:
+        policy = self.policies.get(kind)
+        return None if policy is None else policy.max_attempts
+
+    def note_start(self, ctx: Context) -> None:
+        if self.on_start is not None:
+            self.on_start(ctx)
+
+    def note_end(self, ctx: Context) -> None:
+        if self.on_end is not None:
+            self.on_end(ctx)
+
+    def note_hung(self, ctx: Context) -> None:
+        """A sync handler passed its time limit; its thread cannot be stopped."""
+        if self.on_hung is not None:
+            self.on_hung(ctx)
 
     # ------------------------------------------------------------ support
 
@@ -242,9 +341,15 @@ class Worker:
     async def _watch_signals(self) -> None:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for signum in signals:
-                log.warning("received %s: no new claims; running handlers get %g s",
-                            signal.Signals(signum).name, self.grace_seconds)
-                self.stop()
+                name = signal.Signals(signum).name
+                if self.stopping:
+                    log.warning("received %s again: releasing every held lease now", name)
+                    self.hurry()
+                else:
+                    log.warning("received %s: no new claims; running handlers get %g s "
+                                "(send it again to release their leases now)", name,
+                                self.grace_seconds)
+                    self.stop()
 
     def _unhandled(self) -> dict[str, int]:
         """Due jobs left behind because this worker has no handler for their kind."""
@@ -288,6 +393,17 @@ class Worker:
         if self._beat is not None:
             self._beat.close()
             self._beat = None
+
+
+def _in_event_loop() -> bool:
+    """Whether this thread is running an async event loop (asyncio or trio)."""
+    import sniffio
+
+    try:
+        sniffio.current_async_library()
+    except sniffio.AsyncLibraryNotFoundError:
+        return False
+    return True
 
 
 def default_projection_uri(root: Path) -> str:

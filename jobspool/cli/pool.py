@@ -1,0 +1,44 @@
+"""`jobspool worker --processes N`: the command side of `jobspool.queue.pool.WorkerPool`."""
+
+from __future__ import annotations
+
+import argparse
+
+from jobspool.cli.common import EXIT_OK, UsageError, _emit, _open
+
+
+def _child_options(args: argparse.Namespace) -> list[str]:
+    """The worker options every child gets: the parent's, minus what only the parent does."""
+    opts = ["--concurrency", str(args.concurrency), "--batch-size", str(args.batch_size),
+            "--grace", repr(args.grace), "--log-level", args.log_level,
+            "--log-format", args.log_format]
+    if args.kinds:
+        opts += ["--kinds", args.kinds]
+    if args.lease_seconds is not None:
+        opts += ["--lease-seconds", repr(args.lease_seconds)]
+    if args.projection:
+        opts += ["--projection", args.projection]
+    if args.no_maintenance:
+        opts.append("--no-maintenance")
+    return opts
+
+
+def cmd_worker_pool(args: argparse.Namespace) -> int:
+    from jobspool.cli.commands import _make_worker
+    from jobspool.queue.pool import WorkerPool, child_command
+
+    if getattr(args, "metrics_port", None) is not None:
+        raise UsageError("--metrics-port is not supported with --processes > 1 yet; "
+                         "run `jobspool stats --prometheus` for the spool's metrics")
+    with _open(args, create=getattr(args, "create", True)) as spool:
+        # Load the app here first: a bad --app, policy or kind is one line at start-up,
+        # not N children failing in a restart loop.
+        _make_worker(args, spool)
+        command = child_command(spool.root.resolve(), args.app, _child_options(args))
+        report = WorkerPool(spool, command, args.processes, grace_seconds=args.grace).run()
+    d = report.to_dict()
+    _emit(args, d, f"worker pool stopped: {report.processes} process(es), "
+                   f"{report.restarts} restart(s), {report.killed_hung} killed for a hung "
+                   f"handler; completed {d.get('completed', 0)}, retried "
+                   f"{d.get('retried', 0)}, dead-lettered {d.get('dead_lettered', 0)}")
+    return EXIT_OK

@@ -1,0 +1,405 @@
+"""`WorkerPool`: N supervised worker processes over one spool (`worker --processes N`).
+
+Like gunicorn's or Celery's prefork master, the supervisor runs no handler
+itself. It starts N children (`jobspool worker` each, sharing nothing but
+the spool), restarts one that dies (with backoff when they keep dying),
+forwards SIGTERM/SIGINT, and replaces a child whose sync handler ran past
+its time limit: Python cannot stop a thread, but it can end a process.
+
+Each child tells the supervisor, over a pipe, which job it starts and ends
+(`S <job_id> <token> <timeout>`, `E <job_id> <token>`, `H <job_id> <token>`
+for a handler past its time limit). When a child dies, the jobs whose
+handlers it was running are failed with a rescue counted (`Failure(rescued=
+True)`), or with `TimeLimitExceeded` when the supervisor killed it for a
+hung handler; the batch mates it had claimed but not started are released
+uncounted. Both act under the child's own lease tokens, so they are fenced:
+a lease that already moved on is left alone.
+
+A child exits on its own after a hung sync handler: it fails that job
+(`TimeLimitExceeded`), stops claiming, lets its other handlers finish within
+the grace period and exits; the supervisor starts a fresh one at once. A
+child that does not exit within the grace period (or whose handler blocks
+the interpreter itself) is killed (SIGKILL).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from jobspool.errors import JobspoolError, LeaseLost, TimeLimitExceeded
+from jobspool.queue.job import Lease, validate_int, validate_seconds
+from jobspool.queue.machine import Failure
+from jobspool.queue.states import JobState
+
+if TYPE_CHECKING:
+    from jobspool.queue.context import Context
+    from jobspool.queue.spool import Spool
+    from jobspool.queue.worker import Worker
+
+log = logging.getLogger("jobspool.queue.pool")
+
+POOL_FD_ENV = "JOBSPOOL_POOL_FD"
+POOL_OWNER_ENV = "JOBSPOOL_POOL_OWNER"
+POOL_PARENT_ENV = "JOBSPOOL_POOL_PARENT"
+# A child that lived less than this long counts towards the restart backoff.
+_STABLE_SECONDS = 10.0
+_MAX_BACKOFF = 10.0
+# How long past a hung handler's time limit the child gets to exit on its own.
+_KILL_MARGIN = 2.0
+
+
+@dataclass
+class _Child:
+    slot: int
+    generation: int
+    owner: str
+    proc: subprocess.Popen[bytes]
+    fd: int
+    started: float
+    buf: bytes = b""
+    running: dict[str, tuple[int, float, float]] = field(default_factory=dict)
+    hung: dict[str, int] = field(default_factory=dict)
+    hung_at: float | None = None
+    killed_for: str | None = None  # job id whose hung handler made us kill this child
+
+
+@dataclass(frozen=True)
+class PoolReport:
+    """What a pool run did: the children's reports summed, and the supervisor's own work."""
+
+    processes: int
+    started: int
+    restarts: int
+    killed_hung: int
+    rescued: int
+    released: int
+    children: dict[str, int]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"processes": self.processes, "started": self.started,
+                "restarts": self.restarts, "killed_hung": self.killed_hung,
+                "rescued": self.rescued, "released_after_death": self.released,
+                **self.children}
+
+
+def child_command(root: str | Path, app: str, options: Sequence[str] = ()) -> list[str]:
+    """The command line of one child: `python -m jobspool --root ROOT worker --app APP ...`."""
+    return [sys.executable, "-m", "jobspool", "--root", str(root), "worker", "--app", app,
+            "--json", *options]
+
+
+class WorkerPool:
+    """Supervise `processes` children running `command` (see `child_command`) over `spool`."""
+
+    def __init__(self, spool: Spool, command: Sequence[str], processes: int, *,
+                 grace_seconds: float = 30.0, env: dict[str, str] | None = None,
+                 handle_signals: bool = True) -> None:
+        self.spool = spool
+        self.command = list(command)
+        self.processes = validate_int("processes", processes, minimum=1)
+        self.grace_seconds = validate_seconds("grace_seconds", grace_seconds)
+        self.env = dict(os.environ if env is None else env)
+        self.handle_signals = handle_signals
+        self.children: dict[int, _Child] = {}
+        self._restart_at: dict[int, float] = {}
+        self._failures: dict[int, int] = {}
+        self._generation = 0
+        self._signals = 0
+        self._stop_forwarded = 0
+        self._sel = selectors.DefaultSelector()
+        self._totals: dict[str, int] = {}
+        self._started = self._restarts = self._killed = self._rescued = self._released = 0
+
+    # ------------------------------------------------------------ public
+
+    def stop(self) -> None:
+        """Like a signal: the first stops the children gracefully, the second at once."""
+        self._signals += 1
+
+    def run(self) -> PoolReport:
+        """Run until a signal (or `stop()`) and every child has exited; return the report."""
+        previous = self._install_signals()
+        try:
+            for slot in range(self.processes):
+                self._spawn(slot)
+            while self.children or (not self._signals and self._restart_at):
+                self._step()
+        finally:
+            for child in list(self.children.values()):
+                with contextlib.suppress(OSError):
+                    child.proc.kill()
+                self._reap(child)
+            self._restore_signals(previous)
+            self._sel.close()
+        return PoolReport(processes=self.processes, started=self._started,
+                          restarts=self._restarts, killed_hung=self._killed,
+                          rescued=self._rescued, released=self._released,
+                          children=dict(self._totals))
+
+    # ------------------------------------------------------------ the loop
+
+    def _step(self) -> None:
+        for key, _ in self._sel.select(timeout=0.1):
+            child = key.data
+            self._read(child)
+        now = time.monotonic()
+        if self._signals > self._stop_forwarded:
+            self._forward()
+        for child in list(self.children.values()):
+            if child.proc.poll() is not None:
+                self._reap(child)
+                continue
+            self._check_hung(child, now)
+        if not self._signals:
+            for slot, at in list(self._restart_at.items()):
+                if now >= at:
+                    del self._restart_at[slot]
+                    self._spawn(slot)
+
+    def _forward(self) -> None:
+        """Forward one SIGTERM per signal we got: children stop gracefully, then at once."""
+        self._stop_forwarded = self._signals
+        self._restart_at.clear()
+        log.warning("pool: stopping %d worker process(es)%s", len(self.children),
+                    "" if self._signals == 1 else " now (second signal)")
+        for child in self.children.values():
+            with contextlib.suppress(OSError):
+                child.proc.send_signal(signal.SIGTERM)
+
+    def _check_hung(self, child: _Child, now: float) -> None:
+        overdue = None
+        for job_id, (_, started, timeout) in child.running.items():
+            if timeout > 0 and now > started + timeout + max(self.grace_seconds, 1.0) + \
+                    _KILL_MARGIN:
+                overdue = job_id  # the child could not even fail it: its loop is stuck
+        if child.hung_at is not None and now > child.hung_at + self.grace_seconds + _KILL_MARGIN:
+            overdue = overdue or next(iter(child.hung), None) or "?"
+        if overdue is not None and child.killed_for is None:
+            child.killed_for = overdue
+            self._killed += 1
+            log.warning("pool: killing worker process %d (slot %d): job %s ran past its time "
+                        "limit and the process did not exit", child.proc.pid, child.slot,
+                        overdue)
+            with contextlib.suppress(OSError):
+                child.proc.kill()
+
+    # ------------------------------------------------------------ children
+
+    def _spawn(self, slot: int) -> None:
+        self._generation += 1
+        owner = f"{socket.gethostname()}:pool{os.getpid()}.{slot}.{self._generation}"
+        rfd, wfd = os.pipe()
+        os.set_blocking(rfd, False)
+        env = dict(self.env)
+        env.update({POOL_FD_ENV: str(wfd), POOL_OWNER_ENV: owner,
+                    POOL_PARENT_ENV: str(os.getpid())})
+        try:
+            # A session of its own: a terminal's Ctrl-C reaches the supervisor only, which
+            # forwards it once; the child would otherwise count it twice.
+            proc = subprocess.Popen(self.command, env=env, pass_fds=(wfd,),
+                                    stdout=subprocess.PIPE, start_new_session=True)
+        finally:
+            os.close(wfd)
+        child = _Child(slot=slot, generation=self._generation, owner=owner, proc=proc, fd=rfd,
+                       started=time.monotonic())
+        self.children[slot] = child
+        self._sel.register(rfd, selectors.EVENT_READ, child)
+        self._started += 1
+        log.info("pool: started worker process %d (slot %d)", proc.pid, slot)
+
+    def _read(self, child: _Child) -> bool:
+        """Read what the child wrote; False at end of file (it exited)."""
+        while True:
+            try:
+                chunk = os.read(child.fd, 65536)
+            except BlockingIOError:
+                return True
+            except OSError:
+                return False
+            if not chunk:
+                return False
+            child.buf += chunk
+            *lines, child.buf = child.buf.split(b"\n")
+            for line in lines:
+                self._message(child, line.decode(errors="replace").split())
+
+    def _message(self, child: _Child, parts: list[str]) -> None:
+        if len(parts) < 3 or not parts[2].isdigit():
+            return
+        what, job_id, token = parts[0], parts[1], int(parts[2])
+        if what == "S":
+            timeout = float(parts[3]) if len(parts) > 3 else 0.0
+            child.running[job_id] = (token, time.monotonic(), timeout)
+        elif what == "E":
+            child.running.pop(job_id, None)
+        elif what == "H":
+            child.hung[job_id] = token
+            child.running.pop(job_id, None)  # the child failed it (TimeLimitExceeded) itself
+            if child.hung_at is None:
+                child.hung_at = time.monotonic()
+
+    def _reap(self, child: _Child) -> None:
+        deadline = time.monotonic() + 1.0
+        while self._read(child) and time.monotonic() < deadline:
+            time.sleep(0.01)  # the rest of what it wrote, up to end of file
+        with contextlib.suppress(KeyError, ValueError):
+            self._sel.unregister(child.fd)
+        with contextlib.suppress(OSError):
+            os.close(child.fd)
+        code = child.proc.wait()
+        out = child.proc.stdout.read() if child.proc.stdout else b""
+        if child.proc.stdout:
+            child.proc.stdout.close()
+        self._add_report(out)
+        self.children.pop(child.slot, None)
+        self._attribute(child, code)
+        planned = child.hung_at is not None or child.killed_for is not None
+        if self._signals:
+            return
+        lived = time.monotonic() - child.started
+        if planned or lived >= _STABLE_SECONDS:
+            self._failures[child.slot] = 0
+            delay = 0.0
+        else:
+            n = self._failures.get(child.slot, 0) + 1
+            self._failures[child.slot] = n
+            delay = min(_MAX_BACKOFF, 0.1 * 2 ** (n - 1))
+        why = ("replaced after a hung handler" if planned else
+               f"exited with {_describe(code)}")
+        log.warning("pool: worker process %d (slot %d) %s; restarting in %.1f s",
+                    child.proc.pid, child.slot, why, delay)
+        self._restarts += 1
+        self._restart_at[child.slot] = time.monotonic() + delay
+
+    def _add_report(self, out: bytes) -> None:
+        try:
+            doc = orjson.loads(out) if out.strip() else None
+        except orjson.JSONDecodeError:
+            return
+        if isinstance(doc, dict):
+            for key in ("claimed", "completed", "retried", "dead_lettered", "lease_lost",
+                        "released", "projected_rows"):
+                value = doc.get(key)
+                if isinstance(value, int):
+                    self._totals[key] = self._totals.get(key, 0) + value
+
+    def _attribute(self, child: _Child, code: int) -> None:
+        """A dead child's leases: the jobs it was running fail (a rescue, or the time limit),
+        the ones it never started go back uncounted."""
+        try:
+            held = [j for j in self.spool.jobs(state=JobState.LEASED)
+                    if j.lease is not None and j.lease.owner == child.owner]
+        except (OSError, JobspoolError) as exc:
+            log.warning("pool: could not list the leases of a dead worker process: %s", exc)
+            return
+        for job in held:
+            assert job.lease is not None
+            lease = Lease(job_id=job.id, token=job.lease.token, owner=job.lease.owner,
+                          expires_at=job.lease.expires_at, job=job)
+            running = child.running.get(job.id)
+            try:
+                if running is not None and running[0] == job.lease.token:
+                    if child.killed_for == job.id:
+                        err = str(TimeLimitExceeded(job.id, job.kind, running[2],
+                                                    "its worker process was killed"))
+                        self.spool.fail(lease, Failure(error=err))
+                    else:
+                        self.spool.fail(lease, Failure(
+                            error=f"worker process died ({_describe(code)}) while running "
+                                  "this job", rescued=True))
+                        self._rescued += 1
+                else:
+                    self.spool.release(lease)
+                    self._released += 1
+            except LeaseLost:
+                continue  # it moved on (expired and claimed, canceled): fencing says hands off
+            except (OSError, JobspoolError) as exc:
+                log.warning("pool: could not settle job %s of a dead worker process: %s",
+                            job.id, exc)
+
+    # ------------------------------------------------------------ signals
+
+    def _install_signals(self) -> dict[int, Any]:
+        if not self.handle_signals or threading.current_thread() is not threading.main_thread():
+            return {}
+        previous: dict[int, Any] = {}
+
+        def on_signal(signum: int, frame: object) -> None:
+            self._signals += 1
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, on_signal)
+        return previous
+
+    def _restore_signals(self, previous: dict[int, Any]) -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _describe(code: int) -> str:
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"signal {signal.Signals(-code).name}"
+    return f"exit code {code}"
+
+
+# ---------------------------------------------------------------- the child's side
+
+
+def attach_child(worker: Worker) -> bool:
+    """In a pool child (its environment says so), report to the supervisor; False otherwise."""
+    fd_text = os.environ.get(POOL_FD_ENV)
+    if not fd_text:
+        return False
+    fd = int(fd_text)
+    worker.owner = os.environ.get(POOL_OWNER_ENV) or worker.owner
+    parent = int(os.environ.get(POOL_PARENT_ENV) or 0)
+
+    def send(line: str) -> None:
+        # One short write: atomic on a pipe. If the supervisor is gone the write fails,
+        # and the parent watch below stops us.
+        with contextlib.suppress(OSError):
+            os.write(fd, line.encode() + b"\n")
+
+    def on_start(ctx: Context) -> None:
+        timeout = worker.timeout_for(ctx.job.kind) or 0.0
+        send(f"S {ctx.job_id} {ctx.token} {timeout:g}")
+
+    def on_end(ctx: Context) -> None:
+        if not ctx.hung:
+            send(f"E {ctx.job_id} {ctx.token}")
+
+    def on_hung(ctx: Context) -> None:
+        send(f"H {ctx.job_id} {ctx.token}")
+        log.warning("stopping this worker process so that the supervisor replaces it: a "
+                    "sync handler cannot be stopped otherwise")
+        worker.stop()
+
+    worker.on_start, worker.on_end, worker.on_hung = on_start, on_end, on_hung
+
+    def watch_parent() -> None:
+        # start_new_session cut us off from the terminal: notice an orphaning ourselves.
+        while not worker.stopping:
+            if parent and os.getppid() != parent:
+                log.warning("the pool supervisor is gone; stopping")
+                worker.stop()
+                return
+            time.sleep(1.0)
+
+    threading.Thread(target=watch_parent, name="jobspool-pool-parent", daemon=True).start()
+    return True

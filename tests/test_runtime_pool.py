@@ -1,0 +1,170 @@
+"""`jobspool worker --processes N`: supervised worker processes (issue 11).
+
+Real OS processes throughout. A sync handler past its time limit has its
+process replaced (Python cannot stop a thread); a child that dies is
+restarted, and only the job it was running is charged a rescue — the batch
+mates it had claimed go back uncounted. Guards only bound hangs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from jobspool import Job, JobState, Spool
+from tests.subproc import REPO, cli_env
+
+pytestmark = pytest.mark.slow
+
+GUARD = 180.0
+
+
+def _pool(root: Path, *args: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "jobspool", "--root", str(root), "worker", "--app",
+         "tests.apps.runtime:app", "--json", "--no-maintenance", *args],
+        cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _until(what: Callable[[], bool], proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + GUARD
+    while not what():
+        if proc.poll() is not None:
+            pytest.fail(f"the pool exited early ({proc.returncode}): "
+                        f"{proc.communicate()[1].decode(errors='replace')[-3000:]}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"not reached before the guard: "
+                        f"{proc.communicate()[1].decode(errors='replace')[-3000:]}")
+        time.sleep(0.05)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> tuple[dict[str, Any], str]:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        out, err = proc.communicate(timeout=GUARD)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail("the pool did not exit after SIGTERM")
+    text = err.decode(errors="replace")
+    assert proc.returncode == 0, text[-3000:]
+    return orjson.loads(out), text
+
+
+def _jobs(root: Path, ids: list[str]) -> list[Job]:
+    with Spool(root) as spool:
+        return [spool.get(i) for i in ids]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _pids(path: Path) -> list[int]:
+    return [int(x) for x in path.read_text().split()] if path.exists() else []
+
+
+def test_a_sync_handler_past_its_time_limit_has_its_process_killed_and_job_dead_lettered(
+        tmp_path: Path) -> None:
+    root = tmp_path / "spool"
+    pidfile = tmp_path / "pids"
+    with Spool(root) as spool:
+        hung = spool.enqueue("sleepy", {"sleep": 600, "pidfile": str(pidfile)}).id
+        others = [j.id for j in spool.enqueue_many("quick", [{} for _ in range(6)])]
+    proc = _pool(root, "--processes", "2", "--grace", "2", "--concurrency", "2")
+    try:
+        _until(lambda: all(j.state is JobState.COMPLETED for j in _jobs(root, others))
+               and _jobs(root, [hung])[0].state is JobState.DEAD_LETTER, proc)
+        pids = _pids(pidfile)
+        assert len(pids) == 2  # the policy: max_attempts=2, each attempt timed out
+        _until(lambda: not any(_alive(p) for p in pids), proc)  # killed, not left running
+        # Everything keeps working after the replacements.
+        with Spool(root) as spool:
+            late = spool.enqueue("quick", {}).id
+        _until(lambda: _jobs(root, [late])[0].state is JobState.COMPLETED, proc)
+    finally:
+        if proc.poll() is None:
+            report, log = _stop(proc)
+    (job,) = _jobs(root, [hung])
+    assert job.attempts == 2
+    assert "TimeLimitExceeded" in (job.last_error or "")
+    assert "time limit of 1 s" in (job.last_error or "")
+    assert report["killed_hung"] + report["restarts"] >= 2
+    assert "ran past its time limit" in log
+    from jobspool.projection.lance import LanceProjection
+
+    table = LanceProjection(root / "index", "notes")
+    assert table.get(hung) is None  # its write was discarded with its run
+    assert all(table.get(i) is not None for i in [*others, late])
+
+
+def test_a_child_killed_mid_job_is_restarted_and_only_that_job_counts_a_rescue(
+        tmp_path: Path) -> None:
+    root = tmp_path / "spool"
+    pidfile = tmp_path / "pids"
+    started = tmp_path / "started"
+    with Spool(root) as spool:
+        doomed = spool.enqueue("die", {"sleep": 600, "pidfile": str(pidfile),
+                                       "startfile": str(started)}).id
+    # One handler at a time per process, big batches: the jobs queued behind `die` are
+    # claimed with it by the same child and wait there, never started.
+    proc = _pool(root, "--processes", "2", "--concurrency", "1", "--batch-size", "20",
+                 "--grace", "1")
+    try:
+        _until(started.exists, proc)
+        with Spool(root) as spool:
+            mates = [j.id for j in spool.enqueue_many("quick", [{} for _ in range(8)])]
+        (victim,) = _pids(pidfile)
+        os.kill(victim, signal.SIGKILL)
+        _until(lambda: all(j.state is JobState.COMPLETED for j in _jobs(root, mates)), proc)
+        _until(lambda: len(_pids(pidfile)) >= 2, proc)  # the doomed job runs again
+        (job,) = _jobs(root, [doomed])  # (its second run is still sleeping)
+        assert job.rescues == 1 and job.attempts == 2
+        assert "worker process died (signal SIGKILL)" in (job.last_error or "")
+    finally:
+        if proc.poll() is None:
+            report, log = _stop(proc)
+    for mate in _jobs(root, mates):
+        assert mate.rescues == 0 and mate.attempts == 1, mate
+    assert report["restarts"] >= 1 and report["started"] >= 3
+    assert _pids(pidfile)[1] != victim
+    assert "restarting" in log
+
+
+def test_processes_zero_and_a_policy_for_an_unknown_kind_are_one_line_errors(
+        tmp_path: Path) -> None:
+    root = tmp_path / "spool"
+    Spool(root).close()
+    bad = subprocess.run(
+        [sys.executable, "-m", "jobspool", "--root", str(root), "worker", "--app",
+         "tests.apps.runtime:app", "--processes", "0"],
+        cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=60, check=False)
+    assert bad.returncode == 1
+    assert bad.stderr.startswith("jobspool: error:") and "'0'" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
+    (tmp_path / "badpolicy.py").write_text(
+        "from jobspool import App, Policy\n"
+        "app = App(handlers={'work': lambda job, ctx: None},\n"
+        "          policies={'wrok': Policy(timeout=5)})\n")
+    typo = subprocess.run(
+        [sys.executable, "-m", "jobspool", "--root", str(root), "worker", "--app",
+         "badpolicy:app", "--processes", "2"],
+        cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=60,
+        check=False)
+    assert typo.returncode == 1
+    assert "'wrok'" in typo.stderr and "Traceback" not in typo.stderr
+    assert len(typo.stderr.strip().splitlines()) == 1

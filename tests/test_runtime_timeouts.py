@@ -1,0 +1,198 @@
+"""Per-kind policies (DESIGN §9): time limits, attempts, backoff and which errors retry.
+
+A run past its kind's `timeout` fails with `TimeLimitExceeded` and the retry
+rules apply; an async handler is cancelled, a sync one (a thread cannot be
+stopped) is abandoned and its lease given up. Bad policies are refused when
+the app or worker is built, with one line naming the bad value.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import threading
+import time
+from typing import Any
+
+import anyio
+import pytest
+
+from jobspool import App, Context, Job, JobState, Policy, Spool, Worker
+from jobspool.errors import JobspoolError, TimeLimitExceeded
+from jobspool.policy import PolicyError
+from tests.helpers_spool import FakeClock
+
+
+def _worker(spool: Spool, handlers: dict[str, Any], policies: dict[str, Policy],
+            **options: Any) -> Worker:
+    return Worker(spool, handlers, policies=policies, maintenance=False, **options)
+
+
+def test_an_async_handler_past_its_timeout_is_cancelled_and_fails_with_time_limit_exceeded(
+        spool: Spool) -> None:
+    cancelled = threading.Event()
+
+    async def hang(job: Job, ctx: Context) -> None:
+        try:
+            await anyio.sleep(60)
+        except anyio.get_cancelled_exc_class():
+            cancelled.set()
+            raise
+
+    job = spool.enqueue("hang")
+    report = _worker(spool, {"hang": hang}, {"hang": Policy(timeout=0.2, max_attempts=1)}
+                     ).run_until_idle()
+    assert cancelled.is_set()
+    done = spool.get(job.id)
+    assert done.state is JobState.DEAD_LETTER
+    assert "TimeLimitExceeded" in (done.last_error or "")
+    assert "time limit of 0.2 s" in (done.last_error or "")
+    assert report.dead_lettered == 1 and report.completed == 0
+
+
+def test_a_timed_out_run_is_retried_while_attempts_remain(spool: Spool, clock: FakeClock
+                                                          ) -> None:
+    async def hang(job: Job, ctx: Context) -> None:
+        await anyio.sleep(60)
+
+    job = spool.enqueue("hang")
+    report = _worker(spool, {"hang": hang}, {"hang": Policy(timeout=0.1, max_attempts=3)}
+                     ).run_until_idle()
+    assert report.retried == 1
+    again = spool.get(job.id)
+    assert again.state is JobState.RETRYABLE and again.attempts == 1
+    assert "TimeLimitExceeded" in (again.last_error or "")
+
+
+def test_a_sync_handler_past_its_timeout_is_abandoned_logged_as_hung_and_its_job_failed(
+        spool: Spool, caplog: pytest.LogCaptureFixture) -> None:
+    release = threading.Event()
+    finished = threading.Event()
+
+    def stuck(job: Job, ctx: Context) -> str:
+        ctx.upsert("notes", {"id": job.id})
+        release.wait(30)
+        finished.set()
+        return "too late"
+
+    job = spool.enqueue("stuck")
+    caplog.set_level(logging.WARNING, logger="jobspool")
+    try:
+        report = _worker(spool, {"stuck": stuck}, {"stuck": Policy(timeout=0.2, max_attempts=1)}
+                         ).run_until_idle()
+    finally:
+        release.set()
+    assert not finished.is_set() or report.completed == 0  # returned before the thread did
+    done = spool.get(job.id)
+    assert done.state is JobState.DEAD_LETTER
+    assert "TimeLimitExceeded" in (done.last_error or "")
+    assert "cannot be stopped" in (done.last_error or "")
+    # Where the thread was when time ran out is the stored traceback.
+    assert "release.wait(30)" in (done.traceback or "")
+    hung = [r for r in caplog.records if "ran past its time limit" in str(r.msg)]
+    assert len(hung) == 1
+    assert hung[0].__dict__["job_id"] == job.id and hung[0].__dict__["kind"] == "stuck"
+    assert report.projected_rows == 0  # its write never reached a table
+
+
+def test_retry_on_dead_letters_other_exceptions_at_once(spool: Spool) -> None:
+    def flaky_io(job: Job, ctx: Context) -> None:
+        if job.payload == "io":
+            raise OSError("disk hiccup")
+        raise ValueError("a bug, not worth retrying")
+
+    io_job = spool.enqueue("t", "io")
+    bug_job = spool.enqueue("t", "bug")
+    _worker(spool, {"t": flaky_io}, {"t": Policy(retry_on=(OSError, TimeoutError))}
+            ).run_until_idle()
+    assert spool.get(io_job.id).state is JobState.RETRYABLE
+    bug = spool.get(bug_job.id)
+    assert bug.state is JobState.DEAD_LETTER and bug.attempts == 1
+    assert "ValueError: a bug" in (bug.last_error or "")
+
+
+def test_a_kinds_max_attempts_and_backoff_override_the_spools(spool: Spool,
+                                                               clock: FakeClock) -> None:
+    def fails(job: Job, ctx: Context) -> None:
+        raise RuntimeError("nope")
+
+    slow = spool.enqueue("slow_backoff")
+    once = spool.enqueue("once")
+    _worker(spool, {"slow_backoff": fails, "once": fails},
+            {"slow_backoff": Policy(retry_base_seconds=1000.0, retry_max_seconds=1000.0),
+             "once": Policy(max_attempts=1)}).run_until_idle()
+    waiting = spool.get(slow.id)
+    assert waiting.state is JobState.RETRYABLE
+    assert 500.0 <= waiting.run_at - clock.now <= 1000.0  # equal jitter in [d/2, d]
+    assert spool.get(once.id).state is JobState.DEAD_LETTER
+    assert spool.get(once.id).max_attempts == 5  # the job is unchanged; the policy decided
+
+
+def test_a_kind_without_a_timeout_runs_as_long_as_it_needs(spool: Spool) -> None:
+    def nap(job: Job, ctx: Context) -> str:
+        time.sleep(0.3)
+        return "rested"
+
+    job = spool.enqueue("nap")
+    _worker(spool, {"nap": nap}, {"nap": Policy(max_attempts=2)}).run_until_idle()
+    assert spool.get(job.id).result == "rested"
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), "5", True])
+def test_a_timeout_that_is_not_a_positive_finite_number_is_refused(bad: object) -> None:
+    with pytest.raises(PolicyError, match="timeout") as err:
+        Policy(timeout=bad)  # type: ignore[arg-type]
+    assert repr(bad) in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("options", [
+    {"max_attempts": 0}, {"retry_base_seconds": -1}, {"retry_max_seconds": float("nan")},
+    {"retry_on": (ValueError, "OSError")}, {"retry_on": 3},
+    {"retry_base_seconds": 10.0, "retry_max_seconds": 1.0},
+])
+def test_malformed_policies_are_refused_with_one_line(options: dict[str, Any]) -> None:
+    with pytest.raises(PolicyError) as err:
+        Policy(**options)
+    assert "\n" not in str(err.value)
+
+
+def test_a_policy_for_an_unknown_kind_is_refused_by_app_and_worker(spool: Spool) -> None:
+    def work(job: Job, ctx: Context) -> None:
+        return None
+
+    with pytest.raises(JobspoolError, match="'nosuch'"):
+        App(handlers={"work": work}, policies={"nosuch": Policy(timeout=1.0)})
+    with pytest.raises(JobspoolError, match="'nosuch'"):
+        Worker(spool, {"work": work}, policies={"nosuch": Policy(timeout=1.0)})
+    with pytest.raises(JobspoolError, match=r"must be a jobspool\.Policy"):
+        Worker(spool, {"work": work}, policies={"work": {"timeout": 1.0}})  # type: ignore[dict-item]
+
+
+def test_an_apps_policies_reach_its_worker(spool: Spool) -> None:
+    async def hang(job: Job, ctx: Context) -> None:
+        await anyio.sleep(60)
+
+    app = App(handlers={"hang": hang}, policies={"hang": Policy(timeout=0.1, max_attempts=1)})
+    job = spool.enqueue("hang")
+    Worker(spool, app, maintenance=False).run_until_idle()
+    assert spool.get(job.id).state is JobState.DEAD_LETTER
+
+
+def test_time_limit_exceeded_is_a_jobspool_error_that_pickles() -> None:
+    err = TimeLimitExceeded("j1", "index", 2.5, "the handler was cancelled")
+    assert isinstance(err, JobspoolError)
+    back = pickle.loads(pickle.dumps(err))
+    assert (back.job_id, back.kind, back.timeout) == ("j1", "index", 2.5)
+    assert str(back) == str(err)
+
+
+def test_time_limits_hold_on_a_real_clock_spool(spool_root: Any) -> None:
+    # A real-clock spool: leases and time limits on the same clock as the worker's.
+    with Spool(spool_root, durable=False, lease_seconds=5.0) as s:
+        async def hang(job: Job, ctx: Context) -> None:
+            await anyio.sleep(60)
+
+        job = s.enqueue("hang")
+        _worker(s, {"hang": hang}, {"hang": Policy(timeout=0.1, max_attempts=1)}
+                ).run_until_idle()
+        assert s.get(job.id).state is JobState.DEAD_LETTER
