@@ -180,10 +180,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="degraded when a due job has waited longer than SECONDS (default: 300)")
     c.add_argument("--projection", help="LanceDB URI whose maintenance state to check")
     c.add_argument("--lease-grace", type=_nonneg_float, default=0.0, metavar="SECONDS",
-                   help="tolerate leases expired this long before calling them unreclaimed")
+                   help="tolerate leases expired up to SECONDS ago before calling them "
+                   "unreclaimed (default: 0)")
     c.add_argument("--maintenance-cadence", type=_positive_float, default=60.0,
-                   metavar="SECONDS", help="how often maintenance is expected to run; "
-                   "degraded after 3x that without success (default: 60)")
+                   metavar="SECONDS", help="how often maintenance is expected to run, in "
+                   "seconds; degraded after 3x that without success (default: 60)")
     c.add_argument("--max-maintenance-failures", type=_positive_int, default=3, metavar="N",
                    help="degraded after N failed optimizes of a table in a row (default: 3)")
     c.add_argument("--min-free-bytes", type=_nonneg_int, default=None, metavar="BYTES",
