@@ -1,0 +1,110 @@
+"""`AsyncSpool` (DESIGN §9): the producer API as coroutines, on asyncio and trio alike."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from jobspool import AsyncSpool, Spool, Worker
+from jobspool.errors import DuplicateJob, InvalidJob, JobFailed, JobNotFound, WaitTimeout
+
+BACKENDS = ["asyncio", "trio"]
+
+
+def _double(job: Any, ctx: Any) -> int:
+    return int(job.payload["n"]) * 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fifty_tasks_enqueue_a_thousand_jobs_concurrently_and_await_every_result(
+        tmp_path: Path, backend: str) -> None:
+    results: dict[str, int] = {}
+    numbers: dict[str, int] = {}
+
+    async def main() -> None:
+        async with AsyncSpool(tmp_path / "spool", durable=False) as spool:
+
+            async def producer(task: int) -> None:
+                for i in range(20):
+                    n = task * 20 + i
+                    job = await spool.enqueue("double", {"n": n})
+                    numbers[job.id] = n
+
+            async with anyio.create_task_group() as tg:
+                for task in range(50):
+                    tg.start_soon(producer, task)
+            assert len(numbers) == 1000
+            assert (await spool.stats()).ready == 1000
+
+            async def waiter(job_id: str) -> None:
+                results[job_id] = await spool.result(job_id, timeout=120)
+
+            worker = Worker(spool.spool, {"double": _double}, concurrency=8, maintenance=False)
+            async with anyio.create_task_group() as tg:
+                for job_id in numbers:
+                    tg.start_soon(waiter, job_id)
+                report = await worker.arun_until_idle()
+            assert report.completed == 1000
+
+    anyio.run(main, backend=backend)
+    assert results == {job_id: n * 2 for job_id, n in numbers.items()}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_prepare_commit_abort_cancel_requeue_get_and_stats_as_coroutines(
+        tmp_path: Path, backend: str) -> None:
+    async def main() -> None:
+        async with AsyncSpool(tmp_path / "spool", durable=False) as spool:
+            reservation = await spool.prepare("note", {"a": 1}, job_id="p1")
+            assert (await spool.get("p1")).state.value == "prepared"
+            assert (await spool.commit(reservation)).state.value == "ready"
+            other = await spool.prepare("note", job_id="p2")
+            canceled = await spool.abort(other)
+            assert canceled is not None and canceled.state.value == "canceled"
+            assert (await spool.requeue("p2")).state.value == "ready"
+            assert (await spool.cancel("p1")).state.value == "canceled"
+            many = await spool.enqueue_many("note", [1, 2, 3])
+            assert [j.payload for j in many] == [1, 2, 3]
+            result = await spool.enqueue_result("note", 9, job_id="p2")
+            assert (result.created, result.job.payload) == (False, None)
+            with pytest.raises(DuplicateJob):
+                await spool.enqueue("note", 9, job_id="p2", on_conflict="error")
+            stats = await spool.stats()
+            assert (stats.ready, stats.canceled) == (4, 1)
+            assert [j.id for j in await spool.jobs(state="canceled")] == ["p1"]
+            with pytest.raises(JobNotFound):
+                await spool.get("nope")
+            with pytest.raises(InvalidJob, match="nan"):
+                await spool.enqueue("note", {"x": float("nan")})
+
+    anyio.run(main, backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_wait_times_out_and_result_reports_a_job_that_did_not_complete(
+        tmp_path: Path, backend: str) -> None:
+    async def main() -> None:
+        with Spool(tmp_path / "spool", durable=False) as sync_spool:
+            spool = AsyncSpool(sync_spool)
+            job = await spool.enqueue("note", job_id="w1")
+            with pytest.raises(WaitTimeout):
+                await spool.wait(job.id, timeout=0.05)
+            (lease,) = sync_spool.claim()
+            sync_spool.fail(lease, "bad input", retryable=False)
+            assert (await spool.wait(job.id, timeout=5)).state.value == "dead_letter"
+            with pytest.raises(JobFailed, match="dead_letter: bad input") as info:
+                await spool.result(job.id, timeout=5)
+            assert info.value.job_id == "w1"
+            spool.close()  # a wrapped spool stays open: its owner closes it
+            assert sync_spool.get("w1").state.value == "dead_letter"
+
+    anyio.run(main, backend=backend)
+
+
+def test_a_wrapped_spool_takes_no_options(tmp_path: Path) -> None:
+    with Spool(tmp_path / "spool", durable=False) as spool, \
+            pytest.raises(TypeError, match="no options"):
+        AsyncSpool(spool, durable=True)

@@ -1,0 +1,300 @@
+"""Periodic jobs (DESIGN §9): `Schedule`, the `Scheduler` any number of workers run, catch-up
+after downtime, `jobspool schedules`, and one-line errors for bad schedules."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import anyio
+import pytest
+
+from jobspool import App, Schedule, Spool, Worker
+from jobspool.cli import main
+from jobspool.errors import JobspoolError, ScheduleError
+from jobspool.schedules import Scheduler, read_marks
+from tests.helpers_spool import FakeClock
+from tests.subproc import REPO, cli_env
+
+HOUR = 3600
+T0 = 1_700_000_000  # 22:13:20 UTC: not on a minute, so the first sight is mid-interval
+
+
+def _noop(job: object, ctx: object) -> None:
+    return None
+
+
+def _sched_jobs(spool: Spool) -> dict[str, int]:
+    """Scheduled job ids -> revision (1 = written once, never reopened or replaced)."""
+    return {j.id: j.revision for j in spool.jobs() if j.id.startswith("sched.")}
+
+
+# ---------------------------------------------------------------- the schedule itself
+
+
+def test_interval_ticks_are_aligned_to_the_epoch_and_ids_derive_from_the_tick() -> None:
+    s = Schedule("tasks.sync", every=60)
+    assert s.last_tick(T0) == T0 - 20 and s.next_tick(T0) == T0 + 40
+    assert s.next_tick(T0 + 40) == T0 + 100  # strictly after
+    assert s.job_id(T0 - 20) == f"sched.tasks.sync.{T0 - 20}"
+    assert Schedule("k", every=timedelta(minutes=5)).describe() == "every 300 s"
+
+
+def test_cron_ticks_follow_the_expression_in_its_time_zone() -> None:
+    s = Schedule("report", cron="0 3 * * *")
+    day = datetime(2026, 3, 1, 12, 0, tzinfo=UTC).timestamp()
+    assert s.last_tick(day) == datetime(2026, 3, 1, 3, 0, tzinfo=UTC).timestamp()
+    assert s.next_tick(day) == datetime(2026, 3, 2, 3, 0, tzinfo=UTC).timestamp()
+    paris = Schedule("report", cron="0 3 * * *", tz="Europe/Paris")
+    assert paris.next_tick(day) == datetime(2026, 3, 2, 2, 0, tzinfo=UTC).timestamp()
+
+
+def test_a_long_kind_still_yields_a_valid_job_id(spool: Spool) -> None:
+    s = Schedule("k" * 128, every=1)
+    (fired,) = Scheduler([s]).tick(spool, T0)
+    (job_id,) = fired.created
+    assert len(job_id) <= 128 and job_id.endswith(f".{T0}") and job_id == s.job_id(T0)
+    assert spool.get(job_id).kind == "k" * 128
+
+
+@pytest.mark.parametrize(("kwargs", "says"), [
+    ({"cron": "61 * * * *"}, "invalid cron expression '61 * * * *'"),
+    ({"cron": "every day"}, "invalid cron expression"),
+    ({}, "exactly one of cron= or every="),
+    ({"cron": "* * * * *", "every": 5}, "exactly one of cron= or every="),
+    ({"every": 0}, "every must be a whole number of seconds"),
+    ({"every": 1.5}, "every must be a whole number of seconds"),
+    ({"every": float("nan")}, "every must be"),
+    ({"every": 60, "catch_up": "replay"}, "catch_up 'replay'"),
+    ({"every": 60, "max_catch_up": 0}, "max_catch_up"),
+    ({"every": 60, "tz": "Mars/Olympus"}, "unknown time zone 'Mars/Olympus'"),
+    ({"every": 60, "payload": {"x": float("nan")}}, "payload['x'] is nan"),
+    ({"every": 60, "name": "../x"}, "name '../x'"),
+])
+def test_a_bad_schedule_is_refused_at_once_with_one_line(kwargs: dict[str, object],
+                                                          says: str) -> None:
+    with pytest.raises(ScheduleError) as info:
+        Schedule("tick", **kwargs)  # type: ignore[arg-type]
+    assert says in str(info.value) and "\n" not in str(info.value)
+    assert isinstance(info.value, JobspoolError)
+
+
+def test_an_app_refuses_a_schedule_for_a_kind_without_a_handler() -> None:
+    with pytest.raises(ScheduleError, match="schedule for kind 'nightly' has no handler"):
+        App(handlers={"tick": _noop}, schedules=[Schedule("nightly", cron="0 0 * * *")])
+    with pytest.raises(ScheduleError, match="two schedules named 'tick'"):
+        App(handlers={"tick": _noop}, schedules=[Schedule("tick", every=1),
+                                                 Schedule("tick", every=2)])
+
+
+# ---------------------------------------------------------------- firing
+
+
+def test_an_hour_of_ticks_enqueues_each_tick_exactly_once(spool: Spool) -> None:
+    scheduler = Scheduler([Schedule("tick", every=60), Schedule("five", cron="*/5 * * * *")])
+    t = float(T0)
+    while t <= T0 + HOUR:
+        scheduler.tick(spool, t)
+        scheduler.tick(spool, t)  # a second worker at the same moment adds nothing
+        t += 7
+    jobs = _sched_jobs(spool)
+    minutes = [f"sched.tick.{x}" for x in range(T0 - 20, T0 + HOUR + 1, 60)]
+    fives = [f"sched.five.{x}" for x in range(T0 - 20 - 13 * 60, T0 + HOUR + 1, 300)
+             if x >= T0 - 60]
+    assert sorted(jobs) == sorted(minutes + fives)
+    assert set(jobs.values()) == {1}
+
+
+def test_a_tick_is_not_fired_again_after_its_job_finished_and_was_pruned(
+        spool: Spool) -> None:
+    scheduler = Scheduler([Schedule("tick", every=60)])
+    (fired,) = scheduler.tick(spool, T0)
+    (lease,) = spool.claim()
+    spool.complete(lease)
+    assert spool.prune(keep=0).pruned == fired.created
+    assert scheduler.tick(spool, T0 + 5) == []
+    assert _sched_jobs(spool) == {}
+    assert read_marks(spool.root) == {"tick": T0 - 20}
+
+
+@pytest.mark.parametrize(("catch_up", "fired"), [
+    ("skip", []),
+    ("once", [T0 - 20 + 10 * 60]),
+    ("all", [T0 - 20 + k * 60 for k in range(1, 11)]),
+])
+def test_catch_up_after_downtime_skips_runs_once_or_runs_all(
+        spool: Spool, catch_up: str, fired: list[int]) -> None:
+    scheduler = Scheduler([Schedule("tick", every=60, catch_up=catch_up, grace_seconds=30)])
+    scheduler.tick(spool, T0)  # fires T0 - 20, then the workers are down for ten minutes
+    before = set(_sched_jobs(spool))
+    scheduler.tick(spool, T0 - 20 + 10 * 60 + 45)  # 45 s past the latest tick: late
+    new = sorted(set(_sched_jobs(spool)) - before)
+    assert new == [f"sched.tick.{t}" for t in fired]
+
+
+def test_catch_up_all_is_bounded_by_max_catch_up(spool: Spool) -> None:
+    scheduler = Scheduler([Schedule("tick", every=60, catch_up="all", max_catch_up=3)])
+    scheduler.tick(spool, T0)
+    before = set(_sched_jobs(spool))
+    scheduler.tick(spool, T0 + 24 * HOUR)
+    latest = Schedule("tick", every=60).last_tick(T0 + 24 * HOUR)
+    assert sorted(set(_sched_jobs(spool)) - before) == [
+        f"sched.tick.{latest - 120}", f"sched.tick.{latest - 60}", f"sched.tick.{latest}"]
+
+
+def test_skip_still_fires_a_tick_that_is_on_time(spool: Spool) -> None:
+    scheduler = Scheduler([Schedule("tick", every=60, catch_up="skip")])
+    scheduler.tick(spool, T0)
+    (fired,) = scheduler.tick(spool, T0 + 41)  # 1 s after the next tick
+    assert fired.created == (f"sched.tick.{T0 + 40}",)
+
+
+def test_a_new_schedule_does_not_fire_a_tick_long_past(spool: Spool) -> None:
+    scheduler = Scheduler([Schedule("report", cron="0 3 * * *", catch_up="all")])
+    assert scheduler.tick(spool, datetime(2026, 3, 1, 10, 0, tzinfo=UTC).timestamp()) == []
+    assert _sched_jobs(spool) == {}
+
+
+_PROCESS = textwrap.dedent("""
+    import json, random, sys, time
+    from pathlib import Path
+    from jobspool import Spool, Schedule
+    from jobspool.schedules import Scheduler
+
+    root, go, seed = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
+    scheduler = Scheduler([Schedule("tick", every=60, catch_up="all"),
+                           Schedule("five", cron="*/5 * * * *", catch_up="once")])
+    rng = random.Random(seed)
+    created = []
+    with Spool(root, durable=False) as spool:
+        print("ready", flush=True)
+        while not go.exists():
+            time.sleep(0.001)
+        t = float({t0})
+        while True:
+            for fired in scheduler.tick(spool, t):
+                created.extend(fired.created)
+            if t >= {end}:
+                break
+            t = min({end}, t + rng.uniform(1, 25))
+    print(json.dumps(created), flush=True)
+""")
+
+
+@pytest.mark.slow
+def test_three_worker_processes_running_the_same_schedules_enqueue_each_tick_once(
+        tmp_path: Path) -> None:
+    root = tmp_path / "spool"
+    Spool(root, durable=False).close()
+    go = tmp_path / "go"
+    code = _PROCESS.format(t0=T0, end=T0 + HOUR)
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(root), str(go), str(seed)],
+                              cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, text=True)
+             for seed in range(3)]
+    for p in procs:  # readiness: every process has its spool open before the race starts
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    go.touch()
+    created: list[str] = []
+    for p in procs:
+        out, _ = p.communicate(timeout=240)
+        assert p.returncode == 0
+        created.extend(json.loads(out.strip().splitlines()[-1]))
+    minutes = {f"sched.tick.{x}" for x in range(T0 - 20, T0 + HOUR + 1, 60)}
+    fives = {f"sched.five.{x}" for x in range(T0 - 20 - 13 * 60, T0 + HOUR + 1, 300)
+             if x >= T0 - 60}
+    # Two independent checks: what the processes say they created, and what is on disk.
+    assert sorted(created) == sorted(minutes | fives)
+    with Spool(root) as spool:
+        jobs = _sched_jobs(spool)
+    assert set(jobs) == minutes | fives and set(jobs.values()) == {1}
+
+
+def test_a_worker_fires_its_apps_schedules_while_it_serves(tmp_path: Path) -> None:
+    clock = FakeClock(float(T0))
+    seen: list[str] = []
+    done = threading.Event()
+
+    def tick(job: object, ctx: object) -> str:
+        seen.append(job.id)  # type: ignore[attr-defined]
+        if len(seen) == 2:
+            done.set()
+        return "ok"
+
+    with Spool(tmp_path / "spool", durable=False, clock=clock, lease_seconds=600) as spool:
+        app = App(handlers={"tick": tick}, schedules=[Schedule("tick", every=60)])
+        worker = Worker(spool, app, maintenance=False)
+
+        async def run() -> None:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(lambda: worker.arun_forever(handle_signals=False, poll_seconds=0.01))
+                first = f"sched.tick.{T0 - 20}"
+                while not seen or (await anyio.to_thread.run_sync(spool.get, first)).state \
+                        .value != "completed":
+                    await anyio.sleep(0.01)
+                clock.advance(60)  # the next tick is due: the worker fires it on its own
+                await anyio.to_thread.run_sync(done.wait)
+                worker.stop()
+
+        anyio.run(run)
+    assert seen == [f"sched.tick.{T0 - 20}", f"sched.tick.{T0 + 40}"]
+
+
+# ---------------------------------------------------------------- the command line
+
+
+def _app_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str) -> str:
+    name = f"sched_app_{abs(hash(body)) % 10**8}"
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(body))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return f"{name}:app"
+
+
+def test_schedules_command_lists_each_schedule_with_its_last_and_next_tick(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    spec = _app_module(tmp_path, monkeypatch, """
+        from jobspool import App, Schedule
+        app = App(handlers={"tick": print, "report": print},
+                  schedules=[Schedule("tick", every=60),
+                             Schedule("report", cron="0 3 * * *", catch_up="once")])
+    """)
+    root = tmp_path / "spool"
+    with Spool(root, durable=False) as spool:
+        Scheduler([Schedule("tick", every=60)]).tick(spool, T0)
+    assert main(["--root", str(root), "schedules", "--app", spec, "--json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["tick"]["last_tick"] == T0 - 20
+    assert rows["tick"]["last_job_id"] == f"sched.tick.{T0 - 20}"
+    assert rows["report"]["last_tick"] is None and rows["report"]["catch_up"] == "once"
+    assert rows["report"]["next_tick_iso"].endswith("T03:00:00.000Z")
+    assert main(["--root", str(root), "schedules", "--app", spec]) == 0
+    text = capsys.readouterr().out
+    assert "tick" in text and "every 60 s" in text and "cron '0 3 * * *' (UTC)" in text
+
+
+def test_a_worker_refuses_an_app_with_a_bad_schedule_with_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "spool"
+    Spool(root, durable=False).close()
+    for body, says in [
+        ("""
+            from jobspool import App, Schedule
+            app = App(handlers={"tick": print}, schedules=[Schedule("tick", cron="0 25 * * *")])
+         """, "invalid cron expression '0 25 * * *'"),
+        ("""
+            from jobspool import App, Schedule
+            app = App(handlers={"tick": print}, schedules=[Schedule("gone", every=60)])
+         """, "schedule for kind 'gone' has no handler"),
+    ]:
+        spec = _app_module(tmp_path, monkeypatch, body)
+        assert main(["--root", str(root), "worker", "--app", spec]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("jobspool: error: ") and says in err and err.count("\n") == 1
+    with Spool(root) as spool:
+        assert list(spool.jobs()) == []
