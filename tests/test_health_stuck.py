@@ -140,3 +140,40 @@ def test_the_health_command_takes_the_new_bounds_and_exits_2_with_their_reason(
     assert "[worker_stale]" in capsys.readouterr().out
     assert main(["--root", root, "health", "--min-free-percent", "101"]) == 1
     assert "101" in capsys.readouterr().err
+
+
+def _written_at(root: Path) -> list[float]:
+    files = sorted((root / "metrics").glob("*.json")) if (root / "metrics").is_dir() else []
+    return [float(orjson.loads(p.read_bytes())["written_at"]) for p in files]
+
+
+def test_an_idle_worker_keeps_its_metrics_file_fresh_and_a_finished_run_leaves_none(
+        tmp_path: Path) -> None:
+    import threading
+
+    from jobspool import Worker
+
+    root = tmp_path / "spool"
+    with Spool(root, durable=False) as spool:
+        spool.enqueue("echo", {"n": 1})
+        Worker(spool, {"echo": lambda job, ctx: job.payload}, maintenance=False) \
+            .run_until_idle()
+        assert _written_at(root) == []  # a finished run is not a stale worker
+        worker = Worker(spool, {"echo": lambda job, ctx: job.payload}, maintenance=False)
+        thread = threading.Thread(target=worker.run_forever, kwargs={"handle_signals": False})
+        thread.start()
+        try:
+            deadline = time.monotonic() + GUARD_SECONDS
+            while not _written_at(root):  # readiness: the worker published once
+                assert time.monotonic() < deadline, "the worker never published its metrics"
+                time.sleep(0.05)
+            (first,) = _written_at(root)
+            while _written_at(root) == [first]:  # idle, no job: it still refreshes the file
+                assert time.monotonic() < deadline, "an idle worker let its metrics go stale"
+                time.sleep(0.1)
+            assert check_health(spool, worker_stale=60.0).ok
+        finally:
+            worker.stop()
+            thread.join(GUARD_SECONDS)
+        assert not thread.is_alive()
+        assert _written_at(root) == []  # a clean exit removes the file

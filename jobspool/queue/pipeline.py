@@ -115,6 +115,9 @@ class Pipeline:
         from jobspool.queue.worker import WorkerCrashed
 
         while True:
+            # Idle or busy with long handlers, the metrics file stays fresh while this loop
+            # turns (at most one write per 5 s): `health` reads a stale one as a stuck worker.
+            self.w._publish(self.counters)
             if self._settle_due():
                 group, self.done = self.done, []
                 try:

@@ -187,6 +187,7 @@ class Worker:
                            wait_for_retries=wait_for_retries, progress=progress).run()
         finally:
             self._close_beat()
+            self._publish(counters, final=True)  # a finished run is no stale worker
             self._live = None
         return counters.freeze(await anyio.to_thread.run_sync(self._unhandled))
 
