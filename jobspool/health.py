@@ -351,7 +351,7 @@ def _stale_workers(spool: Spool, stale_after: float) -> list[str]:
     out: list[str] = []
     try:
         names = sorted(n for n in os.listdir(directory) if n.endswith(".json"))
-    except (FileNotFoundError, NotADirectoryError):
+    except OSError:  # none yet, or a reader who may not list it: nothing to judge
         return []
     for name in names:
         path = directory / name
