@@ -168,3 +168,18 @@ def test_processes_zero_and_a_policy_for_an_unknown_kind_are_one_line_errors(
     assert typo.returncode == 1
     assert "'wrok'" in typo.stderr and "Traceback" not in typo.stderr
     assert len(typo.stderr.strip().splitlines()) == 1
+
+
+def test_a_pool_whose_children_keep_dying_at_start_up_gives_up_with_one_line(
+        tmp_path: Path) -> None:
+    root = tmp_path / "spool"
+    Spool(root).close()
+    done = subprocess.run(
+        [sys.executable, "-m", "jobspool", "--root", str(root), "worker", "--app",
+         "tests.apps.runtime_bootfail:app", "--processes", "2"],
+        cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=GUARD, check=False)
+    assert done.returncode == 2, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("jobspool: error: worker processes died 5 times in a row")
+    assert "exit code 7" in last
+    assert "Traceback" not in done.stderr

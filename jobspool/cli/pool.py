@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from jobspool.cli.common import EXIT_OK, UsageError, _emit, _open
+from jobspool.cli.common import EXIT_OK, Refused, UsageError, _emit, _open
 
 
 def _child_options(args: argparse.Namespace) -> list[str]:
@@ -25,7 +25,7 @@ def _child_options(args: argparse.Namespace) -> list[str]:
 
 def cmd_worker_pool(args: argparse.Namespace) -> int:
     from jobspool.cli.commands import _make_worker
-    from jobspool.queue.pool import WorkerPool, child_command
+    from jobspool.queue.pool import PoolFailed, WorkerPool, child_command
 
     if getattr(args, "metrics_port", None) is not None:
         raise UsageError("--metrics-port is not supported with --processes > 1 yet; "
@@ -35,7 +35,10 @@ def cmd_worker_pool(args: argparse.Namespace) -> int:
         # not N children failing in a restart loop.
         _make_worker(args, spool)
         command = child_command(spool.root.resolve(), args.app, _child_options(args))
-        report = WorkerPool(spool, command, args.processes, grace_seconds=args.grace).run()
+        try:
+            report = WorkerPool(spool, command, args.processes, grace_seconds=args.grace).run()
+        except PoolFailed as exc:
+            raise Refused(str(exc)) from None
     d = report.to_dict()
     _emit(args, d, f"worker pool stopped: {report.processes} process(es), "
                    f"{report.restarts} restart(s), {report.killed_hung} killed for a hung "

@@ -61,6 +61,14 @@ _STABLE_SECONDS = 10.0
 _MAX_BACKOFF = 10.0
 # How long past a hung handler's time limit the child gets to exit on its own.
 _KILL_MARGIN = 2.0
+# Children dying this many times in a row within _BOOT_SECONDS of starting: give up (as
+# gunicorn does when workers cannot boot) rather than restart forever.
+_MAX_BOOT_FAILURES = 5
+_BOOT_SECONDS = 5.0
+
+
+class PoolFailed(JobspoolError):
+    """Raised when the pool's worker processes keep dying right after they start."""
 
 
 @dataclass
@@ -124,6 +132,8 @@ class WorkerPool:
         self._sel = selectors.DefaultSelector()
         self._totals: dict[str, int] = {}
         self._started = self._restarts = self._killed = self._rescued = self._released = 0
+        self._boot_failures = 0
+        self._gave_up: str | None = None
 
     # ------------------------------------------------------------ public
 
@@ -146,6 +156,8 @@ class WorkerPool:
                 self._reap(child)
             self._restore_signals(previous)
             self._sel.close()
+        if self._gave_up is not None:
+            raise PoolFailed(self._gave_up)
         return PoolReport(processes=self.processes, started=self._started,
                           restarts=self._restarts, killed_hung=self._killed,
                           rescued=self._rescued, released=self._released,
@@ -272,6 +284,16 @@ class WorkerPool:
         if self._signals:
             return
         lived = time.monotonic() - child.started
+        if not planned and code != 0 and lived < _BOOT_SECONDS:
+            self._boot_failures += 1
+            if self._boot_failures >= _MAX_BOOT_FAILURES:
+                self._gave_up = (f"worker processes died {self._boot_failures} times in a row "
+                                 f"right after starting (last: {_describe(code)}); see their "
+                                 "log lines above")
+                self._signals = max(self._signals, 1)  # stop the others too
+                return
+        else:
+            self._boot_failures = 0
         if planned or lived >= _STABLE_SECONDS:
             self._failures[child.slot] = 0
             delay = 0.0
