@@ -283,7 +283,7 @@ class Pipeline:
                         _in_thread, fn, ctx, limiter=self.threads, abandon_on_cancel=True)
                     if inspect.isawaitable(result):
                         result = await result
-            if limit.cancelled_caught:
+            if limit.cancel_called:  # the limit passed, even if the handler swallowed it
                 self._timed_out(ctx, timeout or 0.0)
             else:
                 ctx.outcome = ("complete", result)
