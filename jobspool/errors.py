@@ -159,6 +159,15 @@ class TimeLimitExceeded(JobspoolError):
         self.timeout = timeout
 
 
+class PolicyError(JobspoolError, ValueError):
+    """Raised when a per-kind `Policy` or a policies mapping is malformed (at start-up)."""
+
+
+class RunningLoopError(JobspoolError, RuntimeError):
+    """Raised when a blocking entry point (`Worker.run_until_idle`) is called inside a running
+    event loop, where its async form must be awaited instead."""
+
+
 class CorruptFileWarning(UserWarning):
     """Warned when a reader skips a job file it cannot decode (`recover` quarantines it)."""
 
@@ -174,7 +183,9 @@ __all__ = [
     "JobTooLarge",
     "JobspoolError",
     "LeaseLost",
+    "PolicyError",
     "ProjectionError",
+    "RunningLoopError",
     "ScheduleError",
     "SpoolError",
     "TimeLimitExceeded",

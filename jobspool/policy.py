@@ -14,11 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from jobspool.errors import JobspoolError
+from jobspool.errors import PolicyError
 
-
-class PolicyError(JobspoolError):
-    """Raised when a `Policy` or a policies mapping is malformed (checked at start-up)."""
+__all__ = ["Policy", "PolicyError", "check_policies"]
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ import orjson
 import pytest
 
 from jobspool import Context, Job, JobState, Spool, Worker
-from jobspool.errors import JobspoolError
+from jobspool.errors import JobspoolError, RunningLoopError
 from tests.helpers_spool import job_files
 from tests.subproc import REPO, cli_env
 
@@ -179,8 +179,9 @@ def test_run_until_idle_inside_a_running_loop_names_arun_until_idle(spool: Spool
     spool.enqueue("t")
 
     async def main() -> Any:
-        with pytest.raises(JobspoolError, match="arun_until_idle"):
+        with pytest.raises(RunningLoopError, match="arun_until_idle") as err:
             worker.run_until_idle()
+        assert isinstance(err.value, JobspoolError) and isinstance(err.value, RuntimeError)
         return await worker.arun_until_idle()
 
     report = anyio.run(main)

@@ -18,8 +18,7 @@ import anyio
 import pytest
 
 from jobspool import App, Context, Job, JobState, Policy, Spool, Worker
-from jobspool.errors import JobspoolError, TimeLimitExceeded
-from jobspool.policy import PolicyError
+from jobspool.errors import JobspoolError, PolicyError, TimeLimitExceeded
 from tests.helpers_spool import FakeClock
 
 
@@ -143,6 +142,7 @@ def test_a_timeout_that_is_not_a_positive_finite_number_is_refused(bad: object) 
     with pytest.raises(PolicyError, match="timeout") as err:
         Policy(timeout=bad)  # type: ignore[arg-type]
     assert repr(bad) in str(err.value) and "\n" not in str(err.value)
+    assert isinstance(err.value, JobspoolError) and isinstance(err.value, ValueError)
 
 
 @pytest.mark.parametrize("options", [

@@ -69,7 +69,7 @@ class Job:
     result: Any = None
     reservations: tuple[str, ...] = ()
     rescues: int = 0
-    traceback: str | None = None  # the last failed run's, bounded (MAX_TRACEBACK_CHARS)
+    traceback: str | None = None  # the last failed run's, bounded (MAX_TRACEBACK_BYTES)
 
     @property
     def terminal(self) -> bool:

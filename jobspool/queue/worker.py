@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.to_thread
 
-from jobspool.errors import JobspoolError
+from jobspool.errors import JobspoolError, RunningLoopError
 from jobspool.policy import Policy, check_policies
 from jobspool.queue.context import Context as Context
 from jobspool.queue.job import Job, validate_int, validate_kind, validate_seconds
@@ -139,11 +139,12 @@ class Worker:
         """Drain the due jobs this worker handles, then return (sync).
 
         From inside a running event loop use `await worker.arun_until_idle()`:
-        this one raises `JobspoolError` there instead of blocking the loop.
+        this one raises `RunningLoopError` (a `RuntimeError`) there instead of
+        blocking the loop.
         """
         if _in_event_loop():
-            raise JobspoolError("Worker.run_until_idle() was called inside a running event "
-                                "loop; use `await worker.arun_until_idle()` there")
+            raise RunningLoopError("Worker.run_until_idle() was called inside a running event "
+                                   "loop; use `await worker.arun_until_idle()` there")
 
         async def main() -> RunReport:
             return await self.arun_until_idle(max_jobs, wait_for_retries=wait_for_retries,
