@@ -49,13 +49,39 @@ def test_keeps_the_newest_by_updated_at_not_by_id(spool: Spool, spool_root: Path
     assert report.kept["completed"] == 2
 
 
-def test_older_than_removes_old_jobs_however_few(spool: Spool, spool_root: Path,
-                                                 clock: Any) -> None:
+def test_older_than_alone_removes_old_jobs_however_few(spool: Spool, spool_root: Path,
+                                                       clock: Any) -> None:
     _complete_in_order(spool, clock, ["a", "b", "c"])  # updated at t+1, t+2, t+3
     clock.advance(100)
-    report = spool.prune(keep=10, older_than=100.5)
+    report = spool.prune(older_than=100.5)
     assert sorted(report.completed) == ["a", "b"]
     assert sorted(job_files(spool_root)) == ["c"]
+
+
+def test_keep_and_older_than_remove_only_jobs_beyond_the_count_and_old(
+        spool: Spool, spool_root: Path, clock: Any) -> None:
+    _complete_in_order(spool, clock, ["a", "b", "c", "d"])  # updated at t+1 .. t+4
+    clock.advance(100)
+    # Old enough: a, b (t+1, t+2). Beyond the newest 1: a, b, c. Both: a, b.
+    assert sorted(spool.prune(keep=1, older_than=101.5).completed) == ["a", "b"]
+    # Beyond the newest 10: none, however old.
+    assert spool.prune(keep=10, older_than=0).completed == ()
+    # Beyond the newest 0 but younger than 1000 s: none.
+    assert spool.prune(keep=0, older_than=1000).completed == ()
+    assert sorted(job_files(spool_root)) == ["c", "d"]
+
+
+def test_keep_terminal_seconds_keeps_young_results_readable_beyond_keep_terminal(
+        spool_root: Path, clock: Any) -> None:
+    with Spool(spool_root, durable=False, clock=clock, keep_terminal=1,
+               keep_terminal_seconds=60) as spool:
+        _complete_in_order(spool, clock, ["a", "b", "c"])
+        assert spool.prune().completed == ()  # beyond keep_terminal, but young
+        clock.advance(60)
+        assert sorted(spool.prune().completed) == ["a", "b"]
+        assert sorted(job_files(spool_root)) == ["c"]
+    with Spool(spool_root, durable=False, clock=clock) as reopened:
+        assert reopened.keep_terminal_seconds == 60  # saved in spool.json
 
 
 def test_each_terminal_state_keeps_its_own_newest(spool: Spool, spool_root: Path,
@@ -228,3 +254,23 @@ def test_automatic_pruning_is_amortized_over_terminal_writes(
     # excess: at most (keep + 64) / 64 + 1 reads per terminal write, here < 3.
     assert reads["inside"] <= 3 * jobs, reads
     assert peak <= keep + 64 + 10  # bounded by the trigger interval (+ one batch)
+
+
+def test_cli_prune_keep_and_older_than_combine_and_init_saves_keep_terminal_seconds(
+        tmp_path: Path, capsys: Any) -> None:
+    import json
+
+    from jobspool.cli import main
+
+    root = str(tmp_path / "spool")
+    assert main(["--root", root, "init", "--keep-terminal-seconds", "3600", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["settings"]["keep_terminal_seconds"] == 3600
+    with Spool(root, durable=False) as spool:
+        for job_id in ("a", "b", "c"):
+            spool.enqueue("k", job_id=job_id)
+            spool.complete(_claim_one(spool, job_id))
+    # All three finished just now: beyond --keep 1 but not older than an hour.
+    assert main(["--root", root, "prune", "--keep", "1", "--older-than", "3600", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["pruned"] == 0
+    assert main(["--root", root, "prune", "--keep", "1", "--older-than", "0", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["pruned"] == 2

@@ -30,7 +30,9 @@ def cmd_init(args: argparse.Namespace) -> int:
     existed = (root / "spool.json").exists()
     opts = {k: v for k, v in (("lease_seconds", args.lease_seconds),
                               ("max_attempts", args.max_attempts),
-                              ("keep_terminal", args.keep_terminal)) if v is not None}
+                              ("keep_terminal", args.keep_terminal),
+                              ("keep_terminal_seconds", args.keep_terminal_seconds))
+            if v is not None}
     with Spool(root, create=True, **opts) as spool:
         doc = {"root": str(spool.root.resolve()), "created": not existed,
                "settings": _settings_dict(spool)}

@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--keep-terminal", type=_nonneg_int, metavar="N",
                    help="completed/dead/canceled jobs kept per state by retention "
                    "(default: 1000)")
+    c.add_argument("--keep-terminal-seconds", type=_nonneg_float, metavar="SECONDS",
+                   help="retention also keeps every finished job younger than SECONDS, "
+                   "beyond --keep-terminal (default: none, by count only)")
     c.set_defaults(func=commands.cmd_init)
 
     c = sub.add_parser("enqueue", parents=[common, create_opt], help="add a job")
@@ -154,10 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("prune", parents=[common], help="remove old terminal jobs")
     c.add_argument("--keep", type=_nonneg_int, metavar="N",
-                   help="newest jobs to keep per terminal state (default: the spool's "
-                   "keep_terminal)")
+                   help="newest jobs to keep per terminal state; with --older-than, a job goes "
+                   "only when beyond N AND older (default: the spool's keep_terminal, and "
+                   "keep_terminal_seconds as --older-than)")
     c.add_argument("--older-than", type=_nonneg_float, metavar="SECONDS",
-                   help="remove only jobs finished more than SECONDS ago")
+                   help="remove only jobs finished more than SECONDS ago (alone: whatever "
+                   "their number)")
     c.add_argument("--keep-dead", type=_nonneg_int, metavar="N",
                    help="dead letters to keep (default: --keep)")
     c.set_defaults(func=commands.cmd_prune)

@@ -50,6 +50,7 @@ class SpoolSettings:
     prepare_grace_seconds: float
     max_job_bytes: int = MAX_JOB_BYTES
     access: str = DEFAULT_ACCESS
+    keep_terminal_seconds: float | None = None  # retention by age (None: by count only)
 
 
 @dataclass

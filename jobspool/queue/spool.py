@@ -414,8 +414,9 @@ class Spool(LeasingSpool):
 
     def prune(self, keep: int | None = None, older_than: float | None = None, *,
               keep_dead: int | None = None) -> PruneReport:
-        """Remove old terminal jobs: beyond the newest `keep` of each terminal state
-        (`keep_dead` for dead letters, default `keep`), and/or older than `older_than` s."""
+        """Remove terminal jobs beyond the newest `keep` of their state (`keep_dead` for dead
+        letters, default `keep`) AND older than `older_than` seconds; either bound alone is
+        the whole rule; neither: the spool's `keep_terminal` and `keep_terminal_seconds`."""
         from jobspool.recovery.prune import prune
 
         return prune(self, keep=keep, older_than=older_than, keep_dead=keep_dead)

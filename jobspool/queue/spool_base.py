@@ -57,7 +57,7 @@ _UNSET: Any = object()
 _WRITERS = ("enqueue", "enqueue_many", "prepare", "commit", "abort", "claim", "heartbeat",
             "heartbeat_many", "check_leases", "complete", "complete_many", "fail", "fail_many",
             "release", "fenced", "cancel", "requeue", "requeue_all", "recover", "prune",
-            "cancel_matching", "requeue_matching")
+            "cancel_matching", "requeue_matching", "enqueue_result", "enqueue_many_results")
 
 
 def _pick(value: Any, stored: dict[str, Any], name: str, default: Any) -> Any:
@@ -80,6 +80,7 @@ class SpoolBase:
         retry_base_seconds: float = _UNSET,
         retry_max_seconds: float = _UNSET,
         keep_terminal: int = _UNSET,
+        keep_terminal_seconds: float | None = _UNSET,
         durable: bool = True,
         clock: Callable[[], float] = time.time,
         max_job_bytes: int = _UNSET,
@@ -108,6 +109,12 @@ class SpoolBase:
             "retry_max_seconds", _pick(retry_max_seconds, stored, "retry_max_seconds", 300.0))
         self.keep_terminal = validate_int(
             "keep_terminal", _pick(keep_terminal, stored, "keep_terminal", 1000), minimum=0)
+        # Retention by age (issue 12): a terminal job younger than this is kept even beyond
+        # the newest `keep_terminal`, so a result stays readable for a known time.
+        kts = (stored.get("keep_terminal_seconds") if keep_terminal_seconds is _UNSET
+               else keep_terminal_seconds)
+        self.keep_terminal_seconds = (None if kts is None else
+                                      validate_seconds("keep_terminal_seconds", kts))
         rescues = stored.get("max_rescues", 10) if max_rescues is _UNSET else max_rescues
         self.max_rescues = None if rescues is None else validate_int("max_rescues", rescues,
                                                                      minimum=1)
@@ -138,6 +145,7 @@ class SpoolBase:
             retry_base_seconds=self.retry_base_seconds, retry_max_seconds=self.retry_max_seconds,
             keep_terminal=self.keep_terminal, max_rescues=self.max_rescues,
             prepare_grace_seconds=self.prepare_grace_seconds,
+            keep_terminal_seconds=self.keep_terminal_seconds,
             max_job_bytes=self.max_job_bytes, access=self.access)
         if read_only:
             for name in _WRITERS:

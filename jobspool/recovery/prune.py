@@ -1,9 +1,13 @@
 """Retention pruning of terminal jobs (`completed`, `dead_letter`, `canceled`).
 
-Rules (DESIGN §3): each terminal state keeps its newest `keep` jobs by
-`updated_at` (ties: the larger id is newer) and loses the rest; with
-`older_than`, jobs whose `updated_at` is more than that many seconds in the
-past go too, however few there are. Dead letters have their own limit,
+Rules (DESIGN §3, issue 12): a terminal job is removed only when it is beyond
+the newest `keep` of its state (by `updated_at`; ties: the larger id is
+newer) AND its `updated_at` is more than `older_than` seconds in the past.
+Either bound alone is the whole rule (`keep` alone: count only; `older_than`
+alone: age only, `keep` 0). Without either, the spool's retention applies:
+`keep_terminal` and `keep_terminal_seconds` (None: count only), so a result
+stays readable for at least `keep_terminal_seconds` however busy the spool
+is. Dead letters have their own limit,
 `keep_dead` (default: `keep`), because they are evidence an operator may
 still need. Removing a job removes every readable file of it in every state
 directory, so a stale copy left by a crash can never bring it back; an
@@ -22,7 +26,9 @@ its limit. When one is over, pruning it reads `keep + excess` files and
 removes `excess`; since the spool calls it only every
 `max(64, keep_terminal // 4)` terminal writes, the excess is at least that
 large, which bounds the amortized cost at about five reads per terminal
-write whatever `keep_terminal` is.
+write whatever `keep_terminal` is. With `keep_terminal_seconds`, jobs still
+too young are kept past the count, so a directory may stay over its count
+and be read again at each call: the price of a guaranteed reading window.
 """
 
 from __future__ import annotations
@@ -83,7 +89,9 @@ def prune(spool: Spool, *, keep: int | None = None, older_than: float | None = N
     `scan` lets recovery hand over the lock-free scan it already made (every
     removal is re-checked under the lock anyway).
     """
-    keep = spool.keep_terminal if keep is None else validate_int("keep", keep, minimum=0)
+    if keep is None and older_than is None:
+        keep, older_than = spool.keep_terminal, getattr(spool, "keep_terminal_seconds", None)
+    keep = 0 if keep is None else validate_int("keep", keep, minimum=0)
     keep_dead = keep if keep_dead is None else validate_int("keep_dead", keep_dead, minimum=0)
     if older_than is not None:
         older_than = validate_seconds("older_than", older_than)
@@ -94,8 +102,9 @@ def prune(spool: Spool, *, keep: int | None = None, older_than: float | None = N
         if state not in removed:
             raise ValueError(f"{state.value} is not a terminal state")
         limit = keep_dead if state is JobState.DEAD_LETTER else keep
-        # The cheap test first: a directory within its limit costs one listing.
-        if scan is None and older_than is None and len(spool.store.names(state.value)) <= limit:
+        # The cheap test first: a directory within its count costs one listing (a job
+        # must be beyond the count to go, whatever its age).
+        if scan is None and len(spool.store.names(state.value)) <= limit:
             continue
         entries = scan.in_state(state) if scan is not None else _scan(spool, state)
         victims = _victims(entries, limit, older_than, spool.now())
@@ -137,7 +146,7 @@ def _victims(entries: list[Entry], limit: int, older_than: float | None,
     victims = ranked[limit:]
     if older_than is not None:
         cutoff = now - older_than
-        victims = [e for e in ranked[:limit] if e.updated_at < cutoff] + victims
+        victims = [e for e in victims if e.updated_at < cutoff]  # beyond the count AND old
     return victims
 
 
