@@ -161,7 +161,8 @@ def cmd_run_until_idle(args: argparse.Namespace) -> int:
         if report.projected_rows:
             lines.append(f"projected {report.projected_rows} rows")
         for kind, n in sorted(report.unhandled.items()):
-            lines.append(f"left {n} due job(s) of kind {kind!r}: no handler in this app")
+            lines.append(f"left {n} due job(s) of kind {kind!r}: no handler in --app "
+                         f"{args.app}")
         return "\n".join(lines)
 
     _emit(args, doc, text)
@@ -270,17 +271,31 @@ def cmd_stats(args: argparse.Namespace) -> int:
 def cmd_list(args: argparse.Namespace) -> int:
     import itertools
 
+    from jobspool.queue.jobprogress import read_progress
+
     with _open(args, read_only=True) as spool:
         jobs = list(itertools.islice(spool.jobs(state=args.state, kind=args.kind), args.limit))
-    _emit(args, [_job_doc(j) for j in jobs],
-          lambda: "\n".join(_job_line(j) for j in jobs) if jobs else "no jobs")
+        progress = {j.id: p for j in jobs if (p := read_progress(spool.root, j)) is not None}
+    docs = [_job_doc(j) for j in jobs]
+    for d in docs:
+        if d["id"] in progress:
+            d["progress"] = progress[d["id"]].to_dict()
+    _emit(args, docs, lambda: "\n".join(
+        _job_line(j) + (f"  progress={progress[j.id].text()}" if j.id in progress else "")
+        for j in jobs) if jobs else "no jobs")
     return EXIT_OK
 
 
 def cmd_show(args: argparse.Namespace) -> int:
+    from jobspool.queue.jobprogress import read_progress
+
     with _open(args, read_only=True) as spool:
         job = spool.get(args.job_id)
-    _emit(args, _job_doc(job), lambda: _show_text(job))
+        progress = read_progress(spool.root, job)
+    doc = _job_doc(job)
+    if progress is not None:
+        doc["progress"] = progress.to_dict()
+    _emit(args, doc, lambda: _show_text(job, progress))
     return EXIT_OK
 
 
@@ -301,11 +316,14 @@ def _bulk_move(args: argparse.Namespace, spool: Any, verb: str) -> None:
           f"{verb} {len(jobs)} job(s)")
 
 
-def _show_text(job: Any) -> str:
-    """`show`: one field a line, the last failed run's traceback last, as Python printed it."""
+def _show_text(job: Any, progress: Any = None) -> str:
+    """`show`: one field a line, the run's progress, then the last failed run's traceback as
+    Python printed it."""
     from jobspool.queue.job import evolve
 
     text = _job_text(evolve(job, traceback=None))
+    if progress is not None:
+        text += f"\n{'progress':>13}: {progress.text()}"
     if job.traceback:
         text += "\n    traceback:\n" + "\n".join(
             "      " + line for line in job.traceback.rstrip("\n").splitlines())

@@ -8,6 +8,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from jobspool.queue.job import Job, Lease
+from jobspool.queue.jobprogress import Progress, make_progress, remove_progress, write_progress
 
 if TYPE_CHECKING:
     from jobspool.projection.handler import PendingWrite
@@ -15,7 +16,8 @@ if TYPE_CHECKING:
 
 
 class Context:
-    """One job run's context: `ctx.token`, `ctx.heartbeat()`, `ctx.fenced()`, `ctx.upsert()`.
+    """One job run's context: `ctx.token`, `ctx.heartbeat()`, `ctx.fenced()`, `ctx.upsert()`,
+    `ctx.progress()`.
 
     Projection writes are buffered here and applied by the worker with the
     rest of the batch (one merge per table), only if the job's lease is
@@ -39,6 +41,9 @@ class Context:
         self.hung = False  # past its time limit and still running: no longer beaten
         self.traceback: str | None = None  # the failed run's, kept on the job
         self.thread_ident: int | None = None  # a sync handler's thread, while it runs
+        self._progress: Progress | None = None
+        self._progress_dirty = False
+        self._progress_file = False
         self._key_for = dict(key_for or {})
         self._mutex = threading.Lock()
 
@@ -62,6 +67,36 @@ class Context:
         with self._mutex:
             if lease.expires_at >= self.lease.expires_at:
                 self.lease = lease
+
+    def progress(self, done: float, total: float | None = None, note: str | None = None
+                 ) -> None:
+        """Say how far this run got (`jobspool show` and `list` print it while it runs).
+
+        Cheap: only remembered here; the worker writes it out at most every
+        half second. `done` and `total` are non-negative numbers in any unit.
+        """
+        p = make_progress(self.token, done, total, note)
+        with self._mutex:
+            self._progress = p
+            self._progress_dirty = True
+
+    def flush_progress(self) -> None:
+        """Write the last reported progress if it changed (the heartbeat thread calls this)."""
+        with self._mutex:
+            if not self._progress_dirty or self._progress is None or self.settled:
+                return
+            self._progress_dirty = False
+            self._progress_file = True
+            write_progress(self.spool.root, self.job_id, self._progress,
+                           getattr(self.spool.store, "file_mode", 0o600))
+
+    def drop_progress(self) -> None:
+        """Remove the progress file once the run is settled (called by the worker)."""
+        with self._mutex:
+            self.settled = True
+            if self._progress_file:
+                self._progress_file = False
+                remove_progress(self.spool.root, self.job_id)
 
     def fenced(self) -> AbstractContextManager[Lease]:
         """A block run under the spool lock only while this run's lease is current.

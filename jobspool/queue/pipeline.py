@@ -479,7 +479,7 @@ class Pipeline:
                        interrupted=interrupted)
 
     def _forget(self, c: Context) -> None:
-        c.settled = True
+        c.drop_progress()  # settled, and its progress file (if any) gone
         self.in_hand.pop(c.job_id, None)
         if c.started:
             self.spool.note_running([c.token], started=False)

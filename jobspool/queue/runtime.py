@@ -32,6 +32,7 @@ log = logging.getLogger("jobspool.queue.worker")
 # A loop that has not turned for this long is reported (once per stall).
 BLOCKED_SECONDS = 1.0
 _TICK = 0.1
+_PROGRESS_EVERY = 0.5  # at most one progress write per job this often
 
 
 def format_traceback(exc: BaseException) -> str:
@@ -125,9 +126,13 @@ class Monitor:
 
     def _run(self) -> None:
         next_beat = time.monotonic() + self.interval
+        next_progress = 0.0
         while not self._stop.wait(_TICK):
             now = time.monotonic()
             self._watch_loop(now)
+            if now >= next_progress:
+                next_progress = now + _PROGRESS_EVERY
+                self._flush_progress()
             if now >= next_beat:
                 next_beat = now + self.interval
                 try:
@@ -148,6 +153,13 @@ class Monitor:
         elif self._blocked_since is not None:
             log.info("event loop ran again after %.1f s", now - self._blocked_since)
             self._blocked_since = None
+
+    def _flush_progress(self) -> None:
+        for c in self.contexts():
+            try:
+                c.flush_progress()
+            except OSError as exc:  # advisory: never let it stop the heartbeats
+                log.debug("could not write the progress of job %s: %s", c.job_id, exc)
 
     def beat(self, now: float) -> None:
         """Extend every live lease in one `heartbeat_many` (one lock hold, one flush)."""

@@ -63,9 +63,19 @@ def die(job: Job, ctx: Context) -> None:
     time.sleep(float(payload.get("sleep", 60)))
 
 
+def progressing(job: Job, ctx: Context) -> str:
+    """Report 40/100, then wait (bounded) for `payload["releasefile"]` to appear."""
+    payload = job.payload if isinstance(job.payload, dict) else {}
+    ctx.progress(40, 100, "resizing")
+    deadline = time.monotonic() + 60
+    while not Path(payload["releasefile"]).exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return "done"
+
+
 app = App(
     handlers={"quick": quick, "sleepy": sleepy, "asleepy": asleepy, "boom": boom, "die": die,
-              "grace": sleepy},
+              "grace": sleepy, "progressing": progressing},
     policies={
         "sleepy": Policy(timeout=1.0, max_attempts=2, retry_base_seconds=0.05,
                          retry_max_seconds=0.05),

@@ -1,0 +1,108 @@
+"""Per-job progress: `ctx.progress(done, total, note)`, shown by `jobspool show` and `list`.
+
+Recorded cheaply: the handler's call only stores the numbers in memory; the
+worker's heartbeat thread writes at most one small file per job every
+half second, `<root>/progress/<job_id>.json`, replaced atomically and never
+fsynced (advisory data, like `<root>/metrics/`). The file carries the
+lease's token, and readers show it only while that lease is the job's
+current one, so a file left by a worker that died is never shown against a
+later run. The worker removes it when it settles the job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from jobspool.errors import InvalidJob
+from jobspool.queue.states import JobState
+
+if TYPE_CHECKING:
+    from jobspool.queue.job import Job
+
+PROGRESS_DIR = "progress"
+MAX_NOTE_CHARS = 200
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """How far one run got, by its own account."""
+
+    token: int
+    done: float
+    total: float | None
+    note: str | None
+    at: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"done": self.done, "total": self.total, "note": self.note, "at": self.at,
+                "token": self.token}
+
+    def text(self) -> str:
+        """`40/100 (40%) resizing` style."""
+        done = f"{self.done:g}"
+        out = done if self.total is None else f"{done}/{self.total:g}"
+        if self.total:
+            out += f" ({100.0 * self.done / self.total:.0f}%)"
+        return out + (f" {self.note}" if self.note else "")
+
+
+def make_progress(token: int, done: object, total: object, note: object) -> Progress:
+    """Validate a handler's `ctx.progress(...)` arguments (`InvalidJob` naming the bad one)."""
+    def number(name: str, value: object) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float) or \
+                not math.isfinite(value) or value < 0:
+            raise InvalidJob(f"ctx.progress {name} must be a non-negative finite number, "
+                             f"got {value!r}", field=name)
+        return float(value)
+
+    if note is not None and not isinstance(note, str):
+        raise InvalidJob(f"ctx.progress note must be a string, got {note!r}", field="note")
+    return Progress(token=token, done=number("done", done),
+                    total=None if total is None else number("total", total),
+                    note=None if note is None else note[:MAX_NOTE_CHARS], at=time.time())
+
+
+def _path(root: Path, job_id: str) -> Path:
+    return Path(root) / PROGRESS_DIR / f"{job_id}.json"
+
+
+def write_progress(root: Path, job_id: str, progress: Progress, mode: int = 0o600) -> None:
+    """Replace the job's progress file (atomic rename, no fsync: advisory)."""
+    path = _path(root, job_id)
+    path.parent.mkdir(mode=0o700 if mode & 0o070 == 0 else 0o770, exist_ok=True)
+    tmp = path.with_name(f".{job_id}.{os.getpid()}.{threading.get_ident()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        os.write(fd, orjson.dumps(progress.to_dict()))
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def remove_progress(root: Path, job_id: str) -> None:
+    with contextlib.suppress(OSError):
+        _path(root, job_id).unlink()
+
+
+def read_progress(root: Path, job: Job) -> Progress | None:
+    """The progress of the job's current run, or None (not running, none reported, stale)."""
+    if job.state is not JobState.LEASED or job.lease is None:
+        return None
+    try:
+        doc = orjson.loads(_path(root, job.id).read_bytes())
+        progress = Progress(token=int(doc["token"]), done=float(doc["done"]),
+                            total=None if doc.get("total") is None else float(doc["total"]),
+                            note=doc.get("note") if isinstance(doc.get("note"), str) else None,
+                            at=float(doc["at"]))
+    except (OSError, ValueError, TypeError, KeyError, orjson.JSONDecodeError):
+        return None
+    return progress if progress.token == job.lease.token else None

@@ -1,0 +1,117 @@
+"""Per-job progress (issue 11): `ctx.progress(done, total, note)`, recorded cheaply by the
+worker's heartbeat thread and shown by `jobspool show` and `list` while the job runs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+from jobspool import Context, Job, JobState, Spool, Worker
+from jobspool.errors import InvalidJob
+from jobspool.queue.jobprogress import (
+    PROGRESS_DIR,
+    Progress,
+    make_progress,
+    read_progress,
+    write_progress,
+)
+from tests.subproc import REPO, cli_env
+
+GUARD = 60.0
+
+
+def _poll(what: object, guard: float = GUARD) -> None:
+    deadline = time.monotonic() + guard
+    while not what():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "not reached before the guard"
+        time.sleep(0.02)
+
+
+def test_progress_is_readable_while_the_job_runs_and_gone_once_it_settles(
+        spool: Spool) -> None:
+    release = threading.Event()
+
+    def work(job: Job, ctx: Context) -> str:
+        ctx.progress(3, 10, "step three")
+        release.wait(GUARD)
+        return "ok"
+
+    job = spool.enqueue("work")
+    worker = Worker(spool, {"work": work}, maintenance=False)
+    t = threading.Thread(target=worker.run_until_idle)
+    t.start()
+    try:
+        _poll(lambda: read_progress(spool.root, spool.get(job.id)) is not None)
+        seen = read_progress(spool.root, spool.get(job.id))
+        assert seen is not None
+        assert (seen.done, seen.total, seen.note) == (3.0, 10.0, "step three")
+        assert seen.text() == "3/10 (30%) step three"
+    finally:
+        release.set()
+        t.join(GUARD)
+    assert spool.get(job.id).state is JobState.COMPLETED
+    assert read_progress(spool.root, spool.get(job.id)) is None
+    assert not (spool.root / PROGRESS_DIR / f"{job.id}.json").exists()
+
+
+def test_a_progress_file_from_an_earlier_run_is_not_shown_against_a_later_one(
+        spool: Spool) -> None:
+    job = spool.enqueue("work")
+    (lease,) = spool.claim()
+    write_progress(spool.root, job.id, make_progress(lease.token - 1, 5, 10, "old run"))
+    assert read_progress(spool.root, spool.get(job.id)) is None
+    write_progress(spool.root, job.id, make_progress(lease.token, 7, None, None))
+    now = read_progress(spool.root, spool.get(job.id))
+    assert now is not None and now.text() == "7"
+
+
+@pytest.mark.parametrize(("done", "total", "note"), [
+    (-1, None, None), (float("nan"), None, None), ("3", None, None), (True, None, None),
+    (1, float("inf"), None), (1, 10, 7),
+])
+def test_malformed_progress_is_refused_naming_the_value(done: object, total: object,
+                                                         note: object) -> None:
+    with pytest.raises(InvalidJob, match=r"ctx\.progress"):
+        make_progress(1, done, total, note)
+
+
+def test_a_long_note_is_cut() -> None:
+    p = make_progress(1, 1, 2, "x" * 10_000)
+    assert isinstance(p, Progress) and len(p.note or "") == 200
+
+
+def test_show_and_list_print_a_running_jobs_progress(tmp_path: Path) -> None:
+    root = tmp_path / "spool"
+    release = tmp_path / "release"
+    with Spool(root) as spool:
+        job = spool.enqueue("progressing", {"releasefile": str(release)})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jobspool", "--root", str(root), "run-until-idle", "--app",
+         "tests.apps.runtime:app", "--json", "--no-maintenance"],
+        cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def cli(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "jobspool", "--root", str(root), *args],
+                              cwd=REPO, env=cli_env(), capture_output=True, text=True,
+                              timeout=GUARD, check=True)
+        return done.stdout
+
+    try:
+        _poll(lambda: (root / PROGRESS_DIR / f"{job.id}.json").exists())
+        assert "progress: 40/100 (40%) resizing" in cli("show", job.id)
+        assert orjson.loads(cli("show", job.id, "--json"))["progress"]["done"] == 40
+        assert "progress=40/100 (40%) resizing" in cli("list")
+        listed = orjson.loads(cli("list", "--json"))
+        assert listed[0]["progress"]["note"] == "resizing"
+    finally:
+        release.touch()
+        _, err = proc.communicate(timeout=GUARD)
+    assert proc.returncode == 0, err.decode(errors="replace")
+    assert "progress:" not in cli("show", job.id)  # finished: nothing left to show
+    assert not (root / PROGRESS_DIR / f"{job.id}.json").exists()
