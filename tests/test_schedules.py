@@ -214,6 +214,71 @@ def test_three_worker_processes_running_the_same_schedules_enqueue_each_tick_onc
     assert set(jobs) == minutes | fives and set(jobs.values()) == {1}
 
 
+_WORKER_PROCESS = textwrap.dedent("""
+    import os, sys, threading, time
+    from pathlib import Path
+    from jobspool import App, Schedule, Spool, Worker
+
+    root, go, runs = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+    SPEED = 600.0  # simulated seconds per real second: the hour takes six
+
+    def handle(job, ctx):
+        with open(runs, "a") as f:  # O_APPEND: one whole line per run, across processes
+            f.write(job.id + "\\n")
+
+    app = App(handlers={"tick": handle, "five": handle},
+              schedules=[Schedule("tick", every=60, catch_up="all"),
+                         Schedule("five", cron="*/5 * * * *", catch_up="all")])
+    print("ready", flush=True)
+    while not go.exists():
+        time.sleep(0.001)
+    start = float(go.read_text())  # one simulated timeline for every process
+    clock = lambda: {t0} + (time.time() - start) * SPEED
+    with Spool(root, durable=False, clock=clock, lease_seconds=1e9) as spool:
+        worker = Worker(spool, app, maintenance=False, concurrency=2)
+
+        def stop_at_the_end():
+            while clock() < {end}:
+                time.sleep(0.01)
+            worker.stop()
+
+        threading.Thread(target=stop_at_the_end, daemon=True).start()
+        worker.run_forever(handle_signals=False, poll_seconds=0.02)
+""")
+
+
+@pytest.mark.slow
+def test_three_workers_serving_the_same_app_for_a_simulated_hour_run_each_tick_once(
+        tmp_path: Path) -> None:
+    root, go, runs = tmp_path / "spool", tmp_path / "go", tmp_path / "runs"
+    Spool(root, durable=False).close()
+    code = _WORKER_PROCESS.replace("{t0}", str(T0)).replace("{end}", str(T0 + HOUR))
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(root), str(go), str(runs)],
+                              cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, text=True)
+             for _ in range(3)]
+    for p in procs:
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    go.write_text(repr(__import__("time").time()))
+    for p in procs:
+        p.communicate(timeout=240)
+        assert p.returncode == 0
+    marks = read_marks(root)
+    with Spool(root, durable=False) as spool:
+        jobs = {j.id: j for j in spool.jobs() if j.id.startswith("sched.")}
+    # The first sight is whenever the first worker got going; from then on every tick of
+    # both schedules up to the last one fired is there, each once (ids are per tick).
+    first = {name: min(int(i.rsplit(".", 1)[1]) for i in jobs if i.startswith(f"sched.{name}."))
+             for name in ("tick", "five")}
+    assert first["tick"] < T0 + 600 and marks["tick"] >= T0 + HOUR - 600
+    minutes = {f"sched.tick.{x}" for x in range(first["tick"], marks["tick"] + 1, 60)}
+    fives = {f"sched.five.{x}" for x in range(first["five"], marks["five"] + 1, 300)}
+    assert set(jobs) == minutes | fives
+    ran = runs.read_text().split()
+    assert len(ran) == len(set(ran))  # no tick's job ran twice
+    completed = {i for i, j in jobs.items() if j.state.value == "completed"}
+    assert set(ran) == completed and all(j.attempts <= 1 for j in jobs.values())
+
+
 def test_a_worker_fires_its_apps_schedules_while_it_serves(tmp_path: Path) -> None:
     clock = FakeClock(float(T0))
     seen: list[str] = []
