@@ -36,6 +36,7 @@ from typing import Any
 import pytest
 
 from jobspool import JobState, Spool
+from jobspool.errors import WriteFailed
 from jobspool.queue import store as store_mod
 from jobspool.recovery.quarantine import quarantined_files
 from tests.helpers_spool import FakeClock, assert_disk_consistent, job_files, read_raw
@@ -108,6 +109,9 @@ OPS: dict[str, Op] = {
     "prune": lambda s, c: s.prune(keep=0),
     "recover": lambda s, c: s.recover(),
 }
+
+
+ADOPTING = frozenset({"claim_two", "complete", "fail_retryable", "fail_permanent", "heartbeat"})
 
 
 def snapshot(root: Path) -> dict[str, tuple[str, int]]:
@@ -257,8 +261,14 @@ def test_a_failing_syscall_at_any_step_leaves_old_or_new_state_after_recovery(
 
             setattr(store_mod, seam, failing)
             try:
-                with pytest.raises(OSError, match="injected"):
+                try:
                     OPS[op](s, ctx)
+                except (OSError, WriteFailed) as exc:
+                    assert "injected" in str(exc), where
+                else:
+                    # The write failed after publishing: claims, settles and heartbeats
+                    # adopt what reached the disk instead of reporting a failure.
+                    assert op in ADOPTING, f"{where}: the failure went unreported"
             finally:
                 setattr(store_mod, seam, original)
             injected += 1

@@ -189,6 +189,8 @@ def test_an_unreadable_fence_is_quarantined_and_rebuilt_from_the_tokens(
     leases = spool.claim(limit=2)
     (spool_root / "fence").write_bytes(b"\x00garbage")
     spool.enqueue("k", job_id="c")
+    # As after a reboot: no counter cached in shared memory, so the claim must read the file.
+    spool.lock.put(spool.lock.FENCE_CEILING_SLOT, 0)
     with pytest.raises(SpoolError, match="recover"):
         spool.claim()
 
@@ -288,7 +290,8 @@ def test_the_report_counts_every_step_and_serializes(spool: Spool, spool_root: P
     assert doc["quarantined"] == ["ready/j5.json"]
     assert doc["leases_reclaimed"] == ["j0", "j1"]
     assert doc["changed"] is True
-    assert doc["fence_before"] == doc["fence_after"] == 2
+    # The file holds a ceiling at or above every token handed out (tokens 1 and 2 here).
+    assert doc["fence_before"] == doc["fence_after"] >= 2
     with pytest.raises(AttributeError):
         report.pruned = ()  # type: ignore[misc]
 

@@ -1,19 +1,25 @@
-"""The spool-wide fencing counter, `<root>/fence`.
+"""The spool-wide fencing counter: `<root>/fence` (a flushed ceiling) and `FenceCounter`.
 
-Every claim takes the next tokens from it under the spool lock and writes
-the new value in the same store batch as the leased job files, through the
-same tmp-fsync-rename sequence: so a token is never handed out (and written
-into a job) without the counter that covers it being durable too, and
-tokens are strictly increasing across processes and restarts.
+Claims take tokens from a counter in shared memory under the spool lock; the
+file holds a ceiling reserved in blocks, flushed before any token under it is
+handed out (see `FenceCounter`), so a token is never written into a job
+without a durable ceiling above it, and tokens are strictly increasing across
+processes, crashes and reboots.
 
 What it does not protect against: someone editing or deleting the file.
-`fsck` checks that the counter is above every token found on disk and
+`fsck` checks that the ceiling is at or above every token found on disk and
 `recover` raises it if not.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 import orjson
+
+if TYPE_CHECKING:
+    from jobspool.queue.lock import SpoolLock
 
 FENCE_FILE = "fence"
 FENCE_FORMAT = 1
@@ -35,3 +41,73 @@ def decode_fence(data: bytes) -> int:
         if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
             return value
     raise ValueError("fence file has no non-negative integer 'fence'")
+
+
+# Tokens per ceiling write: the counter on disk is rewritten (and flushed) once per
+# BLOCK tokens handed out, not once per claim.
+BLOCK = 1024
+
+
+class FenceCounter:
+    """The spool-wide fencing counter: tokens from shared memory, a flushed ceiling on disk.
+
+    Tokens are handed out under the spool lock from a counter in the lock
+    file's shared memory (`SpoolLock.FENCE_NEXT_SLOT`); the file `<root>/fence`
+    holds a *ceiling*: no token above it has ever been handed out. When a claim
+    needs tokens past the ceiling, a new ceiling (a block of `BLOCK` more) is
+    written and flushed *before* those tokens exist anywhere, so every token on
+    disk is at or below the ceiling on disk.
+
+    Strictly increasing across processes (one counter in shared memory, under
+    the lock), crashes (the map survives a process), reboots and a lost map
+    (a new boot or a new `.lock` zeroes the cached ceiling: the next claim
+    restarts from the ceiling on disk, above every token ever handed out).
+    What it does not survive: someone lowering the file by hand (`recover`
+    raises it to the largest token on disk), or a jobspool from before this
+    scheme claiming on the same spool at the same time.
+    """
+
+    def __init__(self, lock: SpoolLock, read_disk: Callable[[], int],
+                 write_disk: Callable[[int], None]) -> None:
+        self._lock = lock
+        self._read_disk = read_disk
+        self._write_disk = write_disk
+
+    def _ceiling(self) -> int:
+        ceiling = self._lock.generation(self._lock.FENCE_CEILING_SLOT)
+        if ceiling == 0:
+            # Nothing cached since the boot (or the map is new): restart above the disk.
+            ceiling = self._read_disk()
+            nxt = max(self._lock.generation(self._lock.FENCE_NEXT_SLOT), ceiling)
+            self._lock.put(self._lock.FENCE_NEXT_SLOT, nxt)
+            if ceiling == 0:
+                # A new spool: reserve the first block now so 0 never means "cached".
+                ceiling = nxt + BLOCK
+                self._write_disk(ceiling)
+            self._lock.put(self._lock.FENCE_CEILING_SLOT, ceiling)
+        return ceiling
+
+    def take(self, n: int) -> int:
+        """Hand out `n` tokens (call under the lock); returns the first of them."""
+        ceiling = self._ceiling()
+        first = self._lock.generation(self._lock.FENCE_NEXT_SLOT) + 1
+        last = first + n - 1
+        if last > ceiling:
+            ceiling = last + BLOCK
+            self._write_disk(ceiling)  # flushed before any of these tokens is written
+            self._lock.put(self._lock.FENCE_CEILING_SLOT, ceiling)
+        self._lock.put(self._lock.FENCE_NEXT_SLOT, last)
+        return first
+
+    def last(self) -> int:
+        """The last token handed out (call under the lock)."""
+        self._ceiling()
+        return self._lock.generation(self._lock.FENCE_NEXT_SLOT)
+
+    def raised(self, value: int) -> None:
+        """The disk ceiling was raised to `value` (recovery): never hand out below it."""
+        if self._lock.read_only:
+            return
+        nxt = max(self._lock.generation(self._lock.FENCE_NEXT_SLOT), value)
+        self._lock.put(self._lock.FENCE_NEXT_SLOT, nxt)
+        self._lock.put(self._lock.FENCE_CEILING_SLOT, value if value >= nxt else 0)

@@ -17,7 +17,6 @@ from typing import Any
 
 from jobspool.errors import InvalidJob, JobspoolError, JobTooLarge, LeaseLost, WriteFailed
 from jobspool.queue import liveness, machine
-from jobspool.queue.fence import FENCE_FILE, encode_fence
 from jobspool.queue.job import (
     Job,
     Lease,
@@ -75,7 +74,6 @@ class LeasingSpool(SpoolBase):
     def _claim_locked(self, kind_set: frozenset[str] | None, limit: int, who: str,
                       seconds: float, exclude: frozenset[str]) -> list[Lease]:
         now = self.now()
-        fence = self._read_fence()  # before touching the index: a bad fence changes nothing
         self._index.refresh()
         picked: list[Job] = []
         dead: list[tuple[Job | None, Job | None]] = []
@@ -128,12 +126,10 @@ class LeasingSpool(SpoolBase):
         leases: list[Lease] = []
         extra: list[Change] = []
         proc = self.process_mark().ident if picked else None
-        if picked:
-            # The counter goes first in the batch: a crash mid-batch may leave it ahead
-            # of the tokens on disk (harmless), never behind them.
-            extra.append(Change(name=FENCE_FILE, dst="",
-                                data=encode_fence(fence + len(picked))))
-        for token, job in enumerate(picked, start=fence + 1):
+        # Tokens come from shared memory; a new ceiling, when one is due, is flushed to
+        # disk here, before any of these tokens is written into a job (fence.py).
+        first = self._fence.take(len(picked)) if picked else 0
+        for token, job in enumerate(picked, start=first):
             new = machine.claim(job, token=token, owner=who, now=now, lease_seconds=seconds,
                                 proc=proc, unstarted=job.id in fresh)
             pairs.append((job, new))

@@ -80,6 +80,15 @@ def _flock(fd: int, op: int, path: Path) -> None:
                              path=str(path)) from None
 
 
+def _boot_hash() -> int:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            text = f.read().replace("-", "").strip()
+        return int(text[:15], 16) or 1
+    except (OSError, ValueError):
+        return 1  # unknown: never a reboot seen, the disk ceiling still bounds tokens
+
+
 class SpoolLock:
     """Cross-process, cross-thread, re-entrant exclusive lock on one spool."""
 
@@ -94,6 +103,7 @@ class SpoolLock:
         self.on_reopen = on_reopen
         self._thread_lock = threading.RLock()
         self._depth = 0
+        self._boot = _boot_hash()
         self._dir_fd = -1
         self._fd = -1
         self._open()
@@ -196,7 +206,19 @@ class SpoolLock:
                 raise
             if self._after_reopen:
                 self._forget_shared_state()
+            if not self.read_only and self.generation(self.BOOT_SLOT) != self._boot:
+                self._new_boot()
         self._depth += 1
+
+    def _new_boot(self) -> None:
+        """First holder since the machine booted (or of a new `.lock`): the map's content
+        predates a reboot, when a power loss may have left two copies of a job (claims
+        check for them until recovery runs) and the token counter must restart from disk."""
+        if self.generation(self.BOOT_SLOT) != 0:
+            self.bump(self.SUSPECT_SLOT)
+        self.put(self.FENCE_NEXT_SLOT, 0)
+        self.put(self.FENCE_CEILING_SLOT, 0)
+        self.put(self.BOOT_SLOT, self._boot)
 
     def _forget_shared_state(self) -> None:
         """After switching to a new `.lock`: every cache built on the old counters is void,
@@ -205,6 +227,7 @@ class SpoolLock:
             for slot in range(_GENERATION_SLOTS):
                 self.bump(slot)
             self.bump(self.SUSPECT_SLOT)
+            self.put(self.FENCE_CEILING_SLOT, 0)  # re-read the token ceiling from disk
         if self.on_reopen is not None:
             self.on_reopen()
 
@@ -237,6 +260,10 @@ class SpoolLock:
     def generation(self, slot: int) -> int:
         return int(_SLOT.unpack_from(self._map, slot * _SLOT.size)[0])
 
+    def put(self, slot: int, value: int) -> None:
+        """Set a slot; call only while holding the lock."""
+        _SLOT.pack_into(self._map, slot * _SLOT.size, value & 0xFFFFFFFFFFFFFFFF)
+
     def bump(self, slot: int) -> int:
         """Increment a directory's change counter; call only while holding the lock."""
         value = (self.generation(slot) + 1) & 0xFFFFFFFFFFFFFFFF
@@ -246,6 +273,11 @@ class SpoolLock:
     # Slots past the per-state generations: a writer in flight, and crash suspicion.
     WRITER_SLOT = _GENERATION_SLOTS
     SUSPECT_SLOT = 13
+    # The fencing counter (fence.py): last token handed out, the ceiling flushed to disk
+    # when it was read, and which boot wrote them.
+    FENCE_NEXT_SLOT = 14
+    FENCE_CEILING_SLOT = 15
+    BOOT_SLOT = 16
 
     def begin_write(self) -> None:
         """Mark a batch of renames in flight (under the lock). Finding the mark already set

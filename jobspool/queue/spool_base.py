@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Self, cast
 
 from jobspool.errors import JobspoolError, JobTooLarge, SpoolError
 from jobspool.queue import machine
-from jobspool.queue.fence import FENCE_FILE, decode_fence, encode_fence
+from jobspool.queue.fence import FENCE_FILE, FenceCounter, decode_fence, encode_fence
 from jobspool.queue.index import SLOT, ClaimIndex
 from jobspool.queue.job import (
     MAX_JOB_BYTES,
@@ -138,6 +138,7 @@ class SpoolBase:
                             file_mode=file_mode(self.access))
         self._index = ClaimIndex(self._store, self._lock.generation, self._lock.ring)
         self._lock.on_reopen = self._index.invalidate
+        self._fence = FenceCounter(self._lock, self._read_fence, self._write_fence)
         self._owner = f"{socket.gethostname()}:{os.getpid()}"
         self._terminal_writes = 0
         self.settings = SpoolSettings(
@@ -364,10 +365,18 @@ class SpoolBase:
                              "rebuild it from the tokens on disk",
                              path=str(self.root / FENCE_FILE)) from None
 
+    def _write_fence(self, value: int) -> None:
+        """Flush a new token ceiling (under the lock; see `FenceCounter`)."""
+        write_atomic(self.root / FENCE_FILE, encode_fence(value), durable=self.durable,
+                     mode=file_mode(self.access))
+
     def fence_value(self) -> int:
-        """The last token handed out (read under the lock)."""
+        """The last token handed out (under the lock; a reader without write access gets
+        the ceiling on disk, which is at or above it)."""
         with self._lock.hold():
-            return self._read_fence()
+            if self.read_only:
+                return self._read_fence()
+            return self._fence.last()
 
     def _maybe_autoprune(self) -> None:
         """Amortized retention: prune once per `keep_terminal // 4 + 64` terminal writes here."""

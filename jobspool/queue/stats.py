@@ -88,7 +88,7 @@ def collect_stats(spool: Spool, *, by_kind: bool = False) -> Stats:
     with spool.lock.hold():
         now = spool.now()
         names = {s: store.names(s.value) for s in ALL_STATES}
-        fence = spool._read_fence()
+        fence = spool.fence_value()
     counts = {s.value: len(n) for s, n in names.items()}
     oldest: float | None = None
     due = counts[JobState.READY.value]

@@ -14,14 +14,22 @@ The write sequence of `apply` (a batch of changes, all under the spool lock):
 2. publish: rename each staged file to its destination, then flush the
    destination directories — after this point the change is durable;
 3. retire: move each superseded file away (into `tmp/pool/` for reuse, or
-   unlink it), then flush those directories.
+   unlink it) — *without* a flush.
 
 A crash at any point leaves, for each job, the old file, or the new file,
 or both; both is settled by recovery keeping the higher `revision`. Step 3
-is ordered after the flush of step 2 so that even a power loss (not just a
+starts only after the flush of step 2, so even a power loss (not just a
 process crash) cannot persist the removal of the old file without the
-arrival of the new one. `durable=False` skips every flush: safe against a
-process crash (the page cache survives it), not against a power loss.
+arrival of the new one: the new file is durable before the old one is
+touched. Step 3 itself is not flushed: a power loss may forget the removal
+and leave the old copy beside the new one, which is the "both" case above
+— readers take the higher revision (`Spool.get`), a claim after a reboot
+checks for such copies until recovery has run (`SpoolLock.suspect`), and
+`recover` removes them. The change was acknowledged once step 2 was
+flushed, so skipping this flush loses nothing that was acknowledged; it
+saves one flush per state change (two flushes instead of three).
+`durable=False` skips every flush: safe against a process crash (the page
+cache survives it), not against a power loss.
 """
 
 from __future__ import annotations
@@ -112,6 +120,7 @@ class Store:
         self._pid = os.getpid()
         self._pool: list[str] = []
         self._pool_loaded = False
+        self._pool_stamp = 0
 
     # ------------------------------------------------------------ reading
 
@@ -156,10 +165,6 @@ class Store:
         )
         staged: list[tuple[Change, str]] = []
         self._check_fork()
-        if not self._pool:
-            # Take what other processes recycled; only here, before staging starts, so a
-            # listing can never hand out a file this batch already staged into.
-            self._pool = self.pool_names()[: self.pool_size]
         fresh = 0
         try:
             for ch in changes:
@@ -191,22 +196,19 @@ class Store:
         dst_dirs = {ch.dst for ch, _ in staged if ch.dst is not None}
         if self.durable and dst_dirs:
             self._flush_dirs(dst_dirs, use_syncfs)
-        src_dirs: set[str] = set()
         for ch in changes:
             if ch.src is not None and (ch.src != ch.dst or ch.data is None):
                 self._retire(os.path.join(self.root, ch.src, ch.name))
-                src_dirs.add(ch.src)
-        if self.durable and src_dirs:
-            self._flush_dirs(src_dirs, use_syncfs)
 
     def prestage(self, datas: Sequence[bytes]) -> list[str]:
         """Write and flush new files *outside* the spool lock; `apply` publishes them later.
 
         Creating an inode is the dominant cost of an enqueue on this kind of
         disk, and doing it before taking the lock keeps producers from
-        stalling every other process meanwhile. These files are fresh (the
-        recycling pool is shared and only touched under the lock) and named
-        `<ident>.<n>.stage` after this process's liveness mark, so recovery
+        stalling every other process meanwhile. Recycled files are taken from
+        the pool by rename (see `_staging_file`), so this is safe without the
+        lock; they are named `<ident>.<n>.stage` after this process's
+        liveness mark, so recovery
         running in another process leaves them alone while their writer lives
         (see `stray_tmp_files`). The caller must `discard` the ones it does
         not publish.
@@ -218,13 +220,12 @@ class Store:
             self.sync_mode == "auto" and len(datas) >= 8))
         try:
             for data in datas:
-                path = os.path.join(self._tmp, staging_name(STAGE_SUFFIX))
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
-                             self.file_mode)
+                path, fd, size = self._staging_file(STAGE_SUFFIX)
                 paths.append(path)
                 try:
-                    set_fd_mode(fd, self.file_mode)
                     _write_all(fd, data)
+                    if size > len(data):
+                        os.ftruncate(fd, len(data))
                     if self.durable and not use_syncfs:
                         os_fsync(fd)
                 finally:
@@ -240,9 +241,12 @@ class Store:
         return paths
 
     def discard(self, paths: Sequence[str]) -> None:
-        """Remove pre-staged files that will not be published."""
+        """Remove pre-staged files that will not be published (back into the pool)."""
         for path in paths:
-            _quiet_unlink(path)
+            try:
+                self._retire(path)
+            except OSError:
+                _quiet_unlink(path)
 
     def _stage(self, data: bytes, *, fsync: bool) -> str:
         """Write `data` into a staging file and return its path (data flushed if `fsync`)."""
@@ -260,24 +264,36 @@ class Store:
         os.close(fd)
         return path
 
-    def _staging_file(self) -> tuple[str, int, int]:
-        """An open staging file: (path, fd, its current size).
+    def _staging_file(self, suffix: str = ".tmp") -> tuple[str, int, int]:
+        """An open staging file in `tmp/`: (path, fd, its current size).
 
-        A recycled file is overwritten in place and cut to length afterwards,
-        not opened with O_TRUNC: truncating first frees its blocks only for
-        the write to allocate them again, which measured several times the
-        cost of the overwrite.
+        A recycled file is taken from `tmp/pool/` by renaming it to a name of
+        ours: a rename succeeds for exactly one taker, so two processes (or a
+        producer staging outside the lock and a writer inside it) can never
+        write one inode. It is then overwritten in place and cut to length
+        afterwards, not opened with O_TRUNC: truncating first frees its blocks
+        only for the write to allocate them again, which measured several times
+        the cost of the overwrite. Only when the pool is empty is a new inode
+        created (the costly part of a state change on this kind of disk).
         """
         self._check_fork()
-        while self._pool:
-            name = self._pool.pop()
-            path = os.path.join(self._pool_dir, name)
-            try:
-                fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-            except FileNotFoundError:
-                continue  # another process took it
-            return path, fd, os.fstat(fd).st_size
-        path = os.path.join(self._tmp, staging_name(".tmp"))
+        for _ in range(2):
+            while self._pool:
+                name = self._pool.pop()
+                path = os.path.join(self._tmp, staging_name(suffix))
+                try:
+                    os_replace(os.path.join(self._pool_dir, name), path)
+                except FileNotFoundError:
+                    continue  # another process took it
+                try:
+                    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+                except OSError:
+                    _quiet_unlink(path)
+                    raise
+                return path, fd, os.fstat(fd).st_size
+            if not self._refill_pool():
+                break
+        path = os.path.join(self._tmp, staging_name(suffix))
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, self.file_mode)
         try:
             set_fd_mode(fd, self.file_mode)
@@ -286,6 +302,18 @@ class Store:
             _quiet_unlink(path)
             raise
         return path, fd, 0
+
+    def _refill_pool(self) -> bool:
+        """Relist `tmp/pool/` when it changed since we last looked (others recycle into it)."""
+        try:
+            stamp = os.stat(self._pool_dir).st_mtime_ns
+        except FileNotFoundError:
+            return False
+        if stamp == self._pool_stamp:
+            return False
+        self._pool_stamp = stamp
+        self._pool = self.pool_names()[: self.pool_size]
+        return bool(self._pool)
 
     def _retire(self, path: str) -> None:
         """Remove a superseded file: recycle it into the pool while the pool has room."""

@@ -74,7 +74,8 @@ def fsck(spool: Spool) -> FsckReport:
 
     top, _ = scan.max_token()
     with spool.lock.hold():
-        fence, fence_problem = _read_fence(spool)
+        fence, fence_problem = _read_fence(spool)  # the ceiling on disk (fence.py)
+        issued = fence if fence is None or spool.read_only else spool.fence_value()
         temps = _temp_files(spool)
         if fence is not None and fence < top:
             # Tokens only grow and the counter only grows: re-read the holder to be sure.
@@ -96,7 +97,7 @@ def fsck(spool: Spool) -> FsckReport:
     quarantined = len(quarantined_files(spool))
     return FsckReport(ok=not problems, problems=tuple(problems),
                       notes=tuple(_notes(spool, scan, counts, quarantined)), counts=counts,
-                      jobs=len({e.job_id for e in scan.entries}), fence=fence, max_token=top,
+                      jobs=len({e.job_id for e in scan.entries}), fence=issued, max_token=top,
                       quarantined=quarantined, temp_files=len(temps))
 
 

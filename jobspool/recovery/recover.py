@@ -270,6 +270,7 @@ def _raise_fence(spool: Spool, scan: Scan) -> tuple[list[str], int | None, int |
         floor = current or 0
         value = max(top, floor)
         spool._commit([], [Change(name=FENCE_FILE, dst="", data=encode_fence(value))])
+        spool._fence.raised(value)
         if current is None:
             # Claims failed on the broken counter, possibly after dropping candidates from
             # their processes' caches: make every process relist the claimable directories.
