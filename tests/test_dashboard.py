@@ -299,7 +299,7 @@ def test_the_chart_stacks_failed_on_completed_within_its_height() -> None:
     assert geometry["max"] == 5
     assert [b["series"] for b in bars] == ["completed", "failed", "completed"]
     assert bars[0]["h"] == 60.0 and bars[1]["y"] == 100 - 60 - 20
-    assert all(0 <= b["y"] and b["y"] + b["h"] <= 100.0001 for b in bars)
+    assert all(b["y"] >= 0 and b["y"] + b["h"] <= 100.0001 for b in bars)
 
 
 def test_a_non_loopback_host_without_a_token_is_refused_in_one_line(tmp_path: Path) -> None:
@@ -323,3 +323,23 @@ def test_the_api_lists_a_page_as_json(spool: Spool) -> None:
         unknown = client.get("/api/jobs/nowhere")
     assert doc["total"] == 3 and len(doc["jobs"]) == 3 and doc["next"] is None
     assert unknown.status_code == 404
+
+
+def test_a_repaired_quarantined_file_is_restored_by_post(spool: Spool) -> None:
+    job = spool.enqueue("mail", {"to": "ann"})
+    path = spool.root / "ready" / f"{job.id}.json"
+    good = path.read_bytes()
+    path.write_bytes(b"{not json")
+    spool.recover()
+    (name,) = [n for n in (spool.root / "quarantine").iterdir() if not n.name.endswith(".reason")]
+    name.write_bytes(good)  # the operator repaired it in place
+    with _client(spool) as client:
+        listing = client.get("/quarantine").text
+        token = _csrf(client, "/quarantine")
+        done = client.post(f"/quarantine/{name.name}/restore", data={"csrf": token})
+        again = client.post(f"/quarantine/{name.name}/restore", data={"csrf": token})
+        notice = client.get("/quarantine").text
+    assert name.name in listing and "Restore" in listing
+    assert done.status_code == 303
+    assert spool.get(job.id).state is JobState.READY
+    assert again.status_code == 303 and "no quarantined file named" in notice

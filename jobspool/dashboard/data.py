@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 PAGE_SIZE = 50
 SCAN_BUDGET = 2000
+LIVE_SECONDS = 30.0
 _KIND_MIN_INTERVAL = 5.0
 _KIND_COST_FACTOR = 20.0
 
@@ -189,7 +190,11 @@ def live_workers(spool: Spool, now: float) -> list[dict[str, Any]]:
     """Workers that published metrics recently, and every lease holder, with what each runs."""
     from jobspool.metrics import read_worker_reports
 
+    # Workers publish every few seconds while they settle jobs; one that has said nothing
+    # for LIVE_SECONDS is shown as quiet (busy with long jobs, stuck, or gone without
+    # cleaning up: health tells those apart), and dropped once the metrics call it stale.
     reports = read_worker_reports(spool)
+    fresh = read_worker_reports(spool, stale_after=LIVE_SECONDS)
     running: dict[str, list[dict[str, Any]]] = {}
     for job in spool.jobs(JobState.LEASED):
         if job.lease is None:
@@ -202,5 +207,6 @@ def live_workers(spool: Spool, now: float) -> list[dict[str, Any]]:
     for owner in sorted(set(reports) | set(running)):
         counters = reports.get(owner)
         out.append({"owner": owner, "publishing": counters is not None,
+                    "quiet": counters is not None and owner not in fresh,
                     "counters": counters or {}, "running": running.get(owner, [])})
     return out

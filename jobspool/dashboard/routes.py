@@ -39,7 +39,7 @@ def routes(dash: Dashboard) -> list[Route]:
     async def overview(request: Request) -> Response:
         doc = await in_thread(dash.snapshot)
         return dash.render(request, "overview.html", doc=doc, states=ALL_STATES,
-                           age_text=age_text, nav=doc["counts"])
+                           age_text=age_text, nav=doc["counts"], live_seconds=data.LIVE_SECONDS)
 
     async def api_overview(request: Request) -> Response:
         return json_response(await in_thread(dash.snapshot))

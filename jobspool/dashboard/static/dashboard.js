@@ -6,6 +6,7 @@
   var SVG = "http://www.w3.org/2000/svg";
   var STATES = ["prepared", "ready", "leased", "retryable", "completed", "dead_letter", "canceled"];
   var body = document.body;
+  var QUIET = 30;  // data.LIVE_SECONDS
   var every = parseInt(body.getAttribute("data-poll-ms") || "3000", 10);
 
   function el(tag, text, cls) {
@@ -74,17 +75,21 @@
       var tr = el("tr"), name = el("td");
       name.appendChild(el("code", w.owner));
       if (!w.publishing) name.appendChild(el("span", " (no metrics)", "muted"));
+      else if (w.quiet) name.appendChild(el("span", " (quiet for " + QUIET + " s+)", "muted"));
       tr.appendChild(name);
       ["claimed", "completed", "retried", "dead_lettered"].forEach(function (k) {
         tr.appendChild(el("td", w.publishing ? (w.counters[k] || 0) : "", "num"));
       });
       var run = el("td");
       if (!w.running.length) run.appendChild(el("span", "idle", "muted"));
-      w.running.forEach(function (r) {
+      w.running.slice(0, 4).forEach(function (r) {
         var a = jobLink(r.id, r.kind + " " + r.id);
         if (r.expired) a.className = "expired";
         run.appendChild(a); run.appendChild(document.createTextNode(" "));
       });
+      if (w.running.length > 4) {
+        run.appendChild(el("span", "and " + (w.running.length - 4) + " more leased", "muted"));
+      }
       tr.appendChild(run);
       tbody.appendChild(tr);
     });
