@@ -172,7 +172,7 @@ def cmd_run_until_idle(args: argparse.Namespace) -> int:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     _setup_logging(args)
-    if args.processes > 1:
+    if args.processes is not None:  # even 1: supervised, restarted, hung handlers killed
         from jobspool.cli.pool import cmd_worker_pool
 
         return cmd_worker_pool(args)

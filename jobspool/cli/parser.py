@@ -109,10 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
             c.add_argument("--wait-retries", type=_nonneg_float, default=0.0, metavar="SECONDS",
                            help="also wait for retries that become due within SECONDS")
         else:
-            c.add_argument("--processes", type=_positive_int, default=1, metavar="N",
+            c.add_argument("--processes", type=_positive_int, default=None, metavar="N",
                            help="supervise N worker processes, restarted when they die; a "
                            "sync handler past its time limit has its process replaced "
-                           "(default: 1, no supervisor)")
+                           "(default: run in this process, no supervisor)")
             c.add_argument("--metrics-port", type=_port,
                            help="serve Prometheus metrics on 127.0.0.1:PORT")
             c.add_argument("--metrics-host", default="127.0.0.1", metavar="ADDRESS",

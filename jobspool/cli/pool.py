@@ -28,7 +28,7 @@ def cmd_worker_pool(args: argparse.Namespace) -> int:
     from jobspool.queue.pool import PoolFailed, WorkerPool, child_command
 
     if getattr(args, "metrics_port", None) is not None:
-        raise UsageError("--metrics-port is not supported with --processes > 1 yet; "
+        raise UsageError("--metrics-port is not supported with --processes yet; "
                          "run `jobspool stats --prometheus` for the spool's metrics")
     with _open(args, create=getattr(args, "create", True)) as spool:
         # Load the app here first: a bad --app, policy or kind is one line at start-up,
