@@ -343,3 +343,35 @@ def test_a_repaired_quarantined_file_is_restored_by_post(spool: Spool) -> None:
     assert done.status_code == 303
     assert spool.get(job.id).state is JobState.READY
     assert again.status_code == 303 and "no quarantined file named" in notice
+
+
+def test_demo_with_dashboard_leaves_it_running_on_the_demo_spool(tmp_path: Path) -> None:
+    import selectors
+    import time
+    import urllib.request
+
+    root = tmp_path / "spool"
+    proc = subprocess.Popen([sys.executable, "-m", "jobspool", "--root", str(root), "demo",
+                             "--jobs", "40", "--workers", "1", "--dashboard",
+                             "--dashboard-port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env())
+    assert proc.stdout is not None
+    url = None
+    deadline = time.monotonic() + 240  # a hang guard: the demo runs a worker process
+    try:
+        with selectors.DefaultSelector() as sel:
+            sel.register(proc.stdout, selectors.EVENT_READ)
+            while url is None and time.monotonic() < deadline and proc.poll() is None:
+                if sel.select(timeout=1.0):
+                    line = proc.stdout.readline().decode()
+                    if line.startswith("jobspool dashboard for"):
+                        url = next(w for w in line.split() if w.startswith("http://"))
+        assert url is not None, "the demo never started its dashboard"
+        direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # no proxy
+        with direct.open(url + "api/overview", timeout=30) as response:
+            doc = orjson.loads(response.read())
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=60)
+    assert doc["root"] == str(root)
+    assert doc["counts"]["completed"] == 39 and doc["counts"]["dead_letter"] == 1

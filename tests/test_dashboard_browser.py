@@ -35,6 +35,7 @@ from tests.subproc import cli_env
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 HANG_GUARD = 30.0  # seconds: only ever reached when something is broken
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via a proxy
 
 
 class Server:
@@ -74,7 +75,7 @@ def start_dashboard(root: Path, *extra: str) -> Server:
     deadline = time.monotonic() + HANG_GUARD
     while True:  # poll the port until the app answers (readiness, not a fixed sleep)
         try:
-            with urllib.request.urlopen(server.url + "/static/favicon.svg", timeout=5) as r:
+            with _DIRECT.open(server.url + "/static/favicon.svg", timeout=5) as r:
                 if r.status == 200:
                     return server
         except (urllib.error.URLError, ConnectionError):
@@ -93,6 +94,7 @@ def browser() -> Iterator[webdriver.Chrome]:
     for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                  "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--window-size=1280,900",
+                 "--no-proxy-server",
                  f"--user-data-dir={profile}"):
         options.add_argument(flag)
     driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))

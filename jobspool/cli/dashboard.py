@@ -51,8 +51,21 @@ def add_serve_options(c: argparse.ArgumentParser, *, prefix: str) -> None:
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
+    _check_bind(args.host, args.token)  # the address is refused before anything else is looked at
     return serve(_root(args), host=args.host, port=args.port, read_only=args.read_only,
                  token=args.token, poll=args.poll, as_json=args.json)
+
+
+def _check_bind(host: str, token: str | None) -> str | None:
+    """The effective token (option, else environment); refuses an unguarded public address."""
+    from jobspool.dashboard.security import BindRefused, check_bind
+
+    token = token or os.environ.get(TOKEN_ENV) or None
+    try:
+        check_bind(host, token)
+    except BindRefused as exc:
+        raise Refused(str(exc)) from None
+    return token
 
 
 def _need_web_extra() -> None:
@@ -90,13 +103,7 @@ def serve(root: Path | str, *, host: str = DEFAULT_HOST, port: int = DEFAULT_POR
           read_only: bool = False, token: str | None = None, poll: float = 3.0,
           as_json: bool = False) -> int:
     """Serve the dashboard until SIGINT/SIGTERM; refuses an unguarded non-loopback address."""
-    from jobspool.dashboard.security import BindRefused, check_bind
-
-    token = token or os.environ.get(TOKEN_ENV) or None
-    try:
-        check_bind(host, token)
-    except BindRefused as exc:
-        raise Refused(str(exc)) from None
+    token = _check_bind(host, token)
     _need_web_extra()
     import uvicorn
 
@@ -140,13 +147,7 @@ def _demo_then_dashboard(run_demo: Any) -> Any:
             return int(run_demo(args))
         import tempfile
 
-        token = args.dashboard_token or os.environ.get(TOKEN_ENV) or None
-        from jobspool.dashboard.security import BindRefused, check_bind
-
-        try:  # refuse before the batch runs, not after
-            check_bind(args.dashboard_host, token)
-        except BindRefused as exc:
-            raise Refused(str(exc)) from None
+        token = _check_bind(args.dashboard_host, args.dashboard_token)  # before the batch runs
         _need_web_extra()
         root = args.root or os.environ.get("JOBSPOOL_ROOT") or str(
             Path(tempfile.mkdtemp(prefix="jobspool-demo-")) / "spool")
