@@ -259,6 +259,7 @@ class Scheduler:
         """Enqueue every tick due at `now` (default: the spool's clock) not fired yet."""
         if not self.schedules:
             return []
+        from jobspool.queue.perms import file_mode
         from jobspool.queue.store import write_atomic
 
         out: list[Fired] = []
@@ -282,7 +283,7 @@ class Scheduler:
             if changed:
                 doc = {"v": 1, "last_tick": dict(sorted(marks.items()))}
                 write_atomic(spool.root / MARKS_FILE, orjson.dumps(doc, option=orjson.OPT_INDENT_2),
-                             durable=spool.durable)
+                             durable=spool.durable, mode=file_mode(spool.access))
         for f in out:
             if f.created:
                 log.info("schedule %s fired %s", f.schedule, ", ".join(f.created))

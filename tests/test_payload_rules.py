@@ -217,6 +217,10 @@ def test_cli_run_at_accepts_iso_with_zone_and_epoch_and_shows_the_job_as_schedul
     assert main(["--root", cli_root, "list"]) == 0
     listed = capsys.readouterr().out
     assert "scheduled" in listed and "2099-06-01T10:00:00.000Z" in listed
+    assert main(["--root", cli_root, "enqueue", "k", "--id", "now"]) == 0
+    capsys.readouterr()
+    assert main(["--root", cli_root, "list", "--state", "scheduled", "--json"]) == 0
+    assert sorted(j["id"] for j in json.loads(capsys.readouterr().out)) == ["a", "b"]
     assert main(["--root", cli_root, "show", "a"]) == 0
     shown = capsys.readouterr().out
     assert "scheduled" in shown and "2099-06-01T10:00:00.000Z" in shown

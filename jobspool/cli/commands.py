@@ -274,7 +274,10 @@ def cmd_list(args: argparse.Namespace) -> int:
     from jobspool.queue.jobprogress import read_progress
 
     with _open(args, read_only=True) as spool:
-        jobs = list(itertools.islice(spool.jobs(state=args.state, kind=args.kind), args.limit))
+        scheduled = args.state == "scheduled"  # a status, not a directory: retryable/ filtered
+        found = spool.jobs(state="retryable" if scheduled else args.state, kind=args.kind)
+        jobs = list(itertools.islice((j for j in found if j.scheduled or not scheduled),
+                                     args.limit))
         progress = {j.id: p for j in jobs if (p := read_progress(spool.root, j)) is not None}
     docs = [_job_doc(j) for j in jobs]
     for d in docs:
