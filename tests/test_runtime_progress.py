@@ -115,3 +115,15 @@ def test_show_and_list_print_a_running_jobs_progress(tmp_path: Path) -> None:
     assert proc.returncode == 0, err.decode(errors="replace")
     assert "progress:" not in cli("show", job.id)  # finished: nothing left to show
     assert not (root / PROGRESS_DIR / f"{job.id}.json").exists()
+
+
+def test_a_worker_removes_progress_files_no_current_run_owns(spool: Spool) -> None:
+    dead = spool.enqueue("work")
+    (lease,) = spool.claim()
+    write_progress(spool.root, dead.id, make_progress(lease.token, 1, 2, "worker died"))
+    spool.release(lease)  # as recovery would after the death
+    orphan_dir = spool.root / PROGRESS_DIR
+    write_progress(spool.root, "no-such-job", make_progress(99, 1, None, None))
+    spool.enqueue("work")
+    Worker(spool, {"work": lambda job, ctx: None}, maintenance=False).run_until_idle()
+    assert list(orphan_dir.iterdir()) == []

@@ -164,3 +164,25 @@ def test_jobspool_show_prints_the_traceback_and_the_worker_log_has_it(tmp_path: 
     as_json: dict[str, Any] = orjson.loads(_cli("--root", root, "show", job.id, "--json").stdout)
     assert "_inner_helper_that_raises" in as_json["traceback"]
     assert as_json["state"] == "dead_letter"  # the kind's policy: max_attempts=1
+
+
+def test_handlers_calling_sys_exit_or_raising_keyboardinterrupt_do_not_stop_run_until_idle(
+        tmp_path: Path) -> None:
+    root = tmp_path / "spool"
+    with Spool(root) as spool:
+        exiting = spool.enqueue("exits", "exit").id
+        interrupting = spool.enqueue("exits", "interrupt").id
+        after = spool.enqueue("quick", {}).id
+    run = _cli("--root", root, "run-until-idle", "--app", "tests.apps.runtime:app", "--json",
+               "--no-maintenance", "--wait-retries", "5")
+    assert run.returncode == 0, run.stderr  # not the handler's exit code
+    report = orjson.loads(run.stdout)
+    assert report["dead_lettered"] == 2 and report["completed"] == 1
+    with Spool(root) as spool:
+        for job_id, name in ((exiting, "SystemExit: 3"), (interrupting, "KeyboardInterrupt")):
+            job = spool.get(job_id)
+            # Counted and dead-lettered when exhausted: no loop of releases with attempts 0.
+            assert (job.state, job.attempts) == (JobState.DEAD_LETTER, 2)
+            assert name in (job.last_error or "")
+        assert spool.get(after).state is JobState.COMPLETED
+    assert "ExceptionGroup" not in run.stderr

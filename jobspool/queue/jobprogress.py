@@ -93,6 +93,34 @@ def remove_progress(root: Path, job_id: str) -> None:
         _path(root, job_id).unlink()
 
 
+def prune_stale_progress(spool: Any) -> int:
+    """Remove progress files no current run owns (a worker died before settling its job).
+
+    A file is kept while its job is leased under the token it names, so a live
+    run's file survives; one whose run just started and has not written yet
+    loses nothing but a stale file. Returns how many were removed.
+    """
+    directory = Path(spool.root) / PROGRESS_DIR
+    try:
+        names = [n for n in os.listdir(directory) if n.endswith(".json")]
+    except OSError:
+        return 0
+    removed = 0
+    for name in names:
+        job_id = name[: -len(".json")]
+        try:
+            job = spool.get(job_id)
+        except Exception:  # gone, unreadable: nothing runs it under this file
+            job = None
+        path = directory / name
+        if job is not None and read_progress(spool.root, job) is not None:
+            continue
+        with contextlib.suppress(OSError):
+            path.unlink()
+            removed += 1
+    return removed
+
+
 def read_progress(root: Path, job: Job) -> Progress | None:
     """The progress of the job's current run, or None (not running, none reported, stale)."""
     if job.state is not JobState.LEASED or job.lease is None:

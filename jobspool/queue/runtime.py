@@ -22,6 +22,7 @@ from collections.abc import Callable, Coroutine, Generator
 from typing import TYPE_CHECKING, Any
 
 from jobspool.errors import JobspoolError, LeaseLost
+from jobspool.queue.jobprogress import prune_stale_progress
 
 if TYPE_CHECKING:
     from jobspool.queue.context import Context
@@ -125,6 +126,10 @@ class Monitor:
             await anyio.sleep(_TICK)
 
     def _run(self) -> None:
+        try:
+            prune_stale_progress(self.spool)  # files left by workers that died
+        except Exception as exc:  # advisory data: never let it stop the heartbeats
+            log.debug("could not prune stale progress files: %s", exc)
         next_beat = time.monotonic() + self.interval
         next_progress = 0.0
         while not self._stop.wait(_TICK):

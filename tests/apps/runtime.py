@@ -63,6 +63,13 @@ def die(job: Job, ctx: Context) -> None:
     time.sleep(float(payload.get("sleep", 60)))
 
 
+def exits(job: Job, ctx: Context) -> None:
+    """What a script-turned-handler does: `sys.exit(3)` (or Ctrl-C's KeyboardInterrupt)."""
+    if job.payload == "interrupt":
+        raise KeyboardInterrupt
+    raise SystemExit(3)
+
+
 def progressing(job: Job, ctx: Context) -> str:
     """Report 40/100, then wait (bounded) for `payload["releasefile"]` to appear."""
     payload = job.payload if isinstance(job.payload, dict) else {}
@@ -75,12 +82,13 @@ def progressing(job: Job, ctx: Context) -> str:
 
 app = App(
     handlers={"quick": quick, "sleepy": sleepy, "asleepy": asleepy, "boom": boom, "die": die,
-              "grace": sleepy, "progressing": progressing},
+              "grace": sleepy, "progressing": progressing, "exits": exits},
     policies={
         "sleepy": Policy(timeout=1.0, max_attempts=2, retry_base_seconds=0.05,
                          retry_max_seconds=0.05),
         "asleepy": Policy(timeout=0.5, max_attempts=1),
         "boom": Policy(max_attempts=1),
+        "exits": Policy(max_attempts=2, retry_base_seconds=0.01, retry_max_seconds=0.01),
         "die": Policy(max_attempts=3, retry_base_seconds=0.05, retry_max_seconds=0.05),
     },
 )
