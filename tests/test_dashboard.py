@@ -375,3 +375,18 @@ def test_demo_with_dashboard_leaves_it_running_on_the_demo_spool(tmp_path: Path)
         proc.communicate(timeout=60)
     assert doc["root"] == str(root)
     assert doc["counts"]["completed"] == 39 and doc["counts"]["dead_letter"] == 1
+
+
+def test_the_job_page_shows_the_traceback_a_worker_recorded(spool: Spool) -> None:
+    from jobspool import Worker
+
+    def explode_on_purpose(job: object, ctx: object) -> None:
+        raise RuntimeError("disk <full>")
+
+    job = spool.enqueue("mail", {}, max_attempts=1)
+    Worker(spool, handlers={"mail": explode_on_purpose}).run_until_idle()
+    assert spool.get(job.id).traceback  # the worker recorded one
+    with _client(spool) as client:
+        shown = client.get(f"/job/{job.id}").text
+    section = shown.split('id="traceback"', 1)[1]
+    assert "explode_on_purpose" in section and "disk &lt;full&gt;" in section

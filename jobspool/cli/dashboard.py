@@ -80,7 +80,7 @@ def _need_web_extra() -> None:
                          f"pip install 'jobspool[web]'")
 
 
-def _open_spool(root: Path, read_only: bool) -> Any:
+def _open_spool(root: Path | str, read_only: bool) -> Any:
     from jobspool.queue.spool import Spool
 
     options: dict[str, Any] = {"create": False}
@@ -109,7 +109,7 @@ def serve(root: Path | str, *, host: str = DEFAULT_HOST, port: int = DEFAULT_POR
 
     from jobspool.dashboard.app import create_app
 
-    with _open_spool(Path(root), read_only) as spool:
+    with _open_spool(root, read_only) as spool:  # a str stays one (a store URL is not a path)
         app = create_app(spool, read_only=read_only, token=token, poll_seconds=poll)
         sock = _listen(host, port)
         bound = sock.getsockname()[1]
