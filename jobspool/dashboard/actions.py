@@ -48,14 +48,9 @@ def dead_of_kind(spool: Spool, kind: str) -> list[str]:
 
 
 def requeue_dead(spool: Spool, kind: str) -> str:
-    """Requeue every dead letter of `kind`; one that moved meanwhile is skipped, not an error."""
-    done = 0
-    for job_id in dead_of_kind(spool, kind):
-        try:
-            spool.requeue(job_id)
-            done += 1
-        except (JobNotFound, InvalidTransition):
-            continue
+    """Requeue every dead letter of `kind` (`Spool.requeue_matching`: re-read under the lock,
+    in chunks, so a job that moved meanwhile is left alone)."""
+    done = len(spool.requeue_matching(kind=kind, states=[JobState.DEAD_LETTER]))
     return f"requeued {done} dead letter{'s' if done != 1 else ''} of kind {kind}"
 
 
