@@ -92,6 +92,13 @@ def test_an_app_refuses_a_schedule_for_a_kind_without_a_handler() -> None:
                                                  Schedule("tick", every=2)])
 
 
+def test_a_worker_given_schedules_directly_refuses_one_without_a_handler(
+        spool: Spool) -> None:
+    with pytest.raises(ScheduleError, match="worker: schedule for kind 'other' has no handler"):
+        Worker(spool, {"tick": _noop}, schedules=[Schedule("other", every=60)])
+    assert Worker(spool, {"tick": _noop}, schedules=[Schedule("tick", every=60)]).schedules
+
+
 # ---------------------------------------------------------------- firing
 
 

@@ -128,8 +128,12 @@ class Worker:
         self._async = {k: _is_async(fn) for k, fn in self.handlers.items()}
         self._live: Counters | None = None
         self._published = 0.0
-        # Fired by run_forever (jobspool.schedules.serve_schedules), not by run_until_idle.
-        self.schedules: tuple[Schedule, ...] = tuple(schedules or ())
+        # Fired by run_forever (jobspool.schedules.serve_schedules), not by run_until_idle;
+        # a schedule for a kind without a handler is refused here, at worker start.
+        from jobspool.schedules import check_schedules
+
+        self.schedules: tuple[Schedule, ...] = check_schedules(schedules or (), self.handlers,
+                                                               where="worker")
 
     # ------------------------------------------------------------ public entry points
 
