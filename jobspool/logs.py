@@ -57,13 +57,26 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(doc, default=str).decode()
 
 
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever `sys.stderr` is when a record is emitted, not when it was set up:
+    `main()` may run several times in one process (tests, embedding) with stderr swapped."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
 def setup_logging(level: str = "warning", fmt: str = "text") -> None:
     """Configure the root logger for a CLI process (stderr)."""
     if level not in LEVELS:
         raise ValueError(f"--log-level must be one of {', '.join(LEVELS)}, not {level!r}")
     if fmt not in FORMATS:
         raise ValueError(f"--log-format must be one of {', '.join(FORMATS)}, not {fmt!r}")
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler()
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
         # A `warnings.warn` would otherwise print two lines of plain text on stderr.

@@ -4,6 +4,7 @@ stderr line, a mistyped root refused, bulk cancel/requeue, `LanceProjection` at 
 from __future__ import annotations
 
 import argparse
+import logging
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,7 +19,18 @@ from tests.helpers_spool import FakeClock
 from tests.subproc import REPO, cli_env
 
 
+@pytest.fixture(autouse=True)
+def _root_logger_restored() -> Iterator[None]:
+    """In-process long-running commands set up logging on the root logger: undo it."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
 def run(capsys: pytest.CaptureFixture[str], *args: str | Path) -> tuple[int, str, str]:
+    capsys.readouterr()  # only what this command prints
     code = main([str(a) for a in args])
     out, err = capsys.readouterr()
     return code, out, err

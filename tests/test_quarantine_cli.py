@@ -13,6 +13,7 @@ from jobspool.cli import main
 
 
 def run(capsys: pytest.CaptureFixture[str], root: Path, *args: str) -> tuple[int, str, str]:
+    capsys.readouterr()  # only what this command prints
     code = main(["--root", str(root), *args])
     out, err = capsys.readouterr()
     return code, out, err
