@@ -5,7 +5,10 @@ schema, a state field not matching its directory, a name not matching its
 id, an empty or truncated file, a symlink, a directory) is never deleted:
 it is renamed into `quarantine/` under a unique name, and a
 `<that name>.reason` file beside it says where it came from and why. One bad
-file must never stop the queue, and an operator must be able to look at it.
+file must never stop the queue, and an operator must be able to look at it:
+`list_quarantined`, `show_quarantined`, `restore_quarantined` (a repaired
+file back into the directory of its state) and `purge_quarantined` (the
+only deletion, on an operator's request) back `jobspool quarantine`.
 
 Names are `<time_ns>-<pid>-<n>.<state>.<original name>`: unique (the reason
 file is created with O_EXCL before the move), sortable by time, and
