@@ -183,3 +183,25 @@ def test_a_pool_whose_children_keep_dying_at_start_up_gives_up_with_one_line(
     assert last.startswith("jobspool: error: worker processes died 5 times in a row")
     assert "exit code 7" in last
     assert "Traceback" not in done.stderr
+
+
+def test_two_signals_to_the_supervisor_reach_every_child_and_release_their_jobs_now(
+        tmp_path: Path) -> None:
+    root = tmp_path / "spool"
+    started = tmp_path / "started"
+    with Spool(root) as spool:
+        job = spool.enqueue("grace", {"sleep": 600, "startfile": str(started)}).id
+    proc = _pool(root, "--processes", "1", "--grace", "600")
+    try:
+        _until(started.exists, proc)
+        proc.send_signal(signal.SIGINT)  # as a terminal's Ctrl-C reaches the supervisor
+        time.sleep(0.2)
+        report, log = _stop(proc)  # the second: SIGTERM; far below the 600 s grace
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert "now (second signal)" in log
+    assert report["released"] == 1 and report["started"] == 1
+    (back,) = _jobs(root, [job])
+    assert (back.state, back.attempts) == (JobState.READY, 1)

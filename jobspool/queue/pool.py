@@ -185,13 +185,18 @@ class WorkerPool:
 
     def _forward(self) -> None:
         """Forward one SIGTERM per signal we got: children stop gracefully, then at once."""
+        new = min(2, self._signals) - min(2, self._stop_forwarded)
         self._stop_forwarded = self._signals
         self._restart_at.clear()
         log.warning("pool: stopping %d worker process(es)%s", len(self.children),
                     "" if self._signals == 1 else " now (second signal)")
-        for child in self.children.values():
-            with contextlib.suppress(OSError):
-                child.proc.send_signal(signal.SIGTERM)
+        for i in range(new):
+            if i:
+                # Two signals pending at once merge into one: let the first be delivered.
+                time.sleep(0.05)
+            for child in self.children.values():
+                with contextlib.suppress(OSError):
+                    child.proc.send_signal(signal.SIGTERM)
 
     def _check_hung(self, child: _Child, now: float) -> None:
         overdue = None
