@@ -134,11 +134,12 @@ def _strace_counts(n: int) -> dict[str, float] | None:
         return None
     work = tempfile.mkdtemp(prefix="hotpath-strace-")
     script = (
-        "import sys; from jobspool import Spool; s = Spool(sys.argv[1], lease_seconds=600)\n"
+        "import sys; from jobspool import Spool\n"
+        "s = Spool(sys.argv[1], lease_seconds=600, keep_terminal=20)\n"
         "for i in range(int(sys.argv[2])):\n"
         "    s.enqueue('bench', {'i': i}); (l,) = s.claim(limit=1); s.complete(l)\n")
     # Warm-up outside the trace: the steady state is what is counted.
-    subprocess.run([sys.executable, "-c", script, f"{work}/q", "50"], check=True, cwd=REPO)
+    subprocess.run([sys.executable, "-c", script, f"{work}/q", "300"], check=True, cwd=REPO)
     log = f"{work}/trace"
     subprocess.run(["strace", "-f", "-qq", "-o", log, "-e",
                     "trace=fsync,fdatasync,syncfs,openat,creat,mkdir",

@@ -101,6 +101,11 @@ class FenceCounter:
 
     def last(self) -> int:
         """The last token handed out (call under the lock)."""
+        if self._lock.read_only:
+            # A reader cannot refresh the cache: trust it only when it is this boot's.
+            if self._lock.current_boot and self._lock.generation(self._lock.FENCE_CEILING_SLOT):
+                return self._lock.generation(self._lock.FENCE_NEXT_SLOT)
+            return self._read_disk()
         self._ceiling()
         return self._lock.generation(self._lock.FENCE_NEXT_SLOT)
 

@@ -210,6 +210,11 @@ class SpoolLock:
                 self._new_boot()
         self._depth += 1
 
+    @property
+    def current_boot(self) -> bool:
+        """Whether the shared counters were written since this machine booted."""
+        return self.generation(self.BOOT_SLOT) == self._boot
+
     def _new_boot(self) -> None:
         """First holder since the machine booted (or of a new `.lock`): the map's content
         predates a reboot, when a power loss may have left two copies of a job (claims

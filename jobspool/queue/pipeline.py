@@ -53,6 +53,7 @@ from jobspool.queue.runtime import (
 )
 from jobspool.queue.signals import Fail, Retry
 from jobspool.queue.states import JobState
+from jobspool.queue.wakeup import DirWatcher
 
 if TYPE_CHECKING:
     from jobspool.queue.worker import Worker, WorkerCrashed
@@ -89,6 +90,7 @@ class Pipeline:
         self.crashed: WorkerCrashed | None = None
         self.next_claim_at = 0.0
         self.idle = 0.01
+        self.arrived = anyio.Event()
         self.monitor = Monitor(self.spool, lambda: list(self.in_hand.values()),
                                lease_seconds=worker.lease_seconds)
 
@@ -100,6 +102,8 @@ class Pipeline:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self.monitor.ticker)
                 tg.start_soon(self._cut_off_after_grace)
+                if not self.until_idle:
+                    tg.start_soon(self._watch_arrivals)
                 try:
                     await self._loop(tg)
                 finally:
@@ -142,6 +146,8 @@ class Pipeline:
                     continue
                 self.next_claim_at = time.monotonic() + self.idle
                 self.idle = min(self.poll_seconds, self.idle * 2)
+                if not self.until_idle:
+                    await self._claim_when_due()
             if not self.in_hand:
                 if self.w.stopping:
                     return
@@ -201,12 +207,43 @@ class Pipeline:
             self.wake = anyio.Event()
 
     async def _sleep(self, seconds: float) -> None:
+        """Sleep, but return early on a stop or when a job arrives (`_watch_arrivals`)."""
         deadline = time.monotonic() + seconds
         while not self.w.stopping:
             left = deadline - time.monotonic()
             if left <= 0:
                 return
-            await anyio.sleep(min(left, 0.05))
+            with anyio.move_on_after(min(left, 0.05)):
+                await self.arrived.wait()
+            if self.arrived.is_set():
+                self.arrived = anyio.Event()
+                return
+
+    async def _watch_arrivals(self) -> None:
+        """Claim as soon as a job file lands in ready/ or retryable/ (wakeup.py): no polling
+        delay between an enqueue by any process and an idle worker's claim."""
+        watcher = DirWatcher([self.spool.root / JobState.READY.value,
+                              self.spool.root / JobState.RETRYABLE.value])
+        if not watcher.active:
+            return
+        try:
+            while not self.w.stopping:
+                hit = await anyio.to_thread.run_sync(watcher.wait, 0.25,
+                                                     abandon_on_cancel=True)
+                if hit:
+                    self.next_claim_at = 0.0
+                    self.idle = 0.01
+                    self.arrived.set()
+        finally:
+            watcher.close()
+
+    async def _claim_when_due(self) -> None:
+        """Idle: claim again when the next delayed job or expiring lease comes due, if that
+        is sooner than the next safety poll."""
+        due = await anyio.to_thread.run_sync(self.spool.next_due_at, self.w.kinds)
+        if due is not None:
+            at = time.monotonic() + max(0.0, due - self.spool.now()) + 0.001
+            self.next_claim_at = min(self.next_claim_at, at)
 
     async def _wait_for_due(self) -> bool:
         """Sleep until the next retry becomes due if that is within the bound."""

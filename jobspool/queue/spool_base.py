@@ -374,8 +374,6 @@ class SpoolBase:
         """The last token handed out (under the lock; a reader without write access gets
         the ceiling on disk, which is at or above it)."""
         with self._lock.hold():
-            if self.read_only:
-                return self._read_fence()
             return self._fence.last()
 
     def _maybe_autoprune(self) -> None:
