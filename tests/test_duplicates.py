@@ -11,6 +11,7 @@ import pytest
 
 from jobspool import EnqueueResult, Spool
 from jobspool.errors import DuplicateJob, InvalidJob, JobNotFound, JobspoolError
+from jobspool.queue.machine import Failure
 from tests.helpers_spool import FakeClock, job_files
 
 JOB = "d1"
@@ -50,7 +51,9 @@ def _completed(spool: Spool) -> None:
 def _dead_letter(spool: Spool) -> None:
     spool.enqueue("k", OLD, job_id=JOB)
     (lease,) = spool.claim()
-    spool.fail(lease, "fatal", retryable=False)
+    spool.fail(lease, Failure("fatal", traceback="Traceback ...\nValueError: fatal"),
+               retryable=False)
+    assert spool.get(JOB).traceback
 
 
 def _canceled(spool: Spool) -> None:
@@ -121,6 +124,7 @@ def test_each_duplicate_policy_against_each_state_does_what_the_table_says(
     else:
         assert result.job.payload == NEW
         assert result.job.attempts == 0 and result.job.last_error is None
+        assert result.job.traceback is None
         assert result.job.result is None
         assert job_files(spool_root) == {JOB: [after]}
 

@@ -162,7 +162,7 @@ def decide_enqueue(existing: Job, fresh: Job, *, now: float, on_conflict: str,
                              payload=fresh.payload, attempts=0, priority=fresh.priority,
                              max_attempts=fresh.max_attempts, run_at=fresh.run_at, lease=None,
                              last_error=None, result=None, reservations=reservations,
-                             rescues=0)
+                             rescues=0, traceback=None)
 
 
 def is_due(job: Job, now: float) -> bool:
