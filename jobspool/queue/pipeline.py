@@ -22,36 +22,22 @@ projection writes never reach a table.
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
-import math
-import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio
 import anyio.to_thread
 
-from jobspool.errors import (
-    JobspoolError,
-    LeaseLost,
-    ProjectionError,
-    TimeLimitExceeded,
-    WriteFailed,
-)
+from jobspool.errors import JobspoolError, LeaseLost, WriteFailed
 from jobspool.queue.context import Context
-from jobspool.queue.job import clip_error, validate_seconds
+from jobspool.queue.invoke import invoke
+from jobspool.queue.job import clip_error
 from jobspool.queue.machine import Failure
 from jobspool.queue.report import Counters, RunReport
-from jobspool.queue.runtime import (
-    Monitor,
-    Tracked,
-    cancel_requested,
-    format_traceback,
-    thread_stack,
-)
-from jobspool.queue.signals import Fail, Retry
+from jobspool.queue.runtime import Monitor
+from jobspool.queue.signals import Retry
 from jobspool.queue.states import JobState
 from jobspool.queue.wakeup import DirWatcher
 
@@ -300,7 +286,7 @@ class Pipeline:
             self._finished(ctx)  # outcome None (never started, cut off): released at settle
 
     async def _call(self, ctx: Context) -> None:
-        """Run one handler and record how it ended in `ctx.outcome` (never raises for it)."""
+        """Run one handler (`invoke.py`): how it ended lands in `ctx.outcome`."""
         kind = ctx.job.kind
         fn = self.w.handlers[kind]
         timeout = self.w.timeout_for(kind)
@@ -310,72 +296,10 @@ class Pipeline:
         # Before the handler runs: if this process dies now, recovery blames this job only.
         self.spool.note_running([ctx.token], started=True)
         try:
-            with anyio.move_on_after(math.inf if timeout is None else timeout) as limit:
-                if self.w.is_async(kind):
-                    result = await Tracked(fn(ctx.job, ctx), self.monitor,
-                                           f"the handler of kind {kind!r} "
-                                           f"({_name(fn)}, job {ctx.job_id})")
-                else:
-                    result = await anyio.to_thread.run_sync(
-                        _in_thread, fn, ctx, limiter=self.threads, abandon_on_cancel=True)
-                    if inspect.isawaitable(result):
-                        result = await result
-            if limit.cancel_called:  # the limit passed, even if the handler swallowed it
-                self._timed_out(ctx, timeout or 0.0)
-            else:
-                ctx.outcome = ("complete", result)
-        except Retry as r:
-            try:
-                if r.delay is not None:
-                    validate_seconds("Retry(delay=...)", r.delay)
-                ctx.outcome = ("retry", r)
-            except JobspoolError as bad:
-                ctx.outcome = ("error", bad)  # the handler's mistake: normal backoff
-        except Fail as f:
-            ctx.outcome = ("fail", f.reason)
-        except ProjectionError as e:
-            ctx.traceback = format_traceback(e)
-            ctx.outcome = ("fail", str(e))
-        except LeaseLost:
-            ctx.lost = True
-        except _Raised as carried:
-            self._handler_raised(ctx, carried.exc)
-        except anyio.get_cancelled_exc_class() as exc:
-            if cancel_requested():  # ours: shutdown past its grace, or the worker gave up
-                ctx.outcome = ("interrupted", None)
-                raise
-            self._handler_raised(ctx, exc)
-        except BaseException as exc:  # SystemExit and KeyboardInterrupt included:
-            # whatever a handler raises is its job's failure; only a real signal stops us.
-            self._handler_raised(ctx, exc)
+            await invoke(ctx, fn, is_async=self.w.is_async(kind), timeout=timeout,
+                         monitor=self.monitor, threads=self.threads, on_hung=self.w.note_hung)
         finally:
-            ctx.thread_ident = None
             self.w.note_end(ctx)
-
-    def _handler_raised(self, ctx: Context, exc: BaseException) -> None:
-        ctx.traceback = format_traceback(exc)
-        ctx.outcome = ("raised", exc)
-        log.warning("job %s (%s, token %d, attempt %d) failed: %s: %s\n%s", ctx.job_id,
-                    ctx.job.kind, ctx.token, ctx.job.attempts, type(exc).__name__, exc,
-                    ctx.traceback.rstrip("\n"),
-                    extra={"job_id": ctx.job_id, "kind": ctx.job.kind, "token": ctx.token})
-
-    def _timed_out(self, ctx: Context, timeout: float) -> None:
-        sync = not self.w.is_async(ctx.job.kind)
-        stack = thread_stack(ctx.thread_ident) if sync else None
-        detail = ("a sync handler's thread cannot be stopped: it is abandoned, still "
-                  "running" if sync else "the handler was cancelled")
-        exc = TimeLimitExceeded(ctx.job_id, ctx.job.kind, timeout, detail)
-        ctx.traceback = stack or format_traceback(exc)
-        ctx.outcome = ("raised", exc)
-        if sync:
-            ctx.hung = True
-        log.warning("job %s (%s, token %d) ran past its time limit of %g s: %s\n%s",
-                    ctx.job_id, ctx.job.kind, ctx.token, timeout, detail,
-                    ctx.traceback.rstrip("\n"),
-                    extra={"job_id": ctx.job_id, "kind": ctx.job.kind, "token": ctx.token})
-        if sync:
-            self.w.note_hung(ctx)
 
     async def _cut_off_after_grace(self) -> None:
         while not self.w.stopping:
@@ -571,27 +495,3 @@ class Pipeline:
             for scope in list(self.scopes):
                 scope.cancel()
             await anyio.to_thread.run_sync(self._release_unsettled, rest)
-
-
-class _Raised(Exception):
-    """Carries a handler's non-`Exception` (SystemExit, GeneratorExit...) out of its thread:
-    through an asyncio future those would stop the loop or break the awaiting coroutine."""
-
-    def __init__(self, exc: BaseException) -> None:
-        super().__init__(repr(exc))
-        self.exc = exc
-
-
-def _in_thread(fn: Callable[..., Any], ctx: Context) -> Any:
-    """Call a sync handler in a worker thread, leaving where to find its stack."""
-    ctx.thread_ident = threading.get_ident()
-    try:
-        return fn(ctx.job, ctx)
-    except Exception:
-        raise
-    except BaseException as exc:
-        raise _Raised(exc) from None
-
-
-def _name(fn: Callable[..., Any]) -> str:
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"

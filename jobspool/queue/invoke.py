@@ -1,0 +1,139 @@
+"""Calling one handler: its time limit, and how it ended, as `ctx.outcome`.
+
+Whatever a handler does ends as one outcome the pipeline settles:
+`("complete", result)`, `("retry", Retry)`, `("fail", reason)`, `("raised",
+exception)` (its own exception, `TimeLimitExceeded` included: the kind's
+policy decides whether it retries), `("error", exception)` (a mistake worth
+the normal backoff), `("interrupted", None)` (cut off by our own
+cancellation: shutdown past its grace), or `ctx.lost` (it found its lease
+gone). `SystemExit`, `KeyboardInterrupt` and every other `BaseException`
+a handler raises are its job's failure: only a real signal stops a worker.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import anyio.to_thread
+
+from jobspool.errors import JobspoolError, LeaseLost, ProjectionError, TimeLimitExceeded
+from jobspool.queue.context import Context
+from jobspool.queue.job import validate_seconds
+from jobspool.queue.runtime import (
+    Monitor,
+    Tracked,
+    cancel_requested,
+    format_traceback,
+    thread_stack,
+)
+from jobspool.queue.signals import Fail, Retry
+
+log = logging.getLogger("jobspool.queue.worker")
+
+
+async def invoke(ctx: Context, fn: Callable[..., Any], *, is_async: bool,
+                 timeout: float | None, monitor: Monitor, threads: anyio.CapacityLimiter,
+                 on_hung: Callable[[Context], None]) -> None:
+    """Run `fn(ctx.job, ctx)` within `timeout` and record how it ended in `ctx.outcome`.
+
+    Raises only our own cancellation (after recording `interrupted`). A sync
+    handler runs in a thread (from `threads`); past its time limit it is
+    abandoned — a thread cannot be stopped — and `on_hung(ctx)` is told.
+    """
+    kind = ctx.job.kind
+    try:
+        with anyio.move_on_after(math.inf if timeout is None else timeout) as limit:
+            if is_async:
+                result = await Tracked(fn(ctx.job, ctx), monitor,
+                                       f"the handler of kind {kind!r} "
+                                       f"({_name(fn)}, job {ctx.job_id})")
+            else:
+                result = await anyio.to_thread.run_sync(
+                    _in_thread, fn, ctx, limiter=threads, abandon_on_cancel=True)
+                if inspect.isawaitable(result):
+                    result = await result
+        if limit.cancel_called:  # the limit passed, even if the handler swallowed it
+            _timed_out(ctx, timeout or 0.0, sync=not is_async)
+            if not is_async:
+                on_hung(ctx)
+        else:
+            ctx.outcome = ("complete", result)
+    except Retry as r:
+        try:
+            if r.delay is not None:
+                validate_seconds("Retry(delay=...)", r.delay)
+            ctx.outcome = ("retry", r)
+        except JobspoolError as bad:
+            ctx.outcome = ("error", bad)  # the handler's mistake: normal backoff
+    except Fail as f:
+        ctx.outcome = ("fail", f.reason)
+    except ProjectionError as e:
+        ctx.traceback = format_traceback(e)
+        ctx.outcome = ("fail", str(e))
+    except LeaseLost:
+        ctx.lost = True
+    except _Raised as carried:
+        _handler_raised(ctx, carried.exc)
+    except anyio.get_cancelled_exc_class() as exc:
+        if cancel_requested():  # ours: shutdown past its grace, or the worker gave up
+            ctx.outcome = ("interrupted", None)
+            raise
+        _handler_raised(ctx, exc)
+    except BaseException as exc:  # SystemExit and KeyboardInterrupt included:
+        # whatever a handler raises is its job's failure; only a real signal stops us.
+        _handler_raised(ctx, exc)
+    finally:
+        ctx.thread_ident = None
+
+
+def _handler_raised(ctx: Context, exc: BaseException) -> None:
+    ctx.traceback = format_traceback(exc)
+    ctx.outcome = ("raised", exc)
+    log.warning("job %s (%s, token %d, attempt %d) failed: %s: %s\n%s", ctx.job_id,
+                ctx.job.kind, ctx.token, ctx.job.attempts, type(exc).__name__, exc,
+                ctx.traceback.rstrip("\n"),
+                extra={"job_id": ctx.job_id, "kind": ctx.job.kind, "token": ctx.token})
+
+
+def _timed_out(ctx: Context, timeout: float, *, sync: bool) -> None:
+    stack = thread_stack(ctx.thread_ident) if sync else None
+    detail = ("a sync handler's thread cannot be stopped: it is abandoned, still "
+              "running" if sync else "the handler was cancelled")
+    exc = TimeLimitExceeded(ctx.job_id, ctx.job.kind, timeout, detail)
+    ctx.traceback = stack or format_traceback(exc)
+    ctx.outcome = ("raised", exc)
+    ctx.hung = sync
+    log.warning("job %s (%s, token %d) ran past its time limit of %g s: %s\n%s",
+                ctx.job_id, ctx.job.kind, ctx.token, timeout, detail,
+                ctx.traceback.rstrip("\n"),
+                extra={"job_id": ctx.job_id, "kind": ctx.job.kind, "token": ctx.token})
+
+
+class _Raised(Exception):
+    """Carries a handler's non-`Exception` (SystemExit, GeneratorExit...) out of its thread:
+    through an asyncio future those would stop the loop or break the awaiting coroutine."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__(repr(exc))
+        self.exc = exc
+
+
+def _in_thread(fn: Callable[..., Any], ctx: Context) -> Any:
+    """Call a sync handler in a worker thread, leaving where to find its stack."""
+    ctx.thread_ident = threading.get_ident()
+    try:
+        return fn(ctx.job, ctx)
+    except Exception:
+        raise
+    except BaseException as exc:
+        raise _Raised(exc) from None
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
