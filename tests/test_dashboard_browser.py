@@ -164,7 +164,10 @@ def test_the_overview_shows_the_counts_of_stats_json(root: Path, served: Server,
     assert shown == stats["counts"]
     assert browser.find_element(By.CSS_SELECTOR, "[data-field=total]").text == str(stats["total"])
     assert browser.find_element(By.ID, "health-status").text == "degraded"
-    kinds = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#kind-counts tbody th")]
+    # one script call: the poll rebuilds these rows, so element handles could go stale
+    kinds = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#kind-counts tbody th'))"
+        ".map(function (e) { return e.textContent; })")
     assert kinds == ["mail", "thumb"]
 
 

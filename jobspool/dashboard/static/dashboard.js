@@ -61,7 +61,15 @@
       var tr = el("tr"), th = el("th"), a = el("a", kind);
       a.href = "/jobs/ready?kind=" + encodeURIComponent(kind);
       th.appendChild(a); tr.appendChild(th);
-      STATES.forEach(function (s) { tr.appendChild(el("td", byKind[kind][s] || 0, "num")); });
+      STATES.forEach(function (s) {
+        var n = byKind[kind][s] || 0, td = el("td", n ? null : 0, "num");
+        if (n) {
+          var link = el("a", n);
+          link.href = "/jobs/" + s + "?kind=" + encodeURIComponent(kind);
+          td.appendChild(link);
+        }
+        tr.appendChild(td);
+      });
       tbody.appendChild(tr);
     });
   }
