@@ -390,3 +390,131 @@ def test_the_job_page_shows_the_traceback_a_worker_recorded(spool: Spool) -> Non
         shown = client.get(f"/job/{job.id}").text
     section = shown.split('id="traceback"', 1)[1]
     assert "explode_on_purpose" in section and "disk &lt;full&gt;" in section
+
+
+def test_a_read_only_dashboard_serves_a_user_who_may_only_read_the_spool() -> None:
+    """The spool is root's; the dashboard runs as `nobody` (or, without root, on a spool
+    nobody may write), shows everything, refuses actions and changes nothing on disk."""
+    import os
+    import selectors
+    import shutil
+    import signal
+    import stat
+    import tempfile
+    import time
+    import urllib.error
+    import urllib.request
+
+    base = Path(tempfile.mkdtemp(prefix="jobspool-dash-ro-"))
+    os.chmod(base, 0o755)  # outside pytest's private temp tree, so another user can reach it
+    root = base / "spool"
+    as_root = os.geteuid() == 0
+    try:
+        with Spool(root) as spool:
+            (dead,) = _dead(spool, "report", 1)
+            spool.enqueue("email", {"to": "a@example.com"})
+            # The owner walks every page first: each module a request needs is loaded
+            # before the forked reader drops its rights.
+            with _client(spool, read_only=True) as client:
+                for path in ("/", "/api/overview", "/jobs/dead_letter", f"/job/{dead}",
+                             "/quarantine", "/static/dashboard.js"):
+                    assert client.get(path).status_code == 200, path
+                assert client.post(f"/job/{dead}/requeue").status_code == 403
+        for dirpath, _dirs, files in os.walk(root):  # others may read; nobody may write
+            for p in [dirpath, *(os.path.join(dirpath, f) for f in files)]:
+                mode = stat.S_IMODE(os.lstat(p).st_mode) | (0o555 if p == dirpath else 0o444)
+                os.chmod(p, mode if as_root else mode & ~0o222)
+        before = {p: (os.lstat(p).st_ino, os.lstat(p).st_mtime_ns)
+                  for p in map(str, root.rglob("*"))}
+        pid, out_fd, err_path = _fork_dashboard_as_reader(
+            ["--root", str(root), "dashboard", "--read-only", "--port", "0", "--poll", "0"],
+            base / "child.err")
+        try:
+            with selectors.DefaultSelector() as sel:
+                sel.register(out_fd, selectors.EVENT_READ)
+                line = os.read(out_fd, 4096).decode() if sel.select(timeout=60) else ""
+            url = next((w for w in line.split() if w.startswith("http://")), None)
+            assert url is not None, (line, err_path.read_text())
+            direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+            deadline = time.monotonic() + 60  # a hang guard
+            while True:
+                try:
+                    with direct.open(url + "api/overview", timeout=10) as response:
+                        doc = orjson.loads(response.read())
+                    break
+                except (urllib.error.URLError, ConnectionError):
+                    assert time.monotonic() < deadline, err_path.read_text()
+                    time.sleep(0.05)
+            with direct.open(url + f"job/{dead}", timeout=10) as response:
+                job_page = response.read().decode()
+            try:
+                direct.open(url + f"job/{dead}/requeue", data=b"csrf=x", timeout=10)
+                refused = 200
+            except urllib.error.HTTPError as exc:
+                refused = exc.code
+                exc.close()
+        finally:
+            os.kill(pid, signal.SIGTERM)
+            os.waitpid(pid, 0)
+            os.close(out_fd)
+        err = err_path.read_text()
+        assert (doc["counts"]["dead_letter"], doc["counts"]["ready"]) == (1, 1), err
+        assert "boom" in job_page and 'method="post"' not in job_page
+        assert refused == 403
+        assert "Traceback" not in err, err
+        after = {p: (os.lstat(p).st_ino, os.lstat(p).st_mtime_ns)
+                 for p in map(str, root.rglob("*"))}
+        assert after == before  # a read-only dashboard changes nothing on disk
+    finally:
+        for dirpath, dirs, _files in os.walk(base):
+            for d in dirs:
+                os.chmod(os.path.join(dirpath, d), 0o755)
+        shutil.rmtree(base)
+
+
+def _fork_dashboard_as_reader(argv: list[str], err_path: Path) -> tuple[int, int, Path]:
+    """Run the CLI in a forked child that cannot write the spool (root drops to `nobody`);
+    returns its pid, the read end of its stdout, and the file its stderr goes to.
+
+    Forked rather than exec'd: the interpreter's own files may be out of nobody's reach,
+    so every module the server needs is loaded here first and inherited.
+    """
+    import os
+    import pwd
+
+    import uvicorn
+
+    from jobspool.cli import main
+
+    warm = uvicorn.Config(create_app.__module__ and "jobspool.dashboard.app:create_app",
+                          lifespan="on", log_level="warning")
+    warm.load()  # imports the protocol, lifespan and loop modules the server will use
+    import anyio._backends._asyncio  # noqa: F401 - what the app's threads and tasks run on
+    import uvicorn.lifespan.on
+    import uvicorn.protocols.http.h11_impl
+
+    err_path.write_text("")
+    os.chmod(err_path, 0o666)
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never return into pytest
+        code = 99
+        try:
+            os.close(read_fd)
+            sys.stderr = open(err_path, "w", buffering=1)  # noqa: SIM115 - until _exit
+            sys.stdout = os.fdopen(write_fd, "w", buffering=1)
+            if os.geteuid() == 0:
+                nobody = pwd.getpwnam("nobody")
+                os.setgroups([])
+                os.setgid(nobody.pw_gid)
+                os.setuid(nobody.pw_uid)
+            code = main(argv)
+        except BaseException as exc:  # report, do not hang the parent
+            import traceback
+
+            sys.stderr.write("child raised " + "".join(traceback.format_exception(exc)))
+        finally:
+            sys.stderr.flush()
+            os._exit(code)
+    os.close(write_fd)
+    return pid, read_fd, err_path
