@@ -23,6 +23,7 @@ class ActionError(Exception):
 
 
 def requeue(spool: Spool, job_id: str) -> str:
+    """Run a dead-lettered or canceled job again (`Spool.requeue`)."""
     try:
         spool.requeue(job_id)
     except JobNotFound:
@@ -33,6 +34,7 @@ def requeue(spool: Spool, job_id: str) -> str:
 
 
 def cancel(spool: Spool, job_id: str) -> str:
+    """Cancel a job that has not finished (`Spool.cancel`; a leased one's holder is fenced out)."""
     try:
         spool.cancel(job_id)
     except JobNotFound:

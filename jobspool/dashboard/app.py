@@ -78,6 +78,7 @@ class Dashboard:
 
 
 def json_response(doc: Any, status: int = 200) -> Response:
+    """A JSON response encoded with orjson (datetimes and the like as strings)."""
     return Response(orjson.dumps(doc, default=str), status_code=status,
                     media_type="application/json")
 

@@ -113,10 +113,12 @@ def get_job(spool: Spool, job_id: str) -> Job | None:
 
 
 def can_requeue(job: Job) -> bool:
+    """Whether the requeue button belongs on this job (dead-lettered or canceled)."""
     return job.state in REQUEUEABLE
 
 
 def can_cancel(job: Job) -> bool:
+    """Whether the cancel button belongs on this job (not finished yet)."""
     return job.state in CANCELABLE
 
 
