@@ -156,7 +156,7 @@ def test_hurry_cuts_off_running_handlers_without_waiting_for_the_grace_period(
 
 def test_an_async_handler_blocking_the_loop_keeps_its_lease_and_is_named_in_the_log(
         spool_root: Path, caplog: pytest.LogCaptureFixture) -> None:
-    lease_seconds = 1.0  # beats every 1/3 s from the heartbeat thread
+    lease_seconds = 1.5  # beats every 0.5 s from the heartbeat thread
 
     async def hog(job: Job, ctx: Context) -> str:
         time.sleep(3 * lease_seconds)  # blocks the loop: 9 heartbeat intervals
