@@ -193,6 +193,10 @@ def test_requeue_from_the_dead_letter_page_moves_the_job(root: Path, served: Ser
     row.find_element(By.CSS_SELECTOR, "button[data-action=requeue]").click()
     _wait(browser, lambda b: b.find_elements(By.ID, "notice"))
     assert browser.find_element(By.ID, "notice").text == f"requeued {second}"
+    # back on the list it came from, which no longer holds the job
+    assert browser.current_url == served.url + "/jobs/dead_letter"
+    assert browser.find_elements(By.CSS_SELECTOR, f'tr[data-job-id="{second}"]') == []
+    assert browser.find_elements(By.CSS_SELECTOR, f'tr[data-job-id="{first}"]') != []
     assert _state(root, second) is JobState.READY
     assert _state(root, first) is JobState.DEAD_LETTER
 

@@ -70,6 +70,7 @@ class Dashboard:
             read_only=self.read_only, csrf=self.guard.csrf_for(request.state.sid),
             csrf_field=security.CSRF_FIELD, poll_ms=int(self.poll_seconds * 1000),
             token_required=self.guard.token is not None, path=request.url.path,
+            here=request.url.path + (f"?{request.url.query}" if request.url.query else ""),
             notice=unquote(notice)[:300] if notice else None, **context)
         response = HTMLResponse(page, status_code=status)
         if notice:

@@ -147,15 +147,20 @@ def routes(dash: Dashboard) -> list[Route]:
 
         return handler
 
+    def back(form: dict[str, str], job_id: str) -> str:
+        """Where a one-job action returns: the page it came from (a filtered list keeps its
+        filters), else the job's own page."""
+        return safe_next(form["next"]) if form.get("next") else f"/job/{quote(job_id)}"
+
     async def do_requeue(request: Request, form: dict[str, str]) -> Response:
         job = await _job(request)
         note = await in_thread(actions.requeue, dash.spool, job.id)
-        return redirect(f"/job/{quote(job.id)}", note)
+        return redirect(back(form, job.id), note)
 
     async def do_cancel(request: Request, form: dict[str, str]) -> Response:
         job = await _job(request)
         note = await in_thread(actions.cancel, dash.spool, job.id)
-        return redirect(f"/job/{quote(job.id)}", note)
+        return redirect(back(form, job.id), note)
 
     def bulk(verb: str, run: Callable[..., str]) -> Handler:
         async def do(request: Request, form: dict[str, str]) -> Response:
