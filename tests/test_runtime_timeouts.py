@@ -47,6 +47,7 @@ def test_an_async_handler_past_its_timeout_is_cancelled_and_fails_with_time_limi
     assert "TimeLimitExceeded" in (done.last_error or "")
     assert "time limit of 0.2 s" in (done.last_error or "")
     assert report.dead_lettered == 1 and report.completed == 0
+    assert report.timed_out == 1 and report.to_dict()["timed_out"] == 1
 
 
 def test_a_timed_out_run_is_retried_while_attempts_remain(spool: Spool, clock: FakeClock

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 import anyio
 import anyio.to_thread
 
-from jobspool.errors import JobspoolError, LeaseLost, WriteFailed
+from jobspool.errors import JobspoolError, LeaseLost, TimeLimitExceeded, WriteFailed
 from jobspool.queue.context import Context
 from jobspool.queue.invoke import invoke
 from jobspool.queue.job import clip_error
@@ -300,6 +300,8 @@ class Pipeline:
                          monitor=self.monitor, threads=self.threads, on_hung=self.w.note_hung)
         finally:
             self.w.note_end(ctx)
+        if ctx.outcome is not None and isinstance(ctx.outcome[1], TimeLimitExceeded):
+            self.counters.timed_out += 1
 
     async def _cut_off_after_grace(self) -> None:
         while not self.w.stopping:

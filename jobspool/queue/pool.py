@@ -320,7 +320,7 @@ class WorkerPool:
             return
         if isinstance(doc, dict):
             for key in ("claimed", "completed", "retried", "dead_lettered", "lease_lost",
-                        "released", "projected_rows"):
+                        "released", "projected_rows", "timed_out"):
                 value = doc.get(key)
                 if isinstance(value, int):
                     self._totals[key] = self._totals.get(key, 0) + value

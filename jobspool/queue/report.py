@@ -20,6 +20,7 @@ class RunReport:
     duration: float = 0.0
     projected_rows: int = 0
     crashes: int = 0
+    timed_out: int = 0  # runs past their kind's time limit (DESIGN §9, Policy.timeout)
     unhandled: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -53,6 +54,7 @@ class Counters:
     released: int
     projected_rows: int
     crashes: int
+    timed_out: int
 
     def freeze(self, unhandled: dict[str, int] | None = None) -> RunReport:
         counts = {name: getattr(self, name) for name in _COUNTED}
