@@ -519,3 +519,44 @@ def _fork_dashboard_as_reader(argv: list[str], err_path: Path) -> tuple[int, int
             os._exit(code)
     os.close(write_fd)
     return pid, read_fd, err_path
+
+
+@pytest.mark.parametrize(("host", "loopback"), [
+    ("127.0.0.1", True), ("127.8.9.10", True), ("::1", True), ("[::1]", True),
+    ("localhost", True), ("LOCALHOST", True), ("0.0.0.0", False), ("::", False),
+    ("10.1.2.3", False), ("example.com", False), ("localhost.example.com", False)])
+def test_only_loopback_addresses_count_as_local(host: str, loopback: bool) -> None:
+    from jobspool.dashboard.security import BindRefused, check_bind, is_loopback
+
+    assert is_loopback(host) is loopback
+    if loopback:
+        check_bind(host, None)
+    else:
+        with pytest.raises(BindRefused, match="without a token"):
+            check_bind(host, None)
+        check_bind(host, "a-token")  # a token makes any address acceptable
+
+
+def test_the_origin_check_accepts_only_this_server() -> None:
+    from jobspool.dashboard.security import same_origin
+
+    assert same_origin(None, "127.0.0.1:8177")  # no header: not a cross-site browser post
+    assert same_origin("http://127.0.0.1:8177", "127.0.0.1:8177")
+    assert not same_origin("http://127.0.0.1:9999", "127.0.0.1:8177")
+    assert not same_origin("https://evil.example", "127.0.0.1:8177")
+    assert not same_origin("null", "127.0.0.1:8177")
+
+
+def test_a_busy_port_is_refused_in_one_line(tmp_path: Path) -> None:
+    import socket
+
+    Spool(tmp_path / "spool").close()
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "jobspool", "--root",
+                               str(tmp_path / "spool"), "dashboard", "--port", str(port)],
+                              capture_output=True, text=True, env=cli_env(), timeout=60,
+                              check=False)
+    assert done.returncode == 2
+    assert done.stderr == f"jobspool: error: cannot listen on 127.0.0.1:{port}: " \
+                          f"Address already in use\n"

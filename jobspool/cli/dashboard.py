@@ -96,7 +96,8 @@ def _listen(host: str, port: int) -> socket.socket:
     try:
         return socket.create_server((host.strip("[]"), port), family=family, backlog=64)
     except OSError as exc:
-        raise Refused(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        why = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise Refused(f"cannot listen on {host}:{port}: {why}") from None
 
 
 def serve(root: Path | str, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
