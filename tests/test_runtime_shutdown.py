@@ -220,3 +220,23 @@ def test_awaiting_run_forever_inside_a_loop_still_works(spool: Spool) -> None:
         return await worker.run_forever(handle_signals=False, poll_seconds=0.05)
 
     assert anyio.run(main).completed == 1
+
+
+def test_a_run_cut_off_on_its_last_attempt_is_dead_lettered(spool: Spool) -> None:
+    started = threading.Event()
+    never = threading.Event()
+
+    def stuck(job: Job, ctx: Context) -> None:
+        started.set()
+        never.wait(30)
+
+    job = spool.enqueue("stuck", max_attempts=1)
+    worker = Worker(spool, {"stuck": stuck}, grace_seconds=0.1, maintenance=False)
+    _stop_when(started, worker)
+    try:
+        report = worker.run_until_idle()
+    finally:
+        never.set()
+    assert report.dead_lettered == 1
+    gone = spool.get(job.id)
+    assert gone.state is JobState.DEAD_LETTER and "interrupted" in (gone.last_error or "")
