@@ -89,6 +89,7 @@ def test_a_sync_handler_past_its_timeout_is_abandoned_logged_as_hung_and_its_job
     assert "cannot be stopped" in (done.last_error or "")
     # Where the thread was when time ran out is the stored traceback.
     assert "release.wait(30)" in (done.traceback or "")
+    assert (done.traceback or "").splitlines()[1].startswith(f'  File "{__file__}"')
     hung = [r for r in caplog.records if "ran past its time limit" in str(r.msg)]
     assert len(hung) == 1
     assert hung[0].__dict__["job_id"] == job.id and hung[0].__dict__["kind"] == "stuck"

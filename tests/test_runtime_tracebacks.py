@@ -41,6 +41,8 @@ def test_a_raising_handler_stores_its_traceback_on_the_job(spool: Spool) -> None
     tb = failed.traceback or ""
     assert tb.startswith("Traceback (most recent call last):")
     assert "_nested_failure" in tb and "in handler" in tb
+    # From the handler's frame down: the worker's and anyio's frames above it are noise.
+    assert "invoke.py" not in tb and "anyio" not in tb
     assert tb.rstrip().endswith("ValueError: the innermost frame says no")
 
 

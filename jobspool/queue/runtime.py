@@ -36,9 +36,25 @@ _TICK = 0.1
 _PROGRESS_EVERY = 0.5  # at most one progress write per job this often
 
 
+def _internal_dirs() -> tuple[str, ...]:
+    import os
+
+    import anyio
+
+    return (os.path.dirname(os.path.abspath(__file__)) + os.sep,
+            os.path.dirname(os.path.abspath(anyio.__file__)) + os.sep)
+
+
+_INTERNAL = _internal_dirs()
+
+
 def format_traceback(exc: BaseException) -> str:
-    """The exception's traceback as Python prints it."""
-    return "".join(traceback.format_exception(exc))
+    """The exception's traceback as Python prints it, from the handler's frame down: the
+    worker's and anyio's frames above it say nothing about the failure."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_INTERNAL):
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__))
 
 
 def thread_stack(ident: int | None) -> str | None:
@@ -48,8 +64,11 @@ def thread_stack(ident: int | None) -> str | None:
     frame = sys._current_frames().get(ident)
     if frame is None:
         return None
+    entries = traceback.extract_stack(frame)
+    own = (*_INTERNAL, threading.__file__)
+    start = next((i for i, e in enumerate(entries) if not e.filename.startswith(own)), 0)
     return "Stack of the handler's thread when its time limit passed:\n" + "".join(
-        traceback.format_stack(frame))
+        traceback.format_list(entries[start:]))
 
 
 def cancel_requested() -> bool:
