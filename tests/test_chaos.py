@@ -42,6 +42,7 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -57,15 +58,18 @@ WORKERS = 4
 APP = "tests.apps.ledger:app"
 
 
-def _start(root: Path, log: Path, *args: str) -> subprocess.Popen[bytes]:
+def _start(root: Path, log: Path, *args: str, stderr: Any = subprocess.PIPE
+           ) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "jobspool", "--root", str(root), *args],
                             cwd=REPO, env=cli_env(JOBSPOOL_TEST_LOG=str(log)),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            stdout=subprocess.DEVNULL, stderr=stderr)
 
 
 def _worker(root: Path, log: Path) -> subprocess.Popen[bytes]:
-    return _start(root, log, "worker", "--app", APP, "--kinds", "fenced", "--concurrency", "4",
-                  "--batch-size", "20", "--no-maintenance")
+    # Workers' logs go to a file: a pipe nobody reads until the end could fill and stall them.
+    with open(root.parent / "workers.err", "ab") as err:
+        return _start(root, log, "worker", "--app", APP, "--kinds", "fenced", "--concurrency",
+                      "4", "--batch-size", "20", "--no-maintenance", stderr=err)
 
 
 def _run(root: Path, log: Path, *args: str) -> str:
@@ -110,15 +114,16 @@ def test_deleting_the_lock_and_killing_workers_never_doubles_a_token_loses_or_re
             if _busy(root):
                 kills_mid_work += 1
             workers[n].send_signal(signal.SIGKILL)
-            workers[n].communicate()
+            workers[n].wait()
             _delete_lock(root)  # again: the recover and the new worker open a fresh .lock
             _run(root, log, "recover")  # what ExecStartPre does, beside the live siblings
             workers[n] = _worker(root, log)
             time.sleep(rng.uniform(0.02, 0.15))
     finally:
         for w in workers:
-            w.send_signal(signal.SIGKILL)
-            w.communicate()
+            if w.returncode is None:
+                w.send_signal(signal.SIGKILL)
+                w.wait()
     assert deletions_mid_work >= 3 and kills_mid_work >= 3, (
         f"the chaos landed {deletions_mid_work} lock deletions and {kills_mid_work} kills "
         "while work was left: the test proved little")
