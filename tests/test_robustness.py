@@ -2,8 +2,18 @@
 queue or loses a job (items 1, 2, 3, 7, 8, 9; items 4-6 are covered in their own files).
 
 Each test reproduces one case the issue reported on the code of its day.
-Found while writing these (not in the issue): a stale duplicate of a job beside
-its expired lease made `claim` spin forever (see the last test).
+
+BUG found while writing these (not in the issue; last test): a stale duplicate
+of a job beside its expired lease makes `claim` spin forever at 100% CPU.
+`leasing._claim_locked` skips a candidate whose id is already in `picked`
+(`if any(p.id == c.job_id for p in picked): continue`) without forgetting it
+from the index or adding it to `skipped`, so `candidates()` hands it back on
+every pass; once it is the only candidate left, `while len(picked) < limit`
+never ends. Reached when `ready/x.json` (older revision) and an expired
+`leased/x.json` coexist while the lock's suspect flag is clear (a power loss,
+or `.lock` deleted and recreated), e.g. by `run-until-idle` before `recover`.
+Taking the stale ready copy at all is the other half: without the suspect
+flag nothing compares revisions, so the older snapshot is the one claimed.
 """
 
 from __future__ import annotations

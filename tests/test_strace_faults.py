@@ -23,6 +23,13 @@ runs, a second, unfaulted `run-until-idle` drains the spool. Then:
 - `fsck --json` reports no problem and `tmp/` holds nothing outside the
   recycling pool `tmp/pool/`.
 
+BUG seen on the tree of 16:40 UTC (the `run` cases): the worker logs
+`worker loop failed (...); restarting` with `exc_info=exc`
+(jobspool/queue/worker.py, the `log.error` in the crash handler), so every
+OS error inside a claim or settle puts a full traceback on stderr even when
+it is already a one-line `WriteFailed`/`SpoolError`; and `SpoolLock.release`
+lets a raw `OSError` from `flock(LOCK_UN)` escape (flock ENOSPC, N=3).
+
 Runs are counted with `tests/apps/ledger.py`, whose handler appends one line
 per run to an `O_APPEND` file and returns its token as the job's result.
 
