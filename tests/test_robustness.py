@@ -200,9 +200,9 @@ def mark(text):
     os.close(fd)
 def seen(text):
     return text in open(marks).read().split("\\n")
-spool = Spool(root)
 if who == "B":
-    mark("try")
+    mark("try")  # before opening: should opening itself wait for the lock, A must not wait
+spool = Spool(root)
 with spool.lock.hold():
     mark("in")
     if who == "A":
