@@ -92,8 +92,14 @@ class Case:
     errno: str
     n: int
     # Today's code surely makes this call at least n times in this command (else the
-    # case still has to converge, but is not required to have been hit).
+    # case still has to converge, but is not required to have been hit). In
+    # `run-until-idle` the calls spread over a pool of threads, each counted apart, in
+    # an order that varies: only n=1 is sure to be reached there.
     must_hit: bool = True
+
+    @property
+    def required(self) -> bool:
+        return self.must_hit and (self.command != "run" or self.n == 1)
 
     def __str__(self) -> str:
         return f"{self.command}-{self.syscall}-{self.errno}-{self.n}"
@@ -255,7 +261,7 @@ def test_after_a_fault_in_any_syscall_recover_and_a_second_run_complete_every_jo
         "strace", "-f", "-qq", "-o", str(trace), "-e", f"trace={SYSCALLS[case.syscall]}",
         "-e", f"inject={SYSCALLS[case.syscall]}:error={case.errno}:when={n}"])
     injected = trace.read_text().count("(INJECTED)")
-    if case.must_hit:
+    if case.required:
         assert injected, f"{case}: the fault was never injected (when={n})"
     _assert_short_message(case, rc, err)
     faulted_runs = {job_id for job_id, _, _ in _ledger(log)}
