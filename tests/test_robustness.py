@@ -105,6 +105,21 @@ def test_a_batch_with_a_job_at_the_size_limit_completes_every_job(tmp_path: Path
         assert {j.id for j in spool.jobs(state="completed")} == {"big01", *small}
 
 
+def test_a_result_that_does_not_fit_dead_letters_that_job_alone(tmp_path: Path) -> None:
+    with Spool(tmp_path / "spool", durable=False, lease_seconds=30.0,
+               clock=FakeClock()) as spool:
+        huge = spool.enqueue("huge", {}, job_id="huge1", priority=-1)
+        small = [spool.enqueue("small", {"i": i}).id for i in range(5)]
+        handlers = {"huge": lambda job, ctx: {"blob": "x" * 100_000},
+                    "small": lambda job, ctx: {"ok": True}}
+        report = Worker(spool, handlers=handlers, concurrency=2, batch_size=10).run_until_idle()
+        assert report.completed == 5
+        assert {j.id for j in spool.jobs(state="completed")} == set(small)
+        gone = spool.get(huge.id)
+        assert gone.state == "dead_letter" and gone.last_error, gone
+        assert "max_job_bytes" in gone.last_error or "large" in gone.last_error.lower()
+
+
 def test_max_job_bytes_given_at_creation_is_saved_and_used_by_later_openers(
         tmp_path: Path) -> None:
     root = tmp_path / "spool"
