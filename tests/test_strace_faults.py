@@ -263,13 +263,13 @@ def test_after_a_fault_in_any_syscall_recover_and_a_second_run_complete_every_jo
     injected = trace.read_text().count("(INJECTED)")
     if case.required:
         assert injected, f"{case}: the fault was never injected (when={n})"
-    _assert_short_message(case, rc, err)
+    fault_rc, fault_err = rc, err  # its message is checked last: convergence tells more
     faulted_runs = {job_id for job_id, _, _ in _ledger(log)}
 
     expected = list(OLD_IDS)
     if case.command == "enqueue":
         expected.append("e1")
-        if rc != 0:  # what a client does after an error: enqueue again (idempotent on --id)
+        if fault_rc != 0:  # what a client does after an error: enqueue again (idempotent)
             rc2, err2, _ = _jobspool(root, log, ENQUEUE)
             assert rc2 == 0, f"{case}: the retried enqueue failed: {_head(err2)}"
 
@@ -279,6 +279,7 @@ def test_after_a_fault_in_any_syscall_recover_and_a_second_run_complete_every_jo
     assert rc == 0, f"{case}: the second run failed: {_head(err)}"
 
     _assert_converged(case, root, log, expected, faulted_runs, drain_pid)
+    _assert_short_message(case, fault_rc, fault_err)
 
 
 def _assert_converged(case: Case, root: Path, log: Path, expected: list[str],
