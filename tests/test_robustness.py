@@ -105,6 +105,32 @@ def test_a_batch_with_a_job_at_the_size_limit_completes_every_job(tmp_path: Path
         assert {j.id for j in spool.jobs(state="completed")} == {"big01", *small}
 
 
+def test_a_handler_failing_with_a_long_message_on_a_job_at_the_limit_is_retried(
+        tmp_path: Path) -> None:
+    clock = FakeClock()
+    size = _largest_payload(tmp_path, priority=-1)
+    runs: list[int] = []
+
+    def big(job: Any, ctx: Any) -> None:
+        runs.append(job.attempts)
+        if len(runs) == 1:
+            raise RuntimeError("E" * 10_000)  # message and traceback are cut to fit
+
+    with Spool(tmp_path / "spool", durable=False, lease_seconds=30.0, clock=clock) as spool:
+        spool.enqueue("big", {"p": "x" * size}, job_id="big01", priority=-1)
+        small = [spool.enqueue("small", {"i": i}).id for i in range(5)]
+        worker = Worker(spool, handlers={"big": big, "small": lambda job, ctx: None},
+                        concurrency=2, batch_size=10)
+        first = worker.run_until_idle()
+        assert (first.completed, first.retried) == (5, 1)
+        failed = spool.get("big01")
+        assert failed.state == "retryable" and failed.last_error
+        assert len(failed.last_error) <= 1024
+        clock.advance(3600)
+        assert worker.run_until_idle().completed == 1
+        assert {j.id for j in spool.jobs(state="completed")} == {"big01", *small}
+
+
 def test_a_result_that_does_not_fit_dead_letters_that_job_alone(tmp_path: Path) -> None:
     with Spool(tmp_path / "spool", durable=False, lease_seconds=30.0,
                clock=FakeClock()) as spool:
