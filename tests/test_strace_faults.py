@@ -128,7 +128,7 @@ CASES = [
     Case("recover", "openat", "EIO", 1), Case("recover", "openat", "ENOSPC", 3),
     Case("recover", "openat", "EIO", 10),
     Case("recover", "unlink", "EIO", 1, must_hit=False),
-    Case("recover", "unlink", "ENOSPC", 2, must_hit=False),
+    Case("recover", "unlink", "ENOSPC", 1, must_hit=False),
     Case("recover", "flock", "EIO", 1), Case("recover", "flock", "ENOSPC", 3),
     Case("recover", "syncfs", "EIO", 1, must_hit=False),
 ]
