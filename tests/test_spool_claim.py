@@ -255,3 +255,25 @@ def test_claim_never_takes_an_excluded_job_even_with_its_lease_expired(spool: Sp
     assert spool.claim(limit=5, exclude={"mine"}) == []
     (again,) = spool.claim()  # without the exclusion, the crashed-worker rule applies
     assert again.job_id == "mine" and again.token > mine.token
+
+
+def test_a_job_due_in_two_directories_is_claimed_once_from_its_newest_copy(
+        tmp_path: Path) -> None:
+    """A stale `ready/` copy beside an expired lease (a crash between rename and retire that
+    nothing flagged) once made claims loop forever on the duplicate candidate."""
+    import time as _time
+
+    root = tmp_path / "spool"
+    with Spool(root, clock=lambda: _time.time() - 1000, lease_seconds=30) as past:
+        past.enqueue("k", job_id="x0")
+        stale = (root / "ready" / "x0.json").read_bytes()
+        past.claim()
+    (root / "ready" / "x0.json").write_bytes(stale)
+    with Spool(root) as s:
+        s.enqueue("k", job_id="y")
+        leases = s.claim(limit=10)
+        leases += s.claim(limit=10)
+        assert sorted(lease.job_id for lease in leases) == ["x0", "y"]
+        x0 = next(lease for lease in leases if lease.job_id == "x0")
+        assert x0.job.revision == 3 and x0.job.rescues == 1  # the leased copy, taken over
+        assert not (root / "ready" / "x0.json").exists()

@@ -80,6 +80,7 @@ class LeasingSpool(SpoolBase):
         stale: list[Change] = []
         skipped: set[str] = set()  # excluded candidates: left in the index, asked past
         fresh: set[str] = set()  # expired leases of dead holders that never started them
+        doubles: set[str] = set()  # ids met in two claimable directories
         while len(picked) < limit:
             want = limit - len(picked) + len(skipped)
             cands = [c for c in self._index.candidates(now, kind_set, want)
@@ -91,6 +92,10 @@ class LeasingSpool(SpoolBase):
                     skipped.add(c.job_id)
                     continue
                 if any(p.id == c.job_id for p in picked):
+                    # The same id due in two directories: a crash (or a hand) left a copy.
+                    # Never loop on it; settle which copy is current after the scan.
+                    skipped.add(c.job_id)
+                    doubles.add(c.job_id)
                     continue
                 job = self._read(c.state, c.job_id)
                 self._index.forget(c.state, c.job_id)
@@ -122,6 +127,8 @@ class LeasingSpool(SpoolBase):
                 picked.append(job)
                 if unstarted:
                     fresh.add(job.id)
+        if doubles:
+            picked = self._drop_stale_doubles(picked, doubles, stale)
         pairs: list[tuple[Job | None, Job | None]] = list(dead)
         leases: list[Lease] = []
         extra: list[Change] = []
@@ -149,6 +156,24 @@ class LeasingSpool(SpoolBase):
                             exc, len(adopted))
                 return adopted
         return leases
+
+    def _drop_stale_doubles(self, picked: list[Job], doubles: set[str],
+                            stale: list[Change]) -> list[Job]:
+        """Of picked jobs that also have a copy elsewhere, keep only current ones; remove the
+        stale copies and flag the spool so claims check for more until recovery runs."""
+        self._lock.bump(self._lock.SUSPECT_SLOT)
+        keep: list[Job] = []
+        for job in picked:
+            newer = self._newer_copy(job) if job.id in doubles else None
+            if newer is None:
+                keep.append(job)
+                continue
+            log.warning("job %s: dropping stale %s copy (revision %d) behind %s (revision %d)",
+                        job.id, job.state.value, job.revision, newer.state.value,
+                        newer.revision, extra={"job_id": job.id})
+            stale.extend(self._stale_removals(job.id, [job.state]))
+            self._index.learn(newer)
+        return keep
 
     def _newer_copy(self, job: Job) -> Job | None:
         """A copy of `job` with a higher revision in another state directory, if any.

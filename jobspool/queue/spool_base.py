@@ -367,8 +367,11 @@ class SpoolBase:
 
     def _write_fence(self, value: int) -> None:
         """Flush a new token ceiling (under the lock; see `FenceCounter`)."""
-        write_atomic(self.root / FENCE_FILE, encode_fence(value), durable=self.durable,
-                     mode=file_mode(self.access))
+        try:
+            write_atomic(self.root / FENCE_FILE, encode_fence(value), durable=self.durable,
+                         mode=file_mode(self.access))
+        except OSError as exc:
+            raise write_failed(exc, self.root) from None
 
     def fence_value(self) -> int:
         """The last token handed out (under the lock; a reader without write access gets
