@@ -250,3 +250,16 @@ def test_an_unreadable_leased_file_is_skipped_with_a_warning_not_a_crash(
         health = check_health(spool)
     assert health.codes() == ["unreadable_files"]  # no crash; the file is named
     assert "leased/broken.json" in health.reasons[0].message
+
+
+def test_a_table_always_deferred_since_its_first_attempt_goes_stale(
+        spool: Spool, clock: FakeClock, index: Path) -> None:
+    start = clock.now
+    record(index, start, ("notes", "deferred", "lost a commit race, retried next run"))
+    clock.advance(200.0)
+    record(index, clock.now, ("notes", "deferred", "lost a commit race, retried next run"))
+    assert read_maintenance_state(index)["tables"]["notes"]["first_attempt"] == start
+    health = check_health(spool, maintenance_cadence=60.0)
+    assert health.codes() == ["maintenance_stale"]
+    assert health.reasons[0].value == pytest.approx(200.0)
+    assert codes(spool, maintenance_cadence=100.0) == []  # 200 s is under 3x 100 s

@@ -215,7 +215,8 @@ def state_path(uri: str | None) -> Path | None:
 def read_maintenance_state(uri: str | os.PathLike[str]) -> dict[str, Any]:
     """Read the persisted maintenance state: `{"tables": {name: {...}}, "resume_at": ...}`.
 
-    Per table: `last_success` and `last_attempt` (epoch seconds or None),
+    Per table: `first_attempt`, `last_success` and `last_attempt` (epoch
+    seconds or None),
     `last_outcome`, `last_reason`, `consecutive_failures`, `version_after`.
     A missing or unreadable file reads as empty state (never raises).
     """
@@ -258,6 +259,9 @@ def _save_state(
                 entry = tables.setdefault(
                     o.table, {"last_success": None, "consecutive_failures": 0, "version_after": None}
                 )
+                # health measures staleness from here while nothing has succeeded
+                # yet; an entry from an older state file starts its clock now.
+                entry.setdefault("first_attempt", now)
                 entry["last_attempt"] = now
                 entry["last_outcome"] = o.outcome
                 entry["last_reason"] = o.reason
