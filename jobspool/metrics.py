@@ -50,7 +50,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from prometheus_client import CollectorRegistry, generate_latest
@@ -80,12 +80,6 @@ _WORKER_HELP = {
     "crashes": "Times this worker's own machinery failed and was restarted.",
 }
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
-
-
-class ReportsRuns(Protocol):
-    """What a served endpoint asks of its worker: a snapshot of its live run counters."""
-
-    def live_report(self) -> RunReport | None: ...
 
 
 # ---------------------------------------------------------------- collection
@@ -327,7 +321,6 @@ __all__ = [
     "METRICS_DIR",
     "WORKER_COUNTERS",
     "MetricsServer",
-    "ReportsRuns",
     "SpoolCollector",
     "publish_worker_report",
     "read_worker_reports",

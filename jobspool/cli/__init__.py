@@ -65,8 +65,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(f"{exc.strerror or exc}{where}", EXIT_UNHEALTHY, as_json)
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:
-        return EXIT_OK
 
 
 def _fail(message: str, code: int, as_json: bool) -> int:

@@ -128,18 +128,17 @@ def _refuse(limit: tuple[str, float, float], *, releasing: bool) -> Backpressure
                         limit=name, value=value)
 
 
-def admit(spool: Spool, n: int, currently_on: bool) -> bool:
-    """Admit `n` new jobs or raise `Backpressure`; returns the new state (False: admitting).
+def admit(spool: Spool, n: int) -> None:
+    """Admit `n` new jobs or raise `Backpressure`.
 
-    Call under the spool lock, before writing. `currently_on` is the caller's
-    idea of the previous state; the state kept here for this spool counts
-    too (see the module docstring).
+    Call under the spool lock, before writing. Whether this spool object is
+    refusing already is kept here, per spool (see the module docstring).
     """
     st = _STATES.get(spool)
     if st is None:
         st = _STATES[spool] = _State()
     now = spool.now()
-    on = st.on or currently_on
+    on = st.on
     fresh = False
     if on or st.backlog is None or now - st.backlog.measured_at >= CACHE_SECONDS or \
             now < st.backlog.measured_at:
@@ -161,7 +160,6 @@ def admit(spool: Spool, n: int, currently_on: bool) -> bool:
         raise _refuse(limit, releasing=False)
     st.on = False
     st.admitted_since += n
-    return False
 
 
 def is_on(spool: Spool) -> bool:

@@ -239,7 +239,7 @@ class Spool(LeasingSpool):
             return
         from jobspool.queue.backpressure import admit
 
-        admit(self, n, False)
+        admit(self, n)
 
     # ------------------------------------------------------------ two-phase
 
