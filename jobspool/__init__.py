@@ -4,6 +4,33 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+# Errors (jobspool.errors imports nothing else, so this stays light)
+from jobspool.errors import (
+    AppError,
+    Backpressure,
+    ConfigError,
+    CorruptFileWarning,
+    DuplicateJob,
+    InvalidJob,
+    InvalidTransition,
+    JobFailed,
+    JobNotFound,
+    JobspoolError,
+    JobTooLarge,
+    LeaseLost,
+    NotQuarantined,
+    PolicyError,
+    PoolFailed,
+    ProjectionError,
+    RunningLoopError,
+    ScheduleError,
+    SpoolError,
+    TimeLimitExceeded,
+    WaitTimeout,
+    WorkerCrashed,
+    WriteFailed,
+)
+
 # The spool and its records
 from jobspool.queue.job import EnqueueResult, Job, Lease, Reservation
 from jobspool.queue.signals import Fail, Retry
@@ -21,29 +48,41 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0"
 
-__all__ = [
-    # Running jobs
-    "App",
-    # Producers
-    "AsyncSpool",
-    "Context",
-    "EnqueueResult",
-    "Fail",
-    # The spool and its records
-    "Job",
-    "JobState",
-    # Reading what workers projected (LanceDB)
-    "LanceProjection",
-    "Lease",
-    "Policy",
-    "Reservation",
-    "Retry",
-    "RunReport",
-    "Schedule",
-    "Spool",
-    "Stats",
-    "Worker",
-    "__version__",
+# `__all__` is built group by group so each stays sorted (ruff RUF022) under its heading.
+# The spool and its records
+__all__ = ["EnqueueResult", "Job", "JobState", "Lease", "Reservation", "Spool", "Stats",
+           "__version__"]
+# Producers
+__all__ += ["AsyncSpool"]
+# Running jobs
+__all__ += ["App", "Context", "Fail", "Policy", "Retry", "RunReport", "Schedule", "Worker"]
+# Reading what workers projected (LanceDB)
+__all__ += ["LanceProjection"]
+# Errors
+__all__ += [
+    "AppError",
+    "Backpressure",
+    "ConfigError",
+    "CorruptFileWarning",
+    "DuplicateJob",
+    "InvalidJob",
+    "InvalidTransition",
+    "JobFailed",
+    "JobNotFound",
+    "JobTooLarge",
+    "JobspoolError",
+    "LeaseLost",
+    "NotQuarantined",
+    "PolicyError",
+    "PoolFailed",
+    "ProjectionError",
+    "RunningLoopError",
+    "ScheduleError",
+    "SpoolError",
+    "TimeLimitExceeded",
+    "WaitTimeout",
+    "WorkerCrashed",
+    "WriteFailed",
 ]
 
 _LAZY = {

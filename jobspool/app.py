@@ -9,14 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jobspool.errors import JobspoolError
+from jobspool.errors import AppError as AppError
 from jobspool.policy import Policy, check_policies
 from jobspool.queue.job import Job, validate_kind
 from jobspool.schedules import Schedule, check_schedules
-
-
-class AppError(JobspoolError):
-    """Raised when `--app MODULE:ATTR` cannot be imported or names no handlers."""
 
 
 @dataclass(frozen=True)

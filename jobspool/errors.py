@@ -74,7 +74,15 @@ class JobFailed(JobspoolError):
         self.last_error = last_error
 
 
-class ScheduleError(JobspoolError):
+class ConfigError(JobspoolError):
+    """Raised when a Spool, Worker or App option is invalid (at construction, before any work)."""
+
+
+class AppError(ConfigError):
+    """Raised when `--app MODULE:ATTR` cannot be imported or names no handlers."""
+
+
+class ScheduleError(ConfigError):
     """Raised when a `Schedule` is malformed (bad cron, interval, catch-up) or has no handler."""
 
 
@@ -159,7 +167,7 @@ class TimeLimitExceeded(JobspoolError):
         self.timeout = timeout
 
 
-class PolicyError(JobspoolError, ValueError):
+class PolicyError(ConfigError, ValueError):
     """Raised when a per-kind `Policy` or a policies mapping is malformed (at start-up)."""
 
 
@@ -168,12 +176,31 @@ class RunningLoopError(JobspoolError, RuntimeError):
     event loop, where its async form must be awaited instead."""
 
 
+class WorkerCrashed(JobspoolError):
+    """Raised when the worker's own machinery failed repeatedly in a short time."""
+
+
+class PoolFailed(JobspoolError):
+    """Raised when the pool's worker processes keep dying right after they start."""
+
+
+class NotQuarantined(JobspoolError):
+    """Raised when a name given to a quarantine command matches no quarantined file."""
+
+    def __init__(self, ident: str, detail: str = "") -> None:
+        super().__init__(f"no quarantined file {ident!r}{detail} (see `jobspool quarantine "
+                         "list`)")
+        self.ident = ident
+
+
 class CorruptFileWarning(UserWarning):
     """Warned when a reader skips a job file it cannot decode (`recover` quarantines it)."""
 
 
 __all__ = [
+    "AppError",
     "Backpressure",
+    "ConfigError",
     "CorruptFileWarning",
     "DuplicateJob",
     "InvalidJob",
@@ -183,11 +210,15 @@ __all__ = [
     "JobTooLarge",
     "JobspoolError",
     "LeaseLost",
+    "NotQuarantined",
     "PolicyError",
+    "PoolFailed",
     "ProjectionError",
     "RunningLoopError",
     "ScheduleError",
     "SpoolError",
     "TimeLimitExceeded",
     "WaitTimeout",
+    "WorkerCrashed",
+    "WriteFailed",
 ]

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from jobspool.errors import JobspoolError, LeaseLost, TimeLimitExceeded
+from jobspool.errors import PoolFailed as PoolFailed
 from jobspool.queue.job import Lease, validate_int, validate_seconds
 from jobspool.queue.machine import Failure
 from jobspool.queue.states import JobState
@@ -65,10 +66,6 @@ _KILL_MARGIN = 2.0
 # gunicorn does when workers cannot boot) rather than restart forever.
 _MAX_BOOT_FAILURES = 5
 _BOOT_SECONDS = 5.0
-
-
-class PoolFailed(JobspoolError):
-    """Raised when the pool's worker processes keep dying right after they start."""
 
 
 @dataclass

@@ -172,11 +172,15 @@ class Spool(LeasingSpool):
         staged = {fresh[i].id: path for i, path in zip(order, paths, strict=True)}
         try:
             with self._lock.hold():
-                return self._insert(fresh, given=job_ids is not None, now=self.now(),
-                                    delay=delay, run_at=at, on_conflict=policy,
-                                    unique_states=unique, staged=staged)
+                out = self._insert(fresh, given=job_ids is not None, now=self.now(),
+                                   delay=delay, run_at=at, on_conflict=policy,
+                                   unique_states=unique, staged=staged, group=True)
         finally:
             self._store.discard(list(staged.values()))  # whatever was not published
+        # Published under the lock; durable once a flush shared with concurrent producers
+        # covers it (groupflush.py). Only then is the enqueue reported done.
+        self._await_group_flush()
+        return out
 
     def _ids_for(self, payloads: list[Any], job_ids: Sequence[str | None] | None) -> list[str]:
         if job_ids is None:
@@ -190,9 +194,12 @@ class Spool(LeasingSpool):
                 run_at: float | None = None, on_conflict: str = "keep",
                 unique_states: frozenset[JobState] | None = None,
                 reservation: str | None = None,
-                staged: dict[str, str] | None = None) -> list[EnqueueResult]:
+                staged: dict[str, str] | None = None,
+                group: bool = False) -> list[EnqueueResult]:
         """Publish new jobs; `staged` maps ids to files already written for them (those
-        that get published are removed from it, the caller discards the rest)."""
+        that get published are removed from it, the caller discards the rest). With
+        `group`, a batch of pure inserts leaves its directory flush to the caller's
+        `_await_group_flush` after the lock is released."""
         staged = {} if staged is None else staged
         publish: dict[str, str] = {}
         out: list[EnqueueResult] = []
@@ -227,7 +234,7 @@ class Spool(LeasingSpool):
         # re-enqueue of an existing job adds nothing and is never refused.
         try:
             self._admit(sum(1 for old, new in pairs if old is None or old.terminal))
-            self._commit(pairs, stale, staged=publish)
+            self._commit(pairs, stale, staged=publish, group=group)
         except BaseException:
             staged.update(publish)  # not published: the caller discards them
             raise

@@ -16,6 +16,7 @@ import os
 import random
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Self, cast
 from jobspool.errors import JobspoolError, JobTooLarge, SpoolError
 from jobspool.queue import machine
 from jobspool.queue.fence import FENCE_FILE, FenceCounter, decode_fence, encode_fence
+from jobspool.queue.groupflush import GroupFlush
 from jobspool.queue.index import SLOT, ClaimIndex
 from jobspool.queue.job import (
     MAX_JOB_BYTES,
@@ -41,7 +43,14 @@ from jobspool.queue.layout import SpoolSettings, open_layout
 from jobspool.queue.lock import SpoolLock
 from jobspool.queue.perms import file_mode
 from jobspool.queue.states import ALL_STATES, CLAIMABLE, JobState
-from jobspool.queue.store import JOB_SUFFIX, Change, Store, write_atomic, write_failed
+from jobspool.queue.store import (
+    JOB_SUFFIX,
+    Change,
+    Store,
+    fsync_dir,
+    write_atomic,
+    write_failed,
+)
 
 if TYPE_CHECKING:
     from jobspool.queue.spool import Spool
@@ -50,6 +59,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("jobspool.queue.spool")
 
 _UNSET: Any = object()
+
+# Where new jobs land: the directories whose flush producers may share (groupflush.py).
+_GROUP_DIRS = frozenset({JobState.READY.value, JobState.RETRYABLE.value,
+                         JobState.PREPARED.value})
+_GROUP_SLOTS = {SLOT[JobState(d)]: d for d in _GROUP_DIRS}
 
 
 # What a read-only spool refuses up front (`_commit` and `_touch` refuse the rest): every
@@ -139,6 +153,8 @@ class SpoolBase:
         self._index = ClaimIndex(self._store, self._lock.generation, self._lock.ring)
         self._lock.on_reopen = self._index.invalidate
         self._fence = FenceCounter(self._lock, self._read_fence, self._write_fence)
+        self._group = GroupFlush(self.root, self._lock, fsync_dir)
+        self._tls = threading.local()
         self._owner = f"{socket.gethostname()}:{os.getpid()}"
         self._terminal_writes = 0
         self.settings = SpoolSettings(
@@ -178,6 +194,7 @@ class SpoolBase:
         return refuse
 
     def close(self) -> None:
+        self._group.close()
         self._lock.close()
 
     def __enter__(self) -> Self:
@@ -225,7 +242,7 @@ class SpoolBase:
 
     def _commit(self, pairs: Sequence[tuple[Job | None, Job | None]],
                 extra: Sequence[Change] = (), *, staged: dict[str, str] | None = None,
-                encoded: dict[str, bytes] | None = None) -> None:
+                encoded: dict[str, bytes] | None = None, group: bool = False) -> None:
         """Persist a batch of (old, new) snapshots as one store batch (call under the lock).
 
         Encoding happens first, so a job that is too large or not serializable
@@ -258,9 +275,12 @@ class SpoolBase:
                 if d and d in JobState._value2member_map_:
                     touched.add(JobState(d))
         current = {s for s in touched if self._index.tracked(s) and self._index.is_current(s)}
+        # Pure inserts may share their directory flush with concurrent producers.
+        deferred = group and self.durable and all(ch.src is None for ch in changes) \
+            and all(ch.dst in _GROUP_DIRS for ch in changes)
         self._lock.begin_write()
         try:
-            self._store.apply(changes)
+            self._store.apply(changes, flush_dirs=not deferred)
         except BaseException as exc:
             self._lock.end_write(clean=False)
             for s in touched:
@@ -281,6 +301,9 @@ class SpoolBase:
                 self._log_ready(g, pairs, extra)
             if s in current:
                 self._index.mark_current(s, g)
+        if deferred and changes:
+            self._tls.pending = max(getattr(self._tls, "pending", 0),
+                                    self._group.publish(SLOT[s] for s in touched))
         for old, new in pairs:
             if old is not None:
                 self._index.forget(old.state, old.id)
@@ -289,6 +312,18 @@ class SpoolBase:
             if new is not None and new.state in (JobState.COMPLETED, JobState.DEAD_LETTER,
                                                  JobState.CANCELED):
                 self._terminal_writes += 1
+
+    def _await_group_flush(self) -> None:
+        """Wait (without the lock) for the group flush covering this thread's deferred
+        publications, if any (groupflush.py)."""
+        number = getattr(self._tls, "pending", 0)
+        if not number:
+            return
+        self._tls.pending = 0
+        try:
+            self._group.wait(number, _GROUP_SLOTS)
+        except OSError as exc:
+            raise write_failed(exc, self.root) from None
 
     def _landed(self, pairs: Sequence[tuple[Job | None, Job | None]]) -> frozenset[str]:
         """Ids whose new version is on disk, re-read after a failed write."""

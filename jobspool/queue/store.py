@@ -156,10 +156,18 @@ class Store:
 
     # ------------------------------------------------------------ writing
 
-    def apply(self, changes: Sequence[Change]) -> None:
-        """Apply a batch of changes with the write sequence described in the module docstring."""
+    def apply(self, changes: Sequence[Change], *, flush_dirs: bool = True) -> set[str]:
+        """Apply a batch of changes with the write sequence described in the module docstring.
+
+        Returns the directories the batch published into. `flush_dirs=False`
+        leaves step 2's directory flush to the caller (group commit, see
+        `groupflush.py`); it is allowed only for a batch that retires nothing,
+        since step 3 must wait for that flush.
+        """
         if not changes:
-            return
+            return set()
+        if not flush_dirs and any(ch.src is not None for ch in changes):
+            raise ValueError("a batch that retires files must flush before retiring them")
         use_syncfs = self.durable and (
             self.sync_mode == "syncfs" or (self.sync_mode == "auto" and len(changes) >= 8)
         )
@@ -194,11 +202,12 @@ class Store:
                     _quiet_unlink(tmp)
             raise
         dst_dirs = {ch.dst for ch, _ in staged if ch.dst is not None}
-        if self.durable and dst_dirs:
+        if self.durable and dst_dirs and flush_dirs:
             self._flush_dirs(dst_dirs, use_syncfs)
         for ch in changes:
             if ch.src is not None and (ch.src != ch.dst or ch.data is None):
                 self._retire(os.path.join(self.root, ch.src, ch.name))
+        return dst_dirs
 
     def prestage(self, datas: Sequence[bytes]) -> list[str]:
         """Write and flush new files *outside* the spool lock; `apply` publishes them later.

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.to_thread
 
-from jobspool.errors import JobspoolError, RunningLoopError
+from jobspool.errors import ConfigError, RunningLoopError
+from jobspool.errors import WorkerCrashed as WorkerCrashed
 from jobspool.policy import Policy, check_policies
 from jobspool.queue.context import Context as Context
 from jobspool.queue.job import Job, validate_int, validate_kind, validate_seconds
@@ -41,10 +42,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Job, Context], Any]
-
-
-class WorkerCrashed(JobspoolError):
-    """Raised when the worker's own machinery failed repeatedly in a short time."""
 
 
 def _is_async(fn: Callable[..., Any]) -> bool:
@@ -84,11 +81,11 @@ class Worker:
             policies = policies if policies is not None else app.policies
             schedules = schedules if schedules is not None else app.schedules
         if not handlers:
-            raise JobspoolError("a worker needs at least one handler (kind -> function)")
+            raise ConfigError("a worker needs at least one handler (kind -> function)")
         for kind, fn in handlers.items():
             validate_kind(kind)
             if not callable(fn):
-                raise JobspoolError(f"handler for kind {kind!r} is not callable: {fn!r}")
+                raise ConfigError(f"handler for kind {kind!r} is not callable: {fn!r}")
         self.spool = spool
         self.handlers: dict[str, Handler] = dict(handlers)
         self.concurrency = validate_int("concurrency", concurrency, minimum=1)
@@ -99,8 +96,8 @@ class Worker:
         if kinds is not None:
             missing = sorted(set(kinds) - set(self.handlers))
             if missing:
-                raise JobspoolError(f"kinds without a handler in this worker: "
-                                    f"{', '.join(map(repr, missing))}")
+                raise ConfigError(f"kinds without a handler in this worker: "
+                                  f"{', '.join(map(repr, missing))}")
         wanted = set(self.handlers) if kinds is None else set(kinds)
         self.kinds = frozenset(wanted)
         self.policies = check_policies(policies, self.handlers)

@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from jobspool.errors import JobspoolError, SpoolError
+from jobspool.errors import NotQuarantined as NotQuarantined
+from jobspool.errors import SpoolError
 from jobspool.queue import store as store_mod
 from jobspool.queue.job import CorruptJob, Job, decode_job
 from jobspool.queue.layout import QUARANTINE_DIR
@@ -166,15 +167,6 @@ def read_reason(spool: Spool, qname: str) -> dict[str, object]:
 # repaired file back where workers find it, or delete what is not worth keeping.
 
 _SHOW_BYTES = 64 * 1024
-
-
-class NotQuarantined(JobspoolError):
-    """Raised when a name given to a quarantine command matches no quarantined file."""
-
-    def __init__(self, ident: str, detail: str = "") -> None:
-        super().__init__(f"no quarantined file {ident!r}{detail} (see `jobspool quarantine "
-                         "list`)")
-        self.ident = ident
 
 
 @dataclass(frozen=True, slots=True)

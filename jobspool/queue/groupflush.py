@@ -1,0 +1,96 @@
+"""Group commit: concurrent producers share the flush that makes their jobs durable.
+
+A durable enqueue publishes its (already flushed) job files with renames
+under the spool lock, and must then flush the directories it renamed into
+before it returns. Done under the lock, that flush serializes every
+producer behind it. Instead the producer takes a *publication number* under
+the lock (`PUBLISHED_SLOT`, after bumping the generation of each directory
+it changed), releases the lock, and waits for a flush covering that number:
+
+- it takes the flush lock (a `flock` on `tmp/`, apart from the spool lock);
+- if a flush already covered its number (`FLUSHED_SLOT`), it is done — some
+  other producer flushed for it while it waited;
+- otherwise it leads: under the spool lock (a few microseconds) it reads the
+  last publication number and which directories changed since the last
+  group flush (their generations against `FLUSHED_GEN_BASE + slot`), flushes
+  those directories outside the spool lock, and records the number.
+
+Every publication up to the number read bumped its directories' generations
+before taking its number, under the same lock, so the leader's flush covers
+all of them. One producer alone pays no extra flush: it leads at once.
+
+What it protects against: nothing new — the same two flushes per change, now
+shared. Between the rename and the flush a job is visible before it is
+durable (another worker may claim it); a power loss then returns it to where
+an unacknowledged change may go (it vanishes, and its producer, which had not
+returned, never reported it stored). Only pure inserts take this path: a
+change that retires an old file must flush before retiring it (store.py).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from jobspool.queue.lock import SpoolLock
+
+PUBLISHED_SLOT = 17
+FLUSHED_SLOT = 18
+FLUSHED_GEN_BASE = 20  # + a directory's generation slot (0..11)
+
+
+class GroupFlush:
+    """One process's side of group commit for one spool (see the module docstring)."""
+
+    def __init__(self, root: Path, lock: SpoolLock,
+                 flush_dir: Callable[[Path], None]) -> None:
+        self._root = root
+        self._lock = lock
+        self._flush_dir = flush_dir
+        self._thread_lock = threading.Lock()  # flock does not exclude threads of one process
+        self._fd = -1
+        self._pid = -1
+
+    def publish(self, slots: Iterable[int]) -> int:
+        """Take a publication number for a batch that changed the directories `slots`
+        (call under the spool lock, after bumping those directories' generations)."""
+        del slots  # their generations were bumped by the caller; kept for the call's clarity
+        return self._lock.bump(PUBLISHED_SLOT)
+
+    def wait(self, number: int, slot_dirs: dict[int, str]) -> None:
+        """Return once a flush covers publication `number` (call without the spool lock)."""
+        with self._thread_lock:
+            fd = self._flush_fd()
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                if self._lock.generation(FLUSHED_SLOT) >= number:
+                    return  # another producer's flush covered us while we waited
+                with self._lock.hold():
+                    target = self._lock.generation(PUBLISHED_SLOT)
+                    changed = {slot: g for slot in slot_dirs
+                               if (g := self._lock.generation(slot))
+                               != self._lock.generation(FLUSHED_GEN_BASE + slot)}
+                for slot in changed:
+                    self._flush_dir(self._root / slot_dirs[slot])
+                with self._lock.hold():
+                    for slot, g in changed.items():
+                        self._lock.put(FLUSHED_GEN_BASE + slot, g)
+                    if self._lock.generation(FLUSHED_SLOT) < target:
+                        self._lock.put(FLUSHED_SLOT, target)
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def _flush_fd(self) -> int:
+        if self._pid != os.getpid():
+            # After a fork the parent's descriptor would share its flock: open our own.
+            self._pid = os.getpid()
+            self._fd = os.open(self._root / "tmp", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        return self._fd
+
+    def close(self) -> None:
+        if self._fd >= 0 and self._pid == os.getpid():
+            os.close(self._fd)
+        self._fd = -1
