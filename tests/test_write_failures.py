@@ -45,6 +45,8 @@ def test_a_claim_whose_directory_flush_fails_returns_the_leases_that_landed(
         durable: Spool, monkeypatch: pytest.MonkeyPatch) -> None:
     for i in range(3):
         durable.enqueue("note", job_id=f"j{i}")
+    durable.enqueue("note", job_id="a-first", priority=-1)
+    durable.complete(durable.claim()[0])  # the first claim also reserves a block of tokens
     monkeypatch.setattr(store_mod, "fsync_dir", _failing_once(store_mod.fsync_dir, errno.EIO))
     leases = durable.claim(limit=3)
     assert sorted(lease.job_id for lease in leases) == ["j0", "j1", "j2"]
@@ -86,3 +88,21 @@ def test_enqueue_on_a_full_disk_names_the_spool_and_what_to_do(
     assert "free space" in str(info.value) and "\n" not in str(info.value)
     assert list(durable.jobs()) == [] and tmp_leftovers(durable.root) == []
     assert durable.enqueue("note", job_id="j0").state is JobState.READY
+
+
+def test_on_a_disk_with_no_room_for_new_files_a_worker_still_settles_what_it_holds(
+        durable: Spool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk refuses new inodes and blocks; settling reuses recycled files (the claim
+    just retired one per job), so only producers are refused, with a one-line error."""
+    durable.enqueue_many("note", list(range(10)), job_ids=[f"j{i}" for i in range(10)])
+    leases = durable.claim(limit=10)
+
+    def full(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(store_mod, "os_open", full)
+    with pytest.raises(WriteFailed, match="disk is full"):
+        durable.enqueue("note", job_id="late")
+    done = durable.complete_many([(lease, {"ok": i}) for i, lease in enumerate(leases)])
+    assert [getattr(j, "state", j) for j in done] == [JobState.COMPLETED] * 10
+    assert tmp_leftovers(durable.root) == []

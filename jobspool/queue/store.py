@@ -54,6 +54,7 @@ from jobspool.queue.perms import set_fd_mode
 log = logging.getLogger(__name__)
 
 # Syscall seams (fault injection patches these).
+os_open = os.open  # creating a new staging file (a new inode: what a full disk refuses)
 os_replace = os.replace
 os_fsync = os.fsync
 os_unlink = os.unlink
@@ -64,6 +65,8 @@ TMP_DIR = "tmp"
 STAGE_SUFFIX = ".stage"
 POOL_DIR = "tmp/pool"
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+# Recycled files producers leave in the pool for settles (see `prestage`).
+POOL_RESERVE = 16
 # One counter for every Store of the process: with the process's random ident it makes
 # staging names unique across Spool objects, threads, processes and PID namespaces.
 _COUNTER = itertools.count()
@@ -229,7 +232,9 @@ class Store:
             self.sync_mode == "auto" and len(datas) >= 8))
         try:
             for data in datas:
-                path, fd, size = self._staging_file(STAGE_SUFFIX)
+                # New jobs leave the last few recycled files to the changes of jobs already
+                # in the spool: on a full disk, workers can still settle what they hold.
+                path, fd, size = self._staging_file(STAGE_SUFFIX, reserve=POOL_RESERVE)
                 paths.append(path)
                 try:
                     _write_all(fd, data)
@@ -273,7 +278,7 @@ class Store:
         os.close(fd)
         return path
 
-    def _staging_file(self, suffix: str = ".tmp") -> tuple[str, int, int]:
+    def _staging_file(self, suffix: str = ".tmp", reserve: int = 0) -> tuple[str, int, int]:
         """An open staging file in `tmp/`: (path, fd, its current size).
 
         A recycled file is taken from `tmp/pool/` by renaming it to a name of
@@ -287,7 +292,7 @@ class Store:
         """
         self._check_fork()
         for _ in range(2):
-            while self._pool:
+            while len(self._pool) > reserve:
                 name = self._pool.pop()
                 path = os.path.join(self._tmp, staging_name(suffix))
                 try:
@@ -303,7 +308,7 @@ class Store:
             if not self._refill_pool():
                 break
         path = os.path.join(self._tmp, staging_name(suffix))
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, self.file_mode)
+        fd = os_open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, self.file_mode)
         try:
             set_fd_mode(fd, self.file_mode)
         except BaseException:
