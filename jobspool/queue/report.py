@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Coroutine, Generator
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -33,6 +34,47 @@ class RunReport:
         d = asdict(self)
         d["rate"] = round(self.rate, 2)
         return d
+
+
+class FinishedRun(RunReport, Coroutine[Any, Any, RunReport]):
+    """The report of a `run_forever()` that already ran to its end, and also a coroutine.
+
+    `run_forever()` called without a running loop serves synchronously and
+    returns the report. The DESIGN's async form is `await worker.run_forever()`,
+    so `asyncio.run(worker.run_forever())` must work too: the call served
+    (blocking) before `asyncio.run` saw its argument, and this object, a
+    coroutine that returns itself at once, keeps `asyncio.run` from refusing
+    a plain report.
+    """
+
+    __slots__ = ()
+
+    def send(self, value: Any) -> Any:
+        raise StopIteration(self)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        raise typ if val is None else val
+
+    def close(self) -> None:
+        return None
+
+    def __await__(self) -> Generator[Any, None, RunReport]:
+        return self
+        yield  # unreachable: makes this a generator that finishes at once with the report
+
+    def __repr__(self) -> str:
+        return "RunReport" + RunReport.__repr__(self).removeprefix(type(self).__name__)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RunReport):
+            return NotImplemented
+        return all(getattr(self, f.name) == getattr(other, f.name) for f in fields(RunReport))
+
+    __hash__ = None  # type: ignore[assignment]  # as RunReport's: its `unhandled` is a dict
+
+    @classmethod
+    def of(cls, report: RunReport) -> FinishedRun:
+        return cls(**{f.name: getattr(report, f.name) for f in fields(RunReport)})
 
 
 _COUNTED = tuple(f.name for f in fields(RunReport) if f.type in ("int", int))

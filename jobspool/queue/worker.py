@@ -29,7 +29,7 @@ from jobspool.queue.context import Context as Context
 from jobspool.queue.job import Job, validate_int, validate_kind, validate_seconds
 from jobspool.queue.machine import RetryPolicy
 from jobspool.queue.pipeline import Pipeline
-from jobspool.queue.report import Counters
+from jobspool.queue.report import Counters, FinishedRun
 from jobspool.queue.report import RunReport as RunReport
 from jobspool.queue.states import JobState
 
@@ -209,7 +209,8 @@ class Worker:
 
         async def main() -> RunReport:
             return await coro
-        return anyio.run(main)
+        # Awaitable too, so `asyncio.run(worker.run_forever())` (DESIGN §5's form) works.
+        return FinishedRun.of(anyio.run(main))
 
     async def arun_forever(self, *, poll_seconds: float = 0.5, handle_signals: bool = True,
                            progress: Callable[[RunReport], None] | None = None) -> RunReport:
