@@ -7,8 +7,8 @@ call of a syscall (counted per syscall and per thread) into EIO or ENOSPC,
 wherever in jobspool, portalocker or Python it comes from.
 
 Each case starts from the same spool — 12 ready jobs, 2 jobs whose leases
-expired in a crashed worker (for `recover`, one with the stale duplicate a
-crash leaves in `ready/`), and a stray `tmp/partial.json` — runs one command (`enqueue`,
+expired in a crashed worker (one with the stale duplicate a crash leaves in
+`ready/`), and a stray `tmp/partial.json` — runs one command (`enqueue`,
 `run-until-idle` or `recover`) with one fault, then does what an operator
 or a service manager would: the failed `enqueue` is retried, `recover`
 runs, a second, unfaulted `run-until-idle` drains the spool. Then:
@@ -159,12 +159,10 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _copy(template: Path, root: Path, command: str) -> None:
-    """A fresh copy of the starting spool; for `recover`, with the duplicate a crash between
-    the rename and the unlink of the claim of x0 leaves behind (recovery runs first on boot,
-    before any worker meets it)."""
+    """A fresh copy of the starting spool, with the duplicate a crash between the rename and
+    the unlink of the claim of x0 left behind (`recover` and claims must both cope)."""
     shutil.copytree(template, root, symlinks=True)
-    if command == "recover":
-        shutil.copyfile(template.parent / "x0.stale.json", root / "ready" / "x0.json")
+    shutil.copyfile(template.parent / "x0.stale.json", root / "ready" / "x0.json")
 
 
 def _jobspool(root: Path, log: Path, args: tuple[str, ...], *, strace: list[str] | None = None,
