@@ -4,11 +4,17 @@ exploratory pass found broken, kept so it stays fixed."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from jobspool import RunReport, Spool, Worker
+from jobspool.errors import SpoolError
+from tests.subproc import cli_env
 
 
 def test_asyncio_run_of_run_forever_serves_until_stop_and_returns_the_report(tmp_path: Path) -> None:
@@ -35,3 +41,18 @@ def test_asyncio_run_of_run_forever_serves_until_stop_and_returns_the_report(tmp
     assert isinstance(report, RunReport)
     assert report.completed == 1
     assert repr(report).startswith("RunReport(")
+
+
+def test_a_database_url_as_root_is_refused_naming_it_and_creates_no_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # DESIGN §9 Stores: `Spool(root)` takes a directory or a postgresql:// URL. This version has
+    # only the file spool; the URL must not silently become a directory tree named `postgresql:`.
+    monkeypatch.chdir(tmp_path)
+    url = "postgresql://app@localhost:5432/jobs"
+    with pytest.raises(SpoolError, match="postgresql://app@localhost:5432/jobs"):
+        Spool(url)
+    done = subprocess.run([sys.executable, "-m", "jobspool", "--root", url, "enqueue", "note"],
+                          capture_output=True, text=True, env=cli_env(), timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "postgresql://" in done.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -91,6 +92,22 @@ def read_spool_file(root: Path) -> dict[str, Any] | None:
     return doc
 
 
+# `Path("postgresql://h/db")` is the relative directory `postgresql:/h/db`: without this check a
+# database URL would silently become a file spool in a directory tree named after it.
+_URL_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+:/")
+
+
+def _refuse_url(root: Path) -> None:
+    text = os.fspath(root)
+    match = _URL_SCHEME.match(text)
+    if match is None:
+        return
+    scheme = match.group()[:-2]
+    raise SpoolError(f"spool root {text.replace(':/', '://', 1)!r} is a {scheme}:// URL; this "
+                     "version of jobspool has only the file spool (give a directory)",
+                     path=text)
+
+
 def open_layout(root: Path, *, create: bool, durable: bool, read_only: bool = False,
                 access: str | None = None) -> Layout:
     """Check (and with `create`, make) the spool directory; raise `SpoolError` naming the path.
@@ -101,6 +118,7 @@ def open_layout(root: Path, *, create: bool, durable: bool, read_only: bool = Fa
     `read_only` opens an existing spool with read access alone (never creating
     anything): what `stats`, `list`, `show`, `health` and `fsck` need.
     """
+    _refuse_url(root)
     create = create and not read_only
     try:
         st = root.stat()
