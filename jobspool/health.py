@@ -384,7 +384,7 @@ def _number(value: object) -> float | None:
 
 def _maintenance_reasons(uri: str, now: float, cadence: float, max_failures: int
                          ) -> list[Reason]:
-    from jobspool.projection.maintenance import read_maintenance_state
+    from jobspool.projection.maintenance_state import read_maintenance_state
 
     state = read_maintenance_state(uri)
     tables = state.get("tables")

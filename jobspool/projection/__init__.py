@@ -20,11 +20,10 @@ from jobspool.projection.handler import (
 
 if TYPE_CHECKING:
     from jobspool.projection.lance import ApplyResult, LanceProjection, ProjectionStore
-    from jobspool.projection.maintenance import (
-        MaintenanceBeat,
+    from jobspool.projection.maintenance import MaintenanceBeat, maintain
+    from jobspool.projection.maintenance_state import (
         MaintenanceReport,
         TableOutcome,
-        maintain,
         read_maintenance_state,
     )
 
@@ -33,10 +32,11 @@ _LAZY = {
     "LanceProjection": "jobspool.projection.lance",
     "ProjectionStore": "jobspool.projection.lance",
     "MaintenanceBeat": "jobspool.projection.maintenance",
-    "MaintenanceReport": "jobspool.projection.maintenance",
-    "TableOutcome": "jobspool.projection.maintenance",
+    # the records and the state file load neither LanceDB nor pyarrow
+    "MaintenanceReport": "jobspool.projection.maintenance_state",
+    "TableOutcome": "jobspool.projection.maintenance_state",
     "maintain": "jobspool.projection.maintenance",
-    "read_maintenance_state": "jobspool.projection.maintenance",
+    "read_maintenance_state": "jobspool.projection.maintenance_state",
 }
 
 

@@ -59,6 +59,12 @@ MAX_KEY_CHARS = 1024
 Op = Literal["upsert", "delete"]
 
 
+def _one_line(exc: BaseException) -> str:
+    # How the store and maintenance report a LanceDB error: one bounded line.
+    # Here because this module loads neither LanceDB nor pyarrow.
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300]
+
+
 def live_filter(where: str | None = None) -> str:
     """Return a LanceDB filter that applies `where` to live rows only (tombstones excluded)."""
     if where is None or not where.strip():

@@ -41,7 +41,6 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -51,22 +50,14 @@ from jobspool.errors import ProjectionError
 from jobspool.projection.handler import (
     HIDDEN_COLUMNS,
     LIVE_FILTER,
-    RESERVED_COLUMNS,
     PendingWrite,
-    check_key,
+    _one_line,
     live_filter,
     make_delete,
     make_upsert,
 )
-from jobspool.projection.schema import (
-    PK_METADATA_KEY,
-    Entry,
-    build_batch,
-    check_key_name,
-    infer_schema,
-    table_schema,
-    user_columns,
-)
+from jobspool.projection.plan import ApplyResult, TablePlan, decide, plan_table
+from jobspool.projection.schema import PK_METADATA_KEY, check_key_name, table_schema
 
 #: The fence, as LanceDB evaluates it inside the merge: the incoming (source)
 #: row replaces the stored (target) one only when its (version, fence) pair is
@@ -112,47 +103,12 @@ def _execute_merge(tbl: Any, key: str, batch: pa.Table, timeout: timedelta | Non
     )
 
 
-def _one_line(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300]
-
-
 def uri_of(target: str | os.PathLike[str] | Any) -> str | None:
     """Return the URI a path or a LanceDB connection points at (None when unknown)."""
     if isinstance(target, str | os.PathLike):
         return os.fspath(target)
     uri = getattr(target, "uri", None)
     return uri if isinstance(uri, str) else None
-
-
-@dataclass(frozen=True)
-class ApplyResult:
-    """What one `ProjectionStore.apply` did.
-
-    - `failed`: job id -> error, for jobs that wrote a table whose commit
-      failed. The outcome is unknown (the commit may have landed); retry the
-      job, the fenced merge makes the re-run idempotent.
-    - `rejected`: job id -> permanent error: its rows do not fit (missing or
-      non-string key, a field not in the schema or of the wrong type). None
-      of its writes were applied, in any table; the other jobs' were.
-    - `tables`: table -> rows the fence let through in that table's one merge.
-    """
-
-    failed: dict[str, BaseException]
-    rejected: dict[str, ProjectionError]
-    tables: dict[str, int]
-
-    @property
-    def ok(self) -> bool:
-        return not self.failed and not self.rejected
-
-
-@dataclass
-class _Plan:
-    table: str
-    schema: pa.Schema
-    exists: bool
-    job_ids: set[str]
-    batch: pa.Table | None
 
 
 class ProjectionStore:
@@ -298,37 +254,11 @@ class ProjectionStore:
         by_table: dict[str, list[PendingWrite]] = {}
         for w in writes:
             by_table.setdefault(w.table, []).append(w)
-        failed: dict[str, BaseException] = {}
-        rejected: dict[str, ProjectionError] = {}
         written_at = float(self._clock())
 
-        # Phase 1: decide. Repeat until no job is newly rejected: dropping a
-        # job can change which row wins a key, and a job rejected in one
-        # table is dropped from every table (it will be dead-lettered whole).
-        plans: dict[str, _Plan] = {}
-        broken: set[str] = set()
-        while True:
-            plans.clear()
-            newly = False
-            for name, tws in by_table.items():
-                live = [w for w in tws if w.job_id not in rejected]
-                if not live or name in broken:
-                    continue
-                try:
-                    plan, bad = self._plan(name, live, written_at)
-                except Exception as exc:  # opening the table failed: outcome unknown
-                    self._forget(name)
-                    broken.add(name)
-                    for w in live:
-                        failed.setdefault(w.job_id, exc)
-                    continue
-                if bad:
-                    rejected.update(bad)
-                    newly = True
-                elif plan is not None:
-                    plans[name] = plan
-            if not newly:
-                break
+        # Phase 1: decide (plan.py); only opening a table touches LanceDB.
+        plans, rejected, failed = decide(
+            by_table, lambda name, live: self._plan(name, live, written_at), self._forget)
 
         # Phase 2: commit, one merge per table.
         tables: dict[str, int] = {}
@@ -348,69 +278,13 @@ class ProjectionStore:
 
     def _plan(
         self, name: str, writes: list[PendingWrite], written_at: float
-    ) -> tuple[_Plan | None, dict[str, ProjectionError]]:
-        key = self.key
+    ) -> tuple[TablePlan | None, dict[str, ProjectionError]]:
         tbl = self.open(name)
-        if tbl is not None:
-            schema: pa.Schema | None = tbl.schema
-        else:
-            schema = self._schemas.get(name)
-            if schema is None:
-                rows = [r for w in writes for r in w.rows if isinstance(r.get(key), str)]
-                # Only deletes (or only bad rows) for a table that does not
-                # exist: no schema; a no-op for the deletes, checks for the rest.
-                schema = table_schema(infer_schema(rows, key), key) if rows else None
-        bad: dict[str, ProjectionError] = {}
-        allowed = user_columns(schema) if schema is not None else frozenset({key})
-        for w in writes:
-            err = self._check_write(w, allowed)
-            if err is not None:
-                bad.setdefault(w.job_id, err)
-        if bad:
-            return None, bad
-        job_ids = {w.job_id for w in writes}
-        if schema is None:
-            return _Plan(name, pa.schema([]), False, job_ids, None), {}
-        entries = _dedup(writes, key)
-        built = build_batch(name, schema, key, entries, written_at)
-        if built.bad:
-            return None, built.bad
-        return _Plan(name, schema, tbl is not None, job_ids, built.batch), {}
+        schema: pa.Schema | None = tbl.schema if tbl is not None else self._schemas.get(name)
+        return plan_table(name, writes, key=self.key, schema=schema, exists=tbl is not None,
+                          written_at=written_at)
 
-    def _check_write(self, w: PendingWrite, allowed: frozenset[str]) -> ProjectionError | None:
-        key = self.key
-        try:
-            if w.op == "delete":
-                for k in w.keys:
-                    check_key(k, table=w.table, key=key)
-                return None
-            for row in w.rows:
-                if key not in row:
-                    return ProjectionError(
-                        f"row for table {w.table!r} is missing its key field {key!r}",
-                        table=w.table,
-                        field=key,
-                    )
-                check_key(row[key], table=w.table, key=key)
-                for field, value in row.items():
-                    if field in RESERVED_COLUMNS:
-                        return ProjectionError(
-                            f"field {field!r} of table {w.table!r} is reserved for fencing",
-                            table=w.table,
-                            field=field,
-                        )
-                    if field not in allowed and value is not None:
-                        return ProjectionError(
-                            f"field {field!r} is not in the schema of table {w.table!r} "
-                            f"(columns: {', '.join(sorted(allowed))})",
-                            table=w.table,
-                            field=field,
-                        )
-        except ProjectionError as exc:
-            return exc
-        return None
-
-    def _commit(self, plan: _Plan) -> int:
+    def _commit(self, plan: TablePlan) -> int:
         assert plan.batch is not None
         tbl = self.open(plan.table) if plan.exists else None
         if tbl is None:
@@ -438,23 +312,6 @@ class ProjectionStore:
                     raise
         self._tables[name] = tbl
         return tbl
-
-
-def _dedup(writes: Iterable[PendingWrite], key: str) -> list[Entry]:
-    """Keep, per key, the write with the highest (version, fence); on a tie the later one."""
-    best: dict[str, Entry] = {}
-    for w in writes:
-        if w.op == "upsert":
-            candidates: Iterable[Entry] = (
-                Entry(w.job_id, row[key], row, w.version, w.fence) for row in w.rows
-            )
-        else:
-            candidates = (Entry(w.job_id, k, None, w.version, w.fence) for k in w.keys)
-        for e in candidates:
-            cur = best.get(e.key)
-            if cur is None or (e.version, e.fence) >= (cur.version, cur.fence):
-                best[e.key] = e
-    return list(best.values())
 
 
 def _sql_string(value: str) -> str:

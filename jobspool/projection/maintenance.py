@@ -36,30 +36,36 @@ so `jobspool health` can report them (`read_maintenance_state`).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import timedelta
-from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
+from jobspool.projection.calls import CallTimedOut, _busy, _call_with_deadline, is_conflict
 from jobspool.projection.handler import (
     DELETED_COLUMN,
     FENCE_COLUMN,
     WRITTEN_AT_COLUMN,
+    _one_line,
 )
-from jobspool.projection.lance import ProjectionStore, _one_line, _open_table
+from jobspool.projection.lance import ProjectionStore, _open_table
+
+# The records and the state file live in maintenance_state.py (health reads them
+# without LanceDB); they stay importable from here.
+from jobspool.projection.maintenance_state import (
+    MaintenanceReport,
+    Outcome,
+    TableOutcome,
+    _save_state,
+    read_maintenance_state,
+    state_path,
+)
 
 log = logging.getLogger("jobspool.projection.maintenance")
-
-Outcome = Literal["optimized", "deferred", "skipped", "failed"]
-STATE_FILE = ".jobspool-maintenance.json"
-STATE_LOCK = ".jobspool-maintenance.lock"
-STATE_FORMAT = 1
 T = TypeVar("T")
 
 
@@ -87,199 +93,6 @@ def _create_key_index(tbl: Any, column: str) -> None:
     from lancedb.index import BTree  # lazy, as every lancedb import
 
     tbl.create_index(column, config=BTree(), replace=False)
-
-
-# --- reports
-
-
-@dataclass(frozen=True)
-class TableOutcome:
-    """What maintenance did to one table, and why."""
-
-    table: str
-    outcome: Outcome
-    reason: str
-    seconds: float = 0.0
-    version_before: int | None = None
-    version_after: int | None = None
-    tombstones_removed: int = 0
-    indexed: bool = False
-
-
-@dataclass(frozen=True)
-class MaintenanceReport:
-    """The outcome of one maintenance run, per table, and where the next run resumes."""
-
-    tables: tuple[TableOutcome, ...]
-    resume_at: str | None
-    seconds: float
-    canceled: bool = False
-
-    def __getitem__(self, table: str) -> TableOutcome:
-        for t in self.tables:
-            if t.table == table:
-                return t
-        raise KeyError(table)
-
-    def counts(self) -> dict[str, int]:
-        """Number of tables per outcome."""
-        out: dict[str, int] = {}
-        for t in self.tables:
-            out[t.outcome] = out.get(t.outcome, 0) + 1
-        return out
-
-    @property
-    def ok(self) -> bool:
-        """True when no table failed (deferred and skipped tables are fine)."""
-        return all(t.outcome != "failed" for t in self.tables)
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready form (`jobspool maintain --json`)."""
-        return {
-            "tables": [asdict(t) for t in self.tables],
-            "resume_at": self.resume_at,
-            "seconds": self.seconds,
-            "canceled": self.canceled,
-            "counts": self.counts(),
-            "ok": self.ok,
-        }
-
-
-# --- deadlines
-
-
-class CallTimedOut(Exception):
-    """Raised when a maintenance call did not return within its deadline (it keeps running)."""
-
-
-_INFLIGHT: set[tuple[str, str]] = set()
-_INFLIGHT_LOCK = threading.Lock()
-
-
-def _busy(slot: tuple[str, str]) -> bool:
-    with _INFLIGHT_LOCK:
-        return slot in _INFLIGHT
-
-
-def _call_with_deadline(fn: Callable[[], T], timeout: float, slot: tuple[str, str]) -> T:
-    """Run `fn` in a daemon thread and wait at most `timeout` seconds for it.
-
-    LanceDB calls cannot be interrupted; one that hangs (a stuck object-store
-    request, a huge compaction) is abandoned, not killed. Its table stays in
-    `_INFLIGHT` until it returns, so no second maintenance call piles onto it.
-    """
-    done = threading.Event()
-    box: list[Any] = []
-
-    def run() -> None:
-        try:
-            box.append((True, fn()))
-        except BaseException as exc:  # handed to the caller, never lost in the thread
-            box.append((False, exc))
-        finally:
-            with _INFLIGHT_LOCK:
-                _INFLIGHT.discard(slot)
-            done.set()
-
-    with _INFLIGHT_LOCK:
-        _INFLIGHT.add(slot)
-    threading.Thread(target=run, name=f"jobspool-maintain-{slot[1]}", daemon=True).start()
-    if not done.wait(timeout):
-        raise CallTimedOut(f"call did not return within {timeout:g}s; left running")
-    ok, value = box[0]
-    if ok:
-        return value  # type: ignore[no-any-return]
-    raise value
-
-
-def is_conflict(exc: BaseException) -> bool:
-    """Whether a LanceDB error is a lost commit race (benign: retry later), not a fault."""
-    text = str(exc).lower()
-    return "conflict" in text or "incompatible transaction" in text
-
-
-# --- persisted state
-
-
-def state_path(uri: str | None) -> Path | None:
-    """The maintenance state file for a database URI (None for remote URIs)."""
-    if uri is None:
-        return None
-    if uri.startswith("file://"):
-        uri = uri[len("file://") :]
-    elif "://" in uri:
-        return None
-    return Path(uri) / STATE_FILE
-
-
-def read_maintenance_state(uri: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read the persisted maintenance state: `{"tables": {name: {...}}, "resume_at": ...}`.
-
-    Per table: `first_attempt`, `last_success` and `last_attempt` (epoch
-    seconds or None),
-    `last_outcome`, `last_reason`, `consecutive_failures`, `version_after`.
-    A missing or unreadable file reads as empty state (never raises).
-    """
-    path = state_path(os.fspath(uri))
-    empty: dict[str, Any] = {"format": STATE_FORMAT, "tables": {}, "resume_at": None}
-    if path is None:
-        return empty
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return empty
-    if not isinstance(data, dict) or not isinstance(data.get("tables"), dict):
-        return empty
-    data.setdefault("resume_at", None)
-    return data
-
-
-def _save_state(
-    uri: str | None,
-    outcomes: Sequence[TableOutcome],
-    resume_at: str | None,
-    now: float,
-    *,
-    touch_resume: bool,
-) -> None:
-    path = state_path(uri)
-    if path is None:
-        return
-    import portalocker
-
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # Read-modify-write under a lock: two processes' beats may finish at
-        # once. The file is advisory (health reporting, where to resume), so
-        # it is replaced atomically but not fsynced.
-        with portalocker.Lock(str(path.parent / STATE_LOCK), mode="a", timeout=10):
-            state = read_maintenance_state(str(path.parent))
-            tables: dict[str, Any] = state["tables"]
-            for o in outcomes:
-                entry = tables.setdefault(
-                    o.table, {"last_success": None, "consecutive_failures": 0, "version_after": None}
-                )
-                # health measures staleness from here while nothing has succeeded
-                # yet; an entry from an older state file starts its clock now.
-                entry.setdefault("first_attempt", now)
-                entry["last_attempt"] = now
-                entry["last_outcome"] = o.outcome
-                entry["last_reason"] = o.reason
-                if o.outcome == "optimized":
-                    entry["last_success"] = now
-                    entry["consecutive_failures"] = 0
-                    entry["version_after"] = o.version_after
-                elif o.outcome == "failed":
-                    entry["consecutive_failures"] = int(entry.get("consecutive_failures", 0)) + 1
-            if touch_resume:
-                state["resume_at"] = resume_at
-            state["format"] = STATE_FORMAT
-            state["updated_at"] = now
-            tmp = path.with_name(f"{STATE_FILE}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(state, indent=1, sort_keys=True), encoding="utf-8")
-            os.replace(tmp, path)
-    except (OSError, portalocker.LockException) as exc:
-        log.warning("could not save maintenance state to %s: %s", path, _one_line(exc))
 
 
 # --- the run

@@ -1,0 +1,184 @@
+"""Deciding what one group commit writes: per-job checks, per-key dedup, one batch per table.
+
+`ProjectionStore.apply` (in `lance.py`) decides here and persists there:
+nothing in this module opens, creates or merges into a LanceDB table. The
+store hands in the schema it found (stored, declared, or None for a table
+that does not exist yet) and gets back a `TablePlan` to merge, or the jobs
+whose rows do not fit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from jobspool.errors import ProjectionError
+from jobspool.projection.handler import RESERVED_COLUMNS, PendingWrite, check_key
+from jobspool.projection.schema import Entry, build_batch, infer_schema, table_schema, user_columns
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    """What one `ProjectionStore.apply` did.
+
+    - `failed`: job id -> error, for jobs that wrote a table whose commit
+      failed. The outcome is unknown (the commit may have landed); retry the
+      job, the fenced merge makes the re-run idempotent.
+    - `rejected`: job id -> permanent error: its rows do not fit (missing or
+      non-string key, a field not in the schema or of the wrong type). None
+      of its writes were applied, in any table; the other jobs' were.
+    - `tables`: table -> rows the fence let through in that table's one merge.
+    """
+
+    failed: dict[str, BaseException]
+    rejected: dict[str, ProjectionError]
+    tables: dict[str, int]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed and not self.rejected
+
+
+@dataclass
+class TablePlan:
+    """One table's share of a group commit: the batch to merge (None: nothing to write)."""
+
+    table: str
+    schema: pa.Schema
+    exists: bool
+    job_ids: set[str]
+    batch: pa.Table | None
+
+
+#: What the store plans for one table: a plan, or the jobs rejected (job id -> error).
+Planner = Callable[[str, list[PendingWrite]], tuple[TablePlan | None, dict[str, ProjectionError]]]
+
+
+def decide(
+    by_table: Mapping[str, list[PendingWrite]], plan: Planner, forget: Callable[[str], None]
+) -> tuple[dict[str, TablePlan], dict[str, ProjectionError], dict[str, BaseException]]:
+    """Plan every table: returns (plans, rejected jobs, failed jobs).
+
+    Repeats until no job is newly rejected: dropping a job can change which
+    row wins a key, and a job rejected in one table is dropped from every
+    table (it will be dead-lettered whole). A table whose planning raises
+    (opening it failed: outcome unknown) fails its jobs and is `forget`-ten.
+    """
+    failed: dict[str, BaseException] = {}
+    rejected: dict[str, ProjectionError] = {}
+    plans: dict[str, TablePlan] = {}
+    broken: set[str] = set()
+    while True:
+        plans.clear()
+        newly = False
+        for name, tws in by_table.items():
+            live = [w for w in tws if w.job_id not in rejected]
+            if not live or name in broken:
+                continue
+            try:
+                planned, bad = plan(name, live)
+            except Exception as exc:  # opening the table failed: outcome unknown
+                forget(name)
+                broken.add(name)
+                for w in live:
+                    failed.setdefault(w.job_id, exc)
+                continue
+            if bad:
+                rejected.update(bad)
+                newly = True
+            elif planned is not None:
+                plans[name] = planned
+        if not newly:
+            return plans, rejected, failed
+
+
+def plan_table(
+    name: str,
+    writes: list[PendingWrite],
+    *,
+    key: str,
+    schema: pa.Schema | None,
+    exists: bool,
+    written_at: float,
+) -> tuple[TablePlan | None, dict[str, ProjectionError]]:
+    """Check `writes` against the table's schema, dedup per key and build the batch.
+
+    `schema` is the stored or declared one; None for a new table without a
+    declared schema, which then gets one inferred from these rows.
+    """
+    if schema is None:
+        rows = [r for w in writes for r in w.rows if isinstance(r.get(key), str)]
+        # Only deletes (or only bad rows) for a table that does not
+        # exist: no schema; a no-op for the deletes, checks for the rest.
+        schema = table_schema(infer_schema(rows, key), key) if rows else None
+    bad: dict[str, ProjectionError] = {}
+    allowed = user_columns(schema) if schema is not None else frozenset({key})
+    for w in writes:
+        err = check_write(w, allowed, key)
+        if err is not None:
+            bad.setdefault(w.job_id, err)
+    if bad:
+        return None, bad
+    job_ids = {w.job_id for w in writes}
+    if schema is None:
+        return TablePlan(name, pa.schema([]), False, job_ids, None), {}
+    built = build_batch(name, schema, key, dedup(writes, key), written_at)
+    if built.bad:
+        return None, built.bad
+    return TablePlan(name, schema, exists, job_ids, built.batch), {}
+
+
+def check_write(w: PendingWrite, allowed: frozenset[str], key: str) -> ProjectionError | None:
+    """The reason one job's write does not fit the table (None when it does)."""
+    try:
+        if w.op == "delete":
+            for k in w.keys:
+                check_key(k, table=w.table, key=key)
+            return None
+        for row in w.rows:
+            if key not in row:
+                return ProjectionError(
+                    f"row for table {w.table!r} is missing its key field {key!r}",
+                    table=w.table,
+                    field=key,
+                )
+            check_key(row[key], table=w.table, key=key)
+            for field, value in row.items():
+                if field in RESERVED_COLUMNS:
+                    return ProjectionError(
+                        f"field {field!r} of table {w.table!r} is reserved for fencing",
+                        table=w.table,
+                        field=field,
+                    )
+                if field not in allowed and value is not None:
+                    return ProjectionError(
+                        f"field {field!r} is not in the schema of table {w.table!r} "
+                        f"(columns: {', '.join(sorted(allowed))})",
+                        table=w.table,
+                        field=field,
+                    )
+    except ProjectionError as exc:
+        return exc
+    return None
+
+
+def dedup(writes: Iterable[PendingWrite], key: str) -> list[Entry]:
+    """Keep, per key, the write with the highest (version, fence); on a tie the later one."""
+    best: dict[str, Entry] = {}
+    for w in writes:
+        if w.op == "upsert":
+            candidates: Iterable[Entry] = (
+                Entry(w.job_id, row[key], row, w.version, w.fence) for row in w.rows
+            )
+        else:
+            candidates = (Entry(w.job_id, k, None, w.version, w.fence) for k in w.keys)
+        for e in candidates:
+            cur = best.get(e.key)
+            if cur is None or (e.version, e.fence) >= (cur.version, cur.fence):
+                best[e.key] = e
+    return list(best.values())
+
+
+__all__ = ["ApplyResult", "Planner", "TablePlan", "check_write", "decide", "dedup", "plan_table"]
