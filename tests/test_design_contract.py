@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from jobspool import RunReport, Spool, Worker
-from jobspool.errors import SpoolError
+from jobspool.errors import InvalidJob, SpoolError
 from tests.subproc import cli_env
 
 
@@ -56,3 +56,13 @@ def test_a_database_url_as_root_is_refused_naming_it_and_creates_no_directory(
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and "postgresql://" in done.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_jobs_with_an_unknown_state_raises_invalid_job_at_the_call(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "spool", durable=False)
+    spool.enqueue("note", job_id="a")
+    with pytest.raises(InvalidJob, match="'nope'"):
+        spool.jobs(state="nope")  # not only once iterated: a bad argument fails where it is given
+    with pytest.raises(InvalidJob, match="a/b"):
+        spool.jobs(kind="a/b")
+    assert [j.id for j in spool.jobs(state="ready", kind="note")] == ["a"]

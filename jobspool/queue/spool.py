@@ -376,11 +376,23 @@ class Spool(LeasingSpool):
         """Jobs in id (creation) order per state directory; unreadable files are skipped.
 
         Each directory is listed once; a job that moves while the listing is
-        read may be skipped or seen in both directories.
+        read may be skipped or seen in both directories. A bad `state` or `kind`
+        raises `InvalidJob` at the call, not at the first `next()`.
         """
-        states = ALL_STATES if state is None else (JobState(state),)
+        if state is None:
+            states: Sequence[JobState] = ALL_STATES
+        else:
+            try:
+                states = (JobState(state),)
+            except ValueError:
+                raise InvalidJob(f"state {state!r} is not a job state (one of "
+                                 f"{', '.join(x.value for x in JobState)})",
+                                 field="state") from None
         if kind is not None:
             validate_kind(kind)
+        return self._iter_jobs(states, kind)
+
+    def _iter_jobs(self, states: Sequence[JobState], kind: str | None) -> Iterator[Job]:
         for s in states:
             for job_id in sorted(self._store.names(s.value)):
                 job = self._read(s, job_id)
