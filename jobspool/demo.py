@@ -69,12 +69,31 @@ def _child_env() -> dict[str, str]:
     return env
 
 
+def _refuse_busy_spool(base: Path) -> None:
+    """Refuse a spool that already holds jobs (`--root` or `JOBSPOOL_ROOT` naming a real one):
+    the demo's workers would run that spool's own `doc` jobs with the demo handler, and its
+    report would mix them with the demo's."""
+    from jobspool.errors import SpoolError
+    from jobspool.queue.states import ALL_STATES
+
+    for state in ALL_STATES:
+        try:
+            held = any(n.endswith(".json") for n in os.listdir(base / state.value))
+        except OSError:  # no such directory yet (a new spool), or not a spool at all
+            continue
+        if held:
+            raise SpoolError(f"spool {base} already holds jobs; the demo needs a new or empty "
+                             "one: give another --root, or leave --root and JOBSPOOL_ROOT unset "
+                             "for a temporary one", path=str(base))
+
+
 def run_demo(*, root: str | None, jobs: int, workers: int, as_json: bool) -> int:
     from jobspool.queue.spool import Spool
 
     base = Path(root) if root else Path(tempfile.mkdtemp(prefix="jobspool-demo-")) / "spool"
     say = (lambda *_: None) if as_json else print
     started = time.monotonic()
+    _refuse_busy_spool(base)
     # keep_terminal above the batch: the final counts then show every job (by default a
     # spool keeps the newest 1,000 of each terminal state and prunes older ones).
     with Spool(base, durable=True, retry_base_seconds=0.2, retry_max_seconds=1.0,

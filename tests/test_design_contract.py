@@ -66,3 +66,20 @@ def test_jobs_with_an_unknown_state_raises_invalid_job_at_the_call(tmp_path: Pat
     with pytest.raises(InvalidJob, match="a/b"):
         spool.jobs(kind="a/b")
     assert [j.id for j in spool.jobs(state="ready", kind="note")] == ["a"]
+
+
+def test_demo_refuses_a_spool_that_already_holds_jobs_in_one_line_and_touches_none(
+        tmp_path: Path) -> None:
+    # `JOBSPOOL_ROOT` is the default root of every command, demo included: pointing at a real
+    # spool, the demo ran that spool's own jobs of kind `doc` with its handler, then died on
+    # their payloads with a traceback.
+    root = tmp_path / "spool"
+    spool = Spool(root, durable=False)
+    spool.enqueue("doc", {"path": "/notes/a.md"}, job_id="mine")
+    done = subprocess.run([sys.executable, "-m", "jobspool", "demo", "--jobs", "5"],
+                          capture_output=True, text=True, env=cli_env(JOBSPOOL_ROOT=str(root)),
+                          timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.startswith("jobspool: error: ") and done.stderr.count("\n") == 1
+    assert str(root) in done.stderr and "Traceback" not in done.stderr
+    assert [(j.id, j.state.value) for j in spool.jobs()] == [("mine", "ready")]
