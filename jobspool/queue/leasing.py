@@ -28,7 +28,7 @@ from jobspool.queue.job import (
 )
 from jobspool.queue.spool_base import SpoolBase
 from jobspool.queue.states import ALL_STATES, JobState
-from jobspool.queue.store import Change
+from jobspool.queue.store import Change, write_failed
 
 log = logging.getLogger("jobspool.queue.spool")
 
@@ -203,7 +203,10 @@ class LeasingSpool(SpoolBase):
 
     def process_mark(self) -> liveness.ProcessMark:
         """This process's liveness mark in this spool (registered on first use)."""
-        return liveness.mark_for(self.root, self._store.file_mode)
+        try:
+            return liveness.mark_for(self.root, self._store.file_mode)
+        except OSError as exc:
+            raise write_failed(exc, self.root) from None
 
     def note_running(self, tokens: Iterable[int], *, started: bool) -> None:
         """Record that handlers for these leases started (or settled): if this process dies,

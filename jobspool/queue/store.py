@@ -226,7 +226,10 @@ class Store:
         not publish.
         """
         self._check_fork()
-        liveness.mark_for(self.root, self.file_mode)
+        try:
+            liveness.mark_for(self.root, self.file_mode)
+        except OSError as exc:
+            raise write_failed(exc, self.root) from None
         paths: list[str] = []
         use_syncfs = self.durable and (self.sync_mode == "syncfs" or (
             self.sync_mode == "auto" and len(datas) >= 8))

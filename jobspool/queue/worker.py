@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.to_thread
 
-from jobspool.errors import ConfigError, RunningLoopError
+from jobspool.errors import ConfigError, JobspoolError, RunningLoopError
 from jobspool.errors import WorkerCrashed as WorkerCrashed
 from jobspool.policy import Policy, check_policies
 from jobspool.queue.context import Context as Context
@@ -327,8 +327,11 @@ class Worker:
         now = time.monotonic()
         self._crash_times = [t for t in self._crash_times if now - t < self._crash_window]
         self._crash_times.append(now)
+        # The disk or the spool refusing (EIO, ENOSPC, a lost lock) is one line; only an
+        # unexpected exception, a bug of ours, earns its traceback in the log.
+        expected = isinstance(exc, OSError | JobspoolError)
         log.error("worker loop failed (%s: %s); restarting", type(exc).__name__, exc,
-                  exc_info=exc)
+                  exc_info=None if expected else exc)
         if len(self._crash_times) >= self._max_crashes:
             raise WorkerCrashed(f"worker loop failed {len(self._crash_times)} times within "
                                 f"{self._crash_window:.0f} s; last: {type(exc).__name__}: {exc}")
