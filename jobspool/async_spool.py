@@ -29,7 +29,7 @@ import anyio.to_thread
 
 from jobspool.errors import JobFailed, WaitTimeout
 from jobspool.queue.job import EnqueueResult, Job, Reservation
-from jobspool.queue.spool import Spool
+from jobspool.queue.spool import Spool, validate_wait
 from jobspool.queue.states import JobState
 from jobspool.queue.stats import Stats
 
@@ -151,6 +151,7 @@ class AsyncSpool:
                    poll_seconds: float = 0.05) -> Job:
         """Until the job is terminal (completed, dead letter, canceled); `WaitTimeout` after
         `timeout` seconds. Polls with backoff up to `poll_seconds * 4` between looks."""
+        timeout, poll_seconds = validate_wait(timeout, poll_seconds)
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = 0.005
         while True:

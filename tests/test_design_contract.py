@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from jobspool import RunReport, Spool, Worker
+from jobspool import AsyncSpool, RunReport, Spool, Worker
 from jobspool.errors import InvalidJob, SpoolError
 from tests.subproc import cli_env
 
@@ -83,3 +83,22 @@ def test_demo_refuses_a_spool_that_already_holds_jobs_in_one_line_and_touches_no
     assert done.stderr.startswith("jobspool: error: ") and done.stderr.count("\n") == 1
     assert str(root) in done.stderr and "Traceback" not in done.stderr
     assert [(j.id, j.state.value) for j in spool.jobs()] == [("mine", "ready")]
+
+
+def test_wait_refuses_a_nan_or_negative_timeout_instead_of_waiting_forever(tmp_path: Path) -> None:
+    # A NaN deadline is never reached: `wait("b", timeout=nan)` used to spin forever.
+    spool = Spool(tmp_path / "spool", durable=False)
+    spool.enqueue("note", job_id="b")
+    for bad in (float("nan"), -1.0):
+        with pytest.raises(InvalidJob, match="timeout"):
+            spool.wait("b", timeout=bad)
+    with pytest.raises(InvalidJob, match="poll_seconds"):
+        spool.wait("b", timeout=1.0, poll_seconds=0)
+
+    async def wait_async() -> None:
+        await AsyncSpool(spool).wait("b", timeout=float("nan"))
+
+    with pytest.raises(InvalidJob, match="timeout"):
+        asyncio.run(wait_async())
+    spool.complete(spool.claim()[0], "r")
+    assert spool.wait("b", timeout=float("inf")).result == "r"  # +inf: no limit, as None

@@ -17,6 +17,7 @@ administrative and O(jobs) by nature.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime
@@ -86,6 +87,16 @@ def _run_at(run_at: object, delay: float, now: float) -> float | None:
         raise InvalidJob(f"give delay or run_at, not both (delay={delay!r}, run_at={run_at!r})",
                          field="run_at")
     return validate_run_at(run_at, now)
+
+
+def validate_wait(timeout: float | None, poll_seconds: float) -> tuple[float | None, float]:
+    """`wait`'s arguments checked: a NaN deadline never passes, so it would wait forever.
+
+    `timeout` None or +inf waits without a limit; otherwise it must be finite and >= 0.
+    """
+    if timeout is not None:
+        timeout = None if timeout == math.inf else validate_seconds("timeout", timeout)
+    return timeout, validate_seconds("poll_seconds", poll_seconds, positive=True)
 
 
 class Spool(LeasingSpool):
@@ -406,6 +417,7 @@ class Spool(LeasingSpool):
     def wait(self, job_id: str, timeout: float | None = None, *,
              poll_seconds: float = 0.05) -> Job:
         """Block until the job reaches a terminal state; `WaitTimeout` after `timeout` seconds."""
+        timeout, poll_seconds = validate_wait(timeout, poll_seconds)
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = 0.005
         while True:
