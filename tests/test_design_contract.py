@@ -102,3 +102,16 @@ def test_wait_refuses_a_nan_or_negative_timeout_instead_of_waiting_forever(tmp_p
         asyncio.run(wait_async())
     spool.complete(spool.claim()[0], "r")
     assert spool.wait("b", timeout=float("inf")).result == "r"  # +inf: no limit, as None
+
+
+def test_cli_run_at_without_a_time_zone_is_one_line_naming_the_flag_and_the_fix(
+        tmp_path: Path) -> None:
+    root = tmp_path / "spool"
+    Spool(root, durable=False).close()
+    done = subprocess.run([sys.executable, "-m", "jobspool", "--root", str(root), "enqueue",
+                           "note", "--run-at", "2030-01-01T00:00:00"],
+                          capture_output=True, text=True, env=cli_env(), timeout=120)
+    assert done.returncode == 1
+    assert done.stderr.count("\n") == 1
+    assert "--run-at '2030-01-01T00:00:00'" in done.stderr and "Z" in done.stderr
+    assert list(Spool(root, create=False).jobs()) == []

@@ -75,10 +75,14 @@ def _run_at(text: str | None) -> Any:
     except ValueError:
         pass
     try:
-        return datetime.fromisoformat(text.strip())
+        when = datetime.fromisoformat(text.strip())
     except ValueError:
         raise UsageError(f"--run-at {text!r} is neither epoch seconds nor an ISO 8601 time "
                          "(e.g. 2026-12-01T09:00:00Z)") from None
+    if when.tzinfo is None:  # the API's message speaks of tzinfo=; a shell user adds a zone
+        raise UsageError(f"--run-at {text!r} has no time zone: end it with Z (UTC) or an "
+                         "offset such as +02:00")
+    return when
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
