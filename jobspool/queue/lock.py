@@ -241,8 +241,17 @@ class SpoolLock:
         if self._depth == 0:
             try:
                 fcntl.flock(self._dir_fd, fcntl.LOCK_UN)
-            finally:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
+            except OSError:
+                # Closing a descriptor drops its lock for certain: never leave other
+                # processes blocked behind a lock we failed to release.
+                old = self._map
+                self._close_fds()
+                try:
+                    self._open()
+                finally:
+                    old.close()
+            finally:
                 self._thread_lock.release()
         else:
             self._thread_lock.release()
