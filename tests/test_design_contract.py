@@ -115,3 +115,26 @@ def test_cli_run_at_without_a_time_zone_is_one_line_naming_the_flag_and_the_fix(
     assert done.stderr.count("\n") == 1
     assert "--run-at '2030-01-01T00:00:00'" in done.stderr and "Z" in done.stderr
     assert list(Spool(root, create=False).jobs()) == []
+
+
+def test_a_worker_stopped_once_runs_again_and_a_stop_before_a_run_still_ends_that_run(
+        tmp_path: Path) -> None:
+    # stop() stops the run in progress; it used to stop the Worker for good: every later
+    # run_until_idle() or run_forever() returned at once without claiming.
+    spool = Spool(tmp_path / "spool", durable=False)
+    worker = Worker(spool, handlers={"note": lambda job, ctx: "ok"})
+    spool.enqueue("note", job_id="a")
+    thread = threading.Thread(target=worker.run_forever, kwargs={"handle_signals": False})
+    thread.start()
+    spool.wait("a", timeout=30)
+    worker.stop()
+    thread.join(30)
+    assert not thread.is_alive()
+    spool.enqueue("note", job_id="b")
+    assert worker.run_until_idle().completed == 1
+    worker.stop()  # asked before the run starts (a thread not yet inside run_forever)
+    assert worker.run_forever(handle_signals=False).claimed == 0
+    spool.enqueue("note", job_id="c")
+    assert worker.run_until_idle().completed == 1
+    assert {j.id: j.state.value for j in spool.jobs()} == {
+        "a": "completed", "b": "completed", "c": "completed"}

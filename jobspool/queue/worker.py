@@ -108,6 +108,7 @@ class Worker:
             for kind, p in self.policies.items()
             if p.retry_base_seconds is not None or p.retry_max_seconds is not None}
         self._hurry = threading.Event()
+        self._honored = False  # the standing stop()/hurry() has ended a run (see _begin_run)
         # Hooks a process pool's child sets to tell its supervisor what runs (see pool.py).
         self.on_start: Callable[[Context], None] | None = None
         self.on_end: Callable[[Context], None] | None = None
@@ -182,6 +183,7 @@ class Worker:
         if max_jobs is not None:
             validate_int("max_jobs", max_jobs, minimum=0)
         wait_for_retries = validate_seconds("wait_for_retries", wait_for_retries)
+        self._begin_run()
         counters = Counters()
         self._live = counters
         try:
@@ -191,6 +193,7 @@ class Worker:
             self._close_beat()
             self._publish(counters, final=True)  # a finished run is no stale worker
             self._live = None
+            self._stop_honored()
         return counters.freeze(await anyio.to_thread.run_sync(self._unhandled))
 
     def run_forever(self, *, poll_seconds: float = 0.5, handle_signals: bool = True,
@@ -223,6 +226,7 @@ class Worker:
         every run at once.
         """
         poll_seconds = validate_seconds("poll_seconds", poll_seconds, positive=True)
+        self._begin_run()
         counters = Counters()
         self._live = counters
         crashed: WorkerCrashed | None = None
@@ -243,6 +247,7 @@ class Worker:
                 self._publish(counters, final=True)
                 self._live = None
                 tg.cancel_scope.cancel()
+        self._stop_honored()
         if crashed is not None:
             raise crashed
         return counters.freeze()
@@ -267,11 +272,29 @@ class Worker:
             log.debug("could not publish worker metrics: %s", exc)
 
     def stop(self) -> None:
-        """Ask the worker to stop claiming; running handlers get `grace_seconds` to finish."""
+        """Ask the worker to stop claiming; running handlers get `grace_seconds` to finish.
+
+        Asked between runs, it stops the next run at once; a run begun after a
+        stopped one serves normally."""
+        self._honored = False
         self._stop.set()
+
+    def _stop_honored(self) -> None:
+        # A run that ended has obeyed any stop()/hurry() asked before its end (one asked
+        # before the run began stopped it at once, so a stop() racing a thread's start is
+        # never lost). `stopping` stays true until the next run begins, which starts afresh:
+        # a stop left standing would make every later run return without claiming.
+        self._honored = self._stop.is_set()
+
+    def _begin_run(self) -> None:
+        if self._honored:
+            self._honored = False
+            self._stop.clear()
+            self._hurry.clear()
 
     def hurry(self) -> None:
         """Stop now: cut off every running handler and release its lease (a second signal)."""
+        self._honored = False
         self._stop.set()
         self._hurry.set()
 
