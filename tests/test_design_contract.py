@@ -138,3 +138,25 @@ def test_a_worker_stopped_once_runs_again_and_a_stop_before_a_run_still_ends_tha
     assert worker.run_until_idle().completed == 1
     assert {j.id: j.state.value for j in spool.jobs()} == {
         "a": "completed", "b": "completed", "c": "completed"}
+
+
+def test_a_table_keyed_on_another_column_is_written_and_read_on_that_key(tmp_path: Path) -> None:
+    # App(keys=...) / Worker(keys=...) name a table's key column; the worker's store merged
+    # every table on `id`, so each job writing such a table was dead-lettered.
+    from jobspool import App, LanceProjection
+
+    spool = Spool(tmp_path / "spool", durable=False)
+    index = tmp_path / "index"
+
+    def note(job: Any, ctx: Any) -> None:
+        ctx.upsert("notes", [{"slug": "a", "n": 1}, {"slug": "b", "n": 2}])
+        ctx.delete("notes", ["b"])
+
+    spool.enqueue("note", job_id="j")
+    app = App(handlers={"note": note}, projection=str(index), keys={"notes": "slug"})
+    report = Worker(spool, app).run_until_idle()
+    assert (report.completed, report.dead_lettered) == (1, 0)
+    table = LanceProjection(index, "notes", key="slug")
+    assert table.get("a") == {"slug": "a", "n": 1, "version": 1.0, "fence": 1}
+    assert table.get("b") is None  # tombstoned, hidden
+    assert [r["slug"] for r in table.to_arrow().to_pylist()] == ["a"]

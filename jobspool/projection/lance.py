@@ -118,7 +118,8 @@ class ProjectionStore:
     `read_consistency_interval=0`) or an open LanceDB connection (used as
     is). `schemas` declares the user schema of tables created later; other
     tables get a schema inferred from their first rows. `key` names the
-    string key column of every table. Thread-safe: applies are serialized.
+    string key column of every table, `keys` that of the tables whose key is
+    another (`App(keys=...)`). Thread-safe: applies are serialized.
     """
 
     def __init__(
@@ -129,10 +130,12 @@ class ProjectionStore:
         schemas: Mapping[str, pa.Schema] | None = None,
         commit_timeout: timedelta | None = None,
         clock: Any = time.time,
+        keys: Mapping[str, str] | None = None,
     ) -> None:
         self.key = check_key_name(key)
+        self._keys = {table: check_key_name(k) for table, k in (keys or {}).items()}
         self._schemas: dict[str, pa.Schema] = {
-            name: table_schema(s, key) for name, s in (schemas or {}).items()
+            name: table_schema(s, self.key_of(name)) for name, s in (schemas or {}).items()
         }
         if isinstance(uri_or_connection, str | os.PathLike):
             self._uri: str | None = os.fspath(uri_or_connection)
@@ -214,9 +217,13 @@ class ProjectionStore:
                 break
         return sorted(names)
 
+    def key_of(self, table: str) -> str:
+        """The key column of `table`: its own from `keys`, else the store's `key`."""
+        return self._keys.get(table, self.key)
+
     def table(self, name: str) -> LanceProjection:
         """Return a reader (and convenience writer) for table `name`, sharing this store."""
-        return LanceProjection(self, name, key=self.key)
+        return LanceProjection(self, name, key=self.key_of(name))
 
     def close(self) -> None:
         """Drop cached table handles and the connection; later use raises ProjectionError."""
@@ -281,7 +288,7 @@ class ProjectionStore:
     ) -> tuple[TablePlan | None, dict[str, ProjectionError]]:
         tbl = self.open(name)
         schema: pa.Schema | None = tbl.schema if tbl is not None else self._schemas.get(name)
-        return plan_table(name, writes, key=self.key, schema=schema, exists=tbl is not None,
+        return plan_table(name, writes, key=self.key_of(name), schema=schema, exists=tbl is not None,
                           written_at=written_at)
 
     def _commit(self, plan: TablePlan) -> int:
@@ -297,16 +304,18 @@ class ProjectionStore:
                     table=plan.table,
                 )
         with self.exclusive(plan.table):
-            result = _execute_merge(tbl, self.key, plan.batch, self._commit_timeout)
+            result = _execute_merge(tbl, self.key_of(plan.table), plan.batch,
+                                    self._commit_timeout)
         return int(result.num_inserted_rows) + int(result.num_updated_rows)
 
     def _create(self, name: str, schema: pa.Schema) -> Any:
         tbl = _create_table(self.connection, name, schema)
-        field = tbl.schema.field(self.key)
+        key = self.key_of(name)
+        field = tbl.schema.field(key)
         if PK_METADATA_KEY not in (field.metadata or {}):
             # A LanceDB that drops field metadata at creation: set the key now.
             try:
-                tbl.set_unenforced_primary_key(self.key)
+                tbl.set_unenforced_primary_key(key)
             except ValueError as exc:
                 if "already set" not in str(exc):
                     raise
@@ -349,7 +358,7 @@ class LanceProjection:
                 uri, key=key, schemas={table: schema} if schema is not None else None
             )
         self.name = table
-        self.key = self._store.key
+        self.key = self._store.key_of(table)
 
     @property
     def store(self) -> ProjectionStore:

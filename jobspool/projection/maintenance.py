@@ -265,10 +265,11 @@ def _maintain_table(run: _Run, name: str) -> TableOutcome:
         if (stop := run.stop_reason()) is not None:
             return done("deferred", stop, int(tbl.version))
 
-        if run.key in schema_names and not call(lambda: _has_index_on(tbl, run.key)):
+        key = run.store.key_of(name)
+        if key in schema_names and not call(lambda: _has_index_on(tbl, key)):
             rows = call(lambda: _count_rows(tbl, None))
             if rows >= run.index_threshold:
-                write(lambda: _create_key_index(tbl, run.key))
+                write(lambda: _create_key_index(tbl, key))
                 indexed = True
         if (stop := run.stop_reason()) is not None:
             return done("deferred", stop, int(tbl.version))
@@ -279,7 +280,7 @@ def _maintain_table(run: _Run, name: str) -> TableOutcome:
         if removed:
             parts.append(f"removed {removed} tombstones")
         if indexed:
-            parts.append(f"indexed {run.key!r}")
+            parts.append(f"indexed {key!r}")
         return done("optimized", "; ".join(parts), after)
     except CallTimedOut as exc:
         return done("failed", str(exc))

@@ -401,8 +401,10 @@ class Worker:
             if isinstance(spec, ProjectionStore):
                 self._projection = spec
             else:
+                # `keys` (App.keys): a table keyed on another column than `id` is merged on it.
                 self._projection = ProjectionStore(
-                    spec if spec is not None else default_projection_uri(self.spool.root))
+                    spec if spec is not None else default_projection_uri(self.spool.root),
+                    keys=self.keys)
         return self._projection
 
     def note_commits(self, store: ProjectionStore, tables: list[str]) -> None:
