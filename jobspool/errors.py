@@ -28,7 +28,7 @@ def _rebuild(cls: type[JobspoolError], message: str, state: dict[str, object]) -
     return err
 
 
-class InvalidJob(JobspoolError):
+class InvalidJob(JobspoolError, ValueError):
     """Raised when a job's kind, id, payload or options are malformed; nothing is written."""
 
     def __init__(self, message: str, *, field: str | None = None) -> None:

@@ -160,3 +160,54 @@ def test_a_table_keyed_on_another_column_is_written_and_read_on_that_key(tmp_pat
     assert table.get("a") == {"slug": "a", "n": 1, "version": 1.0, "fence": 1}
     assert table.get("b") is None  # tombstoned, hidden
     assert [r["slug"] for r in table.to_arrow().to_pylist()] == ["a"]
+
+
+def test_spool_signature_shows_designs_defaults_and_stored_settings_still_win(
+        tmp_path: Path) -> None:
+    import inspect
+
+    params = inspect.signature(Spool).parameters
+    assert {n: params[n].default for n in ("lease_seconds", "max_attempts", "retry_base_seconds",
+                                           "retry_max_seconds", "keep_terminal")} == {
+        "lease_seconds": 60.0, "max_attempts": 5, "retry_base_seconds": 1.0,
+        "retry_max_seconds": 300.0, "keep_terminal": 1000}
+    Spool(tmp_path / "s", lease_seconds=7.0).close()
+    with Spool(tmp_path / "s") as again:
+        assert again.lease_seconds == 7.0  # the default did not override spool.json
+
+
+def test_a_bad_option_creates_nothing_on_disk(tmp_path: Path) -> None:
+    from jobspool.errors import InvalidJob
+
+    with pytest.raises(InvalidJob, match="lease_seconds"):
+        Spool(tmp_path / "new", lease_seconds=0)
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_relative_root_survives_a_chdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with Spool("rel") as s:
+        s.enqueue("k", job_id="a")
+        monkeypatch.chdir("/")
+        assert s.get("a").state.value == "ready"
+
+
+def test_an_expired_lease_is_claimed_in_run_at_order_and_no_lease_starts_expired(
+        tmp_path: Path) -> None:
+    now = [1_000.0]
+    with Spool(tmp_path / "s", clock=lambda: now[0], durable=False) as s:
+        s.enqueue("k", job_id="old")
+        (held,) = s.claim(lease_seconds=10)
+        now[0] += 5
+        s.enqueue("k", job_id="young")
+        now[0] += 10  # old's lease expired; young was enqueued after old
+        first = s.claim(lease_seconds=1e-9)
+        assert [lease.job_id for lease in first] == ["old"]
+        assert first[0].expires_at > now[0]  # never handed out already expired
+        assert held.token < first[0].token
+
+
+def test_invalid_input_is_also_a_value_error() -> None:
+    from jobspool.errors import InvalidJob
+
+    assert issubclass(InvalidJob, ValueError)

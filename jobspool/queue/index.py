@@ -98,7 +98,7 @@ class ClaimIndex:
         self._retry_due: dict[str, list[tuple[int, float, str]]] = {}
         # leased: id -> (expires_at, kind, priority); expiries only grow, so a cached value
         # is a lower bound and "not expired" from the cache is always true
-        self._leased: dict[str, tuple[float, str, int]] = {}
+        self._leased: dict[str, tuple[float, str, int, float]] = {}
         self._bad: set[tuple[str, str]] = set()
         # Directory stamps for changes made behind the spool's back (see the module docstring).
         self.check_seconds = CHECK_SECONDS
@@ -266,7 +266,7 @@ class ClaimIndex:
             heapq.heappush(self._retry_wait.setdefault(job.kind, []),
                            (job.run_at, job.priority, job.id))
         elif job.state is JobState.LEASED and job.lease is not None:
-            self._leased[job.id] = (job.lease.expires_at, job.kind, job.priority)
+            self._leased[job.id] = (job.lease.expires_at, job.kind, job.priority, job.run_at)
 
     def forget(self, state: JobState, job_id: str) -> None:
         if state is JobState.READY:
@@ -300,9 +300,10 @@ class ClaimIndex:
                 if entry is not None and entry[0][:2] == (priority, run_at):
                     heapq.heappush(due, (priority, run_at, job_id))
             pool.extend(self._peek(due, limit, JobState.RETRYABLE, kind))
-        for job_id, (expires_at, kind, priority) in self._leased.items():
+        for job_id, (expires_at, kind, priority, run_at) in self._leased.items():
             if expires_at <= now and (kinds is None or kind in kinds):
-                pool.append(Candidate(priority, expires_at, job_id, JobState.LEASED, kind))
+                # Claim order is (priority, run_at, id) whatever the state (DESIGN §3).
+                pool.append(Candidate(priority, run_at, job_id, JobState.LEASED, kind))
         pool.sort(key=lambda c: c.order)
         return pool[:limit]
 
@@ -332,6 +333,6 @@ class ClaimIndex:
         """The earliest future time a cached retryable job or lease becomes claimable."""
         times = [key[1] for key, _ in self._retry.values()
                  if key[1] > now and (kinds is None or key[2] in kinds)]
-        times += [exp for exp, kind, _ in self._leased.values()
+        times += [exp for exp, kind, _, _ in self._leased.values()
                   if exp > now and (kinds is None or kind in kinds)]
         return min(times, default=None)

@@ -8,6 +8,7 @@ hands the result to the store.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -189,7 +190,9 @@ def claim(job: Job, *, token: int, owner: str, now: float, lease_seconds: float,
         rescued, attempts = 0, job.attempts
     else:
         rescued, attempts = (1 if job.state is JobState.LEASED else 0), job.attempts + 1
-    lease = LeaseInfo(token=token, owner=owner, expires_at=now + lease_seconds, proc=proc)
+    # A lease is never handed out already expired, however short (float rounding included).
+    expires = max(now + lease_seconds, math.nextafter(now, math.inf))
+    lease = LeaseInfo(token=token, owner=owner, expires_at=expires, proc=proc)
     return _move(job, "claim", JobState.LEASED, now, attempts=attempts, lease=lease,
                  rescues=job.rescues + rescued)
 

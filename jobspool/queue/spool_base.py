@@ -74,10 +74,37 @@ _WRITERS = ("enqueue", "enqueue_many", "prepare", "commit", "abort", "claim", "h
             "cancel_matching", "requeue_matching", "enqueue_result", "enqueue_many_results")
 
 
+class _DefaultFloat(float):
+    """A default that reads as its value (in `help(Spool)`, DESIGN §5's signature) but means
+    "not given": the value saved in `spool.json` then wins."""
+
+
+class _DefaultInt(int):
+    """The integer form of `_DefaultFloat`."""
+
+
+def _given(value: Any) -> bool:
+    return (value is not _UNSET and value is not None
+            and not isinstance(value, _DefaultFloat | _DefaultInt))
+
+
 def _pick(value: Any, stored: dict[str, Any], name: str, default: Any) -> Any:
-    if value is not _UNSET and value is not None:
+    if _given(value):
         return value
     return stored.get(name, default)
+
+
+def _check_given(lease_seconds: Any, max_attempts: Any, retry_base_seconds: Any,
+                 retry_max_seconds: Any, keep_terminal: Any, max_job_bytes: Any) -> None:
+    """Refuse a bad option before anything is created on disk."""
+    for name, value in (("lease_seconds", lease_seconds), ("retry_base_seconds",
+                        retry_base_seconds), ("retry_max_seconds", retry_max_seconds)):
+        if _given(value):
+            validate_seconds(name, value, positive=name == "lease_seconds")
+    for name, value, low in (("max_attempts", max_attempts, 1), ("keep_terminal", keep_terminal, 0),
+                             ("max_job_bytes", max_job_bytes, 1024)):
+        if _given(value):
+            validate_int(name, value, minimum=low)
 
 
 class SpoolBase:
@@ -89,17 +116,17 @@ class SpoolBase:
         root: str | os.PathLike[str],
         *,
         create: bool = True,
-        lease_seconds: float = _UNSET,
-        max_attempts: int = _UNSET,
-        retry_base_seconds: float = _UNSET,
-        retry_max_seconds: float = _UNSET,
-        keep_terminal: int = _UNSET,
+        lease_seconds: float = _DefaultFloat(60.0),
+        max_attempts: int = _DefaultInt(5),
+        retry_base_seconds: float = _DefaultFloat(1.0),
+        retry_max_seconds: float = _DefaultFloat(300.0),
+        keep_terminal: int = _DefaultInt(1000),
         keep_terminal_seconds: float | None = _UNSET,
         durable: bool = True,
         clock: Callable[[], float] = time.time,
-        max_job_bytes: int = _UNSET,
+        max_job_bytes: int = _DefaultInt(MAX_JOB_BYTES),
         max_rescues: int | None = _UNSET,
-        prepare_grace_seconds: float = _UNSET,
+        prepare_grace_seconds: float = _DefaultFloat(300.0),
         max_due: int | None = None,
         max_lag_seconds: float | None = None,
         sync_mode: str = "auto",
@@ -107,10 +134,14 @@ class SpoolBase:
         read_only: bool = False,
         access: str | None = None,
     ) -> None:
+        _check_given(lease_seconds, max_attempts, retry_base_seconds, retry_max_seconds,
+                     keep_terminal, max_job_bytes)
         self.root = Path(root)
         self.read_only = read_only
         layout = open_layout(self.root, create=create, durable=durable, read_only=read_only,
                              access=access)
+        # Absolute from here on: a handler calling os.chdir must not move the spool.
+        self.root = self.root.absolute()
         self.access = layout.access
         stored = layout.settings
         self.lease_seconds = validate_seconds(
