@@ -194,7 +194,7 @@ def test_run_at_takes_epoch_seconds_or_an_aware_datetime(spool: Spool, clock: Fa
 @pytest.mark.parametrize(("text", "says"), [
     ("nan", "run_at must be a finite time, got nan"),
     ("inf", "run_at must be a finite time, got inf"),
-    ("2030-01-01T00:00:00", "naive datetime"),
+    ("2030-01-01T00:00:00", "has no time zone: end it with Z (UTC) or an offset"),
     ("next tuesday", "--run-at 'next tuesday' is neither epoch seconds nor an ISO 8601 time"),
 ])
 def test_cli_run_at_refusals_are_one_line_errors(
