@@ -211,3 +211,14 @@ def test_invalid_input_is_also_a_value_error() -> None:
     from jobspool.errors import InvalidJob
 
     assert issubclass(InvalidJob, ValueError)
+
+
+def test_enqueue_never_writes_over_an_unreadable_file_of_the_same_id(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    with Spool(root, durable=False) as s:
+        (root / "ready" / "a.json").write_bytes(b"{bad")
+        with pytest.warns(Warning), pytest.raises(SpoolError, match="recover"):
+            s.enqueue("k", job_id="a")
+        assert (root / "ready" / "a.json").read_bytes() == b"{bad"  # kept for recover
+        s.recover()
+        assert s.enqueue("k", job_id="a").state.value == "ready"

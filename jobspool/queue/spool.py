@@ -18,6 +18,7 @@ administrative and O(jobs) by nature.
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime
@@ -27,6 +28,7 @@ from jobspool.errors import (
     InvalidJob,
     InvalidTransition,
     JobNotFound,
+    SpoolError,
     WaitTimeout,
 )
 from jobspool.queue import machine
@@ -193,6 +195,17 @@ class Spool(LeasingSpool):
         self._await_group_flush()
         return out
 
+    def _refuse_unreadable(self, job_id: str) -> None:
+        """An id whose only file is unreadable is not free: writing over it would destroy
+        what `recover` would quarantine for a human to look at."""
+        for state in ALL_STATES:
+            path = self.root / state.value / f"{job_id}.json"
+            if os.path.lexists(path):
+                raise SpoolError(f"job id {job_id!r} is taken by an unreadable file "
+                                 f"{state.value}/{job_id}.json; run `jobspool recover` (it "
+                                 "moves the file to quarantine/) before reusing the id",
+                                 path=str(path))
+
     def _ids_for(self, payloads: list[Any], job_ids: Sequence[str | None] | None) -> list[str]:
         if job_ids is None:
             return [new_job_id() for _ in payloads]
@@ -222,6 +235,8 @@ class Spool(LeasingSpool):
                 out.append(EnqueueResult(seen[job.id].job, "existing"))
                 continue
             existing, copies = self._locate(job.id) if given else (None, [])
+            if given and existing is None:
+                self._refuse_unreadable(job.id)
             stale.extend(self._stale_removals(job.id, copies))
             if existing is None:
                 if job.id in staged:
