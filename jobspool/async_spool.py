@@ -80,41 +80,46 @@ class AsyncSpool:
                       delay: float = 0.0, run_at: float | datetime | None = None,
                       priority: int = 0, max_attempts: int | None = None,
                       on_conflict: str = "keep",
-                      unique_states: Iterable[JobState | str] | None = None) -> Job:
-        """`Spool.enqueue` (see there for `on_conflict` and `unique_states`)."""
+                      unique_states: Iterable[JobState | str] | None = None,
+                      timeout: float | None = None) -> Job:
+        """`Spool.enqueue` (see there for `on_conflict`, `unique_states` and `timeout`)."""
         return await self._run(self.spool.enqueue, kind, payload, job_id=job_id, delay=delay,
                                run_at=run_at, priority=priority, max_attempts=max_attempts,
-                               on_conflict=on_conflict, unique_states=unique_states)
+                               on_conflict=on_conflict, unique_states=unique_states,
+                               timeout=timeout)
 
     async def enqueue_result(self, kind: str, payload: Any = None, *,
                              job_id: str | None = None, delay: float = 0.0,
                              run_at: float | datetime | None = None, priority: int = 0,
                              max_attempts: int | None = None, on_conflict: str = "keep",
-                             unique_states: Iterable[JobState | str] | None = None
-                             ) -> EnqueueResult:
+                             unique_states: Iterable[JobState | str] | None = None,
+                             timeout: float | None = None) -> EnqueueResult:
         """`Spool.enqueue_result`: the job and whether this call created it."""
         return await self._run(self.spool.enqueue_result, kind, payload, job_id=job_id,
                                delay=delay, run_at=run_at, priority=priority,
                                max_attempts=max_attempts, on_conflict=on_conflict,
-                               unique_states=unique_states)
+                               unique_states=unique_states, timeout=timeout)
 
     async def enqueue_many(self, kind: str, payloads: Iterable[Any], *,
                            job_ids: Sequence[str | None] | None = None, delay: float = 0.0,
                            run_at: float | datetime | None = None, priority: int = 0,
                            max_attempts: int | None = None, on_conflict: str = "keep",
-                           unique_states: Iterable[JobState | str] | None = None) -> list[Job]:
+                           unique_states: Iterable[JobState | str] | None = None,
+                           timeout: float | None = None) -> list[Job]:
         """`Spool.enqueue_many`: one lock hold and one flush for the whole batch."""
         return await self._run(self.spool.enqueue_many, kind, list(payloads), job_ids=job_ids,
                                delay=delay, run_at=run_at, priority=priority,
                                max_attempts=max_attempts, on_conflict=on_conflict,
-                               unique_states=unique_states)
+                               unique_states=unique_states, timeout=timeout)
 
     async def prepare(self, kind: str, payload: Any = None, *, job_id: str | None = None,
                       delay: float = 0.0, run_at: float | datetime | None = None,
-                      priority: int = 0, max_attempts: int | None = None) -> Reservation:
+                      priority: int = 0, max_attempts: int | None = None,
+                      timeout: float | None = None) -> Reservation:
         """`Spool.prepare` (outbox step 1)."""
         return await self._run(self.spool.prepare, kind, payload, job_id=job_id, delay=delay,
-                               run_at=run_at, priority=priority, max_attempts=max_attempts)
+                               run_at=run_at, priority=priority, max_attempts=max_attempts,
+                               timeout=timeout)
 
     async def commit(self, reservation: Reservation) -> Job:
         """`Spool.commit` (outbox step 3)."""

@@ -198,3 +198,27 @@ def test_time_limits_hold_on_a_real_clock_spool(spool_root: Any) -> None:
         _worker(s, {"hang": hang}, {"hang": Policy(timeout=0.1, max_attempts=1)}
                 ).run_until_idle()
         assert s.get(job.id).state is JobState.DEAD_LETTER
+
+
+def test_a_jobs_own_timeout_overrides_its_kinds_policy(spool: Spool) -> None:
+    async def slow(job: Job, ctx: Context) -> str:
+        await anyio.sleep(job.payload)
+        return "done"
+
+    short = spool.enqueue("slow", 5, timeout=0.2, max_attempts=1)
+    relaxed = spool.enqueue("slow", 0.3, timeout=30)
+    assert spool.get(short.id).timeout == 0.2  # stored in the job file
+    report = _worker(spool, {"slow": slow}, {"slow": Policy(timeout=0.25)}).run_until_idle()
+    assert spool.get(short.id).state is JobState.DEAD_LETTER
+    assert "TimeLimitExceeded" in (spool.get(short.id).last_error or "")
+    assert spool.get(relaxed.id).state is JobState.COMPLETED  # 0.3 s > the kind's 0.25 s
+    assert report.timed_out == 1
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), "5"])
+def test_a_jobs_timeout_must_be_a_positive_finite_number(spool: Spool, bad: object) -> None:
+    from jobspool.errors import InvalidJob
+
+    with pytest.raises(InvalidJob, match="timeout"):
+        spool.enqueue("slow", timeout=bad)  # type: ignore[arg-type]
+    assert list(spool.jobs()) == []

@@ -94,7 +94,8 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         result = spool.enqueue_result(args.kind, payload, job_id=args.job_id, delay=args.delay,
                                       run_at=run_at, priority=args.priority,
                                       max_attempts=args.max_attempts,
-                                      on_conflict=args.on_conflict, unique_states=unique)
+                                      on_conflict=args.on_conflict, unique_states=unique,
+                                      timeout=args.timeout)
     job = result.job
     if not result.created:
         # stdout stays `ID STATE` (scripts parse it); whether anything was written goes here.

@@ -70,6 +70,7 @@ class Job:
     reservations: tuple[str, ...] = ()
     rescues: int = 0
     traceback: str | None = None  # the last failed run's, bounded (MAX_TRACEBACK_BYTES)
+    timeout: float | None = None  # this job's time limit per run, over its kind's policy
 
     @property
     def terminal(self) -> bool:
@@ -396,6 +397,8 @@ def _to_dict(job: Job) -> dict[str, Any]:
     }
     if job.traceback is not None:
         d["traceback"] = job.traceback  # absent when None: older readers never see the key
+    if job.timeout is not None:
+        d["timeout"] = job.timeout
     return d
 
 
@@ -594,7 +597,18 @@ def decode_job(data: bytes, *, expect_id: str | None = None,
         reservations=tuple(reservations),
         rescues=rescues,
         traceback=tb,
+        timeout=_timeout(d),
     )
+
+
+def _timeout(d: dict[str, Any]) -> float | None:
+    value = d.get("timeout")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) \
+            or not math.isfinite(value) or value <= 0:
+        raise CorruptJob("field 'timeout' is not a positive number of seconds")
+    return float(value)
 
 
 def evolve(job: Job, **changes: Any) -> Job:

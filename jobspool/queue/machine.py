@@ -91,7 +91,8 @@ def _move(job: Job, action: str, dst: JobState, now: float, **changes: Any) -> J
 
 def new_job(*, job_id: str, kind: str, payload: Any, now: float, delay: float, priority: int,
             max_attempts: int, state: JobState | None = None,
-            reservations: tuple[str, ...] = (), run_at: float | None = None) -> Job:
+            reservations: tuple[str, ...] = (), run_at: float | None = None,
+            timeout: float | None = None) -> Job:
     """A fresh job: due at `run_at` (absolute) or `now + delay`; parked in `retryable`
     (shown as "scheduled": no attempt yet) until then."""
     run_at = now + delay if run_at is None else run_at
@@ -99,7 +100,7 @@ def new_job(*, job_id: str, kind: str, payload: Any, now: float, delay: float, p
         state = JobState.RETRYABLE if run_at > now else JobState.READY
     return Job(id=job_id, kind=kind, payload=payload, state=state, priority=priority,
                attempts=0, max_attempts=max_attempts, revision=1, created_at=now,
-               updated_at=now, run_at=run_at, reservations=reservations)
+               updated_at=now, run_at=run_at, reservations=reservations, timeout=timeout)
 
 
 def reopen(job: Job, *, kind: str, payload: Any, now: float, delay: float, priority: int,
@@ -138,11 +139,12 @@ def decide_enqueue(existing: Job, fresh: Job, *, now: float, on_conflict: str,
     if policy == "keep":
         if state is JobState.CANCELED:
             # A producer that aborted (or an operator who canceled) may try again.
-            return "reopened", reopen(
+            return "reopened", evolve(reopen(
                 existing, kind=fresh.kind, payload=fresh.payload, now=now,
                 delay=max(0.0, fresh.run_at - now), priority=fresh.priority,
                 max_attempts=fresh.max_attempts, run_at=fresh.run_at,
-                state=fresh.state if reservation else None, reservations=fresh.reservations)
+                state=fresh.state if reservation else None, reservations=fresh.reservations),
+                timeout=fresh.timeout)
         if reservation is not None and state is JobState.PREPARED:
             return "reserved", add_reservation(existing, reservation, now=now)
         return "existing", existing
@@ -163,7 +165,7 @@ def decide_enqueue(existing: Job, fresh: Job, *, now: float, on_conflict: str,
                              payload=fresh.payload, attempts=0, priority=fresh.priority,
                              max_attempts=fresh.max_attempts, run_at=fresh.run_at, lease=None,
                              last_error=None, result=None, reservations=reservations,
-                             rescues=0, traceback=None)
+                             rescues=0, traceback=None, timeout=fresh.timeout)
 
 
 def is_due(job: Job, now: float) -> bool:

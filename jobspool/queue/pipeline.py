@@ -289,7 +289,8 @@ class Pipeline:
         """Run one handler (`invoke.py`): how it ended lands in `ctx.outcome`."""
         kind = ctx.job.kind
         fn = self.w.handlers[kind]
-        timeout = self.w.timeout_for(kind)
+        # The job's own limit, given at enqueue, wins over its kind's policy.
+        timeout = ctx.job.timeout if ctx.job.timeout is not None else self.w.timeout_for(kind)
         ctx.started = True
         ctx.deadline = None if timeout is None else time.monotonic() + timeout
         self.w.note_start(ctx)

@@ -401,7 +401,8 @@ def attach_child(worker: Worker) -> bool:
             os.write(fd, line.encode() + b"\n")
 
     def on_start(ctx: Context) -> None:
-        timeout = worker.timeout_for(ctx.job.kind) or 0.0
+        timeout = (ctx.job.timeout if ctx.job.timeout is not None
+                   else worker.timeout_for(ctx.job.kind)) or 0.0
         send(f"S {ctx.job_id} {ctx.token} {timeout:g}")
 
     def on_end(ctx: Context) -> None:

@@ -82,6 +82,11 @@ def _unique_states(states: Iterable[JobState | str] | None) -> frozenset[JobStat
     return frozenset(out)
 
 
+def _timeout(timeout: object) -> float | None:
+    """A per-job time limit: None, or a positive finite number of seconds."""
+    return None if timeout is None else validate_seconds("timeout", timeout, positive=True)
+
+
 def _run_at(run_at: object, delay: float, now: float) -> float | None:
     if run_at is None:
         return None
@@ -109,8 +114,11 @@ class Spool(LeasingSpool):
     def enqueue(self, kind: str, payload: Any = None, *, job_id: str | None = None,
                 delay: float = 0.0, run_at: float | datetime | None = None, priority: int = 0,
                 max_attempts: int | None = None, on_conflict: str = "keep",
-                unique_states: Iterable[JobState | str] | None = None) -> Job:
+                unique_states: Iterable[JobState | str] | None = None,
+                timeout: float | None = None) -> Job:
         """Add a job; `delay` > 0 or a future `run_at` parks it (scheduled) until due.
+
+        `timeout` (seconds) limits each run of this job, over its kind's `Policy`.
 
         With the `job_id` of an existing job, `on_conflict` decides (DESIGN §9):
         `"keep"` returns it unchanged (a canceled one is reopened), `"replace"`
@@ -122,25 +130,28 @@ class Spool(LeasingSpool):
         """
         return self.enqueue_result(kind, payload, job_id=job_id, delay=delay, run_at=run_at,
                                    priority=priority, max_attempts=max_attempts,
-                                   on_conflict=on_conflict, unique_states=unique_states).job
+                                   on_conflict=on_conflict, unique_states=unique_states,
+                                   timeout=timeout).job
 
     def enqueue_result(self, kind: str, payload: Any = None, *, job_id: str | None = None,
                        delay: float = 0.0, run_at: float | datetime | None = None,
                        priority: int = 0, max_attempts: int | None = None,
                        on_conflict: str = "keep",
-                       unique_states: Iterable[JobState | str] | None = None) -> EnqueueResult:
+                       unique_states: Iterable[JobState | str] | None = None,
+                       timeout: float | None = None) -> EnqueueResult:
         """`enqueue`, returning an `EnqueueResult`: the job and whether this call created it."""
         ids = None if job_id is None else [job_id]
         return self.enqueue_many_results(kind, [payload], job_ids=ids, delay=delay,
                                          run_at=run_at, priority=priority,
                                          max_attempts=max_attempts, on_conflict=on_conflict,
-                                         unique_states=unique_states)[0]
+                                         unique_states=unique_states, timeout=timeout)[0]
 
     def enqueue_many(self, kind: str, payloads: Iterable[Any], *,
                      job_ids: Sequence[str | None] | None = None, delay: float = 0.0,
                      run_at: float | datetime | None = None, priority: int = 0,
                      max_attempts: int | None = None, on_conflict: str = "keep",
-                     unique_states: Iterable[JobState | str] | None = None) -> list[Job]:
+                     unique_states: Iterable[JobState | str] | None = None,
+                     timeout: float | None = None) -> list[Job]:
         """Add many jobs of one kind under one lock hold and one shared flush.
 
         All input is validated before anything is written: one bad item (or,
@@ -148,14 +159,15 @@ class Spool(LeasingSpool):
         """
         return [r.job for r in self.enqueue_many_results(
             kind, payloads, job_ids=job_ids, delay=delay, run_at=run_at, priority=priority,
-            max_attempts=max_attempts, on_conflict=on_conflict, unique_states=unique_states)]
+            max_attempts=max_attempts, on_conflict=on_conflict, unique_states=unique_states,
+            timeout=timeout)]
 
     def enqueue_many_results(self, kind: str, payloads: Iterable[Any], *,
                              job_ids: Sequence[str | None] | None = None, delay: float = 0.0,
                              run_at: float | datetime | None = None, priority: int = 0,
                              max_attempts: int | None = None, on_conflict: str = "keep",
-                             unique_states: Iterable[JobState | str] | None = None
-                             ) -> list[EnqueueResult]:
+                             unique_states: Iterable[JobState | str] | None = None,
+                             timeout: float | None = None) -> list[EnqueueResult]:
         """`enqueue_many`, returning an `EnqueueResult` per payload."""
         validate_kind(kind)
         payload_list = list(payloads)
@@ -168,10 +180,12 @@ class Spool(LeasingSpool):
         validate_int("priority", priority)
         attempts = self.max_attempts if max_attempts is None else validate_int(
             "max_attempts", max_attempts, minimum=1)
+        limit = _timeout(timeout)
         now = self.now()
         at = _run_at(run_at, delay, now)
         fresh = [machine.new_job(job_id=i, kind=kind, payload=p, now=now, delay=delay,
-                                 run_at=at, priority=priority, max_attempts=attempts)
+                                 run_at=at, priority=priority, max_attempts=attempts,
+                                 timeout=limit)
                  for i, p in zip(ids, payload_list, strict=True)]
         # Encode (refusing bad input) and write the new files before taking the lock:
         # creating inodes is the costly part of an enqueue, and other processes need not
@@ -278,7 +292,7 @@ class Spool(LeasingSpool):
 
     def prepare(self, kind: str, payload: Any = None, *, job_id: str | None = None,
                 delay: float = 0.0, run_at: float | datetime | None = None, priority: int = 0,
-                max_attempts: int | None = None) -> Reservation:
+                max_attempts: int | None = None, timeout: float | None = None) -> Reservation:
         """Reserve a job in `prepared` (outbox step 1); several producers may share one id."""
         validate_kind(kind)
         jid = new_job_id() if job_id is None else validate_job_id(job_id)
@@ -292,7 +306,8 @@ class Spool(LeasingSpool):
         at = _run_at(run_at, delay, now)
         job = machine.new_job(job_id=jid, kind=kind, payload=payload, now=now, delay=delay,
                               run_at=at, priority=priority, max_attempts=attempts,
-                              state=JobState.PREPARED, reservations=(rid,))
+                              state=JobState.PREPARED, reservations=(rid,),
+                              timeout=_timeout(timeout))
         encode_admitted(job, max_bytes=self.max_job_bytes)
         with self._lock.hold():
             (stored,) = self._insert([job], given=job_id is not None, now=self.now(),
