@@ -80,8 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--max-attempts", type=_positive_int, metavar="N",
                    help="attempts before dead-lettering (default: the spool's)")
     c.add_argument("--timeout", type=_positive_float, metavar="SECONDS",
-                   help="time limit of each run of this job, over its kind's policy "
-                   "(default: the policy's, else none)")
+                   help="time limit of each run of this job in seconds, over its kind's "
+                   "policy (default: the policy's, else none)")
     c.set_defaults(func=commands.cmd_enqueue)
 
     for name, func, helptext in (
