@@ -222,3 +222,26 @@ def test_enqueue_never_writes_over_an_unreadable_file_of_the_same_id(tmp_path: P
         assert (root / "ready" / "a.json").read_bytes() == b"{bad"  # kept for recover
         s.recover()
         assert s.enqueue("k", job_id="a").state.value == "ready"
+
+
+def test_a_stale_copy_placed_by_hand_never_runs_a_completed_job_again(tmp_path: Path) -> None:
+    """An operator restoring an old `ready/` file of a job that has since completed: running
+    workers notice the file, and the claim checks for a newer copy before running it."""
+    root = tmp_path / "s"
+    with Spool(root, durable=False) as s:
+        s.enqueue("k", job_id="a")
+        old = (root / "ready" / "a.json").read_bytes()
+        s.complete(s.claim()[0])
+        s.enqueue("k", job_id="b")
+        assert [lease.job_id for lease in s.claim()] == ["b"]  # the index is warm
+        (root / "ready" / "a.json").write_bytes(old)  # behind the spool's back
+        import time as _time
+
+        deadline = _time.monotonic() + 10
+        while _time.monotonic() < deadline:
+            assert [lease.job_id for lease in s.claim()] == []  # never `a` again
+            if not (root / "ready" / "a.json").exists():
+                break  # the claim saw the stale copy and dropped it
+            _time.sleep(0.2)
+        assert s.get("a").state.value == "completed"
+        assert not (root / "ready" / "a.json").exists()

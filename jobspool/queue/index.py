@@ -86,6 +86,9 @@ class ClaimIndex:
         self._store = store
         self._generation = generation
         self._ring = ring
+        # Called (under the lock) when a job file appeared behind the spool's back: it may
+        # be a stale copy of a job that moved on, so claims should check for newer copies.
+        self.on_foreign: Callable[[], None] | None = None
         self._gen: dict[JobState, int | None] = {
             JobState.READY: None, JobState.RETRYABLE: None, JobState.LEASED: None}
         # ready: id -> (priority, run_at, kind); heaps per kind of (priority, run_at, id)
@@ -138,12 +141,22 @@ class ClaimIndex:
                 self._relist(state)
                 fresh = relisted = True
             if check and not fresh and self._moved(state):
+                before = self._known(state)
                 self._relist(state)
                 relisted = True
+                if self._known(state) - before and self.on_foreign is not None:
+                    self.on_foreign()
             self._gen[state] = g
         if check:
             spent = time.monotonic() - started if relisted else 0.0
             self._next_check = time.monotonic() + max(self.check_seconds, spent * _RELIST_SHARE)
+
+    def _known(self, state: JobState) -> set[str]:
+        if state is JobState.READY:
+            return set(self._ready)
+        if state is JobState.RETRYABLE:
+            return set(self._retry)
+        return set(self._leased)
 
     def _dir_stamp(self, state: JobState) -> _Stamp | None:
         try:

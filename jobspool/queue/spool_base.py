@@ -183,6 +183,10 @@ class SpoolBase:
                             file_mode=file_mode(self.access))
         self._index = ClaimIndex(self._store, self._lock.generation, self._lock.ring)
         self._lock.on_reopen = self._index.invalidate
+        if not read_only:
+            # A file placed by hand may be a stale copy: claims check for newer copies of
+            # what they take until `recover` has settled the spool (`SpoolLock.suspect`).
+            self._index.on_foreign = self._suspect_copies
         self._fence = FenceCounter(self._lock, self._read_fence, self._write_fence)
         self._group = GroupFlush(self.root, self._lock, fsync_dir)
         self._tls = threading.local()
@@ -343,6 +347,9 @@ class SpoolBase:
             if new is not None and new.state in (JobState.COMPLETED, JobState.DEAD_LETTER,
                                                  JobState.CANCELED):
                 self._terminal_writes += 1
+
+    def _suspect_copies(self) -> None:
+        self._lock.bump(self._lock.SUSPECT_SLOT)
 
     def _await_group_flush(self) -> None:
         """Wait (without the lock) for the group flush covering this thread's deferred
