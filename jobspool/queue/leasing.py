@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -202,11 +203,17 @@ class LeasingSpool(SpoolBase):
         return running is not None and job.lease.token not in running
 
     def process_mark(self) -> liveness.ProcessMark:
-        """This process's liveness mark in this spool (registered on first use)."""
+        """This process's liveness mark in this spool (registered on first use; cached per
+        process, so a claim does not resolve the root's real path every time)."""
+        cached: tuple[int, liveness.ProcessMark] | None = getattr(self, "_mark", None)
+        if cached is not None and cached[0] == os.getpid():
+            return cached[1]
         try:
-            return liveness.mark_for(self.root, self._store.file_mode)
+            mark = liveness.mark_for(self.root, self._store.file_mode)
         except OSError as exc:
             raise write_failed(exc, self.root) from None
+        self._mark = (os.getpid(), mark)
+        return mark
 
     def note_running(self, tokens: Iterable[int], *, started: bool) -> None:
         """Record that handlers for these leases started (or settled): if this process dies,

@@ -1,0 +1,149 @@
+"""The one payload rule and the time helpers every boundary shares (API, CLI, results).
+
+Split from `job.py` (which re-exports these names): what a value must be for
+JSON to carry it unchanged, and how a `run_at` is validated and shown.
+"""
+
+from __future__ import annotations
+
+import math
+
+from jobspool.errors import InvalidJob
+
+# ---------------------------------------------------------------- payload rule
+#
+# One rule for every value jobspool stores as JSON (payloads at enqueue/prepare, from
+# the API and the CLI alike, and handler results): JSON's own types only, so that what
+# a handler reads back is exactly what the producer gave. `None`, `bool`, `str`
+# (valid UTF-8), `int` (orjson's range, -2**63 .. 2**64-1), finite `float`, `list`,
+# `tuple` (stored as a list: the one conversion) and `dict` with `str` keys. Anything
+# else — NaN, infinity, datetimes, UUIDs, bytes, sets, dataclasses — is refused with
+# `InvalidJob` naming where it sits (`payload['when']`), never silently converted:
+# orjson would turn NaN into null and a datetime into a string, and the handler
+# would receive something the producer never sent.
+
+_INT_MIN = -(2**63)
+_INT_MAX = 2**64 - 1
+MAX_JSON_DEPTH = 254  # orjson refuses deeper nesting
+_HINTS = {
+    "datetime": "use .isoformat() or a timestamp",
+    "date": "use .isoformat()",
+    "time": "use .isoformat()",
+    "UUID": "use str(uuid)",
+    "bytes": "use base64 or .hex()",
+    "bytearray": "use base64 or .hex()",
+    "set": "use a sorted list",
+    "frozenset": "use a sorted list",
+    "Decimal": "use str() or float()",
+}
+
+
+class _NotJson(Exception):
+    def __init__(self, path: list[object], what: str) -> None:
+        super().__init__(what)
+        self.path = path
+        self.what = what
+
+
+def check_json(value: object, where: str = "payload") -> None:
+    """Refuse (`InvalidJob`, field `where`) a value JSON cannot carry unchanged.
+
+    The message names the place, e.g. `payload['when'][0] is a datetime, which
+    JSON cannot carry (use .isoformat() or a timestamp)`.
+    """
+    path: list[object] = []
+    try:
+        _check(value, path)
+    except _NotJson as exc:
+        place = where + "".join(f"[{p!r}]" for p in exc.path)
+        raise InvalidJob(f"{place} is {exc.what}", field=where) from None
+    except RecursionError:
+        raise InvalidJob(f"{where} is nested too deeply for JSON", field=where) from None
+
+
+def _check(value: object, path: list[object]) -> None:
+    if value is None or isinstance(value, bool):
+        return
+    if isinstance(value, str):
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise _NotJson(path, "a string with a lone surrogate, which is not valid "
+                                     "UTF-8") from None
+        return
+    if isinstance(value, int):
+        if not _INT_MIN <= value <= _INT_MAX:
+            raise _NotJson(path, "an integer outside the 64-bit range JSON readers support")
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise _NotJson(path, f"{value!r}, which JSON cannot carry (no NaN or infinity)")
+        return
+    if len(path) >= MAX_JSON_DEPTH:
+        raise _NotJson(path, f"nested deeper than {MAX_JSON_DEPTH} levels, which JSON "
+                             "readers refuse")
+    if isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            path.append(i)
+            _check(item, path)
+            path.pop()
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise _NotJson(path, f"an object with a non-string key {key!r}, which JSON "
+                                     "cannot carry")
+            path.append(key)
+            _check(key, path)
+            _check(item, path)
+            path.pop()
+        return
+    name = type(value).__name__
+    hint = _HINTS.get(name)
+    raise _NotJson(path, f"a {name}, which JSON cannot carry" + (f" ({hint})" if hint else ""))
+
+
+def validate_run_at(run_at: object, now: float) -> float:
+    """`run_at` as epoch seconds: a finite number or an aware `datetime`.
+
+    Refused: a naive datetime (its zone is a guess), NaN/infinity, a time more
+    than `MAX_RUN_AT_PAST` seconds before `now` (a unit or clock mistake, not a
+    job to run at once) and one past year 9999 (milliseconds given as seconds).
+    """
+    import datetime as _dt
+
+    if isinstance(run_at, _dt.datetime):
+        if run_at.tzinfo is None or run_at.utcoffset() is None:
+            raise InvalidJob(f"run_at {run_at.isoformat()!r} is a naive datetime; give an aware "
+                             "one (e.g. tzinfo=timezone.utc) or epoch seconds", field="run_at")
+        value = run_at.timestamp()
+    elif isinstance(run_at, bool) or not isinstance(run_at, int | float):
+        raise InvalidJob(f"run_at must be epoch seconds or an aware datetime, got {run_at!r}",
+                         field="run_at")
+    else:
+        value = float(run_at)
+    if not math.isfinite(value):
+        raise InvalidJob(f"run_at must be a finite time, got {run_at!r}", field="run_at")
+    if value > MAX_RUN_AT:
+        raise InvalidJob(f"run_at {run_at!r} is past the year 9999 (milliseconds instead of "
+                         "seconds?)", field="run_at")
+    if value < now - MAX_RUN_AT_PAST:
+        raise InvalidJob(f"run_at {run_at!r} is more than {MAX_RUN_AT_PAST / 86400:.0f} days in "
+                         "the past", field="run_at")
+    return value
+
+
+MAX_RUN_AT = 253402300799.0  # 9999-12-31T23:59:59Z
+MAX_RUN_AT_PAST = 7 * 86400.0
+
+
+def iso_time(epoch: float) -> str:
+    """Epoch seconds as ISO 8601 in UTC, to the millisecond (`2026-12-01T15:21:35.123Z`)."""
+    import datetime as _dt
+
+    try:
+        t = _dt.datetime.fromtimestamp(epoch, _dt.UTC)
+    except (OverflowError, OSError, ValueError):
+        return repr(epoch)
+    return t.isoformat(timespec="milliseconds").replace("+00:00", "Z")
