@@ -485,8 +485,9 @@ def _fork_dashboard_as_reader(argv: list[str], err_path: Path) -> tuple[int, int
 
     import uvicorn
 
-    from jobspool.cli import main
+    from jobspool.cli import build_parser, main
 
+    build_parser()  # imports every command's module (the checkout may be out of nobody's reach)
     warm = uvicorn.Config(create_app.__module__ and "jobspool.dashboard.app:create_app",
                           lifespan="on", log_level="warning")
     warm.load()  # imports the protocol, lifespan and loop modules the server will use

@@ -265,7 +265,9 @@ def test_three_workers_serving_the_same_app_for_a_simulated_hour_run_each_tick_o
              for _ in range(3)]
     for p in procs:
         assert p.stdout is not None and p.stdout.readline().strip() == "ready"
-    go.write_text(repr(__import__("time").time()))
+    # Written aside and renamed: a worker polling for the file must never read it half-written.
+    (tmp_path / "go.tmp").write_text(repr(__import__("time").time()))
+    (tmp_path / "go.tmp").replace(go)
     for p in procs:
         p.communicate(timeout=240)
         assert p.returncode == 0

@@ -13,19 +13,19 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from importlib.resources import files
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
 import anyio
 import orjson
-from jinja2 import Environment, PackageLoader
+from jinja2 import DictLoader, Environment
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
-from starlette.routing import Mount
-from starlette.staticfiles import StaticFiles
+from starlette.routing import Route
 
 from jobspool.dashboard import security
 from jobspool.dashboard.data import Overview
@@ -157,13 +157,36 @@ def _guard_middleware(dash: Dashboard) -> type[BaseHTTPMiddleware]:
     return Guarded
 
 
+def _bundle(folder: str) -> dict[str, bytes]:
+    """Every file of one of the package's asset folders, read once, at import."""
+    return {f.name: f.read_bytes() for f in files("jobspool.dashboard").joinpath(folder).iterdir()
+            if f.is_file()}
+
+
+# Templates and static assets are read into memory when the module loads: a dashboard keeps
+# serving when its package files change underneath it (an upgrade), or cannot be read any
+# more (a server that dropped its rights after start-up, as a read-only user).
+_TEMPLATES = {name: data.decode() for name, data in _bundle("templates").items()}
+_STATIC = _bundle("static")
+_MEDIA = {".css": "text/css", ".js": "text/javascript", ".svg": "image/svg+xml"}
+
+
+async def _static(request: Request) -> Response:
+    name = request.path_params["name"]
+    data = _STATIC.get(name)
+    if data is None:
+        return PlainTextResponse("not found", status_code=404)
+    media = _MEDIA.get(name[name.rfind("."):], "application/octet-stream")
+    return Response(data, media_type=media, headers={"Cache-Control": "max-age=300"})
+
+
 def create_app(spool: Spool, *, read_only: bool = False, token: str | None = None,
                poll_seconds: float = 3.0, sample_seconds: float = 5.0,
                max_due_age: float = 300.0) -> Starlette:
     """The dashboard for one spool. `token`, when set, is required on every request."""
     from jobspool.dashboard.routes import routes
 
-    env = Environment(loader=PackageLoader("jobspool.dashboard", "templates"), autoescape=True,
+    env = Environment(loader=DictLoader(_TEMPLATES), autoescape=True,
                       trim_blocks=True, lstrip_blocks=True)
     env.filters["iso"] = _iso
     env.filters["ago"] = _ago
@@ -181,10 +204,7 @@ def create_app(spool: Spool, *, read_only: bool = False, token: str | None = Non
             yield
             tg.cancel_scope.cancel()
 
-    app = Starlette(routes=[*routes(dash),
-                            Mount("/static", StaticFiles(packages=[("jobspool.dashboard",
-                                                                     "static")]),
-                                  name="static")],
+    app = Starlette(routes=[*routes(dash), Route("/static/{name}", _static, name="static")],
                     middleware=[Middleware(_guard_middleware(dash))], lifespan=lifespan)
     app.state.dashboard = dash
     return app
