@@ -491,8 +491,12 @@ def _fork_dashboard_as_reader(argv: list[str], err_path: Path) -> tuple[int, int
     warm = uvicorn.Config(create_app.__module__ and "jobspool.dashboard.app:create_app",
                           lifespan="on", log_level="warning")
     warm.load()  # imports the protocol, lifespan and loop modules the server will use
+    if hasattr(warm, "get_loop_factory"):
+        warm.get_loop_factory()  # newer uvicorn imports its event-loop module only here
     import anyio._backends._asyncio  # noqa: F401 - what the app's threads and tasks run on
     import uvicorn.lifespan.on
+    import uvicorn.loops.asyncio
+    import uvicorn.loops.auto
     import uvicorn.protocols.http.h11_impl
 
     err_path.write_text("")
