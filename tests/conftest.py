@@ -16,6 +16,9 @@ if str(ROOT) not in sys.path:
 
 from tests.helpers_spool import FakeClock  # noqa: E402 - after the sys.path fix above
 
+# The PostgreSQL store's fixtures (issue 16): `pg_server` (session) and `pg_url` (a fresh schema).
+pytest_plugins = ["tests.pgserver"]
+
 settings.register_profile(
     "ci",
     max_examples=60,

@@ -12,7 +12,7 @@
 # Env knobs: PGBIN, PGTMP_USER, PGTMP_PARENT (where the temp dir goes), PGTMP_PORT, PGTMP_OPTS.
 set -euo pipefail
 PGBIN=${PGBIN:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)}
-[ -n "$PGBIN" ] && [ -x "$PGBIN/initdb" ] || { echo "pg-tmp.sh: no PostgreSQL binaries in /usr/lib/postgresql/*/bin (apt-get install -y postgresql)" >&2; exit 1; }
+[ -n "$PGBIN" ] && [ -x "$PGBIN/initdb" ] || { echo "pg-tmp.sh: no initdb in PGBIN='$PGBIN' (/usr/lib/postgresql/*/bin; apt-get install -y postgresql)" >&2; exit 1; }
 RUNAS=${PGTMP_USER:-postgres}
 as_user() { if [ "$(id -u)" = 0 ]; then runuser -u "$RUNAS" -- "$@"; else "$@"; fi; }
 need_dir() { [ -n "${1:-}" ] && [ -d "$1/data" ] || { echo "pg-tmp.sh: $2: '${1:-}' is not a pg-tmp.sh directory" >&2; exit 1; }; }
