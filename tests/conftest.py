@@ -17,7 +17,8 @@ if str(ROOT) not in sys.path:
 from tests.helpers_spool import FakeClock  # noqa: E402 - after the sys.path fix above
 
 # The PostgreSQL store's fixtures (issue 16): `pg_server` (session) and `pg_url` (a fresh schema).
-pytest_plugins = ["tests.pgserver"]
+# `spool_store`/`any_spool`/`make_any_spool` run a contract test against each store (tests/store_params.py).
+pytest_plugins = ["tests.pgserver", "tests.store_params"]
 
 settings.register_profile(
     "ci",

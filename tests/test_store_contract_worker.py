@@ -1,0 +1,87 @@
+"""The store contract, worker side (DESIGN §5): `Worker.run_until_idle` over each store with
+sync and async handlers, `Retry`, `Fail` and plain exceptions (tests/store_params.py)."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Any
+
+from jobspool import Context, Fail, Job, JobState, Retry, Spool, Worker
+
+
+def test_worker_runs_sync_and_async_handlers_once_each_and_completes_them(any_spool: Spool) -> None:
+    seen: Counter[str] = Counter()
+    guard = threading.Lock()
+
+    def sync_handler(job: Job, ctx: Context) -> dict[str, Any]:
+        with guard:
+            seen[job.id] += 1
+        return {"sync": job.payload, "token": ctx.token}
+
+    async def async_handler(job: Job, ctx: Context) -> dict[str, Any]:
+        with guard:
+            seen[job.id] += 1
+        return {"async": job.payload, "token": ctx.token}
+
+    sync_ids = [j.id for j in any_spool.enqueue_many("plain", list(range(30)))]
+    async_ids = [j.id for j in any_spool.enqueue_many("coro", list(range(30)))]
+    report = Worker(any_spool, {"plain": sync_handler, "coro": async_handler}, concurrency=4,
+                    batch_size=8).run_until_idle()
+    assert report.completed == 60 and report.claimed == 60
+    assert (report.retried, report.dead_lettered, report.lease_lost) == (0, 0, 0)
+    assert seen == Counter({i: 1 for i in sync_ids + async_ids})
+    tokens = set()
+    for ids, key in ((sync_ids, "sync"), (async_ids, "async")):
+        for n, job_id in enumerate(ids):
+            job = any_spool.get(job_id)
+            assert job.state is JobState.COMPLETED and job.attempts == 1
+            assert job.result[key] == n
+            tokens.add(job.result["token"])
+    assert len(tokens) == 60  # one fencing token per run
+
+
+def test_worker_retries_on_retry_and_completes_the_next_attempt(any_spool: Spool) -> None:
+    attempts: Counter[str] = Counter()
+
+    def flaky(job: Job, ctx: Context) -> str:
+        attempts[job.id] += 1
+        if attempts[job.id] == 1:
+            raise Retry("not yet", delay=0.0)
+        return "second time"
+
+    any_spool.enqueue("flaky", job_id="j")
+    report = Worker(any_spool, {"flaky": flaky}, concurrency=1).run_until_idle(
+        wait_for_retries=30.0)
+    job = any_spool.get("j")
+    assert (job.state, job.result, job.attempts) == (JobState.COMPLETED, "second time", 2)
+    assert (report.retried, report.completed) == (1, 1)
+    assert attempts["j"] == 2
+
+
+def test_worker_dead_letters_on_fail_and_on_the_last_attempt_of_an_exception(
+        any_spool: Spool) -> None:
+    def doomed(job: Job, ctx: Context) -> None:
+        raise Fail("bad input 17")
+
+    def broken(job: Job, ctx: Context) -> None:
+        raise ValueError("kaput 23")
+
+    any_spool.enqueue("doomed", job_id="d", max_attempts=5)
+    any_spool.enqueue("broken", job_id="b", max_attempts=1)
+    report = Worker(any_spool, {"doomed": doomed, "broken": broken}, concurrency=2).run_until_idle()
+    assert report.dead_lettered == 2 and report.completed == 0
+    d, b = any_spool.get("d"), any_spool.get("b")
+    assert (d.state, d.attempts) == (JobState.DEAD_LETTER, 1)
+    assert d.last_error is not None and "bad input 17" in d.last_error
+    assert (b.state, b.attempts) == (JobState.DEAD_LETTER, 1)
+    assert b.last_error is not None and "kaput 23" in b.last_error
+    assert b.traceback is not None and "ValueError" in b.traceback
+
+
+def test_worker_leaves_kinds_it_has_no_handler_for(any_spool: Spool) -> None:
+    any_spool.enqueue("mine", job_id="m")
+    any_spool.enqueue("theirs", job_id="t")
+    Worker(any_spool, {"mine": lambda job, ctx: "ok"}, kinds=["mine"]).run_until_idle()
+    assert any_spool.get("m").state is JobState.COMPLETED
+    assert any_spool.get("t").state is JobState.READY
