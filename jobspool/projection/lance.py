@@ -47,6 +47,7 @@ from typing import Any
 import pyarrow as pa
 
 from jobspool.errors import ProjectionError
+from jobspool.projection import objectstore as obj
 from jobspool.projection.handler import (
     HIDDEN_COLUMNS,
     LIVE_FILTER,
@@ -71,10 +72,11 @@ FENCE_WHERE = (
 # so tests can inject a failure at each (monkeypatch the module attribute).
 
 
-def _connect(uri: str) -> Any:
+def _connect(uri: str, storage_options: Mapping[str, str] | None = None) -> Any:
     import lancedb  # lazy: 1-2 s, paid only by processes that project
 
-    return lancedb.connect(uri, read_consistency_interval=timedelta(0))
+    return lancedb.connect(uri, read_consistency_interval=timedelta(0),
+                           storage_options=obj.lance_options(storage_options))
 
 
 def _open_table(conn: Any, name: str) -> Any | None:
@@ -120,6 +122,10 @@ class ProjectionStore:
     tables get a schema inferred from their first rows. `key` names the
     string key column of every table, `keys` that of the tables whose key is
     another (`App(keys=...)`). Thread-safe: applies are serialized.
+
+    `storage_options` go to `lancedb.connect`; an `s3://` endpoint that
+    ignores create-only PUTs is refused, and unknown-outcome, throttled or
+    timed-out merges are retried as `commit_retry` bounds (see objectstore.py).
     """
 
     def __init__(
@@ -131,8 +137,12 @@ class ProjectionStore:
         commit_timeout: timedelta | None = None,
         clock: Any = time.time,
         keys: Mapping[str, str] | None = None,
+        storage_options: Mapping[str, str] | None = None,
+        commit_retry: obj.CommitRetry | None = None,
     ) -> None:
         self.key = check_key_name(key)
+        self._storage_options = obj.check_storage_options(storage_options)
+        self._commit_retry = commit_retry or obj.CommitRetry()
         self._keys = {table: check_key_name(k) for table, k in (keys or {}).items()}
         self._schemas: dict[str, pa.Schema] = {
             name: table_schema(s, self.key_of(name)) for name, s in (schemas or {}).items()
@@ -158,6 +168,15 @@ class ProjectionStore:
         return self._uri
 
     @property
+    def storage_options(self) -> dict[str, str] | None:
+        """The storage options the connection is opened with (None when none were given)."""
+        return self._storage_options
+
+    def _check_endpoint(self) -> None:  # once per process per endpoint; a no-op off s3://
+        if self._conn is None and self._uri is not None:
+            obj.check_conditional_put(self._uri, self._storage_options)
+
+    @property
     def connection(self) -> Any:
         """The LanceDB connection (opened on first use)."""
         with self._lock:
@@ -165,7 +184,8 @@ class ProjectionStore:
                 raise ProjectionError("projection store is closed")
             if self._conn is None:
                 assert self._uri is not None
-                self._conn = _connect(self._uri)
+                self._check_endpoint()
+                self._conn = _connect(self._uri, self._storage_options)
             return self._conn
 
     def declared_schema(self, name: str) -> pa.Schema | None:
@@ -255,6 +275,9 @@ class ProjectionStore:
         there is nothing to delete, and no schema to create it with.
         """
         with self._lock:
+            if writes:
+                # Raised, not per job: an endpoint that would lose commits is no job's fault.
+                self._check_endpoint()
             return self._apply(writes)
 
     def _apply(self, writes: Sequence[PendingWrite]) -> ApplyResult:
@@ -303,9 +326,14 @@ class ProjectionStore:
                     f"table {plan.table!r} was created concurrently with another schema; retry",
                     table=plan.table,
                 )
-        with self.exclusive(plan.table):
-            result = _execute_merge(tbl, self.key_of(plan.table), plan.batch,
-                                    self._commit_timeout)
+        batch = plan.batch
+
+        def merge() -> Any:
+            with self.exclusive(plan.table):  # released between tries: maintenance may go
+                return _execute_merge(tbl, self.key_of(plan.table), batch, self._commit_timeout)
+
+        # Unknown outcome, throttling, timeouts: try again (the fenced merge is idempotent).
+        result = obj.retry_transient(merge, self._commit_retry, what=f"merge into {plan.table!r}")
         return int(result.num_inserted_rows) + int(result.num_updated_rows)
 
     def _create(self, name: str, schema: pa.Schema) -> Any:
@@ -335,7 +363,8 @@ def _strip_hidden(tbl: pa.Table) -> pa.Table:
 class LanceProjection:
     """One projected table: reads that never show tombstones, and convenience writes.
 
-    `LanceProjection(uri, table, schema=None, key="id")` opens its own store;
+    `LanceProjection(uri, table, schema=None, key="id", storage_options=None)`
+    opens its own store (object storage settings in `storage_options`);
     `ProjectionStore.table(name)` shares the store's connection. Rows come
     back with the user's columns plus `version` and `fence`; the hidden
     `_deleted` and `_written_at` columns are dropped. For raw LanceDB queries
@@ -350,12 +379,14 @@ class LanceProjection:
         table: str,
         schema: pa.Schema | None = None,
         key: str = "id",
+        storage_options: Mapping[str, str] | None = None,
     ) -> None:
         if isinstance(uri, ProjectionStore):
             self._store = uri
         else:
             self._store = ProjectionStore(
-                uri, key=key, schemas={table: schema} if schema is not None else None
+                uri, key=key, schemas={table: schema} if schema is not None else None,
+                storage_options=storage_options,
             )
         self.name = table
         self.key = self._store.key_of(table)
