@@ -1,0 +1,146 @@
+"""jobspool's roles in bench/pg.py: its public API on a `postgresql://` root, nothing else.
+
+Each function runs in a fresh child process and returns jobs/s (or samples); opening
+the spool and building the worker happen before the timed span.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from bench.pg_peers import payload
+
+WARM = 10  # jobs enqueued before the clock starts (connections, prepared statements)
+
+
+def _noop(job: Any, ctx: Any) -> None:
+    return None
+
+
+def setup(url: str) -> None:
+    """Create the store's schema (what `jobspool init --root URL` does)."""
+    from jobspool import Spool
+
+    with Spool(url, create=True):
+        pass
+
+
+def enqueue(url: str, n: int, pad: int) -> float:
+    """Jobs/s of `spool.enqueue`, one job per call; `n` jobs land in the queue."""
+    from jobspool import Spool
+
+    with Spool(url) as spool:
+        for i in range(min(WARM, n)):
+            spool.enqueue("bench", payload(i, pad))
+        t = time.perf_counter()
+        for i in range(WARM, n):
+            spool.enqueue("bench", payload(i, pad))
+        return (n - WARM) / (time.perf_counter() - t)
+
+
+def enqueue_many(url: str, n: int, pad: int, batch: int) -> float:
+    """Jobs/s of `spool.enqueue_many` in batches of `batch` (a fill; reported for information)."""
+    from jobspool import Spool
+
+    with Spool(url) as spool:
+        t = time.perf_counter()
+        for k in range(0, n, batch):
+            spool.enqueue_many("bench", [payload(i, pad) for i in range(k, min(n, k + batch))])
+        return n / (time.perf_counter() - t)
+
+
+def worker_consume(url: str, n: int, batch: int) -> dict[str, float]:
+    """Jobs/s of `Worker(spool, handlers={'bench': no-op}, batch_size=batch).run_until_idle()`."""
+    from jobspool import Spool, Worker
+
+    with Spool(url) as spool:
+        worker = Worker(spool, handlers={"bench": _noop}, batch_size=batch)
+        t = time.perf_counter()
+        report = worker.run_until_idle()
+        dt = time.perf_counter() - t
+    return {"rate": report.completed / dt, "done": report.completed,
+            "lost": report.lease_lost, "expected": n}
+
+
+def raw_consume(url: str, n: int, batch: int) -> dict[str, float]:
+    """Jobs/s of `claim(limit=batch)` + `complete_many` until the queue is empty."""
+    from jobspool import Spool
+
+    with Spool(url) as spool:
+        done = lost = 0
+        t = time.perf_counter()
+        while True:
+            leases = spool.claim(kinds="bench", limit=batch)
+            if not leases:
+                break
+            out = spool.complete_many([(lease, None) for lease in leases])
+            ok = sum(1 for o in out if not isinstance(o, BaseException))
+            done += ok
+            lost += len(out) - ok
+        dt = time.perf_counter() - t
+    return {"rate": done / dt, "done": done, "lost": lost, "expected": n}
+
+
+# ------------------------------------------------------------------ idle pickup
+
+
+def pickup_worker(url: str, samples: Any, ready: Any, stop: Any, batch: int) -> None:
+    """Serve `run_forever` on an idle queue; the handler sends (sent, received) to `samples`.
+
+    Times are CLOCK_MONOTONIC, which is system-wide on Linux, so the producer's and this
+    process's readings compare.
+    """
+    from jobspool import Spool, Worker
+
+    def handler(job: Any, ctx: Any) -> None:
+        got = time.clock_gettime(time.CLOCK_MONOTONIC)
+        samples.put((job.payload["sent"], got))
+
+    with Spool(url) as spool:
+        worker = Worker(spool, handlers={"pickup": handler}, batch_size=batch)
+        threading.Thread(target=lambda: (stop.wait(), worker.stop()), daemon=True).start()
+        ready.set()
+        worker.run_forever(handle_signals=False)
+
+
+def pickup_produce(url: str, count: int, gap: tuple[float, float], samples: Any,
+                   seed: int) -> list[float]:
+    """Enqueue `count` jobs one at a time, each after a random idle gap; pickup delays in ms.
+
+    The clock is read just before `enqueue` is called: a delay includes the enqueue's
+    own commit, the NOTIFY, the wakeup, the claim and the dispatch to the handler.
+    """
+    import random
+
+    from jobspool import Spool
+
+    rng = random.Random(seed)
+    out: list[float] = []
+    with Spool(url) as spool:
+        for _ in range(count):
+            time.sleep(rng.uniform(*gap))
+            sent = time.clock_gettime(time.CLOCK_MONOTONIC)
+            spool.enqueue("pickup", {"sent": sent})
+            s, got = samples.get(timeout=30)
+            out.append((got - s) * 1000)
+    return out
+
+
+# ------------------------------------------------------------------ dead tuples
+
+
+def churn_worker(url: str, done: Any, ready: Any, stop: Any, batch: int) -> None:
+    """Serve `run_forever` with a no-op handler, counting completions in `done`."""
+    from jobspool import Spool, Worker
+
+    def handler(job: Any, ctx: Any) -> None:
+        with done.get_lock():
+            done.value += 1
+
+    with Spool(url) as spool:
+        worker = Worker(spool, handlers={"bench": handler}, batch_size=batch)
+        threading.Thread(target=lambda: (stop.wait(), worker.stop()), daemon=True).start()
+        ready.set()
+        worker.run_forever(handle_signals=False)
