@@ -110,7 +110,19 @@ def pg_server() -> Iterator[PgServer]:
         server.stop()
 
 
-def _drop_schema(url: str, schema: str) -> None:
+def new_schema(url: str) -> tuple[str, str]:
+    """Create a fresh schema `t_<hex>` on the server at `url`: (its name, a URL that uses it)."""
+    import psycopg
+    from psycopg import sql
+
+    schema = f"t_{uuid.uuid4().hex}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    return schema, with_search_path(url, schema)
+
+
+def drop_schema(url: str, schema: str) -> None:
+    """Drop a schema made by `new_schema` with everything in it."""
     import psycopg
     from psycopg import sql
 
@@ -133,11 +145,6 @@ def _drop_schema(url: str, schema: str) -> None:
 @pytest.fixture
 def pg_url(pg_server: PgServer) -> Iterator[str]:
     """A URL whose search_path is a fresh, empty schema of its own (dropped at teardown)."""
-    import psycopg
-    from psycopg import sql
-
-    schema = f"t_{uuid.uuid4().hex}"
-    with psycopg.connect(pg_server.url, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
-    yield with_search_path(pg_server.url, schema)
-    _drop_schema(pg_server.url, schema)
+    schema, url = new_schema(pg_server.url)
+    yield url
+    drop_schema(pg_server.url, schema)
