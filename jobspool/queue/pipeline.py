@@ -39,7 +39,6 @@ from jobspool.queue.report import Counters, RunReport
 from jobspool.queue.runtime import Monitor
 from jobspool.queue.signals import Retry
 from jobspool.queue.states import JobState
-from jobspool.queue.wakeup import DirWatcher
 
 if TYPE_CHECKING:
     from jobspool.queue.worker import Worker, WorkerCrashed
@@ -208,8 +207,7 @@ class Pipeline:
     async def _watch_arrivals(self) -> None:
         """Claim as soon as a job file lands in ready/ or retryable/ (wakeup.py): no polling
         delay between an enqueue by any process and an idle worker's claim."""
-        watcher = DirWatcher([self.spool.root / JobState.READY.value,
-                              self.spool.root / JobState.RETRYABLE.value])
+        watcher = self.spool.arrival_watcher()
         if not watcher.active:
             return
         try:

@@ -22,7 +22,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from jobspool.errors import (
     InvalidJob,
@@ -51,6 +51,7 @@ from jobspool.queue.leasing import LeasingSpool
 from jobspool.queue.states import ALL_STATES, JobState, check_source
 from jobspool.queue.stats import Stats, collect_stats
 from jobspool.queue.store import Change
+from jobspool.queue.wakeup import DirWatcher
 
 if TYPE_CHECKING:
     from jobspool.health import Health
@@ -96,6 +97,17 @@ def _run_at(run_at: object, delay: float, now: float) -> float | None:
     return validate_run_at(run_at, now)
 
 
+def job_states(state: JobState | str | None) -> Sequence[JobState]:
+    """The states `jobs(state=...)` walks, in order; `InvalidJob` naming a bad one."""
+    if state is None:
+        return ALL_STATES
+    try:
+        return (JobState(state),)
+    except ValueError:
+        raise InvalidJob(f"state {state!r} is not a job state (one of "
+                         f"{', '.join(x.value for x in JobState)})", field="state") from None
+
+
 def validate_wait(timeout: float | None, poll_seconds: float) -> tuple[float | None, float]:
     """`wait`'s arguments checked: a NaN deadline never passes, so it would wait forever.
 
@@ -107,7 +119,26 @@ def validate_wait(timeout: float | None, poll_seconds: float) -> tuple[float | N
 
 
 class Spool(LeasingSpool):
-    """A durable job queue in one directory, shared safely by threads and processes."""
+    """A durable job queue in one directory, shared safely by threads and processes.
+
+    Given a `postgresql://` URL instead of a directory, `Spool(url, ...)` returns a
+    `jobspool.pg.spool.PgSpool`: the same API on the PostgreSQL store (DESIGN §9).
+    """
+
+    def __new__(cls, root: str | os.PathLike[str], *args: Any, **kwargs: Any) -> Spool:
+        from jobspool.pg import is_url
+
+        if is_url(root):
+            from jobspool.pg.spool import PgSpool
+
+            # Not a subclass: __init__ is not run again on it. Same public API (duck-typed).
+            return cast("Spool", PgSpool(str(root), *args, **kwargs))
+        return super().__new__(cls)
+
+    def arrival_watcher(self) -> DirWatcher:
+        """Wakes an idle worker when a job file lands in ready/ or retryable/ (inotify)."""
+        return DirWatcher([self.root / JobState.READY.value,
+                           self.root / JobState.RETRYABLE.value])
 
     # ------------------------------------------------------------ producing
 
@@ -420,15 +451,7 @@ class Spool(LeasingSpool):
         read may be skipped or seen in both directories. A bad `state` or `kind`
         raises `InvalidJob` at the call, not at the first `next()`.
         """
-        if state is None:
-            states: Sequence[JobState] = ALL_STATES
-        else:
-            try:
-                states = (JobState(state),)
-            except ValueError:
-                raise InvalidJob(f"state {state!r} is not a job state (one of "
-                                 f"{', '.join(x.value for x in JobState)})",
-                                 field="state") from None
+        states = job_states(state)
         if kind is not None:
             validate_kind(kind)
         return self._iter_jobs(states, kind)

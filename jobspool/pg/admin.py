@@ -1,0 +1,210 @@
+"""Stats, recovery, retention, fsck and health for the PostgreSQL store.
+
+The same reports as the file spool's (`Stats`, `RecoveryReport`,
+`PruneReport`, `FsckReport`, `Health`), so the CLI, the dashboard and
+scripts read both alike. Fields that describe files (quarantine, temp files,
+stale copies) are zero or empty: a database has none.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any
+
+from jobspool.errors import JobspoolError
+from jobspool.pg.leasing import sweep
+from jobspool.queue import machine
+from jobspool.queue.job import Job, validate_int, validate_seconds
+from jobspool.queue.states import ALL_STATES, JobState
+from jobspool.queue.stats import Stats
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from jobspool.health import Health
+    from jobspool.pg.spool import PgSpool
+    from jobspool.recovery.fsck import FsckReport
+    from jobspool.recovery.prune import PruneReport
+    from jobspool.recovery.recover import RecoveryReport
+
+_TERMINAL = (JobState.COMPLETED, JobState.DEAD_LETTER, JobState.CANCELED)
+
+
+def stats(spool: PgSpool, *, by_kind: bool = False) -> Stats:
+    now = spool.now()
+    rows = spool.db.run(lambda c: c.execute(
+        "SELECT state, kind, count(*), "
+        "count(*) FILTER (WHERE state = 'ready' OR (state = 'retryable' AND run_at <= %(now)s)), "
+        "min(run_at) FILTER (WHERE state = 'ready' OR (state = 'retryable' AND run_at <= %(now)s)), "
+        "count(*) FILTER (WHERE state = 'retryable' AND attempts = 0) "
+        "FROM jobspool_jobs GROUP BY state, kind", {"now": now}).fetchall(), what="stats")
+    counts = {s.value: 0 for s in ALL_STATES}
+    kinds: dict[str, dict[str, int]] = {}
+    due = scheduled = 0
+    oldest: float | None = None
+    for state, kind, n, n_due, first_due, n_sched in rows:
+        counts[state] += n
+        due += n_due
+        scheduled += n_sched
+        if first_due is not None:
+            oldest = first_due if oldest is None else min(oldest, first_due)
+        if by_kind:
+            kinds.setdefault(kind, {s.value: 0 for s in ALL_STATES})[state] += n
+    return Stats(counts=counts, total=sum(counts.values()), due=due,
+                 oldest_due_age=None if oldest is None else max(0.0, now - oldest),
+                 fence=spool.fence_value(), quarantined=0, temp_files=0, now=now,
+                 by_kind=kinds, scheduled=scheduled)
+
+
+def prune(spool: PgSpool, *, keep: int | None = None, older_than: float | None = None,
+          keep_dead: int | None = None) -> PruneReport:
+    """Delete terminal jobs beyond the newest `keep` of their state AND older than
+    `older_than` seconds (the file spool's rule, one statement per state)."""
+    from jobspool.recovery.prune import PruneReport
+
+    if keep is None and older_than is None:
+        keep, older_than = spool.keep_terminal, spool.keep_terminal_seconds
+    keep = 0 if keep is None else validate_int("keep", keep, minimum=0)
+    keep_dead = keep if keep_dead is None else validate_int("keep_dead", keep_dead, minimum=0)
+    if older_than is not None:
+        older_than = validate_seconds("older_than", older_than)
+    cutoff = None if older_than is None else spool.now() - older_than
+    removed: dict[JobState, list[str]] = {}
+    kept: dict[str, int] = {}
+    for state in _TERMINAL:
+        limit = keep_dead if state is JobState.DEAD_LETTER else keep
+        params = {"state": state.value, "keep": limit, "cutoff": cutoff}
+        removed[state] = sorted(spool.db.run(functools.partial(_prune_state, params=params),
+                                             what="prune"))
+        kept[state.value] = spool.db.run(functools.partial(_count, state=state), what="prune")
+    return PruneReport(completed=tuple(removed[JobState.COMPLETED]),
+                       dead_letter=tuple(removed[JobState.DEAD_LETTER]),
+                       canceled=tuple(removed[JobState.CANCELED]), kept=kept)
+
+
+def _prune_state(conn: psycopg.Connection[Any], params: dict[str, Any]) -> list[str]:
+    rows = conn.execute(
+        "DELETE FROM jobspool_jobs WHERE id IN ("
+        " SELECT id FROM (SELECT id, updated_at, row_number() OVER"
+        "  (ORDER BY updated_at DESC, id DESC) AS n FROM jobspool_jobs WHERE state = %(state)s) r"
+        " WHERE r.n > %(keep)s AND (%(cutoff)s::float8 IS NULL OR r.updated_at < %(cutoff)s))"
+        " AND state = %(state)s RETURNING id", params).fetchall()
+    return [r[0] for r in rows]
+
+
+def _count(conn: psycopg.Connection[Any], state: JobState) -> int:
+    row = conn.execute("SELECT count(*) FROM jobspool_jobs WHERE state = %s",
+                       (state.value,)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def recover(spool: PgSpool, replay: Any = None) -> RecoveryReport:
+    """Reclaim expired leases, replay prepared jobs older than the grace period, prune."""
+    from jobspool.recovery.recover import RecoveryReport
+    from jobspool.recovery.replay import ask, hook_for
+
+    swept = sweep(spool)
+    reclaimed = tuple(i for i, s in swept if s == JobState.RETRYABLE.value)
+    dead = [i for i, s in swept if s == JobState.DEAD_LETTER.value]
+    cutoff = spool.now() - spool.prepare_grace_seconds
+    committed: list[str] = []
+    aborted: list[str] = []
+    unknown: list[str] = []
+    pending: list[str] = []
+    for job in list(spool.jobs(state=JobState.PREPARED)):
+        if job.updated_at > cutoff:
+            continue
+        hook = hook_for(replay, job.kind)
+        if hook is None:
+            pending.append(job.id)
+            continue
+        verdict = ask(hook, job)
+
+        def decide(cur: Job, now: float, v: Any = verdict) -> Job:
+            if cur.state is not JobState.PREPARED or cur.revision != v.job.revision:
+                return cur  # committed, aborted or changed meanwhile: its producer is alive
+            return machine.replay(cur, v.outcome, now=now, error=v.error)
+
+        try:
+            new: Job = spool._mutate(job.id, decide, missing=lambda: None,  # noqa: SLF001
+                                     what="replay")
+        except JobspoolError:
+            continue
+        if new is None or new.revision == job.revision:
+            continue
+        if new.state is JobState.READY:
+            committed.append(job.id)
+        elif new.state is JobState.CANCELED:
+            aborted.append(job.id)
+        elif new.state is JobState.DEAD_LETTER:
+            dead.append(job.id)
+        else:
+            unknown.append(job.id)
+    fence = spool.fence_value()
+    pruned = prune(spool).pruned
+    return RecoveryReport(leases_reclaimed=reclaimed, dead_lettered=tuple(dead),
+                          replayed_committed=tuple(committed), replayed_aborted=tuple(aborted),
+                          replay_unknown=tuple(unknown), prepared_pending=tuple(pending),
+                          pruned=tuple(pruned), fence_before=fence, fence_after=fence)
+
+
+def fsck(spool: PgSpool) -> FsckReport:
+    """Check the invariants a database can still break (the schema enforces the rest)."""
+    from jobspool.recovery.fsck import FsckReport
+
+    problems: list[str] = []
+    rows = spool.db.run(lambda c: c.execute(
+        "SELECT state, count(*), max(token) FROM jobspool_jobs GROUP BY state").fetchall(),
+        what="fsck")
+    counts = {s.value: 0 for s in ALL_STATES}
+    max_token = 0
+    for state, n, top in rows:
+        counts[state] = int(n)
+        max_token = max(max_token, int(top or 0))
+    fence = spool.fence_value()
+    if max_token > fence:
+        problems.append(f"a job holds token {max_token}, above the fence sequence's {fence}: "
+                        "tokens could be issued twice")
+    bad = spool.db.run(lambda c: c.execute(
+        "SELECT id, state FROM jobspool_jobs WHERE attempts < 0 OR max_attempts < 1 "
+        "OR revision < 1 "
+        "OR (state <> 'leased' AND owner IS NOT NULL) LIMIT 100").fetchall(), what="fsck")
+    problems.extend(f"job {i} ({s}): fields out of range" for i, s in bad)
+    notes: list[str] = []
+    expired = spool.db.run(lambda c: c.execute(
+        "SELECT count(*) FROM jobspool_jobs WHERE state = 'leased' AND expires_at <= %s",
+        (spool.now(),)).fetchone(), what="fsck")
+    if expired and expired[0]:
+        notes.append(f"{expired[0]} expired lease(s) waiting for a sweep (workers and "
+                     "`jobspool recover` reclaim them)")
+    return FsckReport(ok=not problems, problems=tuple(problems), notes=tuple(notes),
+                      counts=counts, jobs=sum(counts.values()), fence=fence,
+                      max_token=max_token)
+
+
+def health(spool: PgSpool, *, max_due_age: float = 300.0, lease_grace: float = 0.0,
+           **_ignored: Any) -> Health:
+    """`ok` / `degraded` with reasons: stuck due jobs, unswept leases, stale prepared jobs."""
+    from jobspool.health import Health, Reason
+
+    now = spool.now()
+    st = stats(spool)
+    reasons: list[Reason] = []
+    if st.oldest_due_age is not None and st.oldest_due_age > max_due_age:
+        reasons.append(Reason("due_backlog", f"the oldest due job has waited "
+                              f"{st.oldest_due_age:.0f}s (> {max_due_age:.0f}s): are workers "
+                              "running?", round(st.oldest_due_age, 3)))
+    row = spool.db.run(lambda c: c.execute(
+        "SELECT count(*) FILTER (WHERE state = 'leased' AND expires_at <= %s), "
+        "count(*) FILTER (WHERE state = 'prepared' AND updated_at <= %s) FROM jobspool_jobs",
+        (now - lease_grace, now - spool.prepare_grace_seconds)).fetchone(), what="health")
+    expired, stale = (int(row[0]), int(row[1])) if row else (0, 0)
+    if expired:
+        reasons.append(Reason("expired_leases", f"{expired} expired lease(s) not reclaimed "
+                              "yet (run `jobspool recover` or a worker)", expired))
+    if stale:
+        reasons.append(Reason("stale_prepared", f"{stale} prepared job(s) past the grace "
+                              "period (run `jobspool recover --app ...` to replay them)", stale))
+    return Health(reasons=reasons, root=spool.display, checked_at=now,
+                  figures={"counts": dict(st.counts), "due": st.due,
+                           "oldest_due_age": st.oldest_due_age, "fence": st.fence})

@@ -1,0 +1,131 @@
+"""Connections to the database: one pool per process, retries across a server restart.
+
+Every statement the store sends is either guarded (a settle or heartbeat that
+checks id, token, state and expiry, so repeating it changes nothing twice) or
+a read, so a statement cut off by a lost connection is simply sent again on a
+fresh one, with backoff, for up to `reconnect_seconds`. Past that, or on any
+other database error, the caller gets one `SpoolError` line naming the cause.
+A claim cut off after the server ran it leaves leases nobody holds: they
+expire and the sweep reclaims them (an attempt and a rescue counted), as for
+a worker that died.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from jobspool.errors import SpoolError
+
+try:
+    import psycopg
+    from psycopg import conninfo as _conninfo
+    from psycopg_pool import ConnectionPool, PoolTimeout
+except ImportError as exc:  # the `postgres` extra is optional
+    raise SpoolError("a postgresql:// spool needs the postgres extra: "
+                     "pip install 'jobspool[postgres]'") from exc
+
+log = logging.getLogger("jobspool.pg")
+T = TypeVar("T")
+
+# psycopg prepares a statement on the server after this many uses on one connection:
+# the claim, settle and insert statements are sent thousands of times.
+PREPARE_THRESHOLD = 2
+CONNECT_TIMEOUT = 5
+
+
+def one_line(exc: BaseException) -> str:
+    """A database error as one line (psycopg's messages carry DETAIL/HINT lines)."""
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def display_url(url: str) -> str:
+    """The URL without its password, for messages and `jobspool init`."""
+    try:
+        params = _conninfo.conninfo_to_dict(url)
+    except psycopg.Error as exc:
+        raise SpoolError(f"bad PostgreSQL URL: {one_line(exc)}") from None
+    user = str(params.get("user") or "")
+    host = str(params.get("host") or "localhost")
+    port = str(params.get("port") or "5432")
+    db = str(params.get("dbname") or user)
+    return f"postgresql://{user + '@' if user else ''}{host}:{port}/{db}"
+
+
+class Database:
+    """A lazily opened connection pool for one URL, reopened after a fork."""
+
+    def __init__(self, url: str, *, pool_size: int = 16,
+                 reconnect_seconds: float = 30.0) -> None:
+        self.url = url
+        self.display = display_url(url)
+        self.pool_size = max(2, pool_size)
+        self.reconnect_seconds = reconnect_seconds
+        self._pool: ConnectionPool[psycopg.Connection[Any]] | None = None
+        self._pid = 0
+        self._mutex = threading.Lock()
+        self.closed = False
+
+    def connect(self, **kwargs: Any) -> psycopg.Connection[Any]:
+        """A connection of its own (LISTEN, migrations), outside the pool."""
+        try:
+            return psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT,
+                                   **kwargs)
+        except psycopg.Error as exc:
+            raise SpoolError(f"cannot connect to {self.display}: {one_line(exc)}") from None
+
+    def _get_pool(self) -> ConnectionPool[psycopg.Connection[Any]]:
+        pool = self._pool
+        if pool is not None and self._pid == os.getpid():
+            return pool
+        with self._mutex:
+            if self.closed:
+                raise SpoolError(f"spool {self.display} is closed")
+            if self._pool is None or self._pid != os.getpid():
+                # A pool inherited through fork() shares sockets with the parent: never use it.
+                self._pool = ConnectionPool(
+                    self.url, min_size=1, max_size=self.pool_size, open=True, timeout=10.0,
+                    name="jobspool", reconnect_timeout=max(30.0, self.reconnect_seconds),
+                    kwargs={"autocommit": True, "prepare_threshold": PREPARE_THRESHOLD,
+                            "connect_timeout": CONNECT_TIMEOUT})
+                self._pid = os.getpid()
+            return self._pool
+
+    @contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+        with self._get_pool().connection() as conn:
+            yield conn
+
+    def run(self, fn: Callable[[psycopg.Connection[Any]], T], *, what: str = "query") -> T:
+        """`fn(conn)` on a pooled autocommit connection, sent again after a lost connection."""
+        deadline = time.monotonic() + self.reconnect_seconds
+        delay = 0.05
+        while True:
+            try:
+                with self.connection() as conn:
+                    return fn(conn)
+            except (psycopg.OperationalError, PoolTimeout) as exc:
+                if isinstance(exc, psycopg.errors.QueryCanceled) \
+                        or time.monotonic() + delay > deadline:
+                    raise SpoolError(f"database {self.display} unavailable during {what}: "
+                                     f"{one_line(exc)}") from None
+                log.warning("database %s: %s; retrying %s in %.2fs", self.display,
+                            one_line(exc), what, delay)
+                time.sleep(delay)
+                delay = min(2.0, delay * 2)
+            except psycopg.Error as exc:
+                raise SpoolError(f"database {self.display} refused {what}: "
+                                 f"{one_line(exc)}") from None
+
+    def close(self) -> None:
+        with self._mutex:
+            self.closed = True
+            pool, self._pool = self._pool, None
+        if pool is not None and self._pid == os.getpid():
+            pool.close()

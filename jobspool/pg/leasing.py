@@ -1,0 +1,234 @@
+"""Claim, heartbeat and settle on PostgreSQL: one guarded statement per batch.
+
+The state machine (`queue/machine.py`) computes what a settle writes (the
+next state, attempts, backoff, clipped error) from the snapshot the claim
+returned; the database applies it only where the lease is still current
+(`sql.SETTLE`). What the machine decides does not depend on anything a lease
+holder could not see: while a lease is current, nobody else may change its job.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from collections.abc import Collection, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from jobspool.errors import InvalidJob, JobspoolError, JobTooLarge, LeaseLost
+from jobspool.pg import sql
+from jobspool.pg.rows import COLUMNS, dump, to_job
+from jobspool.queue import machine
+from jobspool.queue.job import Job, Lease, LeaseInfo, encode_job, evolve, validate_seconds
+from jobspool.queue.states import JobState
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from jobspool.pg.spool import PgSpool
+
+# The sweep of expired leases runs inside claims at most this often per process.
+SWEEP_EVERY = 1.0
+
+
+def kinds_param(kinds: Iterable[str] | str | None) -> list[str] | None:
+    if kinds is None:
+        return None
+    return [kinds] if isinstance(kinds, str) else list(kinds)
+
+
+def sweep(spool: PgSpool) -> list[tuple[str, str]]:
+    """Return expired leases to retryable (or dead_letter); (id, new state) per job."""
+    params = {"now": spool.now_param(), "max_rescues": spool.max_rescues}
+    rows = spool.db.run(lambda c: c.execute(sql.SWEEP, params).fetchall(),
+                        what="reclaiming expired leases")
+    return [(r[0], r[1]) for r in rows]
+
+
+def claim(spool: PgSpool, *, kinds: Iterable[str] | str | None, limit: int, owner: str,
+          lease_seconds: float, exclude: Collection[str] = ()) -> list[Lease]:
+    now = time.monotonic()
+    if now >= spool.next_sweep:
+        spool.next_sweep = now + SWEEP_EVERY
+        if spool.sweep_enabled:
+            swept = sweep(spool)
+            if swept:
+                spool.log_swept(swept)
+    params = {"now": spool.now_param(), "kinds": kinds_param(kinds), "limit": limit,
+              "owner": owner, "lease": lease_seconds, "proc": None, "exclude": list(exclude)}
+    rows = spool.db.run(lambda c: c.execute(sql.CLAIM, params).fetchall(), what="claim")
+    jobs = sorted((to_job(r) for r in rows), key=lambda j: (j.priority, j.run_at, j.id))
+    out = []
+    for job in jobs:
+        assert job.lease is not None
+        out.append(Lease(job_id=job.id, token=job.lease.token, owner=job.lease.owner,
+                         expires_at=job.lease.expires_at, job=job))
+    return out
+
+
+def _as_holder(lease: Lease) -> Job:
+    """The lease's snapshot as its holder sees it: the machine's lease check always
+    passes here; the database's guard is the one that decides."""
+    info = LeaseInfo(token=lease.token, owner=lease.owner, expires_at=math.inf)
+    return evolve(lease.job, state=JobState.LEASED, lease=info)
+
+
+def _refusal(conn: psycopg.Connection[Any], lease: Lease, resent: bool = False
+             ) -> LeaseLost | Job:
+    """Why a guarded write skipped `lease`; or, for a statement `resent` after its reply was
+    lost to a dropped connection, the job when that lease already settled it (the first
+    send landed). A settle made twice on purpose is refused, as on the file spool."""
+    row = conn.execute(f"SELECT {COLUMNS} FROM jobspool_jobs WHERE id = %s",
+                       (lease.job_id,)).fetchone()
+    if row is None:
+        return LeaseLost(lease.job_id, lease.token, "job is gone")
+    job = to_job(row)
+    token = row[10]
+    if job.state is not JobState.LEASED:
+        if resent and token == lease.token and job.revision > lease.job.revision:
+            return job
+        return LeaseLost(lease.job_id, lease.token, f"job is {job.state.value}")
+    if token != lease.token:
+        return LeaseLost(lease.job_id, lease.token, f"job was claimed again (token {token})")
+    return LeaseLost(lease.job_id, lease.token, "lease expired")
+
+
+def _apply(spool: PgSpool, statement: str, leases: Sequence[Lease], params: dict[str, Any],
+           what: str) -> dict[str, Job | LeaseLost]:
+    sends = 0
+
+    def go(conn: psycopg.Connection[Any]) -> dict[str, Job | LeaseLost]:
+        nonlocal sends
+        sends += 1
+        rows = conn.execute(statement, params).fetchall()
+        done: dict[str, Job | LeaseLost] = {r[0]: to_job(r) for r in rows}
+        for lease in leases:
+            if lease.job_id not in done:
+                done[lease.job_id] = _refusal(conn, lease, resent=sends > 1)
+        return done
+
+    return spool.db.run(go, what=what)
+
+
+def settle(spool: PgSpool, leases: Sequence[Lease], actions: Sequence[tuple[str, Any]]
+           ) -> list[Job | JobspoolError]:
+    """Complete, fail or release leases in one statement; per item the job or the refusal."""
+    now = spool.now()
+    out: list[Job | JobspoolError | None] = []
+    chosen: list[tuple[Lease, Job, float | None]] = []
+    seen: set[str] = set()
+    for lease, (action, arg) in zip(leases, actions, strict=True):
+        try:
+            if lease.job_id in seen:
+                raise LeaseLost(lease.job_id, lease.token, "settled twice in one batch")
+            held = _as_holder(lease)
+            if action == "complete":
+                new = machine.complete(held, lease, now=now, result=arg)
+                _check_result(new, spool.max_job_bytes)
+            elif action == "release":
+                new = machine.release(held, lease, now=now, delay=arg)
+            else:
+                err, retryable, delay = arg
+                if delay is not None:
+                    delay = validate_seconds("delay", delay)
+                new = machine.fail(held, lease, now=now, error=err, retryable=retryable,
+                                   delay=delay, policy=spool.policy, rng=spool.rng)
+        except JobspoolError as exc:
+            out.append(exc)
+            continue
+        seen.add(lease.job_id)
+        moved = new.run_at != held.run_at
+        chosen.append((lease, new, (new.run_at - now) if moved else None))
+        out.append(None)
+    if chosen:
+        params = {
+            "now": spool.now_param(),
+            "ids": [lease.job_id for lease, _, _ in chosen],
+            "tokens": [lease.token for lease, _, _ in chosen],
+            "states": [new.state.value for _, new, _ in chosen],
+            "attempts": [new.attempts for _, new, _ in chosen],
+            "rescues": [new.rescues for _, new, _ in chosen],
+            "delays": [None if d is None else max(0.0, d) for _, _, d in chosen],
+            "results": [None if new.result is None else dump(new.result) for _, new, _ in chosen],
+            "errors": [new.last_error for _, new, _ in chosen],
+            "tracebacks": [new.traceback for _, new, _ in chosen],
+        }
+        done = _apply(spool, sql.SETTLE, [lease for lease, _, _ in chosen], params, "settle")
+        it = iter(done[lease.job_id] for lease, _, _ in chosen)
+        out = [next(it) if o is None else o for o in out]
+        terminal = sum(1 for o in out if isinstance(o, Job) and o.terminal)
+        spool.note_terminal(terminal)
+    return [o for o in out if o is not None]
+
+
+def _check_result(job: Job, max_bytes: int) -> None:
+    """A result that cannot be stored refuses only its own item (the worker dead-letters it)."""
+    try:
+        encode_job(job, max_bytes=max_bytes)
+    except JobTooLarge:
+        raise
+    except InvalidJob as exc:
+        raise InvalidJob(f"result of job {job.id!r} is not JSON-serializable: "
+                         f"{exc.message.rpartition(': ')[2]}", field="result") from None
+
+
+def heartbeat_many(spool: PgSpool, leases: Sequence[Lease], lease_seconds: float
+                   ) -> list[Lease | LeaseLost]:
+    if not leases:
+        return []
+    params = {"now": spool.now_param(), "lease": lease_seconds,
+              "ids": [x.job_id for x in leases], "tokens": [x.token for x in leases]}
+    done = _apply(spool, sql.HEARTBEAT, leases, params, "heartbeat")
+    out: list[Lease | LeaseLost] = []
+    for lease in leases:
+        got = done[lease.job_id]
+        if isinstance(got, Job) and got.lease is not None and got.lease.token == lease.token:
+            out.append(Lease(job_id=lease.job_id, token=lease.token, owner=lease.owner,
+                             expires_at=got.lease.expires_at, job=got))
+        elif isinstance(got, LeaseLost):
+            out.append(got)
+        else:
+            out.append(LeaseLost(lease.job_id, lease.token, f"job is {got.state.value}"))
+    return out
+
+
+def check_leases(spool: PgSpool, leases: Sequence[Lease], margin: float,
+                 lease_seconds: float) -> list[Lease | LeaseLost]:
+    """Which leases are current; those with less than `margin` seconds left are extended."""
+    if not leases:
+        return []
+    now = spool.now()
+    short = [x for x in leases if x.expires_at - now < margin]
+    extended = {x.job_id: x for x in heartbeat_many(spool, short, lease_seconds)
+                if isinstance(x, Lease)} if short else {}
+    rest = [x for x in leases if x.job_id not in extended]
+    params = {"now": spool.now_param(), "ids": [x.job_id for x in rest],
+              "tokens": [x.token for x in rest]}
+    live = ({r[0] for r in spool.db.run(lambda c: c.execute(sql.CHECK, params).fetchall(),
+                                         what="checking leases")} if rest else set())
+    out: list[Lease | LeaseLost] = []
+    for lease in leases:
+        if lease.job_id in extended:
+            out.append(extended[lease.job_id])
+        elif lease.job_id in live:
+            out.append(lease)
+        else:
+            out.append(spool.db.run(functools.partial(_lost, lease=lease), what="checking leases"))
+    return out
+
+
+def _lost(conn: psycopg.Connection[Any], lease: Lease) -> LeaseLost:
+    got = _refusal(conn, lease)
+    if isinstance(got, LeaseLost):
+        return got
+    return LeaseLost(lease.job_id, lease.token, f"job is {got.state.value}")
+
+
+def next_due_at(spool: PgSpool, kinds: Iterable[str] | None) -> float | None:
+    params = {"now": spool.now_param(), "kinds": kinds_param(kinds)}
+    row = spool.db.run(lambda c: c.execute(sql.NEXT_DUE, params).fetchone(),
+                       what="finding the next due job")
+    if row is None or row[0] is None:
+        return None
+    # In this process's clock (`PgSpool.now`), which the worker compares it with.
+    return float(row[0]) - float(row[1]) + spool.now()

@@ -1,0 +1,90 @@
+"""Enqueue and prepare on PostgreSQL.
+
+Generated ids are new by construction: one INSERT of the whole batch, one
+NOTIFY. Caller-given ids may exist: the batch then runs in one transaction
+that locks the existing rows, lets the state machine decide each conflict
+(`machine.decide_enqueue`: keep, replace, error), and writes the outcome — so
+one refused id (`on_conflict="error"`) leaves nothing of the batch behind.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from jobspool.pg import sql
+from jobspool.pg.rows import COLUMNS, INSERT_SQL, UPDATE_SQL, dump, to_job, write_values
+from jobspool.queue import machine
+from jobspool.queue.job import EnqueueResult, Job
+from jobspool.queue.states import JobState
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from jobspool.pg.spool import PgSpool
+
+
+def insert_fresh(spool: PgSpool, fresh: list[Job]) -> set[str]:
+    """Insert new jobs of one kind in one statement; returns the ids that were inserted."""
+    first = fresh[0]
+    params = {"kind": first.kind, "priority": first.priority,
+              "max_attempts": first.max_attempts, "created": first.created_at,
+              "timeout": first.timeout, "channel": spool.channel,
+              "ids": [j.id for j in fresh], "states": [j.state.value for j in fresh],
+              "run_ats": [j.run_at for j in fresh], "payloads": [dump(j.payload) for j in fresh]}
+    row = spool.db.run(lambda c: c.execute(sql.INSERT_FRESH, params).fetchone(), what="enqueue")
+    return set(row[0]) if row is not None else set()
+
+
+def lock_rows(conn: psycopg.Connection[Any], ids: list[str]) -> dict[str, Job]:
+    rows = conn.execute(f"SELECT {COLUMNS} FROM jobspool_jobs WHERE id = ANY(%s) "
+                        "ORDER BY id FOR UPDATE", (ids,)).fetchall()
+    return {r[0]: to_job(r) for r in rows}
+
+
+def write(conn: psycopg.Connection[Any], old: Job | None, new: Job) -> None:
+    """Write a decided snapshot over the row it was decided from (locked by the caller)."""
+    if old is None:
+        conn.execute(INSERT_SQL, [new.id, *write_values(new)])
+    else:
+        conn.execute(UPDATE_SQL, [*write_values(new), new.id, old.revision])
+
+
+def insert_given(spool: PgSpool, fresh: list[Job], *, on_conflict: str,
+                 unique_states: frozenset[JobState] | None,
+                 reservation: str | None = None) -> list[EnqueueResult]:
+    """Insert jobs whose ids the caller chose, deciding every conflict under a row lock."""
+    ids = sorted({j.id for j in fresh})
+
+    def go(conn: psycopg.Connection[Any]) -> list[EnqueueResult]:
+        with conn.transaction():
+            # Lock the ids first (an advisory lock per id also covers ids with no row
+            # yet, so two producers of one new id cannot both insert it).
+            conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(x, 7)) "
+                         "FROM unnest(%s::text[]) AS x ORDER BY x", (ids,))
+            existing = lock_rows(conn, ids)
+            now = spool.now()
+            out: list[EnqueueResult] = []
+            seen: dict[str, EnqueueResult] = {}
+            for job in fresh:
+                if job.id in seen:
+                    out.append(EnqueueResult(seen[job.id].job, "existing"))
+                    continue
+                old = existing.get(job.id)
+                if old is None:
+                    result = EnqueueResult(job, "created")
+                    write(conn, None, job)
+                else:
+                    outcome, new = machine.decide_enqueue(
+                        old, job, now=now, on_conflict=on_conflict,
+                        unique_states=unique_states, reservation=reservation)
+                    if outcome != "existing":
+                        write(conn, old, new)
+                    result = EnqueueResult(new, outcome)
+                seen[job.id] = result
+                out.append(result)
+            if any(r.outcome != "existing" and r.job.state in (JobState.READY, JobState.RETRYABLE)
+                   for r in out):
+                conn.execute("SELECT pg_notify(%s, '')", (spool.channel,))
+            return out
+
+    return spool.db.run(go, what="enqueue")

@@ -1,0 +1,76 @@
+"""A job row and a `Job` snapshot, each made from the other.
+
+Payloads and results are stored as `json` (not `jsonb`): the text round-trips
+exactly (key order, NUL characters) and needs no conversion on insert. They
+are sent and read as text and parsed with orjson, bypassing the driver's
+slower json adapters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from jobspool.queue.job import Job, LeaseInfo
+from jobspool.queue.states import JobState
+
+COLUMNS = ("id, kind, state, priority, attempts, max_attempts, revision, created_at, "
+           "updated_at, run_at, token, owner, expires_at, proc, payload::text, result::text, "
+           "last_error, traceback, reservations, rescues, timeout")
+
+# The same list qualified by the table alias `j` (statements that join other relations).
+J_COLUMNS = ", ".join(f"j.{c.strip()}" for c in COLUMNS.split(","))
+
+WRITE_COLUMNS = ("kind", "state", "priority", "attempts", "max_attempts", "revision",
+                 "created_at", "updated_at", "run_at", "token", "owner", "expires_at", "proc",
+                 "payload", "result", "last_error", "traceback", "reservations", "rescues",
+                 "timeout")
+
+
+def dump(value: Any) -> str | None:
+    """JSON text for a `json` column (None stays SQL NULL only for a missing result)."""
+    return orjson.dumps(value).decode()
+
+
+def to_job(row: Sequence[Any]) -> Job:
+    (jid, kind, state, priority, attempts, max_attempts, revision, created_at, updated_at,
+     run_at, token, owner, expires_at, proc, payload, result, last_error, traceback,
+     reservations, rescues, timeout) = row
+    st = JobState(state)
+    lease = (LeaseInfo(token=int(token), owner=owner or "", expires_at=float(expires_at),
+                       proc=proc)
+             if st is JobState.LEASED and token is not None and expires_at is not None else None)
+    return Job(id=jid, kind=kind, payload=None if payload is None else orjson.loads(payload),
+               state=st, priority=priority, attempts=attempts, max_attempts=max_attempts,
+               revision=int(revision), created_at=created_at, updated_at=updated_at,
+               run_at=run_at, lease=lease, last_error=last_error,
+               result=None if result is None else orjson.loads(result),
+               reservations=tuple(reservations or ()), rescues=rescues, traceback=traceback,
+               timeout=timeout)
+
+
+def write_values(job: Job, token: int | None = None) -> list[Any]:
+    """The values of `WRITE_COLUMNS` for `job`; `token` keeps the last lease's token on a
+    job that is no longer leased (a repeated settle recognizes its own work by it)."""
+    lease = job.lease
+    return [job.kind, job.state.value, job.priority, job.attempts, job.max_attempts,
+            job.revision, job.created_at, job.updated_at, job.run_at,
+            lease.token if lease is not None else token,
+            lease.owner if lease is not None else None,
+            lease.expires_at if lease is not None else None,
+            lease.proc if lease is not None else None,
+            dump(job.payload), None if job.result is None else dump(job.result),
+            job.last_error, job.traceback, list(job.reservations), job.rescues, job.timeout]
+
+
+UPDATE_SQL = ("UPDATE jobspool_jobs SET "
+              + ", ".join(f"{c} = %s" + ("::json" if c in ("payload", "result") else "")
+                          for c in WRITE_COLUMNS)
+              + " WHERE id = %s AND revision = %s")
+
+INSERT_SQL = ("INSERT INTO jobspool_jobs (id, " + ", ".join(WRITE_COLUMNS) + ") VALUES (%s, "
+              + ", ".join("%s::json" if c in ("payload", "result") else "%s"
+                          for c in WRITE_COLUMNS)
+              + ") ON CONFLICT (id) DO NOTHING")

@@ -1,0 +1,116 @@
+"""The database schema and its migrations.
+
+`migrate` runs under a transaction-level advisory lock, so any number of
+processes may run `jobspool init` (or open a spool with `create=True`) at once;
+each migration is applied exactly once and recorded in `jobspool_schema`. A
+database whose schema is newer than this code is refused before any write:
+an old worker must not guess at columns it does not know.
+
+Layout choices, each for the claim path:
+- one table; terminal rows stay out of the claim's way through partial
+  indexes on the claimable states only;
+- no index on `expires_at` or `updated_at`, so a heartbeat (which changes
+  only `expires_at` and `revision`) is a HOT update that touches no index;
+- `fillfactor` leaves room on each page for those HOT updates, and
+  autovacuum runs on a small fraction of churn rather than the default 20%.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from jobspool.errors import SpoolError
+
+SCHEMA_VERSION = 1
+_LOCK_KEY = 0x6A6F6273  # "jobs": the advisory lock migrations hold
+
+_V1 = """
+CREATE TABLE IF NOT EXISTS jobspool_settings (
+    key text PRIMARY KEY,
+    value jsonb NOT NULL
+);
+CREATE SEQUENCE IF NOT EXISTS jobspool_fence AS bigint MINVALUE 1 CACHE 1;
+CREATE TABLE IF NOT EXISTS jobspool_jobs (
+    id text PRIMARY KEY,
+    kind text NOT NULL,
+    state text NOT NULL CHECK (state IN ('prepared', 'ready', 'leased', 'retryable',
+                                         'completed', 'dead_letter', 'canceled')),
+    priority integer NOT NULL,
+    attempts integer NOT NULL,
+    max_attempts integer NOT NULL,
+    revision bigint NOT NULL,
+    created_at double precision NOT NULL,
+    updated_at double precision NOT NULL,
+    run_at double precision NOT NULL,
+    token bigint,
+    owner text,
+    expires_at double precision,
+    proc text,
+    payload json,
+    result json,
+    last_error text,
+    traceback text,
+    reservations text[] NOT NULL DEFAULT '{}',
+    rescues integer NOT NULL DEFAULT 0,
+    timeout double precision,
+    CHECK ((state = 'leased') = (expires_at IS NOT NULL AND token IS NOT NULL))
+) WITH (fillfactor = 80, autovacuum_vacuum_scale_factor = 0.02,
+        autovacuum_vacuum_threshold = 500, autovacuum_analyze_scale_factor = 0.05,
+        autovacuum_vacuum_cost_delay = 0);
+CREATE INDEX IF NOT EXISTS jobspool_jobs_due ON jobspool_jobs (priority, run_at, id)
+    WHERE state IN ('ready', 'retryable');
+CREATE INDEX IF NOT EXISTS jobspool_jobs_leased ON jobspool_jobs (id) WHERE state = 'leased';
+CREATE INDEX IF NOT EXISTS jobspool_jobs_prepared ON jobspool_jobs (id) WHERE state = 'prepared';
+"""
+
+MIGRATIONS: dict[int, str] = {1: _V1}
+
+
+def _current(conn: psycopg.Connection[Any]) -> int | None:
+    """The applied schema version, None when this database has no jobspool schema."""
+    row = conn.execute("SELECT to_regclass('jobspool_schema') IS NOT NULL").fetchone()
+    if not row or not row[0]:
+        return None
+    row = conn.execute("SELECT max(version) FROM jobspool_schema").fetchone()
+    return None if row is None or row[0] is None else int(row[0])
+
+
+def check(conn: psycopg.Connection[Any], where: str) -> int | None:
+    """The schema version, refusing a newer one than this code knows."""
+    version = _current(conn)
+    if version is not None and version > SCHEMA_VERSION:
+        raise SpoolError(f"{where} has jobspool schema version {version}, newer than this "
+                         f"release's {SCHEMA_VERSION}: upgrade jobspool before using it")
+    return version
+
+
+def migrate(conn: psycopg.Connection[Any], where: str, settings: dict[str, Any]) -> bool:
+    """Bring the schema to `SCHEMA_VERSION`; returns True when it was created now.
+
+    `settings` are stored once, at creation (like a file spool's `spool.json`).
+    """
+    from psycopg.types.json import Jsonb
+
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+        schema = conn.execute("SELECT current_schema()").fetchone()
+        if schema is None or schema[0] is None:
+            raise SpoolError(f"{where}: no schema to create tables in (the search_path names "
+                             "a schema that does not exist; create it first)")
+        conn.execute("CREATE TABLE IF NOT EXISTS jobspool_schema ("
+                     "version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())")
+        version = check(conn, where) or 0
+        for v in range(version + 1, SCHEMA_VERSION + 1):
+            conn.execute(MIGRATIONS[v])
+            conn.execute("INSERT INTO jobspool_schema (version) VALUES (%s)", (v,))
+        if version == 0:
+            for key, value in settings.items():
+                conn.execute("INSERT INTO jobspool_settings (key, value) VALUES (%s, %s) "
+                             "ON CONFLICT (key) DO NOTHING", (key, Jsonb(value)))
+    return version == 0
+
+
+def load_settings(conn: psycopg.Connection[Any]) -> dict[str, Any]:
+    return {k: v for k, v in conn.execute("SELECT key, value FROM jobspool_settings")}

@@ -1,0 +1,114 @@
+"""The statements of the hot path: each one round trip, each guarded where it writes.
+
+`{now}` is the database's clock (`now()`: the statement's transaction start),
+unless the spool was given its own clock, whose reading is then passed as
+`%(now)s`. Lease expiry is always judged by that one clock, so hosts whose
+clocks disagree cannot take each other's live leases.
+"""
+
+from __future__ import annotations
+
+from jobspool.pg.rows import J_COLUMNS
+
+NOW = "COALESCE(%(now)s::float8, extract(epoch from now()))"
+
+# Fresh jobs of one kind (the common enqueue): one statement and one NOTIFY per batch.
+# An id already taken is left alone here (ON CONFLICT DO NOTHING) and decided by the
+# caller under a row lock (keep / replace / error), so the fast path never waits.
+INSERT_FRESH = """
+WITH ins AS (
+  INSERT INTO jobspool_jobs (id, kind, state, priority, attempts, max_attempts, revision,
+                             created_at, updated_at, run_at, payload, timeout)
+  SELECT u.id, %(kind)s, u.state, %(priority)s, 0, %(max_attempts)s, 1,
+         %(created)s, %(created)s, u.run_at, u.payload::json, %(timeout)s
+  FROM unnest(%(ids)s::text[], %(states)s::text[], %(run_ats)s::float8[],
+              %(payloads)s::text[]) AS u(id, state, run_at, payload)
+  ON CONFLICT (id) DO NOTHING
+  RETURNING id)
+SELECT coalesce(array_agg(id), '{}'::text[]), pg_notify(%(channel)s, '') FROM ins
+"""
+
+# Due jobs in claim order (priority, then run_at, then id), skipping rows another
+# claimer holds; the token comes from the sequence, one per job, strictly increasing.
+CLAIM = f"""
+WITH c AS MATERIALIZED (
+  SELECT id FROM jobspool_jobs
+  WHERE state IN ('ready', 'retryable') AND run_at <= {NOW}
+    AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
+    AND NOT (id = ANY(%(exclude)s::text[]))
+  ORDER BY priority, run_at, id
+  LIMIT %(limit)s
+  FOR UPDATE SKIP LOCKED)
+UPDATE jobspool_jobs j
+SET state = 'leased', attempts = j.attempts + 1, revision = j.revision + 1,
+    updated_at = {NOW}, token = nextval('jobspool_fence'), owner = %(owner)s,
+    expires_at = {NOW} + %(lease)s, proc = %(proc)s
+FROM c WHERE j.id = c.id
+RETURNING {J_COLUMNS}
+"""
+
+# Expired leases back to retryable (due at once), or dead_letter when out of attempts or
+# rescues (the poison-pill cap). The token is cleared: only a settle keeps it, so a settle
+# sent again after a lost reply can tell its own work from a sweep's. Rows locked by a
+# `fenced` block are skipped: their holder is extending the lease right now.
+SWEEP = f"""
+WITH x AS MATERIALIZED (
+  SELECT id FROM jobspool_jobs
+  WHERE state = 'leased' AND expires_at <= {NOW}
+  FOR UPDATE SKIP LOCKED)
+UPDATE jobspool_jobs j
+SET state = CASE WHEN j.attempts >= j.max_attempts
+                   OR (%(max_rescues)s::int IS NOT NULL AND j.rescues + 1 > %(max_rescues)s::int)
+                 THEN 'dead_letter' ELSE 'retryable' END,
+    last_error = left(CASE
+      WHEN j.attempts >= j.max_attempts THEN
+        'attempts exhausted; last: ' || coalesce(j.last_error, 'lease expired (worker died or stalled)')
+      WHEN %(max_rescues)s::int IS NOT NULL AND j.rescues + 1 > %(max_rescues)s::int THEN
+        'poison pill: lease expired ' || (j.rescues + 1) || ' times'
+      ELSE coalesce(j.last_error, 'lease expired (worker died or stalled)') END, 1024),
+    rescues = j.rescues + 1, revision = j.revision + 1, updated_at = {NOW}, run_at = {NOW},
+    token = NULL, owner = NULL, expires_at = NULL, proc = NULL
+FROM x WHERE j.id = x.id
+RETURNING j.id, j.state
+"""
+
+# Complete, fail and release, many at once: each row written only while its lease is
+# current (same token, still leased, unexpired). A row left out was refused.
+SETTLE = f"""
+UPDATE jobspool_jobs j
+SET state = u.state, attempts = u.attempts, rescues = u.rescues, revision = j.revision + 1,
+    updated_at = {NOW}, run_at = CASE WHEN u.delay IS NULL THEN j.run_at ELSE {NOW} + u.delay END,
+    owner = NULL, expires_at = NULL, proc = NULL,
+    result = u.result::json, last_error = u.last_error, traceback = u.traceback
+FROM unnest(%(ids)s::text[], %(tokens)s::int8[], %(states)s::text[], %(attempts)s::int4[],
+            %(rescues)s::int4[], %(delays)s::float8[], %(results)s::text[],
+            %(errors)s::text[], %(tracebacks)s::text[])
+     AS u(id, token, state, attempts, rescues, delay, result, last_error, traceback)
+WHERE j.id = u.id AND j.token = u.token AND j.state = 'leased' AND j.expires_at > {NOW}
+RETURNING {J_COLUMNS}
+"""
+
+# Heartbeats: only `expires_at` and `revision` change, neither indexed: a HOT update.
+HEARTBEAT = f"""
+UPDATE jobspool_jobs j
+SET expires_at = greatest(j.expires_at, {NOW} + %(lease)s), revision = j.revision + 1
+FROM unnest(%(ids)s::text[], %(tokens)s::int8[]) AS u(id, token)
+WHERE j.id = u.id AND j.token = u.token AND j.state = 'leased' AND j.expires_at > {NOW}
+RETURNING {J_COLUMNS}
+"""
+
+# Leases still current, read only (a worker checking before it publishes side effects).
+CHECK = f"""
+SELECT {J_COLUMNS} FROM jobspool_jobs j
+JOIN unnest(%(ids)s::text[], %(tokens)s::int8[]) AS u(id, token) ON j.id = u.id
+WHERE j.token = u.token AND j.state = 'leased' AND j.expires_at > {NOW}
+"""
+
+NEXT_DUE = f"""
+SELECT least(
+  (SELECT min(run_at) FROM jobspool_jobs WHERE state IN ('ready', 'retryable')
+     AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))),
+  (SELECT min(expires_at) FROM jobspool_jobs WHERE state = 'leased'
+     AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))),
+  NULL), {NOW}
+"""
