@@ -17,7 +17,7 @@ from jobspool.cli.common import (
     _job_line,
     _job_text,
     _open,
-    _root,
+    _root_spec,
 )
 
 # ---------------------------------------------------------------- commands
@@ -26,16 +26,22 @@ from jobspool.cli.common import (
 def cmd_init(args: argparse.Namespace) -> int:
     from jobspool.queue.spool import Spool
 
-    root = _root(args)
-    existed = (root / "spool.json").exists()
+    root = _root_spec(args)
     opts = {k: v for k, v in (("lease_seconds", args.lease_seconds),
                               ("max_attempts", args.max_attempts),
                               ("keep_terminal", args.keep_terminal),
                               ("keep_terminal_seconds", args.keep_terminal_seconds))
             if v is not None}
-    with Spool(root, create=True, **opts) as spool:
-        doc = {"root": str(spool.root.resolve()), "created": not existed,
-               "settings": _settings_dict(spool)}
+    if isinstance(root, str):  # a PostgreSQL URL: init creates (or migrates) the schema
+        with Spool(root, create=True, **opts) as spool:
+            existed = not getattr(spool, "created", True)
+            doc = {"root": getattr(spool, "display", root), "created": not existed,
+                   "settings": _settings_dict(spool)}
+    else:
+        existed = (root / "spool.json").exists()
+        with Spool(root, create=True, **opts) as spool:
+            doc = {"root": str(spool.root.resolve()), "created": not existed,
+                   "settings": _settings_dict(spool)}
     _emit(args, doc, f"{'spool already initialized at' if existed else 'initialized spool at'} "
                      f"{doc['root']}")
     return EXIT_OK
@@ -117,6 +123,7 @@ def _load_app(spec: str | None) -> Any:
 
 
 def _make_worker(args: argparse.Namespace, spool: Any) -> Any:
+    from jobspool.cli.objectstore import storage_options
     from jobspool.queue.worker import Worker
 
     app = _load_app(args.app)
@@ -131,6 +138,7 @@ def _make_worker(args: argparse.Namespace, spool: Any) -> Any:
     return Worker(spool, app, concurrency=args.concurrency, batch_size=args.batch_size,
                   kinds=kinds, lease_seconds=args.lease_seconds,
                   projection=args.projection or app.projection,
+                  storage_options=storage_options(args, app.storage_options),
                   maintenance=not args.no_maintenance)
 
 
@@ -387,22 +395,27 @@ def cmd_fsck(args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_UNHEALTHY
 
 
-def _projection_uri(args: argparse.Namespace, spool: Any) -> str:
+def _projection_uri(args: argparse.Namespace, spool: Any) -> tuple[str, dict[str, str] | None]:
+    """The projection a command works on: its URI and its storage options."""
+    from jobspool.cli.objectstore import storage_options
     from jobspool.queue.worker import default_projection_uri
 
     app = _load_app(getattr(args, "app", None))
-    return str(args.projection or (app.projection if app and app.projection else None)
-               or default_projection_uri(spool.root))
+    uri = str(args.projection or (app.projection if app and app.projection else None)
+              or default_projection_uri(spool.root))
+    return uri, storage_options(args, dict(app.storage_options or {}) if app else None)
 
 
 def cmd_maintain(args: argparse.Namespace) -> int:
     _setup_logging(args)
     with _open(args) as spool:
-        uri = _projection_uri(args, spool)
+        uri, options = _projection_uri(args, spool)
         tables = [t for t in (args.tables or "").split(",") if t] or None
+        from jobspool.projection.lance import ProjectionStore
         from jobspool.projection.maintenance import maintain
 
-        report = maintain(uri, tables=tables, budget_seconds=args.budget,
+        report = maintain(ProjectionStore(uri, storage_options=options), tables=tables,
+                          budget_seconds=args.budget,
                           min_live_token=spool.min_live_token())
     d = report.to_dict() if hasattr(report, "to_dict") else {"report": str(report)}
     _emit(args, d, lambda: _maintain_text(report))
@@ -417,13 +430,11 @@ def _maintain_text(report: Any) -> str:
 
 
 def cmd_health(args: argparse.Namespace) -> int:
-    from jobspool.health import check_health
-
     limits = {k: v for k, v in (("min_free_bytes", args.min_free_bytes),
                                 ("min_free_percent", args.min_free_percent),
                                 ("worker_stale", args.worker_stale)) if v is not None}
     with _open(args, read_only=True) as spool:
-        health = check_health(spool, max_due_age=args.max_due_age, projection=args.projection,
+        health = spool.health(max_due_age=args.max_due_age, projection=args.projection,
                               lease_grace=args.lease_grace,
                               maintenance_cadence=args.maintenance_cadence,
                               max_maintenance_failures=args.max_maintenance_failures, **limits)

@@ -95,10 +95,19 @@ def _root(args: argparse.Namespace) -> Path:
     return Path(root)
 
 
+def _root_spec(args: argparse.Namespace) -> str | Path:
+    """The spool `--root` names: a directory, or a `postgresql://` URL kept as given
+    (a Path would fold its `//`)."""
+    from jobspool.pg import is_url
+
+    root = args.root or os.environ.get("JOBSPOOL_ROOT")
+    return str(root) if is_url(root) else _root(args)
+
+
 def _open(args: argparse.Namespace, *, create: bool = False, **kwargs: Any) -> Any:
     from jobspool.queue.spool import Spool
 
-    return Spool(_root(args), create=create, **kwargs)
+    return Spool(_root_spec(args), create=create, **kwargs)
 
 
 _TIME_FIELDS = ("created_at", "updated_at", "run_at")

@@ -18,7 +18,7 @@ from jobspool.cli.common import (
     UsageError,
     _nonneg_float,
     _port,
-    _root,
+    _root_spec,
 )
 
 DEFAULT_HOST = "127.0.0.1"
@@ -52,7 +52,7 @@ def add_serve_options(c: argparse.ArgumentParser, *, prefix: str) -> None:
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
     _check_bind(args.host, args.token)  # the address is refused before anything else is looked at
-    return serve(_root(args), host=args.host, port=args.port, read_only=args.read_only,
+    return serve(_root_spec(args), host=args.host, port=args.port, read_only=args.read_only,
                  token=args.token, poll=args.poll, as_json=args.json)
 
 

@@ -15,6 +15,7 @@ from jobspool.cli.common import (
     _state_names,
     _version,
 )
+from jobspool.cli.objectstore import add_projection_option
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -100,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "handler runs (default: the spool's)")
         c.add_argument("--projection", help="LanceDB URI for ctx.upsert/delete "
                        "(default: the app's, else <root>/index)")
+        add_projection_option(c)  # object storage settings (jobspool/cli/objectstore.py)
         c.add_argument("--no-maintenance", action="store_true",
                        help="do not run the projection maintenance beat")
         c.add_argument("--grace", type=_nonneg_float, default=30.0, metavar="SECONDS",
@@ -178,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("maintain", parents=[common, logging_opts],
                        help="compact and clean the projection tables")
     c.add_argument("--projection", help="LanceDB URI (default: the app's, else <root>/index)")
+    add_projection_option(c)
     c.add_argument("--app", help="MODULE:ATTR (for its projection URI)")
     c.add_argument("--budget", type=_positive_float, default=60.0, metavar="SECONDS",
                    help="stop starting new tables after SECONDS; the next run resumes "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from jobspool.cli.common import EXIT_OK, Refused, UsageError, _emit, _open
+from jobspool.cli.objectstore import child_options
 
 
 def _child_options(args: argparse.Namespace) -> list[str]:
@@ -18,6 +19,7 @@ def _child_options(args: argparse.Namespace) -> list[str]:
         opts += ["--lease-seconds", repr(args.lease_seconds)]
     if args.projection:
         opts += ["--projection", args.projection]
+    opts += child_options(args)  # --projection-option KEY=VALUE, each
     if args.no_maintenance:
         opts.append("--no-maintenance")
     return opts
@@ -34,7 +36,8 @@ def cmd_worker_pool(args: argparse.Namespace) -> int:
         # Load the app here first: a bad --app, policy or kind is one line at start-up,
         # not N children failing in a restart loop.
         _make_worker(args, spool)
-        command = child_command(spool.root.resolve(), args.app, _child_options(args))
+        root = getattr(spool, "url", None) or spool.root.resolve()  # a database URL as given
+        command = child_command(root, args.app, _child_options(args))
         try:
             report = WorkerPool(spool, command, args.processes, grace_seconds=args.grace).run()
         except PoolFailed as exc:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -46,16 +47,13 @@ def one_line(exc: BaseException) -> str:
 
 
 def display_url(url: str) -> str:
-    """The URL without its password, for messages and `jobspool init`."""
+    """The URL without its password, for messages and `jobspool init`; the rest (query
+    options such as a search_path) is kept, so the URL shown still names this spool."""
     try:
-        params = _conninfo.conninfo_to_dict(url)
+        _conninfo.conninfo_to_dict(url)
     except psycopg.Error as exc:
         raise SpoolError(f"bad PostgreSQL URL: {one_line(exc)}") from None
-    user = str(params.get("user") or "")
-    host = str(params.get("host") or "localhost")
-    port = str(params.get("port") or "5432")
-    db = str(params.get("dbname") or user)
-    return f"postgresql://{user + '@' if user else ''}{host}:{port}/{db}"
+    return re.sub(r"^([a-z]+://[^:@/]*):[^@/]*@", r"\1:***@", url)
 
 
 class Database:
