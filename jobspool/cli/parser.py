@@ -230,6 +230,10 @@ def build_parser() -> argparse.ArgumentParser:
     from jobspool.cli import schedules
 
     schedules.add_parser(sub, [common])
+
+    from jobspool.cli import migrate
+
+    migrate.add_parser(sub, [common])
     dashboard.add_demo_options(sub)
     return p
 

@@ -47,16 +47,22 @@ def sweep(spool: PgSpool) -> list[tuple[str, str]]:
 
 def claim(spool: PgSpool, *, kinds: Iterable[str] | str | None, limit: int, owner: str,
           lease_seconds: float, exclude: Collection[str] = ()) -> list[Lease]:
+    """Lease due jobs. Expired leases are swept first at most once a second, and again
+    whenever a claim comes back short (then it claims once more): a busy queue pays for
+    the sweep rarely, an idle one takes over a dead worker's job at once."""
     now = time.monotonic()
-    if now >= spool.next_sweep:
+    swept_now = False
+    if now >= spool.next_sweep and spool.sweep_enabled:
         spool.next_sweep = now + SWEEP_EVERY
-        if spool.sweep_enabled:
-            swept = sweep(spool)
-            if swept:
-                spool.log_swept(swept)
+        _sweep_and_log(spool)
+        swept_now = True
     params = {"now": spool.now_param(), "kinds": kinds_param(kinds), "limit": limit,
               "owner": owner, "lease": lease_seconds, "proc": None, "exclude": list(exclude)}
     rows = spool.db.run(lambda c: c.execute(sql.CLAIM, params).fetchall(), what="claim")
+    if len(rows) < limit and not swept_now and spool.sweep_enabled \
+            and any(s == JobState.RETRYABLE.value for _, s in _sweep_and_log(spool)):
+        params["limit"] = limit - len(rows)
+        rows += spool.db.run(lambda c: c.execute(sql.CLAIM, params).fetchall(), what="claim")
     jobs = sorted((to_job(r) for r in rows), key=lambda j: (j.priority, j.run_at, j.id))
     out = []
     for job in jobs:
@@ -64,6 +70,13 @@ def claim(spool: PgSpool, *, kinds: Iterable[str] | str | None, limit: int, owne
         out.append(Lease(job_id=job.id, token=job.lease.token, owner=job.lease.owner,
                          expires_at=job.lease.expires_at, job=job))
     return out
+
+
+def _sweep_and_log(spool: PgSpool) -> list[tuple[str, str]]:
+    swept = sweep(spool)
+    if swept:
+        spool.log_swept(swept)
+    return swept
 
 
 def _as_holder(lease: Lease) -> Job:

@@ -1,0 +1,88 @@
+"""Copy a file spool's jobs into a PostgreSQL spool (`jobspool migrate --to URL`).
+
+Leases are not copied: a job leased in the source arrives `ready`, its
+attempt still counted (workers on the old spool must be stopped first; one
+still running would finish a job the new spool runs again). Ids the target
+already holds are left alone and reported, so running it twice is harmless.
+The target's token sequence is raised above every token the source issued:
+projection rows written under the old spool carry those tokens, and a new
+run's writes must never lose to them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from jobspool.pg.rows import INSERT_SQL, write_values
+from jobspool.queue.job import Job, evolve
+from jobspool.queue.states import JobState
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from jobspool.pg.spool import PgSpool
+
+CHUNK = 500
+
+
+@dataclass
+class MigrationReport:
+    copied: int = 0
+    skipped: list[str] = field(default_factory=list)  # ids the target already had
+    unleased: int = 0  # leased in the source, copied as ready
+    fence: int = 0  # the target's sequence after the copy
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"copied": self.copied, "skipped": len(self.skipped),
+                "skipped_ids": self.skipped[:100], "unleased": self.unleased,
+                "fence": self.fence}
+
+
+def _chunks(jobs: Iterable[Job]) -> Iterator[list[Job]]:
+    chunk: list[Job] = []
+    for job in jobs:
+        chunk.append(job)
+        if len(chunk) >= CHUNK:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def copy_jobs(jobs: Iterable[Job], target: PgSpool, *, source_fence: int) -> MigrationReport:
+    """Insert `jobs` into `target` (one transaction per chunk); see the module docstring."""
+    report = MigrationReport()
+    now = target.now()
+    for chunk in _chunks(jobs):
+        rows: list[Job] = []
+        for job in chunk:
+            if job.state is JobState.LEASED:
+                job = evolve(job, state=JobState.READY, lease=None, run_at=now,
+                             revision=job.revision + 1, updated_at=now)
+                report.unleased += 1
+            rows.append(job)
+
+        def go(conn: psycopg.Connection[Any], rows: list[Job] = rows) -> list[str]:
+            skipped = []
+            with conn.transaction():
+                for job in rows:
+                    cur = conn.execute(INSERT_SQL, [job.id, *write_values(job)])
+                    if cur.rowcount == 0:
+                        skipped.append(job.id)
+            return skipped
+
+        skipped = target.db.run(go, what="migrate")
+        report.skipped.extend(skipped)
+        report.copied += len(rows) - len(skipped)
+
+    def raise_fence(conn: psycopg.Connection[Any]) -> int:
+        row = conn.execute(
+            "SELECT setval('jobspool_fence', greatest(%s::bigint, "
+            "(SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM jobspool_fence), 1))",
+            (source_fence,)).fetchone()
+        return int(row[0]) if row else 0
+
+    report.fence = target.db.run(raise_fence, what="migrate")
+    return report

@@ -1,0 +1,133 @@
+"""PostgreSQL-only behaviour: schema versions, migration from a file spool, the URL in
+messages, fencing tokens above a migrated spool's, and the sweep of expired leases."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from jobspool import Spool
+from jobspool.errors import LeaseLost, SpoolError
+from jobspool.pg.schema import SCHEMA_VERSION
+from jobspool.queue.states import JobState
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "jobspool", *args], capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_a_url_selects_the_postgresql_store_and_init_records_the_schema_version(
+        pg_url: str) -> None:
+    with Spool(pg_url) as spool:
+        assert spool.get(spool.enqueue("note", {"a": 1}).id).payload == {"a": 1}
+    with psycopg.connect(pg_url) as conn:
+        row = conn.execute("SELECT max(version) FROM jobspool_schema").fetchone()
+    assert row is not None and row[0] == SCHEMA_VERSION
+
+
+def test_opening_twice_migrates_once_and_keeps_the_settings_of_creation(pg_url: str) -> None:
+    with Spool(pg_url, lease_seconds=7.0, max_attempts=3) as first:
+        assert first.lease_seconds == 7.0
+    with Spool(pg_url) as again:
+        assert (again.lease_seconds, again.max_attempts) == (7.0, 3)
+    with psycopg.connect(pg_url) as conn:
+        row = conn.execute("SELECT count(*) FROM jobspool_schema").fetchone()
+    assert row is not None and row[0] == SCHEMA_VERSION
+
+
+def test_a_database_with_a_newer_schema_is_refused_before_any_write(pg_url: str) -> None:
+    Spool(pg_url).close()
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO jobspool_schema (version) VALUES (%s)", (SCHEMA_VERSION + 1,))
+    with pytest.raises(SpoolError, match="newer than this release"):
+        Spool(pg_url)
+    out = _cli("--root", pg_url, "enqueue", "note", "{}")
+    assert out.returncode == 2
+    assert "newer than this release" in out.stderr and "Traceback" not in out.stderr
+    with psycopg.connect(pg_url) as conn:
+        row = conn.execute("SELECT count(*) FROM jobspool_jobs").fetchone()
+    assert row is not None and row[0] == 0
+
+
+def test_writing_commands_refuse_a_database_without_the_schema(pg_url: str) -> None:
+    out = _cli("--root", pg_url, "enqueue", "note", "{}")
+    assert out.returncode == 2
+    assert "jobspool init" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    assert _cli("--root", pg_url, "init").returncode == 0
+    assert _cli("--root", pg_url, "enqueue", "note", "{}").returncode == 0
+
+
+def test_an_unreachable_server_is_one_line_naming_it_without_the_password() -> None:
+    out = _cli("--root", "postgresql://u:hunter2@127.0.0.1:1/db", "stats")
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "127.0.0.1:1" in lines[0]
+    assert "hunter2" not in out.stderr
+
+
+def test_an_expired_lease_is_swept_by_the_next_claim_and_its_holder_is_fenced(
+        pg_url: str) -> None:
+    with Spool(pg_url) as spool:
+        spool.enqueue("note", job_id="j")
+        (stale,) = spool.claim(lease_seconds=0.2)
+        time.sleep(0.4)
+        (fresh,) = spool.claim()
+        assert fresh.job_id == "j" and fresh.token > stale.token
+        assert spool.get("j").rescues == 1
+        with pytest.raises(LeaseLost):
+            spool.complete(stale, "late")
+        assert spool.complete(fresh, "mine").result == "mine"
+
+
+def test_a_lease_past_its_attempts_is_swept_to_dead_letter(pg_url: str) -> None:
+    with Spool(pg_url) as spool:
+        spool.enqueue("note", job_id="j", max_attempts=1)
+        spool.claim(lease_seconds=0.2)
+        time.sleep(0.4)
+        assert spool.claim() == []
+        job = spool.get("j")
+        assert job.state is JobState.DEAD_LETTER
+        assert job.last_error is not None and "attempts exhausted" in job.last_error
+
+
+def test_migrate_copies_a_file_spool_without_leases_and_raises_the_token_sequence(
+        tmp_path: Path, pg_url: str) -> None:
+    src = Spool(tmp_path / "s")
+    done = src.enqueue("note", {"n": 1}, job_id="done")
+    src.enqueue("note", {"n": 2}, job_id="held")
+    src.enqueue("note", {"n": 3}, job_id="waiting", delay=3600)
+    first = src.claim()[0]
+    assert first.job_id == done.id
+    src.complete(first, {"ok": 1})
+    held = src.claim()[0]
+    fence = src.fence_value()
+    src.close()
+
+    out = _cli("--root", str(tmp_path / "s"), "migrate", "--to", pg_url, "--json")
+    assert out.returncode == 0, out.stderr
+    assert '"copied": 3' in out.stdout and '"unleased": 1' in out.stdout
+
+    with Spool(pg_url) as target:
+        assert target.get("done").result == {"ok": 1}
+        assert target.get("done").state is JobState.COMPLETED
+        moved = target.get("held")
+        assert (moved.state, moved.lease, moved.attempts) == (JobState.READY, None, 1)
+        assert target.get("waiting").state is JobState.RETRYABLE
+        (lease,) = target.claim()
+        assert lease.job_id == "held" and lease.token > fence > 0
+        assert held.token <= fence
+
+    again = _cli("--root", str(tmp_path / "s"), "migrate", "--to", pg_url, "--json")
+    assert again.returncode == 0 and '"copied": 0' in again.stdout
+
+
+def test_migrate_refuses_a_target_that_is_not_a_url(tmp_path: Path) -> None:
+    Spool(tmp_path / "s").close()
+    out = _cli("--root", str(tmp_path / "s"), "migrate", "--to", str(tmp_path / "t"))
+    assert out.returncode == 1 and "not a postgresql:// URL" in out.stderr
