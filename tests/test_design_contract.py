@@ -43,10 +43,10 @@ def test_asyncio_run_of_run_forever_serves_until_stop_and_returns_the_report(tmp
     assert repr(report).startswith("RunReport(")
 
 
-def test_a_database_url_as_root_is_refused_naming_it_and_creates_no_directory(
+def test_an_unreachable_database_url_is_refused_naming_it_and_creates_no_directory(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # DESIGN §9 Stores: `Spool(root)` takes a directory or a postgresql:// URL. This version has
-    # only the file spool; the URL must not silently become a directory tree named `postgresql:`.
+    # DESIGN §9 Stores: `Spool(root)` takes a directory or a postgresql:// URL. A URL whose
+    # server is not there must not silently become a directory tree named `postgresql:`.
     monkeypatch.chdir(tmp_path)
     url = "postgresql://app@localhost:5432/jobs"
     with pytest.raises(SpoolError, match="postgresql://app@localhost:5432/jobs"):

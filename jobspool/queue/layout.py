@@ -103,8 +103,8 @@ def _refuse_url(root: Path) -> None:
     if match is None:
         return
     scheme = match.group()[:-2]
-    raise SpoolError(f"spool root {text.replace(':/', '://', 1)!r} is a {scheme}:// URL; this "
-                     "version of jobspool has only the file spool (give a directory)",
+    raise SpoolError(f"spool root {text.replace(':/', '://', 1)!r} is a {scheme}:// URL; a spool "
+                     "is a directory or a postgresql:// URL given as a string",
                      path=text)
 
 
