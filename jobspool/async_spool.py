@@ -28,6 +28,7 @@ import anyio
 import anyio.to_thread
 
 from jobspool.errors import JobFailed, WaitTimeout
+from jobspool.queue.api import SpoolAPI
 from jobspool.queue.job import EnqueueResult, Job, Reservation
 from jobspool.queue.spool import Spool, validate_wait
 from jobspool.queue.states import JobState
@@ -45,8 +46,9 @@ class AsyncSpool:
     Use it as `async with AsyncSpool(root) as spool:` or call `close()`.
     """
 
-    def __init__(self, root: str | os.PathLike[str] | Spool, **options: Any) -> None:
-        if isinstance(root, Spool):
+    def __init__(self, root: str | os.PathLike[str] | SpoolAPI, **options: Any) -> None:
+        self.spool: SpoolAPI
+        if isinstance(root, SpoolAPI):  # either store (a file Spool or a PgSpool)
             if options:
                 raise TypeError("AsyncSpool(spool) takes no options: the spool is open already")
             self.spool = root

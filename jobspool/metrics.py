@@ -62,7 +62,7 @@ from jobspool.queue.states import ALL_STATES, JobState
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
-    from jobspool.queue.spool import Spool
+    from jobspool.queue.api import SpoolAPI as Spool
     from jobspool.queue.worker import RunReport
 
 METRICS_DIR = "metrics"

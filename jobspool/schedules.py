@@ -40,7 +40,7 @@ from jobspool.errors import JobspoolError, ScheduleError
 from jobspool.queue.job import JOB_ID_RE, check_json, iso_time, validate_kind
 
 if TYPE_CHECKING:
-    from jobspool.queue.spool import Spool
+    from jobspool.queue.api import SpoolAPI as Spool
     from jobspool.queue.worker import Worker
 
 log = logging.getLogger("jobspool.schedules")

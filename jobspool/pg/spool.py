@@ -26,7 +26,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jobspool.errors import InvalidTransition, JobNotFound, LeaseLost, SpoolError, WaitTimeout
+from jobspool.errors import (
+    InvalidTransition,
+    JobNotFound,
+    JobspoolError,
+    LeaseLost,
+    SpoolError,
+    WaitTimeout,
+)
 from jobspool.pg import leasing, produce
 from jobspool.pg.db import Database
 from jobspool.pg.rows import COLUMNS, to_job
@@ -535,7 +542,7 @@ class PgSpool:
             raise out
         return out
 
-    def complete_many(self, items: Sequence[tuple[Lease, Any]]) -> list[Job | Any]:
+    def complete_many(self, items: Sequence[tuple[Lease, Any]]) -> list[Job | JobspoolError]:
         return leasing.settle(self, [x for x, _ in items], [("complete", r) for _, r in items])
 
     def fail(self, lease: Lease, error: object, *, retryable: bool = True,
@@ -548,7 +555,7 @@ class PgSpool:
         return out
 
     def fail_many(self, items: Sequence[tuple[Lease, object, bool, float | None]]
-                  ) -> list[Job | Any]:
+                  ) -> list[Job | JobspoolError]:
         return leasing.settle(self, [x[0] for x in items],
                               [("fail", (e, r, d)) for _, e, r, d in items])
 
@@ -638,3 +645,10 @@ class PgSpool:
 
         return fsck(self)
 
+
+
+if TYPE_CHECKING:
+    from jobspool.queue.api import SpoolAPI
+
+    def _is_a_store(spool: PgSpool) -> SpoolAPI:
+        return spool  # mypy checks PgSpool keeps the whole surface of a store

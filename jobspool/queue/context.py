@@ -12,7 +12,7 @@ from jobspool.queue.jobprogress import Progress, make_progress, remove_progress,
 
 if TYPE_CHECKING:
     from jobspool.projection.handler import PendingWrite
-    from jobspool.queue.spool import Spool
+    from jobspool.queue.api import SpoolAPI as Spool
 
 
 class Context:
@@ -88,7 +88,7 @@ class Context:
             self._progress_dirty = False
             self._progress_file = True
             write_progress(self.spool.root, self.job_id, self._progress,
-                           getattr(self.spool.store, "file_mode", 0o600))
+                           getattr(getattr(self.spool, "store", None), "file_mode", 0o600))
 
     def drop_progress(self) -> None:
         """Remove the progress file once the run is settled (called by the worker)."""

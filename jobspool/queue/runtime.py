@@ -25,8 +25,8 @@ from jobspool.errors import JobspoolError, LeaseLost
 from jobspool.queue.jobprogress import prune_stale_progress
 
 if TYPE_CHECKING:
+    from jobspool.queue.api import SpoolAPI as Spool
     from jobspool.queue.context import Context
-    from jobspool.queue.spool import Spool
 
 log = logging.getLogger("jobspool.queue.worker")
 

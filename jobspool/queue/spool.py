@@ -17,6 +17,7 @@ administrative and O(jobs) by nature.
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import time
@@ -516,3 +517,20 @@ class Spool(LeasingSpool):
         from jobspool.recovery.fsck import fsck
 
         return fsck(self)
+
+
+def _init_signature() -> inspect.Signature:
+    # `__new__` (which picks the store) takes *args/**kwargs; help() and
+    # inspect.signature(Spool) should show the real options, those of __init__.
+    sig = inspect.signature(Spool.__init__)
+    return sig.replace(parameters=list(sig.parameters.values())[1:])
+
+
+Spool.__signature__ = _init_signature()  # type: ignore[attr-defined]
+
+
+if TYPE_CHECKING:
+    from jobspool.queue.api import SpoolAPI
+
+    def _is_a_store(spool: Spool) -> SpoolAPI:
+        return spool  # mypy checks Spool keeps the whole surface of a store

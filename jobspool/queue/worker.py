@@ -36,7 +36,7 @@ from jobspool.queue.states import JobState
 if TYPE_CHECKING:
     from jobspool.app import App
     from jobspool.projection.lance import ProjectionStore
-    from jobspool.queue.spool import Spool
+    from jobspool.queue.api import SpoolAPI as Spool
     from jobspool.schedules import Schedule
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,7 @@ class Worker:
         crash_window_seconds: float = 60.0,
         policies: Mapping[str, Policy] | None = None,
         schedules: Sequence[Schedule] | None = None,  # periodic jobs (jobspool.schedules)
+        storage_options: Mapping[str, str] | None = None,  # object-storage projection settings
     ) -> None:
         from jobspool.app import App
 
@@ -80,6 +81,7 @@ class Worker:
             keys = keys if keys is not None else app.keys
             policies = policies if policies is not None else app.policies
             schedules = schedules if schedules is not None else app.schedules
+            storage_options = storage_options if storage_options is not None else app.storage_options
         if not handlers:
             raise ConfigError("a worker needs at least one handler (kind -> function)")
         for kind, fn in handlers.items():
@@ -117,6 +119,9 @@ class Worker:
         self._projection_spec = projection
         self._projection: ProjectionStore | None = None
         self.keys = dict(keys or {})
+        from jobspool.projection.objectstore import check_storage_options
+
+        self.storage_options = check_storage_options(storage_options)
         self._maintenance_enabled = maintenance
         self._beat: Any = None
         self._stop = threading.Event()
@@ -162,6 +167,8 @@ class Worker:
         way they stop `run_forever`: no new claims, running handlers get
         `grace_seconds`, the rest are released, and it returns normally.
         """
+        # Before any task group, so a refused endpoint is raised as itself (not in a group).
+        await anyio.to_thread.run_sync(self._check_projection)
         if handle_signals and threading.current_thread() is threading.main_thread():
             result: RunReport | WorkerCrashed | None = None
             async with anyio.create_task_group() as tg:
@@ -226,6 +233,7 @@ class Worker:
         every run at once.
         """
         poll_seconds = validate_seconds("poll_seconds", poll_seconds, positive=True)
+        await anyio.to_thread.run_sync(self._check_projection)
         self._begin_run()
         counters = Counters()
         self._live = counters
@@ -404,8 +412,26 @@ class Worker:
                 # `keys` (App.keys): a table keyed on another column than `id` is merged on it.
                 self._projection = ProjectionStore(
                     spec if spec is not None else default_projection_uri(self.spool.root),
-                    keys=self.keys)
+                    keys=self.keys, storage_options=self.storage_options)
         return self._projection
+
+    def _check_projection(self) -> None:
+        """Before claiming: refuse an s3:// projection whose endpoint would lose commits."""
+        from jobspool.projection.objectstore import (
+            ObjectStoreUnreachable,
+            check_conditional_put,
+            is_object_store,
+        )
+
+        spec = self._projection_spec
+        uri = getattr(spec, "uri", None) if spec is not None and not isinstance(spec, str) else spec
+        if not isinstance(uri, str) or not is_object_store(uri):
+            return
+        options = getattr(spec, "storage_options", None) if not isinstance(spec, str) else None
+        try:
+            check_conditional_put(uri, options if options is not None else self.storage_options)
+        except ObjectStoreUnreachable as exc:  # an outage, not a verdict: checked again at first write
+            log.warning("%s", exc)
 
     def note_commits(self, store: ProjectionStore, tables: list[str]) -> None:
         """Tell the maintenance beat which tables just got a commit."""
