@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from jobspool.errors import AppError as AppError
+from jobspool.errors import ConfigError
 from jobspool.policy import Policy, check_policies
 from jobspool.queue.job import Job, validate_kind
 from jobspool.schedules import Schedule, check_schedules
@@ -19,7 +20,9 @@ from jobspool.schedules import Schedule, check_schedules
 class App:
     """Handlers by kind, optional replay hooks by kind (DESIGN §6), optional projection URI.
 
-    `keys` names the key column per projection table when it is not `id`.
+    `keys` names the key column per projection table when it is not `id`;
+    `storage_options` configure an object-storage projection (`s3://...`:
+    endpoint, keys, region, `allow_http`), passed to `lancedb.connect`.
     """
 
     handlers: Mapping[str, Callable[..., Any]]
@@ -28,6 +31,7 @@ class App:
     keys: Mapping[str, str] = field(default_factory=dict)
     policies: Mapping[str, Policy] = field(default_factory=dict)  # kind -> Policy (DESIGN §9)
     schedules: Sequence[Schedule] = ()  # periodic jobs, fired by `worker` (jobspool.schedules)
+    storage_options: Mapping[str, str] | None = None  # the projection's object storage settings
 
     def __post_init__(self) -> None:
         if not isinstance(self.handlers, Mapping):
@@ -39,6 +43,12 @@ class App:
                 raise AppError(f"handler for kind {kind!r} is not callable")
         object.__setattr__(self, "policies", check_policies(self.policies, self.handlers))
         object.__setattr__(self, "schedules", check_schedules(self.schedules, self.handlers))
+        from jobspool.projection.objectstore import check_storage_options
+
+        try:
+            object.__setattr__(self, "storage_options", check_storage_options(self.storage_options))
+        except ConfigError as exc:
+            raise AppError(str(exc)) from None
 
 
 def as_app(obj: Any, *, name: str = "app") -> App:
@@ -52,7 +62,8 @@ def as_app(obj: Any, *, name: str = "app") -> App:
                   projection=getattr(obj, "projection", None),
                   keys=dict(getattr(obj, "keys", None) or {}),
                   policies=dict(getattr(obj, "policies", None) or {}),
-                  schedules=tuple(getattr(obj, "schedules", None) or ()))
+                  schedules=tuple(getattr(obj, "schedules", None) or ()),
+                  storage_options=getattr(obj, "storage_options", None))
     else:
         raise AppError(f"{name} is not an App, an object with a 'handlers' mapping, or a "
                        f"mapping of kind -> handler (got {type(obj).__name__})")

@@ -18,7 +18,8 @@ from tests.helpers_spool import FakeClock  # noqa: E402 - after the sys.path fix
 
 # The PostgreSQL store's fixtures (issue 16): `pg_server` (session) and `pg_url` (a fresh schema).
 # `spool_store`/`any_spool`/`make_any_spool` run a contract test against each store (tests/store_params.py).
-pytest_plugins = ["tests.pgserver", "tests.store_params"]
+# `s3_server` (session): a SeaweedFS for the projection on s3:// (tests/s3server.py).
+pytest_plugins = ["tests.pgserver", "tests.store_params", "tests.s3server"]
 
 settings.register_profile(
     "ci",

@@ -9,11 +9,16 @@ import pytest
 
 from jobspool.projection.handler import LIVE_FILTER, make_delete, make_upsert
 from jobspool.projection.lance import ProjectionStore
+from tests.s3server import S3Server
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> ProjectionStore:
-    return ProjectionStore(tmp_path / "db")
+@pytest.fixture(params=["local", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> ProjectionStore:
+    """Every fencing rule holds on a local directory and on s3:// (SeaweedFS, tests/s3server.py)."""
+    if request.param == "local":
+        return ProjectionStore(tmp_path / "db")
+    server: S3Server = request.getfixturevalue("s3_server")
+    return ProjectionStore(server.uri("fencing"), storage_options=server.options())
 
 
 def upsert(

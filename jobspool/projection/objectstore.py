@@ -79,15 +79,6 @@ def check_storage_options(options: Mapping[str, str] | None) -> dict[str, str] |
     return out
 
 
-def parse_option(text: str) -> tuple[str, str]:
-    """Parse `KEY=VALUE` (a `--projection-option`); raise ValueError naming the bad text."""
-    key, sep, value = text.partition("=")
-    if not sep or not key.strip():
-        raise ValueError(f"--projection-option {text!r} must look like KEY=VALUE "
-                         f"(e.g. aws_endpoint=http://127.0.0.1:8333)")
-    return key.strip(), value
-
-
 def lance_options(options: Mapping[str, str] | None) -> dict[str, str] | None:
     """The storage options to hand LanceDB: ours (`jobspool_*`) removed; None when none are left."""
     if not options:
@@ -379,7 +370,6 @@ __all__ = [
     "is_object_store",
     "is_transient",
     "lance_options",
-    "parse_option",
     "retry_transient",
     "s3_request",
     "s3_target",

@@ -1,0 +1,419 @@
+"""The projection on object storage (issue 16): a real S3 server (SeaweedFS) and a lying stub.
+
+The fencing suite itself runs on s3:// too (tests/test_projection_fencing.py,
+parametrized). Here: reads through `LanceProjection` with explicit storage
+options, a worker writing to s3://, the server stopped and restarted in the
+middle of a run, the conditional-PUT check refusing an endpoint that
+overwrites, bounded commit retries, and three processes racing on one table.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+import jobspool.projection.lance as lance_mod
+from jobspool import Spool
+from jobspool.errors import ConfigError, ProjectionError
+from jobspool.projection.handler import LIVE_FILTER, make_upsert
+from jobspool.projection.lance import LanceProjection, ProjectionStore
+from jobspool.projection.objectstore import (
+    CHECK_OPTION,
+    CommitRetry,
+    ConditionalPutUnsupported,
+    check_conditional_put,
+    forget_checks,
+    is_transient,
+    retry_transient,
+)
+from jobspool.queue.worker import Worker
+from tests.s3server import S3Server
+from tests.subproc import cli_env
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def wait_until(cond: Callable[[], bool], what: str, limit: float = 120.0) -> None:
+    """Poll `cond` (the deadline only guards against a hang; no timing is asserted)."""
+    deadline = time.monotonic() + limit
+    while not cond():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.05)
+
+
+@pytest.fixture(params=["local", "s3"])
+def target(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict[str, str] | None]:
+    if request.param == "local":
+        return str(tmp_path / "db"), None
+    server: S3Server = request.getfixturevalue("s3_server")
+    return server.uri("reads"), server.options()
+
+
+# --- reads and direct writes, local and s3
+
+
+def test_lance_projection_reads_and_writes_through_explicit_storage_options(
+    target: tuple[str, dict[str, str] | None],
+) -> None:
+    uri, options = target
+    proj = LanceProjection(uri, "docs", storage_options=options)
+    assert proj.get("a") is None and proj.to_arrow().num_rows == 0
+    assert proj.upsert([{"id": "a", "text": "one"}, {"id": "b", "text": "two"}], version=1.0) == 2
+    assert proj.delete("b", version=2.0) == 1
+    assert proj.upsert({"id": "b", "text": "stale"}, version=1.5) == 0  # the tombstone fences it
+    again = LanceProjection(uri, "docs", storage_options=options)  # another reader, same table
+    assert again.get("a") == {"id": "a", "text": "one", "version": 1.0, "fence": 0}
+    assert again.get("b") is None
+    assert again.to_arrow().to_pylist() == [{"id": "a", "text": "one", "version": 1.0, "fence": 0}]
+    assert again.count() == 1
+    assert again.store.storage_options == options
+
+
+def test_bad_storage_options_are_refused_with_one_line_naming_them(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="storage option 'allow_http' must be a string, got bool True"):
+        ProjectionStore(tmp_path / "db", storage_options={"allow_http": True})  # type: ignore[dict-item]
+    with pytest.raises(ConfigError, match="storage_options must be a mapping"):
+        LanceProjection(tmp_path / "db", "t", storage_options=["allow_http"])  # type: ignore[arg-type]
+
+
+# --- a worker writing to s3://
+
+
+def _spool(path: Path, **kw: Any) -> Spool:
+    return Spool(path, durable=False, lease_seconds=30.0, **kw)
+
+
+def _note(job: Any, ctx: Any) -> str:
+    ctx.upsert("notes", {"id": job.payload["key"], "text": job.payload["text"]})
+    return job.payload["key"]
+
+
+def test_a_worker_given_storage_options_projects_every_job_to_s3(s3_server: S3Server,
+                                                                 tmp_path: Path) -> None:
+    uri = s3_server.uri("worker")
+    with _spool(tmp_path / "spool") as spool:
+        for i in range(25):
+            spool.enqueue("note", {"key": f"k{i}", "text": f"t{i}"}, job_id=f"j{i}")
+        worker = Worker(spool, {"note": _note}, projection=uri, storage_options=s3_server.options(),
+                        batch_size=10, maintenance=False)
+        report = worker.run_until_idle()
+        assert report.completed == 25 and report.retried == 0
+        assert worker.projection_store().storage_options == s3_server.options()
+    rows = LanceProjection(uri, "notes", storage_options=s3_server.options()).to_arrow()
+    assert sorted(rows.column("id").to_pylist()) == sorted(f"k{i}" for i in range(25))
+
+
+@pytest.mark.slow
+def test_the_server_stopped_mid_run_fails_and_retries_writes_which_land_after_restart(
+    s3_server: S3Server, tmp_path: Path
+) -> None:
+    uri = s3_server.uri("outage")
+    options = s3_server.options()
+    with _spool(tmp_path / "spool", retry_base_seconds=0.2, retry_max_seconds=1.0,
+                max_attempts=1000) as spool:
+        worker = Worker(spool, {"note": _note}, projection=uri, storage_options=options,
+                        batch_size=5, concurrency=2, maintenance=False)
+        reports: list[Any] = []
+        runner = threading.Thread(
+            target=lambda: reports.append(worker.run_forever(poll_seconds=0.05, handle_signals=False)))
+        for i in range(10):
+            spool.enqueue("note", {"key": f"a{i}", "text": "before"}, job_id=f"a{i}")
+        runner.start()
+        try:
+            wait_until(lambda: spool.stats().counts.get("completed", 0) == 10, "the first 10 jobs")
+            s3_server.halt()
+            try:
+                for i in range(10):
+                    spool.enqueue("note", {"key": f"b{i}", "text": "during"}, job_id=f"b{i}")
+                # Every write during the outage fails and is retried; none completes.
+                wait_until(lambda: (worker.live_report() or reports[0]).retried >= 10,
+                           "the writes during the outage to fail")
+                completed_in_outage = spool.stats().counts.get("completed", 0)
+            finally:
+                s3_server.restart()
+            wait_until(lambda: spool.stats().counts.get("completed", 0) == 20, "the retries to land")
+        finally:
+            worker.stop()
+            runner.join(60)
+        assert not runner.is_alive()
+        assert completed_in_outage == 10
+        assert reports[0].completed == 20 and reports[0].dead_lettered == 0
+        assert all(j.state.value == "completed" for j in spool.jobs())
+    rows = LanceProjection(uri, "notes", storage_options=options).to_arrow().to_pylist()
+    assert {r["id"]: r["text"] for r in rows} == (
+        {f"a{i}": "before" for i in range(10)} | {f"b{i}": "during" for i in range(10)})
+
+
+# --- the conditional-PUT check
+
+
+class _Overwriter(http.server.BaseHTTPRequestHandler):
+    """An endpoint that answers 200 to every PUT, If-None-Match or not (like s3rver)."""
+
+    seen: list[tuple[str, str, str | None]] = []  # noqa: RUF012 - reset per test
+
+    def _ok(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        self.rfile.read(length)
+        type(self).seen.append((self.command, self.path, self.headers.get("If-None-Match")))
+        self.send_response(200 if self.command != "DELETE" else 204)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_PUT = do_DELETE = do_HEAD = do_GET = _ok
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def stub_endpoint() -> Iterator[str]:
+    _Overwriter.seen = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Overwriter)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    forget_checks()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+        forget_checks()
+
+
+def _stub_options(endpoint: str, **extra: str) -> dict[str, str]:
+    return {"aws_endpoint": endpoint, "aws_access_key_id": "k", "aws_secret_access_key": "s",
+            "aws_region": "us-east-1", "allow_http": "true", **extra}
+
+
+RISK = "ignores conditional PUTs .* concurrent LanceDB commits would be lost"
+
+
+def test_an_endpoint_that_overwrites_on_a_create_only_put_is_refused_in_one_line(
+    stub_endpoint: str, tmp_path: Path
+) -> None:
+    options = _stub_options(stub_endpoint)
+    store = ProjectionStore("s3://stub/db", storage_options=options)
+    with pytest.raises(ConditionalPutUnsupported, match=RISK) as caught:
+        store.apply([make_upsert("j", "notes", {"id": "a"}, None, 1)])
+    assert "\n" not in str(caught.value) and stub_endpoint in str(caught.value)
+    # The probe wrote an object, then wrote it again create-only: the stub said 200 both times.
+    puts = [(m, h) for m, _p, h in _Overwriter.seen if m == "PUT"]
+    assert puts == [("PUT", None), ("PUT", "*")]
+    assert all(p.startswith("/stub/db/.jobspool-put-check-") for _m, p, _h in _Overwriter.seen)
+    with pytest.raises(ConditionalPutUnsupported, match=RISK):
+        LanceProjection("s3://stub/db", "notes", storage_options=options).get("a")
+
+
+def test_a_worker_refuses_to_run_against_such_an_endpoint_and_claims_nothing(
+    stub_endpoint: str, tmp_path: Path
+) -> None:
+    with _spool(tmp_path / "spool") as spool:
+        spool.enqueue("note", {"key": "a", "text": "x"}, job_id="j1")
+        worker = Worker(spool, {"note": _note}, projection="s3://stub/db",
+                        storage_options=_stub_options(stub_endpoint))
+        with pytest.raises(ProjectionError, match=RISK):
+            worker.run_until_idle()
+        assert spool.get("j1").state.value == "ready" and spool.get("j1").attempts == 0
+
+
+def test_the_cli_refuses_such_an_endpoint_with_one_error_line(stub_endpoint: str, tmp_path: Path) -> None:
+    app = tmp_path / "s3app.py"
+    app.write_text("from jobspool import App\n"
+                   "def note(job, ctx):\n    ctx.upsert('notes', {'id': 'a'})\n"
+                   "app = App(handlers={'note': note}, projection='s3://stub/db')\n")
+    root = tmp_path / "spool"
+    env = cli_env(PYTHONPATH=f"{ROOT}:{tmp_path}")
+    run = [sys.executable, "-m", "jobspool", "--root", str(root)]
+    for setup in (["init"], ["enqueue", "note", "{}"]):
+        subprocess.run([*run, *setup], env=env, check=True, capture_output=True, cwd=tmp_path)
+    opts = [x for k, v in _stub_options(stub_endpoint).items() for x in ("--projection-option", f"{k}={v}")]
+    proc = subprocess.run([*run, "run-until-idle", "--app", "s3app:app", *opts], env=env,
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("jobspool: error: endpoint "), proc.stderr
+    assert "ignores conditional PUTs" in lines[0] and "commits would be lost" in lines[0]
+    bad = subprocess.run([*run, "run-until-idle", "--app", "s3app:app", "--projection-option", "nokey"],
+                         env=env, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert bad.returncode == 1 and "'nokey' is not KEY=VALUE" in bad.stderr
+
+
+def test_the_check_can_be_turned_off_explicitly(stub_endpoint: str, monkeypatch: Any) -> None:
+    check_conditional_put("s3://stub/db", _stub_options(stub_endpoint, **{CHECK_OPTION: "false"}))
+    monkeypatch.setenv("JOBSPOOL_S3_CHECK_CONDITIONAL_PUT", "0")
+    check_conditional_put("s3://stub/db", _stub_options(stub_endpoint))
+    assert _Overwriter.seen == []  # not even asked
+
+
+def test_seaweedfs_passes_the_check_once_per_process(s3_server: S3Server, monkeypatch: Any) -> None:
+    forget_checks()
+    calls: list[str] = []
+    import jobspool.projection.objectstore as objstore
+
+    real = objstore.s3_request
+
+    def counting(*args: Any, **kw: Any) -> Any:
+        calls.append(args[1])
+        return real(*args, **kw)
+
+    monkeypatch.setattr(objstore, "s3_request", counting)
+    check_conditional_put(s3_server.uri(), s3_server.options())
+    check_conditional_put(s3_server.uri(), s3_server.options())  # same endpoint: remembered
+    assert calls == ["PUT", "PUT", "DELETE"]
+
+
+# --- bounded retries of commits whose outcome is unknown
+
+
+def test_a_commit_whose_result_is_unknown_is_retried_and_lands_once(
+    target: tuple[str, dict[str, str] | None], monkeypatch: Any
+) -> None:
+    uri, options = target
+    store = ProjectionStore(uri, storage_options=options, commit_retry=CommitRetry(base_seconds=0.01))
+    assert store.apply([make_upsert("seed", "notes", {"id": "s"}, None, 1)]).ok
+    real, raised = lance_mod._execute_merge, []  # noqa: SLF001 - the seam the retries wrap
+
+    def flaky(tbl: Any, key: str, batch: pa.Table, timeout: Any) -> Any:
+        if len(raised) < 2:
+            raised.append(1)
+            raise RuntimeError("LanceError(IO): Commit result unknown; SlowDown (503)")
+        return real(tbl, key, batch, timeout)
+
+    monkeypatch.setattr(lance_mod, "_execute_merge", flaky)
+    before = store.table("notes").version()
+    result = store.apply([make_upsert("j", "notes", {"id": "a"}, None, 2)])
+    assert result.ok and result.tables == {"notes": 1} and len(raised) == 2
+    assert store.table("notes").version() == before + 1
+    assert store.table("notes").count() == 2
+
+
+def test_a_commit_that_keeps_failing_fails_its_jobs_and_writes_nothing(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    store = ProjectionStore(tmp_path / "db", commit_retry=CommitRetry(attempts=3, base_seconds=0.01))
+    assert store.apply([make_upsert("seed", "notes", {"id": "s"}, None, 1)]).ok
+    tries: list[int] = []
+
+    def down(tbl: Any, key: str, batch: pa.Table, timeout: Any) -> Any:
+        tries.append(1)
+        raise RuntimeError("Generic S3 error: error sending request: connection refused")
+
+    monkeypatch.setattr(lance_mod, "_execute_merge", down)
+    result = store.apply([make_upsert("j", "notes", {"id": "a"}, None, 2)])
+    assert set(result.failed) == {"j"} and result.tables == {} and len(tries) == 3
+    assert store.table("notes").get("a") is None
+
+
+def test_only_transient_errors_are_retried_and_within_the_budget() -> None:
+    assert is_transient(RuntimeError("Commit result unknown"))
+    assert is_transient(OSError("Service Unavailable: SlowDown, please reduce your request rate"))
+    assert is_transient(TimeoutError())
+    assert not is_transient(ValueError("Schema error: field 'x' not found"))
+    assert not is_transient(ProjectionError("table 'x' was created concurrently"))
+    slept: list[float] = []
+    policy = CommitRetry(attempts=10, base_seconds=1.0, max_seconds=4.0, budget=6.0)
+    with pytest.raises(RuntimeError, match="result unknown"):
+        retry_transient(lambda: (_ for _ in ()).throw(RuntimeError("Commit result unknown")),
+                        policy, sleep=slept.append)
+    assert 0 < len(slept) < 9 and sum(slept) <= 6.0
+    with pytest.raises(ValueError, match="bad"):
+        retry_transient(lambda: (_ for _ in ()).throw(ValueError("bad")), policy, sleep=slept.append)
+
+
+# --- maintenance is bounded on object storage too
+
+
+def test_maintenance_of_an_s3_projection_runs_within_its_budget(s3_server: S3Server) -> None:
+    from jobspool.projection.maintenance import maintain
+
+    store = ProjectionStore(s3_server.uri("maint"), storage_options=s3_server.options())
+    for n in range(4):
+        assert store.apply([make_upsert(f"j{n}", t, {"id": f"k{n}"}, None, n) for t in ("a", "b")]).ok
+    done = maintain(store, budget_seconds=60.0)
+    assert {t.table: t.outcome for t in done.tables} == {"a": "optimized", "b": "optimized"}
+    spent = maintain(store, budget_seconds=0.0)  # nothing may start once the budget is spent
+    assert {t.outcome for t in spent.tables} == {"deferred"}
+    assert all(t.reason == "budget exhausted" for t in spent.tables)
+    assert store.table("a").count() == 4
+
+
+# --- three processes, overlapping keys, one table on s3
+
+
+WRITER = r"""
+import json, sys, time
+from pathlib import Path
+from jobspool.projection.handler import make_upsert
+from jobspool.projection.lance import ProjectionStore
+
+uri, options = sys.argv[1], json.loads(sys.argv[2])
+me, rounds, go = int(sys.argv[3]), int(sys.argv[4]), Path(sys.argv[5])
+store = ProjectionStore(uri, storage_options=options)
+store.open("shared")  # import lancedb, pass the endpoint check and connect before the start line
+Path(f"{go}.ready{me}").touch()
+while not go.exists():
+    time.sleep(0.005)
+for r in range(rounds):
+    writes = [make_upsert(f"p{me}-r{r}-i{i}", "shared", {"id": f"k{r}-{i}", "by": me},
+                          float(r * 10 + (i + me) % 3), 1000 * r + 10 * i + me) for i in range(6)]
+    for _ in range(30):
+        result = store.apply(writes)
+        assert not result.rejected, result.rejected
+        if not result.failed:
+            break
+    else:
+        raise SystemExit(f"process {me}: round {r} kept failing: {result.failed}")
+"""
+
+PROCS, ROUNDS = (1, 2, 3), 6
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_three_processes_writing_overlapping_keys_on_s3_keep_the_highest_version(
+    s3_server: S3Server, tmp_path: Path
+) -> None:
+    uri, options = s3_server.uri("race"), s3_server.options()
+    assert ProjectionStore(uri, storage_options=options).apply(
+        [make_upsert("init", "shared", {"id": "init", "by": 0}, 0.0, 0)]).ok
+    go = tmp_path / "go"
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, uri, json.dumps(options), str(me), str(ROUNDS),
+                               str(go)], cwd=ROOT, env=cli_env(PYTHONPATH=str(ROOT)),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for me in PROCS]
+    try:
+        wait_until(lambda: all((tmp_path / f"go.ready{me}").exists() or procs[me - 1].poll() is not None
+                               for me in PROCS), "the writers to get ready")
+        go.touch()
+        outputs = [p.communicate(timeout=200) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for p, (_out, err) in zip(procs, outputs, strict=True):
+        assert p.returncode == 0, err[-2000:]
+    want: dict[str, tuple[float, int]] = {}
+    for me in PROCS:
+        for r in range(ROUNDS):
+            for i in range(6):
+                cand = (float(r * 10 + (i + me) % 3), 1000 * r + 10 * i + me)
+                want[f"k{r}-{i}"] = max(want.get(f"k{r}-{i}", cand), cand)
+    raw = ProjectionStore(uri, storage_options=options).open("shared")
+    assert raw is not None
+    rows = raw.search().where(LIVE_FILTER).limit(None).to_arrow().to_pylist()
+    keys = [r["id"] for r in rows]
+    assert len(keys) == len(set(keys)), "a key was inserted twice"
+    assert {r["id"]: (r["version"], r["fence"]) for r in rows if r["id"] != "init"} == want
