@@ -5,7 +5,7 @@
 Starts its own throwaway PostgreSQL (tools/pg-tmp.sh; fsync and synchronous_commit on)
 unless `--url` names a server, where it (re)creates databases named bench_*. One database
 per queue, same server, same run. Rounds are interleaved (every queue once per round, the
-first one rotating); before each timed measurement the database is vacuumed and the
+first one rotating); before each timed measurement the database gets VACUUM ANALYZE and the
 server checkpointed (untimed), so leftovers of one measurement are not charged to the
 next; each measurement runs in a fresh child process. Every figure is the median of the
 rounds and every ratio the median of per-round ratios: the machine is shared and
@@ -23,7 +23,9 @@ Measured per round (`--jobs` N jobs each, payload {"i": n, "pad": 512 bytes}):
   (10) and each of `--pgq-batches`; "best" is the batch size with the best median.
 - idle pickup of jobspool's worker (LISTEN/NOTIFY): a worker idles in `run_forever` in a
   child process; the producer enqueues one job at a time after a random 10-50 ms gap,
-  carrying its send time; the handler records when it starts. p50/p95 over all rounds.
+  carrying its send time; the handler records when it starts. p50/p95 over all rounds,
+  from before the enqueue call and from its return. The same for the minimal queue
+  (INSERT + NOTIFY; a LISTEN connection, claim when notified) as the reference.
 With `--big`: dead tuples (pg_stat_user_tables) of jobspool's tables sampled during a
 100k-job run (a `run_forever` worker draining while a producer enqueues one per call).
 Results: printed, and written to bench/results/pg-<date>-<time>.{json,md}.
@@ -55,7 +57,8 @@ from bench.pg_report import render  # noqa: E402
 
 CTX = mp.get_context("spawn")
 DBS = {"minimal": "bench_minimal", "jobspool": "bench_jobspool", "pgqueuer": "bench_pgqueuer",
-       "pickup": "bench_pickup", "big": "bench_big"}
+       "pickup_jobspool": "bench_pickup_jobspool", "pickup_minimal": "bench_pickup_minimal",
+       "big": "bench_big"}
 PGQ_DEFAULT = 10  # QueueManager.run(batch_size=10)
 
 
@@ -91,13 +94,30 @@ class Bench:
     def fresh_db(self, which: str) -> str:
         _sql(self.base, f"DROP DATABASE IF EXISTS {DBS[which]} WITH (FORCE)",
              f"CREATE DATABASE {DBS[which]}")
+        if self.a.statements:
+            _sql(self.url(which), "CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         return self.url(which)
+
+    def statements(self, which: str, top: int = 8) -> list[list[Any]]:
+        """The statements that took the server's time in one database (all rounds, untimed
+        fills included): calls, total ms, mean ms, rows, the statement's start."""
+        rows = _sql(self.url(which), f"""
+            SELECT calls, round(total_exec_time::numeric, 1)::float8,
+                   round(mean_exec_time::numeric, 3)::float8, rows,
+                   left(regexp_replace(query, '\\s+', ' ', 'g'), 100)
+            FROM pg_stat_statements
+            WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+              AND query !~* '^(VACUUM|CHECKPOINT|CREATE|DROP|SELECT pg_stat)'
+            ORDER BY total_exec_time DESC LIMIT {top}""")[0]
+        return [list(r) for r in rows]
 
     def settle(self, which: str) -> None:
         """Untimed: vacuum the queue's database and checkpoint, so no measurement pays for
         the previous one's dead rows or dirty buffers."""
         if not self.a.no_settle:
-            _sql(self.url(which), "VACUUM", "CHECKPOINT")
+            # ANALYZE too: a queue in service has column statistics (autovacuum), and
+            # without them a planner may choose a depth-dependent claim plan.
+            _sql(self.url(which), "VACUUM" if self.a.no_analyze else "VACUUM ANALYZE", "CHECKPOINT")
 
     def add(self, key: str, value: Any) -> None:
         self.raw.setdefault(key, []).append(value)
@@ -165,16 +185,20 @@ class Bench:
         extra = [int(x) for x in self.a.pgq_batches.split(",") if x.strip()]
         return [PGQ_DEFAULT, *[x for x in extra if x != PGQ_DEFAULT]]
 
-    def pickup(self, seed: int) -> None:
-        u = self.url("pickup")
+    def pickup(self, which: str, seed: int) -> None:
+        """Idle pickup: a worker child idles; this process enqueues one job at a time."""
+        worker, produce = {"jobspool": (js.pickup_worker, js.pickup_produce),
+                           "minimal": (peers.minimal_pickup_worker,
+                                       peers.minimal_pickup_produce)}[which]
+        u = self.url(f"pickup_{which}")
         samples, ready, stop = CTX.Queue(), CTX.Event(), CTX.Event()
-        p = CTX.Process(target=js.pickup_worker, args=(u, samples, ready, stop, self.a.batch))
+        p = CTX.Process(target=worker, args=(u, samples, ready, stop, self.a.batch))
         p.start()
         try:
             if not ready.wait(60):
-                raise SystemExit("bench/pg.py: error: the pickup worker did not start")
-            js.pickup_produce(u, 3, (0.05, 0.05), samples, seed)  # warm: connections, LISTEN
-            self.add("pickup.ms", js.pickup_produce(u, self.a.pickup, (0.01, 0.05), samples, seed))
+                raise RuntimeError(f"the {which} pickup worker did not start")
+            produce(u, 3, (0.05, 0.05), samples, seed)  # warm: connections, LISTEN, prepares
+            self.add(f"pickup.{which}", produce(u, self.a.pickup, (0.01, 0.05), samples, seed))
         finally:
             stop.set()
             p.join(30)
@@ -273,23 +297,27 @@ def run(args: argparse.Namespace, base: str) -> dict[str, Any]:
         if b.measure(None, setups[q], b.fresh_db(q)) is None and b.notes and b.notes[-1].startswith(
                 setups[q].__name__):
             queues.remove(q)
-    if "jobspool" in queues and args.pickup:
-        b.measure(None, js.setup, b.fresh_db("pickup"))
+    pickers = [q for q in ("jobspool", "minimal") if q in queues and args.pickup]
+    for q in pickers:
+        b.measure(None, setups[q], b.fresh_db(f"pickup_{q}"))
     for r in range(args.rounds):
         order = queues[r % len(queues):] + queues[:r % len(queues)] if queues else []
         t = time.perf_counter()
         for q in order:
             getattr(b, q)()
-        if "jobspool" in queues and args.pickup:
+        for q in pickers[r % len(pickers):] + pickers[:r % len(pickers)] if pickers else []:
             try:
-                b.pickup(seed=r)
+                b.pickup(q, seed=r)
             except Exception as e:
-                b.notes.append(f"pickup round {r + 1}: failed: {type(e).__name__}: {e}")
+                b.notes.append(f"pickup {q} round {r + 1}: failed: {type(e).__name__}: {e}")
                 print(f"bench/pg.py: {b.notes[-1]}", file=sys.stderr)
+                b.add(f"pickup.{q}", None)
         print(f"round {r + 1}/{args.rounds} done in {time.perf_counter() - t:.0f} s "
               f"({', '.join(order)})", file=sys.stderr)
     result: dict[str, Any] = {"config": vars(args), "raw": b.raw, "notes": b.notes,
                               "pgq_batches": b.pgq_batches() if "pgqueuer" in queues else []}
+    if args.statements:
+        result["statements"] = {q: b.statements(q) for q in queues}
     if args.big and "jobspool" in queues:
         print(f"big run: {args.big_jobs} jobs ...", file=sys.stderr)
         result["big"] = _big(b)
@@ -312,12 +340,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--url", help="an existing server (its bench_* databases are recreated)")
     p.add_argument("--server-opts", default="", help="extra -c flags for the throwaway server")
     p.add_argument("--no-settle", action="store_true", help="skip VACUUM+CHECKPOINT between runs")
+    p.add_argument("--no-analyze", action="store_true",
+                   help="VACUUM without ANALYZE between runs (tables without column statistics)")
+    p.add_argument("--statements", action="store_true",
+                   help="load pg_stat_statements and report where each database's server time went")
     p.add_argument("--out", help="results path without suffix (default bench/results/pg-<time>)")
     args = p.parse_args(argv)
     for name in ("jobs", "rounds", "batch"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
-    server = None if args.url else pg_server.start(args.server_opts)
+    opts = args.server_opts
+    if args.statements:
+        opts += " -c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=top"
+    server = None if args.url else pg_server.start(opts)
     base = args.url or (server.url if server else "")
     try:
         versions = _versions(base)

@@ -106,25 +106,27 @@ def pickup_worker(url: str, samples: Any, ready: Any, stop: Any, batch: int) -> 
 
 
 def pickup_produce(url: str, count: int, gap: tuple[float, float], samples: Any,
-                   seed: int) -> list[float]:
-    """Enqueue `count` jobs one at a time, each after a random idle gap; pickup delays in ms.
+                   seed: int) -> list[tuple[float, float]]:
+    """Enqueue `count` jobs one at a time, each after a random idle gap; per job the pickup
+    delay in ms measured from before `enqueue` was called, and from its return.
 
-    The clock is read just before `enqueue` is called: a delay includes the enqueue's
-    own commit, the NOTIFY, the wakeup, the claim and the dispatch to the handler.
+    The first includes the enqueue's own commit (an fsync), the NOTIFY, the wakeup, the
+    claim and the dispatch to the handler; the second leaves out the enqueue call.
     """
     import random
 
     from jobspool import Spool
 
     rng = random.Random(seed)
-    out: list[float] = []
+    out: list[tuple[float, float]] = []
     with Spool(url) as spool:
         for _ in range(count):
             time.sleep(rng.uniform(*gap))
             sent = time.clock_gettime(time.CLOCK_MONOTONIC)
             spool.enqueue("pickup", {"sent": sent})
+            back = time.clock_gettime(time.CLOCK_MONOTONIC)
             s, got = samples.get(timeout=30)
-            out.append((got - s) * 1000)
+            out.append(((got - s) * 1000, (got - back) * 1000))
     return out
 
 

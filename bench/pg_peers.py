@@ -130,6 +130,45 @@ def minimal_consume(url: str, n: int, batch: int, lease: float = 600.0) -> dict[
     return {"rate": done / dt, "done": done, "lost": lost, "expected": n}
 
 
+def minimal_pickup_worker(url: str, samples: Any, ready: Any, stop: Any, batch: int) -> None:
+    """The minimal queue's idle worker: LISTEN on its own connection, claim on another when
+    notified (or every 0.25 s), then the handler records its start (CLOCK_MONOTONIC)."""
+    with _connect(url) as listen, _connect(url) as work:
+        listen.execute("LISTEN mq_jobs")
+        owner = f"pickup-{uuid.uuid4().hex[:8]}"
+        ready.set()
+        while not stop.is_set():
+            rows = work.execute(CLAIM, (batch, owner, 600.0), prepare=True).fetchall()
+            if not rows:
+                for _ in listen.notifies(timeout=0.25, stop_after=1):
+                    pass
+                continue
+            for _id, _token, _kind, body in rows:
+                samples.put((body["sent"], time.clock_gettime(time.CLOCK_MONOTONIC)))
+            work.execute(COMPLETE, ([r[0] for r in rows], [r[1] for r in rows],
+                                    ["null"] * len(rows)), prepare=True)
+
+
+def minimal_pickup_produce(url: str, count: int, gap: tuple[float, float], samples: Any,
+                           seed: int) -> list[tuple[float, float]]:
+    """Enqueue (INSERT + NOTIFY) one job at a time after random gaps; per job the pickup
+    delay in ms from before the call, and from its return."""
+    import random
+
+    rng = random.Random(seed)
+    out: list[tuple[float, float]] = []
+    with _connect(url) as conn:
+        for _ in range(count):
+            time.sleep(rng.uniform(*gap))
+            sent = time.clock_gettime(time.CLOCK_MONOTONIC)
+            conn.execute(ENQUEUE_NOTIFY, (uuid.uuid4().hex, "pickup", json.dumps({"sent": sent})),
+                         prepare=True)
+            back = time.clock_gettime(time.CLOCK_MONOTONIC)
+            s, got = samples.get(timeout=30)
+            out.append(((got - s) * 1000, (got - back) * 1000))
+    return out
+
+
 # ------------------------------------------------------------------ pgqueuer
 
 
