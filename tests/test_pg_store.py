@@ -131,3 +131,23 @@ def test_migrate_refuses_a_target_that_is_not_a_url(tmp_path: Path) -> None:
     Spool(tmp_path / "s").close()
     out = _cli("--root", str(tmp_path / "s"), "migrate", "--to", str(tmp_path / "t"))
     assert out.returncode == 1 and "not a postgresql:// URL" in out.stderr
+
+
+def test_backpressure_refuses_enqueues_over_max_due_and_writes_nothing(pg_url: str) -> None:
+    from jobspool.errors import Backpressure
+
+    with Spool(pg_url, max_due=3) as spool:
+        spool.enqueue_many("note", [1, 2, 3])
+        with pytest.raises(Backpressure, match="max_due=3"):
+            spool.enqueue("note", 4)
+        with pytest.raises(Backpressure):
+            spool.enqueue("note", 5, job_id="given")
+        assert spool.stats().counts["ready"] == 3
+        with pytest.raises(Exception, match="given"):
+            spool.get("given")
+        # An idempotent re-enqueue of a job already there adds nothing: never refused.
+        first = next(spool.jobs(state="ready"))
+        assert spool.enqueue_result("note", 1, job_id=first.id).outcome == "existing"
+        for lease in spool.claim(limit=3):
+            spool.complete(lease)
+        assert spool.enqueue("note", 6).state is JobState.READY

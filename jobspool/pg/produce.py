@@ -82,6 +82,10 @@ def insert_given(spool: PgSpool, fresh: list[Job], *, on_conflict: str,
                     result = EnqueueResult(new, outcome)
                 seen[job.id] = result
                 out.append(result)
+            # Backpressure counts only what this call adds to the backlog: an idempotent
+            # re-enqueue is never refused. Raising here rolls the whole batch back.
+            spool.admit(sum(1 for r in out if r.outcome == "created"
+                            or (r.outcome != "existing" and existing[r.job.id].terminal)))
             if any(r.outcome != "existing" and r.job.state in (JobState.READY, JobState.RETRYABLE)
                    for r in out):
                 conn.execute("SELECT pg_notify(%s, '')", (spool.channel,))

@@ -236,6 +236,23 @@ class PgSpool:
         except SpoolError as exc:
             log.warning("automatic pruning failed (will retry later): %s", exc)
 
+    def admit(self, n: int) -> None:
+        """Writer backpressure (off unless `max_due`/`max_lag_seconds` are set): the same
+        rule and hysteresis as the file spool's (`queue/backpressure.py`), measured here as
+        a count of ready rows and the oldest one's `run_at`."""
+        if n == 0 or (self.max_due is None and self.max_lag_seconds is None):
+            return
+        from jobspool.queue.backpressure import Backlog, admit
+
+        def measure() -> Backlog:
+            row = self.db.run(lambda c: c.execute(
+                "SELECT count(*), min(run_at) FROM jobspool_jobs WHERE state = 'ready'"
+            ).fetchone(), what="measuring the backlog")
+            due, oldest = (int(row[0]), row[1]) if row else (0, None)
+            return Backlog(due=due, oldest_run_at=oldest, measured_at=self.now())
+
+        admit(self, n, measure)
+
     def _ids_for(self, n: int, job_ids: Sequence[str | None] | None) -> list[str]:
         if job_ids is None:
             return [new_job_id() for _ in range(n)]
@@ -313,6 +330,7 @@ class PgSpool:
         if not fresh:
             return []
         if job_ids is None or all(i is None for i in job_ids):
+            self.admit(len(fresh))
             inserted = produce.insert_fresh(self, fresh)
             missing = [j for j in fresh if j.id not in inserted]
             if not missing:

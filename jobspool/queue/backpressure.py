@@ -43,8 +43,9 @@ from __future__ import annotations
 
 import os
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from jobspool.errors import Backpressure
 from jobspool.queue.states import JobState
@@ -75,7 +76,7 @@ class _State:
     admitted_since: int = 0  # jobs this process admitted since `backlog` was measured
 
 
-_STATES: weakref.WeakKeyDictionary[Spool, _State] = weakref.WeakKeyDictionary()
+_STATES: weakref.WeakKeyDictionary[Any, _State] = weakref.WeakKeyDictionary()
 
 
 def measure(spool: Spool) -> Backlog:
@@ -92,7 +93,19 @@ def measure(spool: Spool) -> Backlog:
     return Backlog(due=len(names), oldest_run_at=oldest, measured_at=now)
 
 
-def _over(spool: Spool, backlog: Backlog, n: int, now: float) -> tuple[str, float, float] | None:
+class Limited(Protocol):
+    """What admission needs of a spool (either store): its limits and its clock."""
+
+    @property
+    def max_due(self) -> int | None: ...
+
+    @property
+    def max_lag_seconds(self) -> float | None: ...
+
+    def now(self) -> float: ...
+
+
+def _over(spool: Limited, backlog: Backlog, n: int, now: float) -> tuple[str, float, float] | None:
     """The limit the admission of `n` jobs would break, as (name, value, limit), or None."""
     if spool.max_due is not None and backlog.due > 0 and backlog.due + n > spool.max_due:
         return ("max_due", float(backlog.due), float(spool.max_due))
@@ -102,7 +115,7 @@ def _over(spool: Spool, backlog: Backlog, n: int, now: float) -> tuple[str, floa
     return None
 
 
-def _still_high(spool: Spool, backlog: Backlog, now: float) -> tuple[str, float, float] | None:
+def _still_high(spool: Limited, backlog: Backlog, now: float) -> tuple[str, float, float] | None:
     """While refusing: the limit whose half the backlog has not yet dropped under, or None."""
     if spool.max_due is not None and backlog.due >= spool.max_due / 2:
         return ("max_due", float(backlog.due), float(spool.max_due))
@@ -128,12 +141,18 @@ def _refuse(limit: tuple[str, float, float], *, releasing: bool) -> Backpressure
                         limit=name, value=value)
 
 
-def admit(spool: Spool, n: int) -> None:
+def admit(spool: Any, n: int, measure_fn: Callable[[], Backlog] | None = None) -> None:
     """Admit `n` new jobs or raise `Backpressure`.
 
     Call under the spool lock, before writing. Whether this spool object is
     refusing already is kept here, per spool (see the module docstring).
+    `measure_fn` measures the backlog of a store other than the file spool
+    (the PostgreSQL store counts its rows).
     """
+    if measure_fn is None:
+        def measure_fn() -> Backlog:
+            return measure(spool)
+
     st = _STATES.get(spool)
     if st is None:
         st = _STATES[spool] = _State()
@@ -142,7 +161,7 @@ def admit(spool: Spool, n: int) -> None:
     fresh = False
     if on or st.backlog is None or now - st.backlog.measured_at >= CACHE_SECONDS or \
             now < st.backlog.measured_at:
-        st.backlog, st.admitted_since, fresh = measure(spool), 0, True
+        st.backlog, st.admitted_since, fresh = measure_fn(), 0, True
     backlog = st.backlog
     estimate = Backlog(backlog.due + st.admitted_since, backlog.oldest_run_at, backlog.measured_at)
     if on:
@@ -153,7 +172,7 @@ def admit(spool: Spool, n: int) -> None:
     limit = _over(spool, estimate, n, now)
     if limit is not None and not fresh:
         # Never refuse on a cached figure: others may have drained the queue since.
-        st.backlog, st.admitted_since = measure(spool), 0
+        st.backlog, st.admitted_since = measure_fn(), 0
         limit = _over(spool, st.backlog, n, now)
     if limit is not None:
         st.on = True
@@ -162,7 +181,7 @@ def admit(spool: Spool, n: int) -> None:
     st.admitted_since += n
 
 
-def is_on(spool: Spool) -> bool:
+def is_on(spool: Any) -> bool:
     """Whether this spool object is currently refusing enqueues (for stats and tests)."""
     st = _STATES.get(spool)
     return st is not None and st.on
