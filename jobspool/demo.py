@@ -124,7 +124,7 @@ def run_demo(*, root: str | None, jobs: int, workers: int, as_json: bool) -> int
         dead = list(spool.jobs(state="dead_letter"))
         flaky = [j for j in spool.jobs(state="completed") if j.attempts > 1]
         from jobspool.projection.lance import LanceProjection
-        from jobspool.queue.worker import default_projection_uri
+        from jobspool.queue.layout import default_projection_uri
 
         uri = default_projection_uri(base)
         table = LanceProjection(uri, TABLE)

@@ -133,8 +133,10 @@ def _plural(n: int, word: str) -> str:
 
 def default_projection(spool: Spool) -> str | None:
     """`<root>/index` when that directory exists (where a worker projects by default)."""
-    path = Path(spool.root) / "index"
-    return str(path) if path.is_dir() else None
+    from jobspool.queue.layout import default_projection_uri
+
+    path = default_projection_uri(spool.root)
+    return path if os.path.isdir(path) else None
 
 
 def check_health(

@@ -398,7 +398,7 @@ def cmd_fsck(args: argparse.Namespace) -> int:
 def _projection_uri(args: argparse.Namespace, spool: Any) -> tuple[str, dict[str, str] | None]:
     """The projection a command works on: its URI and its storage options."""
     from jobspool.cli.objectstore import storage_options
-    from jobspool.queue.worker import default_projection_uri
+    from jobspool.queue.layout import default_projection_uri
 
     app = _load_app(getattr(args, "app", None))
     uri = str(args.projection or (app.projection if app and app.projection else None)

@@ -34,6 +34,15 @@ from jobspool.queue.store import LIVE_DIR, POOL_DIR, TMP_DIR, write_atomic
 SPOOL_FORMAT = 1
 SPOOL_FILE = "spool.json"
 QUARANTINE_DIR = "quarantine"
+INDEX_DIR = "index"  # where a worker with no projection configured keeps its LanceDB tables
+# Jobs per lock hold in administration (recover, prune, fsck): bounds how long a live
+# worker waits behind it.
+ADMIN_BATCH = 256
+
+
+def default_projection_uri(root: os.PathLike[str] | str) -> str:
+    """The default projection of a spool: `<root>/index`."""
+    return str(Path(root) / INDEX_DIR)
 SUBDIRS: tuple[str, ...] = (*(s.value for s in ALL_STATES), TMP_DIR, POOL_DIR, LIVE_DIR,
                             QUARANTINE_DIR)
 

@@ -16,7 +16,6 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -27,6 +26,7 @@ from jobspool.errors import WorkerCrashed as WorkerCrashed
 from jobspool.policy import Policy, check_policies
 from jobspool.queue.context import Context as Context
 from jobspool.queue.job import Job, validate_int, validate_kind, validate_seconds
+from jobspool.queue.layout import default_projection_uri
 from jobspool.queue.machine import RetryPolicy
 from jobspool.queue.pipeline import Pipeline
 from jobspool.queue.report import Counters, FinishedRun
@@ -464,7 +464,4 @@ def _in_event_loop() -> bool:
     return True
 
 
-def default_projection_uri(root: Path) -> str:
-    """Where a worker with no projection configured keeps its LanceDB tables: `<root>/index`."""
-    return str(Path(root) / "index")
 

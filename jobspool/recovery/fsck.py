@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from jobspool.queue.fence import FENCE_FILE, decode_fence
+from jobspool.queue.layout import ADMIN_BATCH as BATCH
 from jobspool.queue.states import ALL_STATES, TERMINAL, JobState
 from jobspool.queue.store import JOB_SUFFIX, TMP_DIR, stray_tmp_files
 from jobspool.recovery.quarantine import confirm, quarantined_files
@@ -28,7 +29,6 @@ from jobspool.recovery.scan import Scan, probe, scan_spool
 if TYPE_CHECKING:
     from jobspool.queue.spool import Spool
 
-BATCH = 256
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from jobspool.queue.job import validate_int, validate_seconds
+from jobspool.queue.layout import ADMIN_BATCH as BATCH
 from jobspool.queue.states import ALL_STATES, JobState
 from jobspool.queue.store import JOB_SUFFIX, Change
 from jobspool.recovery.scan import Bad, Entry, Scan, entry_of, read_job, scan_state
@@ -51,7 +52,6 @@ log = logging.getLogger(__name__)
 
 TERMINAL_ORDER: tuple[JobState, ...] = (JobState.COMPLETED, JobState.DEAD_LETTER,
                                         JobState.CANCELED)
-BATCH = 256
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 from jobspool.queue import liveness, machine
 from jobspool.queue import store as store_mod
 from jobspool.queue.fence import FENCE_FILE, decode_fence, encode_fence
+from jobspool.queue.layout import ADMIN_BATCH as BATCH
 from jobspool.queue.states import CLAIMABLE, JobState
 from jobspool.queue.store import JOB_SUFFIX, TMP_DIR, Change
 from jobspool.recovery.prune import prune
@@ -65,7 +66,6 @@ __all__ = ["BATCH", "RecoveryReport", "ReplayHook", "ReplayHooks", "recover"]
 
 log = logging.getLogger(__name__)
 
-BATCH = 256  # jobs per lock hold: bounds how long a live worker waits behind recovery
 HOOK_BATCH = 64  # replay verdicts gathered (outside the lock) per lock hold
 # `.spool.json.<pid>.tmp` is written outside the lock when a spool is created: only an old
 # one is surely abandoned.
