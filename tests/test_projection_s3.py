@@ -349,6 +349,40 @@ def test_maintenance_of_an_s3_projection_runs_within_its_budget(s3_server: S3Ser
     assert store.table("a").count() == 4
 
 
+def test_a_slow_call_on_s3_is_cut_off_at_the_budget_and_the_next_run_resumes_there(
+    s3_server: S3Server, monkeypatch: Any
+) -> None:
+    import jobspool.projection.maintenance as maint
+    from jobspool.projection.maintenance_state import read_maintenance_state
+
+    uri = s3_server.uri("slowmaint")
+    store = ProjectionStore(uri, storage_options=s3_server.options())
+    assert store.apply([make_upsert(f"j{t}", t, {"id": "k"}, None, 1) for t in ("a", "b")]).ok
+    release, entered = threading.Event(), threading.Event()
+    real = maint._optimize  # noqa: SLF001 - the seam maintenance calls LanceDB through
+
+    def stuck(tbl: Any, cleanup: Any) -> None:
+        entered.set()
+        release.wait(120)  # a compaction on a slow object store
+        real(tbl, cleanup)
+
+    monkeypatch.setattr(maint, "_optimize", stuck)
+    try:
+        # call_timeout far beyond the test's own timeout: only the budget can end this run.
+        report = maint.maintain(store, budget_seconds=1.0, call_timeout=10_000.0)
+        assert entered.is_set()
+        assert [(t.table, t.outcome, t.reason) for t in report.tables] == [
+            ("a", "deferred", "budget exhausted"), ("b", "deferred", "budget exhausted")]
+        assert read_maintenance_state(uri)["resume_at"] == "a"  # kept in memory for s3://
+        busy = maint.maintain(store, tables=["a"], budget_seconds=60.0)
+        assert busy.tables[0].outcome == "skipped"  # the cut-off call still runs
+    finally:
+        release.set()
+    monkeypatch.setattr(maint, "_optimize", real)
+    wait_until(lambda: maint.maintain(store, tables=["a"]).tables[0].outcome == "optimized",
+               "the abandoned call to finish")
+
+
 # --- three processes, overlapping keys, one table on s3
 
 

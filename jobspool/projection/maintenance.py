@@ -25,7 +25,10 @@ A run is bounded: it stops starting work once `budget_seconds` are spent
 (remaining tables are `deferred`, `resume_at` names where the next run
 starts), stops between steps when `cancel` is set, and cuts off any single
 LanceDB call after `call_timeout` seconds (the call is left to finish in a
-background thread and the table is `skipped` until it does). A lost commit
+background thread and the table is `skipped` until it does). On object
+storage, where one call can be slow, a call is also cut off when the
+budget runs out (the table is `deferred`, "budget exhausted"), so a run
+returns about when its budget says. A lost commit
 race with a writer is benign: the table is `deferred`, not `failed`. One
 table failing never stops the others.
 
@@ -64,6 +67,7 @@ from jobspool.projection.maintenance_state import (
     read_maintenance_state,
     state_path,
 )
+from jobspool.projection.objectstore import is_object_store
 
 log = logging.getLogger("jobspool.projection.maintenance")
 T = TypeVar("T")
@@ -113,12 +117,22 @@ class _Run:
     wall: float
     state: dict[str, Any] = field(default_factory=dict)
 
+    def call_limit(self) -> float:
+        """How long the next LanceDB call may take: on object storage, no longer than the budget."""
+        if not is_object_store(self.store.uri):
+            return self.call_timeout
+        return min(self.call_timeout, max(self.deadline - self.clock(), 0.1))
+
     def stop_reason(self) -> str | None:
         if self.cancel is not None and self.cancel.is_set():
             return "canceled"
         if self.clock() >= self.deadline:
             return "budget exhausted"
         return None
+
+
+class _BudgetSpent(Exception):
+    """A call on object storage outlived the run's budget (it keeps running in its thread)."""
 
 
 def _ordered(names: Sequence[str], resume_at: str | None) -> list[str]:
@@ -145,6 +159,7 @@ def maintain(
     call_timeout: float = 300.0,
     clock: Callable[[], float] = time.monotonic,
     wall_clock: Callable[[], float] = time.time,
+    storage_options: dict[str, str] | None = None,
 ) -> MaintenanceReport:
     """Maintain the projected tables of a database, within a time budget.
 
@@ -155,13 +170,15 @@ def maintain(
     race; with the reason), `skipped` (absent, unchanged since the last run,
     or a previous call still running) or `failed` (with the error).
     Never raises for a table's failure; raises only when the database
-    itself cannot be listed.
+    itself cannot be listed. `storage_options` reach an object store when
+    a URI is given (a store brings its own).
     """
     if cleanup_older_than <= timedelta(0):
         raise ValueError("cleanup_older_than must be positive: 0 breaks concurrent readers")
     started = clock()
     store = (
-        uri_or_store if isinstance(uri_or_store, ProjectionStore) else ProjectionStore(uri_or_store, key=key)
+        uri_or_store if isinstance(uri_or_store, ProjectionStore)
+        else ProjectionStore(uri_or_store, key=key, storage_options=storage_options)
     )
     state = read_maintenance_state(store.uri) if store.uri is not None else {"tables": {}}
     names = list(tables) if tables is not None else store.table_names()
@@ -217,7 +234,13 @@ def _maintain_table(run: _Run, name: str) -> TableOutcome:
     indexed = False
 
     def call(fn: Callable[[], T]) -> T:
-        return _call_with_deadline(fn, run.call_timeout, slot)
+        limit = run.call_limit()
+        try:
+            return _call_with_deadline(fn, limit, slot)
+        except CallTimedOut:
+            if limit < run.call_timeout:
+                raise _BudgetSpent from None
+            raise
 
     def write(fn: Callable[[], T]) -> T:
         # Keep this process's merges off the table while maintenance commits,
@@ -282,6 +305,8 @@ def _maintain_table(run: _Run, name: str) -> TableOutcome:
         if indexed:
             parts.append(f"indexed {key!r}")
         return done("optimized", "; ".join(parts), after)
+    except _BudgetSpent:  # the call goes on in its thread; the table is skipped until it ends
+        return done("deferred", "budget exhausted")
     except CallTimedOut as exc:
         return done("failed", str(exc))
     except Exception as exc:

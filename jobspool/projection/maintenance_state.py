@@ -1,6 +1,8 @@
 """The maintenance records: what a run did per table, and the state file health reads.
 
-`<uri>/.jobspool-maintenance.json` (local URIs only) keeps, per table, the
+`<uri>/.jobspool-maintenance.json` (local URIs; object storage keeps it in
+this process's memory, so a long-lived worker still resumes where its last
+run stopped) keeps, per table, the
 outcome of the last run, the time of the first attempt and of the last
 success, and the count of consecutive failures, plus where the next run
 resumes. `jobspool health` reads it (`read_maintenance_state`) without
@@ -9,9 +11,11 @@ loading LanceDB or pyarrow; `maintain` writes it after every run.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
+import threading
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,6 +29,9 @@ Outcome = Literal["optimized", "deferred", "skipped", "failed"]
 STATE_FILE = ".jobspool-maintenance.json"
 STATE_LOCK = ".jobspool-maintenance.lock"
 STATE_FORMAT = 1
+# The state of object-storage projections (no local file to keep it in), by URI.
+_MEMORY: dict[str, dict[str, Any]] = {}
+_MEMORY_LOCK = threading.Lock()
 
 
 # --- reports
@@ -108,7 +115,8 @@ def read_maintenance_state(uri: str | os.PathLike[str]) -> dict[str, Any]:
     path = state_path(os.fspath(uri))
     empty: dict[str, Any] = {"format": STATE_FORMAT, "tables": {}, "resume_at": None}
     if path is None:
-        return empty
+        with _MEMORY_LOCK:
+            return copy.deepcopy(_MEMORY.get(os.fspath(uri), empty))
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -129,6 +137,10 @@ def _save_state(
 ) -> None:
     path = state_path(uri)
     if path is None:
+        if uri is not None:
+            with _MEMORY_LOCK:
+                state = _MEMORY.setdefault(uri, {"format": STATE_FORMAT, "tables": {}, "resume_at": None})
+                _merge_state(state, outcomes, resume_at, now, touch_resume=touch_resume)
         return
     import portalocker
 
@@ -139,32 +151,37 @@ def _save_state(
         # it is replaced atomically but not fsynced.
         with portalocker.Lock(str(path.parent / STATE_LOCK), mode="a", timeout=10):
             state = read_maintenance_state(str(path.parent))
-            tables: dict[str, Any] = state["tables"]
-            for o in outcomes:
-                entry = tables.setdefault(
-                    o.table, {"last_success": None, "consecutive_failures": 0, "version_after": None}
-                )
-                # health measures staleness from here while nothing has succeeded
-                # yet; an entry from an older state file starts its clock now.
-                entry.setdefault("first_attempt", now)
-                entry["last_attempt"] = now
-                entry["last_outcome"] = o.outcome
-                entry["last_reason"] = o.reason
-                if o.outcome == "optimized":
-                    entry["last_success"] = now
-                    entry["consecutive_failures"] = 0
-                    entry["version_after"] = o.version_after
-                elif o.outcome == "failed":
-                    entry["consecutive_failures"] = int(entry.get("consecutive_failures", 0)) + 1
-            if touch_resume:
-                state["resume_at"] = resume_at
-            state["format"] = STATE_FORMAT
-            state["updated_at"] = now
+            _merge_state(state, outcomes, resume_at, now, touch_resume=touch_resume)
             tmp = path.with_name(f"{STATE_FILE}.{os.getpid()}.tmp")
             tmp.write_text(json.dumps(state, indent=1, sort_keys=True), encoding="utf-8")
             os.replace(tmp, path)
     except (OSError, portalocker.LockException) as exc:
         log.warning("could not save maintenance state to %s: %s", path, _one_line(exc))
+
+
+def _merge_state(state: dict[str, Any], outcomes: Sequence[TableOutcome], resume_at: str | None,
+                 now: float, *, touch_resume: bool) -> None:
+    tables: dict[str, Any] = state["tables"]
+    for o in outcomes:
+        entry = tables.setdefault(
+            o.table, {"last_success": None, "consecutive_failures": 0, "version_after": None}
+        )
+        # health measures staleness from here while nothing has succeeded
+        # yet; an entry from an older state file starts its clock now.
+        entry.setdefault("first_attempt", now)
+        entry["last_attempt"] = now
+        entry["last_outcome"] = o.outcome
+        entry["last_reason"] = o.reason
+        if o.outcome == "optimized":
+            entry["last_success"] = now
+            entry["consecutive_failures"] = 0
+            entry["version_after"] = o.version_after
+        elif o.outcome == "failed":
+            entry["consecutive_failures"] = int(entry.get("consecutive_failures", 0)) + 1
+    if touch_resume:
+        state["resume_at"] = resume_at
+    state["format"] = STATE_FORMAT
+    state["updated_at"] = now
 
 
 __all__ = [
