@@ -5,10 +5,28 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Mapping
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
 from jobspool.queue.job import Job, Lease
 from jobspool.queue.jobprogress import Progress, make_progress, remove_progress, write_progress
+
+OutcomeKind = Literal["complete", "retry", "error", "fail", "interrupted", "raised"]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How one run ended, as the pipeline settles it.
+
+    `complete` (value: the result), `retry` (a `Retry`), `fail` (the reason: dead letter
+    now), `error` (a mistake of the handler's or of the batch's projection commit: normal
+    backoff), `raised` (the handler's own exception: its kind's policy decides), and
+    `interrupted` (cut off by a shutdown).
+    """
+
+    kind: OutcomeKind
+    value: Any = None
+
 
 if TYPE_CHECKING:
     from jobspool.projection.handler import PendingWrite
@@ -33,7 +51,7 @@ class Context:
         self.job: Job = lease.job
         self.writes: list[PendingWrite] = []
         self.lost = False
-        self.outcome: tuple[str, Any] | None = None
+        self.outcome: Outcome | None = None
         self.settled = False
         # The run's runtime state, shared with the heartbeat thread (plain attribute writes).
         self.started = False  # the handler was called: a cut-off run counts as an attempt

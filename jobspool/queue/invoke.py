@@ -23,7 +23,7 @@ import anyio
 import anyio.to_thread
 
 from jobspool.errors import JobspoolError, LeaseLost, ProjectionError, TimeLimitExceeded
-from jobspool.queue.context import Context
+from jobspool.queue.context import Context, Outcome
 from jobspool.queue.job import validate_seconds
 from jobspool.queue.runtime import (
     Monitor,
@@ -63,26 +63,26 @@ async def invoke(ctx: Context, fn: Callable[..., Any], *, is_async: bool,
             if not is_async:
                 on_hung(ctx)
         else:
-            ctx.outcome = ("complete", result)
+            ctx.outcome = Outcome("complete", result)
     except Retry as r:
         try:
             if r.delay is not None:
                 validate_seconds("Retry(delay=...)", r.delay)
-            ctx.outcome = ("retry", r)
+            ctx.outcome = Outcome("retry", r)
         except JobspoolError as bad:
-            ctx.outcome = ("error", bad)  # the handler's mistake: normal backoff
+            ctx.outcome = Outcome("error", bad)  # the handler's mistake: normal backoff
     except Fail as f:
-        ctx.outcome = ("fail", f.reason)
+        ctx.outcome = Outcome("fail", f.reason)
     except ProjectionError as e:
         ctx.traceback = format_traceback(e)
-        ctx.outcome = ("fail", str(e))
+        ctx.outcome = Outcome("fail", str(e))
     except LeaseLost:
         ctx.lost = True
     except _Raised as carried:
         _handler_raised(ctx, carried.exc)
     except anyio.get_cancelled_exc_class() as exc:
         if cancel_requested():  # ours: shutdown past its grace, or the worker gave up
-            ctx.outcome = ("interrupted", None)
+            ctx.outcome = Outcome("interrupted", None)
             raise
         _handler_raised(ctx, exc)
     except BaseException as exc:  # SystemExit and KeyboardInterrupt included:
@@ -94,7 +94,7 @@ async def invoke(ctx: Context, fn: Callable[..., Any], *, is_async: bool,
 
 def _handler_raised(ctx: Context, exc: BaseException) -> None:
     ctx.traceback = format_traceback(exc)
-    ctx.outcome = ("raised", exc)
+    ctx.outcome = Outcome("raised", exc)
     log.warning("job %s (%s, token %d, attempt %d) failed: %s: %s\n%s", ctx.job_id,
                 ctx.job.kind, ctx.token, ctx.job.attempts, type(exc).__name__, exc,
                 ctx.traceback.rstrip("\n"),
@@ -107,7 +107,7 @@ def _timed_out(ctx: Context, timeout: float, *, sync: bool) -> None:
               "running" if sync else "the handler was cancelled")
     exc = TimeLimitExceeded(ctx.job_id, ctx.job.kind, timeout, detail)
     ctx.traceback = stack or format_traceback(exc)
-    ctx.outcome = ("raised", exc)
+    ctx.outcome = Outcome("raised", exc)
     ctx.hung = sync
     log.warning("job %s (%s, token %d) ran past its time limit of %g s: %s\n%s",
                 ctx.job_id, ctx.job.kind, ctx.token, timeout, detail,

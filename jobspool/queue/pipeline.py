@@ -31,7 +31,7 @@ import anyio
 import anyio.to_thread
 
 from jobspool.errors import JobspoolError, LeaseLost, TimeLimitExceeded, WriteFailed
-from jobspool.queue.context import Context
+from jobspool.queue.context import Context, Outcome
 from jobspool.queue.invoke import invoke
 from jobspool.queue.job import clip_error
 from jobspool.queue.machine import Failure
@@ -299,7 +299,7 @@ class Pipeline:
                          monitor=self.monitor, threads=self.threads, on_hung=self.w.note_hung)
         finally:
             self.w.note_end(ctx)
-        if ctx.outcome is not None and isinstance(ctx.outcome[1], TimeLimitExceeded):
+        if ctx.outcome is not None and isinstance(ctx.outcome.value, TimeLimitExceeded):
             self.counters.timed_out += 1
 
     async def _cut_off_after_grace(self) -> None:
@@ -314,7 +314,7 @@ class Pipeline:
     # ------------------------------------------------------------ settling
 
     async def _settle(self, group: list[Context]) -> None:
-        done = [c for c in group if c.outcome is not None and c.outcome[0] == "complete"
+        done = [c for c in group if c.outcome is not None and c.outcome.kind == "complete"
                 and not c.lost]
         if any(c.writes for c in done):
             # Drop the runs whose lease is gone before their writes reach a table: a
@@ -343,15 +343,15 @@ class Pipeline:
             log.warning("projection commit failed (%s: %s); retrying its %d jobs",
                         type(exc).__name__, exc, len(done))
             for c in done:
-                c.outcome = ("error", exc)
+                c.outcome = Outcome("error", exc)
             return
         by_id = {c.job_id: c for c in done}
         for job_id, err in result.rejected.items():
             if job_id in by_id:
-                by_id[job_id].outcome = ("fail", str(err))
+                by_id[job_id].outcome = Outcome("fail", str(err))
         for job_id, error in result.failed.items():
             if job_id in by_id:
-                by_id[job_id].outcome = ("error", error)
+                by_id[job_id].outcome = Outcome("error", error)
         self.counters.projected_rows += sum(result.tables.values())
         written = [t for t, n in result.tables.items() if n > 0]
         if written:
@@ -370,23 +370,23 @@ class Pipeline:
                 self._forget(c)
             elif c.outcome is None:
                 releases.append(c)
-            elif c.outcome[0] == "complete":
+            elif c.outcome.kind == "complete":
                 completes.append(c)
-            elif c.outcome[0] == "retry":
-                r: Retry = c.outcome[1]
+            elif c.outcome.kind == "retry":
+                r: Retry = c.outcome.value
                 fails.append((c, self._failure(c, f"Retry: {r.reason}"), True, r.delay))
-            elif c.outcome[0] == "fail":
-                fails.append((c, self._failure(c, c.outcome[1]), False, None))
-            elif c.outcome[0] == "interrupted":
+            elif c.outcome.kind == "fail":
+                fails.append((c, self._failure(c, c.outcome.value), False, None))
+            elif c.outcome.kind == "interrupted":
                 fails.append((c, self._failure(c, "interrupted: the worker shut down while "
                                                   "this job ran", interrupted=True), True, None))
-            elif c.outcome[0] == "raised":  # the handler's own exception: its policy decides
-                exc = c.outcome[1]
+            elif c.outcome.kind == "raised":  # the handler's own exception: its policy decides
+                exc = c.outcome.value
                 fails.append((c, self._failure(c, exc), self.w.retries(c.job.kind, exc), None))
             else:
-                fails.append((c, self._failure(c, c.outcome[1]), True, None))
+                fails.append((c, self._failure(c, c.outcome.value), True, None))
         if completes:
-            results = self.spool.complete_many([(c.lease, c.outcome[1]) for c in completes
+            results = self.spool.complete_many([(c.lease, c.outcome.value) for c in completes
                                                 if c.outcome is not None])
             for c, res in zip(completes, results, strict=True):
                 if isinstance(res, LeaseLost):
