@@ -69,35 +69,26 @@ def _child_env() -> dict[str, str]:
     return env
 
 
-def _refuse_busy_spool(base: Path) -> None:
-    """Refuse a spool that already holds jobs (`--root` or `JOBSPOOL_ROOT` naming a real one):
-    the demo's workers would run that spool's own `doc` jobs with the demo handler, and its
-    report would mix them with the demo's."""
-    from jobspool.errors import SpoolError
-    from jobspool.queue.states import ALL_STATES
-
-    for state in ALL_STATES:
-        try:
-            held = any(n.endswith(".json") for n in os.listdir(base / state.value))
-        except OSError:  # no such directory yet (a new spool), or not a spool at all
-            continue
-        if held:
-            raise SpoolError(f"spool {base} already holds jobs; the demo needs a new or empty "
-                             "one: give another --root, or leave --root and JOBSPOOL_ROOT unset "
-                             "for a temporary one", path=str(base))
-
-
 def run_demo(*, root: str | None, jobs: int, workers: int, as_json: bool) -> int:
+    from jobspool.pg import is_url
     from jobspool.queue.spool import Spool
 
-    base = Path(root) if root else Path(tempfile.mkdtemp(prefix="jobspool-demo-")) / "spool"
+    # A postgresql:// root runs the demo on that database (the projection then lives in
+    # the spool's local directory); otherwise a directory, temporary by default.
+    base: Path | str = (str(root) if is_url(root) else Path(root) if root
+                        else Path(tempfile.mkdtemp(prefix="jobspool-demo-")) / "spool")
     say = (lambda *_: None) if as_json else print
     started = time.monotonic()
-    _refuse_busy_spool(base)
     # keep_terminal above the batch: the final counts then show every job (by default a
     # spool keeps the newest 1,000 of each terminal state and prunes older ones).
     with Spool(base, durable=True, retry_base_seconds=0.2, retry_max_seconds=1.0,
                keep_terminal=max(1000, jobs + 100)) as spool:
+        if spool.stats().total:
+            from jobspool.errors import SpoolError
+
+            raise SpoolError(f"spool {getattr(spool, 'display', base)} already holds jobs; the "
+                             "demo needs a new or empty one: give another --root, or leave "
+                             "--root and JOBSPOOL_ROOT unset for a temporary one")
         docs = make_docs(jobs)
         t0 = time.monotonic()
         spool.enqueue_many("doc", docs)
@@ -126,7 +117,7 @@ def run_demo(*, root: str | None, jobs: int, workers: int, as_json: bool) -> int
         from jobspool.projection.lance import LanceProjection
         from jobspool.queue.layout import default_projection_uri
 
-        uri = default_projection_uri(base)
+        uri = default_projection_uri(spool.root)
         table = LanceProjection(uri, TABLE)
         rows = table.count()
         long_docs = table.count("words > 100")
@@ -164,6 +155,7 @@ def run_demo(*, root: str | None, jobs: int, workers: int, as_json: bool) -> int
         say(f"  get('doc-00042') -> title={sample['title']!r}, words={sample['words']}, "
             f"top_word={sample['top_word']!r}, version={sample.get('version')}, "
             f"fence={sample.get('fence')}")
-    say(f"job files: {base}/<state>/<id>.json   (try: jobspool --root {base} stats)")
+    if isinstance(base, Path):
+        say(f"job files: {base}/<state>/<id>.json   (try: jobspool --root {base} stats)")
     say(f"demo finished in {doc['seconds']} s")
     return 0
