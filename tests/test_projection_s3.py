@@ -451,3 +451,27 @@ def test_three_processes_writing_overlapping_keys_on_s3_keep_the_highest_version
     keys = [r["id"] for r in rows]
     assert len(keys) == len(set(keys)), "a key was inserted twice"
     assert {r["id"]: (r["version"], r["fence"]) for r in rows if r["id"] != "init"} == want
+
+
+# --- the options' way in: App, CLI flags, a pool's children
+
+
+def test_an_apps_storage_options_reach_its_worker_and_flags_override_them_key_by_key(tmp_path: Path) -> None:
+    from jobspool import App
+    from jobspool.cli.objectstore import storage_options
+    from jobspool.cli.parser import build_parser
+    from jobspool.cli.pool import _child_options
+
+    app = App(handlers={"note": _note}, projection="s3://b/p", storage_options={"aws_region": "a", "x": "1"})
+    with _spool(tmp_path / "spool") as spool:
+        assert Worker(spool, app).storage_options == {"aws_region": "a", "x": "1"}
+        assert Worker(spool, app, storage_options={"y": "2"}).storage_options == {"y": "2"}
+    args = build_parser().parse_args(["worker", "--app", "m:a", "--processes", "2",
+                                      "--projection-option", "aws_region=b",
+                                      "--projection-option", "allow_http=true"])
+    assert storage_options(args, app.storage_options) == {"aws_region": "b", "x": "1", "allow_http": "true"}
+    child = _child_options(args)
+    assert child[child.index("--projection-option"):] == [
+        "--projection-option", "aws_region=b", "--projection-option", "allow_http=true"]
+    with pytest.raises(ConfigError, match="storage option 'n' must be a string"):
+        App(handlers={"note": _note}, storage_options={"n": 1})  # type: ignore[dict-item]
