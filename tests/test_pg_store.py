@@ -151,3 +151,25 @@ def test_backpressure_refuses_enqueues_over_max_due_and_writes_nothing(pg_url: s
         for lease in spool.claim(limit=3):
             spool.complete(lease)
         assert spool.enqueue("note", 6).state is JobState.READY
+
+
+def test_the_dashboard_serves_a_postgresql_spool_and_purges_its_dead_letters(
+        pg_url: str) -> None:
+    from starlette.testclient import TestClient
+
+    from jobspool.dashboard.app import create_app
+
+    with Spool(pg_url) as spool:
+        spool.enqueue("note", {"n": 1}, job_id="bad", max_attempts=1)
+        (lease,) = spool.claim()
+        spool.fail(lease, "boom <script>", retryable=False)
+        client = TestClient(create_app(spool), base_url="http://127.0.0.1")  # type: ignore[arg-type]
+        overview = client.get("/api/overview").json()
+        assert overview["counts"]["dead_letter"] == 1 and "postgresql://" in overview["root"]
+        page = client.get("/jobs/dead_letter")
+        assert page.status_code == 200 and "bad" in page.text
+        assert "<script>" not in client.get("/job/bad").text
+        from jobspool.dashboard.actions import purge_dead
+
+        assert purge_dead(spool, "note") == "purged 1 dead letter of kind note"  # type: ignore[arg-type]
+        assert spool.stats().counts["dead_letter"] == 0

@@ -116,12 +116,13 @@ def serve(root: Path | str, *, host: str = DEFAULT_HOST, port: int = DEFAULT_POR
         bound = sock.getsockname()[1]
         shown = f"[{host.strip('[]')}]" if ":" in host else host
         url = f"http://{shown}:{bound}/"
+        where = str(getattr(spool, "display", spool.root))  # a database URL without password
         if as_json:
-            sys.stdout.write(orjson.dumps({"url": url, "root": str(spool.root),
+            sys.stdout.write(orjson.dumps({"url": url, "root": where,
                                            "read_only": read_only,
                                            "token_required": token is not None}).decode() + "\n")
         else:
-            sys.stdout.write(f"jobspool dashboard for {spool.root}: {url}"
+            sys.stdout.write(f"jobspool dashboard for {where}: {url}"
                              f"{' (read-only)' if read_only else ''}"
                              f"{' (token required)' if token else ''} — Ctrl-C stops it\n")
         sys.stdout.flush()

@@ -63,11 +63,16 @@ def purge_dead(spool: Spool, kind: str) -> str:
     pruning path (which re-checks each job under the lock and removes stale
     copies too), so a job requeued meanwhile is left alone.
     """
+    gone: list[str] = []
+    remove_terminal = getattr(spool, "remove_terminal", None)
+    if remove_terminal is not None:  # the PostgreSQL store: one guarded DELETE
+        gone = remove_terminal([j.id for j in spool.jobs(JobState.DEAD_LETTER, kind=kind)],
+                               JobState.DEAD_LETTER)
+        return f"purged {len(gone)} dead letter{'s' if len(gone) != 1 else ''} of kind {kind}"
     from jobspool.recovery.prune import _remove
     from jobspool.recovery.scan import entry_of
 
     victims = [entry_of(j) for j in spool.jobs(JobState.DEAD_LETTER, kind=kind)]
-    gone: list[str] = []
     for start in range(0, len(victims), 256):
         removed, _ = _remove(spool, victims[start:start + 256])
         gone.extend(removed)

@@ -164,14 +164,12 @@ class Overview:
 
     def snapshot(self, throughput: dict[str, Any] | None = None) -> dict[str, Any]:
         """Everything the overview page shows, as JSON-able data."""
-        from jobspool.health import check_health
-
         spool = self.spool
         stats = spool.stats()
-        health = check_health(spool, max_due_age=self.max_due_age)
+        health = spool.health(max_due_age=self.max_due_age)  # each store its own checks
         kinds = self.by_kind()
         return {
-            "root": str(spool.root),
+            "root": str(getattr(spool, "display", spool.root)),
             "now": stats.now,
             "counts": dict(stats.counts),
             "total": stats.total,

@@ -472,6 +472,17 @@ class PgSpool:
                 moved.append(new)
         return moved
 
+    def remove_terminal(self, ids: Sequence[str], state: JobState) -> list[str]:
+        """Delete these jobs for good where they are still in terminal `state` (a job
+        requeued meanwhile is left alone); returns the ids removed."""
+        if state not in (JobState.COMPLETED, JobState.DEAD_LETTER, JobState.CANCELED):
+            raise ValueError(f"{state.value} is not a terminal state")
+        self._check_writable("remove jobs")
+        rows = self.db.run(lambda c: c.execute(
+            "DELETE FROM jobspool_jobs WHERE id = ANY(%s) AND state = %s RETURNING id",
+            (list(ids), state.value)).fetchall(), what="removing jobs")
+        return sorted(r[0] for r in rows)
+
     # ------------------------------------------------------------ reading
 
     def get(self, job_id: str) -> Job:
