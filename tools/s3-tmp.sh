@@ -19,6 +19,26 @@ WEED="$BIN/weed"
 [ -x "$WEED" ] || WEED=$(command -v weed || true)
 BUCKET=jobspool
 
+free_ports() {  # N free ports below Linux's ephemeral range, so no client socket takes one while
+  # the server is down between `halt` and `restart`
+  "$PY" - "$1" <<'PYEOF'
+import random, socket, sys
+want, found, socks = int(sys.argv[1]), [], []
+for port in random.sample(range(20000, 32000), 2000):
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+    except OSError:
+        s.close()
+        continue
+    socks.append(s)
+    found.append(port)
+    if len(found) == want:
+        break
+print(" ".join(map(str, found)))
+PYEOF
+}
+
 launch() {  # DIR PORT: start weed in the background, record its pid, wait until the bucket answers
   local dir=$1 port=$2
   [ -x "$WEED" ] || { echo "s3-tmp.sh: no weed binary next to $PY nor on PATH;" \
@@ -28,13 +48,7 @@ launch() {  # DIR PORT: start weed in the background, record its pid, wait until
   cd "$dir"
   # Every port is chosen here (kept in $dir/ports for `restart`): weed's defaults (9333, 8080,
   # 8888, their gRPC +10000, 6060...) would collide with a second server on the same machine.
-  [ -f "$dir/ports" ] || "$PY" - >"$dir/ports" <<'PYEOF'
-import socket
-socks = [socket.socket() for _ in range(11)]
-for s in socks:
-    s.bind(("127.0.0.1", 0))
-print(" ".join(str(s.getsockname()[1]) for s in socks))
-PYEOF
+  [ -f "$dir/ports" ] || free_ports 11 >"$dir/ports"
   local p; read -r -a p <"$dir/ports"
   AWS_ACCESS_KEY_ID=testkey AWS_SECRET_ACCESS_KEY=testsecret nohup "$WEED" -logdir="$dir/log" mini \
     -dir="$dir/data" -ip=127.0.0.1 -ip.bind=127.0.0.1 -s3.port="$port" -admin.ui=false -webdav=false \
@@ -88,7 +102,7 @@ halt() {  # DIR: stop the weed process recorded there (TERM, then KILL after 10 
 case "${1:-}" in
 start)
   DIR=$(mktemp -d -t s3tmp.XXXXXX); mkdir -p "$DIR/data" "$DIR/log"
-  PORT=${S3TMP_PORT:-$("$PY" -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')}
+  PORT=${S3TMP_PORT:-$(free_ports 1)}
   launch "$DIR" "$PORT" || { halt "$DIR"; rm -rf "$DIR"; exit 1; }
   echo "export S3TMP_DIR=$DIR S3_ENDPOINT=http://127.0.0.1:$PORT S3_BUCKET=$BUCKET"
   echo "export AWS_ACCESS_KEY_ID=testkey AWS_SECRET_ACCESS_KEY=testsecret AWS_REGION=us-east-1"
