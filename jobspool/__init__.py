@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from jobspool.errors import (
     AppError,
     Backpressure,
+    ConditionalPutUnsupported,
     ConfigError,
     CorruptFileWarning,
     DuplicateJob,
@@ -19,6 +20,7 @@ from jobspool.errors import (
     JobTooLarge,
     LeaseLost,
     NotQuarantined,
+    ObjectStoreUnreachable,
     PolicyError,
     PoolFailed,
     ProjectionError,
@@ -62,6 +64,7 @@ __all__ += ["LanceProjection"]
 __all__ += [
     "AppError",
     "Backpressure",
+    "ConditionalPutUnsupported",
     "ConfigError",
     "CorruptFileWarning",
     "DuplicateJob",
@@ -73,6 +76,7 @@ __all__ += [
     "JobspoolError",
     "LeaseLost",
     "NotQuarantined",
+    "ObjectStoreUnreachable",
     "PolicyError",
     "PoolFailed",
     "ProjectionError",

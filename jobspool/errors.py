@@ -147,6 +147,14 @@ class ProjectionError(JobspoolError):
         self.field = field
 
 
+class ConditionalPutUnsupported(ProjectionError):
+    """Raised when an s3:// endpoint overwrites on a create-only PUT: LanceDB commits would be lost."""
+
+
+class ObjectStoreUnreachable(ProjectionError):
+    """Raised when the conditional-PUT probe cannot reach an s3:// endpoint (checked again on next use)."""
+
+
 class WaitTimeout(JobspoolError, TimeoutError):
     """Raised when `Spool.wait` gives up before the job reached a terminal state."""
 
@@ -200,6 +208,7 @@ class CorruptFileWarning(UserWarning):
 __all__ = [
     "AppError",
     "Backpressure",
+    "ConditionalPutUnsupported",
     "ConfigError",
     "CorruptFileWarning",
     "DuplicateJob",
@@ -211,6 +220,7 @@ __all__ = [
     "JobspoolError",
     "LeaseLost",
     "NotQuarantined",
+    "ObjectStoreUnreachable",
     "PolicyError",
     "PoolFailed",
     "ProjectionError",

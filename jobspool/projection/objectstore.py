@@ -42,7 +42,9 @@ from dataclasses import dataclass
 from typing import TypeVar
 from urllib.parse import quote, urlsplit
 
+from jobspool.errors import ConditionalPutUnsupported as ConditionalPutUnsupported
 from jobspool.errors import ConfigError, ProjectionError
+from jobspool.errors import ObjectStoreUnreachable as ObjectStoreUnreachable
 
 log = logging.getLogger("jobspool.projection.objectstore")
 T = TypeVar("T")
@@ -53,14 +55,6 @@ CHECK_OPTION = "jobspool_check_conditional_put"
 CHECK_ENV = "JOBSPOOL_S3_CHECK_CONDITIONAL_PUT"
 _OURS = (CHECK_OPTION,)
 _FALSE = {"0", "false", "no", "off"}
-
-
-class ConditionalPutUnsupported(ProjectionError):
-    """Raised when an `s3://` endpoint overwrites on a create-only PUT: LanceDB commits would be lost."""
-
-
-class ObjectStoreUnreachable(ProjectionError):
-    """Raised when the conditional-PUT probe could not reach the endpoint (retried on next use)."""
 
 
 def check_storage_options(options: Mapping[str, str] | None) -> dict[str, str] | None:
