@@ -31,6 +31,7 @@ from jobspool.projection.objectstore import (
     CHECK_OPTION,
     CommitRetry,
     ConditionalPutUnsupported,
+    ObjectStoreUnreachable,
     check_conditional_put,
     forget_checks,
     is_transient,
@@ -248,6 +249,25 @@ def test_the_cli_refuses_such_an_endpoint_with_one_error_line(stub_endpoint: str
     bad = subprocess.run([*run, "run-until-idle", "--app", "s3app:app", "--projection-option", "nokey"],
                          env=env, capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert bad.returncode == 1 and "'nokey' is not KEY=VALUE" in bad.stderr
+
+
+def test_an_unreachable_endpoint_is_an_outage_not_a_verdict_so_jobs_are_retried(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on: connection refused
+        sock.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    forget_checks()
+    store = ProjectionStore("s3://down/db", storage_options=_stub_options(closed))
+    with pytest.raises(ObjectStoreUnreachable, match=r"cannot reach endpoint .* to check conditional PUTs"):
+        store.apply([make_upsert("j", "notes", {"id": "a"}, None, 1)])
+    with _spool(tmp_path / "spool") as spool:
+        spool.enqueue("note", {"key": "a", "text": "x"}, job_id="j1")
+        worker = Worker(spool, {"note": _note}, projection="s3://down/db",
+                        storage_options=_stub_options(closed), maintenance=False)
+        report = worker.run_until_idle()  # starts (a warning), then the write fails and is retried
+        assert report.retried == 1 and report.completed == 0 and report.dead_lettered == 0
+        assert spool.get("j1").state.value == "retryable"
 
 
 def test_the_check_can_be_turned_off_explicitly(stub_endpoint: str, monkeypatch: Any) -> None:
