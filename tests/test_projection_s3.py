@@ -338,6 +338,8 @@ def test_a_commit_that_keeps_failing_fails_its_jobs_and_writes_nothing(
 
 def test_only_transient_errors_are_retried_and_within_the_budget() -> None:
     assert is_transient(RuntimeError("Commit result unknown"))
+    assert is_transient(OSError("LanceError(IO): commit of version 7 is unknown: the commit may or may not "
+                                "have been applied; check the table state before retrying"))
     assert is_transient(OSError("Service Unavailable: SlowDown, please reduce your request rate"))
     assert is_transient(TimeoutError())
     assert not is_transient(ValueError("Schema error: field 'x' not found"))

@@ -291,7 +291,10 @@ def forget_checks() -> None:
 
 
 _TRANSIENT = (
-    "result unknown", "slowdown", "slow down", "service unavailable", "throttl", "too many requests",
+    # lance 13 says "... is unknown: the commit may or may not have been applied" and
+    # "... treating the commit status as unknown"
+    "result unknown", "is unknown", "status as unknown", "may or may not have been applied",
+    "slowdown", "slow down", "service unavailable", "throttl", "too many requests",
     "timed out", "timeout", "connection refused", "connection reset", "connection closed",
     "broken pipe", "error sending request", "temporarily unavailable", "internalerror", " 503", " 500",
     " 429", "dispatch failure",
