@@ -330,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     p.add_argument("--batch", type=int, default=50, help="claim/complete batch (default 50)")
     p.add_argument("--pad", type=int, default=512, help="payload filler bytes (default 512)")
-    p.add_argument("--pgq-batches", default="25,50,100,200",
+    p.add_argument("--pgq-batches", default="25,50,100,200,500",
                    help="pgqueuer batch sizes tried besides its default 10")
     p.add_argument("--pickup", type=int, default=100, help="pickup samples per round (0: none)")
     p.add_argument("--only", default="minimal,jobspool,pgqueuer", help="queues to measure")
