@@ -269,6 +269,10 @@ def _versions(base: str) -> dict[str, str]:
     with contextlib.suppress(OSError):
         out["commit"] = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
                                        capture_output=True, text=True).stdout.strip()
+        # What ran is the working tree: say so when jobspool/ differs from the commit.
+        if subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "jobspool"],
+                          capture_output=True, text=True).stdout.strip():
+            out["commit"] += " + uncommitted changes in jobspool/"
     if peers.pgqueuer_available() is None:
         from importlib.metadata import version
 
