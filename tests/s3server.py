@@ -78,9 +78,10 @@ def _env() -> dict[str, str]:
 
 def start_server() -> S3Server:
     """Start a server with tools/s3-tmp.sh; raise RuntimeError with the script's reason if it cannot."""
-    try:
+    try:  # S3TMP_WATCH_PID: the server goes when this process does, even if killed
         proc = subprocess.run(["bash", str(SCRIPT), "start"], capture_output=True, text=True,
-                              env=_env(), timeout=180, check=False)
+                              env={**_env(), "S3TMP_WATCH_PID": str(os.getpid())}, timeout=180,
+                              check=False)
     except subprocess.TimeoutExpired as exc:
         raise RuntimeError(f"tools/s3-tmp.sh start hung: {exc}") from None
     if proc.returncode != 0:

