@@ -251,6 +251,19 @@ def test_tokens_are_strictly_increasing_across_claims(any_spool: Spool) -> None:
     assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
 
 
+def test_tokens_follow_claim_order_in_a_batch_that_takes_over_an_expired_lease(
+        any_spool: Spool) -> None:
+    any_spool.enqueue("note", job_id="later", priority=1)
+    any_spool.enqueue("note", job_id="first", priority=0)
+    (stalled,) = any_spool.claim(lease_seconds=0.3)
+    assert stalled.job_id == "first"
+    sleep_past(stalled.expires_at)
+    leases = any_spool.claim(limit=2)
+    assert [x.job_id for x in leases] == ["first", "later"]
+    tokens = [x.token for x in leases]
+    assert tokens == sorted(tokens) and tokens[0] > stalled.token, tokens
+
+
 def test_a_delayed_job_is_not_claimed_before_its_run_at(any_spool: Spool) -> None:
     far = any_spool.enqueue("note", job_id="far", delay=3600)
     later = any_spool.enqueue("note", job_id="later",
