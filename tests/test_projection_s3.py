@@ -217,13 +217,15 @@ def test_an_endpoint_that_overwrites_on_a_create_only_put_is_refused_in_one_line
         LanceProjection("s3://stub/db", "notes", storage_options=options).get("a")
 
 
+@pytest.mark.parametrize("given", ["uri", "store"])
 def test_a_worker_refuses_to_run_against_such_an_endpoint_and_claims_nothing(
-    stub_endpoint: str, tmp_path: Path
+    stub_endpoint: str, tmp_path: Path, given: str
 ) -> None:
+    options = _stub_options(stub_endpoint)
     with _spool(tmp_path / "spool") as spool:
         spool.enqueue("note", {"key": "a", "text": "x"}, job_id="j1")
-        worker = Worker(spool, {"note": _note}, projection="s3://stub/db",
-                        storage_options=_stub_options(stub_endpoint))
+        worker = Worker(spool, {"note": _note}, storage_options=options, projection="s3://stub/db"
+                        if given == "uri" else ProjectionStore("s3://stub/db", storage_options=options))
         with pytest.raises(ProjectionError, match=RISK):
             worker.run_until_idle()
         assert spool.get("j1").state.value == "ready" and spool.get("j1").attempts == 0
@@ -474,26 +476,3 @@ def test_three_processes_writing_overlapping_keys_on_s3_keep_the_highest_version
     assert len(keys) == len(set(keys)), "a key was inserted twice"
     assert {r["id"]: (r["version"], r["fence"]) for r in rows if r["id"] != "init"} == want
 
-
-# --- the options' way in: App, CLI flags, a pool's children
-
-
-def test_an_apps_storage_options_reach_its_worker_and_flags_override_them_key_by_key(tmp_path: Path) -> None:
-    from jobspool import App
-    from jobspool.cli.objectstore import storage_options
-    from jobspool.cli.parser import build_parser
-    from jobspool.cli.pool import _child_options
-
-    app = App(handlers={"note": _note}, projection="s3://b/p", storage_options={"aws_region": "a", "x": "1"})
-    with _spool(tmp_path / "spool") as spool:
-        assert Worker(spool, app).storage_options == {"aws_region": "a", "x": "1"}
-        assert Worker(spool, app, storage_options={"y": "2"}).storage_options == {"y": "2"}
-    args = build_parser().parse_args(["worker", "--app", "m:a", "--processes", "2",
-                                      "--projection-option", "aws_region=b",
-                                      "--projection-option", "allow_http=true"])
-    assert storage_options(args, app.storage_options) == {"aws_region": "b", "x": "1", "allow_http": "true"}
-    child = _child_options(args)
-    assert child[child.index("--projection-option"):] == [
-        "--projection-option", "aws_region=b", "--projection-option", "allow_http=true"]
-    with pytest.raises(ConfigError, match="storage option 'n' must be a string"):
-        App(handlers={"note": _note}, storage_options={"n": 1})  # type: ignore[dict-item]

@@ -1,16 +1,26 @@
-"""The command line on an s3:// projection: `--projection-option` reaches LanceDB (SeaweedFS)."""
+"""Storage options from the command line and an App: `--projection-option` reaches LanceDB (SeaweedFS)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from jobspool import Spool
+from jobspool.errors import ConfigError
 from jobspool.projection.lance import LanceProjection
+from jobspool.queue.worker import Worker
 from tests.s3server import S3Server
 from tests.subproc import cli_env
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def _note(job: Any, ctx: Any) -> None:
+    ctx.upsert("notes", {"id": job.payload["k"]})
 
 
 def test_run_until_idle_and_maintain_reach_s3_through_projection_options(
@@ -41,3 +51,27 @@ def test_run_until_idle_and_maintain_reach_s3_through_projection_options(
     maintained = jobspool("maintain", "--json", *opts)
     assert maintained.returncode == 0, maintained.stderr
     assert '"optimized"' in maintained.stdout
+
+
+# --- the options' way in: App, CLI flags, a pool's children
+
+
+def test_an_apps_storage_options_reach_its_worker_and_flags_override_them_key_by_key(tmp_path: Path) -> None:
+    from jobspool import App
+    from jobspool.cli.objectstore import storage_options
+    from jobspool.cli.parser import build_parser
+    from jobspool.cli.pool import _child_options
+
+    app = App(handlers={"note": _note}, projection="s3://b/p", storage_options={"aws_region": "a", "x": "1"})
+    with Spool(tmp_path / "spool", durable=False) as spool:
+        assert Worker(spool, app).storage_options == {"aws_region": "a", "x": "1"}
+        assert Worker(spool, app, storage_options={"y": "2"}).storage_options == {"y": "2"}
+    args = build_parser().parse_args(["worker", "--app", "m:a", "--processes", "2",
+                                      "--projection-option", "aws_region=b",
+                                      "--projection-option", "allow_http=true"])
+    assert storage_options(args, app.storage_options) == {"aws_region": "b", "x": "1", "allow_http": "true"}
+    child = _child_options(args)
+    assert child[child.index("--projection-option"):] == [
+        "--projection-option", "aws_region=b", "--projection-option", "allow_http=true"]
+    with pytest.raises(ConfigError, match="storage option 'n' must be a string"):
+        App(handlers={"note": _note}, storage_options={"n": 1})  # type: ignore[dict-item]

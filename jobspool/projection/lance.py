@@ -172,7 +172,8 @@ class ProjectionStore:
         """The storage options the connection is opened with (None when none were given)."""
         return self._storage_options
 
-    def _check_endpoint(self) -> None:  # once per process per endpoint; a no-op off s3://
+    def check_endpoint(self) -> None:
+        """Refuse an s3:// endpoint that ignores create-only PUTs (once per process; else a no-op)."""
         if self._conn is None and self._uri is not None:
             obj.check_conditional_put(self._uri, self._storage_options)
 
@@ -184,7 +185,7 @@ class ProjectionStore:
                 raise ProjectionError("projection store is closed")
             if self._conn is None:
                 assert self._uri is not None
-                self._check_endpoint()
+                self.check_endpoint()
                 self._conn = _connect(self._uri, self._storage_options)
             return self._conn
 
@@ -277,7 +278,7 @@ class ProjectionStore:
         with self._lock:
             if writes:
                 # Raised, not per job: an endpoint that would lose commits is no job's fault.
-                self._check_endpoint()
+                self.check_endpoint()
             return self._apply(writes)
 
     def _apply(self, writes: Sequence[PendingWrite]) -> ApplyResult:

@@ -424,12 +424,16 @@ class Worker:
         )
 
         spec = self._projection_spec
-        uri = getattr(spec, "uri", None) if spec is not None and not isinstance(spec, str) else spec
-        if not isinstance(uri, str) or not is_object_store(uri):
+        # A ProjectionStore checks its own endpoint; a raw LanceDB connection keeps its options
+        # to itself, so it is not checked.
+        check = getattr(spec, "check_endpoint", None)
+        if check is None and not (isinstance(spec, str) and is_object_store(spec)):
             return
-        options = getattr(spec, "storage_options", None) if not isinstance(spec, str) else None
         try:
-            check_conditional_put(uri, options if options is not None else self.storage_options)
+            if check is not None:
+                check()
+            else:
+                check_conditional_put(spec, self.storage_options)
         except ObjectStoreUnreachable as exc:  # an outage, not a verdict: checked again at first write
             log.warning("%s", exc)
 
