@@ -209,7 +209,18 @@ def test_a_late_completion_after_a_stall_is_refused_and_the_result_stays_the_res
 # ---------------------------------------------------------------- the server goes away
 
 
-@pytest.mark.parametrize("outage", ["restart", "crash"])
+def _terminate_other_sessions(url: str) -> int:
+    """End every other client session of the database (an operator's or a proxy's doing)."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
+                            "datname = current_database() AND pid <> pg_backend_pid() AND "
+                            "backend_type = 'client backend'").fetchall()
+    return len(rows)
+
+
+@pytest.mark.parametrize("outage", ["restart", "crash", "connections killed"])
 def test_a_worker_drains_every_job_exactly_once_across_a_server_outage(
         pg_server: PgServer, pg_url: str, tmp_path: Path, outage: str) -> None:
     log = tmp_path / "handled.log"
@@ -221,6 +232,8 @@ def test_a_worker_drains_every_job_exactly_once_across_a_server_outage(
                                  timeout=120, what="the worker to get going")
         if outage == "restart":
             pg_server.restart()  # pg_ctl restart -m fast: every session is terminated
+        elif outage == "connections killed":
+            assert _terminate_other_sessions(pg_server.url) > 0
         else:
             pg_server.kill()  # -m immediate: a crash, then crash recovery on start
             time.sleep(1.0)
@@ -274,6 +287,12 @@ def test_the_cli_end_to_end(store_root: str | Path, tmp_path: Path) -> None:
     assert (pruned["completed"], pruned["canceled"]) == (["w1"], ["p1"])
     assert [j["id"] for j in _json(root, "list")] == ["w2"]
     _ok(root, "fsck")
+    # JOBSPOOL_ROOT takes the URL (or directory) as --root does.
+    env_run = subprocess.run([sys.executable, "-m", "jobspool", "list", "--json"], cwd=REPO,
+                             env=cli_env(JOBSPOOL_ROOT=root), capture_output=True, timeout=120,
+                             check=False)
+    assert env_run.returncode == 0, env_run.stderr
+    assert [j["id"] for j in orjson.loads(env_run.stdout)] == ["w2"]
     rc, _, err = _finish(_jobspool(root, "show", "w1"))
     assert rc == 1 and err.strip().startswith("jobspool: error:") and "w1" in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
@@ -290,13 +309,14 @@ def _assert_one_line_unreachable(url: str, *args: str) -> None:
     lines = err.strip().splitlines()
     assert rc == 2, (rc, err)  # DESIGN §8: the spool cannot be used
     assert len(lines) == 1 and lines[0].startswith("jobspool: error:"), err
-    assert "Traceback" not in err
+    assert "Traceback" not in err and "hunter2" not in err  # the password is never shown
 
 
 @pytest.mark.parametrize("args", [("stats",), ("enqueue", "work", "{}"), ("list",),
                                   ("run-until-idle", "--app", APP), ("init",)], ids=" ".join)
 def test_an_unreachable_database_is_a_one_line_error(args: tuple[str, ...]) -> None:
-    _assert_one_line_unreachable(f"postgresql://postgres@127.0.0.1:{_free_port()}/postgres", *args)
+    _assert_one_line_unreachable(
+        f"postgresql://postgres:hunter2@127.0.0.1:{_free_port()}/postgres", *args)
 
 
 def test_a_server_that_is_down_is_a_one_line_error_and_nothing_more(pg_server: PgServer,

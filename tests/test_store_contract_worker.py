@@ -85,3 +85,27 @@ def test_worker_leaves_kinds_it_has_no_handler_for(any_spool: Spool) -> None:
     Worker(any_spool, {"mine": lambda job, ctx: "ok"}, kinds=["mine"]).run_until_idle()
     assert any_spool.get("m").state is JobState.COMPLETED
     assert any_spool.get("t").state is JobState.READY
+
+
+def test_async_spool_enqueues_prepares_and_waits_on_either_store(store_root: object,
+                                                                 any_spool: Spool) -> None:
+    import anyio
+
+    from jobspool import AsyncSpool
+
+    async def main() -> tuple[Job, Job]:
+        async with AsyncSpool(store_root) as aspool:  # type: ignore[arg-type]
+            job = await aspool.enqueue("plain", {"n": 1}, job_id="a1")
+            assert (await aspool.get("a1")) == job
+            r = await aspool.prepare("plain", {"n": 2}, job_id="a2")
+            assert (await aspool.commit(r)).state is JobState.READY
+            with anyio.fail_after(60):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(anyio.to_thread.run_sync, lambda: Worker(
+                        any_spool, {"plain": lambda job, ctx: job.payload["n"] * 10}).run_until_idle())
+                    done = await aspool.wait("a1", timeout=60)
+            return done, await aspool.get("a2")
+
+    first, second = anyio.run(main)
+    assert (first.state, first.result) == (JobState.COMPLETED, 10)
+    assert (second.state, second.result) == (JobState.COMPLETED, 20)
