@@ -153,6 +153,38 @@ def test_a_result_too_large_is_refused_and_the_lease_still_holds(any_spool: Spoo
     assert any_spool.complete(lease, "small").result == "small"
 
 
+@pytest.mark.parametrize(("field", "value"), [
+    ("priority", 2**31), ("priority", -(2**40)), ("priority", 2**62),
+    ("max_attempts", 2**31), ("max_attempts", 2**62),
+], ids=lambda v: str(v))
+def test_a_big_integer_option_is_kept_exactly_or_refused_as_invalid_job(
+        any_spool: Spool, field: str, value: int) -> None:
+    try:
+        job = any_spool.enqueue("note", job_id="j", **{field: value})
+    except InvalidJob as exc:
+        assert str(value) in str(exc)  # the message names the bad value
+        assert list(any_spool.jobs()) == []
+        return
+    assert getattr(job, field) == value and any_spool.get("j") == job
+    (lease,) = any_spool.claim()
+    assert any_spool.complete(lease).state is JobState.COMPLETED
+
+
+def test_an_error_with_a_nul_character_or_over_1024_characters_is_stored_and_settles(
+        any_spool: Spool) -> None:
+    any_spool.enqueue("note", job_id="nul", max_attempts=5)
+    any_spool.enqueue("note", job_id="long", max_attempts=5)
+    leases = {x.job_id: x for x in any_spool.claim(limit=2)}
+    nul = any_spool.fail(leases["nul"], "bad \x00 byte", retryable=False)
+    assert nul.state is JobState.DEAD_LETTER
+    assert nul.last_error is not None and nul.last_error.startswith("bad ")
+    long = any_spool.fail(leases["long"], "e" * 5000)
+    assert long.state is JobState.RETRYABLE
+    assert long.last_error is not None and 0 < len(long.last_error) <= 1024
+    assert long.last_error.startswith("eeee")
+    assert any_spool.get("nul") == nul and any_spool.get("long") == long
+
+
 # ---------------------------------------------------------------- on_conflict
 
 

@@ -79,6 +79,22 @@ def test_worker_dead_letters_on_fail_and_on_the_last_attempt_of_an_exception(
     assert b.traceback is not None and "ValueError" in b.traceback
 
 
+def test_a_handler_error_with_a_nul_character_dead_letters_its_job_and_the_run_goes_on(
+        any_spool: Spool) -> None:
+    def binary(job: Job, ctx: Context) -> None:
+        raise ValueError("bytes b'\x00\x01' in the message")
+
+    any_spool.enqueue("binary", job_id="b", max_attempts=1)
+    any_spool.enqueue("plain", job_id="p")
+    report = Worker(any_spool, {"binary": binary, "plain": lambda job, ctx: "ok"},
+                    concurrency=1).run_until_idle()
+    assert (report.dead_lettered, report.completed) == (1, 1)
+    b = any_spool.get("b")
+    assert (b.state, b.attempts) == (JobState.DEAD_LETTER, 1)
+    assert b.last_error is not None and "in the message" in b.last_error
+    assert any_spool.get("p").state is JobState.COMPLETED
+
+
 def test_worker_leaves_kinds_it_has_no_handler_for(any_spool: Spool) -> None:
     any_spool.enqueue("mine", job_id="m")
     any_spool.enqueue("theirs", job_id="t")
