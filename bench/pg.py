@@ -321,7 +321,7 @@ def run(args: argparse.Namespace, base: str) -> dict[str, Any]:
     result: dict[str, Any] = {"config": vars(args), "raw": b.raw, "notes": b.notes,
                               "pgq_batches": b.pgq_batches() if "pgqueuer" in queues else []}
     if args.statements:
-        result["statements"] = {q: b.statements(q) for q in queues}
+        result["statements"] = {q: b.statements(q) for q in queues + [f"pickup_{p}" for p in pickers]}
     if args.big and "jobspool" in queues:
         print(f"big run: {args.big_jobs} jobs ...", file=sys.stderr)
         result["big"] = _big(b)
