@@ -317,8 +317,8 @@ def test_a_delayed_job_is_not_claimed_before_its_run_at(any_spool: Spool) -> Non
 def test_heartbeat_extends_the_lease_and_keeps_the_token(make_any_spool: MakeSpool) -> None:
     spool = make_any_spool(lease_seconds=4.0)
     spool.enqueue("note", job_id="j")
-    (lease,) = spool.claim(lease_seconds=2.0)
-    time.sleep(1.0)
+    (lease,) = spool.claim(lease_seconds=3.0)
+    time.sleep(1.5)
     renewed = spool.heartbeat(lease)
     assert renewed.token == lease.token and renewed.job_id == "j"
     assert renewed.expires_at > lease.expires_at
