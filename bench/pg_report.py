@@ -157,7 +157,8 @@ def render(result: dict[str, Any]) -> str:
              "PostgreSQL " + v.get("postgresql", "?") + ", psycopg " + v.get("psycopg", "?")
              + (", pgqueuer " + v["pgqueuer"] if "pgqueuer" in v else "")
              + f", jobspool {v.get('jobspool', '?')} ({v.get('commit', '?')}), Python {v.get('python')}; "
-             f"{c['jobs']:,} jobs per measurement, {c['rounds']} interleaved rounds, payload pad "
+             f"{c['jobs']:,} jobs per measurement, {c['rounds']} interleaved "
+             f"round{'s' if c['rounds'] != 1 else ''}, payload pad "
              f"{c['pad']} B, one database per queue on one server (fsync on).", "",
              "## Ratios (median of per-round ratios: the headline)", "", *_ratios(result), "",
              "## Rates (jobs/s; absolute numbers drift with the shared machine's load)", "",
