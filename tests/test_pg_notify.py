@@ -1,0 +1,65 @@
+"""Wakeups on PostgreSQL (issue 16): one NOTIFY per enqueue transaction and none on claim or
+settle, and an idle worker that still picks up new jobs after the server restarted (it
+LISTENs again, or polls: the hint is never needed for correctness)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from jobspool import JobState, Spool
+from tests.pgserver import PgServer
+from tests.store_params import eventually
+from tests.subproc import REPO, cli_env
+
+pytestmark = pytest.mark.slow
+
+
+def _drain(conn: psycopg.Connection[tuple[object, ...]]) -> list[str]:
+    """The notifications delivered to `conn` so far (a round trip makes them arrive)."""
+    conn.execute("SELECT 1")
+    return [n.channel for n in conn.notifies(timeout=0.2, stop_after=1000)]
+
+
+def test_one_notify_per_enqueue_transaction_and_none_on_claim_or_settle(pg_url: str) -> None:
+    with Spool(pg_url) as spool, psycopg.connect(pg_url, autocommit=True) as listener:
+        channel = spool.channel  # type: ignore[attr-defined]
+        listener.execute(f'LISTEN "{channel}"')
+        spool.enqueue("note", job_id="one")
+        spool.enqueue_many("note", [1, 2, 3])
+        assert _drain(listener) == [channel, channel]
+        leases = spool.claim(limit=10)
+        spool.complete(leases[0])
+        spool.fail(leases[1], "again", delay=0.0)
+        spool.release(leases[2])
+        spool.heartbeat(leases[3])
+        assert _drain(listener) == []
+
+
+def test_an_idle_worker_picks_up_new_jobs_after_the_server_restarted(
+        pg_server: PgServer, pg_url: str, tmp_path: Path) -> None:
+    log = tmp_path / "handled.log"
+    with Spool(pg_url) as spool:
+        spool.enqueue("work", {"log": str(log)}, job_id="before")
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "jobspool", "--root", pg_url, "worker", "--app",
+         "tests.apps.simple:app", "--kinds", "work", "--concurrency", "2"],
+        cwd=REPO, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        eventually(lambda: log.exists() and "before" in log.read_text(), timeout=60,
+                   what="the worker to run the first job")
+        pg_server.restart()
+        with Spool(pg_url) as spool:
+            spool.enqueue("work", {"log": str(log)}, job_id="after")
+            done = spool.wait("after", timeout=120)
+        assert done.state is JobState.COMPLETED
+        assert worker.poll() is None, "the worker exited instead of reconnecting"
+    finally:
+        worker.kill()
+        _, err = worker.communicate(timeout=60)
+    assert b"Traceback" not in err, err.decode(errors="replace")
+    assert [line.split()[0] for line in log.read_text().splitlines()] == ["before", "after"]
