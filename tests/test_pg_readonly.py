@@ -1,0 +1,76 @@
+"""Read access alone (DESIGN §9: `stats`, `list`, `show`, `health`, `fsck` need no more) on
+PostgreSQL: a role that may only SELECT reads the queue, and writing commands refuse with one
+line instead of a traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+
+import orjson
+import psycopg
+import pytest
+from psycopg import sql
+
+from jobspool import Spool
+from tests.pgserver import PgServer
+from tests.subproc import REPO, cli_env
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def reader_url(pg_server: PgServer, pg_url: str) -> Iterator[str]:
+    """`pg_url` as a role that may read the store's tables and nothing more."""
+    with Spool(pg_url) as spool:
+        spool.enqueue("note", {"v": 1}, job_id="j")
+    role = f"reader_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        schema = conn.execute("SELECT current_schema()").fetchone()
+        assert schema is not None
+        ident = sql.Identifier(schema[0])
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+        conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(ident, sql.Identifier(role)))
+        conn.execute(sql.SQL("GRANT SELECT ON ALL TABLES IN SCHEMA {} TO {}").format(
+            ident, sql.Identifier(role)))
+        conn.execute(sql.SQL("GRANT SELECT ON ALL SEQUENCES IN SCHEMA {} TO {}").format(
+            ident, sql.Identifier(role)))
+    yield pg_url.replace("postgresql://postgres@", f"postgresql://{role}@", 1)
+    with psycopg.connect(pg_server.url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+        conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+def _cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "jobspool", "--root", url, *args], cwd=REPO,
+                          env=cli_env(), capture_output=True, text=True, timeout=120, check=False)
+
+
+@pytest.mark.parametrize("args", [("stats", "--json"), ("list", "--json"), ("show", "j", "--json"),
+                                  ("fsck", "--json")], ids=lambda a: a[0])
+def test_reading_commands_work_with_select_alone(reader_url: str, args: tuple[str, ...]) -> None:
+    out = _cli(reader_url, *args)
+    assert out.returncode == 0, out.stderr
+    assert "Traceback" not in out.stderr
+    doc = orjson.loads(out.stdout)
+    if args[0] == "stats":
+        assert doc["counts"]["ready"] == 1
+    elif args[0] == "list":
+        assert [j["id"] for j in doc] == ["j"]
+    elif args[0] == "show":
+        assert doc["payload"] == {"v": 1}
+
+
+@pytest.mark.parametrize("args", [("enqueue", "note", "{}"), ("cancel", "j"),
+                                  ("run-until-idle", "--app", "tests.apps.simple:app")],
+                         ids=lambda a: a[0])
+def test_writing_commands_without_write_access_fail_in_one_line(reader_url: str,
+                                                               args: tuple[str, ...]) -> None:
+    out = _cli(reader_url, *args)
+    assert out.returncode == 2, (out.returncode, out.stderr)
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("jobspool: error:"), out.stderr
+    with Spool(reader_url, read_only=True) as spool:
+        assert spool.get("j").state.value == "ready"  # nothing changed
