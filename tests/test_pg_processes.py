@@ -258,6 +258,28 @@ def test_a_worker_drains_every_job_exactly_once_across_a_server_outage(
     assert report["completed"] + report["lease_lost"] == len(ids)
 
 
+def test_a_long_job_keeps_its_lease_by_heartbeat_across_a_server_restart(
+        pg_server: PgServer, pg_url: str, tmp_path: Path) -> None:
+    log = tmp_path / "handled.log"
+    (job_id,) = _enqueue(pg_url, 1, kind="slow", payload={"sleep": 5.0, "log": str(log)})
+    proc = _jobspool(pg_url, "run-until-idle", "--app", APP, "--json", "--lease-seconds", "3")
+    try:
+        def leased() -> bool:
+            with Spool(pg_url) as spool:
+                return spool.get(job_id).state is JobState.LEASED
+        eventually(leased, timeout=60, what="the handler to start")
+        pg_server.restart()  # mid-run; the lease (3 s) outlives the handler (5 s) only by heartbeats
+        rc, out, err = _finish(proc)
+    finally:
+        _kill(proc)
+    assert rc == 0 and "Traceback" not in err, err
+    with Spool(pg_url) as spool:
+        job = spool.get(job_id)
+    assert (job.state, job.attempts, job.rescues) == (JobState.COMPLETED, 1, 0)
+    assert [line.split()[0] for line in log.read_text().splitlines()] == [job_id]
+    assert orjson.loads(out)["completed"] == 1
+
+
 # ---------------------------------------------------------------- the CLI with --root URL
 
 
