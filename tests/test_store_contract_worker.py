@@ -95,6 +95,36 @@ def test_a_handler_error_with_a_nul_character_dead_letters_its_job_and_the_run_g
     assert any_spool.get("p").state is JobState.COMPLETED
 
 
+def test_a_result_too_large_dead_letters_that_job_alone(any_spool: Spool) -> None:
+    def handler(job: Job, ctx: Context) -> str:
+        return "x" * 70_000 if job.id == "big" else "small"
+
+    for job_id in ("a", "big", "b"):
+        any_spool.enqueue("sized", job_id=job_id)
+    report = Worker(any_spool, {"sized": handler}, batch_size=10).run_until_idle()
+    assert (report.completed, report.dead_lettered) == (2, 1)
+    assert [any_spool.get(i).result for i in ("a", "b")] == ["small", "small"]
+    big = any_spool.get("big")
+    assert big.state is JobState.DEAD_LETTER and big.result is None
+
+
+def test_a_job_near_the_size_limit_can_fail_with_a_long_traceback_and_still_complete(
+        any_spool: Spool) -> None:
+    calls: Counter[str] = Counter()
+
+    def handler(job: Job, ctx: Context) -> str:
+        calls[job.id] += 1
+        if calls[job.id] == 1:
+            raise RuntimeError("boom " * 5_000)  # a long message and traceback, truncated to fit
+        return "ok"
+
+    any_spool.enqueue("near", {"blob": "p" * 60_000}, job_id="n", max_attempts=3)
+    Worker(any_spool, {"near": handler}).run_until_idle(wait_for_retries=30.0)
+    job = any_spool.get("n")
+    assert (job.state, job.result, job.attempts) == (JobState.COMPLETED, "ok", 2)
+    assert job.payload == {"blob": "p" * 60_000}
+
+
 def test_worker_leaves_kinds_it_has_no_handler_for(any_spool: Spool) -> None:
     any_spool.enqueue("mine", job_id="m")
     any_spool.enqueue("theirs", job_id="t")
