@@ -57,9 +57,11 @@ def stats(spool: PgSpool, *, by_kind: bool = False) -> Stats:
 
 
 def prune(spool: PgSpool, *, keep: int | None = None, older_than: float | None = None,
-          keep_dead: int | None = None) -> PruneReport:
+          keep_dead: int | None = None, count: bool = True) -> PruneReport:
     """Delete terminal jobs beyond the newest `keep` of their state AND older than
-    `older_than` seconds (the file spool's rule, one statement per state)."""
+    `older_than` seconds (the file spool's rule, one statement per state, reading the
+    newest from an index). `count=False` (automatic retention) skips the report's
+    per-state counts of what was kept."""
     from jobspool.recovery.prune import PruneReport
 
     if keep is None and older_than is None:
@@ -76,7 +78,9 @@ def prune(spool: PgSpool, *, keep: int | None = None, older_than: float | None =
         params = {"state": state.value, "keep": limit, "cutoff": cutoff}
         removed[state] = sorted(spool.db.run(functools.partial(_prune_state, params=params),
                                              what="prune"))
-        kept[state.value] = spool.db.run(functools.partial(_count, state=state), what="prune")
+        if count:
+            kept[state.value] = spool.db.run(functools.partial(_count, state=state),
+                                             what="prune")
     return PruneReport(completed=tuple(removed[JobState.COMPLETED]),
                        dead_letter=tuple(removed[JobState.DEAD_LETTER]),
                        canceled=tuple(removed[JobState.CANCELED]), kept=kept)
@@ -85,10 +89,10 @@ def prune(spool: PgSpool, *, keep: int | None = None, older_than: float | None =
 def _prune_state(conn: psycopg.Connection[Any], params: dict[str, Any]) -> list[str]:
     rows = conn.execute(
         "DELETE FROM jobspool_jobs WHERE id IN ("
-        " SELECT id FROM (SELECT id, updated_at, row_number() OVER"
-        "  (ORDER BY updated_at DESC, id DESC) AS n FROM jobspool_jobs WHERE state = %(state)s) r"
-        " WHERE r.n > %(keep)s AND (%(cutoff)s::float8 IS NULL OR r.updated_at < %(cutoff)s))"
-        " AND state = %(state)s RETURNING id", params).fetchall()
+        " SELECT id FROM jobspool_jobs WHERE state = %(state)s"
+        " ORDER BY updated_at DESC, id DESC OFFSET %(keep)s)"
+        " AND state = %(state)s AND (%(cutoff)s::float8 IS NULL OR updated_at < %(cutoff)s)"
+        " RETURNING id", params).fetchall()
     return [r[0] for r in rows]
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from jobspool.errors import InvalidJob, JobspoolError, JobTooLarge, LeaseLost
 from jobspool.pg import sql
-from jobspool.pg.rows import COLUMNS, dump, to_job
+from jobspool.pg.rows import COLUMNS, dump, text, to_job
 from jobspool.queue import machine
 from jobspool.queue.job import Job, Lease, LeaseInfo, encode_job, evolve, validate_seconds
 from jobspool.queue.states import JobState
@@ -37,32 +37,33 @@ def kinds_param(kinds: Iterable[str] | str | None) -> list[str] | None:
     return [kinds] if isinstance(kinds, str) else list(kinds)
 
 
-def sweep(spool: PgSpool) -> list[tuple[str, str]]:
+def sweep(spool: PgSpool, kinds: list[str] | None = None, *, exhausted_only: bool = False
+          ) -> list[tuple[str, str]]:
     """Return expired leases to retryable (or dead_letter); (id, new state) per job."""
-    params = {"now": spool.now_param(), "max_rescues": spool.max_rescues}
-    rows = spool.db.run(lambda c: c.execute(sql.SWEEP, params).fetchall(),
+    params = {"now": spool.now_param(), "max_rescues": spool.max_rescues, "kinds": kinds,
+              "kind": kinds[0] if kinds else None}
+    statement = sql.sweep_sql(kinds, exhausted_only=exhausted_only)
+    rows = spool.db.run(lambda c: c.execute(statement, params).fetchall(),
                         what="reclaiming expired leases")
     return [(r[0], r[1]) for r in rows]
 
 
 def claim(spool: PgSpool, *, kinds: Iterable[str] | str | None, limit: int, owner: str,
           lease_seconds: float, exclude: Collection[str] = ()) -> list[Lease]:
-    """Lease due jobs. Expired leases are swept first at most once a second, and again
-    whenever a claim comes back short (then it claims once more): a busy queue pays for
-    the sweep rarely, an idle one takes over a dead worker's job at once."""
-    now = time.monotonic()
-    swept_now = False
-    if now >= spool.next_sweep and spool.sweep_enabled:
-        spool.next_sweep = now + SWEEP_EVERY
-        _sweep_and_log(spool)
-        swept_now = True
-    params = {"now": spool.now_param(), "kinds": kinds_param(kinds), "limit": limit,
+    """Lease due jobs, taking over expired leases in claim order as the file spool does
+    (one statement). Expired leases out of attempts or rescues are dead-lettered by a
+    sweep of the claim's kinds, at most once a second and whenever a claim comes back
+    empty (an empty claim has no handler waiting on that extra round trip)."""
+    wanted = kinds_param(kinds)
+    params = {"now": spool.now_param(), "kinds": wanted, "limit": limit,
+              "kind": wanted[0] if wanted else None, "max_rescues": spool.max_rescues,
               "owner": owner, "lease": lease_seconds, "proc": None, "exclude": list(exclude)}
-    rows = spool.db.run(lambda c: c.execute(sql.CLAIM, params).fetchall(), what="claim")
-    if len(rows) < limit and not swept_now and spool.sweep_enabled \
-            and any(s == JobState.RETRYABLE.value for _, s in _sweep_and_log(spool)):
-        params["limit"] = limit - len(rows)
-        rows += spool.db.run(lambda c: c.execute(sql.CLAIM, params).fetchall(), what="claim")
+    statement = sql.claim_sql(wanted)
+    rows = spool.db.run(lambda c: c.execute(statement, params).fetchall(), what="claim")
+    now = time.monotonic()
+    if spool.sweep_enabled and (not rows or now >= spool.next_sweep):
+        spool.next_sweep = now + SWEEP_EVERY
+        _sweep_and_log(spool, wanted)
     jobs = sorted((to_job(r) for r in rows), key=lambda j: (j.priority, j.run_at, j.id))
     out = []
     for job in jobs:
@@ -72,8 +73,8 @@ def claim(spool: PgSpool, *, kinds: Iterable[str] | str | None, limit: int, owne
     return out
 
 
-def _sweep_and_log(spool: PgSpool) -> list[tuple[str, str]]:
-    swept = sweep(spool)
+def _sweep_and_log(spool: PgSpool, kinds: list[str] | None) -> list[tuple[str, str]]:
+    swept = sweep(spool, kinds, exhausted_only=True)
     if swept:
         spool.log_swept(swept)
     return swept
@@ -163,8 +164,8 @@ def settle(spool: PgSpool, leases: Sequence[Lease], actions: Sequence[tuple[str,
             "rescues": [new.rescues for _, new, _ in chosen],
             "delays": [None if d is None else max(0.0, d) for _, _, d in chosen],
             "results": [None if new.result is None else dump(new.result) for _, new, _ in chosen],
-            "errors": [new.last_error for _, new, _ in chosen],
-            "tracebacks": [new.traceback for _, new, _ in chosen],
+            "errors": [text(new.last_error) for _, new, _ in chosen],
+            "tracebacks": [text(new.traceback) for _, new, _ in chosen],
         }
         done = _apply(spool, sql.SETTLE, [lease for lease, _, _ in chosen], params, "settle")
         it = iter(done[lease.job_id] for lease, _, _ in chosen)

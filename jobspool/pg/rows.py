@@ -29,6 +29,13 @@ WRITE_COLUMNS = ("kind", "state", "priority", "attempts", "max_attempts", "revis
                  "timeout")
 
 
+def text(value: str | None) -> str | None:
+    """A string for a `text` column, which cannot hold NUL: shown as the escape `\\x00`
+    (an error or traceback is for people to read; payloads and results, stored as JSON,
+    keep NUL exactly)."""
+    return value.replace("\x00", "\\x00") if value is not None and "\x00" in value else value
+
+
 def dump(value: Any) -> str | None:
     """JSON text for a `json` column (None stays SQL NULL only for a missing result)."""
     return orjson.dumps(value).decode()
@@ -62,7 +69,8 @@ def write_values(job: Job, token: int | None = None) -> list[Any]:
             lease.expires_at if lease is not None else None,
             lease.proc if lease is not None else None,
             dump(job.payload), None if job.result is None else dump(job.result),
-            job.last_error, job.traceback, list(job.reservations), job.rescues, job.timeout]
+            text(job.last_error), text(job.traceback), list(job.reservations), job.rescues,
+            job.timeout]
 
 
 UPDATE_SQL = ("UPDATE jobspool_jobs SET "

@@ -23,7 +23,7 @@ import psycopg
 
 from jobspool.errors import SpoolError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _LOCK_KEY = 0x6A6F6273  # "jobs": the advisory lock migrations hold
 
 _V1 = """
@@ -37,9 +37,9 @@ CREATE TABLE IF NOT EXISTS jobspool_jobs (
     kind text NOT NULL,
     state text NOT NULL CHECK (state IN ('prepared', 'ready', 'leased', 'retryable',
                                          'completed', 'dead_letter', 'canceled')),
-    priority integer NOT NULL,
-    attempts integer NOT NULL,
-    max_attempts integer NOT NULL,
+    priority bigint NOT NULL,
+    attempts bigint NOT NULL,
+    max_attempts bigint NOT NULL,
     revision bigint NOT NULL,
     created_at double precision NOT NULL,
     updated_at double precision NOT NULL,
@@ -53,7 +53,7 @@ CREATE TABLE IF NOT EXISTS jobspool_jobs (
     last_error text,
     traceback text,
     reservations text[] NOT NULL DEFAULT '{}',
-    rescues integer NOT NULL DEFAULT 0,
+    rescues bigint NOT NULL DEFAULT 0,
     timeout double precision,
     CHECK ((state = 'leased') = (expires_at IS NOT NULL AND token IS NOT NULL))
 ) WITH (fillfactor = 80, autovacuum_vacuum_scale_factor = 0.02,
@@ -65,7 +65,19 @@ CREATE INDEX IF NOT EXISTS jobspool_jobs_leased ON jobspool_jobs (id) WHERE stat
 CREATE INDEX IF NOT EXISTS jobspool_jobs_prepared ON jobspool_jobs (id) WHERE state = 'prepared';
 """
 
-MIGRATIONS: dict[int, str] = {1: _V1}
+# v2 (bench/pg.py findings): a worker claims by kind, and without table statistics the
+# planner read and sorted every waiting job for it; an index per (kind, claim order) keeps
+# one kind's claim an index scan whatever the statistics. Retention reads the newest
+# terminal jobs per state from an index instead of sorting the table. Neither index
+# holds `expires_at`, so heartbeats stay HOT updates.
+_V2 = """
+CREATE INDEX IF NOT EXISTS jobspool_jobs_due_kind ON jobspool_jobs (kind, priority, run_at, id)
+    WHERE state IN ('ready', 'retryable');
+CREATE INDEX IF NOT EXISTS jobspool_jobs_terminal ON jobspool_jobs (state, updated_at, id)
+    WHERE state IN ('completed', 'dead_letter', 'canceled');
+"""
+
+MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2}
 
 
 def _current(conn: psycopg.Connection[Any]) -> int | None:

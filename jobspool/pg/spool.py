@@ -232,7 +232,7 @@ class PgSpool:
         try:
             from jobspool.pg.admin import prune
 
-            prune(self)
+            prune(self, count=False)
         except SpoolError as exc:
             log.warning("automatic pruning failed (will retry later): %s", exc)
 

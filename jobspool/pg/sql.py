@@ -28,33 +28,78 @@ WITH ins AS (
 SELECT coalesce(array_agg(id), '{}'::text[]), pg_notify(%(channel)s, '') FROM ins
 """
 
+# The same for one job (the common one-per-call enqueue): a plain VALUES row, which the
+# server plans and runs cheaper than unpacking arrays.
+INSERT_ONE = """
+WITH ins AS (
+  INSERT INTO jobspool_jobs (id, kind, state, priority, attempts, max_attempts, revision,
+                             created_at, updated_at, run_at, payload, timeout)
+  VALUES (%(id)s, %(kind)s, %(state)s, %(priority)s, 0, %(max_attempts)s, 1,
+          %(created)s, %(created)s, %(run_at)s, %(payload)s::json, %(timeout)s)
+  ON CONFLICT (id) DO NOTHING
+  RETURNING id)
+SELECT coalesce(array_agg(id), '{}'::text[]), pg_notify(%(channel)s, '') FROM ins
+"""
+
 # Due jobs in claim order (priority, then run_at, then id), skipping rows another
-# claimer holds; the token comes from the sequence, one per job, strictly increasing.
-CLAIM = f"""
-WITH c AS MATERIALIZED (
-  SELECT id FROM jobspool_jobs
+# claimer holds: waiting ones (ready, retryable past run_at) and, as on the file spool,
+# expired leases of a dead or stalled worker (taken over: attempt and rescue counted)
+# unless out of attempts or rescues (those the sweep dead-letters). Each source is an
+# index scan in claim order, locked as it is read; the top `limit` of both are taken.
+# Tokens come from the sequence in claim order: strictly increasing along the batch.
+# Three forms of the kind filter (`claim_sql`), so each plans on its own index: none,
+# one kind (an index scan in claim order on jobspool_jobs_due_kind), several kinds.
+_CLAIM = f"""
+WITH due AS MATERIALIZED (
+  SELECT id, priority, run_at FROM jobspool_jobs
   WHERE state IN ('ready', 'retryable') AND run_at <= {NOW}
-    AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
+    {{kinds}}
     AND NOT (id = ANY(%(exclude)s::text[]))
   ORDER BY priority, run_at, id
   LIMIT %(limit)s
-  FOR UPDATE SKIP LOCKED)
+  FOR UPDATE SKIP LOCKED),
+lapsed AS MATERIALIZED (
+  SELECT id, priority, run_at FROM jobspool_jobs
+  WHERE state = 'leased' AND expires_at <= {NOW} AND attempts < max_attempts
+    AND (%(max_rescues)s::bigint IS NULL OR rescues < %(max_rescues)s::bigint)
+    {{kinds}}
+    AND NOT (id = ANY(%(exclude)s::text[]))
+  ORDER BY priority, run_at, id
+  LIMIT %(limit)s
+  FOR UPDATE SKIP LOCKED),
+c AS MATERIALIZED (
+  SELECT s.id, nextval('jobspool_fence') AS token FROM (
+    SELECT id, priority, run_at FROM due UNION ALL SELECT id, priority, run_at FROM lapsed
+    ORDER BY priority, run_at, id LIMIT %(limit)s) s)
 UPDATE jobspool_jobs j
 SET state = 'leased', attempts = j.attempts + 1, revision = j.revision + 1,
-    updated_at = {NOW}, token = nextval('jobspool_fence'), owner = %(owner)s,
+    rescues = j.rescues + CASE WHEN j.state = 'leased' THEN 1 ELSE 0 END,
+    updated_at = {NOW}, token = c.token, owner = %(owner)s,
     expires_at = {NOW} + %(lease)s, proc = %(proc)s
 FROM c WHERE j.id = c.id
 RETURNING {J_COLUMNS}
 """
 
+_KIND_FILTERS = {0: "", 1: "AND kind = %(kind)s", 2: "AND kind = ANY(%(kinds)s::text[])"}
+CLAIMS = {n: _CLAIM.replace("{kinds}", f) for n, f in _KIND_FILTERS.items()}
+
+
+def claim_sql(kinds: list[str] | None) -> str:
+    """The claim statement for no kind filter, one kind, or several."""
+    return CLAIMS[0 if kinds is None else min(len(kinds), 2)]
+
+
 # Expired leases back to retryable (due at once), or dead_letter when out of attempts or
-# rescues (the poison-pill cap). The token is cleared: only a settle keeps it, so a settle
-# sent again after a lost reply can tell its own work from a sweep's. Rows locked by a
-# `fenced` block are skipped: their holder is extending the lease right now.
+# rescues (the poison-pill cap): all of them (`recover`), or only the exhausted ones of
+# the kinds a claim asks for (`sweep_sql`: the rest a claim takes over itself). The
+# token is cleared: only a settle keeps it, so a settle sent again after a lost reply can
+# tell its own work from a sweep's. Rows locked by a `fenced` block are skipped: their
+# holder is extending the lease right now.
 SWEEP = f"""
 WITH x AS MATERIALIZED (
   SELECT id FROM jobspool_jobs
   WHERE state = 'leased' AND expires_at <= {NOW}
+  {{only}}
   FOR UPDATE SKIP LOCKED)
 UPDATE jobspool_jobs j
 SET state = CASE WHEN j.attempts >= j.max_attempts
@@ -72,6 +117,18 @@ FROM x WHERE j.id = x.id
 RETURNING j.id, j.state
 """
 
+_EXHAUSTED = ("AND (attempts >= max_attempts OR (%(max_rescues)s::int IS NOT NULL "
+              "AND rescues + 1 > %(max_rescues)s::int))")
+
+
+def sweep_sql(kinds: list[str] | None, *, exhausted_only: bool) -> str:
+    """The sweep for every expired lease, or for the exhausted ones of `kinds`."""
+    if not exhausted_only:
+        return SWEEP.replace("{only}", "")
+    only = _EXHAUSTED + " " + _KIND_FILTERS[0 if kinds is None else min(len(kinds), 2)]
+    return SWEEP.replace("{only}", only)
+
+
 # Complete, fail and release, many at once: each row written only while its lease is
 # current (same token, still leased, unexpired). A row left out was refused.
 SETTLE = f"""
@@ -80,8 +137,8 @@ SET state = u.state, attempts = u.attempts, rescues = u.rescues, revision = j.re
     updated_at = {NOW}, run_at = CASE WHEN u.delay IS NULL THEN j.run_at ELSE {NOW} + u.delay END,
     owner = NULL, expires_at = NULL, proc = NULL,
     result = u.result::json, last_error = u.last_error, traceback = u.traceback
-FROM unnest(%(ids)s::text[], %(tokens)s::int8[], %(states)s::text[], %(attempts)s::int4[],
-            %(rescues)s::int4[], %(delays)s::float8[], %(results)s::text[],
+FROM unnest(%(ids)s::text[], %(tokens)s::int8[], %(states)s::text[], %(attempts)s::int8[],
+            %(rescues)s::int8[], %(delays)s::float8[], %(results)s::text[],
             %(errors)s::text[], %(tracebacks)s::text[])
      AS u(id, token, state, attempts, rescues, delay, result, last_error, traceback)
 WHERE j.id = u.id AND j.token = u.token AND j.state = 'leased' AND j.expires_at > {NOW}
