@@ -173,3 +173,26 @@ def test_the_dashboard_serves_a_postgresql_spool_and_purges_its_dead_letters(
 
         assert purge_dead(spool, "note") == "purged 1 dead letter of kind note"  # type: ignore[arg-type]
         assert spool.stats().counts["dead_letter"] == 0
+
+
+def test_recover_replays_prepared_jobs_past_their_grace_through_the_kinds_hooks(
+        pg_url: str) -> None:
+    with Spool(pg_url, prepare_grace_seconds=0.0) as spool:
+        spool.prepare("note", {"n": 1}, job_id="yes")
+        spool.prepare("note", {"n": 2}, job_id="no")
+        spool.prepare("note", {"n": 3}, job_id="maybe")
+        spool.prepare("other", {"n": 4}, job_id="nohook")
+        time.sleep(0.05)
+        answers = {"yes": "committed", "no": "aborted", "maybe": "unknown"}
+        report = spool.recover({"note": lambda job: answers[job.id]})
+        assert report.replayed_committed == ("yes",)
+        assert report.replayed_aborted == ("no",)
+        assert report.replay_unknown == ("maybe",)
+        assert report.prepared_pending == ("nohook",)
+        assert spool.get("yes").state is JobState.READY
+        assert spool.get("no").state is JobState.CANCELED
+        maybe = spool.get("maybe")
+        assert (maybe.state, maybe.attempts) == (JobState.PREPARED, 1)
+        again = spool.recover()  # no hooks now: both left waiting are reported, not moved
+        assert set(again.prepared_pending) == {"maybe", "nohook"}
+        assert again.replayed_committed == () and again.changed is False
