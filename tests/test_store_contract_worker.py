@@ -7,6 +7,8 @@ import threading
 from collections import Counter
 from typing import Any
 
+import pytest
+
 from jobspool import Context, Fail, Job, JobState, Retry, Spool, Worker
 
 
@@ -123,6 +125,41 @@ def test_a_job_near_the_size_limit_can_fail_with_a_long_traceback_and_still_comp
     job = any_spool.get("n")
     assert (job.state, job.result, job.attempts) == (JobState.COMPLETED, "ok", 2)
     assert job.payload == {"blob": "p" * 60_000}
+
+
+_FENCED_CHILD = """
+import sys, time
+from jobspool import Spool, Worker
+def handler(job, ctx):
+    with ctx.fenced():
+        ctx.heartbeat()  # a long side effect keeps its lease from inside the block
+        time.sleep(0.1)
+    return "ok"
+with Spool(sys.argv[1]) as spool:
+    report = Worker(spool, {"fenced": handler}).run_until_idle()
+    print(report.completed, spool.get("f").state, flush=True)
+"""
+
+
+def test_a_heartbeat_inside_a_fenced_block_neither_deadlocks_nor_fails(
+        any_spool: Spool, store_root: object) -> None:
+    import subprocess
+    import sys
+
+    from tests.subproc import REPO, cli_env
+
+    any_spool.enqueue("fenced", job_id="f")
+    # In a child: a deadlock must fail this test, not hang the suite.
+    proc = subprocess.Popen([sys.executable, "-c", _FENCED_CHILD, str(store_root)], cwd=REPO,
+                            env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail("the worker hung: ctx.heartbeat() inside ctx.fenced() deadlocked")
+    assert proc.returncode == 0, err.decode(errors="replace")
+    assert out.decode().split() == ["1", "completed"]
 
 
 def test_worker_leaves_kinds_it_has_no_handler_for(any_spool: Spool) -> None:
