@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
     from jobspool.queue.api import SpoolAPI as Spool
-    from jobspool.queue.worker import RunReport
+    from jobspool.queue.report import RunReport
 
 METRICS_DIR = "metrics"
 WORKER_STALE_SECONDS = 300.0

@@ -32,7 +32,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from datetime import UTC, datetime, timedelta, tzinfo
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
@@ -41,7 +41,6 @@ from jobspool.queue.job import JOB_ID_RE, check_json, iso_time, validate_kind
 
 if TYPE_CHECKING:
     from jobspool.queue.api import SpoolAPI as Spool
-    from jobspool.queue.worker import Worker
 
 log = logging.getLogger("jobspool.schedules")
 
@@ -311,7 +310,20 @@ class Scheduler:
         return rows
 
 
-async def serve_schedules(worker: Worker, *, max_sleep: float = 1.0) -> None:
+class _Serving(Protocol):
+    """What firing schedules needs of the worker that runs them."""
+
+    @property
+    def spool(self) -> Spool: ...
+
+    @property
+    def schedules(self) -> Sequence[Schedule]: ...
+
+    @property
+    def stopping(self) -> bool: ...
+
+
+async def serve_schedules(worker: _Serving, *, max_sleep: float = 1.0) -> None:
     """Fire `worker.schedules` until the worker stops (started by `Worker.run_forever`).
 
     Wakes at the next tick or every `max_sleep` seconds, whichever is first, so

@@ -30,7 +30,13 @@ from typing import TYPE_CHECKING
 import anyio
 import anyio.to_thread
 
-from jobspool.errors import JobspoolError, LeaseLost, TimeLimitExceeded, WriteFailed
+from jobspool.errors import (
+    JobspoolError,
+    LeaseLost,
+    TimeLimitExceeded,
+    WorkerCrashed,
+    WriteFailed,
+)
 from jobspool.queue.context import Context, Outcome
 from jobspool.queue.invoke import invoke
 from jobspool.queue.job import clip_error
@@ -41,7 +47,7 @@ from jobspool.queue.signals import Retry
 from jobspool.queue.states import JobState
 
 if TYPE_CHECKING:
-    from jobspool.queue.worker import Worker, WorkerCrashed
+    from jobspool.queue.host import WorkerHost
 
 log = logging.getLogger("jobspool.queue.worker")
 
@@ -52,7 +58,7 @@ SETTLE_SECONDS = 0.05
 class Pipeline:
     """The loop of one `run_until_idle` / `run_forever` call."""
 
-    def __init__(self, worker: Worker, counters: Counters, *, until_idle: bool,
+    def __init__(self, worker: WorkerHost, counters: Counters, *, until_idle: bool,
                  max_jobs: int | None = None, wait_for_retries: float = 0.0,
                  poll_seconds: float = 0.5,
                  progress: Callable[[RunReport], None] | None = None) -> None:
@@ -101,12 +107,10 @@ class Pipeline:
             raise self.crashed
 
     async def _loop(self, tg: anyio.abc.TaskGroup) -> None:
-        from jobspool.queue.worker import WorkerCrashed
-
         while True:
             # Idle or busy with long handlers, the metrics file stays fresh while this loop
             # turns (at most one write per 5 s): `health` reads a stale one as a stuck worker.
-            self.w._publish(self.counters)
+            self.w.publish(self.counters)
             if self._settle_due():
                 group, self.done = self.done, []
                 try:
@@ -246,7 +250,7 @@ class Pipeline:
     async def _supervise(self, exc: BaseException, crashed: type[WorkerCrashed]) -> bool:
         """Our own machinery failed: log, back off; False when it is time to give up."""
         try:
-            await self.w._supervise(exc, self.counters)
+            await self.w.supervise(exc, self.counters)
         except crashed as gave_up:
             self.crashed = gave_up
             self.w.stop()
@@ -258,7 +262,7 @@ class Pipeline:
     def _report_progress(self) -> None:
         if self.progress is not None:
             self.progress(self.counters.freeze())
-        self.w._publish(self.counters)
+        self.w.publish(self.counters)
 
     # ------------------------------------------------------------ running handlers
 

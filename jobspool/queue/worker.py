@@ -198,7 +198,7 @@ class Worker:
                            wait_for_retries=wait_for_retries, progress=progress).run()
         finally:
             self._close_beat()
-            self._publish(counters, final=True)  # a finished run is no stale worker
+            self.publish(counters, final=True)  # a finished run is no stale worker
             self._live = None
             self._stop_honored()
         return counters.freeze(await anyio.to_thread.run_sync(self._unhandled))
@@ -252,7 +252,7 @@ class Worker:
                 crashed = gave_up  # raised below, outside the task group
             finally:
                 self._close_beat()
-                self._publish(counters, final=True)
+                self.publish(counters, final=True)
                 self._live = None
                 tg.cancel_scope.cancel()
         self._stop_honored()
@@ -265,7 +265,7 @@ class Worker:
         live = self._live
         return None if live is None else live.freeze()
 
-    def _publish(self, counters: Counters, *, final: bool = False) -> None:
+    def publish(self, counters: Counters, *, final: bool = False) -> None:
         """Every few seconds, leave our counters where `jobspool stats --prometheus` finds them."""
         from jobspool import metrics
 
@@ -352,7 +352,7 @@ class Worker:
 
     # ------------------------------------------------------------ support
 
-    async def _supervise(self, exc: BaseException, counters: Counters) -> None:
+    async def supervise(self, exc: BaseException, counters: Counters) -> None:
         """Log a failure of our own machinery, back off, and give up if it keeps failing."""
         counters.crashes += 1
         now = time.monotonic()
