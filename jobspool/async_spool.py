@@ -29,8 +29,9 @@ import anyio.to_thread
 
 from jobspool.errors import JobFailed, WaitTimeout
 from jobspool.queue.api import SpoolAPI
+from jobspool.queue.arguments import validate_wait
 from jobspool.queue.job import EnqueueResult, Job, Reservation
-from jobspool.queue.spool import Spool, validate_wait
+from jobspool.queue.spool import Spool
 from jobspool.queue.states import JobState
 from jobspool.queue.stats import Stats
 

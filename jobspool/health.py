@@ -56,7 +56,7 @@ from jobspool.queue.states import JobState
 from jobspool.queue.store import JOB_SUFFIX
 
 if TYPE_CHECKING:
-    from jobspool.queue.spool import Spool
+    from jobspool.queue.api import SpoolAPI as Spool
 
 DEFAULT_MAX_DUE_AGE = 300.0
 DEFAULT_MAINTENANCE_CADENCE = 60.0  # MaintenanceBeat's default interval
@@ -285,9 +285,12 @@ def _stale_prepared(spool: Spool, cutoff: float) -> list[str]:
 def _unreadable_files(spool: Spool) -> list[str]:
     """`state/name` of each file in a state directory that is not a readable job, confirmed
     by a second read under the lock (a lock-free read can race a recycled file, scan.py)."""
+    from jobspool.queue.leasing import LeasingSpool
     from jobspool.recovery.quarantine import confirm
     from jobspool.recovery.scan import scan_spool
 
+    if not isinstance(spool, LeasingSpool):
+        return []  # only files can be unreadable
     suspects = scan_spool(spool).bad
     if not suspects:
         return []

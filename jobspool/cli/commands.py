@@ -16,6 +16,8 @@ from jobspool.cli.common import (
     _job_doc,
     _job_line,
     _job_text,
+    _load_app,
+    _make_worker,
     _open,
     _root_spec,
 )
@@ -109,37 +111,6 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
                          "unchanged (--on-conflict replace rewrites it)\n")
     _emit(args, _job_doc(job), f"{job.id} {job.status}")
     return EXIT_OK
-
-
-def _load_app(spec: str | None) -> Any:
-    if spec is None:
-        return None
-    from jobspool.app import AppError, load_app
-
-    try:
-        return load_app(spec)
-    except AppError as exc:
-        raise UsageError(str(exc)) from None
-
-
-def _make_worker(args: argparse.Namespace, spool: Any) -> Any:
-    from jobspool.cli.objectstore import storage_options
-    from jobspool.queue.worker import Worker
-
-    app = _load_app(args.app)
-    kinds = None
-    if args.kinds:
-        kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
-        missing = [k for k in kinds if k not in app.handlers]
-        if missing:
-            raise UsageError(f"--kinds names kinds --app {args.app} has no handler for: "
-                             f"{', '.join(missing)} (it handles: "
-                             f"{', '.join(sorted(app.handlers))})")
-    return Worker(spool, app, concurrency=args.concurrency, batch_size=args.batch_size,
-                  kinds=kinds, lease_seconds=args.lease_seconds,
-                  projection=args.projection or app.projection,
-                  storage_options=storage_options(args, app.storage_options),
-                  maintenance=not args.no_maintenance)
 
 
 def _setup_logging(args: argparse.Namespace) -> None:

@@ -26,7 +26,7 @@ def _child_options(args: argparse.Namespace) -> list[str]:
 
 
 def cmd_worker_pool(args: argparse.Namespace) -> int:
-    from jobspool.cli.commands import _make_worker
+    from jobspool.cli.common import _make_worker
     from jobspool.queue.pool import PoolFailed, WorkerPool, child_command
 
     if getattr(args, "metrics_port", None) is not None:

@@ -11,7 +11,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from jobspool.dashboard import actions, data, security
-from jobspool.dashboard.app import (
+from jobspool.dashboard.web import (
     FormTooLarge,
     age_text,
     in_thread,
@@ -25,7 +25,7 @@ from jobspool.queue.job import validate_job_id, validate_kind
 from jobspool.queue.states import ALL_STATES, JobState
 
 if TYPE_CHECKING:
-    from jobspool.dashboard.app import Dashboard
+    from jobspool.dashboard.web import Dashboard
 
 Handler = Callable[[Request], Awaitable[Response]]
 _MAX_TEXT = 200

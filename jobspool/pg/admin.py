@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     import psycopg
 
     from jobspool.health import Health
-    from jobspool.pg.spool import PgSpool
+    from jobspool.pg.core import PgCore as PgSpool
     from jobspool.recovery.fsck import FsckReport
     from jobspool.recovery.prune import PruneReport
     from jobspool.recovery.recover import RecoveryReport

@@ -25,7 +25,7 @@ from jobspool.queue.states import JobState
 if TYPE_CHECKING:
     import psycopg
 
-    from jobspool.pg.spool import PgSpool
+    from jobspool.pg.core import PgCore as PgSpool
 
 # The sweep of expired leases runs inside claims at most this often per process.
 SWEEP_EVERY = 1.0

@@ -22,7 +22,7 @@ from jobspool.queue.states import JobState
 if TYPE_CHECKING:
     import psycopg
 
-    from jobspool.pg.spool import PgSpool
+    from jobspool.pg.core import PgCore as PgSpool
 
 CHUNK = 500
 

@@ -20,7 +20,7 @@ from jobspool.queue.states import JobState
 if TYPE_CHECKING:
     import psycopg
 
-    from jobspool.pg.spool import PgSpool
+    from jobspool.pg.core import PgCore as PgSpool
 
 
 def insert_fresh(spool: PgSpool, fresh: list[Job]) -> set[str]:

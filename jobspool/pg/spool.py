@@ -39,6 +39,14 @@ from jobspool.pg.db import Database
 from jobspool.pg.rows import COLUMNS, to_job
 from jobspool.pg.schema import check, load_settings, migrate
 from jobspool.queue import machine
+from jobspool.queue.arguments import (
+    check_on_conflict,
+    check_run_at,
+    check_timeout,
+    check_unique_states,
+    job_states,
+    validate_wait,
+)
 from jobspool.queue.bulk import Match, match
 from jobspool.queue.job import (
     MAX_JOB_BYTES,
@@ -57,14 +65,6 @@ from jobspool.queue.job import (
     validate_seconds,
 )
 from jobspool.queue.layout import SpoolSettings
-from jobspool.queue.spool import (
-    _on_conflict,
-    _run_at,
-    _timeout,
-    _unique_states,
-    job_states,
-    validate_wait,
-)
 from jobspool.queue.states import JobState, check_source
 
 if TYPE_CHECKING:
@@ -312,15 +312,15 @@ class PgSpool:
         ids = self._ids_for(len(payload_list), job_ids)
         for p in payload_list:
             check_json(p, "payload")
-        policy = _on_conflict(on_conflict)
-        unique = _unique_states(unique_states)
+        policy = check_on_conflict(on_conflict)
+        unique = check_unique_states(unique_states)
         delay = validate_seconds("delay", delay)
         validate_int("priority", priority)
         attempts = self.max_attempts if max_attempts is None else validate_int(
             "max_attempts", max_attempts, minimum=1)
-        limit = _timeout(timeout)
+        limit = check_timeout(timeout)
         now = self.now()
-        at = _run_at(run_at, delay, now)
+        at = check_run_at(run_at, delay, now)
         fresh = [machine.new_job(job_id=i, kind=kind, payload=p, now=now, delay=delay,
                                  run_at=at, priority=priority, max_attempts=attempts,
                                  timeout=limit)
@@ -356,11 +356,11 @@ class PgSpool:
         check_json(payload, "payload")
         rid = new_token_id()
         now = self.now()
-        at = _run_at(run_at, delay, now)
+        at = check_run_at(run_at, delay, now)
         job = machine.new_job(job_id=jid, kind=kind, payload=payload, now=now, delay=delay,
                               run_at=at, priority=priority, max_attempts=attempts,
                               state=JobState.PREPARED, reservations=(rid,),
-                              timeout=_timeout(timeout))
+                              timeout=check_timeout(timeout))
         encode_admitted(job, max_bytes=self.max_job_bytes)
         (stored,) = produce.insert_given(self, [job], on_conflict="keep", unique_states=None,
                                          reservation=rid)

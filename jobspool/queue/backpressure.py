@@ -52,7 +52,7 @@ from jobspool.queue.states import JobState
 from jobspool.queue.store import JOB_SUFFIX
 
 if TYPE_CHECKING:
-    from jobspool.queue.spool import Spool
+    from jobspool.queue.leasing import LeasingSpool as Spool
 
 CACHE_SECONDS = 0.25
 

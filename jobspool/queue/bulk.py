@@ -21,7 +21,7 @@ from jobspool.queue.job import Job, validate_kind, validate_seconds
 from jobspool.queue.states import CANCELABLE, REQUEUEABLE, JobState
 
 if TYPE_CHECKING:
-    from jobspool.queue.spool import Spool
+    from jobspool.queue.leasing import LeasingSpool as Spool
 
 CHUNK = 500
 

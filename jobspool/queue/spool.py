@@ -18,7 +18,6 @@ administrative and O(jobs) by nature.
 from __future__ import annotations
 
 import inspect
-import math
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -33,6 +32,14 @@ from jobspool.errors import (
     WaitTimeout,
 )
 from jobspool.queue import machine
+from jobspool.queue.arguments import (
+    check_on_conflict,
+    check_run_at,
+    check_timeout,
+    check_unique_states,
+    job_states,
+    validate_wait,
+)
 from jobspool.queue.job import (
     EnqueueResult,
     Job,
@@ -45,7 +52,6 @@ from jobspool.queue.job import (
     validate_int,
     validate_job_id,
     validate_kind,
-    validate_run_at,
     validate_seconds,
 )
 from jobspool.queue.leasing import LeasingSpool
@@ -59,64 +65,6 @@ if TYPE_CHECKING:
     from jobspool.recovery.fsck import FsckReport
     from jobspool.recovery.prune import PruneReport
     from jobspool.recovery.recover import RecoveryReport, ReplayHook
-
-
-def _on_conflict(value: object) -> str:
-    if value not in machine.ON_CONFLICT:
-        raise InvalidJob(f"on_conflict {value!r} must be one of "
-                         f"{', '.join(machine.ON_CONFLICT)}", field="on_conflict")
-    return str(value)
-
-
-def _unique_states(states: Iterable[JobState | str] | None) -> frozenset[JobState] | None:
-    if states is None:
-        return None
-    if isinstance(states, str):
-        states = [states]
-    out: set[JobState] = set()
-    for s in states:
-        try:
-            out.add(JobState(s))
-        except ValueError:
-            raise InvalidJob(f"unique_states names {s!r}, not a state (one of "
-                             f"{', '.join(x.value for x in JobState)})",
-                             field="unique_states") from None
-    return frozenset(out)
-
-
-def _timeout(timeout: object) -> float | None:
-    """A per-job time limit: None, or a positive finite number of seconds."""
-    return None if timeout is None else validate_seconds("timeout", timeout, positive=True)
-
-
-def _run_at(run_at: object, delay: float, now: float) -> float | None:
-    if run_at is None:
-        return None
-    if delay:
-        raise InvalidJob(f"give delay or run_at, not both (delay={delay!r}, run_at={run_at!r})",
-                         field="run_at")
-    return validate_run_at(run_at, now)
-
-
-def job_states(state: JobState | str | None) -> Sequence[JobState]:
-    """The states `jobs(state=...)` walks, in order; `InvalidJob` naming a bad one."""
-    if state is None:
-        return ALL_STATES
-    try:
-        return (JobState(state),)
-    except ValueError:
-        raise InvalidJob(f"state {state!r} is not a job state (one of "
-                         f"{', '.join(x.value for x in JobState)})", field="state") from None
-
-
-def validate_wait(timeout: float | None, poll_seconds: float) -> tuple[float | None, float]:
-    """`wait`'s arguments checked: a NaN deadline never passes, so it would wait forever.
-
-    `timeout` None or +inf waits without a limit; otherwise it must be finite and >= 0.
-    """
-    if timeout is not None:
-        timeout = None if timeout == math.inf else validate_seconds("timeout", timeout)
-    return timeout, validate_seconds("poll_seconds", poll_seconds, positive=True)
 
 
 class Spool(LeasingSpool):
@@ -135,6 +83,11 @@ class Spool(LeasingSpool):
             # Not a subclass: __init__ is not run again on it. Same public API (duck-typed).
             return cast("Spool", PgSpool(str(root), *args, **kwargs))
         return super().__new__(cls)
+
+    def _autoprune(self) -> None:
+        from jobspool.recovery.prune import prune_if_over
+
+        prune_if_over(self)
 
     def arrival_watcher(self) -> DirWatcher:
         """Wakes an idle worker when a job file lands in ready/ or retryable/ (inotify)."""
@@ -206,15 +159,15 @@ class Spool(LeasingSpool):
         ids = self._ids_for(payload_list, job_ids)
         for p in payload_list:
             check_json(p, "payload")
-        policy = _on_conflict(on_conflict)
-        unique = _unique_states(unique_states)
+        policy = check_on_conflict(on_conflict)
+        unique = check_unique_states(unique_states)
         delay = validate_seconds("delay", delay)
         validate_int("priority", priority)
         attempts = self.max_attempts if max_attempts is None else validate_int(
             "max_attempts", max_attempts, minimum=1)
-        limit = _timeout(timeout)
+        limit = check_timeout(timeout)
         now = self.now()
-        at = _run_at(run_at, delay, now)
+        at = check_run_at(run_at, delay, now)
         fresh = [machine.new_job(job_id=i, kind=kind, payload=p, now=now, delay=delay,
                                  run_at=at, priority=priority, max_attempts=attempts,
                                  timeout=limit)
@@ -335,11 +288,11 @@ class Spool(LeasingSpool):
         check_json(payload, "payload")
         rid = new_token_id()
         now = self.now()
-        at = _run_at(run_at, delay, now)
+        at = check_run_at(run_at, delay, now)
         job = machine.new_job(job_id=jid, kind=kind, payload=payload, now=now, delay=delay,
                               run_at=at, priority=priority, max_attempts=attempts,
                               state=JobState.PREPARED, reservations=(rid,),
-                              timeout=_timeout(timeout))
+                              timeout=check_timeout(timeout))
         encode_admitted(job, max_bytes=self.max_job_bytes)
         with self._lock.hold():
             (stored,) = self._insert([job], given=job_id is not None, now=self.now(),

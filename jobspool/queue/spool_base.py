@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self, cast
+from typing import Any, Self
 
 from jobspool.errors import JobspoolError, JobTooLarge, SpoolError
 from jobspool.queue import machine
@@ -51,10 +51,6 @@ from jobspool.queue.store import (
     write_atomic,
     write_failed,
 )
-
-if TYPE_CHECKING:
-    from jobspool.queue.spool import Spool
-
 
 log = logging.getLogger("jobspool.queue.spool")
 
@@ -458,10 +454,10 @@ class SpoolBase:
             return
         self._terminal_writes = 0
         try:
-            from jobspool.recovery.prune import prune_if_over
-
-            prune_if_over(cast("Spool", self))
-        except ImportError:
-            pass
+            self._autoprune()
         except (OSError, JobspoolError) as exc:
             log.warning("automatic pruning failed (will retry later): %s", exc)
+
+    def _autoprune(self) -> None:
+        """Retention itself: administration's, which the `Spool` facade (above it) plugs in;
+        the core never imports up."""

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from jobspool.queue.states import ALL_STATES, JobState
 
 if TYPE_CHECKING:
-    from jobspool.queue.spool import Spool
+    from jobspool.queue.leasing import LeasingSpool as Spool
 
 # Reading every retryable file to find the oldest due one is O(retryable): cap it.
 _MAX_RETRYABLE_SCAN = 20_000

@@ -27,7 +27,7 @@ from jobspool.recovery.quarantine import confirm, quarantined_files
 from jobspool.recovery.scan import Scan, probe, scan_spool
 
 if TYPE_CHECKING:
-    from jobspool.queue.spool import Spool
+    from jobspool.queue.leasing import LeasingSpool as Spool
 
 
 

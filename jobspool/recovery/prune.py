@@ -46,7 +46,7 @@ from jobspool.recovery.scan import Bad, Entry, Scan, entry_of, read_job, scan_st
 
 if TYPE_CHECKING:
     from jobspool.queue.job import Job
-    from jobspool.queue.spool import Spool
+    from jobspool.queue.leasing import LeasingSpool as Spool
 
 log = logging.getLogger(__name__)
 

@@ -47,7 +47,7 @@ from jobspool.queue.store import JOB_SUFFIX
 from jobspool.recovery.scan import Bad, read_job
 
 if TYPE_CHECKING:
-    from jobspool.queue.spool import Spool
+    from jobspool.queue.leasing import LeasingSpool as Spool
 
 log = logging.getLogger(__name__)
 

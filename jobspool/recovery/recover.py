@@ -60,7 +60,7 @@ from jobspool.recovery.scan import Bad, Scan, probe, scan_spool, survivor_key
 
 if TYPE_CHECKING:
     from jobspool.queue.job import Job
-    from jobspool.queue.spool import Spool
+    from jobspool.queue.leasing import LeasingSpool as Spool
 
 __all__ = ["BATCH", "RecoveryReport", "ReplayHook", "ReplayHooks", "recover"]
 

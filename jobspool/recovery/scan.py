@@ -24,7 +24,7 @@ from jobspool.queue.states import ALL_STATES, JobState
 from jobspool.queue.store import JOB_SUFFIX
 
 if TYPE_CHECKING:
-    from jobspool.queue.spool import Spool
+    from jobspool.queue.leasing import LeasingSpool as Spool
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,123 @@
+"""What every dashboard request handler shares: the `Dashboard` record and small helpers
+(responses, redirects, forms, threads, ages). Both the app factory (`app.py`) and the
+routes (`routes.py`) import it; it imports neither, so they do not import each other."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, unquote
+
+import anyio
+import orjson
+from jinja2 import Environment
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+
+from jobspool.dashboard import security
+from jobspool.dashboard.data import Overview
+from jobspool.dashboard.throughput import Throughput
+
+if TYPE_CHECKING:
+    from jobspool.queue.spool import Spool
+
+NOTICE_COOKIE = "jobspool_notice"
+MAX_FORM_BYTES = 16 * 1024
+
+
+@dataclass
+class Dashboard:
+    """What every request handler needs: the spool, the switches, the caches."""
+
+    spool: Spool
+    guard: security.Guard
+    read_only: bool
+    poll_seconds: float
+    sample_seconds: float
+    env: Environment
+    overview: Overview
+    throughput: Throughput
+    _cached: tuple[float, dict[str, Any]] | None = field(default=None, repr=False)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The overview document, recomputed at most once a second (many tabs, one cost)."""
+        now = time.monotonic()
+        if self._cached is not None and now - self._cached[0] < 1.0:
+            return self._cached[1]
+        doc = self.overview.snapshot(self.throughput.series())
+        doc["read_only"] = self.read_only
+        self._cached = (time.monotonic(), doc)
+        return doc
+
+    def render(self, request: Request, template: str, status: int = 200,
+               **context: Any) -> HTMLResponse:
+        notice = request.cookies.get(NOTICE_COOKIE)
+        page = self.env.get_template(template).render(
+            read_only=self.read_only, csrf=self.guard.csrf_for(request.state.sid),
+            csrf_field=security.CSRF_FIELD, poll_ms=int(self.poll_seconds * 1000),
+            token_required=self.guard.token is not None, path=request.url.path,
+            here=request.url.path + (f"?{request.url.query}" if request.url.query else ""),
+            notice=unquote(notice)[:300] if notice else None, **context)
+        response = HTMLResponse(page, status_code=status)
+        if notice:
+            response.delete_cookie(NOTICE_COOKIE, path="/")
+        return response
+
+
+def json_response(doc: Any, status: int = 200) -> Response:
+    """A JSON response encoded with orjson (datetimes and the like as strings)."""
+    return Response(orjson.dumps(doc, default=str), status_code=status,
+                    media_type="application/json")
+
+
+def redirect(to: str, notice: str | None = None) -> RedirectResponse:
+    """A 303 to a local path, carrying a one-shot notice in a cookie (never in the URL)."""
+    response = RedirectResponse(safe_next(to), status_code=303)
+    if notice:
+        response.set_cookie(NOTICE_COOKIE, quote(notice[:300]), path="/", httponly=True,
+                            samesite="strict")
+    return response
+
+
+def safe_next(target: str | None) -> str:
+    """Only a local path: `//evil.example` and absolute URLs would make an open redirect."""
+    if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
+        return "/"
+    return target
+
+
+async def read_form(request: Request) -> dict[str, str]:
+    """A small urlencoded form (the dashboard posts nothing else); oversize is refused."""
+    from urllib.parse import parse_qs
+
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM_BYTES:
+            raise FormTooLarge
+    fields = parse_qs(body.decode("utf-8", errors="replace"), keep_blank_values=True)
+    return {k: v[0] for k, v in fields.items()}
+
+
+class FormTooLarge(Exception):
+    """Raised when a POST body is larger than any form the dashboard sends."""
+
+
+def in_thread(fn: Callable[..., Any], *args: Any) -> Awaitable[Any]:
+    """Run blocking spool I/O off the event loop."""
+    return anyio.to_thread.run_sync(lambda: fn(*args))
+
+
+def age_text(seconds: float | None) -> str:
+    """12 s, 4 min, 3.2 h, 2.0 d."""
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"

@@ -1,0 +1,65 @@
+"""`PgCore`: what the PostgreSQL store's statement modules need of the spool they serve.
+
+`leasing.py`, `produce.py`, `admin.py` and `migrate.py` type against this
+protocol, not against `PgSpool` (which imports them), so the store's modules
+import one way; `PgSpool` is the implementation mypy checks against it.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from jobspool.pg.db import Database
+    from jobspool.queue.job import Job
+    from jobspool.queue.machine import RetryPolicy
+    from jobspool.queue.states import JobState
+
+
+class PgCore(Protocol):
+    db: Database
+    channel: str
+    display: str
+    next_sweep: float
+    sweep_enabled: bool
+
+    @property
+    def max_job_bytes(self) -> int: ...
+
+    @property
+    def max_rescues(self) -> int | None: ...
+
+    @property
+    def keep_terminal(self) -> int: ...
+
+    @property
+    def keep_terminal_seconds(self) -> float | None: ...
+
+    @property
+    def prepare_grace_seconds(self) -> float: ...
+
+    @property
+    def policy(self) -> RetryPolicy: ...
+
+    @property
+    def rng(self) -> random.Random: ...
+
+    def now(self) -> float: ...
+
+    def now_param(self) -> float | None: ...
+
+    def admit(self, n: int) -> None: ...
+
+    def log_swept(self, swept: list[tuple[str, str]]) -> None: ...
+
+    def note_terminal(self, n: int) -> None: ...
+
+    def fence_value(self) -> int: ...
+
+    def jobs(self, state: JobState | str | None = None, kind: str | None = None
+             ) -> Iterator[Job]: ...
+
+    def _mutate(self, job_id: str, decide: Callable[[Job, float], Job | None], *,
+                missing: Callable[[], Any] | None = None, what: str = "update") -> Any: ...
