@@ -130,36 +130,46 @@ def test_a_job_near_the_size_limit_can_fail_with_a_long_traceback_and_still_comp
 _FENCED_CHILD = """
 import sys, time
 from jobspool import Spool, Worker
-def handler(job, ctx):
-    with ctx.fenced():
-        ctx.heartbeat()  # a long side effect keeps its lease from inside the block
-        time.sleep(0.1)
-    return "ok"
+mode = sys.argv[2]
 with Spool(sys.argv[1]) as spool:
-    report = Worker(spool, {"fenced": handler}).run_until_idle()
-    print(report.completed, spool.get("f").state, flush=True)
+    def handler(job, ctx):
+        with ctx.fenced():
+            time.sleep(0.05)
+            if mode == "heartbeat":
+                ctx.heartbeat()  # a long side effect keeps its lease from inside the block
+            else:
+                spool.enqueue("child", job_id="c-" + job.id)  # the outbox pattern
+        return "ok"
+    report = Worker(spool, {"fenced": handler}, concurrency=24, batch_size=24).run_until_idle()
+    print(report.completed, flush=True)
 """
 
 
-def test_a_heartbeat_inside_a_fenced_block_neither_deadlocks_nor_fails(
-        any_spool: Spool, store_root: object) -> None:
+@pytest.mark.parametrize(("mode", "jobs"), [("heartbeat", 1), ("enqueue", 60)])
+def test_work_inside_fenced_blocks_neither_deadlocks_nor_fails(
+        any_spool: Spool, store_root: object, mode: str, jobs: int) -> None:
+    """`ctx.heartbeat()`, or an enqueue, from inside `ctx.fenced()`, with more handlers in
+    fenced blocks at once than a store might have connections."""
     import subprocess
     import sys
 
     from tests.subproc import REPO, cli_env
 
-    any_spool.enqueue("fenced", job_id="f")
+    ids = [j.id for j in any_spool.enqueue_many("fenced", [None] * jobs)]
     # In a child: a deadlock must fail this test, not hang the suite.
-    proc = subprocess.Popen([sys.executable, "-c", _FENCED_CHILD, str(store_root)], cwd=REPO,
-                            env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen([sys.executable, "-c", _FENCED_CHILD, str(store_root), mode],
+                            cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         out, err = proc.communicate(timeout=60)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()
-        pytest.fail("the worker hung: ctx.heartbeat() inside ctx.fenced() deadlocked")
+        pytest.fail(f"the worker hung ({mode} inside ctx.fenced())")
     assert proc.returncode == 0, err.decode(errors="replace")
-    assert out.decode().split() == ["1", "completed"]
+    assert out.decode().split() == [str(jobs)]
+    assert {any_spool.get(i).state for i in ids} == {JobState.COMPLETED}
+    if mode == "enqueue":
+        assert sorted(j.id for j in any_spool.jobs(kind="child")) == sorted(f"c-{i}" for i in ids)
 
 
 def test_worker_leaves_kinds_it_has_no_handler_for(any_spool: Spool) -> None:
