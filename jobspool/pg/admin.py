@@ -9,10 +9,12 @@ stale copies) are zero or empty: a database has none.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from jobspool.errors import JobspoolError
 from jobspool.pg.leasing import sweep
+from jobspool.pg.rows import COLUMNS, to_job
 from jobspool.queue import machine
 from jobspool.queue.job import Job, validate_int, validate_seconds
 from jobspool.queue.states import ALL_STATES, JobState
@@ -23,6 +25,7 @@ if TYPE_CHECKING:
 
     from jobspool.health import Health
     from jobspool.pg.core import PgCore as PgSpool
+    from jobspool.queue.bulk import Match
     from jobspool.recovery.fsck import FsckReport
     from jobspool.recovery.prune import PruneReport
     from jobspool.recovery.recover import RecoveryReport
@@ -212,3 +215,51 @@ def health(spool: PgSpool, *, max_due_age: float = 300.0, lease_grace: float = 0
     return Health(reasons=reasons, root=spool.display, checked_at=now,
                   figures={"counts": dict(st.counts), "due": st.due,
                            "oldest_due_age": st.oldest_due_age, "fence": st.fence})
+
+
+def iter_jobs(spool: PgSpool, states: Sequence[JobState], kind: str | None) -> Iterator[Job]:
+    """Jobs per state in id order, read in pages of 500 (keyset, no OFFSET)."""
+    for state in states:
+        after = ""
+        while True:
+            params = (state.value, after, kind, kind)
+            rows = spool.db.run(functools.partial(_page, params=params), what="listing jobs")
+            for r in rows:
+                yield to_job(r)
+            if len(rows) < 500:
+                break
+            after = rows[-1][0]
+
+
+def _page(conn: psycopg.Connection[Any], params: tuple[Any, ...]) -> list[Any]:
+    return conn.execute(f"SELECT {COLUMNS} FROM jobspool_jobs WHERE state = %s AND id > %s "
+                        "AND (%s::text IS NULL OR kind = %s) ORDER BY id LIMIT 500",
+                        params).fetchall()
+
+
+def apply_matching(spool: PgSpool, action: str, which: Match, decide: Callable[..., Job]
+                   ) -> list[Job]:
+    """A bulk cancel or requeue: each job re-read under its row lock before it moves (one
+    finished meanwhile is left alone); one transaction per job, so workers never wait."""
+    moved: list[Job] = []
+    for job in list(iter_jobs(spool, which.states, which.kind)):
+        def step(cur: Job, now: float, was: JobState = job.state) -> Job:
+            if cur.state is not was or not which(cur, now):
+                return cur
+            return decide(cur, now=now)
+
+        new: Job | None = spool._mutate(job.id, step, missing=lambda: None,  # noqa: SLF001
+                                        what=action)
+        if new is not None and new.revision != job.revision and new.state is not job.state:
+            moved.append(new)
+    return moved
+
+
+def remove_terminal(spool: PgSpool, ids: Sequence[str], state: JobState) -> list[str]:
+    """Delete these jobs where they are still in terminal `state`; the ids removed."""
+    if state not in _TERMINAL:
+        raise ValueError(f"{state.value} is not a terminal state")
+    rows = spool.db.run(lambda c: c.execute(
+        "DELETE FROM jobspool_jobs WHERE id = ANY(%s) AND state = %s RETURNING id",
+        (list(ids), state.value)).fetchall(), what="removing jobs")
+    return sorted(r[0] for r in rows)

@@ -26,6 +26,9 @@ class PgCore(Protocol):
     sweep_enabled: bool
 
     @property
+    def lease_seconds(self) -> float: ...
+
+    @property
     def max_job_bytes(self) -> int: ...
 
     @property

@@ -130,7 +130,19 @@ class Database:
         self._pool: Pool | None = None
         self._pid = 0
         self._mutex = threading.Lock()
+        self._pinned = threading.local()
         self.closed = False
+
+    @contextmanager
+    def pinned(self, conn: psycopg.Connection[Any]) -> Iterator[None]:
+        """Send this thread's statements through `conn` while the block runs: the
+        transaction of a `fenced` block, so what a handler does inside it (a heartbeat, an
+        enqueue) joins it instead of waiting on its row lock or for a pooled connection."""
+        self._pinned.conn = conn
+        try:
+            yield
+        finally:
+            self._pinned.conn = None
 
     def connect(self, **kwargs: Any) -> psycopg.Connection[Any]:
         """A connection of its own (LISTEN, migrations), outside the pool."""
@@ -160,6 +172,13 @@ class Database:
 
     def run(self, fn: Callable[[psycopg.Connection[Any]], T], *, what: str = "query") -> T:
         """`fn(conn)` on a pooled autocommit connection, sent again after a lost connection."""
+        pinned = getattr(self._pinned, "conn", None)
+        if pinned is not None:  # inside a transaction: one try, no retry on another connection
+            try:
+                return fn(pinned)
+            except psycopg.Error as exc:
+                raise SpoolError(f"database {self.display} refused {what}: "
+                                 f"{one_line(exc)}") from None
         deadline = time.monotonic() + self.reconnect_seconds
         delay = 0.05
         while True:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import functools
 import math
 import time
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from jobspool.errors import InvalidJob, JobspoolError, JobTooLarge, LeaseLost
@@ -87,8 +88,8 @@ def _as_holder(lease: Lease) -> Job:
     return evolve(lease.job, state=JobState.LEASED, lease=info)
 
 
-def _refusal(conn: psycopg.Connection[Any], lease: Lease, resent: bool = False
-             ) -> LeaseLost | Job:
+def _refusal(conn: psycopg.Connection[Any], lease: Lease, resent: bool = False,
+             now: float = math.inf) -> LeaseLost | Job:
     """Why a guarded write skipped `lease`; or, for a statement `resent` after its reply was
     lost to a dropped connection, the job when that lease already settled it (the first
     send landed). A settle made twice on purpose is refused, as on the file spool."""
@@ -104,11 +105,13 @@ def _refusal(conn: psycopg.Connection[Any], lease: Lease, resent: bool = False
         return LeaseLost(lease.job_id, lease.token, f"job is {job.state.value}")
     if token != lease.token:
         return LeaseLost(lease.job_id, lease.token, f"job was claimed again (token {token})")
+    if job.lease is not None and job.lease.expires_at > now:
+        return job  # current, its row held by a `fenced` block (which extends it on exit)
     return LeaseLost(lease.job_id, lease.token, "lease expired")
 
 
 def _apply(spool: PgSpool, statement: str, leases: Sequence[Lease], params: dict[str, Any],
-           what: str) -> dict[str, Job | LeaseLost]:
+           what: str, locked_ok: bool = False) -> dict[str, Job | LeaseLost]:
     sends = 0
 
     def go(conn: psycopg.Connection[Any]) -> dict[str, Job | LeaseLost]:
@@ -118,7 +121,8 @@ def _apply(spool: PgSpool, statement: str, leases: Sequence[Lease], params: dict
         done: dict[str, Job | LeaseLost] = {r[0]: to_job(r) for r in rows}
         for lease in leases:
             if lease.job_id not in done:
-                done[lease.job_id] = _refusal(conn, lease, resent=sends > 1)
+                done[lease.job_id] = _refusal(conn, lease, resent=sends > 1,
+                                              now=spool.now() if locked_ok else math.inf)
         return done
 
     return spool.db.run(go, what=what)
@@ -192,7 +196,7 @@ def heartbeat_many(spool: PgSpool, leases: Sequence[Lease], lease_seconds: float
         return []
     params = {"now": spool.now_param(), "lease": lease_seconds,
               "ids": [x.job_id for x in leases], "tokens": [x.token for x in leases]}
-    done = _apply(spool, sql.HEARTBEAT, leases, params, "heartbeat")
+    done = _apply(spool, sql.HEARTBEAT, leases, params, "heartbeat", locked_ok=True)
     out: list[Lease | LeaseLost] = []
     for lease in leases:
         got = done[lease.job_id]
@@ -246,3 +250,39 @@ def next_due_at(spool: PgSpool, kinds: Iterable[str] | None) -> float | None:
         return None
     # In this process's clock (`PgSpool.now`), which the worker compares it with.
     return float(row[0]) - float(row[1]) + spool.now()
+
+
+@contextmanager
+def fenced(spool: PgSpool, lease: Lease) -> Iterator[Lease]:
+    """`PgSpool.fenced`: the job's row locked for the block, the lease checked before it
+    and extended after it, in one transaction."""
+    with spool.db.connection() as conn, conn.transaction():
+        row = conn.execute(f"SELECT {COLUMNS} FROM jobspool_jobs WHERE id = %s FOR UPDATE",
+                           (lease.job_id,)).fetchone()
+        if row is None:
+            raise LeaseLost(lease.job_id, lease.token, "job is gone")
+        clock = spool.now_param()
+        db_now = conn.execute("SELECT extract(epoch from now())::float8").fetchone()
+        now = clock if clock is not None else float(db_now[0]) if db_now else 0.0
+        machine.check_lease(to_job(row), lease, now)
+        with spool.db.pinned(conn):
+            yield lease
+        conn.execute("UPDATE jobspool_jobs SET expires_at = greatest(expires_at, %s), "
+                     "revision = revision + 1 WHERE id = %s",
+                     (now + spool.lease_seconds, lease.job_id))
+
+
+def fence_value(spool: PgSpool) -> int:
+    """The last token handed out (0 before the first claim)."""
+    row = spool.db.run(lambda c: c.execute(
+        "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM jobspool_fence"
+    ).fetchone(), what="reading the fence")
+    return int(row[0]) if row else 0
+
+
+def live_tokens(spool: PgSpool) -> list[int]:
+    """Tokens of every unexpired lease."""
+    rows = spool.db.run(lambda c: c.execute(
+        "SELECT token FROM jobspool_jobs WHERE state = 'leased' AND expires_at > %s",
+        (spool.now(),)).fetchall(), what="reading leases")
+    return [int(r[0]) for r in rows]

@@ -12,19 +12,16 @@ default projection) live in a local directory, `root` (see `local_dir`).
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import logging
 import os
 import random
 import socket
-import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from jobspool.errors import (
     InvalidTransition,
@@ -32,78 +29,54 @@ from jobspool.errors import (
     JobspoolError,
     LeaseLost,
     SpoolError,
-    WaitTimeout,
 )
-from jobspool.pg import leasing, produce
+from jobspool.pg import admin, leasing, produce
 from jobspool.pg.db import Database
+from jobspool.pg.opening import DEFAULTS, LocalLock, default_local_dir, open_database
 from jobspool.pg.rows import COLUMNS, to_job
-from jobspool.pg.schema import check, load_settings, migrate
 from jobspool.queue import machine
 from jobspool.queue.arguments import (
-    check_on_conflict,
-    check_run_at,
-    check_timeout,
-    check_unique_states,
     job_states,
-    validate_wait,
+    new_batch,
+    new_reservation,
+    wait_until_terminal,
 )
 from jobspool.queue.bulk import Match, match
 from jobspool.queue.job import (
-    MAX_JOB_BYTES,
     EnqueueResult,
     Job,
     Lease,
     Reservation,
-    check_json,
     encode_admitted,
-    new_job_id,
-    new_token_id,
     validate_int,
     validate_job_id,
     validate_kind,
     validate_owner,
     validate_seconds,
 )
-from jobspool.queue.layout import SpoolSettings
 from jobspool.queue.states import JobState, check_source
 
 if TYPE_CHECKING:
     import psycopg
 
+    from jobspool.health import Health
     from jobspool.pg.notify import NotifyWatcher
+    from jobspool.queue.stats import Stats
+    from jobspool.recovery.fsck import FsckReport
+    from jobspool.recovery.prune import PruneReport
+    from jobspool.recovery.recover import RecoveryReport
+    from jobspool.recovery.replay import ReplayHooks
 
 log = logging.getLogger("jobspool.pg")
 
-_DEFAULTS: dict[str, Any] = {
-    "lease_seconds": 60.0, "max_attempts": 5, "retry_base_seconds": 1.0,
-    "retry_max_seconds": 300.0, "keep_terminal": 1000, "keep_terminal_seconds": None,
-    "max_rescues": 10, "prepare_grace_seconds": 300.0, "max_job_bytes": MAX_JOB_BYTES,
-}
+T = TypeVar("T", Job, Lease)
 
 
-def default_local_dir(display: str) -> Path:
-    """Where per-process artifacts of a database spool live on this machine."""
-    base = os.environ.get("JOBSPOOL_STATE_DIR") or os.path.join(
-        os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state"), "jobspool")
-    return Path(base) / hashlib.sha256(display.encode()).hexdigest()[:16]
-
-
-def _page(conn: psycopg.Connection[Any], params: tuple[Any, ...]) -> list[Any]:
-    return conn.execute(f"SELECT {COLUMNS} FROM jobspool_jobs WHERE state = %s AND id > %s "
-                        "AND (%s::text IS NULL OR kind = %s) ORDER BY id LIMIT 500",
-                        params).fetchall()
-
-
-class _LocalLock:
-    """A process-local stand-in for the file spool's lock (schedule marks use it)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.RLock()
-
-    @contextmanager
-    def hold(self) -> Iterator[None]:
-        with self._lock:
-            yield
+def _one(out: T | JobspoolError) -> T:
+    """A batch form's single result: the job or lease, or its refusal raised."""
+    if isinstance(out, BaseException):
+        raise out
+    return out
 
 
 class PgSpool:
@@ -121,7 +94,7 @@ class PgSpool:
         # configuration serves both stores.
         for name in ("durable", "sync_mode", "access"):
             options.pop(name, None)
-        unknown = set(options) - set(_DEFAULTS)
+        unknown = set(options) - set(DEFAULTS)
         if unknown:
             raise TypeError(f"Spool() got unexpected keyword argument(s): {sorted(unknown)}")
         self.url = root
@@ -130,68 +103,27 @@ class PgSpool:
         self.display = self.db.display
         self.max_due, self.max_lag_seconds = max_due, max_lag_seconds
         given = {k: v for k, v in options.items() if v is not None or k == "keep_terminal_seconds"}
-        conn = self.db.connect()
-        try:
-            self.created = self._open_schema(conn, create, {**_DEFAULTS, **given})
-            stored = load_settings(conn)
-            schema = conn.execute("SELECT current_schema()").fetchone()
-            self.channel = f"jobspool_{(schema[0] if schema else 'public')}"[:63]
-            t0 = time.time()
-            row = conn.execute("SELECT extract(epoch from clock_timestamp())::float8").fetchone()
-            t1 = time.time()
-        except Exception as exc:
-            import psycopg as _pg
-
-            if isinstance(exc, _pg.Error):
-                raise SpoolError(f"database {self.display}: {str(exc).strip().splitlines()[0]}"
-                                 ) from None
-            raise
-        finally:
-            conn.close()
+        opened = open_database(self.db, create=create, read_only=read_only, given=given)
+        self.created, self.channel = opened.created, opened.channel
         # This process's clock, corrected to the database's: the worker compares due
         # times the database hands out with it.
-        self._offset = (float(row[0]) - (t0 + t1) / 2) if row else 0.0
-        self._settle_settings({**_DEFAULTS, **stored, **given})
+        self._offset = opened.clock_offset
+        st = self.settings = opened.settings
+        self.lease_seconds, self.max_attempts = st.lease_seconds, st.max_attempts
+        self.retry_base_seconds, self.retry_max_seconds = (st.retry_base_seconds,
+                                                           st.retry_max_seconds)
+        self.keep_terminal, self.keep_terminal_seconds = st.keep_terminal, st.keep_terminal_seconds
+        self.max_rescues, self.max_job_bytes = st.max_rescues, st.max_job_bytes
+        self.prepare_grace_seconds = st.prepare_grace_seconds
+        self.policy = machine.RetryPolicy(st.retry_base_seconds, st.retry_max_seconds)
         self.clock = clock
         self.rng = random.Random(seed)
         self.root = Path(local_dir) if local_dir is not None else default_local_dir(self.display)
-        self.lock = _LocalLock()
+        self.lock = LocalLock()
         self.next_sweep = 0.0
         self.sweep_enabled = not read_only
         self._owner = f"{socket.gethostname()}:{os.getpid()}"
         self._terminal_writes = 0
-
-    def _open_schema(self, conn: psycopg.Connection[Any], create: bool,
-                     settings: dict[str, Any]) -> bool:
-        version = check(conn, self.display)
-        if version is None and not create:
-            raise SpoolError(f"{self.display} holds no jobspool schema; run `jobspool init "
-                             f"--root {self.display}` (or pass --create) first")
-        if self.read_only:
-            return False
-        return migrate(conn, self.display, settings)
-
-    def _settle_settings(self, s: dict[str, Any]) -> None:
-        self.lease_seconds = validate_seconds("lease_seconds", s["lease_seconds"], positive=True)
-        self.max_attempts = validate_int("max_attempts", s["max_attempts"], minimum=1)
-        self.retry_base_seconds = validate_seconds("retry_base_seconds", s["retry_base_seconds"])
-        self.retry_max_seconds = validate_seconds("retry_max_seconds", s["retry_max_seconds"])
-        self.keep_terminal = validate_int("keep_terminal", s["keep_terminal"], minimum=0)
-        kts = s["keep_terminal_seconds"]
-        self.keep_terminal_seconds = (None if kts is None
-                                      else validate_seconds("keep_terminal_seconds", kts))
-        r = s["max_rescues"]
-        self.max_rescues = None if r is None else validate_int("max_rescues", r, minimum=1)
-        self.prepare_grace_seconds = validate_seconds("prepare_grace_seconds",
-                                                      s["prepare_grace_seconds"])
-        self.max_job_bytes = validate_int("max_job_bytes", s["max_job_bytes"], minimum=1024)
-        self.policy = machine.RetryPolicy(self.retry_base_seconds, self.retry_max_seconds)
-        self.settings = SpoolSettings(
-            lease_seconds=self.lease_seconds, max_attempts=self.max_attempts,
-            retry_base_seconds=self.retry_base_seconds, retry_max_seconds=self.retry_max_seconds,
-            keep_terminal=self.keep_terminal, max_rescues=self.max_rescues,
-            prepare_grace_seconds=self.prepare_grace_seconds,
-            keep_terminal_seconds=self.keep_terminal_seconds, max_job_bytes=self.max_job_bytes)
 
     # ------------------------------------------------------------ plumbing
 
@@ -230,9 +162,7 @@ class PgSpool:
             return
         self._terminal_writes = 0
         try:
-            from jobspool.pg.admin import prune
-
-            prune(self, count=False)
+            admin.prune(self, count=False)
         except SpoolError as exc:
             log.warning("automatic pruning failed (will retry later): %s", exc)
 
@@ -252,16 +182,6 @@ class PgSpool:
             return Backlog(due=due, oldest_run_at=oldest, measured_at=self.now())
 
         admit(self, n, measure)
-
-    def _ids_for(self, n: int, job_ids: Sequence[str | None] | None) -> list[str]:
-        if job_ids is None:
-            return [new_job_id() for _ in range(n)]
-        if len(job_ids) != n:
-            from jobspool.errors import InvalidJob
-
-            raise InvalidJob(f"job_ids has {len(job_ids)} items for {n} payloads",
-                             field="job_ids")
-        return [new_job_id() if i is None else validate_job_id(i) for i in job_ids]
 
     # ------------------------------------------------------------ producing
 
@@ -307,29 +227,16 @@ class PgSpool:
                              timeout: float | None = None) -> list[EnqueueResult]:
         """Add many jobs of one kind: one statement (generated ids) or one transaction."""
         self._check_writable("enqueue")
-        validate_kind(kind)
-        payload_list = list(payloads)
-        ids = self._ids_for(len(payload_list), job_ids)
-        for p in payload_list:
-            check_json(p, "payload")
-        policy = check_on_conflict(on_conflict)
-        unique = check_unique_states(unique_states)
-        delay = validate_seconds("delay", delay)
-        validate_int("priority", priority)
-        attempts = self.max_attempts if max_attempts is None else validate_int(
-            "max_attempts", max_attempts, minimum=1)
-        limit = check_timeout(timeout)
-        now = self.now()
-        at = check_run_at(run_at, delay, now)
-        fresh = [machine.new_job(job_id=i, kind=kind, payload=p, now=now, delay=delay,
-                                 run_at=at, priority=priority, max_attempts=attempts,
-                                 timeout=limit)
-                 for i, p in zip(ids, payload_list, strict=True)]
+        batch = new_batch(kind, payloads, job_ids=job_ids, delay=delay, run_at=run_at,
+                          priority=priority, max_attempts=max_attempts,
+                          on_conflict=on_conflict, unique_states=unique_states,
+                          timeout=timeout, now=self.now(), default_attempts=self.max_attempts)
+        fresh = batch.fresh
         for job in fresh:
             encode_admitted(job, max_bytes=self.max_job_bytes)
         if not fresh:
             return []
-        if job_ids is None or all(i is None for i in job_ids):
+        if not batch.given_ids:
             self.admit(len(fresh))
             inserted = produce.insert_fresh(self, fresh)
             missing = [j for j in fresh if j.id not in inserted]
@@ -338,7 +245,8 @@ class PgSpool:
             # A reply lost to a dropped connection, the insert sent again: ours already.
             return [EnqueueResult(j, "created") if j.id in inserted
                     else EnqueueResult(self.get(j.id), "existing") for j in fresh]
-        return produce.insert_given(self, fresh, on_conflict=policy, unique_states=unique)
+        return produce.insert_given(self, fresh, on_conflict=batch.on_conflict,
+                                    unique_states=batch.unique_states)
 
     # ------------------------------------------------------------ two-phase
 
@@ -347,24 +255,14 @@ class PgSpool:
                 max_attempts: int | None = None, timeout: float | None = None) -> Reservation:
         """Reserve a job in `prepared` (outbox step 1); several producers may share one id."""
         self._check_writable("prepare")
-        validate_kind(kind)
-        jid = new_job_id() if job_id is None else validate_job_id(job_id)
-        delay = validate_seconds("delay", delay)
-        validate_int("priority", priority)
-        attempts = self.max_attempts if max_attempts is None else validate_int(
-            "max_attempts", max_attempts, minimum=1)
-        check_json(payload, "payload")
-        rid = new_token_id()
-        now = self.now()
-        at = check_run_at(run_at, delay, now)
-        job = machine.new_job(job_id=jid, kind=kind, payload=payload, now=now, delay=delay,
-                              run_at=at, priority=priority, max_attempts=attempts,
-                              state=JobState.PREPARED, reservations=(rid,),
-                              timeout=check_timeout(timeout))
+        job = new_reservation(kind, payload, job_id=job_id, delay=delay, run_at=run_at,
+                              priority=priority, max_attempts=max_attempts, timeout=timeout,
+                              now=self.now(), default_attempts=self.max_attempts)
         encode_admitted(job, max_bytes=self.max_job_bytes)
+        rid = job.reservations[0]
         (stored,) = produce.insert_given(self, [job], on_conflict="keep", unique_states=None,
                                          reservation=rid)
-        return Reservation(job_id=jid, reservation_id=rid, job=stored.job)
+        return Reservation(job_id=job.id, reservation_id=rid, job=stored.job)
 
     def _mutate(self, job_id: str, decide: Callable[[Job, float], Job | None], *,
                 missing: Callable[[], Any] | None = None, what: str = "update") -> Any:
@@ -458,30 +356,13 @@ class PgSpool:
 
     def _apply_matching(self, action: str, which: Match, decide: Callable[..., Job]
                         ) -> list[Job]:
-        """Each job re-read under its row lock before it moves (one finished meanwhile
-        is left alone); one transaction per job, so a bulk action never blocks workers."""
-        moved: list[Job] = []
-        for job in list(self._iter_jobs(which.states, which.kind)):
-            def step(cur: Job, now: float, was: JobState = job.state) -> Job:
-                if cur.state is not was or not which(cur, now):
-                    return cur
-                return decide(cur, now=now)
-
-            new: Job | None = self._mutate(job.id, step, missing=lambda: None, what=action)
-            if new is not None and new.revision != job.revision and new.state is not job.state:
-                moved.append(new)
-        return moved
+        return admin.apply_matching(self, action, which, decide)
 
     def remove_terminal(self, ids: Sequence[str], state: JobState) -> list[str]:
         """Delete these jobs for good where they are still in terminal `state` (a job
         requeued meanwhile is left alone); returns the ids removed."""
-        if state not in (JobState.COMPLETED, JobState.DEAD_LETTER, JobState.CANCELED):
-            raise ValueError(f"{state.value} is not a terminal state")
         self._check_writable("remove jobs")
-        rows = self.db.run(lambda c: c.execute(
-            "DELETE FROM jobspool_jobs WHERE id = ANY(%s) AND state = %s RETURNING id",
-            (list(ids), state.value)).fetchall(), what="removing jobs")
-        return sorted(r[0] for r in rows)
+        return admin.remove_terminal(self, ids, state)
 
     # ------------------------------------------------------------ reading
 
@@ -499,35 +380,12 @@ class PgSpool:
         states = job_states(state)
         if kind is not None:
             validate_kind(kind)
-        return self._iter_jobs(states, kind)
-
-    def _iter_jobs(self, states: Sequence[JobState], kind: str | None) -> Iterator[Job]:
-        for s in states:
-            after = ""
-            while True:
-                params = (s.value, after, kind, kind)
-                rows = self.db.run(functools.partial(_page, params=params), what="listing jobs")
-                for r in rows:
-                    yield to_job(r)
-                if len(rows) < 500:
-                    break
-                after = rows[-1][0]
+        return admin.iter_jobs(self, states, kind)
 
     def wait(self, job_id: str, timeout: float | None = None, *,
              poll_seconds: float = 0.05) -> Job:
         """Block until the job reaches a terminal state; `WaitTimeout` after `timeout` seconds."""
-        timeout, poll_seconds = validate_wait(timeout, poll_seconds)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        delay = 0.005
-        while True:
-            job = self.get(job_id)
-            if job.terminal:
-                return job
-            if deadline is not None and time.monotonic() >= deadline:
-                raise WaitTimeout(job_id, float(timeout or 0))
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            time.sleep(delay if left is None else min(delay, left))
-            delay = min(poll_seconds * 4, delay * 2)
+        return wait_until_terminal(self.get, job_id, timeout, poll_seconds)
 
     # ------------------------------------------------------------ leasing
 
@@ -547,29 +405,23 @@ class PgSpool:
         return leasing.claim(self, kinds=kinds, limit=limit, owner=who, lease_seconds=seconds,
                              exclude=exclude)
 
+    def _seconds(self, lease_seconds: float | None) -> float:
+        return self.lease_seconds if lease_seconds is None else validate_seconds(
+            "lease_seconds", lease_seconds, positive=True)
+
     def heartbeat(self, lease: Lease, *, lease_seconds: float | None = None) -> Lease:
-        (out,) = self.heartbeat_many([lease], lease_seconds=lease_seconds)
-        if isinstance(out, LeaseLost):
-            raise out
-        return out
+        return _one(self.heartbeat_many([lease], lease_seconds=lease_seconds)[0])
 
     def heartbeat_many(self, leases: Sequence[Lease], *, lease_seconds: float | None = None
                        ) -> list[Lease | LeaseLost]:
-        seconds = self.lease_seconds if lease_seconds is None else validate_seconds(
-            "lease_seconds", lease_seconds, positive=True)
-        return leasing.heartbeat_many(self, leases, seconds)
+        return leasing.heartbeat_many(self, leases, self._seconds(lease_seconds))
 
     def check_leases(self, leases: Sequence[Lease], *, margin: float = 0.0,
                      lease_seconds: float | None = None) -> list[Lease | LeaseLost]:
-        seconds = self.lease_seconds if lease_seconds is None else validate_seconds(
-            "lease_seconds", lease_seconds, positive=True)
-        return leasing.check_leases(self, leases, margin, seconds)
+        return leasing.check_leases(self, leases, margin, self._seconds(lease_seconds))
 
     def complete(self, lease: Lease, result: Any = None) -> Job:
-        out = self.complete_many([(lease, result)])[0]
-        if isinstance(out, BaseException):
-            raise out
-        return out
+        return _one(self.complete_many([(lease, result)])[0])
 
     def complete_many(self, items: Sequence[tuple[Lease, Any]]) -> list[Job | JobspoolError]:
         return leasing.settle(self, [x for x, _ in items], [("complete", r) for _, r in items])
@@ -578,10 +430,7 @@ class PgSpool:
              delay: float | None = None) -> Job:
         if delay is not None:
             delay = validate_seconds("delay", delay)
-        out = self.fail_many([(lease, error, retryable, delay)])[0]
-        if isinstance(out, BaseException):
-            raise out
-        return out
+        return _one(self.fail_many([(lease, error, retryable, delay)])[0])
 
     def fail_many(self, items: Sequence[tuple[Lease, object, bool, float | None]]
                   ) -> list[Job | JobspoolError]:
@@ -591,27 +440,12 @@ class PgSpool:
     def release(self, lease: Lease, *, delay: float = 0.0) -> Job:
         """Give a leased job back without counting the attempt (fenced)."""
         delay = validate_seconds("delay", delay)
-        out = leasing.settle(self, [lease], [("release", delay)])[0]
-        if isinstance(out, BaseException):
-            raise out
-        return out
+        return _one(leasing.settle(self, [lease], [("release", delay)])[0])
 
-    @contextmanager
-    def fenced(self, lease: Lease) -> Iterator[Lease]:
+    def fenced(self, lease: Lease) -> AbstractContextManager[Lease]:
         """Run a block while `lease` is current, holding its row lock (no sweep or cancel
         can move the job meanwhile); the lease is extended before the lock is released."""
-        with self.db.connection() as conn, conn.transaction():
-            row = conn.execute(f"SELECT {COLUMNS} FROM jobspool_jobs WHERE id = %s FOR UPDATE",
-                               (lease.job_id,)).fetchone()
-            if row is None:
-                raise LeaseLost(lease.job_id, lease.token, "job is gone")
-            db_now = conn.execute("SELECT extract(epoch from now())::float8").fetchone()
-            now = self.now() if self.clock is not None else float(db_now[0]) if db_now else 0.0
-            machine.check_lease(to_job(row), lease, now)
-            yield lease
-            conn.execute("UPDATE jobspool_jobs SET expires_at = greatest(expires_at, %s), "
-                         "revision = revision + 1 WHERE id = %s",
-                         (now + self.lease_seconds, lease.job_id))
+        return leasing.fenced(self, lease)
 
     def next_due_at(self, kinds: Iterable[str] | None = None) -> float | None:
         return leasing.next_due_at(self, kinds)
@@ -623,16 +457,10 @@ class PgSpool:
         """Nothing to preload: the claim index is the database's."""
 
     def fence_value(self) -> int:
-        row = self.db.run(lambda c: c.execute(
-            "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM jobspool_fence"
-        ).fetchone(), what="reading the fence")
-        return int(row[0]) if row else 0
+        return leasing.fence_value(self)
 
     def live_tokens(self) -> list[int]:
-        rows = self.db.run(lambda c: c.execute(
-            "SELECT token FROM jobspool_jobs WHERE state = 'leased' AND expires_at > %s",
-            (self.now(),)).fetchall(), what="reading leases")
-        return [int(r[0]) for r in rows]
+        return leasing.live_tokens(self)
 
     def min_live_token(self) -> int:
         return min(self.live_tokens(), default=self.fence_value() + 1)
@@ -645,35 +473,24 @@ class PgSpool:
 
     # ------------------------------------------------------------ administration
 
-    def stats(self, *, by_kind: bool = False) -> Any:
-        from jobspool.pg.admin import stats
+    def stats(self, *, by_kind: bool = False) -> Stats:
+        return admin.stats(self, by_kind=by_kind)
 
-        return stats(self, by_kind=by_kind)
-
-    def recover(self, replay: Any = None) -> Any:
+    def recover(self, replay: ReplayHooks | None = None) -> RecoveryReport:
         """Reclaim expired leases, replay prepared jobs past the grace period, prune."""
-        from jobspool.pg.admin import recover
-
         self._check_writable("recover")
-        return recover(self, replay)
+        return admin.recover(self, replay)
 
     def prune(self, keep: int | None = None, older_than: float | None = None, *,
-              keep_dead: int | None = None) -> Any:
-        from jobspool.pg.admin import prune
-
+              keep_dead: int | None = None) -> PruneReport:
         self._check_writable("prune")
-        return prune(self, keep=keep, older_than=older_than, keep_dead=keep_dead)
+        return admin.prune(self, keep=keep, older_than=older_than, keep_dead=keep_dead)
 
-    def health(self, **options: Any) -> Any:
-        from jobspool.pg.admin import health
+    def health(self, **options: Any) -> Health:
+        return admin.health(self, **options)
 
-        return health(self, **options)
-
-    def fsck(self) -> Any:
-        from jobspool.pg.admin import fsck
-
-        return fsck(self)
-
+    def fsck(self) -> FsckReport:
+        return admin.fsck(self)
 
 
 if TYPE_CHECKING:

@@ -146,11 +146,18 @@ RETURNING {J_COLUMNS}
 """
 
 # Heartbeats: only `expires_at` and `revision` change, neither indexed: a HOT update.
+# A row another transaction holds (a `fenced` block, which extends the lease itself when
+# it ends) is skipped rather than waited for: one long block must not stall the beat of
+# every other lease in the batch.
 HEARTBEAT = f"""
+WITH x AS MATERIALIZED (
+  SELECT j.id FROM jobspool_jobs j
+  JOIN unnest(%(ids)s::text[], %(tokens)s::int8[]) AS u(id, token) ON j.id = u.id
+  WHERE j.token = u.token AND j.state = 'leased' AND j.expires_at > {NOW}
+  FOR UPDATE OF j SKIP LOCKED)
 UPDATE jobspool_jobs j
 SET expires_at = greatest(j.expires_at, {NOW} + %(lease)s), revision = j.revision + 1
-FROM unnest(%(ids)s::text[], %(tokens)s::int8[]) AS u(id, token)
-WHERE j.id = u.id AND j.token = u.token AND j.state = 'leased' AND j.expires_at > {NOW}
+FROM x WHERE j.id = x.id
 RETURNING {J_COLUMNS}
 """
 

@@ -4,11 +4,24 @@ conflict policies, unique states, time limits, `run_at`, `jobs(state=...)`, `wai
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
-from jobspool.errors import InvalidJob
+from jobspool.errors import InvalidJob, WaitTimeout
 from jobspool.queue import machine
-from jobspool.queue.job import validate_run_at, validate_seconds
+from jobspool.queue.job import (
+    Job,
+    check_json,
+    new_job_id,
+    new_token_id,
+    validate_int,
+    validate_job_id,
+    validate_kind,
+    validate_run_at,
+    validate_seconds,
+)
 from jobspool.queue.states import ALL_STATES, JobState
 
 
@@ -70,5 +83,92 @@ def validate_wait(timeout: float | None, poll_seconds: float) -> tuple[float | N
     return timeout, validate_seconds("poll_seconds", poll_seconds, positive=True)
 
 
-__all__ = ["check_on_conflict", "check_run_at", "check_timeout", "check_unique_states", "job_states",
-           "validate_wait"]
+
+@dataclass(frozen=True)
+class Batch:
+    """An enqueue call's arguments, checked, as fresh jobs (`new_batch`)."""
+
+    fresh: list[Job]
+    on_conflict: str
+    unique_states: frozenset[JobState] | None
+    delay: float
+    run_at: float | None  # absolute, when given
+    given_ids: bool  # the caller chose ids (they may exist): decide conflicts
+
+
+def job_ids_for(n: int, job_ids: Sequence[str | None] | None) -> list[str]:
+    """One id per payload: the caller's (checked) or a new time-ordered one."""
+    if job_ids is None:
+        return [new_job_id() for _ in range(n)]
+    if len(job_ids) != n:
+        raise InvalidJob(f"job_ids has {len(job_ids)} items for {n} payloads",
+                         field="job_ids")
+    return [new_job_id() if i is None else validate_job_id(i) for i in job_ids]
+
+
+def new_batch(kind: str, payloads: Iterable[Any], *, job_ids: Sequence[str | None] | None,
+              delay: float, run_at: object, priority: int, max_attempts: int | None,
+              on_conflict: str, unique_states: Iterable[JobState | str] | None,
+              timeout: float | None, now: float, default_attempts: int) -> Batch:
+    """Check an enqueue's arguments (`InvalidJob` naming the bad one, before anything is
+    written) and make its fresh jobs; the same rules for every store."""
+    validate_kind(kind)
+    payload_list = list(payloads)
+    ids = job_ids_for(len(payload_list), job_ids)
+    for p in payload_list:
+        check_json(p, "payload")
+    policy = check_on_conflict(on_conflict)
+    unique = check_unique_states(unique_states)
+    delay = validate_seconds("delay", delay)
+    validate_int("priority", priority)
+    attempts = default_attempts if max_attempts is None else validate_int(
+        "max_attempts", max_attempts, minimum=1)
+    limit = check_timeout(timeout)
+    at = check_run_at(run_at, delay, now)
+    fresh = [machine.new_job(job_id=i, kind=kind, payload=p, now=now, delay=delay, run_at=at,
+                             priority=priority, max_attempts=attempts, timeout=limit)
+             for i, p in zip(ids, payload_list, strict=True)]
+    given = job_ids is not None and any(i is not None for i in job_ids)
+    return Batch(fresh, policy, unique, delay, at, given)
+
+
+def new_reservation(kind: str, payload: Any, *, job_id: str | None, delay: float,
+                    run_at: object, priority: int, max_attempts: int | None,
+                    timeout: float | None, now: float, default_attempts: int) -> Job:
+    """A `prepare` call's arguments, checked, as a prepared job holding one new reservation
+    (its id is `job.reservations[0]`)."""
+    validate_kind(kind)
+    jid = new_job_id() if job_id is None else validate_job_id(job_id)
+    delay = validate_seconds("delay", delay)
+    validate_int("priority", priority)
+    attempts = default_attempts if max_attempts is None else validate_int(
+        "max_attempts", max_attempts, minimum=1)
+    check_json(payload, "payload")
+    at = check_run_at(run_at, delay, now)
+    return machine.new_job(job_id=jid, kind=kind, payload=payload, now=now, delay=delay,
+                           run_at=at, priority=priority, max_attempts=attempts,
+                           state=JobState.PREPARED, reservations=(new_token_id(),),
+                           timeout=check_timeout(timeout))
+
+
+def wait_until_terminal(get: Callable[[str], Job], job_id: str, timeout: float | None,
+                        poll_seconds: float) -> Job:
+    """`wait`, for any store: poll `get` with backoff (5 ms doubling up to four polls'
+    worth) until the job is terminal; `WaitTimeout` once `timeout` seconds passed."""
+    timeout, poll_seconds = validate_wait(timeout, poll_seconds)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    delay = 0.005
+    while True:
+        job = get(job_id)
+        if job.terminal:
+            return job
+        if deadline is not None and time.monotonic() >= deadline:
+            raise WaitTimeout(job_id, float(timeout or 0))
+        sleep = delay if deadline is None else min(delay, max(0.0, deadline - time.monotonic()))
+        time.sleep(sleep)
+        delay = min(poll_seconds * 4, delay * 2)
+
+
+__all__ = ["Batch", "check_on_conflict", "check_run_at", "check_timeout",
+           "check_unique_states", "job_ids_for", "job_states", "new_batch", "new_reservation",
+           "validate_wait", "wait_until_terminal"]

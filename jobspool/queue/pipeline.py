@@ -30,13 +30,7 @@ from typing import TYPE_CHECKING
 import anyio
 import anyio.to_thread
 
-from jobspool.errors import (
-    JobspoolError,
-    LeaseLost,
-    TimeLimitExceeded,
-    WorkerCrashed,
-    WriteFailed,
-)
+from jobspool.errors import JobspoolError, LeaseLost, TimeLimitExceeded, WorkerCrashed, WriteFailed
 from jobspool.queue.context import Context, Outcome
 from jobspool.queue.invoke import invoke
 from jobspool.queue.job import clip_error

@@ -19,37 +19,28 @@ from __future__ import annotations
 
 import inspect
 import os
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
 
 from jobspool.errors import (
-    InvalidJob,
     InvalidTransition,
     JobNotFound,
     SpoolError,
-    WaitTimeout,
 )
 from jobspool.queue import machine
 from jobspool.queue.arguments import (
-    check_on_conflict,
-    check_run_at,
-    check_timeout,
-    check_unique_states,
     job_states,
-    validate_wait,
+    new_batch,
+    new_reservation,
+    wait_until_terminal,
 )
 from jobspool.queue.job import (
     EnqueueResult,
     Job,
     Reservation,
-    check_json,
     encode_admitted,
     evolve,
-    new_job_id,
-    new_token_id,
-    validate_int,
     validate_job_id,
     validate_kind,
     validate_seconds,
@@ -154,24 +145,11 @@ class Spool(LeasingSpool):
                              unique_states: Iterable[JobState | str] | None = None,
                              timeout: float | None = None) -> list[EnqueueResult]:
         """`enqueue_many`, returning an `EnqueueResult` per payload."""
-        validate_kind(kind)
-        payload_list = list(payloads)
-        ids = self._ids_for(payload_list, job_ids)
-        for p in payload_list:
-            check_json(p, "payload")
-        policy = check_on_conflict(on_conflict)
-        unique = check_unique_states(unique_states)
-        delay = validate_seconds("delay", delay)
-        validate_int("priority", priority)
-        attempts = self.max_attempts if max_attempts is None else validate_int(
-            "max_attempts", max_attempts, minimum=1)
-        limit = check_timeout(timeout)
-        now = self.now()
-        at = check_run_at(run_at, delay, now)
-        fresh = [machine.new_job(job_id=i, kind=kind, payload=p, now=now, delay=delay,
-                                 run_at=at, priority=priority, max_attempts=attempts,
-                                 timeout=limit)
-                 for i, p in zip(ids, payload_list, strict=True)]
+        batch = new_batch(kind, payloads, job_ids=job_ids, delay=delay, run_at=run_at,
+                          priority=priority, max_attempts=max_attempts,
+                          on_conflict=on_conflict, unique_states=unique_states,
+                          timeout=timeout, now=self.now(), default_attempts=self.max_attempts)
+        fresh, at = batch.fresh, batch.run_at
         # Encode (refusing bad input) and write the new files before taking the lock:
         # creating inodes is the costly part of an enqueue, and other processes need not
         # wait for it. Only the renames that publish them happen under the lock.
@@ -185,8 +163,9 @@ class Spool(LeasingSpool):
         try:
             with self._lock.hold():
                 out = self._insert(fresh, given=job_ids is not None, now=self.now(),
-                                   delay=delay, run_at=at, on_conflict=policy,
-                                   unique_states=unique, staged=staged, group=True)
+                                   delay=batch.delay, run_at=at, on_conflict=batch.on_conflict,
+                                   unique_states=batch.unique_states, staged=staged,
+                                   group=True)
         finally:
             self._store.discard(list(staged.values()))  # whatever was not published
         # Published under the lock; durable once a flush shared with concurrent producers
@@ -204,14 +183,6 @@ class Spool(LeasingSpool):
                                  f"{state.value}/{job_id}.json; run `jobspool recover` (it "
                                  "moves the file to quarantine/) before reusing the id",
                                  path=str(path))
-
-    def _ids_for(self, payloads: list[Any], job_ids: Sequence[str | None] | None) -> list[str]:
-        if job_ids is None:
-            return [new_job_id() for _ in payloads]
-        if len(job_ids) != len(payloads):
-            raise InvalidJob(f"job_ids has {len(job_ids)} items for {len(payloads)} payloads",
-                             field="job_ids")
-        return [new_job_id() if i is None else validate_job_id(i) for i in job_ids]
 
     def _insert(self, fresh: list[Job], *, given: bool, now: float, delay: float,
                 run_at: float | None = None, on_conflict: str = "keep",
@@ -279,20 +250,11 @@ class Spool(LeasingSpool):
                 delay: float = 0.0, run_at: float | datetime | None = None, priority: int = 0,
                 max_attempts: int | None = None, timeout: float | None = None) -> Reservation:
         """Reserve a job in `prepared` (outbox step 1); several producers may share one id."""
-        validate_kind(kind)
-        jid = new_job_id() if job_id is None else validate_job_id(job_id)
+        job = new_reservation(kind, payload, job_id=job_id, delay=delay, run_at=run_at,
+                              priority=priority, max_attempts=max_attempts, timeout=timeout,
+                              now=self.now(), default_attempts=self.max_attempts)
+        jid, rid, at = job.id, job.reservations[0], job.run_at if run_at is not None else None
         delay = validate_seconds("delay", delay)
-        validate_int("priority", priority)
-        attempts = self.max_attempts if max_attempts is None else validate_int(
-            "max_attempts", max_attempts, minimum=1)
-        check_json(payload, "payload")
-        rid = new_token_id()
-        now = self.now()
-        at = check_run_at(run_at, delay, now)
-        job = machine.new_job(job_id=jid, kind=kind, payload=payload, now=now, delay=delay,
-                              run_at=at, priority=priority, max_attempts=attempts,
-                              state=JobState.PREPARED, reservations=(rid,),
-                              timeout=check_timeout(timeout))
         encode_admitted(job, max_bytes=self.max_job_bytes)
         with self._lock.hold():
             (stored,) = self._insert([job], given=job_id is not None, now=self.now(),
@@ -424,18 +386,7 @@ class Spool(LeasingSpool):
     def wait(self, job_id: str, timeout: float | None = None, *,
              poll_seconds: float = 0.05) -> Job:
         """Block until the job reaches a terminal state; `WaitTimeout` after `timeout` seconds."""
-        timeout, poll_seconds = validate_wait(timeout, poll_seconds)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        delay = 0.005
-        while True:
-            job = self.get(job_id)
-            if job.terminal:
-                return job
-            if deadline is not None and time.monotonic() >= deadline:
-                raise WaitTimeout(job_id, float(timeout or 0))
-            sleep = delay if deadline is None else min(delay, max(0.0, deadline - time.monotonic()))
-            time.sleep(sleep)
-            delay = min(poll_seconds * 4, delay * 2)
+        return wait_until_terminal(self.get, job_id, timeout, poll_seconds)
 
     # ------------------------------------------------------------ recovery (jobspool.recovery)
 

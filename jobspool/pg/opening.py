@@ -1,0 +1,109 @@
+"""Opening a PostgreSQL spool: the schema, the settings it was created with, the clocks.
+
+`Spool(url)` creates (or migrates) the schema unless `create=False`, reads the
+settings stored at creation (given options win for this process, as with a
+file spool's `spool.json`), names the NOTIFY channel after the schema, and
+measures how far this host's clock is from the database's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from jobspool.errors import SpoolError
+from jobspool.pg.db import one_line
+from jobspool.pg.schema import check, load_settings, migrate
+from jobspool.queue.job import MAX_JOB_BYTES, validate_int, validate_seconds
+from jobspool.queue.layout import SpoolSettings
+
+if TYPE_CHECKING:
+    from jobspool.pg.db import Database
+
+# The persisted settings and their defaults (the same as a file spool's).
+DEFAULTS: dict[str, Any] = {
+    "lease_seconds": 60.0, "max_attempts": 5, "retry_base_seconds": 1.0,
+    "retry_max_seconds": 300.0, "keep_terminal": 1000, "keep_terminal_seconds": None,
+    "max_rescues": 10, "prepare_grace_seconds": 300.0, "max_job_bytes": MAX_JOB_BYTES,
+}
+
+
+def default_local_dir(display: str) -> Path:
+    """Where per-process artifacts of a database spool live on this machine."""
+    base = os.environ.get("JOBSPOOL_STATE_DIR") or os.path.join(
+        os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state"), "jobspool")
+    return Path(base) / hashlib.sha256(display.encode()).hexdigest()[:16]
+
+
+class LocalLock:
+    """A process-local stand-in for the file spool's lock (schedule marks use it)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+
+    @contextmanager
+    def hold(self) -> Iterator[None]:
+        with self._lock:
+            yield
+
+
+@dataclass(frozen=True)
+class Opened:
+    created: bool  # the schema was created by this open
+    settings: SpoolSettings  # stored at creation, overridden by the options given now
+    channel: str  # the NOTIFY channel of this schema
+    clock_offset: float  # database clock minus this host's, in seconds
+
+
+def open_database(db: Database, *, create: bool, read_only: bool,
+                  given: dict[str, Any]) -> Opened:
+    conn = db.connect()
+    try:
+        version = check(conn, db.display)
+        if version is None and not create:
+            raise SpoolError(f"{db.display} holds no jobspool schema; run `jobspool init "
+                             f"--root {db.display}` (or pass --create) first")
+        created = False if read_only else migrate(conn, db.display, {**DEFAULTS, **given})
+        stored = load_settings(conn)
+        schema = conn.execute("SELECT current_schema()").fetchone()
+        t0 = time.time()
+        row = conn.execute("SELECT extract(epoch from clock_timestamp())::float8").fetchone()
+        t1 = time.time()
+    except SpoolError:
+        raise
+    except Exception as exc:
+        import psycopg
+
+        if isinstance(exc, psycopg.Error):
+            raise SpoolError(f"database {db.display}: {one_line(exc)}") from None
+        raise
+    finally:
+        conn.close()
+    return Opened(created=created, settings=validated({**DEFAULTS, **stored, **given}),
+                  channel=f"jobspool_{(schema[0] if schema else 'public')}"[:63],
+                  clock_offset=(float(row[0]) - (t0 + t1) / 2) if row else 0.0)
+
+
+def validated(s: dict[str, Any]) -> SpoolSettings:
+    """The settings, each checked as the file spool checks it."""
+    kts, rescues = s["keep_terminal_seconds"], s["max_rescues"]
+    return SpoolSettings(
+        lease_seconds=validate_seconds("lease_seconds", s["lease_seconds"], positive=True),
+        max_attempts=validate_int("max_attempts", s["max_attempts"], minimum=1),
+        retry_base_seconds=validate_seconds("retry_base_seconds", s["retry_base_seconds"]),
+        retry_max_seconds=validate_seconds("retry_max_seconds", s["retry_max_seconds"]),
+        keep_terminal=validate_int("keep_terminal", s["keep_terminal"], minimum=0),
+        max_rescues=None if rescues is None else validate_int("max_rescues", rescues,
+                                                               minimum=1),
+        prepare_grace_seconds=validate_seconds("prepare_grace_seconds",
+                                               s["prepare_grace_seconds"]),
+        keep_terminal_seconds=None if kts is None else validate_seconds(
+            "keep_terminal_seconds", kts),
+        max_job_bytes=validate_int("max_job_bytes", s["max_job_bytes"], minimum=1024))
