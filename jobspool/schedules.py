@@ -31,20 +31,18 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from datetime import UTC, datetime, timedelta, tzinfo
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
-
-import orjson
 
 from jobspool.errors import JobspoolError, ScheduleError
 from jobspool.queue.job import JOB_ID_RE, check_json, iso_time, validate_kind
+from jobspool.queue.marks import MARKS_FILE as MARKS_FILE  # re-exported
+from jobspool.queue.marks import read_marks as read_marks  # re-exported
 
 if TYPE_CHECKING:
     from jobspool.queue.api import SpoolAPI as Spool
 
 log = logging.getLogger("jobspool.schedules")
 
-MARKS_FILE = "schedules.json"
 CATCH_UP = ("skip", "once", "all")
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
@@ -231,22 +229,6 @@ class Fired:
     created: tuple[str, ...]  # job ids this call created
 
 
-def read_marks(root: Path) -> dict[str, int]:
-    """The last tick fired per schedule name (empty when none fired yet or unreadable)."""
-    try:
-        doc = orjson.loads((root / MARKS_FILE).read_bytes())
-    except FileNotFoundError:
-        return {}
-    except (OSError, orjson.JSONDecodeError) as exc:
-        log.warning("ignoring unreadable %s: %s", root / MARKS_FILE, exc)
-        return {}
-    marks = doc.get("last_tick") if isinstance(doc, dict) else None
-    if not isinstance(marks, dict):
-        return {}
-    return {k: v for k, v in marks.items() if isinstance(k, str) and isinstance(v, int)
-            and not isinstance(v, bool)}
-
-
 class Scheduler:
     """Fires due ticks of a set of schedules into a spool; `tick` is safe to call from
     any number of threads and processes at once (see the module docstring)."""
@@ -258,14 +240,9 @@ class Scheduler:
         """Enqueue every tick due at `now` (default: the spool's clock) not fired yet."""
         if not self.schedules:
             return []
-        from jobspool.queue.perms import file_mode
-        from jobspool.queue.store import write_atomic
-
         out: list[Fired] = []
-        with spool.lock.hold():
+        with spool.hold_schedule_marks() as marks:
             at = spool.now() if now is None else float(now)
-            marks = read_marks(spool.root)
-            changed = False
             for s in self.schedules:
                 ticks, last = s.plan(marks.get(s.key), at)
                 created = []
@@ -274,15 +251,9 @@ class Scheduler:
                                                   priority=s.priority)
                     if result.created:
                         created.append(result.job.id)
-                if marks.get(s.key) != last:
-                    marks[s.key] = last
-                    changed = True
+                marks[s.key] = last
                 if ticks:
                     out.append(Fired(s.key, tuple(ticks), tuple(created)))
-            if changed:
-                doc = {"v": 1, "last_tick": dict(sorted(marks.items()))}
-                write_atomic(spool.root / MARKS_FILE, orjson.dumps(doc, option=orjson.OPT_INDENT_2),
-                             durable=spool.durable, mode=file_mode(spool.access))
         for f in out:
             if f.created:
                 log.info("schedule %s fired %s", f.schedule, ", ".join(f.created))
@@ -297,7 +268,7 @@ class Scheduler:
     def status(self, spool: Spool, now: float | None = None) -> list[dict[str, Any]]:
         """Per schedule: name, kind, rule, catch-up, last tick fired and next tick (ISO too)."""
         at = spool.now() if now is None else float(now)
-        marks = read_marks(spool.root)
+        marks = spool.schedule_marks()
         rows = []
         for s in self.schedules:
             last = marks.get(s.key)

@@ -23,7 +23,7 @@ import psycopg
 
 from jobspool.errors import SpoolError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 _LOCK_KEY = 0x6A6F6273  # "jobs": the advisory lock migrations hold
 
 _V1 = """
@@ -77,7 +77,16 @@ CREATE INDEX IF NOT EXISTS jobspool_jobs_terminal ON jobspool_jobs (state, updat
     WHERE state IN ('completed', 'dead_letter', 'canceled');
 """
 
-MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2}
+# v3: schedule marks shared by every machine (tests/test_pg_schedules.py: with per-machine
+# marks, a tick fired and pruned on one machine was fired again on another).
+_V3 = """
+CREATE TABLE IF NOT EXISTS jobspool_schedule_marks (
+    name text PRIMARY KEY,
+    last_tick bigint NOT NULL
+);
+"""
+
+MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2, 3: _V3}
 
 
 def _current(conn: psycopg.Connection[Any]) -> int | None:

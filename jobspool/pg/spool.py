@@ -1,13 +1,10 @@
 """`PgSpool`: the `Spool` API on a PostgreSQL database (`Spool("postgresql://...")`).
 
-Every public method of the file spool is here with the same signature and
-the same meaning (DESIGN §3–§6); what differs is how it is kept: one row per
-job, fencing tokens from a sequence, lease expiry by the database's clock,
-claims and settles one statement per batch (`leasing.py`), wakeups by
-LISTEN/NOTIFY (`notify.py`). Things that only exist on a local disk (the lock
-file, quarantine, temp files) have no counterpart; per-process artifacts the
-worker keeps beside a spool (metrics snapshots, progress, schedule marks, the
-default projection) live in a local directory, `root` (see `local_dir`).
+The file spool's public methods with the same meaning (DESIGN §3–§6), kept as one row
+per job: tokens from a sequence, expiry by the database's clock, claims and settles one
+statement per batch (`leasing.py`), wakeups by LISTEN/NOTIFY (`notify.py`). What a
+worker keeps beside a spool per process (metrics, progress, the default projection)
+lives in a local directory, `root`; schedule marks live in the database (`marks.py`).
 """
 
 from __future__ import annotations
@@ -30,7 +27,7 @@ from jobspool.errors import (
     LeaseLost,
     SpoolError,
 )
-from jobspool.pg import admin, leasing, produce
+from jobspool.pg import admin, leasing, marks, produce
 from jobspool.pg.db import Database
 from jobspool.pg.opening import DEFAULTS, LocalLock, default_local_dir, open_database
 from jobspool.pg.rows import COLUMNS, to_job
@@ -97,11 +94,9 @@ class PgSpool:
         unknown = set(options) - set(DEFAULTS)
         if unknown:
             raise TypeError(f"Spool() got unexpected keyword argument(s): {sorted(unknown)}")
-        self.url = root
-        self.read_only = read_only
+        self.url, self.read_only, self.clock = root, read_only, clock
         self.db = Database(root, pool_size=pool_size, reconnect_seconds=reconnect_seconds)
-        self.display = self.db.display
-        self.max_due, self.max_lag_seconds = max_due, max_lag_seconds
+        self.display, self.max_due, self.max_lag_seconds = self.db.display, max_due, max_lag_seconds
         given = {k: v for k, v in options.items() if v is not None or k == "keep_terminal_seconds"}
         opened = open_database(self.db, create=create, read_only=read_only, given=given)
         self.created, self.channel = opened.created, opened.channel
@@ -116,14 +111,10 @@ class PgSpool:
         self.max_rescues, self.max_job_bytes = st.max_rescues, st.max_job_bytes
         self.prepare_grace_seconds = st.prepare_grace_seconds
         self.policy = machine.RetryPolicy(st.retry_base_seconds, st.retry_max_seconds)
-        self.clock = clock
-        self.rng = random.Random(seed)
+        self.rng, self.lock = random.Random(seed), LocalLock()
         self.root = Path(local_dir) if local_dir is not None else default_local_dir(self.display)
-        self.lock = LocalLock()
-        self.next_sweep = 0.0
-        self.sweep_enabled = not read_only
-        self._owner = f"{socket.gethostname()}:{os.getpid()}"
-        self._terminal_writes = 0
+        self.next_sweep, self.sweep_enabled = 0.0, not read_only
+        self._owner, self._terminal_writes = f"{socket.gethostname()}:{os.getpid()}", 0
 
     # ------------------------------------------------------------ plumbing
 
@@ -464,6 +455,13 @@ class PgSpool:
 
     def min_live_token(self) -> int:
         return min(self.live_tokens(), default=self.fence_value() + 1)
+
+    def schedule_marks(self) -> dict[str, int]:
+        """The last fired tick of each schedule, shared by every machine (a table)."""
+        return marks.read(self)
+
+    def hold_schedule_marks(self) -> AbstractContextManager[dict[str, int]]:
+        return marks.held(self)
 
     def arrival_watcher(self) -> NotifyWatcher:
         """Wakes an idle worker when a producer commits a job (LISTEN/NOTIFY, a hint)."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 import inspect
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
 
@@ -46,6 +47,8 @@ from jobspool.queue.job import (
     validate_seconds,
 )
 from jobspool.queue.leasing import LeasingSpool
+from jobspool.queue.marks import read_marks, write_marks
+from jobspool.queue.perms import file_mode
 from jobspool.queue.states import ALL_STATES, JobState, check_source
 from jobspool.queue.stats import Stats, collect_stats
 from jobspool.queue.store import Change
@@ -79,6 +82,21 @@ class Spool(LeasingSpool):
         from jobspool.recovery.prune import prune_if_over
 
         prune_if_over(self)
+
+    def schedule_marks(self) -> dict[str, int]:
+        """The last fired tick of each schedule (`<root>/schedules.json`)."""
+        return read_marks(self.root)
+
+    @contextmanager
+    def hold_schedule_marks(self) -> Iterator[dict[str, int]]:
+        """The marks under the spool lock; what the block leaves in the dict is saved."""
+        with self._lock.hold():
+            marks = read_marks(self.root)
+            before = dict(marks)
+            yield marks
+            if marks != before:
+                write_marks(self.root, marks, durable=self.durable,
+                            mode=file_mode(self.access))
 
     def arrival_watcher(self) -> DirWatcher:
         """Wakes an idle worker when a job file lands in ready/ or retryable/ (inotify)."""

@@ -1,0 +1,44 @@
+"""Schedule marks on PostgreSQL: the last fired tick of each schedule, one row each.
+
+Shared by every machine (a file spool's `schedules.json` is per directory, and a
+database spool's local directory is per machine): a tick fired and pruned on one
+machine is never fired again on another. Read and rewritten in one transaction under
+an advisory lock, so concurrent schedulers take turns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from jobspool.pg.core import PgCore
+
+_LOCK_KEY = 0x6A6F6274  # the advisory lock schedulers take turns under
+
+
+def read(spool: PgCore) -> dict[str, int]:
+    rows = spool.db.run(lambda c: c.execute(
+        "SELECT name, last_tick FROM jobspool_schedule_marks").fetchall(),
+        what="reading schedule marks")
+    return {name: int(tick) for name, tick in rows}
+
+
+@contextmanager
+def held(spool: PgCore) -> Iterator[dict[str, int]]:
+    """The marks, locked for the block; whatever the block leaves in the dict is saved
+    (a mark only ever moves forward)."""
+    with spool.db.connection() as conn, conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+        marks = {name: int(tick) for name, tick in conn.execute(
+            "SELECT name, last_tick FROM jobspool_schedule_marks").fetchall()}
+        before = dict(marks)
+        with spool.db.pinned(conn):
+            yield marks
+        for name, tick in marks.items():
+            if before.get(name) != tick:
+                conn.execute(
+                    "INSERT INTO jobspool_schedule_marks (name, last_tick) VALUES (%s, %s) "
+                    "ON CONFLICT (name) DO UPDATE SET last_tick = greatest("
+                    "jobspool_schedule_marks.last_tick, excluded.last_tick)", (name, tick))
