@@ -280,6 +280,29 @@ def test_a_long_job_keeps_its_lease_by_heartbeat_across_a_server_restart(
     assert orjson.loads(out)["completed"] == 1
 
 
+def test_sigterm_stops_a_worker_whose_database_is_down(pg_server: PgServer, pg_url: str,
+                                                       tmp_path: Path) -> None:
+    ids = _enqueue(pg_url, 200, kind="slow", payload={"sleep": 0.1})
+    proc = _jobspool(pg_url, "run-until-idle", "--app", APP, "--concurrency", "2",
+                     "--grace", "5", "--lease-seconds", "2")
+    try:
+        eventually(lambda: _completed(pg_url) >= 4, timeout=60, what="the worker to get going")
+        pg_server.kill()  # the database goes away mid-run and stays away
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            _, err = proc.communicate(timeout=60)  # --grace 5: far below this guard
+        except subprocess.TimeoutExpired:
+            pytest.fail("SIGTERM did not stop run-until-idle while its database was down")
+    finally:
+        _kill(proc)
+        pg_server.start_again()
+    assert "Traceback" not in err.decode(errors="replace")
+    time.sleep(2.1)  # what it held when it stopped is up for takeover: nothing is lost
+    _ok(pg_url, "run-until-idle", "--app", APP, "--wait-retries", "60")
+    assert _completed(pg_url) == len(ids)
+
+
 # ---------------------------------------------------------------- the CLI with --root URL
 
 
