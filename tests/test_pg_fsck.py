@@ -1,0 +1,36 @@
+"""`jobspool fsck` on PostgreSQL (issue 16: it checks the invariants that apply): a fence
+sequence set back below a token a job holds (a restored sequence, a hand edit) is reported,
+with exit 2, because tokens could then be issued twice."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import orjson
+import psycopg
+
+from jobspool import Spool
+from tests.subproc import REPO, cli_env
+
+
+def _fsck(url: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "jobspool", "--root", url, "fsck", "--json"],
+                          cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120,
+                          check=False)
+
+
+def test_fsck_reports_a_fence_sequence_behind_a_held_token(pg_url: str) -> None:
+    with Spool(pg_url) as spool:
+        spool.enqueue_many("note", [1, 2, 3])
+        leases = spool.claim(limit=3)
+    healthy = _fsck(pg_url)
+    assert healthy.returncode == 0, healthy.stderr
+    assert orjson.loads(healthy.stdout)["ok"] is True
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("SELECT setval('jobspool_fence', 1)")
+    broken = _fsck(pg_url)
+    assert broken.returncode == 2, broken.stderr
+    doc = orjson.loads(broken.stdout)
+    assert doc["ok"] is False
+    assert any(str(max(x.token for x in leases)) in p for p in doc["problems"]), doc
