@@ -132,6 +132,11 @@ class Database:
         self._mutex = threading.Lock()
         self._pinned = threading.local()
         self.closed = False
+        # Set while the process shuts down (Worker.stop): a statement the server cannot
+        # take is given up at once instead of retried, so a stop is never held up by an
+        # outage; whatever was not settled is leased and expires, to be taken over.
+        self.stop_retrying = threading.Event()
+        self._down_since: float | None = None  # when the current outage began (any thread)
 
     @contextmanager
     def pinned(self, conn: psycopg.Connection[Any]) -> Iterator[None]:
@@ -179,20 +184,27 @@ class Database:
             except psycopg.Error as exc:
                 raise SpoolError(f"database {self.display} refused {what}: "
                                  f"{one_line(exc)}") from None
-        deadline = time.monotonic() + self.reconnect_seconds
+        # One outage, one budget: once it has lasted `reconnect_seconds`, every statement
+        # gets a single try (which also notices the server is back) instead of its own wait.
+        deadline = (self._down_since or time.monotonic()) + self.reconnect_seconds
         delay = 0.05
         while True:
             try:
                 with self.connection() as conn:
-                    return fn(conn)
+                    out = fn(conn)
+                self._down_since = None
+                return out
             except (psycopg.OperationalError, PoolExhausted) as exc:
-                if isinstance(exc, psycopg.errors.QueryCanceled) \
+                if self._down_since is None and not isinstance(exc, PoolExhausted):
+                    self._down_since = time.monotonic()
+                if isinstance(exc, psycopg.errors.QueryCanceled) or self.stop_retrying.is_set() \
                         or time.monotonic() + delay > deadline:
                     raise SpoolError(f"database {self.display} unavailable during {what}: "
                                      f"{one_line(exc)}") from None
                 log.warning("database %s: %s; retrying %s in %.2fs", self.display,
                             one_line(exc), what, delay)
-                time.sleep(delay)
+                if self.stop_retrying.wait(delay):
+                    continue  # asked to stop meanwhile: one last try, then give up
                 delay = min(2.0, delay * 2)
             except psycopg.Error as exc:
                 raise SpoolError(f"database {self.display} refused {what}: "

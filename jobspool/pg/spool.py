@@ -463,6 +463,11 @@ class PgSpool:
     def hold_schedule_marks(self) -> AbstractContextManager[dict[str, int]]:
         return marks.held(self)
 
+    def stop_retrying(self, stop: bool = True) -> None:
+        """While shutting down, a statement the server cannot take fails at once (`True`)
+        instead of being retried for `reconnect_seconds`; `False` retries again."""
+        (self.db.stop_retrying.set if stop else self.db.stop_retrying.clear)()
+
     def arrival_watcher(self) -> NotifyWatcher:
         """Wakes an idle worker when a producer commits a job (LISTEN/NOTIFY, a hint)."""
         from jobspool.pg.notify import NotifyWatcher

@@ -153,6 +153,8 @@ class SpoolAPI(Protocol):
 
     def arrival_watcher(self) -> ArrivalWatcher: ...
 
+    def stop_retrying(self, stop: bool = True) -> None: ...  # shutting down: fail fast
+
     # schedules (jobspool.schedules): the last fired tick of each schedule
     def schedule_marks(self) -> dict[str, int]: ...
 

@@ -98,6 +98,9 @@ class Spool(LeasingSpool):
                 write_marks(self.root, marks, durable=self.durable,
                             mode=file_mode(self.access))
 
+    def stop_retrying(self, stop: bool = True) -> None:
+        """Nothing to give up: a local disk does not go away (the database store's hook)."""
+
     def arrival_watcher(self) -> DirWatcher:
         """Wakes an idle worker when a job file lands in ready/ or retryable/ (inotify)."""
         return DirWatcher([self.root / JobState.READY.value,

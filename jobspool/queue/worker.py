@@ -286,6 +286,7 @@ class Worker:
         stopped one serves normally."""
         self._honored = False
         self._stop.set()
+        self.spool.stop_retrying()
 
     def _stop_honored(self) -> None:
         # A run that ended has obeyed any stop()/hurry() asked before its end (one asked
@@ -293,18 +294,21 @@ class Worker:
         # never lost). `stopping` stays true until the next run begins, which starts afresh:
         # a stop left standing would make every later run return without claiming.
         self._honored = self._stop.is_set()
+        self.spool.stop_retrying(False)  # the run is over: other users of the spool retry
 
     def _begin_run(self) -> None:
         if self._honored:
             self._honored = False
             self._stop.clear()
             self._hurry.clear()
+            self.spool.stop_retrying(False)
 
     def hurry(self) -> None:
         """Stop now: cut off every running handler and release its lease (a second signal)."""
         self._honored = False
         self._stop.set()
         self._hurry.set()
+        self.spool.stop_retrying()
 
     @property
     def stopping(self) -> bool:
@@ -393,10 +397,16 @@ class Worker:
         """Due jobs left behind because this worker has no handler for their kind."""
         out: dict[str, int] = {}
         now = self.spool.now()
-        for state in (JobState.READY, JobState.RETRYABLE):
-            for job in self.spool.jobs(state=state):
-                if job.kind not in self.kinds and (state is JobState.READY or job.run_at <= now):
-                    out[job.kind] = out.get(job.kind, 0) + 1
+        try:
+            for state in (JobState.READY, JobState.RETRYABLE):
+                for job in self.spool.jobs(state=state):
+                    if job.kind not in self.kinds and (state is JobState.READY
+                                                       or job.run_at <= now):
+                        out[job.kind] = out.get(job.kind, 0) + 1
+        except (JobspoolError, OSError) as exc:
+            # A report's footnote: a store that went away must not turn a finished run
+            # (or a clean stop) into a crash.
+            log.warning("could not list jobs left for other kinds: %s", exc)
         return out
 
     def projection_store(self) -> ProjectionStore:
