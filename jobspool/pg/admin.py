@@ -133,7 +133,7 @@ def recover(spool: PgSpool, replay: Any = None) -> RecoveryReport:
             return machine.replay(cur, v.outcome, now=now, error=v.error)
 
         try:
-            new: Job = spool._mutate(job.id, decide, missing=lambda: None,  # noqa: SLF001
+            new: Job = spool.mutate_job(job.id, decide, missing=lambda: None,
                                      what="replay")
         except JobspoolError:
             continue
@@ -248,7 +248,7 @@ def apply_matching(spool: PgSpool, action: str, which: Match, decide: Callable[.
                 return cur
             return decide(cur, now=now)
 
-        new: Job | None = spool._mutate(job.id, step, missing=lambda: None,  # noqa: SLF001
+        new: Job | None = spool.mutate_job(job.id, step, missing=lambda: None,
                                         what=action)
         if new is not None and new.revision != job.revision and new.state is not job.state:
             moved.append(new)

@@ -64,5 +64,5 @@ class PgCore(Protocol):
     def jobs(self, state: JobState | str | None = None, kind: str | None = None
              ) -> Iterator[Job]: ...
 
-    def _mutate(self, job_id: str, decide: Callable[[Job, float], Job | None], *,
+    def mutate_job(self, job_id: str, decide: Callable[[Job, float], Job | None], *,
                 missing: Callable[[], Any] | None = None, what: str = "update") -> Any: ...

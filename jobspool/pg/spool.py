@@ -138,7 +138,7 @@ class PgSpool:
         """What statements get as `%(now)s`: None means the database's own clock."""
         return self.clock() if self.clock is not None else None
 
-    def _check_writable(self, action: str) -> None:
+    def check_writable(self, action: str) -> None:
         if self.read_only:
             raise SpoolError(f"cannot {action}: spool {self.display} is open read-only")
 
@@ -217,7 +217,7 @@ class PgSpool:
                              unique_states: Iterable[JobState | str] | None = None,
                              timeout: float | None = None) -> list[EnqueueResult]:
         """Add many jobs of one kind: one statement (generated ids) or one transaction."""
-        self._check_writable("enqueue")
+        self.check_writable("enqueue")
         batch = new_batch(kind, payloads, job_ids=job_ids, delay=delay, run_at=run_at,
                           priority=priority, max_attempts=max_attempts,
                           on_conflict=on_conflict, unique_states=unique_states,
@@ -245,7 +245,7 @@ class PgSpool:
                 delay: float = 0.0, run_at: float | datetime | None = None, priority: int = 0,
                 max_attempts: int | None = None, timeout: float | None = None) -> Reservation:
         """Reserve a job in `prepared` (outbox step 1); several producers may share one id."""
-        self._check_writable("prepare")
+        self.check_writable("prepare")
         job = new_reservation(kind, payload, job_id=job_id, delay=delay, run_at=run_at,
                               priority=priority, max_attempts=max_attempts, timeout=timeout,
                               now=self.now(), default_attempts=self.max_attempts)
@@ -255,7 +255,7 @@ class PgSpool:
                                          reservation=rid)
         return Reservation(job_id=job.id, reservation_id=rid, job=stored.job)
 
-    def _mutate(self, job_id: str, decide: Callable[[Job, float], Job | None], *,
+    def mutate_job(self, job_id: str, decide: Callable[[Job, float], Job | None], *,
                 missing: Callable[[], Any] | None = None, what: str = "update") -> Any:
         """Lock one job's row, let `decide` compute its next snapshot, write it."""
         def go(conn: psycopg.Connection[Any]) -> Any:
@@ -274,7 +274,7 @@ class PgSpool:
                         conn.execute("SELECT pg_notify(%s, '')", (self.channel,))
                 return new
 
-        self._check_writable(what)
+        self.check_writable(what)
         return self.db.run(go, what=what)
 
     def commit(self, reservation: Reservation) -> Job:
@@ -288,7 +288,7 @@ class PgSpool:
                 raise InvalidTransition(job.id, "prepared (reservation released)", "commit")
             return machine.commit(job, now=now)
 
-        result: Job = self._mutate(reservation.job_id, decide, what="commit")
+        result: Job = self.mutate_job(reservation.job_id, decide, what="commit")
         return result
 
     def abort(self, reservation: Reservation) -> Job | None:
@@ -303,7 +303,7 @@ class PgSpool:
             changed.append(new)
             return new
 
-        self._mutate(reservation.job_id, decide, missing=lambda: None, what="abort")
+        self.mutate_job(reservation.job_id, decide, missing=lambda: None, what="abort")
         return changed[-1] if changed and changed[-1].state is JobState.CANCELED else None
 
     # ------------------------------------------------------------ administration
@@ -315,7 +315,7 @@ class PgSpool:
             check_source(job_id, action, job.state)
             return decide(job, now=now)
 
-        result: Job = self._mutate(job_id, step, what=action)
+        result: Job = self.mutate_job(job_id, step, what=action)
         return result
 
     def cancel(self, job_id: str) -> Job:
@@ -352,7 +352,7 @@ class PgSpool:
     def remove_terminal(self, ids: Sequence[str], state: JobState) -> list[str]:
         """Delete these jobs for good where they are still in terminal `state` (a job
         requeued meanwhile is left alone); returns the ids removed."""
-        self._check_writable("remove jobs")
+        self.check_writable("remove jobs")
         return admin.remove_terminal(self, ids, state)
 
     # ------------------------------------------------------------ reading
@@ -385,7 +385,7 @@ class PgSpool:
               exclude: Collection[str] = ()) -> list[Lease]:
         """Lease up to `limit` due jobs in order (one statement); see `Spool.claim`.
         `exclude` names jobs the caller already runs (never claimed again by it)."""
-        self._check_writable("claim")
+        self.check_writable("claim")
         limit = validate_int("limit", limit, minimum=1)
         seconds = self.lease_seconds if lease_seconds is None else validate_seconds(
             "lease_seconds", lease_seconds, positive=True)
@@ -481,12 +481,12 @@ class PgSpool:
 
     def recover(self, replay: ReplayHooks | None = None) -> RecoveryReport:
         """Reclaim expired leases, replay prepared jobs past the grace period, prune."""
-        self._check_writable("recover")
+        self.check_writable("recover")
         return admin.recover(self, replay)
 
     def prune(self, keep: int | None = None, older_than: float | None = None, *,
               keep_dead: int | None = None) -> PruneReport:
-        self._check_writable("prune")
+        self.check_writable("prune")
         return admin.prune(self, keep=keep, older_than=older_than, keep_dead=keep_dead)
 
     def health(self, **options: Any) -> Health:

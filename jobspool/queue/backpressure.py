@@ -86,7 +86,7 @@ def measure(spool: Spool) -> Backlog:
     oldest: float | None = None
     # A job claimed between the listing and the read is simply gone: try the next one.
     for name in sorted(names)[:4]:
-        job = spool._read(JobState.READY, name[: -len(JOB_SUFFIX)])
+        job = spool.read_job(JobState.READY, name[: -len(JOB_SUFFIX)])
         if job is not None:
             oldest = job.run_at
             break

@@ -86,11 +86,11 @@ def apply_matching(spool: Spool, action: str, which: Match,
                 now = spool.now()
                 pairs: list[tuple[Job | None, Job | None]] = []
                 for job_id in ids[start:start + CHUNK]:
-                    job = spool._read(state, job_id)  # re-read under the lock
+                    job = spool.read_job(state, job_id)  # re-read under the lock
                     if job is not None and which(job, now):
                         pairs.append((job, decide(job, now=now)))
                 if pairs:
-                    spool._commit(pairs)
+                    spool.commit_changes(pairs)
             moved.extend(new for _, new in pairs if new is not None)
     return moved
 
@@ -100,7 +100,7 @@ def cancel_matching(spool: Spool, *, kind: str | None = None,
                     older_than: float | None = None) -> list[Job]:
     """Cancel every unfinished job matching the filters (all cancelable states by default)."""
     which = match("cancel", kind=kind, states=states, older_than=older_than)
-    spool._check_writable("cancel")
+    spool.check_writable("cancel")
     return apply_matching(spool, "cancel", which, machine.cancel)
 
 
@@ -109,7 +109,7 @@ def requeue_matching(spool: Spool, *, kind: str | None = None,
                      older_than: float | None = None) -> list[Job]:
     """Requeue every job matching the filters (dead letters by default; canceled on request)."""
     which = match("requeue", kind=kind, states=states, older_than=older_than)
-    spool._check_writable("requeue")
+    spool.check_writable("requeue")
     return apply_matching(spool, "requeue", which, machine.requeue)
 
 

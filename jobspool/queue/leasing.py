@@ -98,7 +98,7 @@ class LeasingSpool(SpoolBase):
                     skipped.add(c.job_id)
                     doubles.add(c.job_id)
                     continue
-                job = self._read(c.state, c.job_id)
+                job = self.read_job(c.state, c.job_id)
                 self._index.forget(c.state, c.job_id)
                 if job is None:
                     continue
@@ -114,12 +114,12 @@ class LeasingSpool(SpoolBase):
                     log.warning("job %s: dropping stale %s copy (revision %d) behind %s "
                                 "(revision %d)", job.id, job.state.value, job.revision,
                                 newer.state.value, newer.revision, extra={"job_id": job.id})
-                    stale.extend(self._stale_removals(job.id, [job.state]))
+                    stale.extend(self.stale_removals(job.id, [job.state]))
                     continue
                 unstarted = machine.lease_expired(job, now) and self._unstarted(job)
                 if machine.lease_expired(job, now) and not unstarted and self._exhausted(job):
                     gone = machine.reclaim(job, now=now, policy=self.policy,
-                                           max_rescues=self.max_rescues, rng=self._rng)
+                                           max_rescues=self.max_rescues, rng=self.rng)
                     log.warning("job %s (%s) dead-lettered on reclaim: %s", job.id, job.kind,
                                 gone.last_error, extra={"job_id": job.id, "kind": job.kind,
                                                         "state": gone.state.value})
@@ -136,7 +136,7 @@ class LeasingSpool(SpoolBase):
         proc = self.process_mark().ident if picked else None
         # Tokens come from shared memory; a new ceiling, when one is due, is flushed to
         # disk here, before any of these tokens is written into a job (fence.py).
-        first = self._fence.take(len(picked)) if picked else 0
+        first = self.fence.take(len(picked)) if picked else 0
         for token, job in enumerate(picked, start=first):
             new = machine.claim(job, token=token, owner=who, now=now, lease_seconds=seconds,
                                 proc=proc, unstarted=job.id in fresh)
@@ -146,7 +146,7 @@ class LeasingSpool(SpoolBase):
                                 expires_at=new.lease.expires_at, job=new))
         if pairs or stale:
             try:
-                self._commit(pairs, extra + stale)
+                self.commit_changes(pairs, extra + stale)
             except WriteFailed as exc:
                 adopted = [lease for lease in leases if lease.job_id in exc.landed]
                 if not adopted:
@@ -172,7 +172,7 @@ class LeasingSpool(SpoolBase):
             log.warning("job %s: dropping stale %s copy (revision %d) behind %s (revision %d)",
                         job.id, job.state.value, job.revision, newer.state.value,
                         newer.revision, extra={"job_id": job.id})
-            stale.extend(self._stale_removals(job.id, [job.state]))
+            stale.extend(self.stale_removals(job.id, [job.state]))
             self._index.learn(newer)
         return keep
 
@@ -185,7 +185,7 @@ class LeasingSpool(SpoolBase):
         best: Job | None = None
         for state in ALL_STATES:
             if state is not job.state:
-                other = self._read(state, job.id)
+                other = self.read_job(state, job.id)
                 if other is not None and other.revision > job.revision and (
                         best is None or other.revision > best.revision):
                     best = other
@@ -229,9 +229,9 @@ class LeasingSpool(SpoolBase):
         return self.max_rescues is not None and job.rescues + 1 > self.max_rescues
 
     def _leased_job(self, lease: Lease) -> Job:
-        job = self._read(JobState.LEASED, lease.job_id)
+        job = self.read_job(JobState.LEASED, lease.job_id)
         if job is None:
-            found, _ = self._locate(lease.job_id)
+            found, _ = self.locate(lease.job_id)
             state = found.state.value if found is not None else "gone"
             raise LeaseLost(lease.job_id, lease.token, f"job is {state}")
         return job
@@ -282,7 +282,7 @@ class LeasingSpool(SpoolBase):
                 out.append(Lease(job_id=lease.job_id, token=lease.token, owner=lease.owner,
                                  expires_at=new.lease.expires_at, job=new))
             try:
-                self._commit(pairs)
+                self.commit_changes(pairs)
             except WriteFailed as exc:
                 # A lease whose extension did not land is still the current one, unextended.
                 log.warning("heartbeat: %s", exc)
@@ -315,7 +315,7 @@ class LeasingSpool(SpoolBase):
         now = self.now()
         out = []
         for job_id in self._store.names(JobState.LEASED.value):
-            job = self._read(JobState.LEASED, job_id)
+            job = self.read_job(JobState.LEASED, job_id)
             if job is not None and job.lease is not None and job.lease.expires_at > now:
                 out.append(job.lease.token)
         return out
@@ -376,7 +376,7 @@ class LeasingSpool(SpoolBase):
                         if delay is not None:
                             delay = validate_seconds("delay", delay)
                         new = machine.fail(job, lease, now=now, error=err, retryable=retryable,
-                                           delay=delay, policy=self.policy, rng=self._rng)
+                                           delay=delay, policy=self.policy, rng=self.rng)
                     # Encoded here, once, so one bad result refuses only its own item.
                     encoded[new.id] = self._encode_settled(new, action)
                 except JobspoolError as exc:
@@ -385,7 +385,7 @@ class LeasingSpool(SpoolBase):
                 out.append(new)
                 pairs.append((job, new))
             try:
-                self._commit(pairs, encoded=encoded)
+                self.commit_changes(pairs, encoded=encoded)
             except WriteFailed as exc:
                 # Settled where the new version reached the disk; the others stay leased
                 # under their current lease and get this error.
@@ -416,7 +416,7 @@ class LeasingSpool(SpoolBase):
         with self._lock.hold():
             job = self._leased_job(lease)
             new = machine.release(job, lease, now=self.now(), delay=delay)
-            self._commit([(job, new)])
+            self.commit_changes([(job, new)])
             return new
 
     @contextmanager

@@ -225,10 +225,10 @@ class Spool(LeasingSpool):
             if job.id in seen:
                 out.append(EnqueueResult(seen[job.id].job, "existing"))
                 continue
-            existing, copies = self._locate(job.id) if given else (None, [])
+            existing, copies = self.locate(job.id) if given else (None, [])
             if given and existing is None:
                 self._refuse_unreadable(job.id)
-            stale.extend(self._stale_removals(job.id, copies))
+            stale.extend(self.stale_removals(job.id, copies))
             if existing is None:
                 if job.id in staged:
                     new = job  # exactly what was written outside the lock
@@ -251,7 +251,7 @@ class Spool(LeasingSpool):
         # re-enqueue of an existing job adds nothing and is never refused.
         try:
             self._admit(sum(1 for old, new in pairs if old is None or old.terminal))
-            self._commit(pairs, stale, staged=publish, group=group)
+            self.commit_changes(pairs, stale, staged=publish, group=group)
         except BaseException:
             staged.update(publish)  # not published: the caller discards them
             raise
@@ -285,7 +285,7 @@ class Spool(LeasingSpool):
     def commit(self, reservation: Reservation) -> Job:
         """Publish a prepared job (outbox step 3). Idempotent once the job left `prepared`."""
         with self._lock.hold():
-            job, stale = self._locate(reservation.job_id)
+            job, stale = self.locate(reservation.job_id)
             if job is None:
                 raise JobNotFound(reservation.job_id)
             if job.state is not JobState.PREPARED:
@@ -295,19 +295,19 @@ class Spool(LeasingSpool):
             if reservation.reservation_id not in job.reservations:
                 raise InvalidTransition(job.id, "prepared (reservation released)", "commit")
             new = machine.commit(job, now=self.now())
-            self._commit([(job, new)], self._stale_removals(job.id, stale))
+            self.commit_changes([(job, new)], self.stale_removals(job.id, stale))
             return new
 
     def abort(self, reservation: Reservation) -> Job | None:
         """Release one reservation; returns the canceled job when it was the last, else None."""
         with self._lock.hold():
-            job, stale = self._locate(reservation.job_id)
+            job, stale = self.locate(reservation.job_id)
             if job is None or job.state is not JobState.PREPARED:
                 return None
             if reservation.reservation_id not in job.reservations:
                 return None
             new = machine.abort(job, reservation.reservation_id, now=self.now())
-            self._commit([(job, new)], self._stale_removals(job.id, stale))
+            self.commit_changes([(job, new)], self.stale_removals(job.id, stale))
             return new if new.state is JobState.CANCELED else None
 
     # ------------------------------------------------------------ administration
@@ -326,12 +326,12 @@ class Spool(LeasingSpool):
         """Move one job by id (an operator's action), clearing any crash leftover of it."""
         validate_job_id(job_id)
         with self._lock.hold():
-            job, stale = self._locate(job_id)
+            job, stale = self.locate(job_id)
             if job is None:
                 raise JobNotFound(job_id)
             check_source(job_id, action, job.state)
             new = decide(job, now=self.now())
-            self._commit([(job, new)], self._stale_removals(job_id, stale))
+            self.commit_changes([(job, new)], self.stale_removals(job_id, stale))
             return new
 
     def requeue_all(self, state: JobState | str = JobState.DEAD_LETTER) -> list[Job]:
@@ -342,10 +342,10 @@ class Spool(LeasingSpool):
             now = self.now()
             pairs: list[tuple[Job | None, Job | None]] = []
             for job_id in sorted(self._store.names(src.value)):
-                job = self._read(src, job_id)
+                job = self.read_job(src, job_id)
                 if job is not None:
                     pairs.append((job, machine.requeue(job, now=now)))
-            self._commit(pairs)
+            self.commit_changes(pairs)
         return [new for _, new in pairs if new is not None]
 
     def cancel_matching(self, *, kind: str | None = None,
@@ -371,12 +371,12 @@ class Spool(LeasingSpool):
     def get(self, job_id: str) -> Job:
         """The current snapshot of a job; `JobNotFound` if no state directory holds it."""
         validate_job_id(job_id)
-        job, _ = self._locate(job_id)
+        job, _ = self.locate(job_id)
         if job is None:
             # Lock-free probing can miss a job moving between two directories we probe
             # in the wrong order; the lock makes the second look exact.
             with self._lock.hold():
-                job, _ = self._locate(job_id)
+                job, _ = self.locate(job_id)
         if job is None:
             raise JobNotFound(job_id)
         return job
@@ -396,7 +396,7 @@ class Spool(LeasingSpool):
     def _iter_jobs(self, states: Sequence[JobState], kind: str | None) -> Iterator[Job]:
         for s in states:
             for job_id in sorted(self._store.names(s.value)):
-                job = self._read(s, job_id)
+                job = self.read_job(s, job_id)
                 if job is not None and (kind is None or job.kind == kind):
                     yield job
 

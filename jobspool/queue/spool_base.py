@@ -172,7 +172,7 @@ class SpoolBase:
         self.durable = durable
         self.clock = clock
         self.policy = machine.RetryPolicy(self.retry_base_seconds, self.retry_max_seconds)
-        self._rng = random.Random(seed)
+        self.rng = random.Random(seed)
         self._lock = SpoolLock(self.root / ".lock", read_only=read_only,
                                mode=file_mode(self.access))
         self._store = Store(self.root, durable=durable, sync_mode=sync_mode,
@@ -183,7 +183,7 @@ class SpoolBase:
             # A file placed by hand may be a stale copy: claims check for newer copies of
             # what they take until `recover` has settled the spool (`SpoolLock.suspect`).
             self._index.on_foreign = self._suspect_copies
-        self._fence = FenceCounter(self._lock, self._read_fence, self._write_fence)
+        self.fence = FenceCounter(self._lock, self._read_fence, self._write_fence)
         self._group = GroupFlush(self.root, self._lock, fsync_dir)
         self._tls = threading.local()
         self._owner = f"{socket.gethostname()}:{os.getpid()}"
@@ -210,7 +210,7 @@ class SpoolBase:
 
     # ------------------------------------------------------------ plumbing
 
-    def _check_writable(self, action: str) -> None:
+    def check_writable(self, action: str) -> None:
         """Raise `SpoolError` naming the cause when this spool was opened `read_only`."""
         if self.read_only:
             raise SpoolError(f"cannot {action}: spool {self.root} is open read-only "
@@ -219,7 +219,7 @@ class SpoolBase:
 
     def _refuser(self, name: str) -> Callable[..., Any]:
         def refuse(*args: Any, **kwargs: Any) -> Any:
-            self._check_writable(name.replace("_", " "))
+            self.check_writable(name.replace("_", " "))
 
         refuse.__name__ = name
         return refuse
@@ -248,7 +248,7 @@ class SpoolBase:
     def now(self) -> float:
         return float(self.clock())
 
-    def _read(self, state: JobState, job_id: str) -> Job | None:
+    def read_job(self, state: JobState, job_id: str) -> Job | None:
         """One job file, or None when absent; a corrupt file is logged and treated as absent."""
         try:
             data = self._store.read(state.value, job_id + JOB_SUFFIX)
@@ -263,15 +263,15 @@ class SpoolBase:
             report_unreadable(state.value, job_id, exc.reason)
             return None
 
-    def _locate(self, job_id: str) -> tuple[Job | None, list[JobState]]:
+    def locate(self, job_id: str) -> tuple[Job | None, list[JobState]]:
         """The newest copy of a job and the states holding stale copies (crash leftovers)."""
-        copies = [j for j in (self._read(s, job_id) for s in ALL_STATES) if j is not None]
+        copies = [j for j in (self.read_job(s, job_id) for s in ALL_STATES) if j is not None]
         if not copies:
             return None, []
         best = max(copies, key=lambda j: j.revision)
         return best, [j.state for j in copies if j is not best]
 
-    def _commit(self, pairs: Sequence[tuple[Job | None, Job | None]],
+    def commit_changes(self, pairs: Sequence[tuple[Job | None, Job | None]],
                 extra: Sequence[Change] = (), *, staged: dict[str, str] | None = None,
                 encoded: dict[str, bytes] | None = None, group: bool = False) -> None:
         """Persist a batch of (old, new) snapshots as one store batch (call under the lock).
@@ -279,7 +279,7 @@ class SpoolBase:
         Encoding happens first, so a job that is too large or not serializable
         raises before any file is touched.
         """
-        self._check_writable("write")
+        self.check_writable("write")
         # Root files (the fence) go first: see `claim`.
         changes: list[Change] = [ch for ch in extra if ch.dst == ""]
         touched: set[JobState] = set()
@@ -364,7 +364,7 @@ class SpoolBase:
         out = set()
         for _old, new in pairs:
             if new is not None:
-                found = self._read(new.state, new.id)
+                found = self.read_job(new.state, new.id)
                 if found is not None and found.revision == new.revision:
                     out.add(new.id)
         return frozenset(out)
@@ -413,15 +413,15 @@ class SpoolBase:
                     if ch.src == ready.value and ch.dst is None]
         self._lock.ring.record(generation, added, removed)
 
-    def _touch(self, states: Iterable[JobState]) -> None:
+    def touch(self, states: Iterable[JobState]) -> None:
         """Tell every process's claim index that these directories changed outside `_commit`
         (recovery's quarantine moves, pruning); call under the lock."""
-        self._check_writable("write")
+        self.check_writable("write")
         for s in states:
             self._lock.bump(SLOT[s])
         self._index.invalidate()
 
-    def _stale_removals(self, job_id: str, stale: Iterable[JobState]) -> list[Change]:
+    def stale_removals(self, job_id: str, stale: Iterable[JobState]) -> list[Change]:
         return [Change(name=job_id + JOB_SUFFIX, dst=None, data=None, src=s.value) for s in stale]
 
     def _read_fence(self) -> int:
@@ -446,7 +446,7 @@ class SpoolBase:
         """The last token handed out (under the lock; a reader without write access gets
         the ceiling on disk, which is at or above it)."""
         with self._lock.hold():
-            return self._fence.last()
+            return self.fence.last()
 
     def _maybe_autoprune(self) -> None:
         """Amortized retention: prune once per `keep_terminal // 4 + 64` terminal writes here."""

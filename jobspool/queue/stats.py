@@ -93,14 +93,14 @@ def collect_stats(spool: Spool, *, by_kind: bool = False) -> Stats:
     oldest: float | None = None
     due = counts[JobState.READY.value]
     for job_id in sorted(names[JobState.READY])[:_READY_SAMPLE]:
-        job = spool._read(JobState.READY, job_id)
+        job = spool.read_job(JobState.READY, job_id)
         if job is not None:
             age = max(0.0, now - job.run_at)
             oldest = age if oldest is None else max(oldest, age)
     scheduled = 0
     if counts[JobState.RETRYABLE.value] <= _MAX_RETRYABLE_SCAN:
         for job_id in names[JobState.RETRYABLE]:
-            job = spool._read(JobState.RETRYABLE, job_id)
+            job = spool.read_job(JobState.RETRYABLE, job_id)
             if job is not None and job.attempts == 0:
                 scheduled += 1
             if job is not None and job.run_at <= now:
@@ -111,7 +111,7 @@ def collect_stats(spool: Spool, *, by_kind: bool = False) -> Stats:
     if by_kind:
         for s in ALL_STATES:
             for job_id in names[s]:
-                job = spool._read(s, job_id)
+                job = spool.read_job(s, job_id)
                 if job is not None:
                     per = kinds.setdefault(job.kind, {})
                     per[s.value] = per.get(s.value, 0) + 1

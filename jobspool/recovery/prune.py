@@ -170,7 +170,7 @@ def _remove(spool: Spool, victims: list[Entry]) -> tuple[list[str], list[str]]:
                                     src=o.state.value))
                 stale_paths.append(entry_of(o).path)
             gone.append(found.id)
-        spool._commit(pairs, extra)
+        spool.commit_changes(pairs, extra)
     return gone, stale_paths
 
 

@@ -88,7 +88,7 @@ def quarantine(spool: Spool, suspects: Iterable[Bad]) -> list[tuple[str, str]]:
             store_mod.fsync_dir(spool.root / QUARANTINE_DIR)
             for d in sorted(dirs):
                 store_mod.fsync_dir(spool.root / d)
-        spool._touch(JobState(d) for d in dirs)
+        spool.touch(JobState(d) for d in dirs)
     return moved
 
 
@@ -262,7 +262,7 @@ def restore_quarantined(spool: Spool, ident: str) -> Job:
     durable spool, both directories are flushed; the state directory's
     generation is bumped so every worker's claim index sees the job.
     """
-    spool._check_writable("restore a quarantined file")
+    spool.check_writable("restore a quarantined file")
     name = resolve(spool, ident)
     qpath = spool.root / QUARANTINE_DIR / name
     with spool.lock.hold():
@@ -276,7 +276,7 @@ def restore_quarantined(spool: Spool, ident: str) -> Job:
             raise SpoolError(f"cannot restore {QUARANTINE_DIR}/{name}: still not a readable job "
                              f"({exc.reason if data else 'empty file'}); repair it in place "
                              "first, or `jobspool quarantine purge` it", path=str(qpath)) from None
-        existing, _ = spool._locate(job.id)
+        existing, _ = spool.locate(job.id)
         if existing is not None:
             raise SpoolError(f"cannot restore {QUARANTINE_DIR}/{name}: job {job.id!r} already "
                              f"exists (state {existing.state.value}); purge the quarantined "
@@ -288,7 +288,7 @@ def restore_quarantined(spool: Spool, ident: str) -> Job:
         if spool.durable:
             store_mod.fsync_dir(spool.root / job.state.value)
             store_mod.fsync_dir(spool.root / QUARANTINE_DIR)
-        spool._touch([job.state])
+        spool.touch([job.state])
     log.info("restored %s/%s as %s", QUARANTINE_DIR, name, target.relative_to(spool.root),
                 extra={"job_id": job.id, "state": job.state.value})
     return job
@@ -301,7 +301,7 @@ def purge_quarantined(spool: Spool, idents: Sequence[str] = (), *,
     All of them when `idents` is empty (orphan reason files too), else the
     ones named; `older_than` keeps those quarantined within that many seconds.
     """
-    spool._check_writable("purge quarantined files")
+    spool.check_writable("purge quarantined files")
     names = [resolve(spool, i) for i in idents] if idents else quarantined_files(spool)
     qdir = spool.root / QUARANTINE_DIR
     now = spool.now()

@@ -5,7 +5,7 @@ a systemd `ExecStartPre=`), possibly while other processes work on the same
 spool, so it never holds the spool lock for long: one lock-free scan of the
 state directories (see `scan.py`) finds suspects, and each step re-checks its
 suspects under the lock, in batches of at most `BATCH` jobs, before acting.
-Every job move goes through `Spool._commit` (the store's write sequence,
+Every job move goes through `Spool.commit_changes` (the store's write sequence,
 durable flushes included) with snapshots computed by the state machine.
 
 The steps, in order (each idempotent: a second run finds nothing to do):
@@ -169,7 +169,7 @@ def _repair(spool: Spool, scan: Scan) -> tuple[list[str], list[str], list[tuple[
                         stale.append(f"{copy.state.value}/{job_id}{JOB_SUFFIX}")
                 dups.append(job_id)
             moved.extend(quarantine(spool, to_quarantine))
-            spool._commit([], removals)
+            spool.commit_changes([], removals)
     for start in range(0, len(strays), BATCH):
         with spool.lock.hold():
             moved.extend(quarantine(spool, strays[start:start + BATCH]))
@@ -269,12 +269,12 @@ def _raise_fence(spool: Spool, scan: Scan) -> tuple[list[str], int | None, int |
             return [], current, current
         floor = current or 0
         value = max(top, floor)
-        spool._commit([], [Change(name=FENCE_FILE, dst="", data=encode_fence(value))])
-        spool._fence.raised(value)
+        spool.commit_changes([], [Change(name=FENCE_FILE, dst="", data=encode_fence(value))])
+        spool.fence.raised(value)
         if current is None:
             # Claims failed on the broken counter, possibly after dropping candidates from
             # their processes' caches: make every process relist the claimable directories.
-            spool._touch(CLAIMABLE)
+            spool.touch(CLAIMABLE)
     ids = sorted({e.job_id for e in scan.entries if e.token is not None and e.token > floor})
     log.warning("fence of %s raised from %s to %d (tokens on disk above it: %s)", spool.root,
                 current, value, ids or "none")
@@ -304,7 +304,7 @@ def _reclaim(spool: Spool, scan: Scan) -> tuple[list[str], list[str], list[str]]
             pairs: list[tuple[Job | None, Job | None]] = []
             extra: list[Change] = []
             for job_id in leased[start:start + BATCH]:
-                job, stale = spool._locate(job_id)
+                job, stale = spool.locate(job_id)
                 if job is None or job.state is not JobState.LEASED or job.lease is None:
                     continue  # completed, heartbeated or reclaimed by a claim meanwhile
                 verdict, doc = holder(job.lease.proc)
@@ -317,15 +317,15 @@ def _reclaim(spool: Spool, scan: Scan) -> tuple[list[str], list[str], list[str]]
                     returned.append(job_id)
                 else:
                     new = machine.reclaim(job, now=now, policy=spool.policy,
-                                          max_rescues=spool.max_rescues, rng=spool._rng)
+                                          max_rescues=spool.max_rescues, rng=spool.rng)
                     if new.state is JobState.DEAD_LETTER:
                         _warn_dead(new, "on reclaim by recovery")
                         dead.append(job_id)
                     else:
                         reclaimed.append(job_id)
                 pairs.append((job, new))
-                extra.extend(spool._stale_removals(job_id, stale))
-            spool._commit(pairs, extra)
+                extra.extend(spool.stale_removals(job_id, stale))
+            spool.commit_changes(pairs, extra)
     # Their leases are settled: the dead processes' liveness files have told all they know.
     for ident in liveness.dead_marks(spool.root):
         liveness.remove_dead(spool.root, ident)
@@ -349,7 +349,7 @@ def _replay(spool: Spool, scan: Scan, replay: ReplayHooks | None
             if hook is None:
                 pending.append(entry.job_id)
                 continue
-            job = spool._read(JobState.PREPARED, entry.job_id)
+            job = spool.read_job(JobState.PREPARED, entry.job_id)
             if job is None or job.revision != entry.revision:
                 continue  # committed or aborted by its producer since the scan
             # Outside the lock: a hook may take seconds (it asks the primary store).
@@ -361,19 +361,19 @@ def _replay(spool: Spool, scan: Scan, replay: ReplayHooks | None
             pairs: list[tuple[Job | None, Job | None]] = []
             extra: list[Change] = []
             for v in verdicts:
-                job, stale = spool._locate(v.job.id)
+                job, stale = spool.locate(v.job.id)
                 if job is None or job.state is not JobState.PREPARED or \
                         job.revision != v.job.revision:
                     continue  # the producer spoke meanwhile: its word wins over the hook's
                 new = machine.replay(job, v.outcome, now=now, error=v.error)
                 pairs.append((job, new))
-                extra.extend(spool._stale_removals(job.id, stale))
+                extra.extend(spool.stale_removals(job.id, stale))
                 if new.state is JobState.DEAD_LETTER:
                     _warn_dead(new, "by replay")
                     out["dead"].append(job.id)
                 else:
                     out[v.outcome].append(job.id)
-            spool._commit(pairs, extra)
+            spool.commit_changes(pairs, extra)
     return out["committed"], out["aborted"], out["unknown"], out["dead"], pending
 
 
