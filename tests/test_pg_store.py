@@ -196,3 +196,10 @@ def test_recover_replays_prepared_jobs_past_their_grace_through_the_kinds_hooks(
         again = spool.recover()  # no hooks now: both left waiting are reported, not moved
         assert set(again.prepared_pending) == {"maybe", "nohook"}
         assert again.replayed_committed == () and again.changed is False
+
+
+def test_a_lease_of_a_nanosecond_is_not_handed_out_already_expired(pg_url: str) -> None:
+    with Spool(pg_url) as spool:
+        spool.enqueue("note", job_id="j")
+        (lease,) = spool.claim(lease_seconds=1e-9)
+        assert lease.expires_at > lease.job.updated_at

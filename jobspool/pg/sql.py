@@ -47,6 +47,8 @@ SELECT coalesce(array_agg(id), '{}'::text[]), pg_notify(%(channel)s, '') FROM in
 # unless out of attempts or rescues (those the sweep dead-letters). Each source is an
 # index scan in claim order, locked as it is read; the top `limit` of both are taken.
 # Tokens come from the sequence in claim order: strictly increasing along the batch.
+# A lease is never handed out already expired, however short: at least a microsecond
+# (an epoch in float8 resolves ~0.2 µs).
 # Three forms of the kind filter (`claim_sql`), so each plans on its own index: none,
 # one kind (an index scan in claim order on jobspool_jobs_due_kind), several kinds.
 _CLAIM = f"""
@@ -75,7 +77,7 @@ UPDATE jobspool_jobs j
 SET state = 'leased', attempts = j.attempts + 1, revision = j.revision + 1,
     rescues = j.rescues + CASE WHEN j.state = 'leased' THEN 1 ELSE 0 END,
     updated_at = {NOW}, token = c.token, owner = %(owner)s,
-    expires_at = {NOW} + %(lease)s, proc = %(proc)s
+    expires_at = {NOW} + greatest(%(lease)s::float8, 1e-6), proc = %(proc)s
 FROM c WHERE j.id = c.id
 RETURNING {J_COLUMNS}
 """
