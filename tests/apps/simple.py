@@ -26,7 +26,10 @@ def _log(job: Job, ctx: Context) -> None:
 
 
 def work(job: Job, ctx: Context) -> dict[str, Any]:
-    """Quick job: log it and return who ran it."""
+    """Quick job (or `payload["sleep"]` seconds long): log it and return who ran it."""
+    payload = job.payload if isinstance(job.payload, dict) else {}
+    if payload.get("sleep"):
+        time.sleep(float(payload["sleep"]))
     _log(job, ctx)
     return {"pid": os.getpid(), "token": ctx.token}
 
