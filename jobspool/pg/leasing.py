@@ -16,11 +16,11 @@ from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from jobspool.errors import InvalidJob, JobspoolError, JobTooLarge, LeaseLost
+from jobspool.errors import JobspoolError, LeaseLost
 from jobspool.pg import sql
 from jobspool.pg.rows import COLUMNS, dump, text, to_job
 from jobspool.queue import machine
-from jobspool.queue.job import Job, Lease, LeaseInfo, encode_job, evolve, validate_seconds
+from jobspool.queue.job import Job, Lease, LeaseInfo, encode_completed, evolve
 from jobspool.queue.states import JobState
 
 if TYPE_CHECKING:
@@ -140,17 +140,10 @@ def settle(spool: PgSpool, leases: Sequence[Lease], actions: Sequence[tuple[str,
             if lease.job_id in seen:
                 raise LeaseLost(lease.job_id, lease.token, "settled twice in one batch")
             held = _as_holder(lease)
+            new = machine.settle(held, lease, action, arg, now=now, policy=spool.policy,
+                                 rng=spool.rng)
             if action == "complete":
-                new = machine.complete(held, lease, now=now, result=arg)
-                _check_result(new, spool.max_job_bytes)
-            elif action == "release":
-                new = machine.release(held, lease, now=now, delay=arg)
-            else:
-                err, retryable, delay = arg
-                if delay is not None:
-                    delay = validate_seconds("delay", delay)
-                new = machine.fail(held, lease, now=now, error=err, retryable=retryable,
-                                   delay=delay, policy=spool.policy, rng=spool.rng)
+                encode_completed(new, max_bytes=spool.max_job_bytes)
         except JobspoolError as exc:
             out.append(exc)
             continue
@@ -177,17 +170,6 @@ def settle(spool: PgSpool, leases: Sequence[Lease], actions: Sequence[tuple[str,
         terminal = sum(1 for o in out if isinstance(o, Job) and o.terminal)
         spool.note_terminal(terminal)
     return [o for o in out if o is not None]
-
-
-def _check_result(job: Job, max_bytes: int) -> None:
-    """A result that cannot be stored refuses only its own item (the worker dead-letters it)."""
-    try:
-        encode_job(job, max_bytes=max_bytes)
-    except JobTooLarge:
-        raise
-    except InvalidJob as exc:
-        raise InvalidJob(f"result of job {job.id!r} is not JSON-serializable: "
-                         f"{exc.message.rpartition(': ')[2]}", field="result") from None
 
 
 def heartbeat_many(spool: PgSpool, leases: Sequence[Lease], lease_seconds: float

@@ -51,6 +51,7 @@ from jobspool.queue.job import (
     validate_owner,
     validate_seconds,
 )
+from jobspool.queue.producing import EnqueueForms
 from jobspool.queue.states import JobState, check_source
 
 if TYPE_CHECKING:
@@ -76,7 +77,7 @@ def _one(out: T | JobspoolError) -> T:
     return out
 
 
-class PgSpool:
+class PgSpool(EnqueueForms):
     """A durable job queue in a PostgreSQL database, shared by processes on many machines."""
 
     durable = True
@@ -175,40 +176,6 @@ class PgSpool:
         admit(self, n, measure)
 
     # ------------------------------------------------------------ producing
-
-    def enqueue(self, kind: str, payload: Any = None, *, job_id: str | None = None,
-                delay: float = 0.0, run_at: float | datetime | None = None, priority: int = 0,
-                max_attempts: int | None = None, on_conflict: str = "keep",
-                unique_states: Iterable[JobState | str] | None = None,
-                timeout: float | None = None) -> Job:
-        """Add a job (see the file spool's `Spool.enqueue`: same rules)."""
-        return self.enqueue_result(kind, payload, job_id=job_id, delay=delay, run_at=run_at,
-                                   priority=priority, max_attempts=max_attempts,
-                                   on_conflict=on_conflict, unique_states=unique_states,
-                                   timeout=timeout).job
-
-    def enqueue_result(self, kind: str, payload: Any = None, *, job_id: str | None = None,
-                       delay: float = 0.0, run_at: float | datetime | None = None,
-                       priority: int = 0, max_attempts: int | None = None,
-                       on_conflict: str = "keep",
-                       unique_states: Iterable[JobState | str] | None = None,
-                       timeout: float | None = None) -> EnqueueResult:
-        ids = None if job_id is None else [job_id]
-        return self.enqueue_many_results(kind, [payload], job_ids=ids, delay=delay,
-                                         run_at=run_at, priority=priority,
-                                         max_attempts=max_attempts, on_conflict=on_conflict,
-                                         unique_states=unique_states, timeout=timeout)[0]
-
-    def enqueue_many(self, kind: str, payloads: Iterable[Any], *,
-                     job_ids: Sequence[str | None] | None = None, delay: float = 0.0,
-                     run_at: float | datetime | None = None, priority: int = 0,
-                     max_attempts: int | None = None, on_conflict: str = "keep",
-                     unique_states: Iterable[JobState | str] | None = None,
-                     timeout: float | None = None) -> list[Job]:
-        return [r.job for r in self.enqueue_many_results(
-            kind, payloads, job_ids=job_ids, delay=delay, run_at=run_at, priority=priority,
-            max_attempts=max_attempts, on_conflict=on_conflict, unique_states=unique_states,
-            timeout=timeout)]
 
     def enqueue_many_results(self, kind: str, payloads: Iterable[Any], *,
                              job_ids: Sequence[str | None] | None = None, delay: float = 0.0,

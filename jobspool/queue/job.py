@@ -332,6 +332,18 @@ def encode_admitted(job: Job, *, max_bytes: int) -> bytes:
         ) from None
 
 
+def encode_completed(job: Job, *, max_bytes: int) -> bytes:
+    """A completed job's file: `JobTooLarge` when its result does not fit, `InvalidJob`
+    naming the result when it is not JSON (the only new data a completion brings)."""
+    try:
+        return encode_job(job, max_bytes=max_bytes)
+    except JobTooLarge:
+        raise
+    except InvalidJob as exc:
+        raise InvalidJob(f"result of job {job.id!r} is not JSON-serializable: "
+                         f"{exc.message.rpartition(': ')[2]}", field="result") from None
+
+
 def encode_fitting(job: Job, *, max_bytes: int) -> bytes:
     """Encode a job, cutting its stored error and traceback until the file fits `max_bytes`.
 

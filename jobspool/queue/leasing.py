@@ -16,12 +16,12 @@ from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from jobspool.errors import InvalidJob, JobspoolError, JobTooLarge, LeaseLost, WriteFailed
+from jobspool.errors import JobspoolError, LeaseLost, WriteFailed
 from jobspool.queue import liveness, machine
 from jobspool.queue.job import (
     Job,
     Lease,
-    encode_job,
+    encode_completed,
     validate_int,
     validate_kind,
     validate_owner,
@@ -369,14 +369,8 @@ class LeasingSpool(SpoolBase):
             for lease, (action, arg) in zip(leases, actions, strict=True):
                 try:
                     job = self._leased_job(lease)
-                    if action == "complete":
-                        new = machine.complete(job, lease, now=now, result=arg)
-                    else:
-                        err, retryable, delay = arg
-                        if delay is not None:
-                            delay = validate_seconds("delay", delay)
-                        new = machine.fail(job, lease, now=now, error=err, retryable=retryable,
-                                           delay=delay, policy=self.policy, rng=self.rng)
+                    new = machine.settle(job, lease, action, arg, now=now, policy=self.policy,
+                                         rng=self.rng)
                     # Encoded here, once, so one bad result refuses only its own item.
                     encoded[new.id] = self._encode_settled(new, action)
                 except JobspoolError as exc:
@@ -399,16 +393,7 @@ class LeasingSpool(SpoolBase):
         if action != "complete":
             # A failure's error and traceback are cut to fit: recording it never fails.
             return self._encode_internal(job)
-        try:
-            return encode_job(job, max_bytes=self.max_job_bytes)
-        except JobTooLarge:
-            raise
-        except InvalidJob as exc:
-            if action != "complete":
-                raise
-            # The only new data a completion brings is the handler's result: name it.
-            raise InvalidJob(f"result of job {job.id!r} is not JSON-serializable: "
-                             f"{exc.message.rpartition(': ')[2]}", field="result") from None
+        return encode_completed(job, max_bytes=self.max_job_bytes)
 
     def release(self, lease: Lease, *, delay: float = 0.0) -> Job:
         """Give a leased job back without counting the attempt (fenced)."""

@@ -21,6 +21,7 @@ from jobspool.queue.job import (
     LeaseInfo,
     clip_error,
     evolve,
+    validate_seconds,
 )
 from jobspool.queue.states import JobState, check_transition
 
@@ -273,6 +274,21 @@ def fail(job: Job, lease: Lease, *, now: float, error: object, retryable: bool,
     wait = policy.delay(job.attempts, rng) if delay is None else delay
     return _move(job, "fail", JobState.RETRYABLE, now, lease=None, last_error=message,
                  run_at=now + wait, traceback=tb, rescues=rescues)
+
+
+def settle(job: Job, lease: Lease, action: str, arg: Any, *, now: float, policy: RetryPolicy,
+           rng: random.Random | None = None) -> Job:
+    """A batch item's settle: `("complete", result)`, `("fail", (error, retryable,
+    delay))` or `("release", delay)`, the same for every store."""
+    if action == "complete":
+        return complete(job, lease, now=now, result=arg)
+    if action == "release":
+        return release(job, lease, now=now, delay=arg)
+    err, retryable, delay = arg
+    if delay is not None:
+        delay = validate_seconds("delay", delay)
+    return fail(job, lease, now=now, error=err, retryable=retryable, delay=delay,
+                policy=policy, rng=rng)
 
 
 def release(job: Job, lease: Lease, *, now: float, delay: float) -> Job:
