@@ -203,3 +203,23 @@ def test_a_lease_of_a_nanosecond_is_not_handed_out_already_expired(pg_url: str) 
         spool.enqueue("note", job_id="j")
         (lease,) = spool.claim(lease_seconds=1e-9)
         assert lease.expires_at > lease.job.updated_at
+
+
+def test_the_demo_runs_on_a_postgresql_root_and_refuses_one_that_holds_jobs(
+        pg_url: str, tmp_path: Path) -> None:
+    import json
+    import os
+
+    env = dict(os.environ, JOBSPOOL_STATE_DIR=str(tmp_path / "state"))
+    done = subprocess.run([sys.executable, "-m", "jobspool", "--root", pg_url, "demo",
+                           "--jobs", "60", "--json"], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert sum(doc["counts"].values()) == 60 and doc["counts"]["dead_letter"] <= 1
+    assert doc["table_rows"] == doc["counts"]["completed"]
+    again = subprocess.run([sys.executable, "-m", "jobspool", "--root", pg_url, "demo",
+                            "--jobs", "10"], capture_output=True, text=True, timeout=300,
+                           env=env)
+    assert again.returncode != 0 and "already holds jobs" in again.stderr
+    assert len(again.stderr.strip().splitlines()) == 1
