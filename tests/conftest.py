@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -16,10 +16,15 @@ if str(ROOT) not in sys.path:
 
 from tests.helpers_spool import FakeClock  # noqa: E402 - after the sys.path fix above
 
+if TYPE_CHECKING:  # imported for real as a plugin below, so pytest can rewrite its asserts
+    from jobspool import Spool
+    from tests.spools import SpoolFactory
+
 # The PostgreSQL store's fixtures (issue 16): `pg_server` (session) and `pg_url` (a fresh schema).
 # `spool_store`/`any_spool`/`make_any_spool` run a contract test against each store (tests/store_params.py).
 # `s3_server` (session): a SeaweedFS for the projection on s3:// (tests/s3server.py).
-pytest_plugins = ["tests.pgserver", "tests.store_params", "tests.s3server"]
+# `make_spool(root=None, **options)`: the one way tests open a Spool (tests/spools.py).
+pytest_plugins = ["tests.pgserver", "tests.spools", "tests.store_params", "tests.s3server"]
 
 settings.register_profile(
     "ci",
@@ -47,9 +52,6 @@ def spool_root(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def spool(spool_root: Path, clock: FakeClock) -> Iterator[object]:
-    from jobspool import Spool
-
-    s = Spool(spool_root, durable=False, clock=clock, lease_seconds=30.0)
-    yield s
-    s.close()
+def spool(make_spool: SpoolFactory, clock: FakeClock) -> Spool:
+    """A scratch spool on `spool_root` with the fake clock and 30 s leases."""
+    return make_spool(clock=clock, lease_seconds=30.0)

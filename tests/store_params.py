@@ -12,14 +12,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
 
 import pytest
 
 from jobspool import Spool
+from tests.spools import opener
 
 STORES = ["file", "postgresql"]
-T = TypeVar("T")
 
 
 @pytest.fixture(params=STORES)
@@ -37,38 +36,18 @@ def store_root(spool_store: str, request: pytest.FixtureRequest, tmp_path: Path)
 
 
 @pytest.fixture
-def make_any_spool(spool_store: str, store_root: str | Path) -> Iterator[Callable[..., Spool]]:
-    """Open a `Spool` on this test's root with the given options; all closed at teardown."""
-    opened: list[Spool] = []
-
-    def make(**options: Any) -> Spool:
-        if spool_store == "file":
-            options.setdefault("durable", False)  # scratch spool: skip the fsyncs
-        spool = Spool(store_root, **options)
-        opened.append(spool)
-        return spool
-
-    yield make
-    for spool in reversed(opened):
-        spool.close()
+def make_any_spool(store_root: str | Path) -> Iterator[Callable[..., Spool]]:
+    """Open a `Spool` on this test's root with the given options (tests/spools.py's factory:
+    not durable unless asked); all closed at teardown."""
+    make, close_all = opener(store_root)
+    yield lambda **options: make(**options)
+    close_all()
 
 
 @pytest.fixture
 def any_spool(make_any_spool: Callable[..., Spool]) -> Spool:
     """A spool of the store under test: 30 s leases, 5 attempts, default backoff."""
     return make_any_spool(lease_seconds=30.0)
-
-
-def eventually(probe: Callable[[], T | None], *, timeout: float = 30.0, what: str = "") -> T:
-    """Call `probe` until it returns something truthy (a readiness signal, not a timing claim)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = probe()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            pytest.fail(f"gave up after {timeout} s waiting for {what or probe}")
-        time.sleep(0.02)
 
 
 def sleep_past(moment: float) -> None:

@@ -13,8 +13,8 @@ import pytest
 
 from jobspool import JobState, Spool
 from tests.pgserver import PgServer
-from tests.store_params import eventually
 from tests.subproc import REPO, cli_env
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +50,7 @@ def test_an_idle_worker_picks_up_new_jobs_after_the_server_restarted(
          "tests.apps.simple:app", "--kinds", "work", "--concurrency", "2"],
         cwd=REPO, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        eventually(lambda: log.exists() and "before" in log.read_text(), timeout=60,
+        wait_until(lambda: log.exists() and "before" in log.read_text(), timeout=60,
                    what="the worker to run the first job")
         pg_server.restart()
         with Spool(pg_url) as spool:

@@ -27,8 +27,8 @@ import pytest
 from jobspool import JobState, Spool
 from tests.helpers_spool import stat_counts
 from tests.pgserver import PgServer
-from tests.store_params import eventually
 from tests.subproc import REPO, cli_env
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 APP = "tests.apps.simple:app"
@@ -163,7 +163,7 @@ def test_sigkilled_workers_lose_no_job_and_the_sweep_reclaims_their_leases(
     workers = [worker() for _ in range(3)]
     orphaned = 0  # leases a killed worker still held once it was dead
     try:
-        eventually(lambda: _completed(pg_url) >= 200, timeout=120, what="the workers to start")
+        wait_until(lambda: _completed(pg_url) >= 200, timeout=120, what="the workers to start")
         round_ = 0
         # Six kills, and more until one left leases behind (a worker between batches holds
         # none; on a loaded machine that window is wide): those must be taken back.
@@ -220,7 +220,7 @@ def test_a_late_completion_after_a_stall_is_refused_and_the_result_stays_the_res
         word, job_id, token, expires_at = a.stdout.readline().decode().split()
         assert (word, job_id) == ("claimed", "j")
         with Spool(pg_url) as b:
-            (lease,) = eventually(lambda: b.claim(owner="B"), what="A's lease to expire")
+            (lease,) = wait_until(lambda: b.claim(owner="B"), what="A's lease to expire")
             assert lease.job_id == "j" and lease.token > int(token)
             assert time.time() >= float(expires_at)
             b.complete(lease, {"by": "B", "token": lease.token})
@@ -259,7 +259,7 @@ def test_a_worker_drains_every_job_exactly_once_across_a_server_outage(
     proc = _jobspool(pg_url, "run-until-idle", "--app", APP, "--json", "--concurrency", "4",
                      "--batch-size", "10")
     try:
-        done_before = eventually(lambda: _completed(pg_url) >= 100 and _completed(pg_url),
+        done_before = wait_until(lambda: _completed(pg_url) >= 100 and _completed(pg_url),
                                  timeout=120, what="the worker to get going")
         if outage == "restart":
             pg_server.restart()  # pg_ctl restart -m fast: every session is terminated
@@ -294,7 +294,7 @@ def test_a_long_job_keeps_its_lease_by_heartbeat_across_a_server_restart(
         def leased() -> bool:
             with Spool(pg_url) as spool:
                 return spool.get(job_id).state is JobState.LEASED
-        eventually(leased, timeout=60, what="the handler to start")
+        wait_until(leased, timeout=60, what="the handler to start")
         pg_server.restart()  # mid-run; the lease (3 s) outlives the handler (5 s) only by heartbeats
         rc, out, err = _finish(proc)
     finally:
@@ -313,7 +313,7 @@ def test_sigterm_stops_a_worker_whose_database_is_down(pg_server: PgServer, pg_u
     proc = _jobspool(pg_url, "run-until-idle", "--app", APP, "--concurrency", "2",
                      "--grace", "5", "--lease-seconds", "2")
     try:
-        eventually(lambda: _completed(pg_url) >= 4, timeout=60, what="the worker to get going")
+        wait_until(lambda: _completed(pg_url) >= 4, timeout=60, what="the worker to get going")
         pg_server.kill()  # the database goes away mid-run and stays away
         time.sleep(1.0)
         proc.send_signal(signal.SIGTERM)

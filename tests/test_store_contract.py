@@ -26,7 +26,8 @@ from jobspool.errors import (
     LeaseLost,
 )
 from tests.helpers_spool import STATE_DIRS, stat_counts
-from tests.store_params import eventually, sleep_past
+from tests.store_params import sleep_past
+from tests.waiting import wait_until
 
 MakeSpool = Callable[..., Spool]
 PAYLOAD = {"s": "héllo ✓", "n": 7, "f": 2.5, "l": [1, None, True, "x"], "d": {"a": {}}}
@@ -304,7 +305,7 @@ def test_a_delayed_job_is_not_claimed_before_its_run_at(any_spool: Spool) -> Non
     for job, seconds in ((far, 3600), (later, 7200), (soon, 0.5)):
         assert job.state is JobState.RETRYABLE
         assert job.run_at == pytest.approx(time.time() + seconds, abs=5)
-    (lease,) = eventually(any_spool.claim, what="the delayed job to come due")
+    (lease,) = wait_until(any_spool.claim, what="the delayed job to come due")
     assert lease.job_id == "soon"
     assert time.time() >= soon.run_at  # claimed only once due
     assert any_spool.claim(limit=5) == []
@@ -353,7 +354,7 @@ def test_an_expired_lease_is_lost_and_the_job_is_claimed_again(make_any_spool: M
     spool = make_any_spool(lease_seconds=30.0)
     spool.enqueue("note", job_id="j")
     (first,) = spool.claim(owner="stalled", lease_seconds=0.5)
-    (second,) = eventually(lambda: spool.claim(owner="rescuer"), what="the lease to expire")
+    (second,) = wait_until(lambda: spool.claim(owner="rescuer"), what="the lease to expire")
     assert time.time() >= first.expires_at
     assert (second.job_id, second.owner, second.job.attempts) == ("j", "rescuer", 2)
     assert second.token > first.token
@@ -373,7 +374,7 @@ def test_recover_reclaims_an_expired_lease(make_any_spool: MakeSpool) -> None:
     assert job.state is JobState.RETRYABLE and job.lease is None and job.attempts == 1
     with pytest.raises(LeaseLost):
         spool.complete(lease)
-    (again,) = eventually(spool.claim, what="the reclaimed job to come due")
+    (again,) = wait_until(spool.claim, what="the reclaimed job to come due")
     assert again.job_id == "j" and again.token > lease.token
 
 
@@ -396,7 +397,7 @@ def test_fail_when_attempts_are_exhausted_dead_letters(any_spool: Spool) -> None
     any_spool.enqueue("note", job_id="j", max_attempts=2)
     (lease,) = any_spool.claim()
     assert any_spool.fail(lease, "try 1", delay=0.0).state is JobState.RETRYABLE
-    (lease,) = eventually(any_spool.claim, what="the retry to come due")
+    (lease,) = wait_until(any_spool.claim, what="the retry to come due")
     assert lease.job.attempts == 2
     dead = any_spool.fail(lease, "try 2")
     assert dead.state is JobState.DEAD_LETTER and "try 2" in (dead.last_error or "")

@@ -15,8 +15,8 @@ import pytest
 
 from jobspool import JobState, Spool
 from tests.helpers_spool import stat_counts
-from tests.store_params import eventually
 from tests.subproc import REPO, cli_env
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +31,7 @@ def test_a_worker_pool_drains_the_queue_once_and_stops_on_sigterm(
          "2", "--app", "tests.apps.simple:app", "--kinds", "work", "--concurrency", "2"],
         cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        eventually(lambda: stat_counts(spool.stats())["completed"] == len(ids), timeout=180,
+        wait_until(lambda: stat_counts(spool.stats())["completed"] == len(ids), timeout=180,
                    what="the pool to drain the queue")
         assert pool.poll() is None, "the pool exited before it was told to"
         pool.send_signal(signal.SIGTERM)
