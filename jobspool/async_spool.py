@@ -115,6 +115,19 @@ class AsyncSpool:
                                max_attempts=max_attempts, on_conflict=on_conflict,
                                unique_states=unique_states, timeout=timeout)
 
+    async def enqueue_many_results(self, kind: str, payloads: Iterable[Any], *,
+                                   job_ids: Sequence[str | None] | None = None,
+                                   delay: float = 0.0, run_at: float | datetime | None = None,
+                                   priority: int = 0, max_attempts: int | None = None,
+                                   on_conflict: str = "keep",
+                                   unique_states: Iterable[JobState | str] | None = None,
+                                   timeout: float | None = None) -> list[EnqueueResult]:
+        """`Spool.enqueue_many_results`: each job and whether this call created it."""
+        return await self._run(self.spool.enqueue_many_results, kind, list(payloads),
+                               job_ids=job_ids, delay=delay, run_at=run_at, priority=priority,
+                               max_attempts=max_attempts, on_conflict=on_conflict,
+                               unique_states=unique_states, timeout=timeout)
+
     async def prepare(self, kind: str, payload: Any = None, *, job_id: str | None = None,
                       delay: float = 0.0, run_at: float | datetime | None = None,
                       priority: int = 0, max_attempts: int | None = None,

@@ -34,7 +34,7 @@ from datetime import UTC, datetime, timedelta, tzinfo
 from typing import TYPE_CHECKING, Any, Protocol
 
 from jobspool.errors import JobspoolError, ScheduleError
-from jobspool.queue.job import JOB_ID_RE, check_json, iso_time, validate_kind
+from jobspool.queue.job import JOB_ID_RE, check_json, iso_time, validate_int, validate_kind
 from jobspool.queue.marks import MARKS_FILE as MARKS_FILE  # re-exported
 from jobspool.queue.marks import read_marks as read_marks  # re-exported
 
@@ -44,6 +44,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("jobspool.schedules")
 
 CATCH_UP = ("skip", "once", "all")
+# The nicknames cron, croniter and Oban take (cronsim does not): what each stands for.
+CRON_MACROS = {"@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly": "0 0 1 * *",
+               "@weekly": "0 0 * * 0", "@daily": "0 0 * * *", "@midnight": "0 0 * * *",
+               "@hourly": "0 * * * *"}
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
@@ -51,8 +55,9 @@ _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 class Schedule:
     """Enqueue a job of `kind` on a cron expression or every `every` seconds.
 
-    `cron` is a five-field expression (`"*/15 * * * *"`, parsed by cronsim) in
-    the time zone `tz` (an IANA name, default UTC); `every` is a whole number
+    `cron` is a five-field expression (`"*/15 * * * *"`, parsed by cronsim) or
+    a macro (`@hourly`, `@daily`, `@weekly`, `@monthly`, `@yearly`) in the time
+    zone `tz` (an IANA name, default UTC); `every` is a whole number
     of seconds (or a `timedelta`) with ticks aligned to the epoch. `payload` is
     each job's payload (JSON, the enqueue payload rule). `name` tells apart two
     schedules of one kind (default: the kind). See the module docstring for
@@ -72,6 +77,7 @@ class Schedule:
     priority: int = 0
     _zone: tzinfo = field(init=False, repr=False, compare=False, default=UTC)
     _every: int = field(init=False, repr=False, compare=False, default=0)
+    _expr: str = field(init=False, repr=False, compare=False, default="")  # macros expanded
 
     def __post_init__(self) -> None:
         validate_kind(self.kind)
@@ -95,11 +101,12 @@ class Schedule:
                                 "[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
         try:
             check_json(self.payload, "payload")
+            validate_int("priority", self.priority)  # else every tick's enqueue would fail
         except JobspoolError as exc:
             raise ScheduleError(f"{label}: {exc}") from None
         object.__setattr__(self, "_zone", _zone(self.tz, label))
         if self.cron is not None:
-            _cron_check(self.cron, label)
+            object.__setattr__(self, "_expr", _cron_check(self.cron, label))
         else:
             object.__setattr__(self, "_every", _every_seconds(self.every, label))
 
@@ -122,7 +129,7 @@ class Schedule:
         from cronsim import CronSim
 
         start = datetime.fromtimestamp(math.floor(after), self._zone)
-        return int(next(CronSim(self.cron, start)).timestamp())
+        return int(next(CronSim(self._expr, start)).timestamp())
 
     def last_tick(self, at: float) -> int:
         """The latest tick at or before `at`."""
@@ -131,7 +138,7 @@ class Schedule:
         from cronsim import CronSim
 
         start = datetime.fromtimestamp(math.floor(at) + 1, self._zone)
-        return int(next(CronSim(self.cron, start, reverse=True)).timestamp())
+        return int(next(CronSim(self._expr, start, reverse=True)).timestamp())
 
     def ticks_between(self, after: float, until: float, *, limit: int) -> list[int]:
         """Up to `limit` latest ticks t with after < t <= until, oldest first."""
@@ -166,9 +173,12 @@ class Schedule:
         return [], latest  # skip: the latest tick is late too
 
 
-def _zone(name: str, label: str) -> tzinfo:
+def _zone(name: object, label: str) -> tzinfo:
     if name == "UTC":
         return UTC
+    if not isinstance(name, str):
+        raise ScheduleError(f"{label}: time zone must be an IANA name such as 'Europe/Paris', "
+                            f"got {name!r}")
     try:
         from zoneinfo import ZoneInfo
 
@@ -177,15 +187,21 @@ def _zone(name: str, label: str) -> tzinfo:
         raise ScheduleError(f"{label}: unknown time zone {name!r} ({exc})") from None
 
 
-def _cron_check(expr: object, label: str) -> None:
+def _cron_check(expr: object, label: str) -> str:
+    """The expression cronsim is given (a macro such as `@daily` expanded), checked."""
     from cronsim import CronSim, CronSimError
 
     if not isinstance(expr, str):
         raise ScheduleError(f"{label}: cron must be a string, got {expr!r}")
+    if expr.strip().startswith("@") and expr.strip().lower() not in CRON_MACROS:
+        raise ScheduleError(f"{label}: invalid cron expression {expr!r} (macros: "
+                            f"{', '.join(CRON_MACROS)})")
+    full = CRON_MACROS.get(expr.strip().lower(), expr)
     try:
-        next(CronSim(expr, datetime(2000, 1, 1, tzinfo=UTC)))
+        next(CronSim(full, datetime(2000, 1, 1, tzinfo=UTC)))
     except (CronSimError, StopIteration) as exc:
         raise ScheduleError(f"{label}: invalid cron expression {expr!r} ({exc})") from None
+    return full
 
 
 def _every_seconds(every: object, label: str) -> int:

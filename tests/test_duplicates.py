@@ -225,7 +225,7 @@ def test_duplicate_job_is_a_jobspool_error_that_pickles() -> None:
         DuplicateJob, "x1", "leased", str(err))
 
 
-def test_cli_on_conflict_error_exits_1_and_keep_notes_the_existing_job(
+def test_cli_on_conflict_error_exits_2_and_keep_notes_the_existing_job(
         spool_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from jobspool.cli import main
 
@@ -237,7 +237,7 @@ def test_cli_on_conflict_error_exits_1_and_keep_notes_the_existing_job(
     out, err = capsys.readouterr()
     assert out.split() == [JOB, "ready"] and "already exists" in err
     assert main(["--root", root, "enqueue", "k", '{"v": 2}', "--id", JOB,
-                 "--on-conflict", "error"]) == 1
+                 "--on-conflict", "error"]) == 2  # refused (DESIGN §8), not bad input
     err = capsys.readouterr().err
     assert err.startswith("jobspool: error: ") and JOB in err and err.count("\n") == 1
     assert main(["--root", root, "enqueue", "k", '{"v": 2}', "--id", JOB,

@@ -15,6 +15,7 @@ from jobspool.cli.common import EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE, Refused, Us
 from jobspool.cli.parser import build_parser
 from jobspool.errors import (
     Backpressure,
+    DuplicateJob,
     InvalidTransition,
     JobspoolError,
     SpoolError,
@@ -29,7 +30,9 @@ __all__ = ["EXIT_OK", "EXIT_UNHEALTHY", "EXIT_USAGE", "build_parser", "main"]
 def _exit_code_for(exc: JobspoolError) -> int:
     from jobspool.queue.worker import WorkerCrashed
 
-    if isinstance(exc, SpoolError | InvalidTransition | Backpressure | WorkerCrashed):
+    # A taken id under --on-conflict error is the spool refusing, like a bad transition.
+    if isinstance(exc, SpoolError | InvalidTransition | DuplicateJob | Backpressure
+                  | WorkerCrashed):
         return EXIT_UNHEALTHY
     return EXIT_USAGE
 

@@ -106,6 +106,13 @@ class SpoolAPI(Protocol):
                      unique_states: Iterable[JobState | str] | None = None,
                      timeout: float | None = None) -> list[Job]: ...
 
+    def enqueue_many_results(self, kind: str, payloads: Iterable[Any], *,
+                             job_ids: Sequence[str | None] | None = None, delay: float = 0.0,
+                             run_at: float | datetime | None = None, priority: int = 0,
+                             max_attempts: int | None = None, on_conflict: str = "keep",
+                             unique_states: Iterable[JobState | str] | None = None,
+                             timeout: float | None = None) -> list[EnqueueResult]: ...
+
     def prepare(self, kind: str, payload: Any = None, *, job_id: str | None = None,
                 delay: float = 0.0, run_at: float | datetime | None = None, priority: int = 0,
                 max_attempts: int | None = None, timeout: float | None = None

@@ -7,6 +7,7 @@ import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from jobspool.errors import InvalidJob, WaitTimeout
@@ -57,7 +58,8 @@ def check_run_at(run_at: object, delay: float, now: float) -> float | None:
     if run_at is None:
         return None
     if delay:
-        raise InvalidJob(f"give delay or run_at, not both (delay={delay!r}, run_at={run_at!r})",
+        shown = run_at.isoformat() if isinstance(run_at, datetime) else run_at
+        raise InvalidJob(f"give delay or run_at, not both (delay={delay!r}, run_at={shown!r})",
                          field="run_at")
     return validate_run_at(run_at, now)
 

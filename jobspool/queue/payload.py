@@ -118,18 +118,20 @@ def validate_run_at(run_at: object, now: float) -> float:
             raise InvalidJob(f"run_at {run_at.isoformat()!r} is a naive datetime; give an aware "
                              "one (e.g. tzinfo=timezone.utc) or epoch seconds", field="run_at")
         value = run_at.timestamp()
+        shown = repr(run_at.isoformat())  # what the caller wrote, not datetime.datetime(...)
     elif isinstance(run_at, bool) or not isinstance(run_at, int | float):
         raise InvalidJob(f"run_at must be epoch seconds or an aware datetime, got {run_at!r}",
                          field="run_at")
     else:
         value = float(run_at)
+        shown = repr(run_at)
     if not math.isfinite(value):
         raise InvalidJob(f"run_at must be a finite time, got {run_at!r}", field="run_at")
     if value > MAX_RUN_AT:
-        raise InvalidJob(f"run_at {run_at!r} is past the year 9999 (milliseconds instead of "
+        raise InvalidJob(f"run_at {shown} is past the year 9999 (milliseconds instead of "
                          "seconds?)", field="run_at")
     if value < now - MAX_RUN_AT_PAST:
-        raise InvalidJob(f"run_at {run_at!r} is more than {MAX_RUN_AT_PAST / 86400:.0f} days in "
+        raise InvalidJob(f"run_at {shown} is more than {MAX_RUN_AT_PAST / 86400:.0f} days in "
                          "the past", field="run_at")
     return value
 

@@ -35,6 +35,7 @@ from jobspool.queue.states import JobState
 
 if TYPE_CHECKING:
     from jobspool.app import App
+    from jobspool.async_spool import AsyncSpool
     from jobspool.projection.lance import ProjectionStore
     from jobspool.queue.api import SpoolAPI as Spool
     from jobspool.schedules import Schedule
@@ -54,7 +55,7 @@ class Worker:
 
     def __init__(
         self,
-        spool: Spool,
+        spool: Spool | AsyncSpool,
         handlers: Mapping[str, Handler] | App | None = None,
         *,
         concurrency: int = 4,
@@ -73,7 +74,10 @@ class Worker:
         storage_options: Mapping[str, str] | None = None,  # object-storage projection settings
     ) -> None:
         from jobspool.app import App
+        from jobspool.async_spool import AsyncSpool
 
+        if isinstance(spool, AsyncSpool):  # the async facade: the worker drives its store
+            spool = spool.spool
         if isinstance(handlers, App):
             app = handlers
             handlers = app.handlers

@@ -1,0 +1,210 @@
+"""Audit of issue 12 (producers): what a new user tried and found short, each pinned here.
+
+An `AsyncSpool` handed to a `Worker`, whether a CLI enqueue created its job (`--json`),
+a duplicate under `--on-conflict error` as a refusal (exit 2), `enqueue_many_results`
+from async code, the duplicate-policy table on both stores, schedules refusing a bad
+`tz`/`priority` at once and taking the `@daily` family, and a refused `run_at` named as
+the user gave it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from jobspool import AsyncSpool, Schedule, Spool, Worker
+from jobspool.cli import main
+from jobspool.errors import DuplicateJob, InvalidJob, ScheduleError
+from tests.helpers_spool import FakeClock
+
+BACKENDS = ["asyncio", "trio"]
+
+
+def _double(job: Any, ctx: Any) -> int:
+    return int(job.payload) * 2
+
+
+# ---------------------------------------------------------------- async producers
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_worker_takes_an_async_spool_and_drains_what_its_tasks_enqueued(
+        tmp_path: Path, backend: str) -> None:
+    async def main_() -> list[int]:
+        async with AsyncSpool(tmp_path / "spool", durable=False) as spool:
+            jobs = await spool.enqueue_many("double", [1, 2, 3])
+            worker = Worker(spool, {"double": _double}, maintenance=False)  # type: ignore[arg-type]
+            report = await worker.arun_until_idle()
+            assert report.completed == 3
+            return [await spool.result(j.id, timeout=30) for j in jobs]
+
+    assert anyio.run(main_, backend=backend) == [2, 4, 6]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_async_enqueue_many_results_say_which_jobs_were_created(
+        tmp_path: Path, backend: str) -> None:
+    async def main_() -> list[tuple[str, str, bool]]:
+        async with AsyncSpool(tmp_path / "spool", durable=False) as spool:
+            await spool.enqueue("k", 0, job_id="taken")
+            results = await spool.enqueue_many_results("k", [1, 2], job_ids=["fresh", "taken"])
+            return [(r.job.id, r.outcome, r.created) for r in results]
+
+    assert anyio.run(main_, backend=backend) == [
+        ("fresh", "created", True), ("taken", "existing", False)]
+
+
+# ---------------------------------------------------------------- the duplicate policy, CLI
+
+
+def _cli_root(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    root = str(tmp_path / "spool")
+    assert main(["--root", root, "init"]) == 0
+    capsys.readouterr()
+    return root
+
+
+def test_cli_enqueue_json_says_whether_this_call_created_the_job(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = _cli_root(tmp_path, capsys)
+    calls = [([], ("created", True)), ([], ("existing", False)),
+             (["--on-conflict", "replace"], ("replaced", True))]
+    for extra, (outcome, created) in calls:
+        assert main(["--root", root, "enqueue", "k", '{"v": 1}', "--id", "j1", "--json",
+                     *extra]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        assert (doc["id"], doc["outcome"], doc["created"]) == ("j1", outcome, created)
+
+
+def test_cli_on_conflict_error_on_a_taken_id_is_refused_with_exit_2_and_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = _cli_root(tmp_path, capsys)
+    assert main(["--root", root, "enqueue", "k", '{"v": 1}', "--id", "j1"]) == 0
+    capsys.readouterr()
+    assert main(["--root", root, "enqueue", "k", '{"v": 2}', "--id", "j1",
+                 "--on-conflict", "error"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("jobspool: error: ") and "'j1'" in err and err.count("\n") == 1
+    with Spool(root) as spool:
+        assert spool.get("j1").payload == {"v": 1}
+    # An unknown policy is bad input, not a refusal.
+    assert main(["--root", root, "enqueue", "k", "--on-conflict", "skip"]) == 1
+
+
+# ---------------------------------------------------------------- the table, on both stores
+
+OLD, NEW = {"v": 1}, {"v": 2}
+
+
+def _setup(spool: Spool, state: str) -> None:
+    if state == "prepared":
+        spool.prepare("k", OLD, job_id="d1")
+        return
+    if state == "pruned":
+        _setup(spool, "completed")
+        assert spool.prune(keep=0).pruned == ("d1",)
+        return
+    spool.enqueue("k", OLD, job_id="d1", delay=600 if state == "scheduled" else 0.0)
+    if state in ("ready", "scheduled"):
+        return
+    if state == "canceled":
+        spool.cancel("d1")
+        return
+    (lease,) = spool.claim()
+    if state == "retryable":
+        spool.fail(lease, "boom", delay=600)
+    elif state == "completed":
+        spool.complete(lease, {"done": 1})
+    elif state == "dead_letter":
+        spool.fail(lease, "fatal", retryable=False)
+
+
+# state before -> per policy: the outcome and the state after ("refused": DuplicateJob).
+_TABLE: dict[str, dict[str, tuple[str, str]]] = {
+    "prepared": {"keep": ("existing", "prepared"), "replace": ("replaced", "prepared")},
+    "ready": {"keep": ("existing", "ready"), "replace": ("replaced", "ready")},
+    "scheduled": {"keep": ("existing", "retryable"), "replace": ("replaced", "ready")},
+    "retryable": {"keep": ("existing", "retryable"), "replace": ("replaced", "ready")},
+    "leased": {"keep": ("existing", "leased"), "replace": ("refused", "leased")},
+    "completed": {"keep": ("existing", "completed"), "replace": ("replaced", "ready")},
+    "dead_letter": {"keep": ("existing", "dead_letter"), "replace": ("replaced", "ready")},
+    "canceled": {"keep": ("reopened", "ready"), "replace": ("replaced", "ready")},
+    "pruned": {"keep": ("created", "ready"), "replace": ("created", "ready")},
+}
+
+
+@pytest.mark.parametrize("before", list(_TABLE))
+@pytest.mark.parametrize("policy", ["keep", "replace", "error"])
+def test_every_store_follows_the_readmes_duplicate_policy_table(
+        make_any_spool: Callable[..., Spool], policy: str, before: str) -> None:
+    spool = make_any_spool(lease_seconds=30.0)
+    _setup(spool, before)
+    old = None if before == "pruned" else spool.get("d1")
+    outcome, after = (("created", "ready") if before == "pruned" else ("refused", before))  \
+        if policy == "error" else _TABLE[before][policy]
+    if outcome == "refused":
+        with pytest.raises(DuplicateJob) as info:
+            spool.enqueue("k", NEW, job_id="d1", on_conflict=policy)
+        assert info.value.job_id == "d1"
+        assert spool.get("d1") == old  # nothing written
+        return
+    result = spool.enqueue_result("k", NEW, job_id="d1", on_conflict=policy)
+    assert (result.outcome, result.created, result.job.state.value) == (
+        outcome, outcome != "existing", after)
+    assert spool.get("d1") == result.job
+    if outcome == "existing":
+        assert result.job == old
+    else:
+        assert result.job.payload == NEW and result.job.attempts == 0
+
+
+# ---------------------------------------------------------------- schedules
+
+
+@pytest.mark.parametrize(("kwargs", "says"), [
+    ({"tz": None}, "time zone"),
+    ({"tz": 5}, "time zone"),
+    ({"priority": "high"}, "priority"),
+    ({"priority": 1.5}, "priority"),
+    ({"priority": True}, "priority"),
+    ({"cron": "@reboot", "every": None}, "@reboot"),
+])
+def test_a_bad_schedule_field_is_a_schedule_error_when_it_is_built(
+        kwargs: dict[str, Any], says: str) -> None:
+    options: dict[str, Any] = {"every": 60, **kwargs}
+    with pytest.raises(ScheduleError) as info:
+        Schedule("tick", **options)
+    assert says in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(("macro", "expr"), [
+    ("@yearly", "0 0 1 1 *"), ("@annually", "0 0 1 1 *"), ("@monthly", "0 0 1 * *"),
+    ("@weekly", "0 0 * * 0"), ("@daily", "0 0 * * *"), ("@midnight", "0 0 * * *"),
+    ("@hourly", "0 * * * *"),
+])
+def test_cron_macros_tick_like_the_expressions_they_stand_for(macro: str, expr: str) -> None:
+    at = datetime(2026, 3, 14, 15, 9, 26, tzinfo=UTC).timestamp()
+    short, long = Schedule("tick", cron=macro), Schedule("tick", cron=expr)
+    assert short.next_tick(at) == long.next_tick(at)
+    assert short.last_tick(at) == long.last_tick(at)
+    assert macro in short.describe()
+
+
+# ---------------------------------------------------------------- time
+
+
+def test_a_refused_run_at_datetime_is_named_as_an_iso_time(spool: Spool, clock: FakeClock) -> None:
+    long_ago = datetime.fromtimestamp(clock.now, UTC) - timedelta(days=30)
+    with pytest.raises(InvalidJob) as info:
+        spool.enqueue("k", run_at=long_ago)
+    assert long_ago.isoformat() in str(info.value) and "datetime.datetime" not in str(info.value)
+    assert list(spool.jobs()) == []
+    with pytest.raises(InvalidJob) as info:
+        spool.enqueue("k", run_at=long_ago + timedelta(days=31), delay=5)
+    assert "datetime.datetime" not in str(info.value)
