@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from jobspool.policy import Policy
     from jobspool.projection.lance import LanceProjection
     from jobspool.queue.worker import Context, RunReport, Worker
-    from jobspool.schedules import Schedule
+    from jobspool.schedules import Schedule, Scheduler
 
 __version__ = "0.1.0"
 
@@ -57,7 +57,8 @@ __all__ = ["EnqueueResult", "Job", "JobState", "Lease", "Reservation", "Spool", 
 # Producers
 __all__ += ["AsyncSpool"]
 # Running jobs
-__all__ += ["App", "Context", "Fail", "Policy", "Retry", "RunReport", "Schedule", "Worker"]
+__all__ += ["App", "Context", "Fail", "Policy", "Retry", "RunReport", "Schedule", "Scheduler",
+            "Worker"]
 # Reading what workers projected (LanceDB)
 __all__ += ["LanceProjection"]
 # Errors
@@ -98,6 +99,7 @@ _LAZY = {
     "Policy": "jobspool.policy",
     "AsyncSpool": "jobspool.async_spool",
     "Schedule": "jobspool.schedules",
+    "Scheduler": "jobspool.schedules",  # fires schedules by hand (a test's injected clock)
 }
 
 

@@ -24,6 +24,7 @@ tick: deploying a daily 03:00 job at 10:00 does not run it at once.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import math
@@ -33,7 +34,7 @@ from dataclasses import KW_ONLY, dataclass, field
 from datetime import UTC, datetime, timedelta, tzinfo
 from typing import TYPE_CHECKING, Any, Protocol
 
-from jobspool.errors import JobspoolError, ScheduleError
+from jobspool.errors import JobNotFound, JobspoolError, ScheduleError
 from jobspool.queue.job import JOB_ID_RE, check_json, iso_time, validate_int, validate_kind
 from jobspool.queue.marks import MARKS_FILE as MARKS_FILE  # re-exported
 from jobspool.queue.marks import read_marks as read_marks  # re-exported
@@ -282,17 +283,26 @@ class Scheduler:
         return max(0.0, min(s.next_tick(now) for s in self.schedules) - now)
 
     def status(self, spool: Spool, now: float | None = None) -> list[dict[str, Any]]:
-        """Per schedule: name, kind, rule, catch-up, last tick fired and next tick (ISO too)."""
+        """Per schedule: name, kind, rule, catch-up, last tick and next tick (ISO too).
+
+        The last tick is the latest one the schedule has passed: fired, or passed over
+        by its catch-up rule or at first sight. `last_job_state` tells them apart: the
+        state of that tick's job, or None when there is none (not fired, or pruned)."""
         at = spool.now() if now is None else float(now)
         marks = spool.schedule_marks()
         rows = []
         for s in self.schedules:
             last = marks.get(s.key)
             nxt = s.next_tick(at)
+            state = None
+            if last is not None:
+                with contextlib.suppress(JobNotFound):  # passed over, or pruned since
+                    state = spool.get(s.job_id(last)).state.value
             rows.append({"name": s.key, "kind": s.kind, "rule": s.describe(),
                          "catch_up": s.catch_up,
                          "last_tick": last, "last_tick_iso": None if last is None else iso_time(last),
                          "last_job_id": None if last is None else s.job_id(last),
+                         "last_job_state": state,
                          "next_tick": nxt, "next_tick_iso": iso_time(nxt)})
         return rows
 

@@ -208,3 +208,35 @@ def test_a_refused_run_at_datetime_is_named_as_an_iso_time(spool: Spool, clock: 
     with pytest.raises(InvalidJob) as info:
         spool.enqueue("k", run_at=long_ago + timedelta(days=31), delay=5)
     assert "datetime.datetime" not in str(info.value)
+
+
+def test_scheduler_is_public_and_the_schedules_command_tells_a_fired_tick_from_a_passed_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from jobspool import Scheduler
+
+    (tmp_path / "audit12_sched_app.py").write_text(
+        "from jobspool import App, Schedule\n"
+        "app = App(handlers={'feeds.poll': print, 'reports.daily': print},\n"
+        "          schedules=[Schedule('feeds.poll', every=60),\n"
+        "                     Schedule('reports.daily', cron='0 3 * * *', tz='Europe/Paris')])\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from audit12_sched_app import app  # type: ignore[import-not-found]
+
+    root = tmp_path / "spool"
+    now = datetime(2026, 12, 1, 12, 0, 10, tzinfo=UTC).timestamp()  # 3:00 long past
+    with Spool(root, durable=False) as spool:
+        (fired,) = Scheduler(app.schedules).tick(spool, now)
+        assert fired.created == (f"sched.feeds.poll.{int(now) - 10}",)
+    assert main(["--root", str(root), "schedules", "--app", "audit12_sched_app:app",
+                 "--json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["feeds.poll"]["last_job_state"] == "ready"
+    # First sight at noon passes over today's 3:00 tick without firing it.
+    assert rows["reports.daily"]["last_tick_iso"] == "2026-12-01T02:00:00.000Z"
+    assert rows["reports.daily"]["last_job_state"] is None
+    assert main(["--root", str(root), "schedules", "--app", "audit12_sched_app:app"]) == 0
+    header, *lines = capsys.readouterr().out.splitlines()
+    assert "2026-12-01T02:00:00.000Z (no job)" in lines[1] and "(ready)" in lines[0]
+    at = header.index("NEXT TICK")  # every column lines up under its heading
+    assert all(line[at:at + 4] == "2026" for line in lines)

@@ -16,6 +16,13 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     c.set_defaults(func=cmd_schedules)
 
 
+def _last(row: dict[str, Any]) -> str:
+    """`2026-12-01T03:00:00.000Z (completed)`; `(no job)`: passed over, or pruned."""
+    if row["last_tick_iso"] is None:
+        return "-"
+    return f"{row['last_tick_iso']} ({row['last_job_state'] or 'no job'})"
+
+
 def cmd_schedules(args: argparse.Namespace) -> int:
     from jobspool.app import AppError, load_app
     from jobspool.schedules import Scheduler
@@ -30,12 +37,13 @@ def cmd_schedules(args: argparse.Namespace) -> int:
     def text() -> str:
         if not rows:
             return f"--app {args.app} has no schedules"
-        lines = [f"{'NAME':<24} {'KIND':<20} {'RULE':<28} {'CATCH-UP':<8} {'LAST TICK':<24} "
-                 "NEXT TICK"]
-        for r in rows:
-            lines.append(f"{r['name']:<24} {r['kind']:<20} {r['rule']:<28} {r['catch_up']:<8} "
-                         f"{r['last_tick_iso'] or '-':<24} {r['next_tick_iso']}")
-        return "\n".join(lines)
+        table = [("NAME", "KIND", "RULE", "CATCH-UP", "LAST TICK", "NEXT TICK")]
+        table += [(r["name"], r["kind"], r["rule"], r["catch_up"], _last(r),
+                   r["next_tick_iso"]) for r in rows]
+        # Columns as wide as their widest cell: a long name or cron rule never shifts the rest.
+        widths = [max(len(row[i]) for row in table) for i in range(5)]
+        return "\n".join(" ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False))
+                         + " " + row[5] for row in table)
 
     _emit(args, rows, text)
     return EXIT_OK
