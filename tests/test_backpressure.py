@@ -12,6 +12,7 @@ from jobspool import Spool
 from jobspool.errors import Backpressure, JobspoolError
 from jobspool.queue.backpressure import CACHE_SECONDS, is_on
 from tests.conftest import FakeClock
+from tests.spools import make_spool
 
 
 def ready(root: Path) -> int:
@@ -20,7 +21,7 @@ def ready(root: Path) -> int:
 
 @pytest.fixture
 def bounded(spool_root: Path, clock: FakeClock) -> Iterator[Spool]:
-    s = Spool(spool_root, durable=False, clock=clock, max_due=10)
+    s = make_spool(spool_root, clock=clock, max_due=10)
     yield s
     s.close()
 
@@ -31,7 +32,7 @@ def drain(spool: Spool, n: int) -> None:
 
 
 def test_without_limits_nothing_is_ever_refused(spool_root: Path, clock: FakeClock) -> None:
-    with Spool(spool_root, durable=False, clock=clock) as s:
+    with make_spool(spool_root, clock=clock) as s:
         s.enqueue_many("k", range(200))
         s.enqueue("k")
         assert ready(spool_root) == 201
@@ -100,7 +101,7 @@ def test_prepare_is_refused_like_enqueue(bounded: Spool, spool_root: Path) -> No
 
 def test_max_lag_refuses_while_the_oldest_ready_job_waits_too_long(
         spool_root: Path, clock: FakeClock) -> None:
-    with Spool(spool_root, durable=False, clock=clock, max_lag_seconds=60.0) as s:
+    with make_spool(spool_root, clock=clock, max_lag_seconds=60.0) as s:
         first = s.enqueue("k")
         clock.advance(20.0)
         s.enqueue("k")
@@ -125,7 +126,7 @@ def test_max_lag_refuses_while_the_oldest_ready_job_waits_too_long(
 
 
 def test_both_limits_together_name_the_one_that_tripped(spool_root: Path, clock: FakeClock) -> None:
-    with Spool(spool_root, durable=False, clock=clock, max_due=100, max_lag_seconds=5.0) as s:
+    with make_spool(spool_root, clock=clock, max_due=100, max_lag_seconds=5.0) as s:
         s.enqueue("k")
         clock.advance(6.0)
         with pytest.raises(Backpressure) as info:
@@ -146,8 +147,8 @@ def test_other_producers_are_seen_once_the_cache_window_passes(
         spool_root: Path, clock: FakeClock) -> None:
     # The documented trade-off: for CACHE_SECONDS of the spool clock, a producer counts
     # its own admissions on top of its last listing, not what other producers added.
-    with Spool(spool_root, durable=False, clock=clock, max_due=10) as mine, \
-            Spool(spool_root, durable=False, clock=clock) as other:
+    with make_spool(spool_root, clock=clock, max_due=10) as mine, \
+            make_spool(spool_root, clock=clock) as other:
         mine.enqueue("k")
         other.enqueue_many("k", range(10))
         mine.enqueue("k")  # within the window: 2 by our count, admitted
@@ -160,13 +161,13 @@ def test_other_producers_are_seen_once_the_cache_window_passes(
 
 def test_limits_must_be_positive(spool_root: Path) -> None:
     with pytest.raises(JobspoolError, match="max_due"):
-        Spool(spool_root, durable=False, max_due=0)
+        make_spool(spool_root, max_due=0)
     with pytest.raises(JobspoolError, match="max_lag_seconds"):
-        Spool(spool_root, durable=False, max_lag_seconds=-1.0)
+        make_spool(spool_root, max_lag_seconds=-1.0)
 
 
 def test_a_refused_enqueue_leaves_no_staged_file_behind(tmp_path: Path) -> None:
-    spool = Spool(tmp_path / "s", durable=False, max_due=2)
+    spool = make_spool(tmp_path / "s", max_due=2)
     spool.enqueue_many("k", [1, 2])
     with pytest.raises(Backpressure):
         spool.enqueue_many("k", [3, 4, 5])

@@ -10,6 +10,7 @@ import pytest
 
 from jobspool import JobState, Spool
 from jobspool.queue.changelog import ADD, REMOVE, RING_BYTES, RING_OFFSET, SLOTS, ChangeRing
+from tests.spools import make_spool
 
 
 @pytest.fixture
@@ -60,8 +61,8 @@ def _count_listings(spool: Spool, monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def test_another_spools_enqueues_and_claims_reach_a_warm_index_without_a_listing(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = tmp_path / "s"
-    consumer = Spool(root, durable=False)
-    producer = Spool(root, durable=False)  # its own lock handle, map and index: a peer
+    consumer = make_spool(root)
+    producer = make_spool(root)  # its own lock handle, map and index: a peer
     producer.enqueue_many("k", [{"i": i} for i in range(10)], job_ids=[f"a{i}" for i in range(10)])
     consumer.preload()
     listings = _count_listings(consumer, monkeypatch)
@@ -80,8 +81,8 @@ def test_another_spools_enqueues_and_claims_reach_a_warm_index_without_a_listing
 def test_a_change_the_ring_did_not_see_falls_back_to_a_listing(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = tmp_path / "s"
-    consumer = Spool(root, durable=False)
-    other = Spool(root, durable=False)
+    consumer = make_spool(root)
+    other = make_spool(root)
     other.enqueue("k", job_id="first")
     consumer.preload()
     listings = _count_listings(consumer, monkeypatch)

@@ -14,8 +14,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-from jobspool import Spool
 from jobspool.queue.fence import BLOCK, decode_fence
+from tests.spools import make_spool
 from tests.subproc import REPO, cli_env
 
 
@@ -25,7 +25,7 @@ def _disk_fence(root: Path) -> int:
 
 def test_claims_rewrite_the_fence_file_once_per_block_not_once_per_claim(tmp_path: Path) -> None:
     root = tmp_path / "spool"
-    with Spool(root, durable=False) as s:
+    with make_spool(root) as s:
         s.enqueue_many("k", list(range(200)))
         first = s.claim()[0].token
         ceiling = _disk_fence(root)
@@ -39,7 +39,7 @@ def test_claims_rewrite_the_fence_file_once_per_block_not_once_per_claim(tmp_pat
 def test_a_claim_past_the_ceiling_flushes_a_new_one_before_handing_out_its_tokens(
         tmp_path: Path) -> None:
     root = tmp_path / "spool"
-    with Spool(root, durable=False) as s:
+    with make_spool(root) as s:
         s.enqueue_many("k", list(range(BLOCK + 10)))
         leases = s.claim(limit=BLOCK + 5)
         assert _disk_fence(root) >= max(lease.token for lease in leases)
@@ -48,7 +48,7 @@ def test_a_claim_past_the_ceiling_flushes_a_new_one_before_handing_out_its_token
 
 def test_tokens_keep_increasing_after_a_simulated_reboot(tmp_path: Path) -> None:
     root = tmp_path / "spool"
-    with Spool(root, durable=False) as s:
+    with make_spool(root) as s:
         s.enqueue_many("k", list(range(10)))
         before = [lease.token for lease in s.claim(limit=5)]
         # A reboot: the map's content is from another boot (what the lock sees first).
@@ -62,18 +62,18 @@ def test_tokens_keep_increasing_after_a_simulated_reboot(tmp_path: Path) -> None
 
 def test_tokens_keep_increasing_after_the_lock_file_is_deleted(tmp_path: Path) -> None:
     root = tmp_path / "spool"
-    with Spool(root, durable=False) as s:
+    with make_spool(root) as s:
         s.enqueue_many("k", list(range(10)))
         before = [lease.token for lease in s.claim(limit=5)]
         (root / ".lock").unlink()
-    with Spool(root, durable=False) as s2:
+    with make_spool(root) as s2:
         after = [lease.token for lease in s2.claim(limit=5)]
     assert min(after) > max(before)
 
 
 def test_tokens_keep_increasing_after_a_claimer_is_sigkilled(tmp_path: Path) -> None:
     root = tmp_path / "spool"
-    with Spool(root, durable=False) as s:
+    with make_spool(root) as s:
         s.enqueue_many("k", list(range(5000)))
     code = textwrap.dedent("""
         import sys
@@ -91,7 +91,7 @@ def test_tokens_keep_increasing_after_a_claimer_is_sigkilled(tmp_path: Path) -> 
     child.wait()
     seen += [int(line) for line in child.stdout.read().split()]
     child.stdout.close()
-    with Spool(root, durable=False) as s:
+    with make_spool(root) as s:
         on_disk = [j.lease.token for j in s.jobs(state="leased") if j.lease is not None]
         nxt = s.claim()[0].token
     assert seen == sorted(set(seen))  # strictly increasing within the child

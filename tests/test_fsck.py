@@ -13,6 +13,7 @@ from jobspool import Spool
 from jobspool.queue.fence import encode_fence
 from jobspool.recovery.fsck import FsckReport
 from tests.helpers_spool import all_files, read_raw
+from tests.spools import make_spool
 
 
 def _busy_spool(spool: Spool, clock: Any) -> None:
@@ -129,7 +130,7 @@ def test_what_recovery_would_do_is_a_note_not_a_problem(spool: Spool, spool_root
 
 
 def test_a_terminal_directory_over_its_limit_is_noted(tmp_path: Path) -> None:
-    s = Spool(tmp_path / "s", durable=False, keep_terminal=2)
+    s = make_spool(tmp_path / "s", keep_terminal=2)
     try:
         for job in s.enqueue_many("k", [1, 2, 3]):
             s.cancel(job.id)

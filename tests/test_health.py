@@ -13,11 +13,12 @@ from jobspool import Spool
 from jobspool.health import Health, Reason, check_health
 from jobspool.projection.maintenance import TableOutcome, _save_state, read_maintenance_state
 from tests.conftest import FakeClock
+from tests.spools import make_spool
 
 
 @pytest.fixture
 def spool(spool_root: Path, clock: FakeClock) -> Iterator[Spool]:
-    s = Spool(spool_root, durable=False, clock=clock, lease_seconds=30.0, max_attempts=10,
+    s = make_spool(spool_root, clock=clock, lease_seconds=30.0, max_attempts=10,
               prepare_grace_seconds=60.0)
     yield s
     s.close()

@@ -19,19 +19,20 @@ from jobspool import health as health_mod
 from jobspool.cli import main
 from jobspool.health import check_health
 from tests.conftest import FakeClock
+from tests.spools import make_spool
 
 GUARD_SECONDS = 30.0
 
 
 @pytest.fixture
 def spool(spool_root: Path, clock: FakeClock) -> Iterator[Spool]:
-    s = Spool(spool_root, durable=False, clock=clock, lease_seconds=30.0)
+    s = make_spool(spool_root, clock=clock, lease_seconds=30.0)
     yield s
     s.close()
 
 
 def _hand_made_job(tmp_path: Path, job_id: str, clock: FakeClock) -> Path:
-    with Spool(tmp_path / "backup", durable=False, clock=clock) as other:
+    with make_spool(tmp_path / "backup", clock=clock) as other:
         other.enqueue("mail", {"to": "x"}, job_id=job_id)
     return tmp_path / "backup" / "ready" / f"{job_id}.json"
 
@@ -154,7 +155,7 @@ def test_an_idle_worker_keeps_its_metrics_file_fresh_and_a_finished_run_leaves_n
     from jobspool import Worker
 
     root = tmp_path / "spool"
-    with Spool(root, durable=False) as spool:
+    with make_spool(root) as spool:
         spool.enqueue("echo", {"n": 1})
         Worker(spool, {"echo": lambda job, ctx: job.payload}, maintenance=False) \
             .run_until_idle()

@@ -12,6 +12,7 @@ import pytest
 from jobspool import JobState, Spool
 from jobspool.errors import InvalidTransition, LeaseLost
 from tests.helpers_spool import assert_disk_consistent, read_raw
+from tests.spools import make_spool
 
 
 def test_heartbeat_extends_the_lease_and_keeps_the_token(spool: Spool, spool_root: Path,
@@ -131,7 +132,7 @@ def test_fail_with_an_explicit_delay_uses_it(spool: Spool, clock: Any) -> None:
 def _backoffs(tmp_path: Path, clock: Any, *, base: float, cap: float, n: int,
               tag: str) -> list[float]:
     """Delay chosen by the spool after each of n consecutive retryable failures of one job."""
-    s = Spool(tmp_path / tag, durable=False, clock=clock, retry_base_seconds=base,
+    s = make_spool(tmp_path / tag, clock=clock, retry_base_seconds=base,
               retry_max_seconds=cap, max_attempts=n + 1, lease_seconds=30.0)
     try:
         s.enqueue("note", job_id="j")

@@ -23,6 +23,7 @@ from jobspool.metrics import (
     serve_metrics,
 )
 from tests.conftest import FakeClock
+from tests.spools import make_spool
 
 Key = tuple[str, frozenset[tuple[str, str]]]
 
@@ -44,7 +45,7 @@ def value(samples: dict[Key, float], name: str, **labels: str) -> float:
 
 @pytest.fixture
 def spool(spool_root: Path, clock: FakeClock) -> Iterator[Spool]:
-    s = Spool(spool_root, durable=False, clock=clock, lease_seconds=10.0, max_attempts=5,
+    s = make_spool(spool_root, clock=clock, lease_seconds=10.0, max_attempts=5,
               retry_base_seconds=30.0, retry_max_seconds=30.0, seed=1)
     yield s
     s.close()

@@ -21,6 +21,7 @@ from jobspool import Spool
 from jobspool.cli import main
 from jobspool.errors import InvalidJob
 from tests.helpers_spool import FakeClock, job_files
+from tests.spools import make_spool
 from tests.strategies import json_values
 
 # Values JSON text can spell (so the CLI can be handed them) that JSON cannot carry.
@@ -81,7 +82,7 @@ def test_any_json_payload_round_trips_unchanged_through_the_cli(
     monkeypatch.setattr(sys, "stdin", io.StringIO(json.dumps(payload)))
     assert main(["--root", cli_root, "enqueue", "k", "-", "--json"]) == 0
     job_id = json.loads(capsys.readouterr().out)["id"]
-    with Spool(cli_root) as spool:
+    with make_spool(cli_root) as spool:
         assert spool.get(job_id).payload == payload
 
 

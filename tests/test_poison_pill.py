@@ -12,6 +12,7 @@ import pytest
 from jobspool import JobState, Spool
 from tests.conftest import FakeClock
 from tests.helpers_spool import read_raw
+from tests.spools import make_spool
 
 LEASE = 10.0
 
@@ -19,7 +20,7 @@ LEASE = 10.0
 @pytest.fixture
 def spool(spool_root: Path, clock: FakeClock) -> Iterator[Spool]:
     # Plenty of attempts, so only the rescue bound can dead-letter the job.
-    s = Spool(spool_root, durable=False, clock=clock, lease_seconds=LEASE, max_attempts=100,
+    s = make_spool(spool_root, clock=clock, lease_seconds=LEASE, max_attempts=100,
               max_rescues=3, retry_base_seconds=1.0, retry_max_seconds=1.0)
     yield s
     s.close()
@@ -141,7 +142,7 @@ def test_requeue_gives_a_poison_pill_a_fresh_rescue_budget(spool: Spool, clock: 
 
 
 def test_the_default_bound_is_ten_rescues(spool_root: Path, clock: FakeClock) -> None:
-    with Spool(spool_root, durable=False, clock=clock, lease_seconds=LEASE,
+    with make_spool(spool_root, clock=clock, lease_seconds=LEASE,
                max_attempts=1000) as s:
         assert s.max_rescues == 10
         job = s.enqueue("render")
@@ -156,7 +157,7 @@ def test_the_default_bound_is_ten_rescues(spool_root: Path, clock: FakeClock) ->
 
 
 def test_no_bound_leaves_only_max_attempts(spool_root: Path, clock: FakeClock) -> None:
-    with Spool(spool_root, durable=False, clock=clock, lease_seconds=LEASE, max_attempts=15,
+    with make_spool(spool_root, clock=clock, lease_seconds=LEASE, max_attempts=15,
                max_rescues=None) as s:
         job = s.enqueue("render")
         s.claim()

@@ -10,6 +10,7 @@ import pytest
 from jobspool.projection.handler import LIVE_FILTER, make_delete, make_upsert
 from jobspool.projection.lance import ProjectionStore
 from tests.s3server import S3Server
+from tests.spools import make_spool
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -141,10 +142,9 @@ def test_zombie_with_expired_lease_cannot_overwrite_newer_completion(
     tmp_path: Path, store: ProjectionStore
 ) -> None:
     from jobspool.errors import LeaseLost
-    from jobspool.queue.spool import Spool
 
     now = [1_700_000_000.0]
-    spool = Spool(tmp_path / "spool", durable=False, clock=lambda: now[0], lease_seconds=30.0)
+    spool = make_spool(tmp_path / "spool", clock=lambda: now[0], lease_seconds=30.0)
     request_close = spool.close
     try:
         _zombie_scenario(spool, store, now, LeaseLost)

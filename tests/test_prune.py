@@ -15,6 +15,7 @@ from jobspool.queue.job import encode_job, evolve
 from jobspool.recovery import prune as prune_mod
 from jobspool.recovery.prune import PruneReport
 from tests.helpers_spool import FakeClock, assert_disk_consistent, job_files
+from tests.spools import make_spool
 
 
 def _complete_in_order(spool: Spool, clock: Any, ids: list[str]) -> None:
@@ -73,14 +74,14 @@ def test_keep_and_older_than_remove_only_jobs_beyond_the_count_and_old(
 
 def test_keep_terminal_seconds_keeps_young_results_readable_beyond_keep_terminal(
         spool_root: Path, clock: Any) -> None:
-    with Spool(spool_root, durable=False, clock=clock, keep_terminal=1,
+    with make_spool(spool_root, clock=clock, keep_terminal=1,
                keep_terminal_seconds=60) as spool:
         _complete_in_order(spool, clock, ["a", "b", "c"])
         assert spool.prune().completed == ()  # beyond keep_terminal, but young
         clock.advance(60)
         assert sorted(spool.prune().completed) == ["a", "b"]
         assert sorted(job_files(spool_root)) == ["c"]
-    with Spool(spool_root, durable=False, clock=clock) as reopened:
+    with make_spool(spool_root, clock=clock) as reopened:
         assert reopened.keep_terminal_seconds == 60  # saved in spool.json
 
 
@@ -168,7 +169,7 @@ def test_the_report_serializes(spool: Spool, clock: Any) -> None:
 
 def test_recovery_prunes_to_keep_terminal(tmp_path: Path) -> None:
     clock = FakeClock()
-    s = Spool(tmp_path / "s", durable=False, clock=clock, keep_terminal=3)
+    s = make_spool(tmp_path / "s", clock=clock, keep_terminal=3)
     try:
         for job in s.enqueue_many("k", list(range(5))):
             clock.advance(1)
@@ -216,7 +217,7 @@ def test_automatic_pruning_is_amortized_over_terminal_writes(
     """Work done by automatic pruning, counted in file reads, per terminal write: bounded by
     a constant, not by the number of terminal jobs kept."""
     keep, jobs = 40, 1500
-    s = Spool(tmp_path / "s", durable=False, keep_terminal=keep)
+    s = make_spool(tmp_path / "s", keep_terminal=keep)
     reads = {"inside": 0, "calls": 0, "pruned": 0}
     inside = [False]
     real_read = s.store.read
@@ -265,7 +266,7 @@ def test_cli_prune_keep_and_older_than_combine_and_init_saves_keep_terminal_seco
     root = str(tmp_path / "spool")
     assert main(["--root", root, "init", "--keep-terminal-seconds", "3600", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["settings"]["keep_terminal_seconds"] == 3600
-    with Spool(root, durable=False) as spool:
+    with make_spool(root) as spool:
         for job_id in ("a", "b", "c"):
             spool.enqueue("k", job_id=job_id)
             spool.complete(_claim_one(spool, job_id))

@@ -27,9 +27,10 @@ from typing import Any
 import orjson
 import pytest
 
-from jobspool import JobState, Spool
+from jobspool import JobState
 from jobspool.cli import main
 from jobspool.errors import SpoolError
+from tests.spools import make_spool
 
 READ_COMMANDS = (
     ("stats", "--json"),
@@ -71,7 +72,7 @@ def _grant_read(root: Path, *, writable: bool) -> None:
 
 
 def _populate(root: Path) -> dict[str, str]:
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         ids = {"dead": spool.enqueue("report", {"n": 1}).id}
         (claimed,) = spool.claim(kinds=["report"])
         spool.fail(claimed, "boom", retryable=False)
@@ -80,7 +81,7 @@ def _populate(root: Path) -> dict[str, str]:
         spool.complete(claimed, {"sent": True})
         ids["ready"] = spool.enqueue("email", {"to": "a@example.com"}).id
     (root / "ready" / "broken.json").write_bytes(b"{not json")
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         spool.recover()  # one file in quarantine/ for `quarantine list`
     return ids
 
@@ -194,10 +195,10 @@ def test_write_commands_are_refused_for_a_reader_with_one_line_and_nothing_chang
 
 def test_a_read_only_spool_refuses_every_write_naming_the_cause(tmp_path: Path) -> None:
     root = tmp_path / "spool"
-    with Spool(root, durable=False) as spool:
+    with make_spool(root) as spool:
         job = spool.enqueue("email", {"to": "a@example.com"})
     before = _snapshot(root)
-    with Spool(root, read_only=True) as ro:
+    with make_spool(root, read_only=True) as ro:
         assert ro.get(job.id).state is JobState.READY
         assert ro.stats().ready == 1
         assert [j.id for j in ro.jobs()] == [job.id]
@@ -213,11 +214,11 @@ def test_a_read_only_spool_refuses_every_write_naming_the_cause(tmp_path: Path) 
 def test_opening_read_only_never_creates_a_spool_or_touches_a_foreign_directory(
         tmp_path: Path) -> None:
     with pytest.raises(SpoolError, match="does not exist"):
-        Spool(tmp_path / "missing", read_only=True)
+        make_spool(tmp_path / "missing", read_only=True)
     assert not (tmp_path / "missing").exists()
     foreign = tmp_path / "photos"
     foreign.mkdir()
     (foreign / "cat.jpg").write_bytes(b"meow")
     with pytest.raises(SpoolError, match="not a spool"):
-        Spool(foreign, read_only=True)
+        make_spool(foreign, read_only=True)
     assert sorted(os.listdir(foreign)) == ["cat.jpg"]

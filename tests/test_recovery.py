@@ -24,6 +24,7 @@ from jobspool.queue.job import encode_job, evolve
 from jobspool.recovery.quarantine import quarantined_files, read_reason
 from jobspool.recovery.recover import RecoveryReport
 from tests.helpers_spool import all_files, assert_disk_consistent, job_files, read_raw
+from tests.spools import make_spool
 
 
 def _put_back(root: Path, state: str, job_id: str, data: bytes) -> None:
@@ -310,12 +311,12 @@ def test_a_healthy_spool_is_left_untouched(spool: Spool, spool_root: Path, clock
 
 def test_recovery_runs_beside_a_live_worker_without_losing_a_job(tmp_path: Path) -> None:
     root = tmp_path / "spool"
-    spool = Spool(root, durable=False, lease_seconds=60.0)
+    spool = make_spool(root, lease_seconds=60.0)
     ids = {j.id for j in spool.enqueue_many("k", list(range(300)))}
     errors: list[BaseException] = []
 
     def worker() -> None:
-        w = Spool(root, durable=False)
+        w = make_spool(root)
         try:
             while True:
                 leases = w.claim(limit=5)
@@ -355,7 +356,7 @@ def test_a_spool_of_a_newer_format_is_refused_before_anything_is_touched(
               for p in all_files(spool_root)}
 
     with pytest.raises(SpoolError) as err:
-        Spool(spool_root, durable=False)
+        make_spool(spool_root)
 
     assert "99" in str(err.value) and "format 1" in str(err.value)
     after = {p: ((spool_root / p).read_bytes(), (spool_root / p).stat().st_mtime_ns)
@@ -371,7 +372,7 @@ def test_recovery_leaves_a_live_producers_prestaged_files_and_removes_a_dead_one
 
     from jobspool.queue import liveness
 
-    with Spool(spool_root, durable=False) as spool:
+    with make_spool(spool_root) as spool:
         # A producer that registered its liveness lock, then died without cleaning up.
         code = ("import os, sys; from pathlib import Path; from jobspool.queue import liveness; "
                 "m = liveness.mark_for(Path(sys.argv[1])); print(m.ident, flush=True); os._exit(0)")

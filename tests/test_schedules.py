@@ -19,6 +19,7 @@ from jobspool.cli import main
 from jobspool.errors import JobspoolError, ScheduleError
 from jobspool.schedules import Scheduler, read_marks
 from tests.helpers_spool import FakeClock
+from tests.spools import make_spool
 from tests.subproc import REPO, cli_env
 
 HOUR = 3600
@@ -197,7 +198,7 @@ _PROCESS = textwrap.dedent("""
 def test_three_worker_processes_running_the_same_schedules_enqueue_each_tick_once(
         tmp_path: Path) -> None:
     root = tmp_path / "spool"
-    Spool(root, durable=False).close()
+    make_spool(root).close()
     go = tmp_path / "go"
     code = _PROCESS.format(t0=T0, end=T0 + HOUR)
     procs = [subprocess.Popen([sys.executable, "-c", code, str(root), str(go), str(seed)],
@@ -216,7 +217,7 @@ def test_three_worker_processes_running_the_same_schedules_enqueue_each_tick_onc
              if x >= T0 - 60}
     # Two independent checks: what the processes say they created, and what is on disk.
     assert sorted(created) == sorted(minutes | fives)
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         jobs = _sched_jobs(spool)
     assert set(jobs) == minutes | fives and set(jobs.values()) == {1}
 
@@ -258,7 +259,7 @@ _WORKER_PROCESS = textwrap.dedent("""
 def test_three_workers_serving_the_same_app_for_a_simulated_hour_run_each_tick_once(
         tmp_path: Path) -> None:
     root, go, runs = tmp_path / "spool", tmp_path / "go", tmp_path / "runs"
-    Spool(root, durable=False).close()
+    make_spool(root).close()
     code = _WORKER_PROCESS.replace("{t0}", str(T0)).replace("{end}", str(T0 + HOUR))
     procs = [subprocess.Popen([sys.executable, "-c", code, str(root), str(go), str(runs)],
                               cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, text=True)
@@ -272,7 +273,7 @@ def test_three_workers_serving_the_same_app_for_a_simulated_hour_run_each_tick_o
         p.communicate(timeout=240)
         assert p.returncode == 0
     marks = read_marks(root)
-    with Spool(root, durable=False) as spool:
+    with make_spool(root) as spool:
         jobs = {j.id: j for j in spool.jobs() if j.id.startswith("sched.")}
     # The first sight is whenever the first worker got going; from then on every tick of
     # both schedules up to the last one fired is there, each once (ids are per tick).
@@ -299,7 +300,7 @@ def test_a_worker_fires_its_apps_schedules_while_it_serves(tmp_path: Path) -> No
             done.set()
         return "ok"
 
-    with Spool(tmp_path / "spool", durable=False, clock=clock, lease_seconds=600) as spool:
+    with make_spool(tmp_path / "spool", clock=clock, lease_seconds=600) as spool:
         app = App(handlers={"tick": tick}, schedules=[Schedule("tick", every=60)])
         worker = Worker(spool, app, maintenance=False)
 
@@ -338,7 +339,7 @@ def test_schedules_command_lists_each_schedule_with_its_last_and_next_tick(
                              Schedule("report", cron="0 3 * * *", catch_up="once")])
     """)
     root = tmp_path / "spool"
-    with Spool(root, durable=False) as spool:
+    with make_spool(root) as spool:
         Scheduler([Schedule("tick", every=60)]).tick(spool, T0)
     assert main(["--root", str(root), "schedules", "--app", spec, "--json"]) == 0
     rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
@@ -355,7 +356,7 @@ def test_a_worker_refuses_an_app_with_a_bad_schedule_with_one_line(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     root = tmp_path / "spool"
-    Spool(root, durable=False).close()
+    make_spool(root).close()
     for body, says in [
         ("""
             from jobspool import App, Schedule
@@ -370,5 +371,5 @@ def test_a_worker_refuses_an_app_with_a_bad_schedule_with_one_line(
         assert main(["--root", str(root), "worker", "--app", spec]) == 1
         err = capsys.readouterr().err
         assert err.startswith("jobspool: error: ") and says in err and err.count("\n") == 1
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         assert list(spool.jobs()) == []

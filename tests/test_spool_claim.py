@@ -10,6 +10,7 @@ import pytest
 from jobspool import JobState, Lease, Spool
 from jobspool.errors import LeaseLost
 from tests.helpers_spool import assert_disk_consistent, read_raw
+from tests.spools import make_spool
 
 
 def test_claim_on_an_empty_spool_returns_an_empty_list(spool: Spool) -> None:
@@ -264,12 +265,12 @@ def test_a_job_due_in_two_directories_is_claimed_once_from_its_newest_copy(
     import time as _time
 
     root = tmp_path / "spool"
-    with Spool(root, clock=lambda: _time.time() - 1000, lease_seconds=30) as past:
+    with make_spool(root, clock=lambda: _time.time() - 1000, lease_seconds=30) as past:
         past.enqueue("k", job_id="x0")
         stale = (root / "ready" / "x0.json").read_bytes()
         past.claim()
     (root / "ready" / "x0.json").write_bytes(stale)
-    with Spool(root) as s:
+    with make_spool(root) as s:
         s.enqueue("k", job_id="y")
         leases = s.claim(limit=10)
         leases += s.claim(limit=10)

@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from jobspool import JobState, Spool
+from jobspool import JobState
 from jobspool.errors import LeaseLost
 from tests.helpers_spool import assert_disk_consistent, disk_counts, read_raw
+from tests.spools import make_spool
 
 THREADS = 8
 JOBS = 500
@@ -24,7 +25,7 @@ JOBS = 500
 @pytest.mark.timeout(120)
 def test_eight_threads_sharing_one_spool_complete_each_job_exactly_once(tmp_path: Path) -> None:
     root = tmp_path / "spool"
-    spool = Spool(root, durable=False, lease_seconds=300.0, keep_terminal=100_000)
+    spool = make_spool(root, lease_seconds=300.0, keep_terminal=100_000)
     try:
         spool.enqueue_many("work", [{"i": i} for i in range(JOBS)])
         done: list[list[tuple[str, int]]] = [[] for _ in range(THREADS)]
@@ -81,7 +82,7 @@ def test_eight_threads_sharing_one_spool_complete_each_job_exactly_once(tmp_path
 @pytest.mark.timeout(120)
 def test_threads_racing_to_finish_one_lease_let_exactly_one_win(tmp_path: Path,
                                                                 clock: Any) -> None:
-    spool = Spool(tmp_path / "spool", durable=False, clock=clock, lease_seconds=30.0)
+    spool = make_spool(tmp_path / "spool", clock=clock, lease_seconds=30.0)
     try:
         for round_ in range(20):
             spool.enqueue("race", job_id=f"r{round_}")

@@ -23,7 +23,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from jobspool import JobState, Lease, Spool
+from jobspool import JobState, Lease
 from jobspool.errors import InvalidTransition, JobspoolError, LeaseLost
 from jobspool.queue.job import Reservation
 from tests.helpers_spool import (
@@ -33,6 +33,7 @@ from tests.helpers_spool import (
     read_raw,
     stat_counts,
 )
+from tests.spools import make_spool
 
 LEASE_SECONDS = 30.0
 RETRY_BASE = 1.0
@@ -61,7 +62,7 @@ class SpoolMachine(RuleBasedStateMachine):
         self.tmp = Path(tempfile.mkdtemp(prefix="jobspool-sm-"))
         self.root = self.tmp / "spool"
         self.clock = FakeClock()
-        self.spool = Spool(self.root, durable=False, clock=self.clock,
+        self.spool = make_spool(self.root, clock=self.clock,
                            lease_seconds=LEASE_SECONDS, retry_base_seconds=RETRY_BASE,
                            retry_max_seconds=RETRY_MAX, max_attempts=3)
         # Poison-pill limit on lease expiries, if the spool has one (not in DESIGN; modelled

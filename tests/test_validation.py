@@ -18,6 +18,7 @@ import pytest
 from jobspool import Spool
 from jobspool.errors import InvalidJob, JobNotFound, JobspoolError, JobTooLarge, SpoolError
 from tests.helpers_spool import all_files, assert_disk_consistent, tmp_leftovers
+from tests.spools import make_spool
 from tests.strategies import BAD_JOB_IDS, BAD_KINDS
 
 
@@ -106,7 +107,7 @@ def test_enqueue_over_max_job_bytes_raises_job_too_large_and_leaves_no_file(
 
 
 def test_max_job_bytes_is_configurable(tmp_path: Path, clock: Any) -> None:
-    s = Spool(tmp_path / "s", durable=False, clock=clock, max_job_bytes=2048)
+    s = make_spool(tmp_path / "s", clock=clock, max_job_bytes=2048)
     try:
         s.enqueue("note", "x" * 500)
         before = all_files(tmp_path / "s")
@@ -196,7 +197,7 @@ def test_claim_refuses_a_lease_that_is_not_positive(spool: Spool, spool_root: Pa
 def test_spool_refuses_a_default_lease_that_is_not_positive(tmp_path: Path,
                                                             lease_seconds: float) -> None:
     with pytest.raises(JobspoolError) as info:
-        Spool(tmp_path / "s", durable=False, lease_seconds=lease_seconds)
+        make_spool(tmp_path / "s", lease_seconds=lease_seconds)
     assert "lease_seconds" in str(info.value)
 
 
@@ -204,7 +205,7 @@ def test_a_root_that_is_a_file_is_refused_naming_it(tmp_path: Path) -> None:
     root = tmp_path / "afile"
     root.write_text("not a spool")
     with pytest.raises(SpoolError) as info:
-        Spool(root, durable=False)
+        make_spool(root)
     assert str(root) in str(info.value)
     _one_line(info.value)
     assert root.read_text() == "not a spool"
@@ -214,7 +215,7 @@ def test_a_root_below_a_file_is_refused_naming_it(tmp_path: Path) -> None:
     (tmp_path / "afile").write_text("x")
     root = tmp_path / "afile" / "spool"
     with pytest.raises(SpoolError) as info:
-        Spool(root, durable=False)
+        make_spool(root)
     assert "afile" in str(info.value)
 
 
@@ -234,7 +235,7 @@ def test_an_unwritable_root_is_refused_naming_it(tmp_path: Path) -> None:
     root = _unwritable_root(tmp_path)
     try:
         with pytest.raises(SpoolError) as info:
-            Spool(root, durable=False)
+            make_spool(root)
         assert "jobspool-test-unwritable" in str(info.value) or str(root) in str(info.value)
         _one_line(info.value)
     finally:
@@ -244,7 +245,7 @@ def test_an_unwritable_root_is_refused_naming_it(tmp_path: Path) -> None:
 
 def test_a_missing_root_with_create_false_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SpoolError) as info:
-        Spool(tmp_path / "nope", create=False, durable=False)
+        make_spool(tmp_path / "nope", create=False)
     assert "nope" in str(info.value)
     assert not (tmp_path / "nope").exists()
 
@@ -254,14 +255,14 @@ def test_a_symlink_in_place_of_a_spool_directory_is_refused_naming_it(
     tmp_path: Path, clock: Any, which: str
 ) -> None:
     root = tmp_path / "s"
-    Spool(root, durable=False, clock=clock).close()
+    make_spool(root, clock=clock).close()
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     target = root / which
     shutil.rmtree(target)  # tmp/ may hold a reusable pool
     target.symlink_to(elsewhere, target_is_directory=True)
     with pytest.raises(SpoolError) as info:
-        s = Spool(root, durable=False, clock=clock)
+        s = make_spool(root, clock=clock)
         # If opening did not check, the first write must.
         try:
             s.enqueue("note", job_id="j")
@@ -281,7 +282,7 @@ def test_a_root_that_is_a_symlink_to_a_directory_is_usable_or_refused_but_never_
     link = tmp_path / "link"
     link.symlink_to(real, target_is_directory=True)
     try:
-        s = Spool(link, durable=False, clock=clock)
+        s = make_spool(link, clock=clock)
     except SpoolError:
         return
     try:

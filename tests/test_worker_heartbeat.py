@@ -18,6 +18,7 @@ import pytest
 
 from jobspool import Context, Job, JobState, Spool, Worker
 from tests.helpers_spool import job_files, read_raw
+from tests.spools import make_spool
 
 LEASE = 0.6
 RUN = 2.0
@@ -25,7 +26,7 @@ RUN = 2.0
 
 @pytest.fixture
 def live_spool(tmp_path: Path) -> Iterator[Spool]:
-    s = Spool(tmp_path / "spool", durable=False, lease_seconds=LEASE)
+    s = make_spool(tmp_path / "spool", lease_seconds=LEASE)
     yield s
     s.close()
 
@@ -116,7 +117,7 @@ def test_a_second_worker_cannot_steal_a_job_whose_handler_is_still_beating(
     stolen: list[Any] = []
 
     def handler(j: Job, ctx: Context) -> str:
-        other = Spool(live_spool.root, durable=False)
+        other = make_spool(live_spool.root)
         try:
             deadline = time.monotonic() + RUN
             while time.monotonic() < deadline:
@@ -134,7 +135,7 @@ def test_a_second_worker_cannot_steal_a_job_whose_handler_is_still_beating(
 
 
 def test_the_worker_lease_seconds_overrides_the_spool_default(tmp_path: Path) -> None:
-    spool = Spool(tmp_path / "spool", durable=False, lease_seconds=3600.0)
+    spool = make_spool(tmp_path / "spool", lease_seconds=3600.0)
     try:
         job = spool.enqueue("long")
         leases: list[float] = []
