@@ -297,6 +297,8 @@ class Pipeline:
                          monitor=self.monitor, threads=self.threads, on_hung=self.w.note_hung)
         finally:
             self.w.note_end(ctx)
+            if not ctx.hung:  # returned: a death before its settle is not this job's doing
+                self.spool.note_running([ctx.token], started=False)
         if ctx.outcome is not None and isinstance(ctx.outcome.value, TimeLimitExceeded):
             self.counters.timed_out += 1
 
@@ -441,7 +443,7 @@ class Pipeline:
     def _forget(self, c: Context) -> None:
         c.drop_progress()  # settled, and its progress file (if any) gone
         self.in_hand.pop(c.job_id, None)
-        if c.started:
+        if c.started and c.hung:  # the others were cleared when their handlers returned
             self.spool.note_running([c.token], started=False)
 
     def _count_lost(self, c: Context, err: LeaseLost) -> None:

@@ -1,0 +1,111 @@
+"""Issue 10 item 5, audited: a worker that dies is charged only for handlers still running.
+
+A batch mate whose handler had already *returned* when another job killed the
+process was not running: its result was lost with the process, but it did not
+kill it. It goes back to `ready` uncounted, like a mate that never started.
+Before the audit the pipeline cleared a job's "running" mark only when it
+settled the job (up to 50 ms after its handler returned, longer while other
+handlers ran), so quick mates finished beside a crashing job were charged a
+rescue and an attempt on every crash, and the three that always ran beside it
+were dead-lettered with it (reproduced with `run-until-idle` at its default
+concurrency of 4, lease 1 s, crash job among 10 healthy ones).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from jobspool import JobState, Spool
+from tests.subproc import REPO, cli_env
+
+pytestmark = pytest.mark.slow
+
+# A worker of concurrency 4 claims the crash job and three mates (batch of 4). The mates
+# return at once; their settle is held back (a settle waits while any handler runs, and
+# here for an hour), so when the crash comes their results are not on disk yet. The crash
+# handler waits until the mates have run and until this process's liveness file no longer
+# lists them as running (10 s at most: the old code never clears them before the settle).
+_CRASH_AFTER_MATES = textwrap.dedent("""
+    import os, sys, time
+    from pathlib import Path
+    import orjson
+    from jobspool import Spool, Worker
+    from jobspool.queue import liveness, pipeline
+
+    pipeline.SETTLE_SECONDS = 3600.0
+    root = Path(sys.argv[1])
+    ran = root.parent / "ran.log"
+
+    def work(job, ctx):
+        with open(ran, "a") as f:
+            f.write(job.id + "\\n")
+        return "ok"
+
+    def crash(job, ctx):
+        mark = root / "live" / (liveness.process_ident() + ".lock")
+        deadline = time.monotonic() + 10  # a guard: the mates' marks should clear at once
+        while time.monotonic() < deadline:
+            mates = ran.read_text().split() if ran.exists() else []
+            if len(mates) == 3 and orjson.loads(mark.read_bytes())["running"] == [ctx.token]:
+                break
+            time.sleep(0.01)
+        os._exit(70)
+
+    with Spool(root) as spool:
+        Worker(spool, {"work": work, "crash": crash}, concurrency=4,
+               batch_size=4).run_until_idle()
+""")
+
+
+def test_mates_whose_handlers_returned_before_the_crash_go_back_uncounted(
+        tmp_path: Path) -> None:
+    root = tmp_path / "spool"
+    with Spool(root, lease_seconds=3600) as spool:
+        spool.enqueue("crash", job_id="a-crash", priority=-1)
+        for i in range(3):
+            spool.enqueue("work", job_id=f"w{i}")
+    proc = subprocess.run([sys.executable, "-c", _CRASH_AFTER_MATES, str(root)], cwd=REPO,
+                          env=cli_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 70, proc.stderr
+    assert sorted((tmp_path / "ran.log").read_text().split()) == ["w0", "w1", "w2"]
+    with Spool(root) as spool:
+        report = spool.recover()  # the holder is provably dead: settled at once
+        got = {j.id: (j.state, j.attempts, j.rescues) for j in spool.jobs()}
+    assert list(report.leases_reclaimed) == ["a-crash"], report
+    assert sorted(report.leases_returned) == ["w0", "w1", "w2"], report
+    assert got == {"a-crash": (JobState.RETRYABLE, 1, 1),
+                   "w0": (JobState.READY, 0, 0), "w1": (JobState.READY, 0, 0),
+                   "w2": (JobState.READY, 0, 0)}
+
+
+def test_a_crashing_job_among_ten_at_default_concurrency_dead_letters_only_itself(
+        tmp_path: Path) -> None:
+    # The issue's reproduction through the CLI, as a service would run it: `recover`, then
+    # `run-until-idle` with every default but the lease, until nothing is left to run.
+    root, log = tmp_path / "spool", tmp_path / "runs.log"
+    with Spool(root, lease_seconds=1.0, retry_base_seconds=0.01,
+               retry_max_seconds=0.01) as spool:
+        spool.enqueue("crash", job_id="a-crash", priority=-1)
+        for i in range(10):
+            spool.enqueue("work", job_id=f"w{i:02d}")
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "jobspool", "--root", str(root), *args],
+                              capture_output=True, text=True, cwd=REPO, timeout=120,
+                              env=cli_env(JOBSPOOL_TEST_LOG=str(log)))
+
+    for _ in range(13):
+        assert cli("recover").returncode == 0
+        cli("run-until-idle", "--app", "tests.apps.crashy:app", "--wait-retries", "3")
+        with Spool(root) as spool:
+            if all(j.terminal for j in spool.jobs()):
+                break
+    with Spool(root) as spool:
+        states = {j.id: j.state for j in spool.jobs()}
+    assert states.pop("a-crash") is JobState.DEAD_LETTER
+    assert states == {f"w{i:02d}": JobState.COMPLETED for i in range(10)}
