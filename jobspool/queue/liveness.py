@@ -54,6 +54,12 @@ def _new_ident() -> str:
     return os.urandom(8).hex()
 
 
+def is_ident(text: str) -> bool:
+    """Whether `text` has the shape of an ident `_new_ident` makes (16 lowercase hex digits):
+    an older version named staging files after pids, which never do."""
+    return len(text) == 16 and all(c in "0123456789abcdef" for c in text)
+
+
 def process_ident() -> str:
     """This process's identity in every spool (new after a fork)."""
     global _ident

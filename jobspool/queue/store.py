@@ -64,6 +64,7 @@ JOB_SUFFIX = ".json"
 TMP_DIR = "tmp"
 STAGE_SUFFIX = ".stage"
 POOL_DIR = "tmp/pool"
+POOL_NAME = "pool"  # POOL_DIR's name inside tmp/
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 # Recycled files producers leave in the pool for settles (see `prestage`).
 POOL_RESERVE = 16
@@ -446,10 +447,12 @@ def stray_tmp_files(tmp: Path, *, max_age: float = 600.0) -> list[str]:
 
     Under the lock no writer is between staging and publishing, so every `.tmp`
     staging file is a dead writer's, and so is anything else that is not a
-    pre-staged `<ident>.<n>.stage` (a person's or an older version's leftover).
-    A `.stage` file is a producer's, written outside the lock: it goes only when
-    its writer's liveness lock is provably free, or, when its writer is unknown
-    (no liveness file), once it is older than `max_age` seconds.
+    pre-staged `<ident>.<n>.stage` (a person's or an older version's leftover,
+    directories included: only `tmp/pool/` is ours). A `.stage` file is a
+    producer's, written outside the lock: it goes only when its writer's
+    liveness lock is provably free, or, when its writer is unknown (no liveness
+    file), once it is older than `max_age` seconds. An older version named them
+    `<pid>.<n>.stage`; no live writer of this one does, so those go at once.
     """
     out: list[str] = []
     try:
@@ -460,12 +463,15 @@ def stray_tmp_files(tmp: Path, *, max_age: float = 600.0) -> list[str]:
     root = tmp.parent
     verdicts: dict[str, str] = {}
     for e in entries:
-        if e.is_dir(follow_symlinks=False):
-            continue  # tmp/pool/, tmp/live/
-        if not e.name.endswith(STAGE_SUFFIX):
+        if e.is_dir(follow_symlinks=False) and e.name == POOL_NAME:
+            continue
+        if not e.name.endswith(STAGE_SUFFIX) or e.is_dir(follow_symlinks=False):
             out.append(e.name)
             continue
         ident = e.name.split(".", 1)[0]
+        if not liveness.is_ident(ident):
+            out.append(e.name)
+            continue
         if ident not in verdicts:
             verdicts[ident] = liveness.probe(root, ident)[0]
         verdict = verdicts[ident]
