@@ -220,7 +220,8 @@ def check_health(
         reasons.append(Reason(
             "quarantined_files",
             f"{_plural(stats.quarantined, 'unreadable file')} in {spool.root / 'quarantine'}: "
-            f"each has a .reason file beside it; repair and re-enqueue, or delete them",
+            f"`jobspool quarantine list` says why each was moved; repair one in place and "
+            f"`jobspool quarantine restore ID`, or `jobspool quarantine purge` them",
             stats.quarantined))
 
     unreadable = _unreadable_files(spool)

@@ -52,6 +52,11 @@ def add_serve_options(c: argparse.ArgumentParser, *, prefix: str) -> None:
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
     _check_bind(args.host, args.token)  # the address is refused before anything else is looked at
+    from jobspool.logs import setup_logging, startup
+
+    setup_logging(args.log_level, args.log_format)
+    startup("dashboard", root=args.root or os.environ.get("JOBSPOOL_ROOT"), host=args.host,
+            port=args.port, read_only=args.read_only)
     return serve(_root_spec(args), host=args.host, port=args.port, read_only=args.read_only,
                  token=args.token, poll=args.poll, as_json=args.json)
 
@@ -126,8 +131,10 @@ def serve(root: Path | str, *, host: str = DEFAULT_HOST, port: int = DEFAULT_POR
                              f"{' (read-only)' if read_only else ''}"
                              f"{' (token required)' if token else ''} — Ctrl-C stops it\n")
         sys.stdout.flush()
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
-                                server_header=False, timeout_graceful_shutdown=2)
+        # log_config=None: uvicorn's records go through the command's own handler (so with
+        # `--log-format json` they are JSON lines too) instead of handlers of its own.
+        config = uvicorn.Config(app, log_config=None, log_level="warning", access_log=False,
+                                lifespan="on", server_header=False, timeout_graceful_shutdown=2)
         uvicorn.Server(config).run(sockets=[sock])
     return EXIT_OK
 

@@ -225,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from jobspool.cli import dashboard
 
-    dashboard.add_parser(sub, [common])
+    dashboard.add_parser(sub, [common, logging_opts])
 
     from jobspool.cli import schedules
 

@@ -72,8 +72,8 @@ def check_bind(host: str, token: str | None) -> None:
     if not is_loopback(host) and not token:
         raise BindRefused(
             f"refusing to serve the dashboard on {host!r} without a token: anyone who can "
-            f"reach it could requeue or cancel jobs; pass --token or set {TOKEN_ENV}, "
-            f"or bind 127.0.0.1")
+            f"reach it could read every payload and error, and requeue or cancel jobs; pass "
+            f"--token or set {TOKEN_ENV}, or bind 127.0.0.1")
 
 
 class Guard:

@@ -1,0 +1,78 @@
+"""Audit of issue 13: the dashboard is a long-running command like `worker`, so it takes
+`--log-format json|text` and `--log-level`, and with JSON logs every stderr line is one
+JSON object: its start-up line, the web server's own warnings, and a refusal."""
+
+from __future__ import annotations
+
+import selectors
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from jobspool import Spool
+from tests.subproc import cli_env
+
+HANG_GUARD = 30.0  # seconds: only reached when something is broken
+
+
+def _json_lines(text: str) -> list[dict[str, Any]]:
+    docs = [orjson.loads(line) for line in text.splitlines()]  # each line must be JSON
+    assert all(isinstance(d, dict) for d in docs)
+    return docs
+
+
+def test_the_dashboard_with_json_logs_writes_only_json_lines_including_server_warnings(
+        tmp_path: Path) -> None:
+    root = tmp_path / "spool"
+    Spool(root).close()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jobspool", "--root", str(root), "dashboard", "--port", "0",
+         "--poll", "0", "--log-format", "json", "--log-level", "info"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env())
+    try:
+        assert proc.stdout is not None
+        with selectors.DefaultSelector() as sel:
+            sel.register(proc.stdout, selectors.EVENT_READ)
+            ready = sel.select(timeout=HANG_GUARD)
+        line = proc.stdout.readline().decode() if ready else ""
+        url = next((w for w in line.split() if w.startswith("http://")), None)
+        assert url is not None, line
+        port = int(url.rstrip("/").rsplit(":", 1)[1])
+        deadline = time.monotonic() + HANG_GUARD
+        while True:  # readiness: the server accepts connections
+            try:
+                conn = socket.create_connection(("127.0.0.1", port), timeout=5)
+                break
+            except ConnectionError:
+                assert time.monotonic() < deadline and proc.poll() is None
+                time.sleep(0.05)
+        with conn:
+            conn.sendall(b"NOT HTTP AT ALL\r\n\r\n")  # the server warns about it
+            conn.settimeout(HANG_GUARD)
+            while conn.recv(4096):
+                pass
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=HANG_GUARD)
+    docs = _json_lines(err.decode())
+    assert docs[0]["event"] == "start" and docs[0]["command"] == "dashboard"
+    assert any("invalid http request" in d["msg"].lower() and d["level"] == "warning"
+               for d in docs), docs
+
+
+def test_a_refused_dashboard_with_json_logs_writes_its_error_as_one_json_line(
+        tmp_path: Path) -> None:
+    root = tmp_path / "spool"
+    Spool(root).close()
+    done = subprocess.run(
+        [sys.executable, "-m", "jobspool", "--root", str(root), "dashboard", "--host",
+         "0.0.0.0", "--log-format", "json"],
+        capture_output=True, env=cli_env(JOBSPOOL_DASHBOARD_TOKEN=""), timeout=60, check=False)
+    assert done.returncode == 2
+    (doc,) = _json_lines(done.stderr.decode())
+    assert doc["level"] == "error" and doc["exit"] == 2 and "0.0.0.0" in doc["msg"]
