@@ -12,45 +12,22 @@ import os
 import pty
 import select
 import signal
-import subprocess
-import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
-from jobspool import JobState, Spool
+from jobspool import JobState
+from tests.cli_harness import Result, run_jobspool, start_jobspool
 from tests.helpers_spool import job_files
-from tests.subproc import REPO, cli_env
-
-
-@dataclass
-class Result:
-    code: int
-    out: str
-    err: str
-
-    def json(self) -> Any:
-        return orjson.loads(self.out)
-
-
-def _env(**extra: str) -> dict[str, str]:
-    return cli_env(**extra)
-
-
-def cli(*args: str | Path, stdin: str | None = None, env: dict[str, str] | None = None,
-        timeout: float = 60.0) -> Result:
-    done = subprocess.run([sys.executable, "-m", "jobspool", *map(str, args)], cwd=REPO,
-                          env=env or _env(), input=(stdin or "").encode(),
-                          capture_output=True, timeout=timeout, check=False)
-    return Result(done.returncode, done.stdout.decode(), done.stderr.decode())
+from tests.spools import make_spool
+from tests.waiting import wait_until
 
 
 def ok(*args: str | Path, **kwargs: Any) -> Result:
-    r = cli(*args, **kwargs)
+    r = run_jobspool(*args, **kwargs)
     assert r.code == 0, f"exit {r.code}: {r.err}"
     assert "Traceback" not in r.err, r.err
     return r
@@ -69,7 +46,7 @@ def root(tmp_path: Path) -> Path:
 @pytest.fixture
 def spool_with_jobs(root: Path) -> Path:
     """An initialized spool (made in-process: `init` itself is tested on its own)."""
-    Spool(root).close()
+    make_spool(root).close()
     return root
 
 
@@ -97,7 +74,7 @@ def test_init_stores_settings_that_later_opens_use(root: Path) -> None:
     assert doc["settings"]["keep_terminal"] == 10
     job = ok_json("--root", root, "enqueue", "work")
     assert job["max_attempts"] == 2
-    with Spool(root, create=False) as spool:
+    with make_spool(root, create=False) as spool:
         assert spool.lease_seconds == 7.5
 
 
@@ -112,7 +89,7 @@ def test_json_flag_works_before_or_after_the_command_and_root_comes_from_the_env
     ok("--root", root, "init")
     a = ok("--json", "--root", root, "stats").json()
     b = ok("stats", "--root", root, "--json").json()
-    c = ok("stats", "--json", env=_env(JOBSPOOL_ROOT=str(root))).json()
+    c = ok("stats", "--json", env={"JOBSPOOL_ROOT": str(root)}).json()
     assert a["counts"] == b["counts"] == c["counts"]
 
 
@@ -182,7 +159,7 @@ def test_enqueue_text_output_is_the_id_and_state(spool_with_jobs: Path) -> None:
 
 
 def test_enqueue_refuses_a_missing_spool_unless_told_to_create_it(root: Path) -> None:
-    r = cli("--root", root, "enqueue", "work")
+    r = run_jobspool("--root", root, "enqueue", "work")
     assert r.code == 2 and "jobspool init" in r.err and len(r.err.splitlines()) == 1
     assert not root.exists()  # a mistyped root is never silently a new empty spool
     ok_json("--root", root, "enqueue", "work", "--create")
@@ -196,12 +173,12 @@ def test_run_until_idle_drains_and_reports_as_one_json_document(
         spool_with_jobs: Path, tmp_path: Path) -> None:
     root = spool_with_jobs
     log = tmp_path / "log"
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         spool.enqueue_many("work", [{"i": i} for i in range(5)])
         spool.enqueue("poison")
         spool.enqueue("nobody_handles_this")
     report = ok_json("--root", root, "run-until-idle", "--app", "tests.apps.simple:app",
-                     "--concurrency", "2", env=_env(JOBSPOOL_TEST_LOG=str(log)))
+                     "--concurrency", "2", env={"JOBSPOOL_TEST_LOG": str(log)})
     assert report["claimed"] == 6
     assert report["completed"] == 5
     assert report["dead_lettered"] == 1
@@ -226,7 +203,7 @@ def test_run_until_idle_text_summary_names_unhandled_kinds_and_draws_no_bar_on_a
 
 def test_run_until_idle_max_jobs_and_kinds(spool_with_jobs: Path) -> None:
     root = spool_with_jobs
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         spool.enqueue_many("work", [{} for _ in range(5)])
         spool.enqueue("awork")
     r1 = ok_json("--root", root, "run-until-idle", "--app", "tests.apps.simple:app",
@@ -265,21 +242,17 @@ def test_run_until_idle_finds_an_app_in_the_working_directory(tmp_path: Path) ->
     root = tmp_path / "spool"
     (tmp_path / "mytasks.py").write_text(
         "def shout(job, ctx):\n    return job.payload.upper()\n\nhandlers = {'shout': shout}\n")
-    env = _env()
-    env["PYTHONPATH"] = str(REPO)
     ok("--root", root, "enqueue", "shout", '"hi"', "--create")
-    done = subprocess.run([sys.executable, "-m", "jobspool", "--root", str(root),
-                           "run-until-idle", "--app", "mytasks:handlers", "--json"],
-                          cwd=tmp_path, env=env, capture_output=True, timeout=60, check=False)
-    assert done.returncode == 0, done.stderr.decode()
-    assert orjson.loads(done.stdout)["completed"] == 1
+    done = run_jobspool("run-until-idle", "--app", "mytasks:handlers", "--json", root=root,
+                        cwd=tmp_path, timeout=60)
+    assert done.code == 0, done.err
+    assert done.json()["completed"] == 1
 
 
 def _run_on_a_tty(args: list[str], timeout: float = 60.0) -> str:
     """Run the CLI with stdout on a pseudo-terminal and return what it printed."""
     master, slave = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "jobspool", *args], cwd=REPO, env=_env(),
-                            stdin=subprocess.DEVNULL, stdout=slave, stderr=subprocess.PIPE)
+    proc = start_jobspool(*args, stdout=slave)
     os.close(slave)
     chunks: list[bytes] = []
     deadline = time.monotonic() + timeout
@@ -311,7 +284,7 @@ def _run_on_a_tty(args: list[str], timeout: float = 60.0) -> str:
 
 def test_run_until_idle_draws_a_progress_bar_on_a_terminal(spool_with_jobs: Path) -> None:
     root = spool_with_jobs
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         spool.enqueue_many("slow", [{"sleep": 0.05} for _ in range(30)])
     out = _run_on_a_tty(["--root", str(root), "run-until-idle", "--app",
                          "tests.apps.simple:app", "--batch-size", "5"])
@@ -325,7 +298,7 @@ def test_the_progress_bar_total_counts_only_jobs_this_worker_can_run(spool_with_
     """Due jobs of kinds the app lacks are left alone; the bar's total must not count
     them, and its last frame must show the end state (however fast the last batch was)."""
     root = spool_with_jobs
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         spool.enqueue_many("work", [None] * 40)
         spool.enqueue_many("orphan", [None] * 5)
     out = _run_on_a_tty(["--root", str(root), "run-until-idle", "--app",
@@ -350,15 +323,10 @@ def test_run_until_idle_json_on_a_terminal_is_still_one_document(spool_with_jobs
 def test_worker_serves_until_sigterm_and_prints_a_json_report(spool_with_jobs: Path) -> None:
     root = spool_with_jobs
     ok("--root", root, "enqueue", "work")
-    proc = subprocess.Popen([sys.executable, "-m", "jobspool", "--root", str(root), "worker",
-                             "--app", "tests.apps.simple:app", "--json"], cwd=REPO, env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = start_jobspool("worker", "--app", "tests.apps.simple:app", "--json", root=root)
     try:
-        deadline = time.monotonic() + 30
-        while not list((root / "completed").iterdir()):
-            assert proc.poll() is None, proc.communicate()[1].decode()
-            assert time.monotonic() < deadline, "the job was never completed"
-            time.sleep(0.02)
+        wait_until(lambda: list((root / "completed").iterdir()), 30, "the job to be completed",
+                   proc=proc)
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
     finally:
@@ -376,7 +344,7 @@ def test_worker_serves_until_sigterm_and_prints_a_json_report(spool_with_jobs: P
 
 def test_recover_reclaims_a_dead_workers_lease_and_reports_counts(spool_with_jobs: Path) -> None:
     root = spool_with_jobs
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         job = spool.enqueue("work")
         spool.claim(lease_seconds=0.05)  # and then the "worker" dies
     time.sleep(0.1)
@@ -398,7 +366,7 @@ def test_recover_reclaims_a_dead_workers_lease_and_reports_counts(spool_with_job
 
 def test_stats_counts_every_state_and_by_kind(spool_with_jobs: Path) -> None:
     root = spool_with_jobs
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         spool.enqueue_many("a", [1, 2])
         spool.enqueue("b")
         (lease,) = spool.claim(kinds=["b"])
@@ -422,7 +390,7 @@ def test_stats_prometheus_output(spool_with_jobs: Path) -> None:
 
 def test_list_filters_by_state_and_kind_and_limits(spool_with_jobs: Path) -> None:
     root = spool_with_jobs
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         a = [j.id for j in spool.enqueue_many("a", [1, 2, 3])]
         b = spool.enqueue("b").id
         spool.cancel(a[0])
@@ -465,7 +433,7 @@ def test_cancel_a_ready_job(spool_with_jobs: Path) -> None:
 
 def test_requeue_one_dead_letter_and_all_of_them(spool_with_jobs: Path) -> None:
     root = spool_with_jobs
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         spool.enqueue_many("poison", [None] * 3, job_ids=["p0", "p1", "p2"])
     ok("--root", root, "run-until-idle", "--app", "tests.apps.simple:app")
     assert ok_json("--root", root, "stats")["counts"]["dead_letter"] == 3
@@ -491,7 +459,7 @@ def test_requeue_a_canceled_job(spool_with_jobs: Path) -> None:
 
 def test_prune_removes_old_terminal_jobs(spool_with_jobs: Path) -> None:
     root = spool_with_jobs
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         spool.enqueue_many("work", [None] * 4)
         for lease in spool.claim(limit=4):
             spool.complete(lease)
@@ -525,11 +493,11 @@ def test_health_ok_then_degraded_by_a_dead_letter(spool_with_jobs: Path) -> None
     ok("--root", root, "enqueue", "work")
     doc = ok_json("--root", root, "health")
     assert doc["status"] == "ok" and doc["ok"] is True
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         spool.enqueue("poison")
         (lease,) = spool.claim(kinds=["poison"])
         spool.fail(lease, "poison pill", retryable=False)
-    bad = cli("--root", root, "health", "--json")
+    bad = run_jobspool("--root", root, "health", "--json")
     assert bad.code == 2
     doc = bad.json()
     assert doc["status"] == "degraded"
