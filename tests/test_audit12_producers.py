@@ -164,6 +164,22 @@ def test_every_store_follows_the_readmes_duplicate_policy_table(
         assert result.job.payload == NEW and result.job.attempts == 0
 
 
+def test_every_store_keeps_a_job_unique_only_in_the_states_the_caller_names(
+        make_any_spool: Callable[..., Spool]) -> None:
+    spool = make_any_spool(lease_seconds=30.0)
+    unique = ("ready", "leased")  # Oban's "unique while ready or running"
+    _setup(spool, "completed")
+    first = spool.enqueue_result("k", NEW, job_id="d1", unique_states=unique)
+    assert (first.outcome, first.job.state.value, first.job.payload) == ("replaced", "ready", NEW)
+    again = spool.enqueue_result("k", {"v": 3}, job_id="d1", unique_states=unique)
+    assert (again.outcome, again.job.payload) == ("existing", NEW)
+    with pytest.raises(DuplicateJob):
+        spool.enqueue("k", {"v": 3}, job_id="d1", unique_states=unique, on_conflict="error")
+    spool.claim()
+    running = spool.enqueue_result("k", {"v": 3}, job_id="d1", unique_states=("ready",))
+    assert (running.outcome, running.job.state.value) == ("existing", "leased")
+
+
 # ---------------------------------------------------------------- schedules
 
 
@@ -240,3 +256,42 @@ def test_scheduler_is_public_and_the_schedules_command_tells_a_fired_tick_from_a
     assert "2026-12-01T02:00:00.000Z (no job)" in lines[1] and "(ready)" in lines[0]
     at = header.index("NEXT TICK")  # every column lines up under its heading
     assert all(line[at:at + 4] == "2026" for line in lines)
+
+
+# ---------------------------------------------------------------- the README, as written
+
+
+def _readme_block(heading: str) -> str:
+    from tests.subproc import REPO
+
+    text = (REPO / "README.md").read_text()
+    section = text[text.index(heading):]
+    start = section.index("```python\n") + len("```python\n")
+    return section[start:section.index("```\n", start)]
+
+
+def test_the_readmes_async_example_runs_as_written_and_again(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.subproc import cli_env
+
+    (tmp_path / "example.py").write_text(_readme_block("### From async code: `AsyncSpool`"))
+    for _ in range(2):  # a second run finds its ids taken and the results still there
+        done = subprocess.run([sys.executable, "-W", "error", "example.py"], cwd=tmp_path,
+                              env=cli_env(), capture_output=True, text=True, timeout=120)
+        assert (done.returncode, done.stdout, done.stderr) == (0, "7\n", "")
+
+
+def test_the_readmes_periodic_example_builds_an_app_the_schedules_command_lists(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "audit12_readme_jobs.py").write_text(_readme_block("### Periodic jobs"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    root = str(tmp_path / "spool")
+    assert main(["--root", root, "init"]) == 0
+    capsys.readouterr()
+    assert main(["--root", root, "schedules", "--app", "audit12_readme_jobs:app", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["name"], r["rule"]) for r in rows] == [
+        ("reports.daily", "cron '0 3 * * *' (Europe/Paris)"), ("feeds.poll", "every 60 s")]
