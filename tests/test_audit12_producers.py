@@ -295,3 +295,30 @@ def test_the_readmes_periodic_example_builds_an_app_the_schedules_command_lists(
     rows = json.loads(capsys.readouterr().out)
     assert [(r["name"], r["rule"]) for r in rows] == [
         ("reports.daily", "cron '0 3 * * *' (Europe/Paris)"), ("feeds.poll", "every 60 s")]
+
+
+# ---------------------------------------------------------------- kinds with dots and dashes
+
+
+def test_dotted_and_dashed_kinds_run_through_the_cli_and_an_unknown_kind_names_the_app(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "audit12_kinds_app.py").write_text(
+        "from jobspool import App\n"
+        "def add(job, ctx): return sum(job.payload)\n"
+        "def index(job, ctx): return job.payload['path']\n"
+        "app = App(handlers={'tasks.add': add, 'index-note': index})\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    root = _cli_root(tmp_path, capsys)
+    spec = "audit12_kinds_app:app"
+    assert main(["--root", root, "enqueue", "tasks.add", "[1, 2]", "--id", "a"]) == 0
+    assert main(["--root", root, "enqueue", "index-note", '{"path": "n.md"}', "--id", "b"]) == 0
+    assert main(["--root", root, "run-until-idle", "--app", spec, "--kinds", "tasks.add,nope"]) == 1
+    err = capsys.readouterr().err
+    assert "no handler for: nope" in err
+    assert spec in err and err.count("\n") == 1
+    assert main(["--root", root, "run-until-idle", "--app", spec,
+                 "--kinds", "tasks.add,index-note", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["completed"] == 2
+    with Spool(root) as spool:
+        assert (spool.get("a").result, spool.get("b").result) == (3, "n.md")
