@@ -8,45 +8,23 @@ carries one JSON document describing the error.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
-from jobspool import Spool
+from tests.cli_harness import Result, run_jobspool
 from tests.helpers_spool import job_files
-from tests.subproc import REPO, cli_env
+from tests.spools import make_spool
 
 APP = "tests.apps.simple:app"
-
-
-@dataclass
-class Result:
-    code: int
-    out: str
-    err: str
-
-
-def _env(**extra: str) -> dict[str, str]:
-    return cli_env(**extra)
-
-
-def cli(*args: str | Path, stdin: str | None = None, env: dict[str, str] | None = None
-        ) -> Result:
-    done = subprocess.run([sys.executable, "-m", "jobspool", *map(str, args)], cwd=REPO,
-                          env=env or _env(), input=(stdin or "").encode(),
-                          capture_output=True, timeout=60, check=False)
-    return Result(done.returncode, done.stdout.decode(), done.stderr.decode())
 
 
 def refused(code: int, *args: str | Path, mentions: tuple[str, ...] = (), **kwargs: Any
             ) -> Result:
     """Run a command that must fail with `code`, one stderr line, and no traceback."""
-    r = cli(*args, **kwargs)
+    r = run_jobspool(*args, **kwargs)
     assert r.code == code, f"expected exit {code}, got {r.code}; stderr: {r.err!r}"
     assert "Traceback" not in r.err, r.err
     lines = r.err.splitlines()
@@ -60,14 +38,14 @@ def refused(code: int, *args: str | Path, mentions: tuple[str, ...] = (), **kwar
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
     r = tmp_path / "spool"
-    Spool(r).close()
+    make_spool(r).close()
     return r
 
 
 @pytest.fixture
 def populated(root: Path) -> Path:
     """A spool with one completed job (`done-1`) and one ready job (`ready-1`)."""
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         spool.enqueue("work", job_id="done-1")
         spool.enqueue("work", job_id="ready-1", delay=0.0, priority=1)
         (lease,) = spool.claim()
@@ -124,10 +102,10 @@ def test_enqueue_bad_json_on_stdin_exits_1(root: Path) -> None:
         "import-raises", "no-colon", "no-module"])
 def test_a_bad_app_exits_1_with_one_line_naming_it(
         root: Path, command: str, app: str, mentions: tuple[str, ...]) -> None:
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         job = spool.enqueue("work")
     refused(1, "--root", root, command, "--app", app, mentions=mentions)
-    with Spool(root, create=False) as spool:
+    with make_spool(root, create=False) as spool:
         after = spool.get(job.id)
         assert after.state.value == "ready" and after.attempts == 0
 
@@ -170,7 +148,7 @@ def test_no_root_given_exits_1() -> None:
 
 def test_a_spool_that_does_not_exist_is_named_and_not_created(tmp_path: Path) -> None:
     missing = tmp_path / "typo"
-    r = cli("--root", missing, "stats")
+    r = run_jobspool("--root", missing, "stats")
     # Bad input (1) or refused (2): either way one line naming it and the way out.
     assert r.code in (1, 2)
     refused(r.code, "--root", missing, "stats", mentions=(str(missing), "init"))
@@ -220,7 +198,7 @@ def test_json_errors_are_one_json_document_on_stdout(root: Path) -> None:
 
 def test_cancel_of_a_completed_job_is_refused_with_2(populated: Path) -> None:
     refused(2, "--root", populated, "cancel", "done-1", mentions=("done-1", "completed"))
-    with Spool(populated, create=False) as spool:
+    with make_spool(populated, create=False) as spool:
         assert spool.get("done-1").state.value == "completed"
 
 
@@ -229,28 +207,28 @@ def test_requeue_of_a_ready_job_is_refused_with_2(populated: Path) -> None:
 
 
 def test_fsck_on_a_corrupted_spool_exits_2_and_names_the_file(root: Path) -> None:
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         spool.enqueue("work", job_id="good")
     bad = root / "ready" / "broken.json"
     bad.write_bytes(b"{this is not json")
-    r = cli("--root", root, "fsck", "--json")
+    r = run_jobspool("--root", root, "fsck", "--json")
     assert r.code == 2, r.err
     doc = orjson.loads(r.out)
     assert doc["ok"] is False
     assert any("broken.json" in p for p in doc["problems"])
-    text = cli("--root", root, "fsck")
+    text = run_jobspool("--root", root, "fsck")
     assert text.code == 2
     assert "broken.json" in text.out
     assert bad.read_bytes() == b"{this is not json"  # fsck changes nothing
 
 
 def test_fsck_finds_a_job_in_two_state_directories(root: Path) -> None:
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         spool.enqueue("work", job_id="twice")
     # A crash between rename and unlink leaves two copies (DESIGN §2); fsck must say so.
     data = (root / "ready" / "twice.json").read_bytes()
     (root / "completed" / "twice.json").write_bytes(data)
-    r = cli("--root", root, "fsck", "--json")
+    r = run_jobspool("--root", root, "fsck", "--json")
     assert r.code == 2
     assert any("twice" in p for p in orjson.loads(r.out)["problems"]), r.out
 
@@ -275,11 +253,11 @@ def test_a_state_directory_replaced_by_a_symlink_is_refused_with_2(
 
 
 def test_health_of_a_degraded_spool_exits_2(root: Path) -> None:
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         spool.enqueue("work")
         (lease,) = spool.claim()
         spool.fail(lease, "broken", retryable=False)
-    r = cli("--root", root, "health")
+    r = run_jobspool("--root", root, "health")
     assert r.code == 2
     assert "dead_letters" in r.out
     assert "Traceback" not in r.err
@@ -291,10 +269,10 @@ def test_a_worker_that_cannot_claim_gives_up_with_2_instead_of_serving_dead(
     """The supervised loop restarts after a failure of its own machinery, and after
     repeated quick failures exits non-zero (2: the spool is unhealthy) with one last
     line naming the cause, rather than a traceback or a process that serves nothing."""
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         spool.enqueue("work")
     (root / "fence").write_text("garbage")
-    r = cli("--root", root, command, "--app", APP, "--json")
+    r = run_jobspool("--root", root, command, "--app", APP, "--json")
     assert r.code == 2, r.err[-2000:]
     last = r.err.strip().splitlines()[-1]
     assert last.startswith("jobspool: error:"), last
