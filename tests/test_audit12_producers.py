@@ -180,6 +180,33 @@ def test_every_store_keeps_a_job_unique_only_in_the_states_the_caller_names(
     assert (running.outcome, running.job.state.value) == ("existing", "leased")
 
 
+# ---------------------------------------------------------------- retention by age
+
+
+def _complete(spool: Spool, *ids: str) -> None:
+    for job_id in ids:
+        spool.enqueue("k", job_id=job_id)
+        (lease,) = spool.claim()
+        spool.complete(lease, job_id)
+
+
+def test_every_store_prunes_only_jobs_beyond_the_count_and_older_than_the_age(
+        make_any_spool: Callable[..., Spool]) -> None:
+    spool = make_any_spool(keep_terminal=100)
+    _complete(spool, "c1", "c2", "c3")
+    assert spool.prune(keep=1, older_than=3600).pruned == ()  # beyond the count, but young
+    assert sorted(spool.prune(keep=1, older_than=0).pruned) == ["c1", "c2"]
+    assert spool.get("c3").result == "c3"
+
+
+def test_every_store_keeps_young_results_readable_beyond_keep_terminal(
+        make_any_spool: Callable[..., Spool]) -> None:
+    spool = make_any_spool(keep_terminal=1, keep_terminal_seconds=3600)
+    _complete(spool, "c1", "c2", "c3")
+    assert spool.prune().pruned == ()
+    assert [spool.get(i).result for i in ("c1", "c2", "c3")] == ["c1", "c2", "c3"]
+
+
 # ---------------------------------------------------------------- schedules
 
 
