@@ -144,6 +144,9 @@ def _job_text(job: Any) -> str:
             text = f"{v} ({job.status}: not run yet, due at run_at)"
         elif k in _TIME_FIELDS:
             text = f"{iso_time(v)} ({v})"
+        elif k == "lease" and isinstance(v, dict) and "expires_at" in v:
+            text = (f"token {v.get('token')}, held by {v.get('owner')}, expires "
+                    f"{iso_time(v['expires_at'])} ({v['expires_at']})")
         else:
             text = v if isinstance(v, str) else orjson.dumps(v).decode()
         lines.append(f"{k:>13}: {text}")

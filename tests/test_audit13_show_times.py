@@ -1,0 +1,43 @@
+"""Audit of issue 13: `jobspool show` prints ISO times — every time it shows, the lease's
+expiry included (it printed the lease as raw JSON with an epoch float)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+from pathlib import Path
+
+from jobspool import Spool
+from jobspool.cli import main
+from jobspool.queue.payload import iso_time
+
+
+def _show(root: Path, job_id: str) -> str:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["--root", str(root), "show", job_id])
+    assert code == 0, err.getvalue()
+    return out.getvalue()
+
+
+def test_show_prints_the_lease_expiry_of_a_leased_job_as_an_iso_time(tmp_path: Path) -> None:
+    root = tmp_path / "spool"
+    with Spool(root, durable=False) as spool:
+        spool.enqueue("mail", {}, job_id="held")
+        (lease,) = spool.claim(owner="host-a:42")
+    text = _show(root, "held")
+    (line,) = [ln for ln in text.splitlines() if ln.strip().startswith("lease:")]
+    assert iso_time(lease.expires_at) in line
+    assert f"token {lease.token}" in line and "host-a:42" in line
+    # no bare epoch float left anywhere outside the parenthesised originals
+    assert not re.search(r"(?<!\()\b1\d{9}\.\d+", line.split("(")[0]), line
+
+
+def test_show_prints_none_for_a_job_without_a_lease(tmp_path: Path) -> None:
+    root = tmp_path / "spool"
+    with Spool(root, durable=False) as spool:
+        spool.enqueue("mail", {}, job_id="waiting")
+    (line,) = [ln for ln in _show(root, "waiting").splitlines()
+               if ln.strip().startswith("lease:")]
+    assert line.split(":", 1)[1].strip() in ("null", "none")
