@@ -161,8 +161,9 @@ def start_jobspool(*args: str | os.PathLike[str], root: str | os.PathLike[str] |
                    stdout: int | IO[Any] | None = subprocess.PIPE,
                    stderr: int | IO[Any] | None = subprocess.PIPE,
                    cwd: str | os.PathLike[str] = REPO,
-                   **popen: Any) -> subprocess.Popen[bytes]:
-    """Start `jobspool ARGS` as a real process and return at once (bytes pipes by default)."""
+                   **popen: Any) -> subprocess.Popen[Any]:
+    """Start `jobspool ARGS` as a real process and return at once (bytes pipes, unless `text=True`
+    or another Popen option says otherwise)."""
     return subprocess.Popen(command(*args, root=root, prefix=prefix), cwd=cwd,
                             env=environment(env), stdin=stdin, stdout=stdout, stderr=stderr,
                             **popen)
