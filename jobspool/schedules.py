@@ -34,7 +34,7 @@ from dataclasses import KW_ONLY, dataclass, field
 from datetime import UTC, datetime, timedelta, tzinfo
 from typing import TYPE_CHECKING, Any, Protocol
 
-from jobspool.errors import JobNotFound, JobspoolError, ScheduleError
+from jobspool.errors import Backpressure, InvalidJob, JobNotFound, JobspoolError, ScheduleError
 from jobspool.queue.job import JOB_ID_RE, check_json, iso_time, validate_int, validate_kind
 from jobspool.queue.marks import MARKS_FILE as MARKS_FILE  # re-exported
 from jobspool.queue.marks import read_marks as read_marks  # re-exported
@@ -254,7 +254,11 @@ class Scheduler:
         self.schedules = tuple(schedules)
 
     def tick(self, spool: Spool, now: float | None = None) -> list[Fired]:
-        """Enqueue every tick due at `now` (default: the spool's clock) not fired yet."""
+        """Enqueue every tick due at `now` (default: the spool's clock) not fired yet.
+
+        A schedule whose job the spool refuses (too large for `max_job_bytes`, or
+        `Backpressure`) is logged and keeps its mark, so it is tried again at the next
+        call; the other schedules fire regardless."""
         if not self.schedules:
             return []
         out: list[Fired] = []
@@ -263,11 +267,16 @@ class Scheduler:
             for s in self.schedules:
                 ticks, last = s.plan(marks.get(s.key), at)
                 created = []
-                for t in ticks:
-                    result = spool.enqueue_result(s.kind, s.payload, job_id=s.job_id(t),
-                                                  priority=s.priority)
-                    if result.created:
-                        created.append(result.job.id)
+                try:
+                    for t in ticks:
+                        result = spool.enqueue_result(s.kind, s.payload, job_id=s.job_id(t),
+                                                      priority=s.priority)
+                        if result.created:
+                            created.append(result.job.id)
+                except (InvalidJob, Backpressure) as exc:
+                    # Ticks enqueued before the refusal are found by their ids next time.
+                    log.warning("schedule %s not fired (retrying): %s", s.key, exc)
+                    continue
                 marks[s.key] = last
                 if ticks:
                     out.append(Fired(s.key, tuple(ticks), tuple(created)))

@@ -349,3 +349,17 @@ def test_dotted_and_dashed_kinds_run_through_the_cli_and_an_unknown_kind_names_t
     assert json.loads(capsys.readouterr().out)["completed"] == 2
     with Spool(root) as spool:
         assert (spool.get("a").result, spool.get("b").result) == (3, "n.md")
+
+
+def test_a_schedule_whose_job_the_spool_refuses_does_not_stop_the_others(
+        spool: Spool, clock: FakeClock, caplog: pytest.LogCaptureFixture) -> None:
+    from jobspool import Scheduler
+
+    scheduler = Scheduler([Schedule("big", every=60, payload="x" * 70_000),
+                           Schedule("tick", every=60)])
+    (fired,) = scheduler.tick(spool, clock.now)
+    assert fired.schedule == "tick" and len(fired.created) == 1
+    assert [j.id for j in spool.jobs()] == list(fired.created)
+    assert "schedule big not fired" in caplog.text and "max_job_bytes" in caplog.text
+    assert [r["last_tick"] for r in scheduler.status(spool, clock.now)] == [
+        None, fired.ticks[0]]  # the refused one keeps its mark: tried again next time
