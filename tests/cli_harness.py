@@ -48,6 +48,10 @@ class Result:
         """stdout as the one JSON document `--json` promises."""
         return orjson.loads(self.out)
 
+    def __iter__(self) -> Iterator[Any]:
+        """`code, out, err = run_cli(...)`."""
+        return iter((self.code, self.out, self.err))
+
     # The names of subprocess.CompletedProcess, for assertions written against those.
     @property
     def returncode(self) -> int:

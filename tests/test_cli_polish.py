@@ -4,7 +4,6 @@ stderr line, a mistyped root refused, bulk cancel/requeue, `LanceProjection` at 
 from __future__ import annotations
 
 import argparse
-import logging
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -13,27 +12,12 @@ from pathlib import Path
 import orjson
 import pytest
 
-from jobspool import JobState, Spool
-from jobspool.cli import build_parser, main
+from jobspool import JobState
+from jobspool.cli import build_parser
+from tests.cli_harness import run_cli
 from tests.helpers_spool import FakeClock
+from tests.spools import make_spool
 from tests.subproc import REPO, cli_env
-
-
-@pytest.fixture(autouse=True)
-def _root_logger_restored() -> Iterator[None]:
-    """In-process long-running commands set up logging on the root logger: undo it."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
-
-
-def run(capsys: pytest.CaptureFixture[str], *args: str | Path) -> tuple[int, str, str]:
-    capsys.readouterr()  # only what this command prints
-    code = main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def _subparsers(parser: argparse.ArgumentParser, path: str = "jobspool"
@@ -77,9 +61,9 @@ def test_options_taking_durations_say_seconds_and_priority_says_which_way_runs_f
 
 
 def test_stats_refuses_prometheus_and_json_together_as_a_usage_error(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    Spool(tmp_path / "s", durable=False).close()
-    code, out, err = run(capsys, "--root", tmp_path / "s", "stats", "--prometheus", "--json")
+        tmp_path: Path) -> None:
+    make_spool(tmp_path / "s").close()
+    code, out, err = run_cli("--root", tmp_path / "s", "stats", "--prometheus", "--json")
     assert code == 1
     assert err.count("\n") == 1 and "--prometheus" in err and "--json" in err
     assert "jobspool_jobs" not in out
@@ -89,7 +73,7 @@ def test_stats_refuses_prometheus_and_json_together_as_a_usage_error(
 def test_with_json_logs_every_stderr_line_is_json_with_start_jobs_and_summary(
         tmp_path: Path) -> None:
     root = tmp_path / "spool"
-    with Spool(root, durable=False) as spool:
+    with make_spool(root) as spool:
         ids = [spool.enqueue("echo", {"n": i}).id for i in range(3)]
     proc = subprocess.run(
         [sys.executable, "-m", "jobspool", "--root", str(root), "run-until-idle",
@@ -142,27 +126,26 @@ READERS = (["stats"], ["stats", "--prometheus"], ["list"], ["show", "some-id"], 
 
 @pytest.mark.parametrize("command", [*WRITERS, *READERS], ids=lambda c: " ".join(c))
 def test_a_root_that_is_not_a_spool_is_refused_with_one_line_naming_init(
-        command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        command: list[str], tmp_path: Path) -> None:
     typo = tmp_path / "spoool"
-    code, _, err = run(capsys, "--root", typo, *command)
+    code, _, err = run_cli("--root", typo, *command)
     assert code == 2
     assert err.count("\n") == 1 and "jobspool init" in err, err
     assert not typo.exists()
     home = tmp_path / "home"
     home.mkdir()
     (home / "notes.txt").write_text("mine")
-    code, _, err = run(capsys, "--root", home, *command)
+    code, _, err = run_cli("--root", home, *command)
     assert code == 2 and err.count("\n") == 1 and "jobspool init" in err, err
     assert [p.name for p in home.iterdir()] == ["notes.txt"]
 
 
-def test_init_and_an_explicit_create_make_a_spool(tmp_path: Path,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = run(capsys, "--root", tmp_path / "a", "init")
+def test_init_and_an_explicit_create_make_a_spool(tmp_path: Path) -> None:
+    code, _, err = run_cli("--root", tmp_path / "a", "init")
     assert code == 0 and (tmp_path / "a" / "spool.json").is_file(), err
-    code, out, err = run(capsys, "--root", tmp_path / "b", "enqueue", "mail", "--create")
+    code, out, err = run_cli("--root", tmp_path / "b", "enqueue", "mail", "--create")
     assert code == 0 and out.split()[1] == "ready", err
-    code, _, err = run(capsys, "--root", tmp_path / "c", "recover", "--create")
+    code, _, err = run_cli("--root", tmp_path / "c", "recover", "--create")
     assert code == 0 and (tmp_path / "c" / "spool.json").is_file(), err
 
 
@@ -173,7 +156,7 @@ def test_init_and_an_explicit_create_make_a_spool(tmp_path: Path,
 def busy(tmp_path: Path) -> Iterator[tuple[Path, FakeClock]]:
     clock = FakeClock()
     root = tmp_path / "spool"
-    with Spool(root, durable=False, clock=clock) as spool:
+    with make_spool(root, clock=clock) as spool:
         spool.enqueue("mail", job_id="old-mail")
         spool.enqueue("report", job_id="old-report")
         clock.advance(600.0)
@@ -186,19 +169,19 @@ def busy(tmp_path: Path) -> Iterator[tuple[Path, FakeClock]]:
 
 
 def _state(root: Path, job_id: str) -> JobState:
-    with Spool(root, durable=False) as spool:
+    with make_spool(root) as spool:
         return spool.get(job_id).state
 
 
 def test_cancel_by_kind_and_state_reports_a_count(
-        busy: tuple[Path, FakeClock], capsys: pytest.CaptureFixture[str]) -> None:
+        busy: tuple[Path, FakeClock]) -> None:
     root, _ = busy
-    code, out, err = run(capsys, "--root", root, "cancel", "--kind", "mail", "--state",
+    code, out, err = run_cli("--root", root, "cancel", "--kind", "mail", "--state",
                          "retryable")
     assert code == 0 and out.strip() == "canceled 1 job(s)", err
     assert _state(root, "later-mail") is JobState.CANCELED
     assert _state(root, "new-mail") is JobState.READY
-    code, out, _ = run(capsys, "--root", root, "cancel", "--kind", "mail", "--json")
+    code, out, _ = run_cli("--root", root, "cancel", "--kind", "mail", "--json")
     doc = orjson.loads(out)
     assert code == 0 and doc["count"] == 1 and doc["canceled"] == ["new-mail"]
 
@@ -206,7 +189,7 @@ def test_cancel_by_kind_and_state_reports_a_count(
 def test_cancel_by_age_takes_only_jobs_older_than_the_bound(
         busy: tuple[Path, FakeClock]) -> None:
     root, clock = busy
-    with Spool(root, durable=False, clock=clock) as spool:
+    with make_spool(root, clock=clock) as spool:
         clock.advance(100.0)
         spool.enqueue("mail", job_id="fresh")
         moved = spool.cancel_matching(older_than=50.0)
@@ -215,26 +198,26 @@ def test_cancel_by_age_takes_only_jobs_older_than_the_bound(
 
 
 def test_requeue_by_kind_takes_dead_letters_of_that_kind_only(
-        busy: tuple[Path, FakeClock], capsys: pytest.CaptureFixture[str]) -> None:
+        busy: tuple[Path, FakeClock]) -> None:
     root, _ = busy
-    code, out, err = run(capsys, "--root", root, "requeue", "--kind", "report")
+    code, out, err = run_cli("--root", root, "requeue", "--kind", "report")
     assert code == 0 and out.strip() == "requeued 1 job(s)", err
     assert _state(root, "old-report") is JobState.READY
     assert _state(root, "old-mail") is JobState.DEAD_LETTER
-    run(capsys, "--root", root, "cancel", "new-mail")
-    code, out, _ = run(capsys, "--root", root, "requeue", "--state", "canceled",
+    run_cli("--root", root, "cancel", "new-mail")
+    code, out, _ = run_cli("--root", root, "requeue", "--state", "canceled",
                        "--state", "dead_letter", "--json")
     assert code == 0 and sorted(orjson.loads(out)["requeued"]) == ["new-mail", "old-mail"]
 
 
 def test_bulk_filters_are_checked_before_anything_moves(
-        busy: tuple[Path, FakeClock], capsys: pytest.CaptureFixture[str]) -> None:
+        busy: tuple[Path, FakeClock]) -> None:
     root, _ = busy
     for args in (["cancel", "new-mail", "--kind", "mail"], ["cancel"],
                  ["cancel", "--state", "completed"], ["requeue", "--all-dead", "--kind", "mail"],
                  ["requeue", "--state", "ready"], ["cancel", "--older-than", "-1"],
                  ["cancel", "--kind", "bad kind!"]):
-        code, _, err = run(capsys, "--root", root, *args)
+        code, _, err = run_cli("--root", root, *args)
         assert code == 1 and err.count("\n") == 1, (args, err)
     assert _state(root, "new-mail") is JobState.READY
     assert _state(root, "old-mail") is JobState.DEAD_LETTER

@@ -8,19 +8,13 @@ from pathlib import Path
 import orjson
 import pytest
 
-from jobspool import JobState, Spool
-from jobspool.cli import main
+from jobspool import JobState
+from tests.cli_harness import run_cli
+from tests.spools import make_spool
 
 
-def run(capsys: pytest.CaptureFixture[str], root: Path, *args: str) -> tuple[int, str, str]:
-    capsys.readouterr()  # only what this command prints
-    code = main(["--root", str(root), *args])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def run_json(capsys: pytest.CaptureFixture[str], root: Path, *args: str) -> object:
-    code, out, err = run(capsys, root, *args, "--json")
+def run_json(root: Path, *args: str) -> object:
+    code, out, err = run_cli(*args, "--json", root=root)
     assert code == 0, err
     return orjson.loads(out)
 
@@ -28,7 +22,7 @@ def run_json(capsys: pytest.CaptureFixture[str], root: Path, *args: str) -> obje
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
     root = tmp_path / "spool"
-    with Spool(root, durable=False) as spool:
+    with make_spool(root) as spool:
         spool.enqueue("mail", {"to": "a"}, job_id="fine")
     return root
 
@@ -37,65 +31,65 @@ def _quarantine(root: Path, files: dict[str, bytes]) -> None:
     """Put bad files in state directories and let recovery move them aside."""
     for rel, data in files.items():
         (root / rel).write_bytes(data)
-    with Spool(root, durable=False) as spool:
+    with make_spool(root) as spool:
         report = spool.recover()
     assert len(report.quarantined) == len(files)
 
 
 def _good_job_bytes(tmp_path: Path, job_id: str) -> bytes:
-    with Spool(tmp_path / "elsewhere", durable=False) as other:
+    with make_spool(tmp_path / "elsewhere") as other:
         other.enqueue("mail", {"to": "restored"}, job_id=job_id)
     return (tmp_path / "elsewhere" / "ready" / f"{job_id}.json").read_bytes()
 
 
 def test_list_says_empty_then_names_each_file_with_its_source_and_reason(
-        root: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(capsys, root, "quarantine", "list")
+        root: Path) -> None:
+    code, out, _ = run_cli("quarantine", "list", root=root)
     assert code == 0 and out.strip() == "quarantine is empty"
     _quarantine(root, {"ready/truncated.json": b'{"id": "trunc', "leased/empty.json": b""})
-    doc = run_json(capsys, root, "quarantine", "list")
+    doc = run_json(root, "quarantine", "list")
     assert isinstance(doc, dict) and doc["count"] == 2
     by_source = {f["source"]: f for f in doc["files"]}
     assert set(by_source) == {"ready/truncated.json", "leased/empty.json"}
     assert by_source["ready/truncated.json"]["size"] == len(b'{"id": "trunc')
     assert all(f["reason"] and f["quarantined_at"] for f in doc["files"])
-    code, out, _ = run(capsys, root, "quarantine", "list")
+    code, out, _ = run_cli("quarantine", "list", root=root)
     assert code == 0 and len(out.splitlines()) == 2 and "from ready/truncated.json" in out
 
 
 def test_show_finds_a_file_by_job_id_or_prefix_and_prints_its_content(
-        root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        root: Path) -> None:
     _quarantine(root, {"ready/broken.json": b"{not json"})
-    doc = run_json(capsys, root, "quarantine", "show", "broken")
+    doc = run_json(root, "quarantine", "show", "broken")
     assert isinstance(doc, dict)
     assert doc["content"] == "{not json" and doc["readable"] is False
     assert doc["source"] == "ready/broken.json" and "JSON" in doc["problem"]
-    by_prefix = run_json(capsys, root, "quarantine", "show", doc["name"][:12])
+    by_prefix = run_json(root, "quarantine", "show", doc["name"][:12])
     assert isinstance(by_prefix, dict) and by_prefix["name"] == doc["name"]
-    code, out, _ = run(capsys, root, "quarantine", "show", "broken")
+    code, out, _ = run_cli("quarantine", "show", "broken", root=root)
     assert code == 0 and "{not json" in out and "now readable: no" in out
-    code, _, err = run(capsys, root, "quarantine", "show", "no-such-file")
+    code, _, err = run_cli("quarantine", "show", "no-such-file", root=root)
     assert code == 1 and err.count("\n") == 1 and "'no-such-file'" in err
 
 
 def test_restore_is_refused_while_the_file_is_still_broken(
-        root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        root: Path) -> None:
     _quarantine(root, {"ready/broken.json": b"{not json"})
-    code, _, err = run(capsys, root, "quarantine", "restore", "broken")
+    code, _, err = run_cli("quarantine", "restore", "broken", root=root)
     assert code == 2 and err.count("\n") == 1 and "still not a readable job" in err
     assert not (root / "ready" / "broken.json").exists()
-    assert run_json(capsys, root, "quarantine", "list")["count"] == 1  # type: ignore[index]
+    assert run_json(root, "quarantine", "list")["count"] == 1  # type: ignore[index]
 
 
 def test_a_repaired_file_is_restored_and_a_running_worker_claims_it_at_once(
-        root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        root: Path, tmp_path: Path) -> None:
     _quarantine(root, {"ready/late.json": b"{garbled"})
-    name = run_json(capsys, root, "quarantine", "show", "late")["name"]  # type: ignore[index]
-    with Spool(root, durable=False) as worker:
+    name = run_json(root, "quarantine", "show", "late")["name"]  # type: ignore[index]
+    with make_spool(root) as worker:
         assert [lease.job_id for lease in worker.claim()] == ["fine"]
         assert worker.claim() == []  # its claim index is current and ready/ is empty
         (root / "quarantine" / name).write_bytes(_good_job_bytes(tmp_path, "late"))  # repaired
-        code, out, err = run(capsys, root, "quarantine", "restore", "late")
+        code, out, err = run_cli("quarantine", "restore", "late", root=root)
         assert code == 0, err
         assert out.strip() == f"restored {name} as ready/late.json"
         assert [lease.job_id for lease in worker.claim()] == ["late"]
@@ -103,26 +97,26 @@ def test_a_repaired_file_is_restored_and_a_running_worker_claims_it_at_once(
 
 
 def test_restore_is_refused_when_the_spool_already_holds_the_job(
-        root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        root: Path, tmp_path: Path) -> None:
     _quarantine(root, {"completed/fine.json": b"{half a copy"})
-    name = run_json(capsys, root, "quarantine", "show", "fine")["name"]  # type: ignore[index]
+    name = run_json(root, "quarantine", "show", "fine")["name"]  # type: ignore[index]
     (root / "quarantine" / name).write_bytes(_good_job_bytes(tmp_path, "fine"))
-    code, _, err = run(capsys, root, "quarantine", "restore", name)
+    code, _, err = run_cli("quarantine", "restore", name, root=root)
     assert code == 2 and "already exists (state ready)" in err
-    with Spool(root, durable=False) as spool:
+    with make_spool(root) as spool:
         assert spool.get("fine").state is JobState.READY
     assert (root / "quarantine" / name).exists()
 
 
 def test_purge_deletes_named_files_or_everything_with_their_reasons(
-        root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        root: Path) -> None:
     _quarantine(root, {"ready/a.json": b"x", "ready/b.json": b"y", "retryable/c.json": b"z"})
-    doc = run_json(capsys, root, "quarantine", "purge", "a")
+    doc = run_json(root, "quarantine", "purge", "a")
     assert isinstance(doc, dict) and doc["count"] == 1
-    assert {f["source"] for f in run_json(capsys, root, "quarantine", "list")["files"]} == {  # type: ignore[index]
+    assert {f["source"] for f in run_json(root, "quarantine", "list")["files"]} == {  # type: ignore[index]
         "ready/b.json", "retryable/c.json"}
-    code, out, _ = run(capsys, root, "quarantine", "purge", "--older-than", "3600")
+    code, out, _ = run_cli("quarantine", "purge", "--older-than", "3600", root=root)
     assert code == 0 and out.strip() == "purged 0 quarantined file(s)"  # all are recent
-    code, out, _ = run(capsys, root, "quarantine", "purge")
+    code, out, _ = run_cli("quarantine", "purge", root=root)
     assert code == 0 and out.strip() == "purged 2 quarantined file(s)"
     assert list((root / "quarantine").iterdir()) == []
