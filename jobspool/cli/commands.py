@@ -32,15 +32,21 @@ def cmd_init(args: argparse.Namespace) -> int:
     opts = {k: v for k, v in (("lease_seconds", args.lease_seconds),
                               ("max_attempts", args.max_attempts),
                               ("keep_terminal", args.keep_terminal),
-                              ("keep_terminal_seconds", args.keep_terminal_seconds))
+                              ("keep_terminal_seconds", args.keep_terminal_seconds),
+                              ("max_job_bytes", args.max_job_bytes))
             if v is not None}
     if isinstance(root, str):  # a PostgreSQL URL: init creates (or migrates) the schema
+        if args.access is not None:
+            raise UsageError("--access sets a spool directory's file modes; a postgresql:// "
+                             "spool's access is the database's roles")
         with Spool(root, create=True, **opts) as spool:
             existed = not getattr(spool, "created", True)
             doc = {"root": getattr(spool, "display", root), "created": not existed,
                    "settings": _settings_dict(spool)}
     else:
         existed = (root / "spool.json").exists()
+        if args.access is not None:
+            opts["access"] = args.access
         with Spool(root, create=True, **opts) as spool:
             doc = {"root": str(spool.root.resolve()), "created": not existed,
                    "settings": _settings_dict(spool)}

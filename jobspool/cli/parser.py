@@ -56,6 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--keep-terminal-seconds", type=_nonneg_float, metavar="SECONDS",
                    help="retention also keeps every finished job younger than SECONDS, "
                    "beyond --keep-terminal (default: none, by count only)")
+    c.add_argument("--access", choices=("private", "group"),
+                   help="who may use a new spool: its owner (directories 0700, files 0600) "
+                   "or also the owner's group (02770 / 0660); kept in spool.json "
+                   "(default: private)")
+    c.add_argument("--max-job-bytes", type=_positive_int, metavar="N",
+                   help="the largest job file, serialized (at least 1024; default: 65536)")
     c.set_defaults(func=commands.cmd_init)
 
     c = sub.add_parser("enqueue", parents=[common, create_opt], help="add a job")

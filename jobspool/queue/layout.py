@@ -84,7 +84,11 @@ def read_spool_file(root: Path) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise SpoolError(f"cannot read {path}: {exc.strerror}", path=str(path)) from None
+        # A reader who is not the owner meets this first: new spools are private (0700).
+        hint = (f" (spools are private to their owner: grant read access, e.g. `chmod -R "
+                f"o+rX {root}`, or create it with access='group')"
+                if exc.errno in (errno.EACCES, errno.EPERM) else "")
+        raise SpoolError(f"cannot read {path}: {exc.strerror}{hint}", path=str(path)) from None
     try:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -147,8 +151,16 @@ def open_layout(root: Path, *, create: bool, durable: bool, read_only: bool = Fa
         # Before any directory is made: a mistyped root must be left exactly as it was.
         raise SpoolError(f"{root} is not a spool (no {SPOOL_FILE}; run `jobspool init`)",
                          path=str(root))
+    if access is not None:
+        validate_access(access)
     saved = (doc.get("settings") or {}).get("access") if doc is not None else None
     chosen = validate_access(saved if saved is not None else (access or DEFAULT_ACCESS))
+    if access is not None and saved is not None and access != chosen:
+        # Silently keeping the saved modes would leave a service that asked for a group
+        # spool with one its group cannot use (or widen nothing the caller expected).
+        raise SpoolError(f"spool {root} was created with access={chosen!r}; access={access!r} "
+                         "applies only when a spool is created (it is kept in "
+                         f"{SPOOL_FILE})", path=str(root))
     if st is None:
         try:
             root.parent.mkdir(parents=True, exist_ok=True)
@@ -179,6 +191,13 @@ def open_layout(root: Path, *, create: bool, durable: bool, read_only: bool = Fa
     if doc is None and not create:
         raise SpoolError(f"{root} is not a spool (no {SPOOL_FILE}; run `jobspool init`)",
                          path=str(root))
+    for name in _CONTROL_FILES:
+        # `.lock`'s shared memory hands out fencing tokens, `fence` bounds them and
+        # `spool.json` holds the settings: writable by anyone, they are anyone's to forge.
+        try:
+            refuse_foreign_writers(root / name, (root / name).stat())
+        except FileNotFoundError:
+            continue
     settings = doc.get("settings", {}) if doc is not None else {}
     if not isinstance(settings, dict):
         raise SpoolError(f"{root / SPOOL_FILE}: 'settings' is not an object",
@@ -188,6 +207,7 @@ def open_layout(root: Path, *, create: bool, durable: bool, read_only: bool = Fa
 
 
 _STATE_NAMES = frozenset(s.value for s in ALL_STATES)
+_CONTROL_FILES = (".lock", "fence", SPOOL_FILE)
 
 # What a spool directory may already hold before its spool.json exists: a fresh or
 # half-created spool (a crash during creation, or a racing opener), never user data.

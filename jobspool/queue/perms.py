@@ -10,6 +10,8 @@ process umask says (a umask can only remove bits, so we restore them with
 
 Opening a spool whose directories other users may write is refused: anyone
 could plant jobs in `ready/` (that a worker would run) or swap files in `tmp/`.
+So is one whose `.lock`, `fence` or `spool.json` they may write (fencing tokens
+and settings live there).
 """
 
 from __future__ import annotations
@@ -86,8 +88,10 @@ def make_dir(path: Path, mode: int) -> None:
 
 
 def refuse_foreign_writers(path: Path, st: os.stat_result) -> None:
-    """Refuse a spool directory that users other than the owner and group may write."""
+    """Refuse a spool directory or control file that users other than the owner and group
+    may write."""
     if st.st_mode & stat.S_IWOTH:
+        what = "plant or swap jobs" if stat.S_ISDIR(st.st_mode) else "forge the spool's state"
         raise SpoolError(
             f"{path} is writable by every user (mode {stat.S_IMODE(st.st_mode):04o}); anyone "
-            f"could plant or swap jobs: run `chmod o-w {path}`", path=str(path))
+            f"could {what}: run `chmod o-w {path}`", path=str(path))
