@@ -214,13 +214,18 @@ def _every_seconds(every: object, label: str) -> int:
     return int(value)
 
 
-def check_schedules(schedules: Iterable[Schedule], kinds: Iterable[str], *,
+def check_schedules(schedules: Iterable[Schedule] | None, kinds: Iterable[str], *,
                     where: str = "app") -> tuple[Schedule, ...]:
     """Refuse (`ScheduleError`) what is not a `Schedule`, a kind without a handler, a
     repeated name; return them as a tuple."""
     known = set(kinds)
     out: list[Schedule] = []
     seen: set[str] = set()
+    if schedules is None:
+        schedules = ()
+    if isinstance(schedules, Schedule) or not isinstance(schedules, Iterable):
+        raise ScheduleError(f"{where}: schedules must be a list of jobspool.Schedule objects, "
+                            f"got {schedules!r}")
     for s in schedules:
         if not isinstance(s, Schedule):
             raise ScheduleError(f"{where}: schedules must be jobspool.Schedule objects, got {s!r}")

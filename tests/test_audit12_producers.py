@@ -363,3 +363,13 @@ def test_a_schedule_whose_job_the_spool_refuses_does_not_stop_the_others(
     assert "schedule big not fired" in caplog.text and "max_job_bytes" in caplog.text
     assert [r["last_tick"] for r in scheduler.status(spool, clock.now)] == [
         None, fired.ticks[0]]  # the refused one keeps its mark: tried again next time
+
+
+def test_an_app_given_one_schedule_instead_of_a_list_says_so_in_one_line() -> None:
+    from jobspool import App
+
+    one = Schedule("k", every=60)
+    with pytest.raises(ScheduleError, match=r"must be a list of jobspool\.Schedule"):
+        App(handlers={"k": print}, schedules=one)  # type: ignore[arg-type]
+    assert App(handlers={"k": print}, schedules=None).schedules == ()  # type: ignore[arg-type]
+    assert App(handlers={"k": print}, schedules=(one,)).schedules == (one,)
