@@ -16,20 +16,20 @@ from pathlib import Path
 
 import pytest
 
-from jobspool import JobState, Spool
+from jobspool import JobState
+from tests.cli_harness import run_jobspool
+from tests.spools import make_spool
 from tests.subproc import REPO, cli_env
 
 pytestmark = pytest.mark.slow
 
 
-def _cli(root: Path, *args: str, log: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "jobspool", "--root", str(root), *args],
-                          capture_output=True, text=True, cwd=REPO, timeout=120,
-                          env=cli_env(JOBSPOOL_TEST_LOG=str(log)))
+def _log_env(log: Path) -> dict[str, str | None]:
+    return {"JOBSPOOL_TEST_LOG": str(log)}
 
 
-def _make_spool(root: Path) -> None:
-    with Spool(root, lease_seconds=1.0, max_attempts=3, max_rescues=3,
+def _enqueue_a_crash_and_its_mates(root: Path) -> None:
+    with make_spool(root, lease_seconds=1.0, max_attempts=3, max_rescues=3,
                retry_base_seconds=0.01, retry_max_seconds=0.01) as s:
         # The crash job sorts first, so with concurrency 1 none of its mates has started.
         s.enqueue("crash", job_id="a-crash", priority=-1)
@@ -41,16 +41,16 @@ def _make_spool(root: Path) -> None:
 def test_a_job_that_kills_its_worker_is_charged_alone_and_its_batch_mates_run_once(
         tmp_path: Path, with_recover: bool) -> None:
     root, log = tmp_path / "spool", tmp_path / "runs.log"
-    _make_spool(root)
+    _enqueue_a_crash_and_its_mates(root)
     for _ in range(12):
         if with_recover:
-            assert _cli(root, "recover", log=log).returncode == 0
-        _cli(root, "run-until-idle", "--app", "tests.apps.crashy:app", "--concurrency", "1",
-             "--wait-retries", "3", log=log)
-        with Spool(root) as s:
+            assert run_jobspool("recover", root=root, env=_log_env(log)).returncode == 0
+        run_jobspool("run-until-idle", "--app", "tests.apps.crashy:app", "--concurrency", "1",
+                     "--wait-retries", "3", root=root, env=_log_env(log))
+        with make_spool(root) as s:
             if all(j.terminal for j in s.jobs()):
                 break
-    with Spool(root) as s:
+    with make_spool(root) as s:
         crash = s.get("a-crash")
         mates = [s.get(f"w{i:02d}") for i in range(10)]
     assert crash.state is JobState.DEAD_LETTER
@@ -80,12 +80,12 @@ def _holder(root: Path, *, start_token: int | None) -> None:
 def test_recover_reclaims_a_dead_holders_leases_at_once_and_charges_only_the_started_one(
         tmp_path: Path) -> None:
     root = tmp_path / "spool"
-    with Spool(root, lease_seconds=3600, retry_base_seconds=0.01,
+    with make_spool(root, lease_seconds=3600, retry_base_seconds=0.01,
                retry_max_seconds=0.01) as s:
         for i in range(4):
             s.enqueue("work", job_id=f"j{i}")
     _holder(root, start_token=1)
-    with Spool(root) as s:
+    with make_spool(root) as s:
         assert {j.state for j in s.jobs()} == {JobState.LEASED}  # an hour before expiry
         report = s.recover()
         assert sorted(report.leases_returned) == ["j0", "j2", "j3"]
@@ -100,7 +100,7 @@ def test_recover_reclaims_a_dead_holders_leases_at_once_and_charges_only_the_sta
 
 def test_recover_leaves_a_live_holders_unexpired_leases_alone(tmp_path: Path) -> None:
     root = tmp_path / "spool"
-    with Spool(root, lease_seconds=3600) as s:
+    with make_spool(root, lease_seconds=3600) as s:
         s.enqueue("work", job_id="j0")
         s.claim()  # this process holds it and lives on
         report = s.recover()
@@ -110,11 +110,11 @@ def test_recover_leaves_a_live_holders_unexpired_leases_alone(tmp_path: Path) ->
 
 def test_a_holder_without_a_liveness_file_waits_for_its_lease_to_expire(tmp_path: Path) -> None:
     root = tmp_path / "spool"
-    with Spool(root, lease_seconds=3600) as s:
+    with make_spool(root, lease_seconds=3600) as s:
         s.enqueue("work", job_id="j0")
     _holder(root, start_token=None)
     for f in (root / "live").iterdir():
         f.unlink()  # an operator cleaned up: nothing proves the holder is gone
-    with Spool(root) as s:
+    with make_spool(root) as s:
         assert s.recover().leases_returned == ()
         assert s.get("j0").state is JobState.LEASED
