@@ -41,3 +41,28 @@ def test_a_reader_without_access_is_told_how_to_grant_it_in_one_line(
     assert line.startswith("jobspool: error: cannot read ")
     assert "Permission denied" in line and f"chmod -R o+rX {private_root}" in line
     assert "access='group'" in line
+
+
+def test_a_writable_dashboard_for_a_reader_is_refused_naming_the_read_only_one(
+        tmp_path: Path) -> None:
+    import uvicorn  # noqa: F401
+
+    import jobspool.dashboard.app  # noqa: F401 - loaded before the reader drops its rights
+
+    base = Path(tempfile.mkdtemp(prefix="jobspool-reader-"))
+    os.chmod(base, 0o755)
+    root = base / "spool"
+    try:
+        Spool(root, access="group").close()
+        for dirpath, _dirs, files in os.walk(root):  # others may read, nobody else may write
+            os.chmod(dirpath, 0o755 if os.geteuid() == 0 else 0o555)
+            for name in files:
+                os.chmod(os.path.join(dirpath, name), 0o644 if os.geteuid() == 0 else 0o444)
+        got = _as_reader(["--root", str(root), "dashboard", "--port", "0"])
+        assert got["code"] == 2, got
+        (line,) = got["err"].splitlines()
+        assert "not writable" in line and "dashboard --read-only" in line
+    finally:
+        for dirpath, _dirs, _files in os.walk(base):
+            os.chmod(dirpath, 0o755)
+        shutil.rmtree(base)

@@ -180,8 +180,8 @@ def open_layout(root: Path, *, create: bool, durable: bool, read_only: bool = Fa
             raise SpoolError(f"spool {root} is not readable", path=str(root))
     elif not os.access(root, os.W_OK | os.X_OK):
         raise SpoolError(f"spool {root} is not writable (open it read-only to inspect it: "
-                         "`jobspool stats`, `list`, `show`, `health` and `fsck` need read "
-                         "access alone)", path=str(root))
+                         "`jobspool stats`, `list`, `show`, `health`, `fsck` and "
+                         "`dashboard --read-only` need read access alone)", path=str(root))
     for name in SUBDIRS:
         if read_only and name not in _STATE_NAMES and not os.path.lexists(root / name):
             continue  # a reader needs the state directories only
