@@ -32,24 +32,13 @@ from typing import Any
 import orjson
 import pytest
 
-from jobspool import Spool, Worker
+from jobspool import Worker
 from jobspool.errors import JobTooLarge, SpoolError
+from tests.cli_harness import one_error_line, run_jobspool
 from tests.helpers_spool import FakeClock, job_files, read_raw, tmp_leftovers
+from tests.spools import make_spool
 from tests.subproc import REPO, cli_env
-
-
-def _cli(root: Path, *args: str, strace: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*strace, sys.executable, "-m", "jobspool", "--root", str(root), *args],
-                          cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120)
-
-
-def _one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
-    assert proc.returncode != 0, proc
-    assert "Traceback" not in proc.stderr, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("jobspool: error: "), proc.stderr
-    return lines[0]
-
+from tests.waiting import wait_until
 
 # ---------------------------------------------------------------- item 1: sizes
 
@@ -59,7 +48,7 @@ def _largest_payload(tmp: Path, *, priority: int = 0) -> int:
     at FakeClock's start: probed on a scratch spool with ids of the same length, so the
     serialized sizes match to the byte."""
     lo, hi = 0, 70_000
-    with Spool(tmp / "probe", durable=False, clock=FakeClock()) as probe:
+    with make_spool(tmp / "probe", clock=FakeClock()) as probe:
         while lo < hi:
             mid = (lo + hi + 1) // 2
             try:
@@ -77,7 +66,7 @@ def test_a_job_accepted_at_the_size_limit_can_be_claimed_failed_canceled_and_com
         tmp_path: Path) -> None:
     clock = FakeClock()
     size = _largest_payload(tmp_path)
-    with Spool(tmp_path / "spool", durable=False, clock=clock, lease_seconds=30.0) as spool:
+    with make_spool(tmp_path / "spool", clock=clock, lease_seconds=30.0) as spool:
         job = spool.enqueue("big", {"p": "x" * size}, job_id="big01")
         [lease] = spool.claim(limit=1)
         lease = spool.heartbeat(lease)
@@ -95,7 +84,7 @@ def test_a_job_accepted_at_the_size_limit_can_be_claimed_failed_canceled_and_com
 
 def test_a_batch_with_a_job_at_the_size_limit_completes_every_job(tmp_path: Path) -> None:
     size = _largest_payload(tmp_path, priority=-1)
-    with Spool(tmp_path / "spool", durable=False, lease_seconds=30.0,
+    with make_spool(tmp_path / "spool", lease_seconds=30.0,
                clock=FakeClock()) as spool:
         spool.enqueue("big", {"p": "x" * size}, job_id="big01", priority=-1)
         small = [spool.enqueue("small", {"i": i}).id for i in range(5)]
@@ -116,7 +105,7 @@ def test_a_handler_failing_with_a_long_message_on_a_job_at_the_limit_is_retried(
         if len(runs) == 1:
             raise RuntimeError("E" * 10_000)  # message and traceback are cut to fit
 
-    with Spool(tmp_path / "spool", durable=False, lease_seconds=30.0, clock=clock) as spool:
+    with make_spool(tmp_path / "spool", lease_seconds=30.0, clock=clock) as spool:
         spool.enqueue("big", {"p": "x" * size}, job_id="big01", priority=-1)
         small = [spool.enqueue("small", {"i": i}).id for i in range(5)]
         worker = Worker(spool, handlers={"big": big, "small": lambda job, ctx: None},
@@ -132,7 +121,7 @@ def test_a_handler_failing_with_a_long_message_on_a_job_at_the_limit_is_retried(
 
 
 def test_a_result_that_does_not_fit_dead_letters_that_job_alone(tmp_path: Path) -> None:
-    with Spool(tmp_path / "spool", durable=False, lease_seconds=30.0,
+    with make_spool(tmp_path / "spool", lease_seconds=30.0,
                clock=FakeClock()) as spool:
         huge = spool.enqueue("huge", {}, job_id="huge1", priority=-1)
         small = [spool.enqueue("small", {"i": i}).id for i in range(5)]
@@ -149,11 +138,11 @@ def test_a_result_that_does_not_fit_dead_letters_that_job_alone(tmp_path: Path) 
 def test_max_job_bytes_given_at_creation_is_saved_and_used_by_later_openers(
         tmp_path: Path) -> None:
     root = tmp_path / "spool"
-    with Spool(root, durable=False, max_job_bytes=4096):
+    with make_spool(root, max_job_bytes=4096):
         pass
     doc = orjson.loads((root / "spool.json").read_bytes())
     assert doc["settings"]["max_job_bytes"] == 4096
-    with Spool(root, durable=False) as later:
+    with make_spool(root) as later:
         assert later.max_job_bytes == 4096
         with pytest.raises(JobTooLarge):
             later.enqueue("big", {"p": "x" * 5000})
@@ -166,14 +155,14 @@ def test_max_job_bytes_given_at_creation_is_saved_and_used_by_later_openers(
 def test_eight_threads_each_with_its_own_spool_on_one_root_enqueue_without_collisions(
         tmp_path: Path) -> None:
     root = tmp_path / "spool"
-    Spool(root, durable=False).close()
+    make_spool(root).close()
     start = threading.Barrier(8)
     errors: list[BaseException] = []
     ids: list[list[str]] = [[] for _ in range(8)]
 
     def produce(n: int) -> None:
         try:
-            with Spool(root, durable=False) as mine:
+            with make_spool(root) as mine:
                 start.wait()
                 for i in range(250):
                     ids[n].append(mine.enqueue("work", {"t": n, "i": i}).id)
@@ -208,7 +197,7 @@ def test_a_live_producers_staged_file_survives_recover_from_another_pid_namespac
     # Real PID namespaces: the producer is pid 2 in its own (a shell is its pid 1), recover
     # runs as pid 1 in another, where no pid 2 exists. A pid lookup calls the producer dead.
     root = tmp_path / "spool"
-    Spool(root).close()
+    make_spool(root).close()
     probe = subprocess.run(["unshare", "--pid", "--fork", "true"], capture_output=True,
                            text=True, timeout=60)
     assert probe.returncode == 0, f"this test needs `unshare --pid` (root): {probe.stderr}"
@@ -220,9 +209,7 @@ def test_a_live_producers_staged_file_survives_recover_from_another_pid_namespac
         assert producer.stdout is not None
         staged = Path(producer.stdout.readline().strip())
         assert staged.exists() and root / "tmp" in staged.parents, staged
-        recover = subprocess.run(
-            ["unshare", "--pid", "--fork", sys.executable, "-m", "jobspool", "--root", str(root),
-             "recover"], cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120)
+        recover = run_jobspool("recover", root=root, prefix=("unshare", "--pid", "--fork"))
         assert recover.returncode == 0, recover.stderr
         assert staged.exists(), "recover deleted a live producer's staged file"
     finally:
@@ -257,16 +244,15 @@ with spool.lock.hold():
 def test_deleting_the_lock_file_never_lets_a_second_process_hold_the_lock(
         tmp_path: Path) -> None:
     root, marks = tmp_path / "spool", tmp_path / "marks.log"
-    Spool(root).close()
+    make_spool(root).close()
 
     def holder(who: str) -> subprocess.Popen[str]:
         return subprocess.Popen([sys.executable, "-c", _HOLDER, str(root), str(marks), who],
                                 cwd=REPO, env=cli_env(), stderr=subprocess.PIPE, text=True)
 
     a = holder("A")
-    deadline = time.monotonic() + 60  # guards against a hang only
-    while not (marks.exists() and "A in" in marks.read_text()) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: marks.exists() and "A in" in marks.read_text(), 60, "A to hold the lock",
+               proc=a)
     os.unlink(root / ".lock")  # the operator reflex
     b = holder("B")
     for p in (a, b):
@@ -279,11 +265,11 @@ def test_deleting_the_lock_file_never_lets_a_second_process_hold_the_lock(
 
 def test_fsck_reports_a_job_file_holding_another_jobs_content(tmp_path: Path) -> None:
     root = tmp_path / "spool"
-    with Spool(root, durable=False) as spool:
+    with make_spool(root) as spool:
         spool.enqueue("work", {"n": 1}, job_id="first")
         spool.enqueue("work", {"n": 2}, job_id="second")
     (root / "ready" / "second.json").write_bytes((root / "ready" / "first.json").read_bytes())
-    proc = _cli(root, "--json", "fsck")
+    proc = run_jobspool("--json", "fsck", root=root)
     report = orjson.loads(proc.stdout)
     assert proc.returncode == 2 and not report["ok"], report
     assert any("second" in str(p) for p in report["problems"]), report["problems"]
@@ -294,28 +280,28 @@ def test_fsck_reports_a_job_file_holding_another_jobs_content(tmp_path: Path) ->
 
 def test_flock_failing_with_enolck_is_one_line(tmp_path: Path) -> None:
     root = tmp_path / "spool"
-    Spool(root).close()
-    proc = _cli(root, "enqueue", "work", "{}",
-                strace=("strace", "-f", "-qq", "-o", "/dev/null", "-e",
-                        "inject=flock:error=ENOLCK"))
-    line = _one_error_line(proc)
+    make_spool(root).close()
+    proc = run_jobspool("enqueue", "work", "{}", root=root,
+                        prefix=("strace", "-f", "-qq", "-o", "/dev/null", "-e",
+                                "inject=flock:error=ENOLCK"))
+    line = one_error_line(proc)
     assert "lock" in line.lower(), line
 
 
 def test_enospc_on_enqueue_names_the_path_and_what_to_do(tmp_path: Path) -> None:
     root, trace = tmp_path / "spool", tmp_path / "write.trace"
-    Spool(root).close()
+    make_spool(root).close()
     # Which write(2) of an enqueue writes the job file: learned from an unfaulted enqueue of
     # a job with an id of the same length, then that call fails with ENOSPC.
-    calibrate = _cli(root, "enqueue", "work", '{"n": 1}', "--id", "probe1",
-                     strace=("strace", "-f", "-qq", "-o", str(trace), "-e", "trace=write"))
+    calibrate = run_jobspool("enqueue", "work", '{"n": 1}', "--id", "probe1", root=root,
+                             prefix=("strace", "-f", "-qq", "-o", str(trace), "-e", "trace=write"))
     assert calibrate.returncode == 0, calibrate.stderr
     writes = [line for line in trace.read_text().splitlines() if " write(" in line]
     n = next(i for i, line in enumerate(writes, 1) if '\\"id\\":\\"probe1' in line)
-    proc = _cli(root, "enqueue", "work", '{"n": 1}', "--id", "probe2",
-                strace=("strace", "-f", "-qq", "-o", "/dev/null", "-e",
-                        f"inject=write:error=ENOSPC:when={n}"))
-    line = _one_error_line(proc)
+    proc = run_jobspool("enqueue", "work", '{"n": 1}', "--id", "probe2", root=root,
+                        prefix=("strace", "-f", "-qq", "-o", "/dev/null", "-e",
+                                f"inject=write:error=ENOSPC:when={n}"))
+    line = one_error_line(proc)
     assert str(root) in line, line
     assert re.search(r"(?i)\bfree\b|make room|clean up|delete|remove|prune", line), line
     assert job_files(root) == {"probe1": ["ready"]} and tmp_leftovers(root) == []
@@ -326,7 +312,7 @@ def test_enospc_on_enqueue_names_the_path_and_what_to_do(tmp_path: Path) -> None
 
 def test_recover_removes_a_stray_file_in_tmp(tmp_path: Path) -> None:
     root = tmp_path / "spool"
-    with Spool(root, durable=False) as spool:
+    with make_spool(root) as spool:
         spool.enqueue("work", {}, job_id="kept")
         (root / "tmp" / "partial.json").write_bytes(b'{"id": "par')
         spool.recover()
@@ -338,7 +324,7 @@ def test_recover_removes_a_stray_file_in_tmp(tmp_path: Path) -> None:
 def test_enqueue_many_with_one_id_twice_returns_what_it_stored_and_leaves_no_temp_file(
         tmp_path: Path) -> None:
     root = tmp_path / "spool"
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         jobs = spool.enqueue_many("work", [{"n": 1}, {"n": 2}], job_ids=["twice", "twice"])
         stored = spool.get("twice")
         assert len(jobs) == 2
@@ -416,15 +402,15 @@ def test_a_group_spool_is_shared_with_the_group_and_remembers_it(tmp_path: Path)
 
 def test_a_state_directory_writable_by_others_is_refused_with_one_line(tmp_path: Path) -> None:
     root = tmp_path / "spool"
-    Spool(root).close()
+    make_spool(root).close()
     ready = root / "ready"
     ready.chmod(ready.stat().st_mode | stat.S_IWOTH)
     with pytest.raises(SpoolError) as info:
-        Spool(root)
+        make_spool(root)
     assert str(ready) in str(info.value) and "\n" not in str(info.value)
-    proc = _cli(root, "enqueue", "work", "{}")
+    proc = run_jobspool("enqueue", "work", "{}", root=root)
     assert proc.returncode == 2
-    assert str(ready) in _one_error_line(proc)
+    assert str(ready) in one_error_line(proc)
     assert job_files(root) == {}
 
 
@@ -445,12 +431,12 @@ def test_a_stale_duplicate_beside_an_expired_lease_does_not_wedge_claim(tmp_path
     # beside leased/x.json, whose holder died long ago. The claim loop took the stale copy,
     # then skipped the leased candidate without forgetting it and asked for it forever.
     root = tmp_path / "spool"
-    with Spool(root, clock=lambda: time.time() - 1000, lease_seconds=30.0) as past:
+    with make_spool(root, clock=lambda: time.time() - 1000, lease_seconds=30.0) as past:
         past.enqueue("work", {}, job_id="x", priority=-1)
         before = (root / "ready" / "x.json").read_bytes()
         [lease] = past.claim(limit=1)
     (root / "ready" / "x.json").write_bytes(before)
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         for i in range(3):
             spool.enqueue("work", {}, job_id=f"r{i}")
     try:
