@@ -373,3 +373,75 @@ def test_an_app_given_one_schedule_instead_of_a_list_says_so_in_one_line() -> No
         App(handlers={"k": print}, schedules=one)  # type: ignore[arg-type]
     assert App(handlers={"k": print}, schedules=None).schedules == ()  # type: ignore[arg-type]
     assert App(handlers={"k": print}, schedules=(one,)).schedules == (one,)
+
+
+# ---------------------------------------------------------------- three processes, downtime
+
+_DOWNTIME_PROCESS = """
+import json, random, sys, time
+from pathlib import Path
+from jobspool import Schedule, Scheduler, Spool
+
+root, seed = sys.argv[1], int(sys.argv[2])
+go1, go2 = Path(sys.argv[3]), Path(sys.argv[4])
+T0, PAUSE, RESUME, END = (int(x) for x in sys.argv[5:9])
+scheduler = Scheduler([Schedule(f"tick.{c}", every=60, catch_up=c, grace_seconds=30)
+                       for c in ("skip", "once", "all")])
+rng = random.Random(seed)
+now = [float(T0)]
+created = []
+with Spool(root, durable=False, clock=lambda: now[0]) as spool:  # the injected clock
+
+    def run(start, end, go):
+        print("ready", flush=True)
+        while not go.exists():
+            time.sleep(0.001)
+        now[0] = float(start)
+        while True:
+            for fired in scheduler.tick(spool):  # at the spool's (injected) clock
+                created.extend(fired.created)
+            if now[0] >= end:
+                return
+            now[0] = min(end, now[0] + rng.uniform(1, 25))
+
+    run(T0, PAUSE, go1)
+    run(RESUME, END, go2)  # every process was down from PAUSE to RESUME
+print(json.dumps(created), flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_three_processes_fire_each_tick_once_and_apply_each_catch_up_policy_after_downtime(
+        tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.subproc import REPO, cli_env
+
+    aligned = 1_699_999_980  # a minute boundary; the processes start 20 s after it
+    t0, pause, resume, end = aligned + 20, aligned + 1200, aligned + 2400 + 45, aligned + 3620
+    root, go1, go2 = tmp_path / "spool", tmp_path / "go1", tmp_path / "go2"
+    Spool(root, durable=False).close()
+    args = [str(x) for x in (go1, go2, t0, pause, resume, end)]
+    procs = [subprocess.Popen([sys.executable, "-c", _DOWNTIME_PROCESS, str(root), str(seed),
+                               *args], cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, text=True)
+             for seed in range(3)]
+    for go in (go1, go2):  # both phases start together: a barrier on "ready"
+        for p in procs:
+            assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        go.touch()
+    created: list[str] = []
+    for p in procs:
+        out, _ = p.communicate(timeout=240)
+        assert p.returncode == 0
+        created.extend(json.loads(out.strip().splitlines()[-1]))
+    every = [aligned + 60 * k for k in range(61)]  # the ticks from start to end
+    missed = [aligned + 60 * k for k in range(21, 41)]  # 21..40: passed while all were down
+    expected = {f"sched.tick.all.{t}" for t in every}
+    expected |= {f"sched.tick.once.{t}" for t in every if t not in missed[:-1]}  # the latest
+    expected |= {f"sched.tick.skip.{t}" for t in every if t not in missed}  # none of them
+    # Two independent checks: what the processes say they created, and what is on disk.
+    assert sorted(created) == sorted(expected)
+    with Spool(root) as spool:
+        on_disk = {j.id: j.revision for j in spool.jobs()}
+    assert set(on_disk) == expected and set(on_disk.values()) == {1}
