@@ -3,10 +3,7 @@ worker's heartbeat thread and shown by `jobspool show` and `list` while the job 
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
-import time
 from pathlib import Path
 
 import orjson
@@ -21,16 +18,11 @@ from jobspool.queue.jobprogress import (
     read_progress,
     write_progress,
 )
-from tests.subproc import REPO, cli_env
+from tests.cli_harness import run_jobspool, start_jobspool
+from tests.spools import make_spool
+from tests.waiting import wait_until
 
 GUARD = 60.0
-
-
-def _poll(what: object, guard: float = GUARD) -> None:
-    deadline = time.monotonic() + guard
-    while not what():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "not reached before the guard"
-        time.sleep(0.02)
 
 
 def test_progress_is_readable_while_the_job_runs_and_gone_once_it_settles(
@@ -47,7 +39,8 @@ def test_progress_is_readable_while_the_job_runs_and_gone_once_it_settles(
     t = threading.Thread(target=worker.run_until_idle)
     t.start()
     try:
-        _poll(lambda: read_progress(spool.root, spool.get(job.id)) is not None)
+        wait_until(lambda: read_progress(spool.root, spool.get(job.id)) is not None, GUARD,
+                   "the handler's first progress")
         seen = read_progress(spool.root, spool.get(job.id))
         assert seen is not None
         assert (seen.done, seen.total, seen.note) == (3.0, 10.0, "step three")
@@ -89,21 +82,19 @@ def test_a_long_note_is_cut() -> None:
 def test_show_and_list_print_a_running_jobs_progress(tmp_path: Path) -> None:
     root = tmp_path / "spool"
     release = tmp_path / "release"
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         job = spool.enqueue("progressing", {"releasefile": str(release)})
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jobspool", "--root", str(root), "run-until-idle", "--app",
-         "tests.apps.runtime:app", "--json", "--no-maintenance"],
-        cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = start_jobspool("run-until-idle", "--app", "tests.apps.runtime:app", "--json",
+                          "--no-maintenance", root=root)
 
     def cli(*args: str) -> str:
-        done = subprocess.run([sys.executable, "-m", "jobspool", "--root", str(root), *args],
-                              cwd=REPO, env=cli_env(), capture_output=True, text=True,
-                              timeout=GUARD, check=True)
-        return done.stdout
+        done = run_jobspool(*args, root=root, timeout=GUARD)
+        assert done.code == 0, done.err
+        return done.out
 
     try:
-        _poll(lambda: (root / PROGRESS_DIR / f"{job.id}.json").exists())
+        wait_until(lambda: (root / PROGRESS_DIR / f"{job.id}.json").exists(), GUARD,
+                   "the worker's first progress file", proc=proc)
         assert "progress: 40/100 (40%) resizing" in cli("show", job.id)
         assert orjson.loads(cli("show", job.id, "--json"))["progress"]["done"] == 40
         assert "progress=40/100 (40%) resizing" in cli("list")

@@ -8,8 +8,6 @@ logged at WARNING with the job id, kind and token.
 from __future__ import annotations
 
 import logging
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +17,9 @@ import pytest
 from jobspool import Context, Job, JobState, Policy, Spool, Worker
 from jobspool.queue.job import MAX_TRACEBACK_BYTES, decode_job, encode_job
 from jobspool.queue.machine import clip_traceback
+from tests.cli_harness import run_jobspool
 from tests.helpers_spool import FakeClock
-from tests.subproc import REPO, cli_env
+from tests.spools import make_spool
 
 
 def _nested_failure(depth: int) -> None:
@@ -141,29 +140,23 @@ def test_a_handler_raising_a_base_exception_fails_its_job_and_the_worker_goes_on
     assert dead.state is JobState.DEAD_LETTER and dead.attempts == 2
 
 
-def _cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "jobspool", *map(str, args)], cwd=REPO,
-                          env=cli_env(), capture_output=True, text=True, timeout=120,
-                          check=False)
-
-
 def test_jobspool_show_prints_the_traceback_and_the_worker_log_has_it(tmp_path: Path) -> None:
     root = tmp_path / "spool"
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         job = spool.enqueue("boom", {})
-    run = _cli("--root", root, "run-until-idle", "--app", "tests.apps.runtime:app",
+    run = run_jobspool("--root", root, "run-until-idle", "--app", "tests.apps.runtime:app",
                "--no-maintenance")
     assert run.returncode == 0, run.stderr
     # The log line: WARNING, the job id, kind, token, then the traceback.
     assert "WARNING" in run.stderr and job.id in run.stderr and "token 1" in run.stderr
     assert "_inner_helper_that_raises" in run.stderr
-    shown = _cli("--root", root, "show", job.id)
+    shown = run_jobspool("--root", root, "show", job.id)
     assert shown.returncode == 0, shown.stderr
     assert "traceback:" in shown.stdout
     assert "Traceback (most recent call last):" in shown.stdout
     assert "_inner_helper_that_raises" in shown.stdout
     assert "ValueError: bad value 42" in shown.stdout
-    as_json: dict[str, Any] = orjson.loads(_cli("--root", root, "show", job.id, "--json").stdout)
+    as_json: dict[str, Any] = orjson.loads(run_jobspool("--root", root, "show", job.id, "--json").stdout)
     assert "_inner_helper_that_raises" in as_json["traceback"]
     assert as_json["state"] == "dead_letter"  # the kind's policy: max_attempts=1
 
@@ -171,16 +164,16 @@ def test_jobspool_show_prints_the_traceback_and_the_worker_log_has_it(tmp_path: 
 def test_handlers_calling_sys_exit_or_raising_keyboardinterrupt_do_not_stop_run_until_idle(
         tmp_path: Path) -> None:
     root = tmp_path / "spool"
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         exiting = spool.enqueue("exits", "exit").id
         interrupting = spool.enqueue("exits", "interrupt").id
         after = spool.enqueue("quick", {}).id
-    run = _cli("--root", root, "run-until-idle", "--app", "tests.apps.runtime:app", "--json",
+    run = run_jobspool("--root", root, "run-until-idle", "--app", "tests.apps.runtime:app", "--json",
                "--no-maintenance", "--wait-retries", "5")
     assert run.returncode == 0, run.stderr  # not the handler's exit code
     report = orjson.loads(run.stdout)
     assert report["dead_lettered"] == 2 and report["completed"] == 1
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         for job_id, name in ((exiting, "SystemExit: 3"), (interrupting, "KeyboardInterrupt")):
             job = spool.get(job_id)
             # Counted and dead-lettered when exhausted: no loop of releases with attempts 0.
