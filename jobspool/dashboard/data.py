@@ -174,6 +174,7 @@ class Overview:
             "counts": dict(stats.counts),
             "total": stats.total,
             "due": stats.due,
+            "scheduled": getattr(stats, "scheduled", 0),  # delayed: in retryable/, not due yet
             "oldest_due_age": stats.oldest_due_age,
             "fence": stats.fence,
             "quarantined": stats.quarantined,
