@@ -109,3 +109,39 @@ def test_a_crashing_job_among_ten_at_default_concurrency_dead_letters_only_itsel
         states = {j.id: j.state for j in spool.jobs()}
     assert states.pop("a-crash") is JobState.DEAD_LETTER
     assert states == {f"w{i:02d}": JobState.COMPLETED for i in range(10)}
+
+
+# A process that claims by hand and does the work itself (no Worker, so it never says
+# which handlers it started) and that the job kills, every time.
+_BARE_CLAIMER = textwrap.dedent("""
+    import os, sys
+    from jobspool import Spool
+    spool = Spool(sys.argv[1])
+    for lease in spool.claim(limit=10):
+        os._exit(139)  # the job's work brings the process down (a segfault, the OOM killer)
+""")
+
+
+def test_a_job_that_kills_a_bare_claim_loop_is_counted_and_dead_lettered(
+        tmp_path: Path) -> None:
+    # Found in the audit: a process that never reported a handler start left "running: []"
+    # in its liveness file, which recovery read as "none of its jobs started": the poison
+    # job came back uncounted on every crash, forever, and never reached dead_letter.
+    root = tmp_path / "spool"
+    with Spool(root, lease_seconds=3600, max_attempts=3, retry_base_seconds=0.0,
+               retry_max_seconds=0.0) as spool:
+        spool.enqueue("poison", job_id="p")
+    seen = []
+    for _ in range(6):
+        proc = subprocess.run([sys.executable, "-c", _BARE_CLAIMER, str(root)], cwd=REPO,
+                              env=cli_env(), capture_output=True, text=True, timeout=120)
+        assert proc.returncode in (0, 139), proc.stderr
+        with Spool(root) as spool:
+            report = spool.recover()
+            job = spool.get("p")
+        seen.append((job.state, job.attempts))
+        assert report.leases_returned == (), "a dead bare claimer's lease came back uncounted"
+        if job.state is JobState.DEAD_LETTER:
+            break
+    assert seen == [(JobState.RETRYABLE, 1), (JobState.RETRYABLE, 2),
+                    (JobState.DEAD_LETTER, 3)], seen

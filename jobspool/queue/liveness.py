@@ -18,7 +18,10 @@ The file also says which fencing tokens have a handler running (`running`),
 rewritten in place (no flush: a process crash keeps the page cache) when a
 handler starts or ends. When the process has died, recovery charges a rescue
 only to the jobs whose handlers were running, and gives the batch mates that
-never started back uncounted.
+never started back uncounted. A process that never reported a start (a bare
+`claim` loop doing the work itself, not a `Worker`) says `running: null`:
+nothing tells its idle leases from its busy ones, so every one is charged —
+else a job that kills such a process would come back uncounted forever.
 
 What it does not cover: a spool shared between hosts (not supported: flock
 is not coherent over NFS), and a process frozen (SIGSTOP) — alive, so its
@@ -117,6 +120,7 @@ class ProcessMark:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             self.fd = fd
             self._running: dict[int, int] = {}
+            self._reports = False  # until `running` is first called: see the module docstring
             self._guard = threading.Lock()
             self._base = {"pid": os.getpid(), "host": socket.gethostname(), "boot": boot_id(),
                           "started": time.time()}
@@ -129,14 +133,16 @@ class ProcessMark:
             raise
 
     def _write(self) -> None:
-        doc = dict(self._base, running=sorted(self._running))
+        doc = dict(self._base, running=sorted(self._running) if self._reports else None)
         data = orjson.dumps(doc)
         os.pwrite(self.fd, data, 0)
         os.ftruncate(self.fd, len(data))
 
     def running(self, tokens: Iterable[int], *, started: bool) -> None:
-        """Record that handlers for `tokens` started (or ended); cheap, no flush."""
+        """Record that handlers for `tokens` started (or ended); cheap, no flush. Called
+        with no tokens, it declares that this process reports every handler it starts."""
         with self._guard:
+            self._reports = True
             for t in tokens:
                 if started:
                     self._running[t] = self._running.get(t, 0) + 1

@@ -82,6 +82,9 @@ class Pipeline:
     # ------------------------------------------------------------ the loop
 
     async def run(self) -> None:
+        # Before the first claim: this process reports its handlers' starts, so if it dies,
+        # recovery charges only those and gives the rest back uncounted (liveness.py).
+        self.spool.note_running((), started=True)
         self.monitor.start()
         try:
             async with anyio.create_task_group() as tg:
