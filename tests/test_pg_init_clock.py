@@ -11,15 +11,12 @@ import orjson
 import psycopg
 import pytest
 
-from jobspool import JobState, Spool
+from jobspool import JobState
+from tests.cli_harness import start_jobspool
+from tests.spools import make_spool
 from tests.subproc import REPO, cli_env
 
 pytestmark = pytest.mark.slow
-
-
-def _cli(url: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "jobspool", "--root", url, *args], cwd=REPO,
-                            env=env or cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 def _done(proc: subprocess.Popen[bytes]) -> tuple[int, str, str]:
@@ -40,7 +37,7 @@ def _scalar(url: str, query: str) -> object:
 
 
 def test_init_run_by_several_processes_at_once_creates_the_schema_once(pg_url: str) -> None:
-    procs = [_cli(pg_url, "init", "--json") for _ in range(4)]
+    procs = [start_jobspool("init", "--json", root=pg_url) for _ in range(4)]
     docs = []
     for proc in procs:
         rc, out, err = _done(proc)
@@ -49,7 +46,7 @@ def test_init_run_by_several_processes_at_once_creates_the_schema_once(pg_url: s
     assert sorted(d["created"] for d in docs) == [False, False, False, True]
     versions = _scalar(pg_url, "SELECT array_agg(version ORDER BY version) FROM jobspool_schema")
     assert isinstance(versions, list) and versions == list(range(1, len(versions) + 1))
-    with Spool(pg_url, create=False) as spool:
+    with make_spool(pg_url, create=False) as spool:
         assert spool.enqueue("note", job_id="j").state is JobState.READY
 
 
@@ -71,7 +68,7 @@ with Spool(sys.argv[1]) as spool:
 @pytest.mark.parametrize("skew", [3600.0, -3600.0], ids=["an hour ahead", "an hour behind"])
 def test_a_host_whose_clock_disagrees_can_neither_steal_a_live_lease_nor_lose_its_own(
         pg_url: str, skew: float) -> None:
-    with Spool(pg_url) as spool:
+    with make_spool(pg_url) as spool:
         spool.enqueue("held", job_id="held")
         (lease,) = spool.claim(kinds=["held"], lease_seconds=30)
         proc = subprocess.Popen([sys.executable, "-c", _SKEWED, pg_url, str(skew)], cwd=REPO,

@@ -4,8 +4,6 @@ line instead of a traceback."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 
@@ -14,9 +12,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from jobspool import Spool
+from tests.cli_harness import run_jobspool
 from tests.pgserver import PgServer
-from tests.subproc import REPO, cli_env
+from tests.spools import make_spool
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +22,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def reader_url(pg_server: PgServer, pg_url: str) -> Iterator[str]:
     """`pg_url` as a role that may read the store's tables and nothing more."""
-    with Spool(pg_url) as spool:
+    with make_spool(pg_url) as spool:
         spool.enqueue("note", {"v": 1}, job_id="j")
     role = f"reader_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(pg_url, autocommit=True) as conn:
@@ -43,15 +41,10 @@ def reader_url(pg_server: PgServer, pg_url: str) -> Iterator[str]:
         conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
 
-def _cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "jobspool", "--root", url, *args], cwd=REPO,
-                          env=cli_env(), capture_output=True, text=True, timeout=120, check=False)
-
-
 @pytest.mark.parametrize("args", [("stats", "--json"), ("list", "--json"), ("show", "j", "--json"),
                                   ("fsck", "--json")], ids=lambda a: a[0])
 def test_reading_commands_work_with_select_alone(reader_url: str, args: tuple[str, ...]) -> None:
-    out = _cli(reader_url, *args)
+    out = run_jobspool(*args, root=reader_url)
     assert out.returncode == 0, out.stderr
     assert "Traceback" not in out.stderr
     doc = orjson.loads(out.stdout)
@@ -68,9 +61,9 @@ def test_reading_commands_work_with_select_alone(reader_url: str, args: tuple[st
                          ids=lambda a: a[0])
 def test_writing_commands_without_write_access_fail_in_one_line(reader_url: str,
                                                                args: tuple[str, ...]) -> None:
-    out = _cli(reader_url, *args)
+    out = run_jobspool(*args, root=reader_url)
     assert out.returncode == 2, (out.returncode, out.stderr)
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("jobspool: error:"), out.stderr
-    with Spool(reader_url, read_only=True) as spool:
+    with make_spool(reader_url, read_only=True) as spool:
         assert spool.get("j").state.value == "ready"  # nothing changed

@@ -3,28 +3,22 @@ messages, fencing tokens above a migrated spool's, and the sweep of expired leas
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from jobspool import Spool
 from jobspool.errors import LeaseLost, SpoolError
 from jobspool.pg.schema import SCHEMA_VERSION
 from jobspool.queue.states import JobState
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "jobspool", *args], capture_output=True,
-                          text=True, timeout=120)
+from tests.cli_harness import run_jobspool
+from tests.spools import make_spool
 
 
 def test_a_url_selects_the_postgresql_store_and_init_records_the_schema_version(
         pg_url: str) -> None:
-    with Spool(pg_url) as spool:
+    with make_spool(pg_url) as spool:
         assert spool.get(spool.enqueue("note", {"a": 1}).id).payload == {"a": 1}
     with psycopg.connect(pg_url) as conn:
         row = conn.execute("SELECT max(version) FROM jobspool_schema").fetchone()
@@ -32,9 +26,9 @@ def test_a_url_selects_the_postgresql_store_and_init_records_the_schema_version(
 
 
 def test_opening_twice_migrates_once_and_keeps_the_settings_of_creation(pg_url: str) -> None:
-    with Spool(pg_url, lease_seconds=7.0, max_attempts=3) as first:
+    with make_spool(pg_url, lease_seconds=7.0, max_attempts=3) as first:
         assert first.lease_seconds == 7.0
-    with Spool(pg_url) as again:
+    with make_spool(pg_url) as again:
         assert (again.lease_seconds, again.max_attempts) == (7.0, 3)
     with psycopg.connect(pg_url) as conn:
         row = conn.execute("SELECT count(*) FROM jobspool_schema").fetchone()
@@ -42,12 +36,12 @@ def test_opening_twice_migrates_once_and_keeps_the_settings_of_creation(pg_url: 
 
 
 def test_a_database_with_a_newer_schema_is_refused_before_any_write(pg_url: str) -> None:
-    Spool(pg_url).close()
+    make_spool(pg_url).close()
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute("INSERT INTO jobspool_schema (version) VALUES (%s)", (SCHEMA_VERSION + 1,))
     with pytest.raises(SpoolError, match="newer than this release"):
-        Spool(pg_url)
-    out = _cli("--root", pg_url, "enqueue", "note", "{}")
+        make_spool(pg_url)
+    out = run_jobspool("--root", pg_url, "enqueue", "note", "{}")
     assert out.returncode == 2
     assert "newer than this release" in out.stderr and "Traceback" not in out.stderr
     with psycopg.connect(pg_url) as conn:
@@ -56,15 +50,15 @@ def test_a_database_with_a_newer_schema_is_refused_before_any_write(pg_url: str)
 
 
 def test_writing_commands_refuse_a_database_without_the_schema(pg_url: str) -> None:
-    out = _cli("--root", pg_url, "enqueue", "note", "{}")
+    out = run_jobspool("--root", pg_url, "enqueue", "note", "{}")
     assert out.returncode == 2
     assert "jobspool init" in out.stderr and len(out.stderr.strip().splitlines()) == 1
-    assert _cli("--root", pg_url, "init").returncode == 0
-    assert _cli("--root", pg_url, "enqueue", "note", "{}").returncode == 0
+    assert run_jobspool("--root", pg_url, "init").returncode == 0
+    assert run_jobspool("--root", pg_url, "enqueue", "note", "{}").returncode == 0
 
 
 def test_an_unreachable_server_is_one_line_naming_it_without_the_password() -> None:
-    out = _cli("--root", "postgresql://u:hunter2@127.0.0.1:1/db", "stats")
+    out = run_jobspool("--root", "postgresql://u:hunter2@127.0.0.1:1/db", "stats")
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "127.0.0.1:1" in lines[0]
@@ -73,7 +67,7 @@ def test_an_unreachable_server_is_one_line_naming_it_without_the_password() -> N
 
 def test_an_expired_lease_is_swept_by_the_next_claim_and_its_holder_is_fenced(
         pg_url: str) -> None:
-    with Spool(pg_url) as spool:
+    with make_spool(pg_url) as spool:
         spool.enqueue("note", job_id="j")
         (stale,) = spool.claim(lease_seconds=0.2)
         time.sleep(0.4)
@@ -86,7 +80,7 @@ def test_an_expired_lease_is_swept_by_the_next_claim_and_its_holder_is_fenced(
 
 
 def test_a_lease_past_its_attempts_is_swept_to_dead_letter(pg_url: str) -> None:
-    with Spool(pg_url) as spool:
+    with make_spool(pg_url) as spool:
         spool.enqueue("note", job_id="j", max_attempts=1)
         spool.claim(lease_seconds=0.2)
         time.sleep(0.4)
@@ -98,7 +92,7 @@ def test_a_lease_past_its_attempts_is_swept_to_dead_letter(pg_url: str) -> None:
 
 def test_migrate_copies_a_file_spool_without_leases_and_raises_the_token_sequence(
         tmp_path: Path, pg_url: str) -> None:
-    src = Spool(tmp_path / "s")
+    src = make_spool(tmp_path / "s")
     done = src.enqueue("note", {"n": 1}, job_id="done")
     src.enqueue("note", {"n": 2}, job_id="held")
     src.enqueue("note", {"n": 3}, job_id="waiting", delay=3600)
@@ -109,11 +103,11 @@ def test_migrate_copies_a_file_spool_without_leases_and_raises_the_token_sequenc
     fence = src.fence_value()
     src.close()
 
-    out = _cli("--root", str(tmp_path / "s"), "migrate", "--to", pg_url, "--json")
+    out = run_jobspool("--root", str(tmp_path / "s"), "migrate", "--to", pg_url, "--json")
     assert out.returncode == 0, out.stderr
     assert '"copied": 3' in out.stdout and '"unleased": 1' in out.stdout
 
-    with Spool(pg_url) as target:
+    with make_spool(pg_url) as target:
         assert target.get("done").result == {"ok": 1}
         assert target.get("done").state is JobState.COMPLETED
         moved = target.get("held")
@@ -123,20 +117,20 @@ def test_migrate_copies_a_file_spool_without_leases_and_raises_the_token_sequenc
         assert lease.job_id == "held" and lease.token > fence > 0
         assert held.token <= fence
 
-    again = _cli("--root", str(tmp_path / "s"), "migrate", "--to", pg_url, "--json")
+    again = run_jobspool("--root", str(tmp_path / "s"), "migrate", "--to", pg_url, "--json")
     assert again.returncode == 0 and '"copied": 0' in again.stdout
 
 
 def test_migrate_refuses_a_target_that_is_not_a_url(tmp_path: Path) -> None:
-    Spool(tmp_path / "s").close()
-    out = _cli("--root", str(tmp_path / "s"), "migrate", "--to", str(tmp_path / "t"))
+    make_spool(tmp_path / "s").close()
+    out = run_jobspool("--root", str(tmp_path / "s"), "migrate", "--to", str(tmp_path / "t"))
     assert out.returncode == 1 and "not a postgresql:// URL" in out.stderr
 
 
 def test_backpressure_refuses_enqueues_over_max_due_and_writes_nothing(pg_url: str) -> None:
     from jobspool.errors import Backpressure
 
-    with Spool(pg_url, max_due=3) as spool:
+    with make_spool(pg_url, max_due=3) as spool:
         spool.enqueue_many("note", [1, 2, 3])
         with pytest.raises(Backpressure, match="max_due=3"):
             spool.enqueue("note", 4)
@@ -159,7 +153,7 @@ def test_the_dashboard_serves_a_postgresql_spool_and_purges_its_dead_letters(
 
     from jobspool.dashboard.app import create_app
 
-    with Spool(pg_url) as spool:
+    with make_spool(pg_url) as spool:
         spool.enqueue("note", {"n": 1}, job_id="bad", max_attempts=1)
         (lease,) = spool.claim()
         spool.fail(lease, "boom <script>", retryable=False)
@@ -177,7 +171,7 @@ def test_the_dashboard_serves_a_postgresql_spool_and_purges_its_dead_letters(
 
 def test_recover_replays_prepared_jobs_past_their_grace_through_the_kinds_hooks(
         pg_url: str) -> None:
-    with Spool(pg_url, prepare_grace_seconds=0.0) as spool:
+    with make_spool(pg_url, prepare_grace_seconds=0.0) as spool:
         spool.prepare("note", {"n": 1}, job_id="yes")
         spool.prepare("note", {"n": 2}, job_id="no")
         spool.prepare("note", {"n": 3}, job_id="maybe")
@@ -199,7 +193,7 @@ def test_recover_replays_prepared_jobs_past_their_grace_through_the_kinds_hooks(
 
 
 def test_a_lease_of_a_nanosecond_is_not_handed_out_already_expired(pg_url: str) -> None:
-    with Spool(pg_url) as spool:
+    with make_spool(pg_url) as spool:
         spool.enqueue("note", job_id="j")
         (lease,) = spool.claim(lease_seconds=1e-9)
         assert lease.expires_at > lease.job.updated_at
@@ -208,18 +202,13 @@ def test_a_lease_of_a_nanosecond_is_not_handed_out_already_expired(pg_url: str) 
 def test_the_demo_runs_on_a_postgresql_root_and_refuses_one_that_holds_jobs(
         pg_url: str, tmp_path: Path) -> None:
     import json
-    import os
 
-    env = dict(os.environ, JOBSPOOL_STATE_DIR=str(tmp_path / "state"))
-    done = subprocess.run([sys.executable, "-m", "jobspool", "--root", pg_url, "demo",
-                           "--jobs", "60", "--json"], capture_output=True, text=True,
-                          timeout=300, env=env)
+    env: dict[str, str | None] = {"JOBSPOOL_STATE_DIR": str(tmp_path / "state")}
+    done = run_jobspool("demo", "--jobs", "60", "--json", root=pg_url, env=env, timeout=300)
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
     assert sum(doc["counts"].values()) == 60 and doc["counts"]["dead_letter"] <= 1
     assert doc["table_rows"] == doc["counts"]["completed"]
-    again = subprocess.run([sys.executable, "-m", "jobspool", "--root", pg_url, "demo",
-                            "--jobs", "10"], capture_output=True, text=True, timeout=300,
-                           env=env)
+    again = run_jobspool("demo", "--jobs", "10", root=pg_url, env=env, timeout=300)
     assert again.returncode != 0 and "already holds jobs" in again.stderr
     assert len(again.stderr.strip().splitlines()) == 1
