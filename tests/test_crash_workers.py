@@ -12,51 +12,45 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from jobspool import Spool
+from tests.cli_harness import run_jobspool, start_jobspool
 from tests.helpers_spool import job_files, read_raw
-from tests.subproc import REPO, cli_env
+from tests.spools import make_spool
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
 
-def _jobspool(root: Path, log: Path, *args: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "jobspool", "--root", str(root), *args],
-                            cwd=REPO, env=cli_env(JOBSPOOL_TEST_LOG=str(log)),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-
-
 def _worker(root: Path, log: Path) -> subprocess.Popen[bytes]:
-    return _jobspool(root, log, "worker", "--app", "tests.apps.simple:app", "--kinds", "work",
-                     "--concurrency", "4", "--batch-size", "40")
+    return start_jobspool("worker", "--app", "tests.apps.simple:app", "--kinds", "work",
+                          "--concurrency", "4", "--batch-size", "40", root=root,
+                          env={"JOBSPOOL_TEST_LOG": str(log)}, stdout=subprocess.DEVNULL)
 
 
 def _run(root: Path, log: Path, *args: str) -> None:
-    proc = _jobspool(root, log, *args)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err.decode()
+    done = run_jobspool(*args, root=root, env={"JOBSPOOL_TEST_LOG": str(log)})
+    assert done.code == 0, done.err
 
 
 def test_killed_worker_processes_lose_no_job_and_settle_each_exactly_once(
         tmp_path: Path) -> None:
     rng = random.Random(int(os.environ.get("JOBSPOOL_CRASH_SEED", "4242")))
     root, log = tmp_path / "spool", tmp_path / "handled.log"
-    with Spool(root, lease_seconds=1.0, max_attempts=10_000, max_rescues=None,
+    with make_spool(root, lease_seconds=1.0, max_attempts=10_000, max_rescues=None,
                keep_terminal=100_000, retry_base_seconds=0.01, retry_max_seconds=0.05) as spool:
         ids = [j.id for k in range(4)
                for j in spool.enqueue_many("work", [{"k": k, "i": i} for i in range(500)])]
     workers = [_worker(root, log) for _ in range(3)]
     kills_mid_work = 0
     try:
-        deadline = time.monotonic() + 60  # guards against a hang, not a timing claim
-        while len(os.listdir(root / "completed")) < 200 and time.monotonic() < deadline:
-            time.sleep(0.02)  # let them get going before the first kill
+        # Let them get going before the first kill.
+        wait_until(lambda: len(os.listdir(root / "completed")) >= 200, 60,
+                   "the workers to complete 200 jobs")
         for _ in range(8):
             time.sleep(rng.uniform(0.05, 0.3))
             n = rng.randrange(len(workers))
@@ -75,9 +69,8 @@ def test_killed_worker_processes_lose_no_job_and_settle_each_exactly_once(
     time.sleep(1.1)  # every lease of the killed workers has expired
     _run(root, log, "recover")
     _run(root, log, "run-until-idle", "--app", "tests.apps.simple:app", "--kinds", "work")
-    fsck = _jobspool(root, log, "fsck")
-    _, err = fsck.communicate(timeout=60)
-    assert fsck.returncode == 0, err.decode()
+    fsck = run_jobspool("fsck", root=root, env={"JOBSPOOL_TEST_LOG": str(log)}, timeout=60)
+    assert fsck.returncode == 0, fsck.err
 
     where = job_files(root)
     assert sorted(where) == sorted(ids), "a job was lost or invented"

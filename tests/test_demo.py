@@ -7,17 +7,16 @@ independently, and the commands it suggests are run.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
-from jobspool import JobState, Spool
+from jobspool import JobState
+from tests.cli_harness import run_jobspool
 from tests.helpers_spool import job_files
-from tests.subproc import REPO, cli_env
+from tests.spools import make_spool
 
 pytestmark = pytest.mark.slow
 
@@ -25,21 +24,11 @@ JOBS = 200
 POISON = f"doc-{JOBS // 2:05d}"  # the demo's one deliberately broken document
 
 
-def _env(**extra: str) -> dict[str, str]:
-    return cli_env(**extra)
-
-
-def _jobspool(*args: str | Path, env: dict[str, str] | None = None, timeout: float = 120.0
-              ) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([sys.executable, "-m", "jobspool", *map(str, args)], cwd=REPO,
-                          env=env or _env(), capture_output=True, timeout=timeout, check=False)
-
-
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
     root = tmp_path_factory.mktemp("demo") / "spool"
-    done = _jobspool("--root", root, "demo", "--jobs", str(JOBS), "--json")
-    err = done.stderr.decode(errors="replace")
+    done = run_jobspool("--root", root, "demo", "--jobs", str(JOBS), "--json")
+    err = done.stderr
     assert done.returncode == 0, err
     assert "Traceback" not in err, err
     return root, orjson.loads(done.stdout)
@@ -77,7 +66,7 @@ def test_demo_leaves_a_spool_the_report_agrees_with(demo: tuple[Path, dict[str, 
     assert where.count("completed") == JOBS - 1
     assert where.count("dead_letter") == 1
     assert len(where) == JOBS  # one file per job, nothing left leased or duplicated
-    with Spool(root, create=False) as spool:
+    with make_spool(root, create=False) as spool:
         (dead,) = spool.jobs(state=JobState.DEAD_LETTER)
         assert dead.id == doc["dead_letters"][0]["id"]
         assert dead.payload["doc_id"] == POISON
@@ -112,27 +101,27 @@ def test_demo_projects_every_good_document_into_lancedb(demo: tuple[Path, dict[s
 def test_the_commands_the_demo_suggests_work(demo: tuple[Path, dict[str, Any]]) -> None:
     root, doc = demo
     dead_id = doc["dead_letters"][0]["id"]
-    shown = _jobspool("--root", root, "show", dead_id, "--json")
-    assert shown.returncode == 0, shown.stderr.decode()
+    shown = run_jobspool("--root", root, "show", dead_id, "--json")
+    assert shown.returncode == 0, shown.stderr
     assert orjson.loads(shown.stdout)["state"] == "dead_letter"
-    stats = _jobspool("--root", root, "stats")
+    stats = run_jobspool("--root", root, "stats")
     assert stats.returncode == 0
-    assert b"dead_letter" in stats.stdout
+    assert "dead_letter" in stats.stdout
 
 
 def test_demo_text_output_in_a_fresh_temporary_spool(tmp_path: Path) -> None:
     """The README's first command: no --root, human output that says where things are."""
-    done = _jobspool("demo", "--jobs", "60", env=_env(TMPDIR=str(tmp_path)))
-    out = done.stdout.decode()
-    assert done.returncode == 0, done.stderr.decode(errors="replace")
-    assert "Traceback" not in done.stderr.decode(errors="replace")
+    done = run_jobspool("demo", "--jobs", "60", env={"TMPDIR": str(tmp_path)})
+    out = done.stdout
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
     made = [p for p in tmp_path.iterdir() if p.name.startswith("jobspool-demo-")]
     assert len(made) == 1
     root = made[0] / "spool"
     assert str(root) in out
     assert "dead letter" in out
     assert "LanceDB" in out
-    with Spool(root, create=False) as spool:
+    with make_spool(root, create=False) as spool:
         counts = spool.stats().counts
     assert counts["completed"] == 59
     assert counts["dead_letter"] == 1
