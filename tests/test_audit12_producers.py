@@ -1,10 +1,11 @@
 """Audit of issue 12 (producers): what a new user tried and found short, each pinned here.
 
-An `AsyncSpool` handed to a `Worker`, whether a CLI enqueue created its job (`--json`),
-a duplicate under `--on-conflict error` as a refusal (exit 2), `enqueue_many_results`
-from async code, the duplicate-policy table on both stores, schedules refusing a bad
-`tz`/`priority` at once and taking the `@daily` family, and a refused `run_at` named as
-the user gave it.
+An `AsyncSpool` handed to a `Worker`; a duplicate under `--on-conflict error` as a
+refusal (exit 2); `enqueue_many_results` from async code; the duplicate-policy table,
+unique states and retention by age on both stores; schedules refusing a bad `tz`,
+`priority` or shape at once, taking the `@daily` family, isolating a refused schedule,
+three processes through downtime; the README's examples as written; a refused `run_at`
+named as the user gave it.
 """
 
 from __future__ import annotations
@@ -70,16 +71,18 @@ def _cli_root(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> str:
     return root
 
 
-def test_cli_enqueue_json_says_whether_this_call_created_the_job(
+def test_cli_enqueue_says_on_stderr_only_when_it_created_nothing_and_json_is_the_job(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = _cli_root(tmp_path, capsys)
-    calls = [([], ("created", True)), ([], ("existing", False)),
-             (["--on-conflict", "replace"], ("replaced", True))]
-    for extra, (outcome, created) in calls:
-        assert main(["--root", root, "enqueue", "k", '{"v": 1}', "--id", "j1", "--json",
-                     *extra]) == 0
-        doc = json.loads(capsys.readouterr().out)
-        assert (doc["id"], doc["outcome"], doc["created"]) == ("j1", outcome, created)
+    calls = [([], False, 1), ([], True, 1), (["--on-conflict", "replace"], False, 2)]
+    for extra, noted, payload in calls:
+        assert main(["--root", root, "enqueue", "k", json.dumps({"v": payload}), "--id", "j1",
+                     "--json", *extra]) == 0
+        out, err = capsys.readouterr()
+        assert ("already exists" in err) is noted
+        assert main(["--root", root, "show", "j1", "--json"]) == 0
+        assert json.loads(out) == json.loads(capsys.readouterr().out)
+        assert json.loads(out)["payload"] == {"v": payload}
 
 
 def test_cli_on_conflict_error_on_a_taken_id_is_refused_with_exit_2_and_one_line(
@@ -445,3 +448,14 @@ def test_three_processes_fire_each_tick_once_and_apply_each_catch_up_policy_afte
     with Spool(root) as spool:
         on_disk = {j.id: j.revision for j in spool.jobs()}
     assert set(on_disk) == expected and set(on_disk.values()) == {1}
+
+
+def test_show_names_a_delayed_job_scheduled_first_not_retryable(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = _cli_root(tmp_path, capsys)
+    assert main(["--root", root, "enqueue", "k", "--id", "later", "--delay", "3600"]) == 0
+    capsys.readouterr()
+    assert main(["--root", root, "show", "later"]) == 0
+    (state,) = [line for line in capsys.readouterr().out.splitlines()
+                if line.strip().startswith("state:")]
+    assert state.split(":", 1)[1].split()[0] == "scheduled"

@@ -115,9 +115,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         # stdout stays `ID STATE` (scripts parse it); whether anything was written goes here.
         sys.stderr.write(f"jobspool: note: job {job.id!r} already exists ({job.status}); kept "
                          "unchanged (--on-conflict replace rewrites it)\n")
-    # --json tells a script what this call did, as enqueue_result does in Python.
-    doc = {**_job_doc(job), "outcome": result.outcome, "created": result.created}
-    _emit(args, doc, f"{job.id} {job.status}")
+    _emit(args, _job_doc(job), f"{job.id} {job.status}")
     return EXIT_OK
 
 

@@ -141,7 +141,9 @@ def _job_text(job: Any) -> str:
     lines = []
     for k, v in job.to_dict().items():
         if k == "state" and job.status != v:
-            text = f"{v} ({job.status}: not run yet, due at run_at)"
+            # Shown as what it is to people (a delayed job, never run), not as a failed retry;
+            # the directory is named for operators who look at the disk.
+            text = f"{job.status} (not run yet, due at run_at; kept in {v}/)"
         elif k in _TIME_FIELDS:
             text = f"{iso_time(v)} ({v})"
         elif k == "lease" and isinstance(v, dict) and "expires_at" in v:
