@@ -38,18 +38,17 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pytest
 
-from jobspool import Spool
+from tests.cli_harness import run_jobspool, start_jobspool
 from tests.helpers_spool import STATE_DIRS, job_files, read_raw, tmp_leftovers
-from tests.subproc import REPO, cli_env
+from tests.spools import make_spool
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -58,25 +57,19 @@ WORKERS = 4
 APP = "tests.apps.ledger:app"
 
 
-def _start(root: Path, log: Path, *args: str, stderr: Any = subprocess.PIPE
-           ) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "jobspool", "--root", str(root), *args],
-                            cwd=REPO, env=cli_env(JOBSPOOL_TEST_LOG=str(log)),
-                            stdout=subprocess.DEVNULL, stderr=stderr)
-
-
 def _worker(root: Path, log: Path) -> subprocess.Popen[bytes]:
     # Workers' logs go to a file: a pipe nobody reads until the end could fill and stall them.
     with open(root.parent / "workers.err", "ab") as err:
-        return _start(root, log, "worker", "--app", APP, "--kinds", "fenced", "--concurrency",
-                      "4", "--batch-size", "20", "--no-maintenance", stderr=err)
+        return start_jobspool("worker", "--app", APP, "--kinds", "fenced", "--concurrency",
+                              "4", "--batch-size", "20", "--no-maintenance", root=root,
+                              env={"JOBSPOOL_TEST_LOG": str(log)}, stdout=subprocess.DEVNULL,
+                              stderr=err)
 
 
 def _run(root: Path, log: Path, *args: str) -> str:
-    proc = _start(root, log, *args)
-    _, err = proc.communicate(timeout=180)
-    assert proc.returncode == 0, f"jobspool {' '.join(args)} exited {proc.returncode}: {err!r}"
-    return err.decode()
+    done = run_jobspool(*args, root=root, env={"JOBSPOOL_TEST_LOG": str(log)}, timeout=180)
+    assert done.code == 0, f"jobspool {' '.join(args)} exited {done.code}: {done.err!r}"
+    return done.err
 
 
 def _delete_lock(root: Path) -> None:
@@ -92,7 +85,7 @@ def test_deleting_the_lock_and_killing_workers_never_doubles_a_token_loses_or_re
         tmp_path: Path) -> None:
     rng = random.Random(int(os.environ.get("JOBSPOOL_CHAOS_SEED", "1010")))
     root, log = tmp_path / "spool", tmp_path / "ledger.log"
-    with Spool(root, lease_seconds=2.0, max_attempts=10_000, max_rescues=None,
+    with make_spool(root, lease_seconds=2.0, max_attempts=10_000, max_rescues=None,
                keep_terminal=100_000, retry_base_seconds=0.01, retry_max_seconds=0.05) as spool:
         ids = [j.id for k in range(4)
                for j in spool.enqueue_many("fenced", [{"k": k, "i": i} for i in range(JOBS // 4)])]
@@ -101,9 +94,8 @@ def test_deleting_the_lock_and_killing_workers_never_doubles_a_token_loses_or_re
     workers = [_worker(root, log) for _ in range(WORKERS)]
     deletions_mid_work = kills_mid_work = 0
     try:
-        deadline = time.monotonic() + 90  # guards against a hang, not a timing claim
-        while len(os.listdir(root / "completed")) < 50 and time.monotonic() < deadline:
-            time.sleep(0.01)  # let them get going
+        wait_until(lambda: len(os.listdir(root / "completed")) >= 50, 90,
+                   "the workers to get going (50 completions)")
         for _ in range(12):
             if not _busy(root):
                 break
@@ -131,8 +123,7 @@ def test_deleting_the_lock_and_killing_workers_never_doubles_a_token_loses_or_re
     _run(root, log, "recover")
     _run(root, log, "run-until-idle", "--app", APP, "--kinds", "fenced", "--no-maintenance",
          "--wait-retries", "10")
-    fsck = subprocess.run([sys.executable, "-m", "jobspool", "--root", str(root), "--json",
-                           "fsck"], cwd=REPO, env=cli_env(), capture_output=True, timeout=120)
+    fsck = run_jobspool("--json", "fsck", root=root)
     report = orjson.loads(fsck.stdout)
     assert fsck.returncode == 0 and report["ok"] and report["problems"] == [], report
     assert tmp_leftovers(root) == []
