@@ -286,17 +286,18 @@ def _stale_prepared(spool: Spool, cutoff: float) -> list[str]:
 def _unreadable_files(spool: Spool) -> list[str]:
     """`state/name` of each file in a state directory that is not a readable job, confirmed
     by a second read under the lock (a lock-free read can race a recycled file, scan.py)."""
-    from jobspool.queue.leasing import LeasingSpool
+    from jobspool.queue.journal import Journal
     from jobspool.recovery.quarantine import confirm
     from jobspool.recovery.scan import scan_spool
 
-    if not isinstance(spool, LeasingSpool):
+    journal = getattr(spool, "journal", None)
+    if not isinstance(journal, Journal):
         return []  # only files can be unreadable
-    suspects = scan_spool(spool).bad
+    suspects = scan_spool(journal).bad
     if not suspects:
         return []
-    with spool.lock.hold():
-        confirmed = [confirm(spool, bad) for bad in suspects]
+    with journal.lock.hold():
+        confirmed = [confirm(journal, bad) for bad in suspects]
     return sorted(bad.path for bad in confirmed if bad is not None)
 
 

@@ -50,7 +50,7 @@ def test_max_due_refuses_the_job_that_would_go_over_and_writes_nothing(
     assert isinstance(err, JobspoolError)
     assert pickle.loads(pickle.dumps(err)).limit == "max_due"  # crosses processes intact
     assert ready(spool_root) == 10
-    assert is_on(bounded)
+    assert is_on(bounded.journal)
 
 
 def test_refused_until_the_backlog_is_under_half_of_max_due(
@@ -66,7 +66,7 @@ def test_refused_until_the_backlog_is_under_half_of_max_due(
         bounded.enqueue("k")
     drain(bounded, 1)  # 4 left: admitted again
     bounded.enqueue("k")
-    assert not is_on(bounded)
+    assert not is_on(bounded.journal)
     # Released: the ordinary limit applies again, up to max_due.
     bounded.enqueue_many("k", range(5))
     assert ready(spool_root) == 10
@@ -122,7 +122,7 @@ def test_max_lag_refuses_while_the_oldest_ready_job_waits_too_long(
         for lease in s.claim(limit=1):
             s.complete(lease)  # the oldest is now 1 s old
         s.enqueue("k")
-        assert not is_on(s)
+        assert not is_on(s.journal)
 
 
 def test_both_limits_together_name_the_one_that_tripped(spool_root: Path, clock: FakeClock) -> None:

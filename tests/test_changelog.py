@@ -88,7 +88,7 @@ def test_a_change_the_ring_did_not_see_falls_back_to_a_listing(
     listings = _count_listings(consumer, monkeypatch)
     (root / "ready" / "first.json").unlink()  # an out-of-band change, like a quarantine:
     with other.lock.hold():
-        other.touch([JobState.READY])  # its generation moves, the ring logs nothing
+        other.journal.touch([JobState.READY])  # its generation moves, the ring logs nothing
     assert consumer.claim() == []
     assert "ready" in listings
     consumer.close()

@@ -175,7 +175,7 @@ def check_recovered(root: Path, clock: FakeClock, exp: Expectation, op: str, whe
                     spool: Spool | None = None) -> None:
     s = spool or open_spool(root, clock)
     # The checks that follow are not under test for durability: skip their flushes (speed).
-    s.durable = s.store.durable = False
+    s.journal.durable = s.store.durable = False
     try:
         published = snapshot(root)  # the newest readable version of each job, as the crash left it
         s.recover()

@@ -84,8 +84,8 @@ def test_concurrent_enqueues_share_directory_flushes(tmp_path: Path,
 
     with Spool(tmp_path / "spool", sync_mode="fsync") as s:
         monkeypatch.setattr(store_mod, "fsync_dir", counting)
-        monkeypatch.setattr("jobspool.queue.spool_base.fsync_dir", counting)
-        s._group._flush_dir = counting  # noqa: SLF001 - the seam the group flush holds
+        monkeypatch.setattr("jobspool.queue.journal.fsync_dir", counting)
+        s.journal._group._flush_dir = counting  # noqa: SLF001 - the seam the group flush holds
 
         def produce(n: int) -> None:
             for i in range(25):

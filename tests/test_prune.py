@@ -112,9 +112,9 @@ def test_dead_letters_have_their_own_limit(spool: Spool, spool_root: Path, clock
         clock.advance(1)
         (lease,) = spool.claim()
         spool.fail(lease, "no", retryable=False)
-    kept_all = prune_mod.prune(spool, keep=0, keep_dead=10)
+    kept_all = prune_mod.prune(spool.journal, keep=0, keep_dead=10)
     assert kept_all.dead_letter == ()
-    report = prune_mod.prune(spool, keep=0, keep_dead=1)
+    report = prune_mod.prune(spool.journal, keep=0, keep_dead=1)
     assert sorted(report.dead_letter) == ["j0", "j1", "j2"]
     assert sorted(job_files(spool_root)) == ["j3"]
 
@@ -206,7 +206,7 @@ def test_prune_if_over_costs_three_listings_and_no_read_when_nothing_is_over(
 
     monkeypatch.setattr(spool.store, "read", read)
     monkeypatch.setattr(prune_mod.os, "listdir", listdir)
-    assert prune_mod.prune_if_over(spool) is None
+    assert prune_mod.prune_if_over(spool.journal) is None
     monkeypatch.undo()
     assert (count.reads, count.listdirs) == (0, 3)
 

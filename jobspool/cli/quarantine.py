@@ -44,6 +44,12 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     c.set_defaults(func=cmd_purge)
 
 
+def _core(spool: Any) -> Any:
+    # Quarantine works on a file spool's journal (the layer under the `Spool` facade);
+    # another store is passed as it is.
+    return getattr(spool, "journal", spool)
+
+
 def _when(at: float | None) -> str:
     if at is None:
         return "-"
@@ -54,7 +60,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     from jobspool.recovery.quarantine import list_quarantined
 
     with _open(args, read_only=True) as spool:
-        files = list_quarantined(spool)
+        files = list_quarantined(_core(spool))
 
     def text() -> str:
         if not files:
@@ -70,7 +76,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     from jobspool.recovery.quarantine import show_quarantined
 
     with _open(args, read_only=True) as spool:
-        doc = show_quarantined(spool, args.ident)
+        doc = show_quarantined(_core(spool), args.ident)
 
     def text() -> str:
         lines = [f"name: {doc['name']}", f"from: {doc['source']}",
@@ -90,8 +96,8 @@ def cmd_restore(args: argparse.Namespace) -> int:
     from jobspool.recovery.quarantine import resolve, restore_quarantined
 
     with _open(args) as spool:
-        name = resolve(spool, args.ident)
-        job = restore_quarantined(spool, name)
+        name = resolve(_core(spool), args.ident)
+        job = restore_quarantined(_core(spool), name)
     _emit(args, {"restored": name, "job": job.to_dict()},
           f"restored {name} as {job.state.value}/{job.id}.json")
     return EXIT_OK
@@ -101,7 +107,7 @@ def cmd_purge(args: argparse.Namespace) -> int:
     from jobspool.recovery.quarantine import purge_quarantined
 
     with _open(args) as spool:
-        purged = purge_quarantined(spool, args.idents, older_than=args.older_than)
+        purged = purge_quarantined(_core(spool), args.idents, older_than=args.older_than)
     _emit(args, {"count": len(purged), "purged": purged},
           f"purged {len(purged)} quarantined file(s)")
     return EXIT_OK

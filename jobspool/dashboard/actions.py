@@ -74,7 +74,7 @@ def purge_dead(spool: Spool, kind: str) -> str:
 
     victims = [entry_of(j) for j in spool.jobs(JobState.DEAD_LETTER, kind=kind)]
     for start in range(0, len(victims), 256):
-        removed, _ = _remove(spool, victims[start:start + 256])
+        removed, _ = _remove(spool.journal, victims[start:start + 256])
         gone.extend(removed)
     return f"purged {len(gone)} dead letter{'s' if len(gone) != 1 else ''} of kind {kind}"
 
@@ -99,13 +99,14 @@ def restore(spool: Spool, name: str) -> str:
     """Put a quarantined file back into its state directory (the quarantine module decides)."""
     from jobspool.recovery.quarantine import quarantined_files
 
-    if name not in quarantined_files(spool):
+    core = spool.journal  # quarantine works on the file spool's journal
+    if name not in quarantined_files(core):
         raise ActionError(f"no quarantined file named {name!r}")
     fn = _quarantine_restore()
     if fn is None:
         raise ActionError("this version cannot restore from quarantine")
     try:
-        outcome = fn(spool, name)
+        outcome = fn(core, name)
     except (JobspoolError, ValueError, OSError) as exc:
         raise ActionError(f"cannot restore {name}: {exc}") from None
     job_id = getattr(outcome, "id", None)

@@ -265,9 +265,10 @@ def _quarantine_entries(spool: Any) -> list[dict[str, Any]]:
     from jobspool.recovery.quarantine import quarantined_files, read_reason
 
     out = []
-    for name in quarantined_files(spool):
+    core = getattr(spool, "journal", spool)  # the file spool's journal
+    for name in quarantined_files(core):
         try:
-            reason: dict[str, object] = read_reason(spool, name)
+            reason: dict[str, object] = read_reason(core, name)
         except (OSError, ValueError):
             reason = {}
         try:

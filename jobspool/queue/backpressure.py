@@ -52,7 +52,7 @@ from jobspool.queue.states import JobState
 from jobspool.queue.store import JOB_SUFFIX
 
 if TYPE_CHECKING:
-    from jobspool.queue.leasing import LeasingSpool as Spool
+    from jobspool.queue.journal import Journal
 
 CACHE_SECONDS = 0.25
 
@@ -79,7 +79,7 @@ class _State:
 _STATES: weakref.WeakKeyDictionary[Any, _State] = weakref.WeakKeyDictionary()
 
 
-def measure(spool: Spool) -> Backlog:
+def measure(spool: Journal) -> Backlog:
     """Count `ready/` (one listing) and read the job with the smallest id (one file read)."""
     now = spool.now()
     names = [n for n in os.listdir(spool.root / JobState.READY.value) if n.endswith(JOB_SUFFIX)]

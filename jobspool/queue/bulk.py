@@ -15,13 +15,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from jobspool.errors import InvalidJob
+from jobspool.errors import InvalidJob, JobNotFound
 from jobspool.queue import machine
-from jobspool.queue.job import Job, validate_kind, validate_seconds
-from jobspool.queue.states import CANCELABLE, REQUEUEABLE, JobState
+from jobspool.queue.job import Job, validate_job_id, validate_kind, validate_seconds
+from jobspool.queue.states import CANCELABLE, REQUEUEABLE, JobState, check_source
 
 if TYPE_CHECKING:
-    from jobspool.queue.leasing import LeasingSpool as Spool
+    from jobspool.queue.journal import Journal
 
 CHUNK = 500
 
@@ -75,7 +75,7 @@ def match(action: str, *, kind: str | None, states: Iterable[JobState | str] | s
     return Match(chosen, kind, older_than)
 
 
-def apply_matching(spool: Spool, action: str, which: Match,
+def apply_matching(spool: Journal, action: str, which: Match,
                    decide: Callable[..., Job]) -> list[Job]:
     """Move every job `which` selects with `decide` (machine.cancel / machine.requeue)."""
     moved: list[Job] = []
@@ -95,7 +95,7 @@ def apply_matching(spool: Spool, action: str, which: Match,
     return moved
 
 
-def cancel_matching(spool: Spool, *, kind: str | None = None,
+def cancel_matching(spool: Journal, *, kind: str | None = None,
                     states: Iterable[JobState | str] | str | None = None,
                     older_than: float | None = None) -> list[Job]:
     """Cancel every unfinished job matching the filters (all cancelable states by default)."""
@@ -104,7 +104,7 @@ def cancel_matching(spool: Spool, *, kind: str | None = None,
     return apply_matching(spool, "cancel", which, machine.cancel)
 
 
-def requeue_matching(spool: Spool, *, kind: str | None = None,
+def requeue_matching(spool: Journal, *, kind: str | None = None,
                      states: Iterable[JobState | str] | str | None = None,
                      older_than: float | None = None) -> list[Job]:
     """Requeue every job matching the filters (dead letters by default; canceled on request)."""
@@ -114,3 +114,32 @@ def requeue_matching(spool: Spool, *, kind: str | None = None,
 
 
 __all__ = ["CHUNK", "Match", "apply_matching", "cancel_matching", "match", "requeue_matching"]
+
+
+def move_one(spool: Journal, job_id: str, action: str, decide: Callable[..., Job]) -> Job:
+    """Move one job by id (an operator's `cancel` or `requeue`), clearing any crash
+    leftover of it."""
+    validate_job_id(job_id)
+    with spool.lock.hold():
+        job, stale = spool.locate(job_id)
+        if job is None:
+            raise JobNotFound(job_id)
+        check_source(job_id, action, job.state)
+        new = decide(job, now=spool.now())
+        spool.commit_changes([(job, new)], spool.stale_removals(job_id, stale))
+        return new
+
+
+def requeue_all(spool: Journal, state: JobState | str) -> list[Job]:
+    """Requeue every job in `state` in one batch."""
+    src = JobState(state)
+    check_source("*", "requeue", src)
+    with spool.lock.hold():
+        now = spool.now()
+        pairs: list[tuple[Job | None, Job | None]] = []
+        for job_id in sorted(spool.store.names(src.value)):
+            job = spool.read_job(src, job_id)
+            if job is not None:
+                pairs.append((job, machine.requeue(job, now=now)))
+        spool.commit_changes(pairs)
+    return [new for _, new in pairs if new is not None]

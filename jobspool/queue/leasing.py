@@ -1,4 +1,4 @@
-"""`LeasingSpool`: claims and everything a lease holder does (DESIGN §4).
+"""`Leasing`: claims and everything a lease holder does (DESIGN §4).
 
 Every lease-holder operation reads the job's file in `leased/` under the
 spool lock, checks the token and the expiry (`machine.check_lease`) and
@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import socket
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -27,15 +28,21 @@ from jobspool.queue.job import (
     validate_owner,
     validate_seconds,
 )
-from jobspool.queue.spool_base import SpoolBase
+from jobspool.queue.journal import Journal
 from jobspool.queue.states import ALL_STATES, JobState
 from jobspool.queue.store import Change, write_failed
 
 log = logging.getLogger("jobspool.queue.spool")
 
 
-class LeasingSpool(SpoolBase):
-    """Claiming and settling leased jobs."""
+class Leasing:
+    """Claiming and settling leased jobs, on a `Journal`; `owner` names this process in
+    the leases it takes (`host:pid` unless a claim names another)."""
+
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+        self.owner = f"{socket.gethostname()}:{os.getpid()}"
+        self._mark: tuple[int, liveness.ProcessMark] | None = None
 
     # ------------------------------------------------------------ consuming
 
@@ -53,7 +60,7 @@ class LeasingSpool(SpoolBase):
         another worker may, that is what fencing is for).
         """
         validate_int("limit", limit, minimum=1)
-        seconds = self.lease_seconds if lease_seconds is None else validate_seconds(
+        seconds = self.journal.lease_seconds if lease_seconds is None else validate_seconds(
             "lease_seconds", lease_seconds, positive=True)
         kind_set: frozenset[str] | None
         if kinds is None:
@@ -62,20 +69,20 @@ class LeasingSpool(SpoolBase):
             kind_set = frozenset([kinds] if isinstance(kinds, str) else kinds)
             for k in kind_set:
                 validate_kind(k)
-        who = self._owner if owner is None else validate_owner(owner)
-        with self._lock.hold():
+        who = self.owner if owner is None else validate_owner(owner)
+        with self.journal.lock.hold():
             try:
                 return self._claim_locked(kind_set, limit, who, seconds, frozenset(exclude))
             except BaseException:
                 # The index already forgot the candidates it handed out; a failure before
                 # the write must not hide those jobs from this process's later claims.
-                self._index.invalidate()
+                self.journal.index.invalidate()
                 raise
 
     def _claim_locked(self, kind_set: frozenset[str] | None, limit: int, who: str,
                       seconds: float, exclude: frozenset[str]) -> list[Lease]:
-        now = self.now()
-        self._index.refresh()
+        now = self.journal.now()
+        self.journal.index.refresh()
         picked: list[Job] = []
         dead: list[tuple[Job | None, Job | None]] = []
         stale: list[Change] = []
@@ -84,7 +91,7 @@ class LeasingSpool(SpoolBase):
         doubles: set[str] = set()  # ids met in two claimable directories
         while len(picked) < limit:
             want = limit - len(picked) + len(skipped)
-            cands = [c for c in self._index.candidates(now, kind_set, want)
+            cands = [c for c in self.journal.index.candidates(now, kind_set, want)
                      if c.job_id not in skipped]
             if not cands:
                 break
@@ -98,28 +105,28 @@ class LeasingSpool(SpoolBase):
                     skipped.add(c.job_id)
                     doubles.add(c.job_id)
                     continue
-                job = self.read_job(c.state, c.job_id)
-                self._index.forget(c.state, c.job_id)
+                job = self.journal.read_job(c.state, c.job_id)
+                self.journal.index.forget(c.state, c.job_id)
                 if job is None:
                     continue
                 if not machine.is_due(job, now):
-                    self._index.learn(job)  # the cache was behind; keep the true key
+                    self.journal.index.learn(job)  # the cache was behind; keep the true key
                     continue
                 # Only after a writer died mid-batch (and until recovery ran) can a job have
                 # a stale copy here; checking always would cost six opens per claimed job.
-                newer = self._newer_copy(job) if self._lock.suspect() else None
+                newer = self._newer_copy(job) if self.journal.lock.suspect() else None
                 if newer is not None:
                     # A crash between publishing a job's new file and retiring the old one
                     # left this stale copy; running it would redo or undo finished work.
                     log.warning("job %s: dropping stale %s copy (revision %d) behind %s "
                                 "(revision %d)", job.id, job.state.value, job.revision,
                                 newer.state.value, newer.revision, extra={"job_id": job.id})
-                    stale.extend(self.stale_removals(job.id, [job.state]))
+                    stale.extend(self.journal.stale_removals(job.id, [job.state]))
                     continue
                 unstarted = machine.lease_expired(job, now) and self._unstarted(job)
                 if machine.lease_expired(job, now) and not unstarted and self._exhausted(job):
-                    gone = machine.reclaim(job, now=now, policy=self.policy,
-                                           max_rescues=self.max_rescues, rng=self.rng)
+                    gone = machine.reclaim(job, now=now, policy=self.journal.policy,
+                                           max_rescues=self.journal.max_rescues, rng=self.journal.rng)
                     log.warning("job %s (%s) dead-lettered on reclaim: %s", job.id, job.kind,
                                 gone.last_error, extra={"job_id": job.id, "kind": job.kind,
                                                         "state": gone.state.value})
@@ -136,7 +143,7 @@ class LeasingSpool(SpoolBase):
         proc = self.process_mark().ident if picked else None
         # Tokens come from shared memory; a new ceiling, when one is due, is flushed to
         # disk here, before any of these tokens is written into a job (fence.py).
-        first = self.fence.take(len(picked)) if picked else 0
+        first = self.journal.fence.take(len(picked)) if picked else 0
         for token, job in enumerate(picked, start=first):
             new = machine.claim(job, token=token, owner=who, now=now, lease_seconds=seconds,
                                 proc=proc, unstarted=job.id in fresh)
@@ -146,7 +153,7 @@ class LeasingSpool(SpoolBase):
                                 expires_at=new.lease.expires_at, job=new))
         if pairs or stale:
             try:
-                self.commit_changes(pairs, extra + stale)
+                self.journal.commit_changes(pairs, extra + stale)
             except WriteFailed as exc:
                 adopted = [lease for lease in leases if lease.job_id in exc.landed]
                 if not adopted:
@@ -162,7 +169,7 @@ class LeasingSpool(SpoolBase):
                             stale: list[Change]) -> list[Job]:
         """Of picked jobs that also have a copy elsewhere, keep only current ones; remove the
         stale copies and flag the spool so claims check for more until recovery runs."""
-        self._lock.bump(self._lock.SUSPECT_SLOT)
+        self.journal.lock.bump(self.journal.lock.SUSPECT_SLOT)
         keep: list[Job] = []
         for job in picked:
             newer = self._newer_copy(job) if job.id in doubles else None
@@ -172,8 +179,8 @@ class LeasingSpool(SpoolBase):
             log.warning("job %s: dropping stale %s copy (revision %d) behind %s (revision %d)",
                         job.id, job.state.value, job.revision, newer.state.value,
                         newer.revision, extra={"job_id": job.id})
-            stale.extend(self.stale_removals(job.id, [job.state]))
-            self._index.learn(newer)
+            stale.extend(self.journal.stale_removals(job.id, [job.state]))
+            self.journal.index.learn(newer)
         return keep
 
     def _newer_copy(self, job: Job) -> Job | None:
@@ -185,7 +192,7 @@ class LeasingSpool(SpoolBase):
         best: Job | None = None
         for state in ALL_STATES:
             if state is not job.state:
-                other = self.read_job(state, job.id)
+                other = self.journal.read_job(state, job.id)
                 if other is not None and other.revision > job.revision and (
                         best is None or other.revision > best.revision):
                     best = other
@@ -196,7 +203,7 @@ class LeasingSpool(SpoolBase):
         (see `liveness.py`): then the attempt was never made and is not counted."""
         if job.lease is None or job.lease.proc is None:
             return False
-        verdict, doc = liveness.probe(self.root, job.lease.proc)
+        verdict, doc = liveness.probe(self.journal.root, job.lease.proc)
         if verdict != liveness.Verdict.DEAD:
             return False
         running = liveness.running_tokens(doc)
@@ -205,13 +212,13 @@ class LeasingSpool(SpoolBase):
     def process_mark(self) -> liveness.ProcessMark:
         """This process's liveness mark in this spool (registered on first use; cached per
         process, so a claim does not resolve the root's real path every time)."""
-        cached: tuple[int, liveness.ProcessMark] | None = getattr(self, "_mark", None)
+        cached = self._mark
         if cached is not None and cached[0] == os.getpid():
             return cached[1]
         try:
-            mark = liveness.mark_for(self.root, self._store.file_mode)
+            mark = liveness.mark_for(self.journal.root, self.journal.store.file_mode)
         except OSError as exc:
-            raise write_failed(exc, self.root) from None
+            raise write_failed(exc, self.journal.root) from None
         self._mark = (os.getpid(), mark)
         return mark
 
@@ -226,12 +233,12 @@ class LeasingSpool(SpoolBase):
     def _exhausted(self, job: Job) -> bool:
         if job.attempts >= job.max_attempts:
             return True
-        return self.max_rescues is not None and job.rescues + 1 > self.max_rescues
+        return self.journal.max_rescues is not None and job.rescues + 1 > self.journal.max_rescues
 
     def _leased_job(self, lease: Lease) -> Job:
-        job = self.read_job(JobState.LEASED, lease.job_id)
+        job = self.journal.read_job(JobState.LEASED, lease.job_id)
         if job is None:
-            found, _ = self.locate(lease.job_id)
+            found, _ = self.journal.locate(lease.job_id)
             state = found.state.value if found is not None else "gone"
             raise LeaseLost(lease.job_id, lease.token, f"job is {state}")
         return job
@@ -259,11 +266,11 @@ class LeasingSpool(SpoolBase):
         (written) in the same lock hold, so a caller about to do a side effect
         keeps it for at least that long.
         """
-        seconds = self.lease_seconds if lease_seconds is None else validate_seconds(
+        seconds = self.journal.lease_seconds if lease_seconds is None else validate_seconds(
             "lease_seconds", lease_seconds, positive=True)
         out: list[Lease | LeaseLost] = []
-        with self._lock.hold():
-            now = self.now()
+        with self.journal.lock.hold():
+            now = self.journal.now()
             pairs: list[tuple[Job | None, Job | None]] = []
             for lease in leases:
                 try:
@@ -282,7 +289,7 @@ class LeasingSpool(SpoolBase):
                 out.append(Lease(job_id=lease.job_id, token=lease.token, owner=lease.owner,
                                  expires_at=new.lease.expires_at, job=new))
             try:
-                self.commit_changes(pairs)
+                self.journal.commit_changes(pairs)
             except WriteFailed as exc:
                 # A lease whose extension did not land is still the current one, unextended.
                 log.warning("heartbeat: %s", exc)
@@ -300,22 +307,22 @@ class LeasingSpool(SpoolBase):
         100,000); later claims read only what changed. Call this at start-up
         to pay that cost before serving rather than inside the first claim.
         """
-        with self._lock.hold():
-            self._index.refresh()
+        with self.journal.lock.hold():
+            self.journal.index.refresh()
 
     def next_due_at(self, kinds: Iterable[str] | None = None) -> float | None:
         """When the next not-yet-due job (retryable, or an expiring lease) becomes claimable."""
         kind_set = None if kinds is None else frozenset(kinds)
-        with self._lock.hold():
-            self._index.refresh()
-            return self._index.next_due_at(self.now(), kind_set)
+        with self.journal.lock.hold():
+            self.journal.index.refresh()
+            return self.journal.index.next_due_at(self.journal.now(), kind_set)
 
     def live_tokens(self) -> list[int]:
         """Tokens of every unexpired lease (maintenance keeps tombstones newer than the least)."""
-        now = self.now()
+        now = self.journal.now()
         out = []
-        for job_id in self._store.names(JobState.LEASED.value):
-            job = self.read_job(JobState.LEASED, job_id)
+        for job_id in self.journal.store.names(JobState.LEASED.value):
+            job = self.journal.read_job(JobState.LEASED, job_id)
             if job is not None and job.lease is not None and job.lease.expires_at > now:
                 out.append(job.lease.token)
         return out
@@ -323,7 +330,7 @@ class LeasingSpool(SpoolBase):
     def min_live_token(self) -> int:
         """The smallest token any live lease holds, or the next token when none is live:
         no run that could still write carries a smaller one."""
-        return min(self.live_tokens(), default=self.fence_value() + 1)
+        return min(self.live_tokens(), default=self.journal.fence_value() + 1)
 
     def complete(self, lease: Lease, result: Any = None) -> Job:
         """Mark a leased job completed (fenced: `LeaseLost` if the lease is not current)."""
@@ -362,15 +369,15 @@ class LeasingSpool(SpoolBase):
     def _settle(self, leases: Sequence[Lease],
                 actions: Sequence[tuple[str, Any]]) -> list[Job | JobspoolError]:
         out: list[Job | JobspoolError] = []
-        with self._lock.hold():
-            now = self.now()
+        with self.journal.lock.hold():
+            now = self.journal.now()
             pairs: list[tuple[Job | None, Job | None]] = []
             encoded: dict[str, bytes] = {}
             for lease, (action, arg) in zip(leases, actions, strict=True):
                 try:
                     job = self._leased_job(lease)
-                    new = machine.settle(job, lease, action, arg, now=now, policy=self.policy,
-                                         rng=self.rng)
+                    new = machine.settle(job, lease, action, arg, now=now, policy=self.journal.policy,
+                                         rng=self.journal.rng)
                     # Encoded here, once, so one bad result refuses only its own item.
                     encoded[new.id] = self._encode_settled(new, action)
                 except JobspoolError as exc:
@@ -379,29 +386,29 @@ class LeasingSpool(SpoolBase):
                 out.append(new)
                 pairs.append((job, new))
             try:
-                self.commit_changes(pairs, encoded=encoded)
+                self.journal.commit_changes(pairs, encoded=encoded)
             except WriteFailed as exc:
                 # Settled where the new version reached the disk; the others stay leased
                 # under their current lease and get this error.
                 log.warning("settle: %s (%d of %d settled anyway)", exc, len(exc.landed),
                             len(pairs))
                 out = [o if not isinstance(o, Job) or o.id in exc.landed else exc for o in out]
-        self._maybe_autoprune()
+        self.journal.maybe_autoprune()
         return out
 
     def _encode_settled(self, job: Job, action: str) -> bytes:
         if action != "complete":
             # A failure's error and traceback are cut to fit: recording it never fails.
-            return self._encode_internal(job)
-        return encode_completed(job, max_bytes=self.max_job_bytes)
+            return self.journal.encode_internal(job)
+        return encode_completed(job, max_bytes=self.journal.max_job_bytes)
 
     def release(self, lease: Lease, *, delay: float = 0.0) -> Job:
         """Give a leased job back without counting the attempt (fenced)."""
         delay = validate_seconds("delay", delay)
-        with self._lock.hold():
+        with self.journal.lock.hold():
             job = self._leased_job(lease)
-            new = machine.release(job, lease, now=self.now(), delay=delay)
-            self.commit_changes([(job, new)])
+            new = machine.release(job, lease, now=self.journal.now(), delay=delay)
+            self.journal.commit_changes([(job, new)])
             return new
 
     @contextmanager
@@ -413,8 +420,8 @@ class LeasingSpool(SpoolBase):
         block runs. Protects side effects that must not happen after the job
         moved on; it does not make them atomic with the job's completion.
         """
-        with self._lock.hold():
+        with self.journal.lock.hold():
             job = self._leased_job(lease)
-            machine.check_lease(job, lease, self.now())
+            machine.check_lease(job, lease, self.journal.now())
             yield lease
             self.heartbeat(lease)

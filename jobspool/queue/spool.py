@@ -19,40 +19,42 @@ from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+import time
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, cast
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Self, cast
 
-from jobspool.errors import (
-    InvalidTransition,
-    JobNotFound,
-    SpoolError,
-)
-from jobspool.queue import machine
-from jobspool.queue.arguments import (
-    job_states,
-    new_batch,
-    new_reservation,
-    wait_until_terminal,
-)
+from jobspool.errors import JobNotFound, JobspoolError, LeaseLost
+from jobspool.queue import bulk, liveness, machine
+from jobspool.queue.arguments import job_states, wait_until_terminal
 from jobspool.queue.job import (
+    MAX_JOB_BYTES,
     EnqueueResult,
     Job,
+    Lease,
     Reservation,
-    encode_admitted,
-    evolve,
     validate_job_id,
     validate_kind,
-    validate_seconds,
 )
-from jobspool.queue.leasing import LeasingSpool
+from jobspool.queue.journal import Journal
+from jobspool.queue.layout import open_layout
+from jobspool.queue.leasing import Leasing
 from jobspool.queue.marks import read_marks, write_marks
+from jobspool.queue.options import (
+    UNSET,
+    DefaultFloat,
+    DefaultInt,
+    ProcessOptions,
+    check_given,
+    resolve_settings,
+)
 from jobspool.queue.perms import file_mode
+from jobspool.queue.producer import Producer
 from jobspool.queue.producing import EnqueueForms
-from jobspool.queue.states import ALL_STATES, JobState, check_source
+from jobspool.queue.states import JobState
 from jobspool.queue.stats import Stats, collect_stats
-from jobspool.queue.store import Change
 from jobspool.queue.wakeup import DirWatcher
 
 if TYPE_CHECKING:
@@ -62,11 +64,24 @@ if TYPE_CHECKING:
     from jobspool.recovery.recover import RecoveryReport, ReplayHook
 
 
-class Spool(EnqueueForms, LeasingSpool):
+# What a read-only spool refuses up front (the journal refuses the rest): every public
+# operation that writes, before it stages a file or takes the lock.
+_WRITERS = ("enqueue", "enqueue_many", "prepare", "commit", "abort", "claim", "heartbeat",
+            "heartbeat_many", "check_leases", "complete", "complete_many", "fail", "fail_many",
+            "release", "fenced", "cancel", "requeue", "requeue_all", "recover", "prune",
+            "cancel_matching", "requeue_matching", "enqueue_result", "enqueue_many_results")
+
+
+class Spool(EnqueueForms):
     """A durable job queue in one directory, shared safely by threads and processes.
 
     Given a `postgresql://` URL instead of a directory, `Spool(url, ...)` returns a
     `jobspool.pg.spool.PgSpool`: the same API on the PostgreSQL store (DESIGN §9).
+
+    A facade that composes, rather than inherits, the layers below it: the
+    `Journal` (the directory, its lock, store, index and fence; the commit
+    path), `Leasing` (claims and lease holders) and `Producer` (enqueue and
+    two-phase); administration (`bulk.py`, `recovery/`) works on the journal.
     """
 
     def __new__(cls, root: str | os.PathLike[str], *args: Any, **kwargs: Any) -> Spool:
@@ -79,10 +94,114 @@ class Spool(EnqueueForms, LeasingSpool):
             return cast("Spool", PgSpool(str(root), *args, **kwargs))
         return super().__new__(cls)
 
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        create: bool = True,
+        lease_seconds: float = DefaultFloat(60.0),
+        max_attempts: int = DefaultInt(5),
+        retry_base_seconds: float = DefaultFloat(1.0),
+        retry_max_seconds: float = DefaultFloat(300.0),
+        keep_terminal: int = DefaultInt(1000),
+        keep_terminal_seconds: float | None = UNSET,
+        durable: bool = True,
+        clock: Callable[[], float] = time.time,
+        max_job_bytes: int = DefaultInt(MAX_JOB_BYTES),
+        max_rescues: int | None = UNSET,
+        prepare_grace_seconds: float = DefaultFloat(300.0),
+        max_due: int | None = None,
+        max_lag_seconds: float | None = None,
+        sync_mode: str = "auto",
+        seed: int | None = None,
+        read_only: bool = False,
+        access: str | None = None,
+    ) -> None:
+        """Open (with `create`, make) the spool at `root`. Options saved in `spool.json`
+        when it is created (`SpoolSettings`) default every later opener; the rest
+        (`ProcessOptions`) are this process's alone (see `options.py`)."""
+        persisted = {"lease_seconds": lease_seconds, "max_attempts": max_attempts,
+                     "retry_base_seconds": retry_base_seconds,
+                     "retry_max_seconds": retry_max_seconds, "keep_terminal": keep_terminal,
+                     "keep_terminal_seconds": keep_terminal_seconds,
+                     "max_job_bytes": max_job_bytes, "max_rescues": max_rescues,
+                     "prepare_grace_seconds": prepare_grace_seconds}
+        check_given(persisted)
+        options = ProcessOptions(durable=durable, clock=clock, sync_mode=sync_mode, seed=seed,
+                                 read_only=read_only, max_due=max_due,
+                                 max_lag_seconds=max_lag_seconds)
+        layout = open_layout(Path(root), create=create, durable=durable, read_only=read_only,
+                             access=access)
+        settings = resolve_settings(persisted, layout.settings, layout.access)
+        self.journal = Journal(layout, settings, options)
+        self.leasing = Leasing(self.journal)
+        self.producer = Producer(self.journal)
+        self.journal.autoprune = self._autoprune
+        j = self.journal
+        # Shared with the journal (the same objects), read by the layers above the facade.
+        self.root, self.settings, self.options = j.root, settings, options
+        self.lock, self.store, self.fence = j.lock, j.store, j.fence
+        self.clock, self.policy, self.rng = j.clock, j.policy, j.rng
+        self.read_only, self.access = read_only, settings.access
+        self.lease_seconds, self.max_attempts = settings.lease_seconds, settings.max_attempts
+        self.retry_base_seconds = settings.retry_base_seconds
+        self.retry_max_seconds = settings.retry_max_seconds
+        self.keep_terminal = settings.keep_terminal
+        self.keep_terminal_seconds = settings.keep_terminal_seconds
+        self.max_rescues, self.max_job_bytes = settings.max_rescues, settings.max_job_bytes
+        self.prepare_grace_seconds = settings.prepare_grace_seconds
+        self.max_due, self.max_lag_seconds = max_due, max_lag_seconds
+        if read_only:
+            for name in _WRITERS:
+                setattr(self, name, self._refuser(name))
+
+    def _refuser(self, name: str) -> Callable[..., Any]:
+        def refuse(*args: Any, **kwargs: Any) -> Any:
+            self.check_writable(name.replace("_", " "))
+
+        refuse.__name__ = name
+        return refuse
+
+    # ------------------------------------------------------------ the journal
+
+    @property
+    def durable(self) -> bool:
+        return self.journal.durable
+
+    @property
+    def admission_bytes(self) -> int:
+        """The largest serialized size a new job may have (see `job.admission_limit`)."""
+        return self.journal.admission_bytes
+
+    def check_writable(self, action: str) -> None:
+        """Raise `SpoolError` naming the cause when this spool was opened `read_only`."""
+        self.journal.check_writable(action)
+
+    def now(self) -> float:
+        """The spool's clock (the wall clock unless `clock=` injected another)."""
+        return self.journal.now()
+
+    def fence_value(self) -> int:
+        """The last token handed out (a reader without write access gets the ceiling on
+        disk, which is at or above it)."""
+        return self.journal.fence_value()
+
+    def close(self) -> None:
+        self.journal.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Spool({str(self.root)!r})"
+
     def _autoprune(self) -> None:
         from jobspool.recovery.prune import prune_if_over
 
-        prune_if_over(self)
+        prune_if_over(self.journal)
 
     def schedule_marks(self) -> dict[str, int]:
         """The last fired tick of each schedule (`<root>/schedules.json`)."""
@@ -91,7 +210,7 @@ class Spool(EnqueueForms, LeasingSpool):
     @contextmanager
     def hold_schedule_marks(self) -> Iterator[dict[str, int]]:
         """The marks under the spool lock; what the block leaves in the dict is saved."""
-        with self._lock.hold():
+        with self.lock.hold():
             marks = read_marks(self.root)
             before = dict(marks)
             yield marks
@@ -109,6 +228,81 @@ class Spool(EnqueueForms, LeasingSpool):
 
     # ------------------------------------------------------------ producing
 
+    # ------------------------------------------------------------ consuming (leasing.py)
+
+    def claim(self, *, kinds: Iterable[str] | str | None = None, limit: int = 1,
+              owner: str | None = None, lease_seconds: float | None = None,
+              exclude: Collection[str] = ()) -> list[Lease]:
+        """Lease up to `limit` due jobs in (priority, run_at, id) order (`Leasing.claim`)."""
+        return self.leasing.claim(kinds=kinds, limit=limit, owner=owner,
+                                  lease_seconds=lease_seconds, exclude=exclude)
+
+    def heartbeat(self, lease: Lease, *, lease_seconds: float | None = None) -> Lease:
+        """Extend a lease; `LeaseLost` (and no change) unless it is current and unexpired."""
+        return self.leasing.heartbeat(lease, lease_seconds=lease_seconds)
+
+    def heartbeat_many(self, leases: Sequence[Lease], *, lease_seconds: float | None = None
+                       ) -> list[Lease | LeaseLost]:
+        """Extend many leases under one lock hold and one shared flush (the worker's beat)."""
+        return self.leasing.heartbeat_many(leases, lease_seconds=lease_seconds)
+
+    def check_leases(self, leases: Sequence[Lease], *, margin: float = 0.0,
+                     lease_seconds: float | None = None) -> list[Lease | LeaseLost]:
+        """Which leases are still current, extending those with less than `margin` left."""
+        return self.leasing.check_leases(leases, margin=margin, lease_seconds=lease_seconds)
+
+    def complete(self, lease: Lease, result: Any = None) -> Job:
+        """Mark a leased job completed (fenced: `LeaseLost` if the lease is not current)."""
+        return self.leasing.complete(lease, result)
+
+    def complete_many(self, items: Sequence[tuple[Lease, Any]]) -> list[Job | JobspoolError]:
+        """Complete many leases in one batch; per item the job or the error refusing it."""
+        return self.leasing.complete_many(items)
+
+    def fail(self, lease: Lease, error: object, *, retryable: bool = True,
+             delay: float | None = None) -> Job:
+        """Record a failed attempt: `retryable` with backoff, or `dead_letter` (fenced)."""
+        return self.leasing.fail(lease, error, retryable=retryable, delay=delay)
+
+    def fail_many(self, items: Sequence[tuple[Lease, object, bool, float | None]]
+                  ) -> list[Job | JobspoolError]:
+        """Fail many leases in one batch (see `complete_many`)."""
+        return self.leasing.fail_many(items)
+
+    def release(self, lease: Lease, *, delay: float = 0.0) -> Job:
+        """Give a leased job back without counting the attempt (fenced)."""
+        return self.leasing.release(lease, delay=delay)
+
+    def fenced(self, lease: Lease) -> AbstractContextManager[Lease]:
+        """Run a block under the spool lock, only while `lease` is current (`Leasing.fenced`)."""
+        return self.leasing.fenced(lease)
+
+    def preload(self) -> None:
+        """Read the claimable backlog into this process's claim index now (`Leasing.preload`)."""
+        self.leasing.preload()
+
+    def next_due_at(self, kinds: Iterable[str] | None = None) -> float | None:
+        """When the next not-yet-due job (retryable, or an expiring lease) becomes claimable."""
+        return self.leasing.next_due_at(kinds)
+
+    def live_tokens(self) -> list[int]:
+        """Tokens of every unexpired lease."""
+        return self.leasing.live_tokens()
+
+    def min_live_token(self) -> int:
+        """The smallest token a live lease holds, or the next token when none is live."""
+        return self.leasing.min_live_token()
+
+    def process_mark(self) -> liveness.ProcessMark:
+        """This process's liveness mark in this spool (`liveness.py`)."""
+        return self.leasing.process_mark()
+
+    def note_running(self, tokens: Iterable[int], *, started: bool) -> None:
+        """Record that handlers for these leases started (or settled), for rescue counting."""
+        self.leasing.note_running(tokens, started=started)
+
+    # ------------------------------------------------------------ producing (producer.py)
+
     def enqueue_many_results(self, kind: str, payloads: Iterable[Any], *,
                              job_ids: Sequence[str | None] | None = None, delay: float = 0.0,
                              run_at: float | datetime | None = None, priority: int = 0,
@@ -116,197 +310,51 @@ class Spool(EnqueueForms, LeasingSpool):
                              unique_states: Iterable[JobState | str] | None = None,
                              timeout: float | None = None) -> list[EnqueueResult]:
         """`enqueue_many`, returning an `EnqueueResult` per payload."""
-        batch = new_batch(kind, payloads, job_ids=job_ids, delay=delay, run_at=run_at,
-                          priority=priority, max_attempts=max_attempts,
-                          on_conflict=on_conflict, unique_states=unique_states,
-                          timeout=timeout, now=self.now(), default_attempts=self.max_attempts)
-        fresh, at = batch.fresh, batch.run_at
-        # Encode (refusing bad input) and write the new files before taking the lock:
-        # creating inodes is the costly part of an enqueue, and other processes need not
-        # wait for it. Only the renames that publish them happen under the lock.
-        datas = [encode_admitted(job, max_bytes=self.max_job_bytes) for job in fresh]
-        # One staged file per id: an id given twice in one batch stores its first payload
-        # (the second is an idempotent repeat), and nothing is staged for the repeat.
-        firsts = {job.id: i for i, job in reversed(list(enumerate(fresh)))}
-        order = sorted(firsts.values())
-        paths = self._store.prestage([datas[i] for i in order])
-        staged = {fresh[i].id: path for i, path in zip(order, paths, strict=True)}
-        try:
-            with self._lock.hold():
-                out = self._insert(fresh, given=job_ids is not None, now=self.now(),
-                                   delay=batch.delay, run_at=at, on_conflict=batch.on_conflict,
-                                   unique_states=batch.unique_states, staged=staged,
-                                   group=True)
-        finally:
-            self._store.discard(list(staged.values()))  # whatever was not published
-        # Published under the lock; durable once a flush shared with concurrent producers
-        # covers it (groupflush.py). Only then is the enqueue reported done.
-        self._await_group_flush()
-        return out
-
-    def _refuse_unreadable(self, job_id: str) -> None:
-        """An id whose only file is unreadable is not free: writing over it would destroy
-        what `recover` would quarantine for a human to look at."""
-        for state in ALL_STATES:
-            path = self.root / state.value / f"{job_id}.json"
-            if os.path.lexists(path):
-                raise SpoolError(f"job id {job_id!r} is taken by an unreadable file "
-                                 f"{state.value}/{job_id}.json; run `jobspool recover` (it "
-                                 "moves the file to quarantine/) before reusing the id",
-                                 path=str(path))
-
-    def _insert(self, fresh: list[Job], *, given: bool, now: float, delay: float,
-                run_at: float | None = None, on_conflict: str = "keep",
-                unique_states: frozenset[JobState] | None = None,
-                reservation: str | None = None,
-                staged: dict[str, str] | None = None,
-                group: bool = False) -> list[EnqueueResult]:
-        """Publish new jobs; `staged` maps ids to files already written for them (those
-        that get published are removed from it, the caller discards the rest). With
-        `group`, a batch of pure inserts leaves its directory flush to the caller's
-        `_await_group_flush` after the lock is released."""
-        staged = {} if staged is None else staged
-        publish: dict[str, str] = {}
-        out: list[EnqueueResult] = []
-        pairs: list[tuple[Job | None, Job | None]] = []
-        stale: list[Change] = []
-        seen: dict[str, EnqueueResult] = {}
-        for job in fresh:
-            if job.id in seen:
-                out.append(EnqueueResult(seen[job.id].job, "existing"))
-                continue
-            existing, copies = self.locate(job.id) if given else (None, [])
-            if given and existing is None:
-                self._refuse_unreadable(job.id)
-            stale.extend(self.stale_removals(job.id, copies))
-            if existing is None:
-                if job.id in staged:
-                    new = job  # exactly what was written outside the lock
-                    publish[job.id] = staged.pop(job.id)
-                else:
-                    due = now + delay if run_at is None else run_at
-                    new = evolve(job, created_at=now, updated_at=now, run_at=due)
-                pairs.append((None, new))
-                result = EnqueueResult(new, "created")
-            else:
-                outcome, new = machine.decide_enqueue(
-                    existing, job, now=now, on_conflict=on_conflict,
-                    unique_states=unique_states, reservation=reservation)
-                if outcome != "existing":
-                    pairs.append((existing, new))
-                result = EnqueueResult(new, outcome)
-            seen[job.id] = result
-            out.append(result)
-        # Backpressure counts only what this call adds to the backlog: an idempotent
-        # re-enqueue of an existing job adds nothing and is never refused.
-        try:
-            self._admit(sum(1 for old, new in pairs if old is None or old.terminal))
-            self.commit_changes(pairs, stale, staged=publish, group=group)
-        except BaseException:
-            staged.update(publish)  # not published: the caller discards them
-            raise
-        return out
-
-    def _admit(self, n: int) -> None:
-        """Writer backpressure (off unless `max_due`/`max_lag_seconds` are set)."""
-        if n == 0 or (self.max_due is None and self.max_lag_seconds is None):
-            return
-        from jobspool.queue.backpressure import admit
-
-        admit(self, n)
-
-    # ------------------------------------------------------------ two-phase
+        return self.producer.enqueue_many_results(
+            kind, payloads, job_ids=job_ids, delay=delay, run_at=run_at, priority=priority,
+            max_attempts=max_attempts, on_conflict=on_conflict, unique_states=unique_states,
+            timeout=timeout)
 
     def prepare(self, kind: str, payload: Any = None, *, job_id: str | None = None,
                 delay: float = 0.0, run_at: float | datetime | None = None, priority: int = 0,
                 max_attempts: int | None = None, timeout: float | None = None) -> Reservation:
         """Reserve a job in `prepared` (outbox step 1); several producers may share one id."""
-        job = new_reservation(kind, payload, job_id=job_id, delay=delay, run_at=run_at,
-                              priority=priority, max_attempts=max_attempts, timeout=timeout,
-                              now=self.now(), default_attempts=self.max_attempts)
-        jid, rid, at = job.id, job.reservations[0], job.run_at if run_at is not None else None
-        delay = validate_seconds("delay", delay)
-        encode_admitted(job, max_bytes=self.max_job_bytes)
-        with self._lock.hold():
-            (stored,) = self._insert([job], given=job_id is not None, now=self.now(),
-                                     delay=delay, run_at=at, reservation=rid)
-        return Reservation(job_id=jid, reservation_id=rid, job=stored.job)
+        return self.producer.prepare(kind, payload, job_id=job_id, delay=delay, run_at=run_at,
+                                     priority=priority, max_attempts=max_attempts,
+                                     timeout=timeout)
 
     def commit(self, reservation: Reservation) -> Job:
         """Publish a prepared job (outbox step 3). Idempotent once the job left `prepared`."""
-        with self._lock.hold():
-            job, stale = self.locate(reservation.job_id)
-            if job is None:
-                raise JobNotFound(reservation.job_id)
-            if job.state is not JobState.PREPARED:
-                if job.state is JobState.CANCELED:
-                    raise InvalidTransition(job.id, job.state.value, "commit")
-                return job
-            if reservation.reservation_id not in job.reservations:
-                raise InvalidTransition(job.id, "prepared (reservation released)", "commit")
-            new = machine.commit(job, now=self.now())
-            self.commit_changes([(job, new)], self.stale_removals(job.id, stale))
-            return new
+        return self.producer.commit(reservation)
 
     def abort(self, reservation: Reservation) -> Job | None:
         """Release one reservation; returns the canceled job when it was the last, else None."""
-        with self._lock.hold():
-            job, stale = self.locate(reservation.job_id)
-            if job is None or job.state is not JobState.PREPARED:
-                return None
-            if reservation.reservation_id not in job.reservations:
-                return None
-            new = machine.abort(job, reservation.reservation_id, now=self.now())
-            self.commit_changes([(job, new)], self.stale_removals(job.id, stale))
-            return new if new.state is JobState.CANCELED else None
+        return self.producer.abort(reservation)
 
-    # ------------------------------------------------------------ administration
+    # ------------------------------------------------------------ administration (bulk.py)
 
     def cancel(self, job_id: str) -> Job:
         """Cancel a job that has not finished (a leased one too: its holder is fenced out)."""
-        new = self._admin_move(job_id, "cancel", machine.cancel)
-        self._maybe_autoprune()
+        new = bulk.move_one(self.journal, job_id, "cancel", machine.cancel)
+        self.journal.maybe_autoprune()
         return new
 
     def requeue(self, job_id: str) -> Job:
         """Run a dead-lettered or canceled job again from scratch (attempts reset)."""
-        return self._admin_move(job_id, "requeue", machine.requeue)
-
-    def _admin_move(self, job_id: str, action: str, decide: Callable[..., Job]) -> Job:
-        """Move one job by id (an operator's action), clearing any crash leftover of it."""
-        validate_job_id(job_id)
-        with self._lock.hold():
-            job, stale = self.locate(job_id)
-            if job is None:
-                raise JobNotFound(job_id)
-            check_source(job_id, action, job.state)
-            new = decide(job, now=self.now())
-            self.commit_changes([(job, new)], self.stale_removals(job_id, stale))
-            return new
+        return bulk.move_one(self.journal, job_id, "requeue", machine.requeue)
 
     def requeue_all(self, state: JobState | str = JobState.DEAD_LETTER) -> list[Job]:
         """Requeue every job in `state` (dead letters by default) in one batch."""
-        src = JobState(state)
-        check_source("*", "requeue", src)
-        with self._lock.hold():
-            now = self.now()
-            pairs: list[tuple[Job | None, Job | None]] = []
-            for job_id in sorted(self._store.names(src.value)):
-                job = self.read_job(src, job_id)
-                if job is not None:
-                    pairs.append((job, machine.requeue(job, now=now)))
-            self.commit_changes(pairs)
-        return [new for _, new in pairs if new is not None]
+        return bulk.requeue_all(self.journal, state)
 
     def cancel_matching(self, *, kind: str | None = None,
                         states: Iterable[JobState | str] | str | None = None,
                         older_than: float | None = None) -> list[Job]:
         """Cancel every unfinished job of `kind`, in `states` (all cancelable ones by
         default), last changed more than `older_than` seconds ago; returns them."""
-        from jobspool.queue.bulk import cancel_matching
-
-        moved = cancel_matching(self, kind=kind, states=states, older_than=older_than)
-        self._maybe_autoprune()
+        moved = bulk.cancel_matching(self.journal, kind=kind, states=states,
+                                     older_than=older_than)
+        self.journal.maybe_autoprune()
         return moved
 
     def requeue_matching(self, *, kind: str | None = None,
@@ -314,19 +362,18 @@ class Spool(EnqueueForms, LeasingSpool):
                          older_than: float | None = None) -> list[Job]:
         """Requeue every job of `kind`, in `states` (dead letters by default; canceled on
         request), last changed more than `older_than` seconds ago; returns them."""
-        from jobspool.queue.bulk import requeue_matching
-
-        return requeue_matching(self, kind=kind, states=states, older_than=older_than)
+        return bulk.requeue_matching(self.journal, kind=kind, states=states,
+                                     older_than=older_than)
 
     def get(self, job_id: str) -> Job:
         """The current snapshot of a job; `JobNotFound` if no state directory holds it."""
         validate_job_id(job_id)
-        job, _ = self.locate(job_id)
+        job, _ = self.journal.locate(job_id)
         if job is None:
             # Lock-free probing can miss a job moving between two directories we probe
             # in the wrong order; the lock makes the second look exact.
-            with self._lock.hold():
-                job, _ = self.locate(job_id)
+            with self.lock.hold():
+                job, _ = self.journal.locate(job_id)
         if job is None:
             raise JobNotFound(job_id)
         return job
@@ -345,14 +392,14 @@ class Spool(EnqueueForms, LeasingSpool):
 
     def _iter_jobs(self, states: Sequence[JobState], kind: str | None) -> Iterator[Job]:
         for s in states:
-            for job_id in sorted(self._store.names(s.value)):
-                job = self.read_job(s, job_id)
+            for job_id in sorted(self.store.names(s.value)):
+                job = self.journal.read_job(s, job_id)
                 if job is not None and (kind is None or job.kind == kind):
                     yield job
 
     def stats(self, *, by_kind: bool = False) -> Stats:
         """Counts per state, the age of the oldest due job, the fence, quarantine size."""
-        return collect_stats(self, by_kind=by_kind)
+        return collect_stats(self.journal, by_kind=by_kind)
 
     def wait(self, job_id: str, timeout: float | None = None, *,
              poll_seconds: float = 0.05) -> Job:
@@ -365,11 +412,11 @@ class Spool(EnqueueForms, LeasingSpool):
         """Repair what a crash left, reclaim expired leases, replay prepared jobs, prune."""
         from jobspool.recovery.recover import recover
 
-        with self._lock.hold():
-            suspect = self._lock.suspect()
-        report = recover(self, replay)
-        with self._lock.hold():
-            self._lock.clear_suspect(suspect)
+        with self.lock.hold():
+            suspect = self.lock.suspect()
+        report = recover(self.journal, replay)
+        with self.lock.hold():
+            self.lock.clear_suspect(suspect)
         return report
 
     def prune(self, keep: int | None = None, older_than: float | None = None, *,
@@ -379,7 +426,7 @@ class Spool(EnqueueForms, LeasingSpool):
         the whole rule; neither: the spool's `keep_terminal` and `keep_terminal_seconds`."""
         from jobspool.recovery.prune import prune
 
-        return prune(self, keep=keep, older_than=older_than, keep_dead=keep_dead)
+        return prune(self.journal, keep=keep, older_than=older_than, keep_dead=keep_dead)
 
     def health(self, **options: Any) -> Health:
         """An `ok` / `degraded` verdict with reasons (see `jobspool.health.check_health`)."""
@@ -391,7 +438,7 @@ class Spool(EnqueueForms, LeasingSpool):
         """Check every invariant of the spool without changing anything."""
         from jobspool.recovery.fsck import fsck
 
-        return fsck(self)
+        return fsck(self.journal)
 
 
 def _init_signature() -> inspect.Signature:

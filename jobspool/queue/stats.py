@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from jobspool.queue.states import ALL_STATES, JobState
 
 if TYPE_CHECKING:
-    from jobspool.queue.leasing import LeasingSpool as Spool
+    from jobspool.queue.journal import Journal
 
 # Reading every retryable file to find the oldest due one is O(retryable): cap it.
 _MAX_RETRYABLE_SCAN = 20_000
@@ -83,7 +83,7 @@ class Stats:
         }
 
 
-def collect_stats(spool: Spool, *, by_kind: bool = False) -> Stats:
+def collect_stats(spool: Journal, *, by_kind: bool = False) -> Stats:
     store = spool.store
     with spool.lock.hold():
         now = spool.now()

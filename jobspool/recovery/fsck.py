@@ -27,7 +27,7 @@ from jobspool.recovery.quarantine import confirm, quarantined_files
 from jobspool.recovery.scan import Scan, probe, scan_spool
 
 if TYPE_CHECKING:
-    from jobspool.queue.leasing import LeasingSpool as Spool
+    from jobspool.queue.journal import Journal
 
 
 
@@ -52,7 +52,7 @@ class FsckReport:
                 "temp_files": self.temp_files}
 
 
-def fsck(spool: Spool) -> FsckReport:
+def fsck(spool: Journal) -> FsckReport:
     """Check the spool without changing it; see the module docstring."""
     scan = scan_spool(spool)
     problems: list[str] = []
@@ -101,7 +101,7 @@ def fsck(spool: Spool) -> FsckReport:
                       quarantined=quarantined, temp_files=len(temps))
 
 
-def _check_id(spool: Spool, job_id: str) -> list[str]:
+def _check_id(spool: Journal, job_id: str) -> list[str]:
     good, bad = probe(spool, job_id)
     out = [f"{b.path}: {b.reason}" for b in bad]
     if len(good) > 1:
@@ -111,7 +111,7 @@ def _check_id(spool: Spool, job_id: str) -> list[str]:
     return out
 
 
-def _read_fence(spool: Spool) -> tuple[int | None, str | None]:
+def _read_fence(spool: Journal) -> tuple[int | None, str | None]:
     try:
         return decode_fence(spool.store.read("", FENCE_FILE)), None
     except FileNotFoundError:
@@ -120,12 +120,12 @@ def _read_fence(spool: Spool) -> tuple[int | None, str | None]:
         return None, f"{FENCE_FILE}: {exc}"
 
 
-def _temp_files(spool: Spool) -> list[str]:
+def _temp_files(spool: Journal) -> list[str]:
     # Called under the lock: see `stray_tmp_files` for what a live writer may leave there.
     return stray_tmp_files(spool.root / TMP_DIR)
 
 
-def _notes(spool: Spool, scan: Scan, counts: dict[str, int], quarantined: int) -> list[str]:
+def _notes(spool: Journal, scan: Scan, counts: dict[str, int], quarantined: int) -> list[str]:
     now = spool.now()
     notes: list[str] = []
     expired = [e for e in scan.in_state(JobState.LEASED)

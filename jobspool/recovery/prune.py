@@ -46,7 +46,7 @@ from jobspool.recovery.scan import Bad, Entry, Scan, entry_of, read_job, scan_st
 
 if TYPE_CHECKING:
     from jobspool.queue.job import Job
-    from jobspool.queue.leasing import LeasingSpool as Spool
+    from jobspool.queue.journal import Journal
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class PruneReport:
                 "pruned": len(self.pruned)}
 
 
-def prune(spool: Spool, *, keep: int | None = None, older_than: float | None = None,
+def prune(spool: Journal, *, keep: int | None = None, older_than: float | None = None,
           keep_dead: int | None = None, states: tuple[JobState, ...] = TERMINAL_ORDER,
           scan: Scan | None = None) -> PruneReport:
     """Remove old terminal jobs of `states`; see the module docstring for the rules.
@@ -122,7 +122,7 @@ def prune(spool: Spool, *, keep: int | None = None, older_than: float | None = N
     return report
 
 
-def prune_if_over(spool: Spool) -> PruneReport | None:
+def prune_if_over(spool: Journal) -> PruneReport | None:
     """Prune only the terminal directories holding more than `keep_terminal` files.
 
     Three directory listings when nothing is over; None then.
@@ -134,7 +134,7 @@ def prune_if_over(spool: Spool) -> PruneReport | None:
     return prune(spool, states=over)
 
 
-def _scan(spool: Spool, state: JobState) -> list[Entry]:
+def _scan(spool: Journal, state: JobState) -> list[Entry]:
     out = Scan()
     scan_state(spool, state, out)
     return out.entries
@@ -150,7 +150,7 @@ def _victims(entries: list[Entry], limit: int, older_than: float | None,
     return victims
 
 
-def _remove(spool: Spool, victims: list[Entry]) -> tuple[list[str], list[str]]:
+def _remove(spool: Journal, victims: list[Entry]) -> tuple[list[str], list[str]]:
     """Remove a batch of jobs (every readable copy) under one lock hold and one flush."""
     gone: list[str] = []
     stale_paths: list[str] = []
@@ -174,7 +174,7 @@ def _remove(spool: Spool, victims: list[Entry]) -> tuple[list[str], list[str]]:
     return gone, stale_paths
 
 
-def _other_copies(spool: Spool, job: Job) -> list[Job]:
+def _other_copies(spool: Journal, job: Job) -> list[Job]:
     """Readable copies of `job` in the other state directories (an existence probe each)."""
     out: list[Job] = []
     name = job.id + JOB_SUFFIX

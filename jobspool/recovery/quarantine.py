@@ -47,7 +47,7 @@ from jobspool.queue.store import JOB_SUFFIX
 from jobspool.recovery.scan import Bad, read_job
 
 if TYPE_CHECKING:
-    from jobspool.queue.leasing import LeasingSpool as Spool
+    from jobspool.queue.journal import Journal
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ _MAX_NAME = 150  # room for the prefix within a 255-byte file name
 _counter = itertools.count()
 
 
-def confirm(spool: Spool, bad: Bad) -> Bad | None:
+def confirm(spool: Journal, bad: Bad) -> Bad | None:
     """Re-check a suspect under the lock: still there and still unreadable (with today's reason)."""
     path = spool.root / bad.directory / bad.name
     if os.path.islink(path):
@@ -66,7 +66,7 @@ def confirm(spool: Spool, bad: Bad) -> Bad | None:
     return got if isinstance(got, Bad) else None
 
 
-def quarantine(spool: Spool, suspects: Iterable[Bad]) -> list[tuple[str, str]]:
+def quarantine(spool: Journal, suspects: Iterable[Bad]) -> list[tuple[str, str]]:
     """Move each confirmed-bad file into `quarantine/`; returns (source, quarantine name) pairs.
 
     Call under the spool lock.
@@ -92,7 +92,7 @@ def quarantine(spool: Spool, suspects: Iterable[Bad]) -> list[tuple[str, str]]:
     return moved
 
 
-def quarantine_root_file(spool: Spool, name: str, reason: str) -> str | None:
+def quarantine_root_file(spool: Journal, name: str, reason: str) -> str | None:
     """Move a damaged file of the spool root (the fence counter) aside before it is rebuilt.
 
     Call under the spool lock; the root directory is flushed by the rebuild that follows.
@@ -106,7 +106,7 @@ def quarantine_root_file(spool: Spool, name: str, reason: str) -> str | None:
     return qname
 
 
-def _move(spool: Spool, bad: Bad) -> str | None:
+def _move(spool: Journal, bad: Bad) -> str | None:
     qdir = spool.root / QUARANTINE_DIR
     reason = orjson.dumps({
         "v": REASON_FORMAT,
@@ -143,7 +143,7 @@ def _move(spool: Spool, bad: Bad) -> str | None:
     return qname
 
 
-def quarantined_files(spool: Spool) -> list[str]:
+def quarantined_files(spool: Journal) -> list[str]:
     """Names of the quarantined files (their reason files excluded)."""
     try:
         return sorted(n for n in os.listdir(spool.root / QUARANTINE_DIR)
@@ -152,7 +152,7 @@ def quarantined_files(spool: Spool) -> list[str]:
         return []
 
 
-def read_reason(spool: Spool, qname: str) -> dict[str, object]:
+def read_reason(spool: Journal, qname: str) -> dict[str, object]:
     """The reason record written beside a quarantined file."""
     data = (spool.root / QUARANTINE_DIR / (qname + REASON_SUFFIX)).read_bytes()
     doc = orjson.loads(data)
@@ -185,7 +185,7 @@ class QuarantinedFile:
                 "quarantined_at": self.quarantined_at, "size": self.size}
 
 
-def _describe(spool: Spool, name: str) -> QuarantinedFile | None:
+def _describe(spool: Journal, name: str) -> QuarantinedFile | None:
     qdir = spool.root / QUARANTINE_DIR
     try:
         size = (qdir / name).lstat().st_size
@@ -207,13 +207,13 @@ def _describe(spool: Spool, name: str) -> QuarantinedFile | None:
         size=size)
 
 
-def list_quarantined(spool: Spool) -> list[QuarantinedFile]:
+def list_quarantined(spool: Journal) -> list[QuarantinedFile]:
     """Every quarantined file, oldest first (names sort by the time they were moved)."""
     out = (_describe(spool, n) for n in quarantined_files(spool))
     return [q for q in out if q is not None]
 
 
-def resolve(spool: Spool, ident: str) -> str:
+def resolve(spool: Journal, ident: str) -> str:
     """The quarantine name `ident` means: an exact name, a unique prefix of one, or the id
     of the job (the original file name without `.json`) when exactly one file matches."""
     if not ident or "/" in ident or ident in (".", ".."):
@@ -231,7 +231,7 @@ def resolve(spool: Spool, ident: str) -> str:
     raise NotQuarantined(ident)
 
 
-def show_quarantined(spool: Spool, ident: str) -> dict[str, Any]:
+def show_quarantined(spool: Journal, ident: str) -> dict[str, Any]:
     """One file's description, its content (text, at most 64 KiB) and, when it now reads
     as a job (repaired in place), that job."""
     name = resolve(spool, ident)
@@ -252,7 +252,7 @@ def show_quarantined(spool: Spool, ident: str) -> dict[str, Any]:
     return doc
 
 
-def restore_quarantined(spool: Spool, ident: str) -> Job:
+def restore_quarantined(spool: Journal, ident: str) -> Job:
     """Move a repaired quarantined job file back into the directory of its `state`.
 
     Refused (`SpoolError`, nothing moved) while the file is still not a
@@ -294,7 +294,7 @@ def restore_quarantined(spool: Spool, ident: str) -> Job:
     return job
 
 
-def purge_quarantined(spool: Spool, idents: Sequence[str] = (), *,
+def purge_quarantined(spool: Journal, idents: Sequence[str] = (), *,
                       older_than: float | None = None) -> list[str]:
     """Delete quarantined files (and their reason files) for good; returns their names.
 

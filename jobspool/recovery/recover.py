@@ -60,7 +60,7 @@ from jobspool.recovery.scan import Bad, Scan, probe, scan_spool, survivor_key
 
 if TYPE_CHECKING:
     from jobspool.queue.job import Job
-    from jobspool.queue.leasing import LeasingSpool as Spool
+    from jobspool.queue.journal import Journal
 
 __all__ = ["BATCH", "RecoveryReport", "ReplayHook", "ReplayHooks", "recover"]
 
@@ -113,7 +113,7 @@ class RecoveryReport:
         return doc
 
 
-def recover(spool: Spool, replay: ReplayHooks | None = None) -> RecoveryReport:
+def recover(spool: Journal, replay: ReplayHooks | None = None) -> RecoveryReport:
     """Run every recovery step once (see the module docstring); safe beside live workers."""
     scan = scan_spool(spool)
     dups, stale, moved = _repair(spool, scan)
@@ -140,7 +140,7 @@ def recover(spool: Spool, replay: ReplayHooks | None = None) -> RecoveryReport:
 # ---------------------------------------------------------------- 1, 2: duplicates, quarantine
 
 
-def _repair(spool: Spool, scan: Scan) -> tuple[list[str], list[str], list[tuple[str, str]]]:
+def _repair(spool: Journal, scan: Scan) -> tuple[list[str], list[str], list[tuple[str, str]]]:
     suspects = set(scan.duplicates())
     strays: list[Bad] = []
     for bad in scan.bad:
@@ -179,7 +179,7 @@ def _repair(spool: Spool, scan: Scan) -> tuple[list[str], list[str], list[tuple[
 # ---------------------------------------------------------------- 3: temp files
 
 
-def _clean_tmp(spool: Spool) -> tuple[list[str], list[str]]:
+def _clean_tmp(spool: Journal) -> tuple[list[str], list[str]]:
     removed: list[str] = []
     trimmed: list[str] = []
     tmp = spool.root / TMP_DIR
@@ -248,7 +248,7 @@ def _older_than(path: os.PathLike[str], seconds: float) -> bool:
 # ---------------------------------------------------------------- 4: fence
 
 
-def _raise_fence(spool: Spool, scan: Scan) -> tuple[list[str], int | None, int | None]:
+def _raise_fence(spool: Journal, scan: Scan) -> tuple[list[str], int | None, int | None]:
     """Make the fence at least every token the scan saw.
 
     The scan is enough: a token written after it was minted from the counter
@@ -284,7 +284,7 @@ def _raise_fence(spool: Spool, scan: Scan) -> tuple[list[str], int | None, int |
 # ---------------------------------------------------------------- 5: expired leases
 
 
-def _reclaim(spool: Spool, scan: Scan) -> tuple[list[str], list[str], list[str]]:
+def _reclaim(spool: Journal, scan: Scan) -> tuple[list[str], list[str], list[str]]:
     leased = sorted(e.job_id for e in scan.in_state(JobState.LEASED))
     reclaimed: list[str] = []
     returned: list[str] = []
@@ -335,7 +335,7 @@ def _reclaim(spool: Spool, scan: Scan) -> tuple[list[str], list[str], list[str]]
 # ---------------------------------------------------------------- 6: replay
 
 
-def _replay(spool: Spool, scan: Scan, replay: ReplayHooks | None
+def _replay(spool: Journal, scan: Scan, replay: ReplayHooks | None
             ) -> tuple[list[str], list[str], list[str], list[str], list[str]]:
     cutoff = spool.now() - spool.prepare_grace_seconds
     due = sorted((e for e in scan.in_state(JobState.PREPARED) if e.updated_at <= cutoff),

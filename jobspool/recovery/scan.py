@@ -24,7 +24,7 @@ from jobspool.queue.states import ALL_STATES, JobState
 from jobspool.queue.store import JOB_SUFFIX
 
 if TYPE_CHECKING:
-    from jobspool.queue.leasing import LeasingSpool as Spool
+    from jobspool.queue.journal import Journal
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +82,7 @@ class Scan:
         return best, path
 
 
-def read_job(spool: Spool, directory: str, name: str) -> Job | Bad | None:
+def read_job(spool: Journal, directory: str, name: str) -> Job | Bad | None:
     """Read and decode one file of a state directory; None when it is not there (any more)."""
     state = JobState(directory)
     if not name.endswith(JOB_SUFFIX):
@@ -110,7 +110,7 @@ def entry_of(job: Job) -> Entry:
                  expires_at=None if job.lease is None else job.lease.expires_at)
 
 
-def scan_state(spool: Spool, state: JobState, out: Scan) -> None:
+def scan_state(spool: Journal, state: JobState, out: Scan) -> None:
     """Add one state directory's files to `out` (one listing, one read per file)."""
     directory = state.value
     with os.scandir(spool.root / directory) as it:
@@ -133,7 +133,7 @@ def scan_state(spool: Spool, state: JobState, out: Scan) -> None:
             out.entries.append(entry_of(got))
 
 
-def scan_spool(spool: Spool, states: tuple[JobState, ...] = ALL_STATES) -> Scan:
+def scan_spool(spool: Journal, states: tuple[JobState, ...] = ALL_STATES) -> Scan:
     """One lock-free pass over `states` (all of them by default)."""
     out = Scan()
     for state in states:
@@ -141,7 +141,7 @@ def scan_spool(spool: Spool, states: tuple[JobState, ...] = ALL_STATES) -> Scan:
     return out
 
 
-def probe(spool: Spool, job_id: str) -> tuple[list[Job], list[Bad]]:
+def probe(spool: Journal, job_id: str) -> tuple[list[Job], list[Bad]]:
     """Every copy of one job, readable and not, read now (call under the lock to be exact)."""
     good: list[Job] = []
     bad: list[Bad] = []

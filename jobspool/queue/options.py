@@ -1,0 +1,107 @@
+"""What a `Spool` is opened with, in two frozen groups that say what is persisted.
+
+`SpoolSettings` (layout.py) is saved in `spool.json` when the spool is
+created and is every later opener's default: an option given to `Spool()`
+overrides it for that process only. `ProcessOptions` are never saved: they
+describe how this process uses the spool (its clock, whether it flushes,
+its backpressure thresholds, whether it may write).
+
+`Spool`'s signature shows DESIGN §5's defaults (`lease_seconds=60.0`, ...);
+those defaults are `_DefaultFloat`/`_DefaultInt` markers that read as their
+value but mean "not given", so the value saved in `spool.json` wins.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from jobspool.queue.job import MAX_JOB_BYTES, validate_int, validate_seconds
+from jobspool.queue.layout import SpoolSettings
+
+UNSET: Any = object()  # an option left out (None can be a real value: "no limit")
+
+
+class DefaultFloat(float):
+    """A default that reads as its value (in `help(Spool)`, DESIGN §5's signature) but means
+    "not given": the value saved in `spool.json` then wins."""
+
+
+class DefaultInt(int):
+    """The integer form of `DefaultFloat`."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessOptions:
+    """How this process uses a spool; never persisted (see the module docstring)."""
+
+    durable: bool = True
+    clock: Callable[[], float] = field(default=time.time)
+    sync_mode: str = "auto"
+    seed: int | None = None
+    read_only: bool = False
+    max_due: int | None = None
+    max_lag_seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_due is not None:
+            validate_int("max_due", self.max_due, minimum=1)
+        if self.max_lag_seconds is not None:
+            validate_seconds("max_lag_seconds", self.max_lag_seconds, positive=True)
+
+
+def given(value: Any) -> bool:
+    return (value is not UNSET and value is not None
+            and not isinstance(value, DefaultFloat | DefaultInt))
+
+
+def check_given(options: dict[str, Any]) -> None:
+    """Refuse a bad persisted option before anything is created on disk."""
+    for name in ("lease_seconds", "retry_base_seconds", "retry_max_seconds",
+                 "prepare_grace_seconds"):
+        if given(options.get(name)):
+            validate_seconds(name, options[name], positive=name == "lease_seconds")
+    for name, low in (("max_attempts", 1), ("keep_terminal", 0), ("max_job_bytes", 1024)):
+        if given(options.get(name)):
+            validate_int(name, options[name], minimum=low)
+
+
+def resolve_settings(options: dict[str, Any], stored: dict[str, Any], access: str
+                     ) -> SpoolSettings:
+    """This process's settings: each option given, else the one in `spool.json`, else
+    DESIGN's default; every value validated (a hand-edited `spool.json` included)."""
+
+    def pick(name: str, default: Any) -> Any:
+        value = options.get(name, UNSET)
+        return value if given(value) else stored.get(name, default)
+
+    def nullable(name: str, default: Any) -> Any:
+        # None is a real value here ("no limit"): only a left-out option defers to the file.
+        value = options.get(name, UNSET)
+        return stored.get(name, default) if value is UNSET else value
+
+    kts = nullable("keep_terminal_seconds", None)
+    rescues = nullable("max_rescues", 10)
+    return SpoolSettings(
+        lease_seconds=validate_seconds("lease_seconds", pick("lease_seconds", 60.0),
+                                       positive=True),
+        max_attempts=validate_int("max_attempts", pick("max_attempts", 5), minimum=1),
+        retry_base_seconds=validate_seconds("retry_base_seconds",
+                                            pick("retry_base_seconds", 1.0)),
+        retry_max_seconds=validate_seconds("retry_max_seconds",
+                                           pick("retry_max_seconds", 300.0)),
+        keep_terminal=validate_int("keep_terminal", pick("keep_terminal", 1000), minimum=0),
+        max_rescues=None if rescues is None else validate_int("max_rescues", rescues,
+                                                              minimum=1),
+        prepare_grace_seconds=validate_seconds("prepare_grace_seconds",
+                                               pick("prepare_grace_seconds", 300.0)),
+        max_job_bytes=validate_int("max_job_bytes", pick("max_job_bytes", MAX_JOB_BYTES),
+                                   minimum=1024),
+        access=access,
+        # Retention by age (issue 12): a terminal job younger than this is kept even beyond
+        # the newest `keep_terminal`, so a result stays readable for a known time.
+        keep_terminal_seconds=None if kts is None else validate_seconds(
+            "keep_terminal_seconds", kts),
+    )
