@@ -227,7 +227,7 @@ class Leasing:
         recovery charges a rescue only to the jobs whose handlers had started."""
         try:
             self.process_mark().running(tokens, started=started)
-        except OSError as exc:  # advisory: without it a death is charged to the whole batch
+        except (OSError, WriteFailed) as exc:  # advisory: else a death charges the whole batch
             log.debug("could not record running handlers: %s", exc)
 
     def _exhausted(self, job: Job) -> bool:
