@@ -355,16 +355,18 @@ def test_dotted_and_dashed_kinds_run_through_the_cli_and_an_unknown_kind_names_t
 
 
 def test_a_schedule_whose_job_the_spool_refuses_does_not_stop_the_others(
-        spool: Spool, clock: FakeClock, caplog: pytest.LogCaptureFixture) -> None:
+        make_any_spool: Callable[..., Spool], caplog: pytest.LogCaptureFixture) -> None:
     from jobspool import Scheduler
 
+    spool = make_any_spool()
+    now = float(Schedule("tick", every=60).last_tick(spool.now()) + 1)  # on time, both stores
     scheduler = Scheduler([Schedule("big", every=60, payload="x" * 70_000),
                            Schedule("tick", every=60)])
-    (fired,) = scheduler.tick(spool, clock.now)
+    (fired,) = scheduler.tick(spool, now)
     assert fired.schedule == "tick" and len(fired.created) == 1
     assert [j.id for j in spool.jobs()] == list(fired.created)
     assert "schedule big not fired" in caplog.text and "max_job_bytes" in caplog.text
-    assert [r["last_tick"] for r in scheduler.status(spool, clock.now)] == [
+    assert [r["last_tick"] for r in scheduler.status(spool, now)] == [
         None, fired.ticks[0]]  # the refused one keeps its mark: tried again next time
 
 
