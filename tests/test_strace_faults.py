@@ -52,7 +52,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -62,9 +61,9 @@ from typing import Any
 import orjson
 import pytest
 
-from jobspool import Spool
+from tests.cli_harness import run_jobspool, start_jobspool
 from tests.helpers_spool import STATE_DIRS, job_files, read_raw, tmp_leftovers
-from tests.subproc import REPO, cli_env
+from tests.spools import make_spool
 
 pytestmark = pytest.mark.slow
 
@@ -143,14 +142,14 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
                                 retry_max_seconds=0.05, keep_terminal=100_000,
                                 max_rescues=None)
     # Two jobs claimed by a worker that is gone, long ago: their leases have expired.
-    with Spool(root, clock=lambda: time.time() - 1000, **opts) as past:
+    with make_spool(root, clock=lambda: time.time() - 1000, **opts) as past:
         for i in range(2):
             past.enqueue("record", {}, job_id=f"x{i}", priority=-1)
         before = (root / "ready" / "x0.json").read_bytes()
         leases = past.claim(limit=2)
         assert sorted(lease.job_id for lease in leases) == ["x0", "x1"]
     (root.parent / "x0.stale.json").write_bytes(before)  # see _copy
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         for i in range(12):
             spool.enqueue("record", {}, job_id=f"r{i:02d}")
     # Left in tmp/ by an older version or a person (DESIGN §6: stale temp files go).
@@ -169,12 +168,11 @@ def _jobspool(root: Path, log: Path, args: tuple[str, ...], *, strace: list[str]
               ) -> tuple[int, str, int]:
     """Run the CLI (under strace when given); (exit code, stderr, pid of the CLI process
     or of strace around it)."""
-    argv = [*(strace or []), sys.executable, "-m", "jobspool", "--root", str(root), *args]
-    env = cli_env(JOBSPOOL_TEST_LOG=str(log), PYTHONDONTWRITEBYTECODE="1")
+    env: dict[str, str | None] = {"JOBSPOOL_TEST_LOG": str(log), "PYTHONDONTWRITEBYTECODE": "1"}
     # A session of its own: on a hang, the whole group (strace and the traced CLI) is killed,
     # not just strace, whose death would leave the CLI running detached.
-    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, start_new_session=True)
+    proc = start_jobspool(*args, root=root, env=env, prefix=strace or (),
+                          stdout=subprocess.DEVNULL, start_new_session=True)
     try:
         _, err = proc.communicate(timeout=120)
     except subprocess.TimeoutExpired:
@@ -317,8 +315,7 @@ def _assert_converged(case: Case, root: Path, log: Path, expected: list[str],
 
 
 def _fsck(root: Path) -> tuple[int, dict[str, Any], str]:
-    proc = subprocess.run([sys.executable, "-m", "jobspool", "--root", str(root), "--json",
-                           "fsck"], cwd=REPO, env=cli_env(), capture_output=True, timeout=120)
-    doc = orjson.loads(proc.stdout)
+    done = run_jobspool("--json", "fsck", root=root)
+    doc = orjson.loads(done.out)
     assert isinstance(doc, dict)
-    return proc.returncode, doc, proc.stderr.decode()
+    return done.code, doc, done.err
