@@ -19,6 +19,8 @@ tripped it.
 |                         | a row (lost commit races are `deferred`, never counted)        |
 | `unreadable_files`      | a state directory holds a file that is not a readable job      |
 |                         | (claims skip it: the job it should be never runs)              |
+| `no_read_access`        | this user may not read some job files (a reader whose access   |
+|                         | was granted by a one-time chmod): those jobs go unchecked      |
 | `ready_not_claimed`     | a file has sat in `ready/` longer than `max_due_age` since it  |
 |                         | arrived there (by its ctime): e.g. placed by hand where no     |
 |                         | worker for its kind looks                                      |
@@ -225,6 +227,18 @@ def check_health(
             stats.quarantined))
 
     unreadable = _unreadable_files(spool)
+    # A file this user may not open is not a broken job (its owner's workers read it fine):
+    # it is a gap in what this check can see, so say that, not "run recover".
+    denied = [p for p in unreadable if _denied(spool, p)]
+    unreadable = [p for p in unreadable if p not in denied]
+    if denied:
+        reasons.append(Reason(
+            "no_read_access",
+            f"{_plural(len(denied), 'job file')} this user may not read ({_ids(denied)}): "
+            f"they are not checked; a spool's files are written with its saved access mode, "
+            f"so a one-time chmod does not cover later ones — create it with `jobspool init "
+            f"--access group-read` and run this check as a member of its group",
+            len(denied)))
     if unreadable:
         reasons.append(Reason(
             "unreadable_files",
@@ -264,7 +278,8 @@ def check_health(
                "oldest_due_age": stats.oldest_due_age, "fence": stats.fence,
                "quarantined": stats.quarantined, "expired_leases": len(expired),
                "stale_prepared": len(stuck), "projection": uri,
-               "unreadable_files": len(unreadable), "ready_not_claimed": len(waiting),
+               "unreadable_files": len(unreadable), "no_read_access": len(denied),
+               "ready_not_claimed": len(waiting),
                "stale_workers": len(stale_workers), **_disk_figures(spool)}
     return Health(reasons=reasons, root=str(spool.root), checked_at=now, figures=figures)
 
@@ -299,6 +314,13 @@ def _unreadable_files(spool: Spool) -> list[str]:
     with journal.lock.hold():
         confirmed = [confirm(journal, bad) for bad in suspects]
     return sorted(bad.path for bad in confirmed if bad is not None)
+
+
+def _denied(spool: Spool, path: str) -> bool:
+    """Whether `state/name` exists but this process may not read it (a permission gap, not
+    a damaged file)."""
+    full = Path(spool.root) / path
+    return os.path.isfile(full) and not os.access(full, os.R_OK)
 
 
 def _ready_not_claimed(spool: Spool, max_due_age: float) -> list[str]:

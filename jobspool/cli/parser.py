@@ -56,9 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--keep-terminal-seconds", type=_nonneg_float, metavar="SECONDS",
                    help="retention also keeps every finished job younger than SECONDS, "
                    "beyond --keep-terminal (default: none, by count only)")
-    c.add_argument("--access", choices=("private", "group"),
-                   help="who may use a new spool: its owner (directories 0700, files 0600) "
-                   "or also the owner's group (02770 / 0660); kept in spool.json "
+    c.add_argument("--access", choices=("private", "group", "group-read"),
+                   help="who may use a new spool: its owner (directories 0700, files 0600), "
+                   "also the owner's group (02770 / 0660), or the owner's group read-only "
+                   "(02750 / 0640: for a health check or exporter); kept in spool.json "
                    "(default: private)")
     c.add_argument("--max-job-bytes", type=_positive_int, metavar="N",
                    help="the largest job file, serialized (at least 1024; default: 65536)")

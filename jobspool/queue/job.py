@@ -8,6 +8,7 @@ so every boundary refuses the same things with the same messages.
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import os
@@ -159,8 +160,11 @@ def report_unreadable(directory: str, job_id: str, reason: str) -> None:
     Both a log warning (for operators) and a `CorruptFileWarning` (for code
     and tests); the CLI silences the latter since it logs the former.
     """
-    message = (f"skipping unreadable job file {directory}/{job_id}.json: {reason} "
-               "(`jobspool recover` moves it to quarantine/)")
+    # A permission error is this reader's gap, not a damaged file: recover would not move it.
+    denied = reason in (os.strerror(errno.EACCES), os.strerror(errno.EPERM))
+    hint = ("this user may not read it: see `jobspool init --access group-read`" if denied
+            else "`jobspool recover` moves it to quarantine/")
+    message = f"skipping unreadable job file {directory}/{job_id}.json: {reason} ({hint})"
     _log.warning(message, extra={"job_id": job_id, "state": directory})
     warnings.warn(message, CorruptFileWarning, stacklevel=3)
 

@@ -78,7 +78,9 @@ def _path(root: Path, job_id: str) -> Path:
 def write_progress(root: Path, job_id: str, progress: Progress, mode: int = 0o600) -> None:
     """Replace the job's progress file (atomic rename, no fsync: advisory)."""
     path = _path(root, job_id)
-    path.parent.mkdir(mode=0o700 if mode & 0o070 == 0 else 0o770, exist_ok=True)
+    # The group gets on the directory what it gets on the files (group-read: r-x, not rwx).
+    group = (0o050 if mode & 0o040 else 0) | (0o020 if mode & 0o020 else 0)
+    path.parent.mkdir(mode=0o700 | group, exist_ok=True)
     tmp = path.with_name(f".{job_id}.{os.getpid()}.{threading.get_ident()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:

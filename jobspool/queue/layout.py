@@ -125,8 +125,8 @@ def open_layout(root: Path, *, create: bool, durable: bool, read_only: bool = Fa
                 access: str | None = None) -> Layout:
     """Check (and with `create`, make) the spool directory; raise `SpoolError` naming the path.
 
-    `access` ("private" or "group", see `perms.py`) applies when the spool is created;
-    an existing spool keeps the one saved in its `spool.json`.
+    `access` ("private", "group" or "group-read", see `perms.py`) applies when the spool is
+    created; an existing spool keeps the one saved in its `spool.json`.
 
     `read_only` opens an existing spool with read access alone (never creating
     anything): what `stats`, `list`, `show`, `health` and `fsck` need.

@@ -3,10 +3,13 @@
 A spool holds payloads and results, so a new one is private to its owner
 (directories 0700, files 0600). `access="group"` shares it with the owner's
 group instead (0770 with setgid, so new entries keep the group; files 0660):
-several service users in one group, each running workers. The choice is saved
-in `spool.json` and every file jobspool writes gets that mode whatever the
-process umask says (a umask can only remove bits, so we restore them with
-`fchmod` when it would have).
+several service users in one group, each running workers. `access="group-read"`
+lets the group read but not write (02750, files 0640): a cron health check or a
+metrics exporter in that group inspects the spool and can change nothing. The
+choice is saved in `spool.json` and every file jobspool writes gets that mode
+whatever the process umask says (a umask can only remove bits, so we restore
+them with `fchmod` when it would have) — which is why a one-time `chmod` of a
+spool does not last: files written later get the saved mode.
 
 Opening a spool whose directories other users may write is refused: anyone
 could plant jobs in `ready/` (that a worker would run) or swap files in `tmp/`.
@@ -25,6 +28,7 @@ from jobspool.errors import SpoolError
 ACCESS_MODES: dict[str, tuple[int, int]] = {
     "private": (0o700, 0o600),
     "group": (0o2770, 0o660),
+    "group-read": (0o2750, 0o640),
 }
 DEFAULT_ACCESS = "private"
 
