@@ -98,13 +98,16 @@ class Journal:
         self._terminal_writes = 0
         if options.read_only:
             return
-        if layout.created:
-            layout.save_settings(settings)
-        if not (self.root / FENCE_FILE).exists():
-            with self.lock.hold():  # re-check under the lock: never reset a live counter
-                if not (self.root / FENCE_FILE).exists():
-                    write_atomic(self.root / FENCE_FILE, encode_fence(0), durable=self.durable,
-                                 mode=file_mode(self.access))
+        try:  # an OSError here is one line naming the spool and what to do, like any write
+            if layout.created:
+                layout.save_settings(settings)
+            if not (self.root / FENCE_FILE).exists():
+                with self.lock.hold():  # re-check under the lock: never reset a live counter
+                    if not (self.root / FENCE_FILE).exists():
+                        write_atomic(self.root / FENCE_FILE, encode_fence(0),
+                                     durable=self.durable, mode=file_mode(self.access))
+        except OSError as exc:
+            raise write_failed(exc, self.root) from None
 
     # The settings, read where they are used (frozen: one value per opened spool).
     @property
