@@ -41,3 +41,21 @@ def test_show_prints_none_for_a_job_without_a_lease(tmp_path: Path) -> None:
     (line,) = [ln for ln in _show(root, "waiting").splitlines()
                if ln.strip().startswith("lease:")]
     assert line.split(":", 1)[1].strip() in ("null", "none")
+
+
+def test_show_escapes_control_characters_in_the_error_and_traceback(tmp_path: Path) -> None:
+    from jobspool import Worker
+
+    def noisy(job: object, ctx: object) -> None:
+        raise ValueError("bad input \x1b[2J\x07 here")
+
+    root = tmp_path / "spool"
+    with Spool(root, durable=False) as spool:
+        spool.enqueue("mail", {}, job_id="noisy", max_attempts=1)
+        Worker(spool, {"mail": noisy}, maintenance=False).run_until_idle()
+        assert spool.get("noisy").traceback
+    text = _show(root, "noisy")
+    assert "\x1b" not in text and "\x07" not in text, repr(text)
+    lines = text.splitlines()
+    assert "   last_error: ValueError: bad input \\x1b[2J\\x07 here" in lines
+    assert "      ValueError: bad input \\x1b[2J\\x07 here" in lines  # the traceback's end

@@ -20,6 +20,7 @@ from jobspool.cli.common import (
     _make_worker,
     _open,
     _root_spec,
+    printable,
 )
 
 # ---------------------------------------------------------------- commands
@@ -319,7 +320,7 @@ def _show_text(job: Any, progress: Any = None) -> str:
         text += f"\n{'progress':>13}: {progress.text()}"
     if job.traceback:
         text += "\n    traceback:\n" + "\n".join(
-            "      " + line for line in job.traceback.rstrip("\n").splitlines())
+            "      " + printable(line) for line in job.traceback.rstrip("\n").splitlines())
     return text
 
 

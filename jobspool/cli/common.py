@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -135,6 +136,16 @@ def _job_line(job: Any) -> str:
             + (f"  last_error={job.last_error[:60]!r}" if job.last_error else ""))
 
 
+# Job errors, tracebacks and damaged files may hold anything; on a terminal an escape
+# sequence would act instead of showing.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """`text` with control characters other than newline and tab shown as `\\xNN`."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
 def _job_text(job: Any) -> str:
     from jobspool.queue.job import iso_time
 
@@ -150,7 +161,7 @@ def _job_text(job: Any) -> str:
             text = (f"token {v.get('token')}, held by {v.get('owner')}, expires "
                     f"{iso_time(v['expires_at'])} ({v['expires_at']})")
         else:
-            text = v if isinstance(v, str) else orjson.dumps(v).decode()
+            text = printable(v) if isinstance(v, str) else orjson.dumps(v).decode()
         lines.append(f"{k:>13}: {text}")
     return "\n".join(lines)
 

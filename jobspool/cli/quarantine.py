@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import re
 from typing import Any
 
-from jobspool.cli.common import EXIT_OK, _emit, _nonneg_float, _open
+from jobspool.cli.common import EXIT_OK, _emit, _nonneg_float, _open, printable
 
 
 def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
@@ -86,20 +85,11 @@ def cmd_show(args: argparse.Namespace) -> int:
                  "now readable: yes (`jobspool quarantine restore` puts it back)"
                  if doc["readable"] else f"now readable: no ({doc['problem']})",
                  "content" + (" (first 64 KiB)" if doc["truncated"] else "") + ":",
-                 _printable(doc["content"])]
+                 printable(doc["content"])]
         return "\n".join(lines)
 
     _emit(args, doc, text)
     return EXIT_OK
-
-
-# A damaged file may hold anything; on a terminal, an escape sequence would act, not show.
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
-def _printable(text: str) -> str:
-    """`text` with control characters other than newline and tab shown as `\\xNN`."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
