@@ -133,7 +133,8 @@ class Store:
 
     def read(self, directory: str, name: str) -> bytes:
         """The bytes of one file; raises FileNotFoundError when it is not there."""
-        fd = os.open(f"{self._root_s}/{directory}/{name}", os.O_RDONLY | os.O_CLOEXEC)
+        path = f"{self._root_s}/{directory}/{name}"
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
             # A regular file returns everything up to EOF in one read: one syscall for a
             # job file (at most 64 KiB), a loop only for something larger.
@@ -144,6 +145,9 @@ class Store:
             while chunk := os.read(fd, _READ_CHUNK):
                 chunks.append(chunk)
             return b"".join(chunks)
+        except OSError as exc:
+            exc.filename = exc.filename or os.path.normpath(path)  # say which file
+            raise
         finally:
             os.close(fd)
 
