@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -25,35 +23,26 @@ import pytest
 
 from jobspool import Context, Job, JobState, Spool, Worker
 from jobspool.errors import JobspoolError, RunningLoopError
+from tests.cli_harness import LineReader, start_jobspool
 from tests.helpers_spool import job_files
-from tests.subproc import REPO, cli_env
-
-
-def _wait_for(path: Path, proc: subprocess.Popen[bytes], guard: float = 60.0) -> None:
-    deadline = time.monotonic() + guard
-    while not path.exists():
-        if proc.poll() is not None:
-            pytest.fail(f"exited early: {proc.communicate()[1].decode(errors='replace')}")
-        if time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail("the handler never started")
-        time.sleep(0.02)
+from tests.spools import make_spool
+from tests.waiting import wait_until
 
 
 def test_two_sigints_to_run_until_idle_release_a_60_s_handler_now_with_the_attempt_counted(
         tmp_path: Path) -> None:
     root = tmp_path / "spool"
     started = tmp_path / "started"
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         job = spool.enqueue("grace", {"sleep": 60, "startfile": str(started)})
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jobspool", "--root", str(root), "run-until-idle", "--app",
-         "tests.apps.runtime:app", "--json", "--no-maintenance", "--grace", "600"],
-        cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = start_jobspool("run-until-idle", "--app", "tests.apps.runtime:app", "--json",
+                          "--no-maintenance", "--grace", "600", root=root)
+    stderr = LineReader(proc.stderr)
     try:
-        _wait_for(started, proc)
+        wait_until(started.exists, 60, "the handler to start", proc=proc)
         proc.send_signal(signal.SIGINT)
-        time.sleep(0.2)  # two distinct signals, not one coalesced delivery
+        # Two distinct signals, not one coalesced delivery: the second once the first is in.
+        stderr.wait_for("received SIGINT: no new claims", 60, "the first signal taken")
         proc.send_signal(signal.SIGINT)
         # The guard is far below both the handler's 60 s and the 600 s grace: the second
         # signal did not wait for either.
@@ -62,13 +51,13 @@ def test_two_sigints_to_run_until_idle_release_a_60_s_handler_now_with_the_attem
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    text = err.decode(errors="replace")
+    text = stderr.text() + err.decode(errors="replace")
     assert proc.returncode == 0, text
     assert "Traceback" not in text, text
     assert "releasing every held lease now" in text
     report = orjson.loads(out)
     assert report["released"] == 1
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         back = spool.get(job.id)
     assert back.state is JobState.READY
     assert back.attempts == 1  # the run was cut off, not never made
@@ -163,7 +152,7 @@ def test_an_async_handler_blocking_the_loop_keeps_its_lease_and_is_named_in_the_
         return "done"
 
     caplog.set_level(logging.WARNING, logger="jobspool")
-    with Spool(spool_root, durable=False, lease_seconds=lease_seconds) as spool:
+    with make_spool(spool_root, lease_seconds=lease_seconds) as spool:
         job = spool.enqueue("hog")
         report = Worker(spool, {"hog": hog}, maintenance=False).run_until_idle()
         done = spool.get(job.id)

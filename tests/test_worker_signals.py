@@ -10,51 +10,50 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
-from jobspool import JobState, Spool
+from jobspool import JobState
+from jobspool.queue.liveness import LIVE_DIR, LIVE_SUFFIX
+from tests.cli_harness import run_jobspool, start_jobspool
 from tests.helpers_spool import job_files
-from tests.subproc import REPO, cli_env
+from tests.spools import make_spool
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
 
-def _env(log: Path) -> dict[str, str]:
-    return cli_env(JOBSPOOL_TEST_LOG=str(log))
+def _env(log: Path) -> dict[str, str | None]:
+    return {"JOBSPOOL_TEST_LOG": str(log)}
 
 
 def _worker(root: Path, log: Path, *args: str) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "jobspool", "--root", str(root), "worker",
-           "--app", "tests.apps.simple:app", "--json", *args]
-    return subprocess.Popen(cmd, cwd=REPO, env=_env(log), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
-
-
-def _wait_until(what: Callable[[], bool], proc: subprocess.Popen[bytes], timeout: float = 30.0
-                ) -> None:
-    deadline = time.monotonic() + timeout
-    while not what():
-        if proc.poll() is not None:
-            _, err = proc.communicate()
-            pytest.fail(f"worker exited early ({proc.returncode}): {err.decode(errors='replace')}")
-        if time.monotonic() > deadline:
-            proc.kill()
-            proc.wait()
-            pytest.fail("condition not reached before the guard timeout")
-        time.sleep(0.02)
+    return start_jobspool("worker", "--app", "tests.apps.simple:app", "--json", *args,
+                          root=root, env=_env(log))
 
 
 def _count(root: Path, state: str) -> int:
     d = root / state
     return sum(1 for _ in d.iterdir()) if d.is_dir() else 0
+
+
+def _handlers_running(root: Path) -> int | None:
+    """How many handlers the spool's live processes say they are running (their liveness
+    marks, which a worker updates as each handler starts and ends); None until one reports."""
+    reported = None
+    for mark in (root / LIVE_DIR).glob(f"*{LIVE_SUFFIX}"):
+        try:
+            doc = orjson.loads(mark.read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            continue  # caught mid-rewrite: the next poll reads it whole
+        if isinstance(doc, dict) and isinstance(doc.get("running"), list):
+            reported = (reported or 0) + len(doc["running"])
+    return reported
 
 
 def _stop(proc: subprocess.Popen[bytes], sig: int, timeout: float = 30.0
@@ -90,12 +89,10 @@ def _assert_nothing_lost_or_leased(root: Path, ids: list[str]) -> dict[str, list
 
 
 def _drain(root: Path, log: Path) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "jobspool", "--root", str(root), "run-until-idle",
-           "--app", "tests.apps.simple:app", "--json"]
-    done = subprocess.run(cmd, cwd=REPO, env=_env(log), capture_output=True, timeout=120,
-                          check=False)
-    assert done.returncode == 0, done.stderr.decode(errors="replace")
-    report: dict[str, Any] = orjson.loads(done.stdout)
+    done = run_jobspool("run-until-idle", "--app", "tests.apps.simple:app", "--json",
+                        root=root, env=_env(log))
+    assert done.returncode == 0, done.stderr
+    report: dict[str, Any] = done.json()
     return report
 
 
@@ -105,10 +102,10 @@ def test_a_signal_mid_batch_finishes_running_handlers_releases_the_rest_and_exit
     root = tmp_path / "spool"
     log = tmp_path / "handled.log"
     n = 30
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         ids = [j.id for j in spool.enqueue_many("slow", [{"sleep": 0.3} for _ in range(n)])]
     proc = _worker(root, log, "--concurrency", "2", "--batch-size", "8")
-    _wait_until(lambda: _count(root, "completed") >= 3, proc)
+    wait_until(lambda: _count(root, "completed") >= 3, 30, proc=proc)
     code, report, _ = _stop(proc, sig)
 
     assert code == 0
@@ -120,7 +117,7 @@ def test_a_signal_mid_batch_finishes_running_handlers_releases_the_rest_and_exit
     # Every handler that ran was allowed to finish and its job completed: the log lists
     # exactly the completed jobs, each once.
     assert _logged(log) == Counter({i: 1 for i in completed})
-    with Spool(root, create=False) as spool:
+    with make_spool(root, create=False) as spool:
         for job in spool.jobs(state="ready"):
             assert job.attempts == 0, "a released job must not lose an attempt"
 
@@ -128,7 +125,7 @@ def test_a_signal_mid_batch_finishes_running_handlers_releases_the_rest_and_exit
     rest = _drain(root, log)
     assert rest["completed"] == n - len(completed)
     assert _logged(log) == Counter({i: 1 for i in ids})
-    with Spool(root, create=False) as spool:
+    with make_spool(root, create=False) as spool:
         assert spool.stats().counts["completed"] == n
         assert all(j.attempts == 1 for j in spool.jobs())
 
@@ -136,11 +133,12 @@ def test_a_signal_mid_batch_finishes_running_handlers_releases_the_rest_and_exit
 def test_handlers_past_the_grace_period_are_released_with_their_attempt_counted(tmp_path: Path) -> None:
     root = tmp_path / "spool"
     log = tmp_path / "handled.log"
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         ids = [j.id for j in spool.enqueue_many("slow", [{"sleep": 30} for _ in range(4)])]
     proc = _worker(root, log, "--concurrency", "2", "--batch-size", "4", "--grace", "0.5")
-    _wait_until(lambda: _count(root, "leased") == 4, proc)
-    time.sleep(0.3)  # let two handlers start
+    wait_until(lambda: _count(root, "leased") == 4, 30, proc=proc)
+    # Two handlers started (concurrency 2), the other two jobs wait unstarted in the batch.
+    wait_until(lambda: _handlers_running(root) == 2, 30, "two handlers to start", proc=proc)
     # Exits 0 without waiting for the 30 s handlers (the guard timeout is far below that):
     # a handler still running in an abandoned thread after its job was released could
     # otherwise run side by side with the next worker that claims the job.
@@ -151,7 +149,7 @@ def test_handlers_past_the_grace_period_are_released_with_their_attempt_counted(
     assert report["retried"] == 0 and report["dead_lettered"] == 0
     on_disk = _assert_nothing_lost_or_leased(root, ids)
     assert all(where == ["ready"] for where in on_disk.values())
-    with Spool(root, create=False) as spool:
+    with make_spool(root, create=False) as spool:
         jobs = list(spool.jobs())
     assert all(job.state is JobState.READY for job in jobs)
     # The two runs cut off count their attempt (issue 11: a job that keeps taking its
@@ -165,11 +163,12 @@ def test_handlers_past_the_grace_period_are_released_with_their_attempt_counted(
 def test_sigterm_to_an_idle_worker_exits_0_with_a_json_report(tmp_path: Path) -> None:
     root = tmp_path / "spool"
     log = tmp_path / "handled.log"
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         job = spool.enqueue("work")
     proc = _worker(root, log)
-    _wait_until(lambda: _count(root, "completed") == 1, proc)
-    time.sleep(0.2)  # idle polling now
+    wait_until(lambda: _count(root, "completed") == 1, 30, proc=proc)
+    # Its handler has ended and been recorded as ended: the worker is back to claiming.
+    wait_until(lambda: _handlers_running(root) == 0, 30, "the worker to go idle", proc=proc)
     code, report, _ = _stop(proc, signal.SIGTERM)
     assert code == 0
     assert report["completed"] == 1
@@ -181,15 +180,15 @@ def test_a_worker_started_on_a_busy_spool_keeps_serving_new_jobs(tmp_path: Path)
     """`worker` runs forever: jobs enqueued after it went idle are picked up too."""
     root = tmp_path / "spool"
     log = tmp_path / "handled.log"
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         spool.enqueue("work")
     proc = _worker(root, log)
     try:
-        _wait_until(lambda: _count(root, "completed") == 1, proc)
+        wait_until(lambda: _count(root, "completed") == 1, 30, proc=proc)
         time.sleep(0.6)  # past the poll back-off's first steps
-        with Spool(root) as spool:
+        with make_spool(root) as spool:
             late = spool.enqueue("work")
-        _wait_until(lambda: _count(root, "completed") == 2, proc)
+        wait_until(lambda: _count(root, "completed") == 2, 30, proc=proc)
     finally:
         code, report, _ = _stop(proc, signal.SIGTERM)
     assert code == 0
@@ -203,13 +202,11 @@ def test_sigterm_to_run_until_idle_strands_no_lease(tmp_path: Path) -> None:
     and exit cleanly, instead of leaving leases to expire (and attempts to be counted)."""
     root = tmp_path / "spool"
     log = tmp_path / "handled.log"
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         ids = [j.id for j in spool.enqueue_many("slow", [{"sleep": 0.3} for _ in range(20)])]
-    cmd = [sys.executable, "-m", "jobspool", "--root", str(root), "run-until-idle",
-           "--app", "tests.apps.simple:app", "--json", "--concurrency", "2", "--batch-size", "4"]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(log), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
-    _wait_until(lambda: _count(root, "completed") >= 2, proc)
+    proc = start_jobspool("run-until-idle", "--app", "tests.apps.simple:app", "--json",
+                          "--concurrency", "2", "--batch-size", "4", root=root, env=_env(log))
+    wait_until(lambda: _count(root, "completed") >= 2, 30, proc=proc)
     code, report, _ = _stop(proc, signal.SIGTERM)
     assert code == 0
     assert report["completed"] >= 2
