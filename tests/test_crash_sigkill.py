@@ -30,15 +30,15 @@ import pytest
 
 from jobspool import JobState, Spool
 from tests.helpers_spool import job_files, read_raw, tmp_leftovers
+from tests.spools import make_spool
+from tests.subproc import cli_env
 
-REPO = Path(__file__).resolve().parent.parent
 CHILD = Path(__file__).resolve().parent / "crash_child.py"
 
 
 def _start(root: Path, logs: Path, n: int, seed: int) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.Popen([sys.executable, str(CHILD), str(root), str(logs / f"{n}.log"),
-                             str(seed), f"w{n}"], env=env, stderr=subprocess.PIPE)
+                             str(seed), f"w{n}"], env=cli_env(), stderr=subprocess.PIPE)
 
 
 def _parse_logs(logs: Path) -> list[tuple[str, str, int]]:
@@ -80,7 +80,7 @@ def test_workers_killed_at_random_moments_lose_nothing_and_complete_nothing_twic
     logs.mkdir()
     # A short lease so that the jobs of a killed worker come back within the test; no
     # dead-lettering (a job may be interrupted many times); retries due almost at once.
-    spool = Spool(root, durable=False, lease_seconds=1.0, max_attempts=10_000, max_rescues=None,
+    spool = make_spool(root, lease_seconds=1.0, max_attempts=10_000, max_rescues=None,
                   keep_terminal=100_000,
                   retry_base_seconds=0.002, retry_max_seconds=0.02)
     ids = [j.id for start in range(0, jobs, 500)
@@ -120,7 +120,7 @@ def test_workers_killed_at_random_moments_lose_nothing_and_complete_nothing_twic
     assert killed_mid_work > 0, "no kill landed while work was left: the test proved nothing"
 
     # The last process: a clock in the future so that every lease of the dead has expired.
-    final = Spool(root, durable=False, clock=lambda: time.time() + 10.0)
+    final = make_spool(root, clock=lambda: time.time() + 10.0)
     try:
         final.recover()
         drained: list[tuple[str, str, int]] = []

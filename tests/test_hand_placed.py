@@ -9,18 +9,16 @@ back. Deadlines here only guard against hangs; they are not latency claims.
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
-import time
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from jobspool import JobState, Spool
+from jobspool import JobState
 from jobspool.errors import CorruptFileWarning
-from tests.subproc import REPO, cli_env
+from tests.cli_harness import start_jobspool
+from tests.spools import make_spool
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -29,59 +27,47 @@ GUARD_SECONDS = 60.0
 
 def _stage_job_file(tmp_path: Path, job_id: str, kind: str = "work") -> Path:
     """A valid ready job file made by another spool: what a backup would hold."""
-    with Spool(tmp_path / "backup", durable=False) as other:
+    with make_spool(tmp_path / "backup") as other:
         other.enqueue(kind, {"n": 1}, job_id=job_id)
     return tmp_path / "backup" / "ready" / f"{job_id}.json"
-
-
-def _until(what: Callable[[], bool], proc: subprocess.Popen[bytes] | None = None) -> None:
-    deadline = time.monotonic() + GUARD_SECONDS
-    while not what():
-        if proc is not None and proc.poll() is not None:
-            _, err = proc.communicate()
-            pytest.fail(f"worker exited early ({proc.returncode}): {err.decode(errors='replace')}")
-        if time.monotonic() > deadline:
-            pytest.fail("condition not reached before the guard deadline")
-        time.sleep(0.05)
 
 
 def test_a_job_file_copied_into_ready_by_hand_is_claimed_by_a_running_worker_process(
         tmp_path: Path) -> None:
     root = tmp_path / "spool"
     log = tmp_path / "handled.log"
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         spool.enqueue("work", job_id="through-the-spool")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jobspool", "--root", str(root), "worker",
-         "--app", "tests.apps.simple:app", "--json", "--no-maintenance"],
-        cwd=REPO, env=cli_env(JOBSPOOL_TEST_LOG=str(log)),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = start_jobspool("worker", "--app", "tests.apps.simple:app", "--json",
+                          "--no-maintenance", root=root, env={"JOBSPOOL_TEST_LOG": str(log)})
     try:
         # Readiness: the worker has listed ready/ and run what it found there.
-        _until(lambda: (root / "completed" / "through-the-spool.json").exists(), proc)
+        wait_until(lambda: (root / "completed" / "through-the-spool.json").exists(),
+                   GUARD_SECONDS, "the worker to run the first job", proc=proc)
         shutil.copyfile(_stage_job_file(tmp_path, "by-hand"), root / "ready" / "by-hand.json")
-        _until(lambda: (root / "completed" / "by-hand.json").exists(), proc)
+        wait_until(lambda: (root / "completed" / "by-hand.json").exists(),
+                   GUARD_SECONDS, "the worker to run the file placed by hand", proc=proc)
     finally:
         proc.terminate()
         proc.communicate(timeout=GUARD_SECONDS)
     assert proc.returncode == 0
     handled = [line.split()[0] for line in log.read_text().splitlines()]
     assert handled.count("by-hand") == 1
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         assert spool.get("by-hand").state is JobState.COMPLETED
 
 
 def test_a_spool_whose_index_is_current_claims_a_file_placed_behind_its_back(
         tmp_path: Path) -> None:
     root = tmp_path / "spool"
-    with Spool(root, durable=False) as spool:
+    with make_spool(root) as spool:
         spool.enqueue("work", job_id="first")
         assert [lease.job_id for lease in spool.claim()] == ["first"]
         assert spool.claim() == []  # the index is current and ready/ is empty
         shutil.copyfile(_stage_job_file(tmp_path, "restored"), root / "ready" / "restored.json")
         claimed: list[str] = []
-        _until(lambda: bool(claimed.extend(lease.job_id for lease in spool.claim()))
-               or bool(claimed))
+        wait_until(lambda: bool(claimed.extend(lease.job_id for lease in spool.claim()))
+                   or bool(claimed), GUARD_SECONDS)
         assert claimed == ["restored"]
         assert spool.get("restored").state is JobState.LEASED
 
@@ -89,17 +75,17 @@ def test_a_spool_whose_index_is_current_claims_a_file_placed_behind_its_back(
 def test_a_half_written_file_is_claimed_once_its_copy_completes(tmp_path: Path) -> None:
     root = tmp_path / "spool"
     source = _stage_job_file(tmp_path, "slow-copy")
-    with Spool(root, durable=False) as spool:
+    with make_spool(root) as spool:
         assert spool.claim() == []
         target = root / "ready" / "slow-copy.json"
         target.write_bytes(b"")  # the copy has created the file but not written it yet
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always", CorruptFileWarning)
-            _until(lambda: spool.claim() == [] and any(
-                issubclass(w.category, CorruptFileWarning) for w in seen))
+            wait_until(lambda: spool.claim() == [] and any(
+                issubclass(w.category, CorruptFileWarning) for w in seen), GUARD_SECONDS)
         # Writing the data changes the file, not the directory: the index must look again.
         target.write_bytes(source.read_bytes())
         claimed: list[str] = []
-        _until(lambda: bool(claimed.extend(lease.job_id for lease in spool.claim()))
-               or bool(claimed))
+        wait_until(lambda: bool(claimed.extend(lease.job_id for lease in spool.claim()))
+                   or bool(claimed), GUARD_SECONDS)
         assert claimed == ["slow-copy"]

@@ -24,9 +24,11 @@ from typing import Any
 import orjson
 import pytest
 
-from jobspool import JobState, Spool
+from jobspool import JobState
+from tests.cli_harness import run_jobspool, start_jobspool
 from tests.helpers_spool import stat_counts
 from tests.pgserver import PgServer
+from tests.spools import make_spool
 from tests.subproc import REPO, cli_env
 from tests.waiting import wait_until
 
@@ -34,11 +36,8 @@ pytestmark = pytest.mark.slow
 APP = "tests.apps.simple:app"
 
 
-def _jobspool(url: str, *args: str, log: Path | None = None,
-              stdin: int | None = None) -> subprocess.Popen[bytes]:
-    env = cli_env(**({"JOBSPOOL_TEST_LOG": str(log)} if log else {}))
-    return subprocess.Popen([sys.executable, "-m", "jobspool", "--root", url, *args], cwd=REPO,
-                            env=env, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+def _log_env(log: Path | None) -> dict[str, str | None]:
+    return {"JOBSPOOL_TEST_LOG": str(log) if log else None}
 
 
 def _finish(proc: subprocess.Popen[bytes], timeout: float = 240) -> tuple[int, str, str]:
@@ -52,7 +51,7 @@ def _finish(proc: subprocess.Popen[bytes], timeout: float = 240) -> tuple[int, s
 
 
 def _ok(url: str, *args: str, log: Path | None = None) -> str:
-    rc, out, err = _finish(_jobspool(url, *args, log=log))
+    rc, out, err = _finish(start_jobspool(*args, env=_log_env(log), root=url))
     assert rc == 0, f"jobspool {' '.join(args)} exited {rc}: {err}"
     assert "Traceback" not in err, err
     return out
@@ -78,7 +77,7 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
 def _enqueue(url: str, n: int, kind: str = "work", payload: Any = None,
              **options: Any) -> list[str]:
     # The first open creates the schema with these settings: every job stays to be counted.
-    with Spool(url, keep_terminal=100_000) as spool:
+    with make_spool(url, keep_terminal=100_000) as spool:
         return [j.id for start in range(0, n, 1000)
                 for j in spool.enqueue_many(kind, [payload or {"i": i}
                                                    for i in range(start, min(n, start + 1000))],
@@ -88,7 +87,7 @@ def _enqueue(url: str, n: int, kind: str = "work", payload: Any = None,
 def _holds_leases(url: str, pid: int, timeout: float = 15.0) -> bool:
     """Whether worker `pid` holds a lease, waiting up to `timeout` for it to claim one."""
     deadline = time.monotonic() + timeout
-    with Spool(url) as spool:
+    with make_spool(url) as spool:
         while time.monotonic() < deadline:
             if any(j.lease is not None and f":{pid}:" in j.lease.owner
                    for j in spool.jobs(state="leased")):
@@ -101,19 +100,19 @@ def _holds_leases(url: str, pid: int, timeout: float = 15.0) -> bool:
 
 def _leases_of(url: str, pid: int) -> int:
     """How many leases the (dead) worker `pid` still holds."""
-    with Spool(url) as spool:
+    with make_spool(url) as spool:
         return sum(1 for j in spool.jobs(state="leased")
                    if j.lease is not None and f":{pid}:" in j.lease.owner)
 
 
 def _completed(url: str) -> int:
-    with Spool(url) as spool:
+    with make_spool(url) as spool:
         return stat_counts(spool.stats())["completed"]
 
 
 def _assert_all_completed_by_a_logged_run(url: str, ids: list[str],
                                           runs: list[tuple[str, int]]) -> None:
-    with Spool(url) as spool:
+    with make_spool(url) as spool:
         jobs = {j.id: j for j in spool.jobs()}
     assert sorted(jobs) == sorted(ids), "a job was lost or invented"
     assert Counter(j.state for j in jobs.values()) == Counter({JobState.COMPLETED: len(ids)})
@@ -133,8 +132,9 @@ def test_four_worker_processes_run_two_thousand_jobs_each_exactly_once(pg_url: s
                                                                       tmp_path: Path) -> None:
     ids = _enqueue(pg_url, 8000)
     logs = [tmp_path / f"worker-{i}.log" for i in range(4)]
-    procs = [_jobspool(pg_url, "run-until-idle", "--app", APP, "--json", "--concurrency", "4",
-                       "--batch-size", "50", log=log) for log in logs]
+    procs = [start_jobspool("run-until-idle", "--app", APP, "--json", "--concurrency", "4",
+                            "--batch-size", "50", env=_log_env(log), root=pg_url)
+             for log in logs]
     reports = []
     for proc in procs:
         rc, out, err = _finish(proc)
@@ -145,7 +145,7 @@ def test_four_worker_processes_run_two_thousand_jobs_each_exactly_once(pg_url: s
     assert sum(r["completed"] for r in reports) == len(ids)
     assert sum(r["lease_lost"] for r in reports) == 0
     _assert_all_completed_by_a_logged_run(pg_url, ids, runs)
-    with Spool(pg_url) as spool:
+    with make_spool(pg_url) as spool:
         assert {j.attempts for j in spool.jobs()} == {1}
 
 
@@ -157,8 +157,9 @@ def test_sigkilled_workers_lose_no_job_and_the_sweep_reclaims_their_leases(
     ids = _enqueue(pg_url, 2000, payload={"sleep": 0.01}, max_attempts=1000)
 
     def worker() -> subprocess.Popen[bytes]:
-        return _jobspool(pg_url, "worker", "--app", APP, "--kinds", "work", "--concurrency", "4",
-                         "--batch-size", "40", "--lease-seconds", "1", log=log)
+        return start_jobspool("worker", "--app", APP, "--kinds", "work", "--concurrency", "4",
+                              "--batch-size", "40", "--lease-seconds", "1", env=_log_env(log),
+                              root=pg_url)
 
     workers = [worker() for _ in range(3)]
     orphaned = 0  # leases a killed worker still held once it was dead
@@ -188,7 +189,7 @@ def test_sigkilled_workers_lose_no_job_and_the_sweep_reclaims_their_leases(
     _ok(pg_url, "run-until-idle", "--app", APP, "--kinds", "work", "--wait-retries", "60", log=log)
     _ok(pg_url, "fsck")
     _assert_all_completed_by_a_logged_run(pg_url, ids, _runs([log]))
-    with Spool(pg_url) as spool:
+    with make_spool(pg_url) as spool:
         # The killed workers' leases were taken back (by a sweep or recover), not waited out
         # by luck: some job carries a rescue.
         assert any(j.rescues > 0 for j in spool.jobs(state="completed"))
@@ -219,7 +220,7 @@ def test_a_late_completion_after_a_stall_is_refused_and_the_result_stays_the_res
         assert a.stdout is not None and a.stdin is not None
         word, job_id, token, expires_at = a.stdout.readline().decode().split()
         assert (word, job_id) == ("claimed", "j")
-        with Spool(pg_url) as b:
+        with make_spool(pg_url) as b:
             (lease,) = wait_until(lambda: b.claim(owner="B"), what="A's lease to expire")
             assert lease.job_id == "j" and lease.token > int(token)
             assert time.time() >= float(expires_at)
@@ -256,8 +257,8 @@ def test_a_worker_drains_every_job_exactly_once_across_a_server_outage(
         pg_server: PgServer, pg_url: str, tmp_path: Path, outage: str) -> None:
     log = tmp_path / "handled.log"
     ids = _enqueue(pg_url, 1000, kind="slow", payload={"sleep": 0.02, "log": str(log)})
-    proc = _jobspool(pg_url, "run-until-idle", "--app", APP, "--json", "--concurrency", "4",
-                     "--batch-size", "10")
+    proc = start_jobspool("run-until-idle", "--app", APP, "--json", "--concurrency", "4",
+                          "--batch-size", "10", root=pg_url)
     try:
         done_before = wait_until(lambda: _completed(pg_url) >= 100 and _completed(pg_url),
                                  timeout=120, what="the worker to get going")
@@ -277,7 +278,7 @@ def test_a_worker_drains_every_job_exactly_once_across_a_server_outage(
     runs = _runs([log])
     assert Counter(job_id for job_id, _ in runs) == Counter(dict.fromkeys(ids, 1))
     _assert_all_completed_by_a_logged_run(pg_url, ids, runs)
-    with Spool(pg_url) as spool:
+    with make_spool(pg_url) as spool:
         assert {j.attempts for j in spool.jobs()} == {1}
     report = orjson.loads(out)
     # Each job settled once by this process (a completion whose acknowledgement the outage
@@ -289,10 +290,11 @@ def test_a_long_job_keeps_its_lease_by_heartbeat_across_a_server_restart(
         pg_server: PgServer, pg_url: str, tmp_path: Path) -> None:
     log = tmp_path / "handled.log"
     (job_id,) = _enqueue(pg_url, 1, kind="slow", payload={"sleep": 5.0, "log": str(log)})
-    proc = _jobspool(pg_url, "run-until-idle", "--app", APP, "--json", "--lease-seconds", "3")
+    proc = start_jobspool("run-until-idle", "--app", APP, "--json", "--lease-seconds", "3",
+                          root=pg_url)
     try:
         def leased() -> bool:
-            with Spool(pg_url) as spool:
+            with make_spool(pg_url) as spool:
                 return spool.get(job_id).state is JobState.LEASED
         wait_until(leased, timeout=60, what="the handler to start")
         pg_server.restart()  # mid-run; the lease (3 s) outlives the handler (5 s) only by heartbeats
@@ -300,7 +302,7 @@ def test_a_long_job_keeps_its_lease_by_heartbeat_across_a_server_restart(
     finally:
         _kill(proc)
     assert rc == 0 and "Traceback" not in err, err
-    with Spool(pg_url) as spool:
+    with make_spool(pg_url) as spool:
         job = spool.get(job_id)
     assert (job.state, job.attempts, job.rescues) == (JobState.COMPLETED, 1, 0)
     assert [line.split()[0] for line in log.read_text().splitlines()] == [job_id]
@@ -310,8 +312,8 @@ def test_a_long_job_keeps_its_lease_by_heartbeat_across_a_server_restart(
 def test_sigterm_stops_a_worker_whose_database_is_down(pg_server: PgServer, pg_url: str,
                                                        tmp_path: Path) -> None:
     ids = _enqueue(pg_url, 200, kind="slow", payload={"sleep": 0.1})
-    proc = _jobspool(pg_url, "run-until-idle", "--app", APP, "--concurrency", "2",
-                     "--grace", "5", "--lease-seconds", "2")
+    proc = start_jobspool("run-until-idle", "--app", APP, "--concurrency", "2",
+                          "--grace", "5", "--lease-seconds", "2", root=pg_url)
     try:
         wait_until(lambda: _completed(pg_url) >= 4, timeout=60, what="the worker to get going")
         pg_server.kill()  # the database goes away mid-run and stays away
@@ -364,12 +366,10 @@ def test_the_cli_end_to_end(store_root: str | Path, tmp_path: Path) -> None:
     assert [j["id"] for j in _json(root, "list")] == ["w2"]
     _ok(root, "fsck")
     # JOBSPOOL_ROOT takes the URL (or directory) as --root does.
-    env_run = subprocess.run([sys.executable, "-m", "jobspool", "list", "--json"], cwd=REPO,
-                             env=cli_env(JOBSPOOL_ROOT=root), capture_output=True, timeout=120,
-                             check=False)
+    env_run = run_jobspool("list", "--json", env={"JOBSPOOL_ROOT": root})
     assert env_run.returncode == 0, env_run.stderr
     assert [j["id"] for j in orjson.loads(env_run.stdout)] == ["w2"]
-    rc, _, err = _finish(_jobspool(root, "show", "w1"))
+    rc, _, err = _finish(start_jobspool("show", "w1", root=root))
     assert rc == 1 and err.strip().startswith("jobspool: error:") and "w1" in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
@@ -381,7 +381,7 @@ def _free_port() -> int:
 
 
 def _assert_one_line_unreachable(url: str, *args: str) -> None:
-    rc, _, err = _finish(_jobspool(url, *args), timeout=120)
+    rc, _, err = _finish(start_jobspool(*args, root=url), timeout=120)
     lines = err.strip().splitlines()
     assert rc == 2, (rc, err)  # DESIGN §8: the spool cannot be used
     assert len(lines) == 1 and lines[0].startswith("jobspool: error:"), err

@@ -11,17 +11,16 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
-from jobspool import Job, JobState, Spool
-from tests.subproc import REPO, cli_env
+from jobspool import Job, JobState
+from tests.cli_harness import LineReader, run_jobspool, start_jobspool
+from tests.spools import make_spool
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -29,23 +28,8 @@ GUARD = 180.0
 
 
 def _pool(root: Path, *args: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "jobspool", "--root", str(root), "worker", "--app",
-         "tests.apps.runtime:app", "--json", "--no-maintenance", *args],
-        cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-
-
-def _until(what: Callable[[], bool], proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + GUARD
-    while not what():
-        if proc.poll() is not None:
-            pytest.fail(f"the pool exited early ({proc.returncode}): "
-                        f"{proc.communicate()[1].decode(errors='replace')[-3000:]}")
-        if time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"not reached before the guard: "
-                        f"{proc.communicate()[1].decode(errors='replace')[-3000:]}")
-        time.sleep(0.05)
+    return start_jobspool("worker", "--app", "tests.apps.runtime:app", "--json",
+                          "--no-maintenance", *args, root=root)
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> tuple[dict[str, Any], str]:
@@ -62,7 +46,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> tuple[dict[str, Any], str]:
 
 
 def _jobs(root: Path, ids: list[str]) -> list[Job]:
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         return [spool.get(i) for i in ids]
 
 
@@ -82,20 +66,22 @@ def test_a_sync_handler_past_its_time_limit_has_its_process_killed_and_job_dead_
         tmp_path: Path) -> None:
     root = tmp_path / "spool"
     pidfile = tmp_path / "pids"
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         hung = spool.enqueue("sleepy", {"sleep": 600, "pidfile": str(pidfile)}).id
         others = [j.id for j in spool.enqueue_many("quick", [{} for _ in range(6)])]
     proc = _pool(root, "--processes", "2", "--grace", "2", "--concurrency", "2")
     try:
-        _until(lambda: all(j.state is JobState.COMPLETED for j in _jobs(root, others))
-               and _jobs(root, [hung])[0].state is JobState.DEAD_LETTER, proc)
+        wait_until(lambda: all(j.state is JobState.COMPLETED for j in _jobs(root, others))
+                   and _jobs(root, [hung])[0].state is JobState.DEAD_LETTER, GUARD, proc=proc)
         pids = _pids(pidfile)
         assert len(pids) == 2  # the policy: max_attempts=2, each attempt timed out
-        _until(lambda: not any(_alive(p) for p in pids), proc)  # killed, not left running
+        # Killed, not left running.
+        wait_until(lambda: not any(_alive(p) for p in pids), GUARD, proc=proc)
         # Everything keeps working after the replacements.
-        with Spool(root) as spool:
+        with make_spool(root) as spool:
             late = spool.enqueue("quick", {}).id
-        _until(lambda: _jobs(root, [late])[0].state is JobState.COMPLETED, proc)
+        wait_until(lambda: _jobs(root, [late])[0].state is JobState.COMPLETED, GUARD,
+                   proc=proc)
     finally:
         if proc.poll() is None:
             report, log = _stop(proc)
@@ -117,7 +103,7 @@ def test_a_child_killed_mid_job_is_restarted_and_only_that_job_counts_a_rescue(
     root = tmp_path / "spool"
     pidfile = tmp_path / "pids"
     started = tmp_path / "started"
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         doomed = spool.enqueue("die", {"sleep": 600, "pidfile": str(pidfile),
                                        "startfile": str(started)}).id
     # One handler at a time per process, big batches: the jobs queued behind `die` are
@@ -125,13 +111,14 @@ def test_a_child_killed_mid_job_is_restarted_and_only_that_job_counts_a_rescue(
     proc = _pool(root, "--processes", "2", "--concurrency", "1", "--batch-size", "20",
                  "--grace", "1")
     try:
-        _until(started.exists, proc)
-        with Spool(root) as spool:
+        wait_until(started.exists, GUARD, proc=proc)
+        with make_spool(root) as spool:
             mates = [j.id for j in spool.enqueue_many("quick", [{} for _ in range(8)])]
         (victim,) = _pids(pidfile)
         os.kill(victim, signal.SIGKILL)
-        _until(lambda: all(j.state is JobState.COMPLETED for j in _jobs(root, mates)), proc)
-        _until(lambda: len(_pids(pidfile)) >= 2, proc)  # the doomed job runs again
+        wait_until(lambda: all(j.state is JobState.COMPLETED for j in _jobs(root, mates)),
+                   GUARD, proc=proc)
+        wait_until(lambda: len(_pids(pidfile)) >= 2, GUARD, proc=proc)  # the doomed job again
         (job,) = _jobs(root, [doomed])  # (its second run is still sleeping)
         assert job.rescues == 1 and job.attempts == 2
         assert "worker process died (signal SIGKILL)" in (job.last_error or "")
@@ -148,11 +135,9 @@ def test_a_child_killed_mid_job_is_restarted_and_only_that_job_counts_a_rescue(
 def test_processes_zero_and_a_policy_for_an_unknown_kind_are_one_line_errors(
         tmp_path: Path) -> None:
     root = tmp_path / "spool"
-    Spool(root).close()
-    bad = subprocess.run(
-        [sys.executable, "-m", "jobspool", "--root", str(root), "worker", "--app",
-         "tests.apps.runtime:app", "--processes", "0"],
-        cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=60, check=False)
+    make_spool(root).close()
+    bad = run_jobspool("worker", "--app", "tests.apps.runtime:app", "--processes", "0",
+                       root=root, timeout=60)
     assert bad.returncode == 1
     assert bad.stderr.startswith("jobspool: error:") and "'0'" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
@@ -160,11 +145,8 @@ def test_processes_zero_and_a_policy_for_an_unknown_kind_are_one_line_errors(
         "from jobspool import App, Policy\n"
         "app = App(handlers={'work': lambda job, ctx: None},\n"
         "          policies={'wrok': Policy(timeout=5)})\n")
-    typo = subprocess.run(
-        [sys.executable, "-m", "jobspool", "--root", str(root), "worker", "--app",
-         "badpolicy:app", "--processes", "2"],
-        cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=60,
-        check=False)
+    typo = run_jobspool("worker", "--app", "badpolicy:app", "--processes", "2", root=root,
+                        cwd=tmp_path, timeout=60)
     assert typo.returncode == 1
     assert "'wrok'" in typo.stderr and "Traceback" not in typo.stderr
     assert len(typo.stderr.strip().splitlines()) == 1
@@ -173,11 +155,9 @@ def test_processes_zero_and_a_policy_for_an_unknown_kind_are_one_line_errors(
 def test_a_pool_whose_children_keep_dying_at_start_up_gives_up_with_one_line(
         tmp_path: Path) -> None:
     root = tmp_path / "spool"
-    Spool(root).close()
-    done = subprocess.run(
-        [sys.executable, "-m", "jobspool", "--root", str(root), "worker", "--app",
-         "tests.apps.runtime_bootfail:app", "--processes", "2"],
-        cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=GUARD, check=False)
+    make_spool(root).close()
+    done = run_jobspool("worker", "--app", "tests.apps.runtime_bootfail:app", "--processes", "2",
+                        root=root, timeout=GUARD)
     assert done.returncode == 2, done.stderr
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("jobspool: error: worker processes died 5 times in a row")
@@ -189,13 +169,14 @@ def test_two_signals_to_the_supervisor_reach_every_child_and_release_their_jobs_
         tmp_path: Path) -> None:
     root = tmp_path / "spool"
     started = tmp_path / "started"
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         job = spool.enqueue("grace", {"sleep": 600, "startfile": str(started)}).id
     proc = _pool(root, "--processes", "1", "--grace", "600")
     try:
-        _until(started.exists, proc)
+        wait_until(started.exists, GUARD, proc=proc)
         proc.send_signal(signal.SIGINT)  # as a terminal's Ctrl-C reaches the supervisor
-        time.sleep(0.2)
+        # Two distinct signals, not one coalesced delivery: the second once the first is in.
+        LineReader(proc.stderr).wait_for("pool: stopping", GUARD, "the first signal taken")
         report, log = _stop(proc)  # the second: SIGTERM; far below the 600 s grace
     finally:
         if proc.poll() is None:
