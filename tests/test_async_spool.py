@@ -8,8 +8,9 @@ from typing import Any
 import anyio
 import pytest
 
-from jobspool import AsyncSpool, Spool, Worker
+from jobspool import AsyncSpool, Worker
 from jobspool.errors import DuplicateJob, InvalidJob, JobFailed, JobNotFound, WaitTimeout
+from tests.spools import make_spool
 
 BACKENDS = ["asyncio", "trio"]
 
@@ -87,7 +88,7 @@ def test_prepare_commit_abort_cancel_requeue_get_and_stats_as_coroutines(
 def test_wait_times_out_and_result_reports_a_job_that_did_not_complete(
         tmp_path: Path, backend: str) -> None:
     async def main() -> None:
-        with Spool(tmp_path / "spool", durable=False) as sync_spool:
+        with make_spool(tmp_path / "spool") as sync_spool:
             spool = AsyncSpool(sync_spool)
             job = await spool.enqueue("note", job_id="w1")
             with pytest.raises(WaitTimeout):
@@ -105,6 +106,6 @@ def test_wait_times_out_and_result_reports_a_job_that_did_not_complete(
 
 
 def test_a_wrapped_spool_takes_no_options(tmp_path: Path) -> None:
-    with Spool(tmp_path / "spool", durable=False) as spool, \
+    with make_spool(tmp_path / "spool") as spool, \
             pytest.raises(TypeError, match="no options"):
         AsyncSpool(spool, durable=True)

@@ -40,6 +40,7 @@ from jobspool.errors import WriteFailed
 from jobspool.queue import store as store_mod
 from jobspool.recovery.quarantine import quarantined_files
 from tests.helpers_spool import FakeClock, assert_disk_consistent, job_files, read_raw
+from tests.spools import make_spool
 
 SEAMS = ("os_write", "os_fsync", "os_replace", "os_unlink")
 T0 = 1_700_000_000.0
@@ -60,7 +61,7 @@ class Ctx:
 
 
 def open_spool(root: Path, clock: FakeClock, *, durable: bool = True, pool: int = 256) -> Spool:
-    s = Spool(root, durable=durable, sync_mode="fsync", clock=clock, lease_seconds=LEASE, seed=7,
+    s = make_spool(root, durable=durable, sync_mode="fsync", clock=clock, lease_seconds=LEASE, seed=7,
               max_attempts=3)
     s.store.pool_size = pool
     return s

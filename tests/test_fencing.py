@@ -17,6 +17,7 @@ import pytest
 from jobspool import JobState, Lease, Spool
 from jobspool.errors import JobNotFound, LeaseLost
 from tests.helpers_spool import all_files, assert_disk_consistent
+from tests.spools import make_spool
 
 Action = Callable[[Spool, Lease], object]
 
@@ -156,7 +157,7 @@ def test_a_stale_fail_cannot_dead_letter_a_job_another_worker_holds(
 
 def test_tokens_increase_across_two_spool_objects_on_one_root(spool: Spool, spool_root: Path,
                                                              clock: Any) -> None:
-    other = Spool(spool_root, durable=False, clock=clock, lease_seconds=30.0)
+    other = make_spool(spool_root, clock=clock, lease_seconds=30.0)
     try:
         for i in range(20):
             spool.enqueue("note", job_id=f"j{i:02d}")
@@ -176,7 +177,7 @@ def test_tokens_keep_increasing_after_the_spool_is_reopened(spool_root: Path,
                                                            clock: Any) -> None:
     tokens: list[int] = []
     for round_ in range(3):
-        s = Spool(spool_root, durable=True, clock=clock, lease_seconds=30.0)
+        s = make_spool(spool_root, durable=True, clock=clock, lease_seconds=30.0)
         try:
             for i in range(3):
                 s.enqueue("note", job_id=f"r{round_}-{i}")

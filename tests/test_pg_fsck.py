@@ -10,7 +10,7 @@ import sys
 import orjson
 import psycopg
 
-from jobspool import Spool
+from tests.spools import make_spool
 from tests.subproc import REPO, cli_env
 
 
@@ -21,7 +21,7 @@ def _fsck(url: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_fsck_reports_a_fence_sequence_behind_a_held_token(pg_url: str) -> None:
-    with Spool(pg_url) as spool:
+    with make_spool(pg_url) as spool:
         spool.enqueue_many("note", [1, 2, 3])
         leases = spool.claim(limit=3)
     healthy = _fsck(pg_url)

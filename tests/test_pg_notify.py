@@ -11,8 +11,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from jobspool import JobState, Spool
+from jobspool import JobState
 from tests.pgserver import PgServer
+from tests.spools import make_spool
 from tests.subproc import REPO, cli_env
 from tests.waiting import wait_until
 
@@ -26,7 +27,7 @@ def _drain(conn: psycopg.Connection[tuple[object, ...]]) -> list[str]:
 
 
 def test_one_notify_per_enqueue_transaction_and_none_on_claim_or_settle(pg_url: str) -> None:
-    with Spool(pg_url) as spool, psycopg.connect(pg_url, autocommit=True) as listener:
+    with make_spool(pg_url) as spool, psycopg.connect(pg_url, autocommit=True) as listener:
         channel = spool.channel  # type: ignore[attr-defined]
         listener.execute(f'LISTEN "{channel}"')
         spool.enqueue("note", job_id="one")
@@ -43,7 +44,7 @@ def test_one_notify_per_enqueue_transaction_and_none_on_claim_or_settle(pg_url: 
 def test_an_idle_worker_picks_up_new_jobs_after_the_server_restarted(
         pg_server: PgServer, pg_url: str, tmp_path: Path) -> None:
     log = tmp_path / "handled.log"
-    with Spool(pg_url) as spool:
+    with make_spool(pg_url) as spool:
         spool.enqueue("work", {"log": str(log)}, job_id="before")
     worker = subprocess.Popen(
         [sys.executable, "-m", "jobspool", "--root", pg_url, "worker", "--app",
@@ -53,7 +54,7 @@ def test_an_idle_worker_picks_up_new_jobs_after_the_server_restarted(
         wait_until(lambda: log.exists() and "before" in log.read_text(), timeout=60,
                    what="the worker to run the first job")
         pg_server.restart()
-        with Spool(pg_url) as spool:
+        with make_spool(pg_url) as spool:
             spool.enqueue("work", {"log": str(log)}, job_id="after")
             done = spool.wait("after", timeout=120)
         assert done.state is JobState.COMPLETED

@@ -7,8 +7,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from jobspool import Schedule, Spool
+from jobspool import Schedule
 from jobspool.schedules import Scheduler
+from tests.spools import make_spool
 
 
 def _machines(tmp_path: Path) -> tuple[Path, Path]:
@@ -23,7 +24,7 @@ def test_a_tick_fired_on_one_machine_is_not_fired_again_on_another_after_pruning
     schedules = [Schedule("tick", every=60)]
     now = time.time()
     dir_a, dir_b = _machines(tmp_path)
-    with Spool(pg_url, local_dir=dir_a) as a, Spool(pg_url, local_dir=dir_b) as b:
+    with make_spool(pg_url, local_dir=dir_a) as a, make_spool(pg_url, local_dir=dir_b) as b:
         (fired,) = Scheduler(schedules).tick(a, now)
         assert len(fired.created) == 1
         (lease,) = a.claim()
@@ -39,7 +40,7 @@ def test_catch_up_on_a_machine_that_was_down_does_not_rerun_ticks_another_machin
     schedules = [Schedule("tick", every=60, catch_up="all")]
     t0 = time.time() - 600
     dir_a, dir_b = _machines(tmp_path)
-    with Spool(pg_url, local_dir=dir_a) as a, Spool(pg_url, local_dir=dir_b) as b:
+    with make_spool(pg_url, local_dir=dir_a) as a, make_spool(pg_url, local_dir=dir_b) as b:
         Scheduler(schedules).tick(b, t0)  # b saw the schedule once, then went down
         ran = set()
         for k in range(1, 11):  # a fires the next ten minutes' ticks and runs them

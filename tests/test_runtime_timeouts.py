@@ -20,6 +20,7 @@ import pytest
 from jobspool import App, Context, Job, JobState, Policy, Spool, Worker
 from jobspool.errors import JobspoolError, PolicyError, TimeLimitExceeded
 from tests.helpers_spool import FakeClock
+from tests.spools import make_spool
 
 
 def _worker(spool: Spool, handlers: dict[str, Any], policies: dict[str, Policy],
@@ -190,7 +191,7 @@ def test_time_limit_exceeded_is_a_jobspool_error_that_pickles() -> None:
 
 def test_time_limits_hold_on_a_real_clock_spool(spool_root: Any) -> None:
     # A real-clock spool: leases and time limits on the same clock as the worker's.
-    with Spool(spool_root, durable=False, lease_seconds=5.0) as s:
+    with make_spool(spool_root, lease_seconds=5.0) as s:
         async def hang(job: Job, ctx: Context) -> None:
             await anyio.sleep(60)
 

@@ -19,6 +19,7 @@ from tests.helpers_spool import (
     read_raw,
     stat_counts,
 )
+from tests.spools import make_spool
 
 
 def test_enqueue_writes_one_ready_file_named_by_id(spool: Spool, spool_root: Path,
@@ -160,7 +161,7 @@ def test_enqueue_many_with_delay_and_priority(spool: Spool, clock: Any) -> None:
 def test_max_attempts_defaults_to_the_spool_setting_and_can_be_overridden(
     tmp_path: Path, clock: Any
 ) -> None:
-    s = Spool(tmp_path / "s", durable=False, clock=clock, max_attempts=3)
+    s = make_spool(tmp_path / "s", clock=clock, max_attempts=3)
     try:
         assert s.enqueue("note").max_attempts == 3
         assert s.enqueue("note", max_attempts=7).max_attempts == 7
@@ -246,7 +247,7 @@ def test_a_second_spool_on_the_same_root_sees_the_jobs_of_the_first(
     spool: Spool, spool_root: Path, clock: Any
 ) -> None:
     spool.enqueue("note", {"v": 1}, job_id="shared")
-    other = Spool(spool_root, durable=False, clock=clock, lease_seconds=30.0)
+    other = make_spool(spool_root, clock=clock, lease_seconds=30.0)
     try:
         assert other.get("shared") == spool.get("shared")
         (lease,) = other.claim()
@@ -260,10 +261,10 @@ def test_a_second_spool_on_the_same_root_sees_the_jobs_of_the_first(
 
 
 def test_reopening_a_spool_keeps_its_jobs(spool_root: Path, clock: Any) -> None:
-    s = Spool(spool_root, durable=True, clock=clock)
+    s = make_spool(spool_root, durable=True, clock=clock)
     s.enqueue("note", {"v": 1}, job_id="kept")
     s.close()
-    s2 = Spool(spool_root, create=False, durable=True, clock=clock)
+    s2 = make_spool(spool_root, create=False, durable=True, clock=clock)
     try:
         assert s2.get("kept").payload == {"v": 1}
     finally:
@@ -271,13 +272,13 @@ def test_reopening_a_spool_keeps_its_jobs(spool_root: Path, clock: Any) -> None:
 
 
 def test_an_unknown_spool_format_version_is_refused(spool_root: Path, clock: Any) -> None:
-    Spool(spool_root, durable=False, clock=clock).close()
+    make_spool(spool_root, clock=clock).close()
     meta = orjson.loads((spool_root / "spool.json").read_bytes())
     key = next(k for k in ("format", "version", "format_version", "v") if k in meta)
     meta[key] = 999
     (spool_root / "spool.json").write_bytes(orjson.dumps(meta))
     with pytest.raises(SpoolError):
-        Spool(spool_root, durable=False, clock=clock)
+        make_spool(spool_root, clock=clock)
 
 
 def test_cancel_of_an_unknown_job_raises_job_not_found(spool: Spool) -> None:

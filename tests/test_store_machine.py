@@ -34,6 +34,7 @@ from jobspool import JobState, Lease, Reservation, Spool
 from jobspool.errors import InvalidTransition, JobspoolError, LeaseLost
 from tests.helpers_spool import STATE_DIRS, stat_counts
 from tests.pgserver import PgServer, drop_schema, new_schema
+from tests.spools import make_spool
 from tests.store_params import sleep_past
 
 LEASE = 30.0
@@ -353,7 +354,7 @@ def _run(opener: Opener) -> None:
 def test_the_file_store_follows_the_model_on_the_real_clock() -> None:
     def opener() -> tuple[Spool, Callable[[], None]]:
         tmp = Path(tempfile.mkdtemp(prefix="jobspool-sm-"))
-        spool = Spool(tmp / "s", durable=False, **OPTIONS)
+        spool = make_spool(tmp / "s", **OPTIONS)
 
         def cleanup() -> None:
             spool.close()
@@ -367,7 +368,7 @@ def test_the_postgresql_store_follows_the_model_on_the_database_clock(pg_server:
     def opener() -> tuple[Spool, Callable[[], None]]:
         schema, url = new_schema(pg_server.url)
         try:
-            spool = Spool(url, **OPTIONS)
+            spool = make_spool(url, **OPTIONS)
         except BaseException:
             drop_schema(pg_server.url, schema)
             raise

@@ -19,8 +19,9 @@ from typing import Any
 import orjson
 import pytest
 
-from jobspool import JobState, Spool
+from jobspool import JobState
 from tests.helpers_spool import job_files
+from tests.spools import make_spool
 from tests.subproc import REPO, cli_env
 
 pytestmark = pytest.mark.slow
@@ -68,7 +69,7 @@ def _read_logs(logs: list[Path]) -> list[tuple[str, int, int, int, int]]:
 def test_three_processes_handle_every_job_exactly_once(tmp_path: Path) -> None:
     root = tmp_path / "spool"
     n = 600
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         ids = [j.id for j in spool.enqueue_many("work", [{"i": i} for i in range(n)])]
     logs = [tmp_path / f"worker-{i}.log" for i in range(3)]
     procs = [_run_until_idle(root, log, "--batch-size", "10", "--concurrency", "4")
@@ -100,7 +101,7 @@ def test_three_processes_handle_every_job_exactly_once(tmp_path: Path) -> None:
     assert set(on_disk) == set(ids)
     assert all(where == ["completed"] for where in on_disk.values())
     assert not list((root / "leased").iterdir())
-    with Spool(root, create=False) as spool:
+    with make_spool(root, create=False) as spool:
         for job in spool.jobs():
             assert job.state is JobState.COMPLETED
             assert job.attempts == 1
@@ -114,7 +115,7 @@ def test_processes_with_different_apps_split_the_kinds_and_report_the_rest(
         tmp_path: Path) -> None:
     """A process whose app lacks a kind leaves those jobs alone and says so."""
     root = tmp_path / "spool"
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         work = [j.id for j in spool.enqueue_many("work", [{"i": i} for i in range(40)])]
         slow = [j.id for j in spool.enqueue_many("slow", [{"sleep": 0.01} for _ in range(20)])]
     log = tmp_path / "only-work.log"
@@ -126,7 +127,7 @@ def test_processes_with_different_apps_split_the_kinds_and_report_the_rest(
     report = orjson.loads(only.stdout)
     assert report["completed"] == 40
     assert report["unhandled"] == {"slow": 20}
-    with Spool(root, create=False) as spool:
+    with make_spool(root, create=False) as spool:
         assert all(spool.get(i).state is JobState.COMPLETED for i in work)
         assert all(spool.get(i).state is JobState.READY and spool.get(i).attempts == 0
                    for i in slow)
@@ -134,7 +135,7 @@ def test_processes_with_different_apps_split_the_kinds_and_report_the_rest(
     (full,) = _finish([_run_until_idle(root, tmp_path / "full.log")])
     assert full["completed"] == 20
     assert full["unhandled"] == {}
-    with Spool(root, create=False) as spool:
+    with make_spool(root, create=False) as spool:
         assert spool.stats().counts["completed"] == 60
 
 
@@ -142,7 +143,7 @@ def test_processes_settle_retries_and_dead_letters_exactly_once(tmp_path: Path) 
     """Flaky jobs retry (each attempt claimed by whichever process is free), poison
     jobs dead-letter once; nobody completes a job twice or loses one."""
     root = tmp_path / "spool"
-    with Spool(root, retry_base_seconds=0.05, retry_max_seconds=0.2) as spool:
+    with make_spool(root, retry_base_seconds=0.05, retry_max_seconds=0.2) as spool:
         flaky = [j.id for j in spool.enqueue_many("flaky", [{} for _ in range(10)])]
         poison = [j.id for j in spool.enqueue_many("poison", [{} for _ in range(5)])]
         work = [j.id for j in spool.enqueue_many("work", [{} for _ in range(60)])]
@@ -156,7 +157,7 @@ def test_processes_settle_retries_and_dead_letters_exactly_once(tmp_path: Path) 
     lines = _read_logs(logs)
     counts = Counter(job_id for job_id, *_ in lines)
     assert counts == Counter({i: 1 for i in flaky + work})  # poison never logs
-    with Spool(root, create=False) as spool:
+    with make_spool(root, create=False) as spool:
         for i in flaky:
             job = spool.get(i)
             assert job.state is JobState.COMPLETED and job.attempts == 3

@@ -20,11 +20,12 @@ from jobspool import JobState, Spool
 from jobspool.errors import WriteFailed
 from jobspool.queue import store as store_mod
 from tests.helpers_spool import tmp_leftovers
+from tests.spools import make_spool
 
 
 @pytest.fixture
 def durable(tmp_path: Path) -> Iterator[Spool]:
-    s = Spool(tmp_path / "spool", sync_mode="fsync")
+    s = make_spool(tmp_path / "spool", durable=True, sync_mode="fsync")
     yield s
     s.close()
 
