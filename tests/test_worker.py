@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from jobspool.errors import InvalidJob, JobspoolError, LeaseLost
 from jobspool.queue.worker import WorkerCrashed
 from tests.conftest import FakeClock
 from tests.helpers_spool import job_files
+from tests.spools import SpoolFactory, make_spool
 
 Handler = Callable[[Job, Context], Any]
 
@@ -42,22 +43,6 @@ def flavor(request: pytest.FixtureRequest) -> Callable[[Handler], Handler]:
     if request.param == "sync":
         return lambda fn: fn
     return as_async
-
-
-@pytest.fixture
-def make_spool(tmp_path: Path) -> Iterator[Callable[..., Spool]]:
-    """Open scratch spools (non-durable) and close them all afterwards, even on failure."""
-    opened: list[Spool] = []
-
-    def make(**kwargs: Any) -> Spool:
-        kwargs.setdefault("durable", False)
-        s = Spool(tmp_path / f"s{len(opened)}", **kwargs)
-        opened.append(s)
-        return s
-
-    yield make
-    for s in opened:
-        s.close()
 
 
 def only(spool: Spool, state: JobState | str | None = None) -> list[Job]:
@@ -130,7 +115,7 @@ def test_fail_dead_letters_at_once_without_using_the_remaining_attempts(
 
 
 def test_other_exceptions_retry_with_backoff_until_max_attempts_then_dead_letter(
-        make_spool: Callable[..., Spool], clock: FakeClock, flavor: Any) -> None:
+        make_spool: SpoolFactory, clock: FakeClock, flavor: Any) -> None:
     spool = make_spool(clock=clock, lease_seconds=30.0,
                        retry_base_seconds=1.0, retry_max_seconds=8.0)
     job = spool.enqueue("work", max_attempts=3)
@@ -370,7 +355,7 @@ def test_run_until_idle_on_an_empty_spool_returns_an_empty_report(spool: Spool) 
         assert key in d
 
 
-def test_without_wait_for_retries_a_pending_retry_is_left_for_later(make_spool: Callable[..., Spool]) -> None:
+def test_without_wait_for_retries_a_pending_retry_is_left_for_later(make_spool: SpoolFactory) -> None:
     spool = make_spool()
     job = spool.enqueue("work")
 
@@ -384,7 +369,7 @@ def test_without_wait_for_retries_a_pending_retry_is_left_for_later(make_spool: 
     assert spool.get(job.id).state is JobState.RETRYABLE
 
 
-def test_wait_for_retries_waits_for_a_retry_due_within_the_bound(make_spool: Callable[..., Spool]) -> None:
+def test_wait_for_retries_waits_for_a_retry_due_within_the_bound(make_spool: SpoolFactory) -> None:
     spool = make_spool()
     job = spool.enqueue("work")
 
@@ -402,7 +387,7 @@ def test_wait_for_retries_waits_for_a_retry_due_within_the_bound(make_spool: Cal
 
 
 def test_wait_for_retries_does_not_wait_for_a_retry_due_beyond_the_bound(
-        make_spool: Callable[..., Spool]) -> None:
+        make_spool: SpoolFactory) -> None:
     spool = make_spool()
     job = spool.enqueue("work")
 
@@ -504,7 +489,7 @@ def test_a_job_reclaimed_by_another_spool_after_expiry_keeps_the_other_result(
     def handler(j: Job, c: Context) -> str:
         # This run stalls past its lease; meanwhile another process takes the job over.
         clock.advance(31.0)
-        other = Spool(spool.root, durable=False, clock=clock)
+        other = make_spool(spool.root, clock=clock)
         try:
             (lease,) = other.claim()
             assert lease.token > c.token
@@ -525,7 +510,7 @@ def test_a_job_reclaimed_by_another_spool_after_expiry_keeps_the_other_result(
 
 
 def test_a_lease_lost_at_a_heartbeat_is_counted_once_and_its_result_discarded(
-        make_spool: Callable[..., Spool]) -> None:
+        make_spool: SpoolFactory) -> None:
     spool = make_spool(lease_seconds=0.6)
     job = spool.enqueue("work")
 
@@ -697,7 +682,7 @@ def test_repeated_quick_failures_of_the_machinery_give_up(
 
 
 def test_a_failing_heartbeat_does_not_kill_the_worker(
-        make_spool: Callable[..., Spool], monkeypatch: pytest.MonkeyPatch) -> None:
+        make_spool: SpoolFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     spool = make_spool(lease_seconds=0.6)
     jobs = spool.enqueue_many("work", [{"i": i} for i in range(2)])
     real = spool.heartbeat_many
@@ -854,7 +839,7 @@ def test_a_burst_of_quick_jobs_is_projected_in_one_table_version(tmp_path: Path)
     from jobspool.projection.lance import LanceProjection
 
     uri = str(tmp_path / "index")
-    with Spool(tmp_path / "s", durable=False) as spool:
+    with make_spool(tmp_path / "s") as spool:
         spool.enqueue("note", {"n": -1})  # creates the table first
         Worker(spool, {"note": _project_note}, projection=uri,
                maintenance=False).run_until_idle()
