@@ -4,10 +4,8 @@ NaN, infinity and every other non-JSON value are refused, identically, naming th
 from __future__ import annotations
 
 import datetime as dt
-import io
 import json
 import math
-import sys
 import uuid
 from decimal import Decimal
 from pathlib import Path
@@ -18,8 +16,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from jobspool import Spool
-from jobspool.cli import main
 from jobspool.errors import InvalidJob
+from tests.cli_harness import run_cli
 from tests.helpers_spool import FakeClock, job_files
 from tests.spools import make_spool
 from tests.strategies import json_values
@@ -56,9 +54,8 @@ def _one_line(text: str) -> str:
 
 
 @pytest.fixture
-def cli_root(spool_root: Path, capsys: pytest.CaptureFixture[str]) -> str:
-    assert main(["--root", str(spool_root), "init"]) == 0
-    capsys.readouterr()
+def cli_root(spool_root: Path) -> str:
+    assert run_cli("init", root=spool_root).code == 0
     return str(spool_root)
 
 
@@ -75,31 +72,26 @@ def test_any_json_payload_round_trips_unchanged_through_enqueue_and_claim(
 
 @given(payload=json_values)
 def test_any_json_payload_round_trips_unchanged_through_the_cli(
-        cli_root: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
-        payload: Any) -> None:
-    capsys.readouterr()
+        cli_root: str, payload: Any) -> None:
     # From stdin: a negative number in exponent form would read as an option on argv.
-    monkeypatch.setattr(sys, "stdin", io.StringIO(json.dumps(payload)))
-    assert main(["--root", cli_root, "enqueue", "k", "-", "--json"]) == 0
-    job_id = json.loads(capsys.readouterr().out)["id"]
+    done = run_cli("enqueue", "k", "-", "--json", root=cli_root, stdin=json.dumps(payload))
+    assert done.code == 0
+    job_id = done.json()["id"]
     with make_spool(cli_root) as spool:
         assert spool.get(job_id).payload == payload
 
 
 @given(payload=poisoned())
 def test_every_non_json_value_is_refused_identically_by_api_and_cli(
-        spool: Spool, spool_root: Path, cli_root: str, capsys: pytest.CaptureFixture[str],
-        monkeypatch: pytest.MonkeyPatch, payload: Any) -> None:
+        spool: Spool, spool_root: Path, cli_root: str, payload: Any) -> None:
     with pytest.raises(InvalidJob) as info:
         spool.enqueue("k", payload)
     assert info.value.field == "payload"
     message = str(info.value)
     assert message.startswith("payload") and "\n" not in message
     # json.dumps spells NaN, Infinity, huge integers and lone surrogates (as \\u escapes).
-    capsys.readouterr()
-    monkeypatch.setattr(sys, "stdin", io.StringIO(json.dumps(payload)))
-    code = main(["--root", cli_root, "enqueue", "k", "-"])
-    captured = capsys.readouterr()
+    captured = run_cli("enqueue", "k", "-", root=cli_root, stdin=json.dumps(payload))
+    code = captured.code
     assert code == 1
     assert captured.err == f"jobspool: error: {_one_line(message)}\n"
     assert captured.out == ""
@@ -199,31 +191,30 @@ def test_run_at_takes_epoch_seconds_or_an_aware_datetime(spool: Spool, clock: Fa
     ("next tuesday", "--run-at 'next tuesday' is neither epoch seconds nor an ISO 8601 time"),
 ])
 def test_cli_run_at_refusals_are_one_line_errors(
-        cli_root: str, capsys: pytest.CaptureFixture[str], text: str, says: str) -> None:
-    assert main(["--root", cli_root, "enqueue", "k", "--run-at", text]) == 1
-    err = capsys.readouterr().err
+        cli_root: str, text: str, says: str) -> None:
+    refused = run_cli("enqueue", "k", "--run-at", text, root=cli_root)
+    assert refused.code == 1
+    err = refused.err
     assert err.startswith("jobspool: error: ") and says in err and err.count("\n") == 1
 
 
 def test_cli_run_at_accepts_iso_with_zone_and_epoch_and_shows_the_job_as_scheduled(
-        cli_root: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--root", cli_root, "enqueue", "k", "--id", "a", "--run-at",
-                 "2099-06-01T12:00:00+02:00"]) == 0
-    assert capsys.readouterr().out.split() == ["a", "scheduled"]
-    assert main(["--root", cli_root, "enqueue", "k", "--id", "b", "--run-at", "4102444800",
-                 "--json"]) == 0
-    doc = json.loads(capsys.readouterr().out)
+        cli_root: str) -> None:
+    def ok(*args: str) -> str:
+        done = run_cli(*args, root=cli_root)
+        assert done.code == 0, done.err
+        return done.out
+
+    assert ok("enqueue", "k", "--id", "a", "--run-at",
+              "2099-06-01T12:00:00+02:00").split() == ["a", "scheduled"]
+    doc = json.loads(ok("enqueue", "k", "--id", "b", "--run-at", "4102444800", "--json"))
     assert (doc["state"], doc["status"], doc["run_at_iso"]) == (
         "retryable", "scheduled", "2100-01-01T00:00:00.000Z")
-    assert main(["--root", cli_root, "list"]) == 0
-    listed = capsys.readouterr().out
+    listed = ok("list")
     assert "scheduled" in listed and "2099-06-01T10:00:00.000Z" in listed
-    assert main(["--root", cli_root, "enqueue", "k", "--id", "now"]) == 0
-    capsys.readouterr()
-    assert main(["--root", cli_root, "list", "--state", "scheduled", "--json"]) == 0
-    assert sorted(j["id"] for j in json.loads(capsys.readouterr().out)) == ["a", "b"]
-    assert main(["--root", cli_root, "show", "a"]) == 0
-    shown = capsys.readouterr().out
+    ok("enqueue", "k", "--id", "now")
+    assert sorted(j["id"] for j in json.loads(ok("list", "--state", "scheduled", "--json"))) == [
+        "a", "b"]
+    shown = ok("show", "a")
     assert "scheduled" in shown and "2099-06-01T10:00:00.000Z" in shown
-    assert main(["--root", cli_root, "stats", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["scheduled"] == 2
+    assert json.loads(ok("stats", "--json"))["scheduled"] == 2

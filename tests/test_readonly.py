@@ -13,7 +13,6 @@ explicitly (new spools are private to their owner).
 
 from __future__ import annotations
 
-import contextlib
 import io
 import os
 import pwd
@@ -28,8 +27,8 @@ import orjson
 import pytest
 
 from jobspool import JobState
-from jobspool.cli import main
 from jobspool.errors import SpoolError
+from tests.cli_harness import run_cli
 from tests.spools import make_spool
 
 READ_COMMANDS = (
@@ -110,8 +109,9 @@ def _as_reader(argv: list[str]) -> dict[str, Any]:
                 os.setgroups([])
                 os.setgid(nobody.pw_gid)
                 os.setuid(nobody.pw_uid)
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-                code = main(argv)
+            code, printed, complained = run_cli(*argv)
+            out.write(printed)
+            err.write(complained)
         except BaseException as exc:  # report, do not hang the parent
             err.write(f"child raised {exc!r}")
         finally:
@@ -130,10 +130,8 @@ def _as_reader(argv: list[str]) -> dict[str, Any]:
 
 
 def _as_owner(argv: list[str]) -> dict[str, Any]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(argv)
-    return {"code": code, "out": out.getvalue(), "err": err.getvalue()}
+    code, out, err = run_cli(*argv)
+    return {"code": code, "out": out, "err": err}
 
 
 def _drop_volatile(doc: Any) -> Any:
