@@ -266,7 +266,8 @@ def check_health(
             "worker_stale",
             f"{_plural(len(stale_workers), 'worker')} stopped refreshing its metrics file for "
             f"over {worker_stale:g} s ({_ids(stale_workers)}): stuck, or died without "
-            f"cleaning up; if it is gone, delete its file under {spool.root / 'metrics'}",
+            f"cleaning up (a worker started on the same host removes a dead one's file); if "
+            f"it is gone, delete its file under {spool.root / 'metrics'}",
             len(stale_workers)))
 
     uri = os.fspath(projection) if projection is not None else default_projection(spool)

@@ -45,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -199,13 +200,65 @@ def publish_worker_report(spool: Spool, owner: str, report: RunReport) -> None:
     a snapshot older than `WORKER_STALE_SECONDS` is ignored by readers, so a
     worker that died is dropped from the metrics.
     """
+    from jobspool.queue.liveness import boot_id
+
     path = _snapshot_path(spool, owner)
     path.parent.mkdir(exist_ok=True)
-    doc = {"format": 1, "owner": owner, "pid": os.getpid(), "written_at": time.time(),
-           **_report_counters(report)}
+    doc = {"format": 1, "owner": owner, "pid": os.getpid(), "host": socket.gethostname(),
+           "boot": boot_id(), "written_at": time.time(), **_report_counters(report)}
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_bytes(orjson.dumps(doc))
     os.replace(tmp, path)
+    remove_dead_worker_reports(spool, keep=path.name)
+
+
+def remove_dead_worker_reports(spool: Spool, *, keep: str | None = None) -> list[str]:
+    """Remove the snapshots of workers that are provably gone; their owners.
+
+    Gone means written on this host by a process that no longer exists, or
+    before this host last booted (a SIGKILL or a power cut leaves the file
+    behind, and health would call it `worker_stale` for good). A snapshot from
+    another host, one without host and boot (an older version), or one whose
+    pid exists is left alone: health reports it once it goes stale. A worker
+    in another PID namespace under the same host name and boot would look
+    gone; losing its advisory snapshot costs nothing, it writes it again
+    within seconds.
+    """
+    from jobspool.queue.liveness import boot_id
+
+    directory = Path(spool.root) / METRICS_DIR
+    try:
+        names = [n for n in os.listdir(directory) if n.endswith(".json") and n != keep]
+    except OSError:
+        return []
+    host, boot = socket.gethostname(), boot_id()
+    gone: list[str] = []
+    for name in names:
+        try:
+            doc = orjson.loads((directory / name).read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            continue
+        if not isinstance(doc, dict) or doc.get("host") != host or not boot:
+            continue
+        pid = doc.get("pid")
+        if not isinstance(pid, int) or isinstance(pid, bool):
+            continue
+        if doc.get("boot") == boot and (pid == os.getpid() or _process_exists(pid)):
+            continue  # this boot, and the process is there: alive, or stuck for health to say
+        with contextlib.suppress(FileNotFoundError):
+            (directory / name).unlink()
+            gone.append(str(doc.get("owner", name)))
+    return gone
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # it exists (another user's), or we cannot tell: keep its file
+    return True
 
 
 def remove_worker_report(spool: Spool, owner: str) -> None:
@@ -325,6 +378,7 @@ __all__ = [
     "publish_worker_report",
     "read_worker_reports",
     "registry_for",
+    "remove_dead_worker_reports",
     "remove_worker_report",
     "render_prometheus",
     "serve_metrics",
