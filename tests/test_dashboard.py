@@ -7,10 +7,9 @@ user meets them; these pin the HTTP contract down case by case.
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -21,17 +20,18 @@ from jobspool.dashboard import create_app
 from jobspool.dashboard.data import page
 from jobspool.dashboard.throughput import Throughput, chart
 from jobspool.queue.states import JobState
-from tests.subproc import cli_env
+from tests.cli_harness import LineReader, run_jobspool, start_jobspool
+from tests.spools import SpoolFactory, make_spool
+from tests.waiting import wait_until
 
 LOCAL = "http://127.0.0.1"
 _CSRF = re.compile(r'name="csrf" value="([0-9a-f]+)"')
 
 
 @pytest.fixture
-def spool(tmp_path: Path) -> Iterator[Spool]:
-    s = Spool(tmp_path / "spool", durable=False)
-    yield s
-    s.close()
+def spool(make_spool: SpoolFactory) -> Spool:
+    """A scratch spool on the real clock (the dashboard shows ages)."""
+    return make_spool()
 
 
 def _dead(spool: Spool, kind: str, n: int, error: str = "boom") -> list[str]:
@@ -304,12 +304,9 @@ def test_the_chart_stacks_failed_on_completed_within_its_height() -> None:
 
 
 def test_a_non_loopback_host_without_a_token_is_refused_in_one_line(tmp_path: Path) -> None:
-    Spool(tmp_path / "spool").close()
-    env = cli_env()
-    env.pop("JOBSPOOL_DASHBOARD_TOKEN", None)
-    done = subprocess.run([sys.executable, "-m", "jobspool", "--root", str(tmp_path / "spool"),
-                           "dashboard", "--host", "0.0.0.0", "--port", "0"],
-                          capture_output=True, text=True, env=env, timeout=60, check=False)
+    make_spool(tmp_path / "spool").close()
+    done = run_jobspool("dashboard", "--host", "0.0.0.0", "--port", "0", root=tmp_path / "spool",
+                        env={"JOBSPOOL_DASHBOARD_TOKEN": None}, timeout=60)
     assert done.returncode == 2
     assert done.stdout == ""
     lines = done.stderr.splitlines()
@@ -347,27 +344,16 @@ def test_a_repaired_quarantined_file_is_restored_by_post(spool: Spool) -> None:
 
 
 def test_demo_with_dashboard_leaves_it_running_on_the_demo_spool(tmp_path: Path) -> None:
-    import selectors
-    import time
     import urllib.request
 
     root = tmp_path / "spool"
-    proc = subprocess.Popen([sys.executable, "-m", "jobspool", "--root", str(root), "demo",
-                             "--jobs", "40", "--workers", "1", "--dashboard",
-                             "--dashboard-port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env())
-    assert proc.stdout is not None
-    url = None
-    deadline = time.monotonic() + 240  # a hang guard: the demo runs a worker process
+    proc = start_jobspool("demo", "--jobs", "40", "--workers", "1", "--dashboard",
+                          "--dashboard-port", "0", root=root)
     try:
-        with selectors.DefaultSelector() as sel:
-            sel.register(proc.stdout, selectors.EVENT_READ)
-            while url is None and time.monotonic() < deadline and proc.poll() is None:
-                if sel.select(timeout=1.0):
-                    line = proc.stdout.readline().decode()
-                    if line.startswith("jobspool dashboard for"):
-                        url = next(w for w in line.split() if w.startswith("http://"))
-        assert url is not None, "the demo never started its dashboard"
+        # A hang guard only: the demo runs a worker process before it serves.
+        line = LineReader(proc.stdout).wait_for("^jobspool dashboard for", 240,
+                                                "the demo to start its dashboard")
+        url = next(w for w in line.split() if w.startswith("http://"))
         direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # no proxy
         with direct.open(url + "api/overview", timeout=30) as response:
             doc = orjson.loads(response.read())
@@ -402,7 +388,6 @@ def test_a_read_only_dashboard_serves_a_user_who_may_only_read_the_spool() -> No
     import signal
     import stat
     import tempfile
-    import time
     import urllib.error
     import urllib.request
 
@@ -411,7 +396,7 @@ def test_a_read_only_dashboard_serves_a_user_who_may_only_read_the_spool() -> No
     root = base / "spool"
     as_root = os.geteuid() == 0
     try:
-        with Spool(root) as spool:
+        with make_spool(root) as spool:
             (dead,) = _dead(spool, "report", 1)
             spool.enqueue("email", {"to": "a@example.com"})
             # The owner walks every page first: each module a request needs is loaded
@@ -437,15 +422,15 @@ def test_a_read_only_dashboard_serves_a_user_who_may_only_read_the_spool() -> No
             url = next((w for w in line.split() if w.startswith("http://")), None)
             assert url is not None, (line, err_path.read_text())
             direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-            deadline = time.monotonic() + 60  # a hang guard
-            while True:
+
+            def overview() -> Any:
                 try:
                     with direct.open(url + "api/overview", timeout=10) as response:
-                        doc = orjson.loads(response.read())
-                    break
+                        return orjson.loads(response.read())
                 except (urllib.error.URLError, ConnectionError):
-                    assert time.monotonic() < deadline, err_path.read_text()
-                    time.sleep(0.05)
+                    return None  # not serving yet
+
+            doc = wait_until(overview, 60, f"the dashboard to serve ({err_path})")
             with direct.open(url + f"job/{dead}", timeout=10) as response:
                 job_page = response.read().decode()
             try:
@@ -555,13 +540,11 @@ def test_the_origin_check_accepts_only_this_server() -> None:
 def test_a_busy_port_is_refused_in_one_line(tmp_path: Path) -> None:
     import socket
 
-    Spool(tmp_path / "spool").close()
+    make_spool(tmp_path / "spool").close()
     with socket.create_server(("127.0.0.1", 0)) as busy:
         port = busy.getsockname()[1]
-        done = subprocess.run([sys.executable, "-m", "jobspool", "--root",
-                               str(tmp_path / "spool"), "dashboard", "--port", str(port)],
-                              capture_output=True, text=True, env=cli_env(), timeout=60,
-                              check=False)
+        done = run_jobspool("dashboard", "--port", str(port), root=tmp_path / "spool",
+                            timeout=60)
     assert done.returncode == 2
     assert done.stderr == f"jobspool: error: cannot listen on 127.0.0.1:{port}: " \
                           f"Address already in use\n"
