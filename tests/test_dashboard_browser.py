@@ -9,11 +9,8 @@ fresh profile and the flags that work in a container.
 from __future__ import annotations
 
 import os
-import selectors
 import subprocess
-import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -28,9 +25,10 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from jobspool import Spool
 from jobspool.queue.states import JobState
-from tests.subproc import cli_env
+from tests.cli_harness import LineReader, run_jobspool, start_jobspool
+from tests.spools import make_spool
+from tests.waiting import wait_until
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -58,32 +56,28 @@ class Server:
 
 def start_dashboard(root: Path, *extra: str) -> Server:
     """Start the dashboard on a free port and return once it answers HTTP."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jobspool", "--root", str(root), "dashboard", "--port", "0",
-         "--poll", "0.2", *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env())
-    assert proc.stdout is not None
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        ready = sel.select(timeout=HANG_GUARD)
-    line = proc.stdout.readline().decode() if ready else ""
-    url = next((w for w in line.split() if w.startswith("http://")), None)
-    if url is None:
-        err = Server(proc, "").stop()
-        raise AssertionError(f"the dashboard printed no URL: {line!r} {err!r}")
+    proc = start_jobspool("dashboard", "--port", "0", "--poll", "0.2", *extra, root=root)
+    try:
+        line = LineReader(proc.stdout).wait_for("http://", HANG_GUARD, "the dashboard's URL")
+    except BaseException:
+        Server(proc, "").stop()
+        raise
+    url = next(w for w in line.split() if w.startswith("http://"))
     server = Server(proc, url)
-    deadline = time.monotonic() + HANG_GUARD
-    while True:  # poll the port until the app answers (readiness, not a fixed sleep)
+
+    def answers() -> bool:
         try:
             with _DIRECT.open(server.url + "/static/favicon.svg", timeout=5) as r:
-                if r.status == 200:
-                    return server
+                return bool(r.status == 200)
         except (urllib.error.URLError, ConnectionError):
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            server.stop()
-            raise AssertionError("the dashboard never answered")
-        time.sleep(0.05)
+            return False
+
+    try:
+        wait_until(answers, HANG_GUARD, "the dashboard to answer HTTP", proc=proc)
+    except BaseException:
+        server.stop()
+        raise
+    return server
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +104,7 @@ def root(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def served(root: Path, browser: webdriver.Chrome) -> Iterator[Server]:
-    Spool(root).close()
+    make_spool(root).close()
     server = start_dashboard(root)
     yield server
     browser.delete_all_cookies()
@@ -118,7 +112,7 @@ def served(root: Path, browser: webdriver.Chrome) -> Iterator[Server]:
 
 
 def _dead(root: Path, kind: str, n: int, error: str = "boom") -> list[str]:
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         ids = [spool.enqueue(kind, {"n": i}).id for i in range(n)]
         for lease in spool.claim(kinds=[kind], limit=n):
             spool.fail(lease, error, retryable=False)
@@ -126,14 +120,14 @@ def _dead(root: Path, kind: str, n: int, error: str = "boom") -> list[str]:
 
 
 def _state(root: Path, job_id: str) -> JobState:
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         return spool.get(job_id).state
 
 
 def _stats_json(root: Path) -> dict[str, Any]:
-    done = subprocess.run([sys.executable, "-m", "jobspool", "--root", str(root), "stats",
-                           "--json"], capture_output=True, env=cli_env(), timeout=60, check=True)
-    doc = orjson.loads(done.stdout)
+    done = run_jobspool("stats", "--json", root=root, timeout=60)
+    assert done.code == 0, done.err
+    doc = orjson.loads(done.out)
     assert isinstance(doc, dict)
     return doc
 
@@ -153,7 +147,7 @@ def _no_alert(browser: webdriver.Chrome) -> bool:
 def test_the_overview_shows_the_counts_of_stats_json(root: Path, served: Server,
                                                      browser: webdriver.Chrome) -> None:
     _dead(root, "mail", 2)
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         spool.enqueue("thumb", {})
         spool.enqueue("thumb", {}, delay=600)
         spool.cancel(spool.enqueue("mail", {}).id)
@@ -177,7 +171,7 @@ def test_counts_update_without_a_reload(root: Path, served: Server,
     browser.execute_script("document.body.setAttribute('data-marker', 'same page')")
     badge = browser.find_element(By.CSS_SELECTOR, "nav [data-count=ready]")
     assert badge.text == "0"
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         spool.enqueue_many("mail", [{}, {}, {}])
     _wait(browser, lambda b: b.find_element(By.CSS_SELECTOR, "nav [data-count=ready]").text
           == "3")
@@ -219,7 +213,7 @@ def test_bulk_requeue_of_a_kind_goes_through_a_confirmation(root: Path, served: 
 def test_a_script_payload_is_inert_text(root: Path, served: Server,
                                         browser: webdriver.Chrome) -> None:
     attack = "<script>window.__pwned = 1; alert('xss')</script>"
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         job = spool.enqueue("mail", {"to": attack})
         (lease,) = spool.claim()
         spool.fail(lease, "<img src=x onerror=\"window.__pwned = 2; alert('xss')\">",
@@ -264,7 +258,7 @@ def test_read_only_has_no_action_buttons(root: Path, browser: webdriver.Chrome) 
 
 def test_with_a_token_the_login_form_lets_the_browser_in(root: Path,
                                                          browser: webdriver.Chrome) -> None:
-    Spool(root).close()
+    make_spool(root).close()
     env_token = "correct-horse-battery"
     server = start_dashboard(root, "--token", env_token)
     try:
