@@ -14,7 +14,7 @@ import pytest
 
 from jobspool import JobState
 from jobspool.cli import build_parser
-from tests.cli_harness import run_cli
+from tests.cli_harness import run_cli, run_jobspool
 from tests.helpers_spool import FakeClock
 from tests.spools import make_spool
 from tests.subproc import REPO, cli_env
@@ -75,28 +75,24 @@ def test_with_json_logs_every_stderr_line_is_json_with_start_jobs_and_summary(
     root = tmp_path / "spool"
     with make_spool(root) as spool:
         ids = [spool.enqueue("echo", {"n": i}).id for i in range(3)]
-    proc = subprocess.run(
-        [sys.executable, "-m", "jobspool", "--root", str(root), "run-until-idle",
-         "--app", "tests.apps.plain:handlers", "--log-format", "json", "--log-level", "info"],
-        cwd=REPO, env=cli_env(), capture_output=True, timeout=120, check=False)
-    assert proc.returncode == 0, proc.stderr.decode()
-    lines = [orjson.loads(line) for line in proc.stderr.decode().splitlines()]  # each is JSON
+    proc = run_jobspool("run-until-idle", "--app", "tests.apps.plain:handlers",
+                        "--log-format", "json", "--log-level", "info", root=root)
+    assert proc.returncode == 0, proc.stderr
+    lines = [orjson.loads(line) for line in proc.stderr.splitlines()]  # each is JSON
     assert lines and all(isinstance(d, dict) and d["level"] and d["msg"] for d in lines)
     assert lines[0]["event"] == "start" and lines[0]["command"] == "run-until-idle"
     assert lines[0]["app"] == "tests.apps.plain:handlers"
     per_job = [d["job_id"] for d in lines if d.get("state") == "completed"]
     assert sorted(per_job) == sorted(ids)
     assert lines[-1]["event"] == "summary" and lines[-1]["summary"]["completed"] == 3
-    assert proc.stdout == b""  # the summary went to stderr as JSON, not as text
+    assert proc.stdout == ""  # the summary went to stderr as JSON, not as text
 
 
 def test_with_json_logs_a_refused_command_writes_its_error_as_json(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "jobspool", "--root", str(tmp_path / "typo"), "worker",
-         "--app", "tests.apps.plain:handlers", "--log-format", "json"],
-        cwd=REPO, env=cli_env(), capture_output=True, timeout=120, check=False)
+    proc = run_jobspool("worker", "--app", "tests.apps.plain:handlers", "--log-format", "json",
+                        root=tmp_path / "typo")
     assert proc.returncode == 2
-    (line,) = proc.stderr.decode().splitlines()
+    (line,) = proc.stderr.splitlines()
     doc = orjson.loads(line)
     assert doc["level"] == "error" and doc["exit"] == 2 and "jobspool init" in doc["msg"]
 

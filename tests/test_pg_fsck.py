@@ -4,20 +4,15 @@ with exit 2, because tokens could then be issued twice."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import orjson
 import psycopg
 
+from tests.cli_harness import Result, run_jobspool
 from tests.spools import make_spool
-from tests.subproc import REPO, cli_env
 
 
-def _fsck(url: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "jobspool", "--root", url, "fsck", "--json"],
-                          cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120,
-                          check=False)
+def _fsck(url: str) -> Result:
+    return run_jobspool("fsck", "--json", root=url)
 
 
 def test_fsck_reports_a_fence_sequence_behind_a_held_token(pg_url: str) -> None:

@@ -5,16 +5,15 @@ LISTENs again, or polls: the hint is never needed for correctness)."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import psycopg
 import pytest
 
 from jobspool import JobState
+from tests.cli_harness import start_jobspool
 from tests.pgserver import PgServer
 from tests.spools import make_spool
-from tests.subproc import REPO, cli_env
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -46,10 +45,8 @@ def test_an_idle_worker_picks_up_new_jobs_after_the_server_restarted(
     log = tmp_path / "handled.log"
     with make_spool(pg_url) as spool:
         spool.enqueue("work", {"log": str(log)}, job_id="before")
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "jobspool", "--root", pg_url, "worker", "--app",
-         "tests.apps.simple:app", "--kinds", "work", "--concurrency", "2"],
-        cwd=REPO, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    worker = start_jobspool("worker", "--app", "tests.apps.simple:app", "--kinds", "work",
+                            "--concurrency", "2", root=pg_url, stdout=subprocess.DEVNULL)
     try:
         wait_until(lambda: log.exists() and "before" in log.read_text(), timeout=60,
                    what="the worker to run the first job")

@@ -5,8 +5,6 @@ pool cleanly."""
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -14,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from jobspool import JobState, Spool
+from tests.cli_harness import start_jobspool
 from tests.helpers_spool import stat_counts
-from tests.subproc import REPO, cli_env
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -26,10 +24,8 @@ def test_a_worker_pool_drains_the_queue_once_and_stops_on_sigterm(
     log = tmp_path / "handled.log"
     spool = make_any_spool(keep_terminal=10_000)
     ids = [j.id for j in spool.enqueue_many("work", [{"log": str(log)}] * 300)]
-    pool = subprocess.Popen(
-        [sys.executable, "-m", "jobspool", "--root", str(store_root), "worker", "--processes",
-         "2", "--app", "tests.apps.simple:app", "--kinds", "work", "--concurrency", "2"],
-        cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    pool = start_jobspool("worker", "--processes", "2", "--app", "tests.apps.simple:app",
+                          "--kinds", "work", "--concurrency", "2", root=store_root)
     try:
         wait_until(lambda: stat_counts(spool.stats())["completed"] == len(ids), timeout=180,
                    what="the pool to drain the queue")
