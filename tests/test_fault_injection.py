@@ -184,10 +184,12 @@ def check_recovered(root: Path, clock: FakeClock, exp: Expectation, op: str, whe
         assert "torn" not in states, where
         got = snapshot(root)
         # A lease whose holder provably died (the crashed child, or a process whose liveness
-        # file was copied with the spool) is given back at once: its handler never started,
-        # so the job returns to ready, uncounted, one revision later.
+        # file was copied with the spool) is taken back at once, one revision later: the
+        # child claims by hand and never says which jobs it started, so the lease counts
+        # (retryable); a Worker's unstarted ones would return to ready uncounted.
         returned = {j for j, v in published.items()
-                    if v is not None and v[0] == "leased" and got.get(j) == ("ready", v[1] + 1)}
+                    if v is not None and v[0] == "leased"
+                    and got.get(j) in (("ready", v[1] + 1), ("retryable", v[1] + 1))}
         for job_id in exp.before.keys() | exp.after.keys():
             allowed = {exp.before.get(job_id), exp.after.get(job_id)}
             if op == "recover":
