@@ -11,7 +11,6 @@ timeouts only guard against hangs.
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -20,22 +19,16 @@ import orjson
 import pytest
 
 from jobspool import JobState
+from tests.cli_harness import run_jobspool, start_jobspool
 from tests.helpers_spool import job_files
 from tests.spools import make_spool
-from tests.subproc import REPO, cli_env
 
 pytestmark = pytest.mark.slow
 
 
-def _env(**extra: str) -> dict[str, str]:
-    return cli_env(**extra)
-
-
 def _run_until_idle(root: Path, log: Path, *args: str) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "jobspool", "--root", str(root), "run-until-idle",
-           "--app", "tests.apps.simple:app", "--json", *args]
-    return subprocess.Popen(cmd, cwd=REPO, env=_env(JOBSPOOL_TEST_LOG=str(log)),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return start_jobspool("run-until-idle", "--app", "tests.apps.simple:app", "--json", *args,
+                          root=root, env={"JOBSPOOL_TEST_LOG": str(log)})
 
 
 def _finish(procs: list[subprocess.Popen[bytes]]) -> list[dict[str, Any]]:
@@ -119,12 +112,10 @@ def test_processes_with_different_apps_split_the_kinds_and_report_the_rest(
         work = [j.id for j in spool.enqueue_many("work", [{"i": i} for i in range(40)])]
         slow = [j.id for j in spool.enqueue_many("slow", [{"sleep": 0.01} for _ in range(20)])]
     log = tmp_path / "only-work.log"
-    cmd = [sys.executable, "-m", "jobspool", "--root", str(root), "run-until-idle",
-           "--app", "tests.apps.simple:only_work", "--json"]
-    only = subprocess.run(cmd, cwd=REPO, env=_env(JOBSPOOL_TEST_LOG=str(log)),
-                          capture_output=True, timeout=120, check=False)
-    assert only.returncode == 0, only.stderr.decode(errors="replace")
-    report = orjson.loads(only.stdout)
+    only = run_jobspool("run-until-idle", "--app", "tests.apps.simple:only_work", "--json",
+                        root=root, env={"JOBSPOOL_TEST_LOG": str(log)})
+    assert only.returncode == 0, only.stderr
+    report = only.json()
     assert report["completed"] == 40
     assert report["unhandled"] == {"slow": 20}
     with make_spool(root, create=False) as spool:
