@@ -1,5 +1,6 @@
 """Audit of issue 13: a read-only user pointed at a spool they were not granted access to
-(new spools are private, 0700) gets one line that says how to grant it, not just EACCES."""
+(new spools are private, 0700) gets one line that says how to grant it (a group-read
+spool; a one-time chmod would not cover files written later), not just EACCES."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from jobspool import Spool
-from tests.test_readonly import _as_reader
+from tests.test_readonly import _as_owner, _as_reader
 
 
 @pytest.fixture
@@ -35,12 +36,13 @@ def private_root() -> Iterator[Path]:
 @pytest.mark.parametrize("command", [("stats",), ("health",), ("list",)])
 def test_a_reader_without_access_is_told_how_to_grant_it_in_one_line(
         private_root: Path, command: tuple[str, ...]) -> None:
+    if os.geteuid() == 0:  # as the owner first: every module the command needs is loaded
+        assert _as_owner(["--root", str(private_root), *command])["code"] in (0, 2)
     got = _as_reader(["--root", str(private_root), *command])
     assert got["code"] == 2, got
     (line,) = got["err"].splitlines()
     assert line.startswith("jobspool: error: cannot read ")
-    assert "Permission denied" in line and f"chmod -R o+rX {private_root}" in line
-    assert "access='group'" in line
+    assert "Permission denied" in line and "--access group-read" in line
 
 
 def test_a_writable_dashboard_for_a_reader_is_refused_naming_the_read_only_one(

@@ -85,8 +85,8 @@ def read_spool_file(root: Path) -> dict[str, Any] | None:
         return None
     except OSError as exc:
         # A reader who is not the owner meets this first: new spools are private (0700).
-        hint = (f" (spools are private to their owner: grant read access, e.g. `chmod -R "
-                f"o+rX {root}`, or create it with access='group')"
+        hint = (" (spools are private to their owner: to let others read one, create it "
+                "with `jobspool init --access group-read` and read as a member of its group)"
                 if exc.errno in (errno.EACCES, errno.EPERM) else "")
         raise SpoolError(f"cannot read {path}: {exc.strerror}{hint}", path=str(path)) from None
     try:
