@@ -35,11 +35,12 @@ def cmd_worker_pool(args: argparse.Namespace) -> int:
     with _open(args, create=getattr(args, "create", True)) as spool:
         # Load the app here first: a bad --app, policy or kind is one line at start-up,
         # not N children failing in a restart loop.
-        _make_worker(args, spool)
+        worker = _make_worker(args, spool)
         root = getattr(spool, "url", None) or spool.root.resolve()  # a database URL as given
         command = child_command(root, args.app, _child_options(args))
         try:
-            report = WorkerPool(spool, command, args.processes, grace_seconds=args.grace).run()
+            report = WorkerPool(spool, command, args.processes, grace_seconds=args.grace,
+                                policies=worker.policies).run()
         except PoolFailed as exc:
             raise Refused(str(exc)) from None
     d = report.to_dict()

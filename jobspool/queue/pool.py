@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import queue
 import selectors
 import signal
 import socket
@@ -34,7 +35,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,11 +44,12 @@ import orjson
 
 from jobspool.errors import JobspoolError, LeaseLost, TimeLimitExceeded
 from jobspool.errors import PoolFailed as PoolFailed
-from jobspool.queue.job import Lease, validate_int, validate_seconds
-from jobspool.queue.machine import Failure
+from jobspool.queue.job import Lease, clip_error, validate_int, validate_seconds
+from jobspool.queue.machine import Failure, RetryPolicy
 from jobspool.queue.states import JobState
 
 if TYPE_CHECKING:
+    from jobspool.policy import Policy
     from jobspool.queue.context import Context
     from jobspool.queue.spool import Spool
     from jobspool.queue.worker import Worker
@@ -81,6 +83,7 @@ class _Child:
     hung: dict[str, int] = field(default_factory=dict)
     hung_at: float | None = None
     killed_for: str | None = None  # job id whose hung handler made us kill this child
+    served: bool = False  # it started a job: it booted, so its death is no boot failure
 
 
 @dataclass(frozen=True)
@@ -109,17 +112,24 @@ def child_command(root: str | Path, app: str, options: Sequence[str] = ()) -> li
 
 
 class WorkerPool:
-    """Supervise `processes` children running `command` (see `child_command`) over `spool`."""
+    """Supervise `processes` children running `command` (see `child_command`) over `spool`.
+
+    `policies` are the app's (`App.policies`): the jobs of a child that died are
+    failed under their kind's attempts, backoff and `retry_on`, as the child
+    itself would have failed them.
+    """
 
     def __init__(self, spool: Spool, command: Sequence[str], processes: int, *,
                  grace_seconds: float = 30.0, env: dict[str, str] | None = None,
-                 handle_signals: bool = True) -> None:
+                 handle_signals: bool = True,
+                 policies: Mapping[str, Policy] | None = None) -> None:
         self.spool = spool
         self.command = list(command)
         self.processes = validate_int("processes", processes, minimum=1)
         self.grace_seconds = validate_seconds("grace_seconds", grace_seconds)
         self.env = dict(os.environ if env is None else env)
         self.handle_signals = handle_signals
+        self.policies = dict(policies or {})
         self.children: dict[int, _Child] = {}
         self._restart_at: dict[int, float] = {}
         self._failures: dict[int, int] = {}
@@ -128,9 +138,15 @@ class WorkerPool:
         self._stop_forwarded = 0
         self._sel = selectors.DefaultSelector()
         self._totals: dict[str, int] = {}
-        self._started = self._restarts = self._killed = self._rescued = self._released = 0
+        self._started = self._restarts = self._killed = 0
         self._boot_failures = 0
         self._gave_up: str | None = None
+        # A dead child's leases are settled by a thread of their own: the spool's lock may be
+        # held by another child frozen by a handler that never lets go of the interpreter
+        # (C code holding the GIL), and only this loop, free to go on, can kill that child.
+        self._settles: queue.SimpleQueue[tuple[_Child, int, float] | None] = \
+            queue.SimpleQueue()
+        self._counts_lock = threading.Lock()
 
     # ------------------------------------------------------------ public
 
@@ -141,6 +157,9 @@ class WorkerPool:
     def run(self) -> PoolReport:
         """Run until a signal (or `stop()`) and every child has exited; return the report."""
         previous = self._install_signals()
+        settler = threading.Thread(target=self._settle_loop, name="jobspool-pool-settle",
+                                   daemon=True)
+        settler.start()
         try:
             for slot in range(self.processes):
                 self._spawn(slot)
@@ -151,14 +170,17 @@ class WorkerPool:
                 with contextlib.suppress(OSError):
                     child.proc.kill()
                 self._reap(child)
+            self._settles.put(None)
+            settler.join()  # every child is dead: no lock is held by a frozen one any more
             self._restore_signals(previous)
             self._sel.close()
         if self._gave_up is not None:
             raise PoolFailed(self._gave_up)
+        totals = dict(self._totals)
         return PoolReport(processes=self.processes, started=self._started,
                           restarts=self._restarts, killed_hung=self._killed,
-                          rescued=self._rescued, released=self._released,
-                          children=dict(self._totals))
+                          rescued=totals.pop("rescued", 0),
+                          released=totals.pop("released_after_death", 0), children=totals)
 
     # ------------------------------------------------------------ the loop
 
@@ -259,6 +281,7 @@ class WorkerPool:
         if what == "S":
             timeout = float(parts[3]) if len(parts) > 3 else 0.0
             child.running[job_id] = (token, time.monotonic(), timeout)
+            child.served = True
         elif what == "E":
             child.running.pop(job_id, None)
         elif what == "H":
@@ -281,12 +304,14 @@ class WorkerPool:
             child.proc.stdout.close()
         self._add_report(out)
         self.children.pop(child.slot, None)
-        self._attribute(child, code)
+        self._settles.put((child, code, time.monotonic()))
         planned = child.hung_at is not None or child.killed_for is not None
         if self._signals:
             return
         lived = time.monotonic() - child.started
-        if not planned and code != 0 and lived < _BOOT_SECONDS:
+        # A child that started a job booted: dying in it is that job's doing (a rescue,
+        # bounded by its attempts), not a reason to give up on the whole pool.
+        if not planned and code != 0 and lived < _BOOT_SECONDS and not child.served:
             self._boot_failures += 1
             if self._boot_failures >= _MAX_BOOT_FAILURES:
                 self._gave_up = (f"worker processes died {self._boot_failures} times in a row "
@@ -320,11 +345,19 @@ class WorkerPool:
                         "released", "projected_rows", "timed_out"):
                 value = doc.get(key)
                 if isinstance(value, int):
-                    self._totals[key] = self._totals.get(key, 0) + value
+                    self._count(key, value)
 
-    def _attribute(self, child: _Child, code: int) -> None:
+    def _settle_loop(self) -> None:
+        while (item := self._settles.get()) is not None:
+            try:
+                self._attribute(*item)
+            except Exception as exc:  # never let one dead child stop the settling of others
+                log.warning("pool: could not settle the jobs of a dead worker process: %s: %s",
+                            type(exc).__name__, exc)
+
+    def _attribute(self, child: _Child, code: int, died_at: float) -> None:
         """A dead child's leases: the jobs it was running fail (a rescue, or the time limit),
-        the ones it never started go back uncounted."""
+        the ones it never started go back uncounted. Runs in the settle thread."""
         try:
             held = [j for j in self.spool.jobs(state=JobState.LEASED)
                     if j.lease is not None and j.lease.owner == child.owner]
@@ -338,23 +371,52 @@ class WorkerPool:
             running = child.running.get(job.id)
             try:
                 if running is not None and running[0] == job.lease.token:
-                    if child.killed_for == job.id:
-                        err = str(TimeLimitExceeded(job.id, job.kind, running[2],
-                                                    "its worker process was killed"))
-                        self.spool.fail(lease, Failure(error=err))
+                    # Killed for a hung handler: every run then past its limit is timed out
+                    # (several can hang in one child), the others are charged a rescue.
+                    if child.killed_for == job.id or (
+                            child.killed_for is not None and running[2] > 0
+                            and died_at > running[1] + running[2]):
+                        over = TimeLimitExceeded(job.id, job.kind, running[2],
+                                                 "its worker process was killed")
+                        policy = self.policies.get(job.kind)
+                        # Named as a handler's own exception is: "TimeLimitExceeded: ...".
+                        settled = self.spool.fail(
+                            lease, self._failure(job.kind, clip_error(over)),
+                            retryable=policy is None or policy.retries(over))
+                        self._count("timed_out")
                     else:
-                        self.spool.fail(lease, Failure(
-                            error=f"worker process died ({_describe(code)}) while running "
-                                  "this job", rescued=True))
-                        self._rescued += 1
+                        settled = self.spool.fail(lease, self._failure(
+                            job.kind, f"worker process died ({_describe(code)}) while "
+                                      "running this job", rescued=True))
+                        self._count("rescued")
+                    self._count("dead_lettered" if settled.state is JobState.DEAD_LETTER
+                                else "retried")
                 else:
                     self.spool.release(lease)
-                    self._released += 1
+                    self._count("released_after_death")
             except LeaseLost:
                 continue  # it moved on (expired and claimed, canceled): fencing says hands off
             except (OSError, JobspoolError) as exc:
                 log.warning("pool: could not settle job %s of a dead worker process: %s",
                             job.id, exc)
+
+    def _count(self, key: str, n: int = 1) -> None:
+        """Add to the report: the children's counts, and the settles of the supervisor's own."""
+        with self._counts_lock:
+            self._totals[key] = self._totals.get(key, 0) + n
+
+    def _failure(self, kind: str, error: str, *, rescued: bool = False) -> Failure:
+        """A dead child's run as the spool records it, under its kind's policy."""
+        p = self.policies.get(kind)
+        backoff = None
+        if p is not None and (p.retry_base_seconds is not None
+                              or p.retry_max_seconds is not None):
+            # The same backoff Worker derives from a policy (see its _retry_policies).
+            backoff = RetryPolicy(p.retry_base_seconds or self.spool.retry_base_seconds,
+                                  max(p.retry_max_seconds or self.spool.retry_max_seconds,
+                                      p.retry_base_seconds or 0.0))
+        return Failure(error=error, policy=backoff, rescued=rescued,
+                       max_attempts=None if p is None else p.max_attempts)
 
     # ------------------------------------------------------------ signals
 

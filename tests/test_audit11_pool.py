@@ -1,0 +1,166 @@
+"""Audit of issue 11's process pool: jobs that kill their worker process.
+
+A child that dies while running a job booted fine: its death is that job's
+(a rescue, bounded by the kind's `Policy`), never a reason for the
+supervisor to give up as it does when children cannot start. Real OS
+processes; guards only bound hangs.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+from jobspool import JobState, Spool
+from tests.subproc import REPO, cli_env
+
+pytestmark = pytest.mark.slow
+
+GUARD = 180.0
+
+
+def test_jobs_that_keep_killing_their_worker_process_are_dead_lettered_by_their_kinds_policy(
+        tmp_path: Path) -> None:
+    root = tmp_path / "spool"
+    pidfile = tmp_path / "pids"
+    with Spool(root) as spool:
+        # Three poison jobs with two attempts each: six children die right after they
+        # start, more than the five a pool allows children that cannot boot at all.
+        poisoned = [j.id for j in spool.enqueue_many(
+            "poison", [{"pidfile": str(pidfile), "n": i} for i in range(3)])]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jobspool", "--root", str(root), "worker", "--app",
+         "tests.apps.audit11:app", "--json", "--no-maintenance", "--processes", "1",
+         "--concurrency", "1", "--batch-size", "1"],
+        cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def states() -> list[JobState]:
+        with Spool(root) as spool:
+            return [spool.get(i).state for i in poisoned]
+
+    try:
+        deadline = time.monotonic() + GUARD
+        while not all(s is JobState.DEAD_LETTER for s in states()):
+            assert proc.poll() is None, proc.communicate()[1].decode(errors="replace")[-3000:]
+            assert time.monotonic() < deadline, "the poison jobs were never dead-lettered"
+            time.sleep(0.1)
+        # The pool still serves.
+        with Spool(root) as spool:
+            late = spool.enqueue("quick", {}).id
+        while True:
+            with Spool(root) as spool:
+                if spool.get(late).state is JobState.COMPLETED:
+                    break
+            assert proc.poll() is None, proc.communicate()[1].decode(errors="replace")[-3000:]
+            assert time.monotonic() < deadline, "the pool stopped serving"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=GUARD)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err.decode(errors="replace")[-3000:]
+    report = orjson.loads(out)
+    assert report["rescued"] == 6 and report["restarts"] >= 6
+    with Spool(root) as spool:
+        for job_id in poisoned:
+            job = spool.get(job_id)
+            # The kind's Policy(max_attempts=2), not the job's default of 5.
+            assert (job.attempts, job.rescues) == (2, 2), job
+            assert "worker process died (signal SIGKILL)" in (job.last_error or "")
+    assert len(pidfile.read_text().split()) == 6
+
+
+def test_a_handler_holding_the_interpreter_past_its_limit_is_killed_and_failed_by_its_policy(
+        tmp_path: Path) -> None:
+    root = tmp_path / "spool"
+    with Spool(root) as spool:
+        at_once = spool.enqueue("gil", {}).id
+        retried = spool.enqueue("gil_retried", {}).id
+        quick = [j.id for j in spool.enqueue_many("quick", [{} for _ in range(4)])]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jobspool", "--root", str(root), "worker", "--app",
+         "tests.apps.audit11:app", "--json", "--no-maintenance", "--processes", "2",
+         "--grace", "1", "--concurrency", "1"],  # one run per child: no collateral rescues
+        cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + GUARD
+        while True:
+            with Spool(root) as spool:
+                jobs = [spool.get(i) for i in (at_once, retried, *quick)]
+            if jobs[0].state is JobState.DEAD_LETTER and jobs[1].state is JobState.DEAD_LETTER \
+                    and all(j.state is JobState.COMPLETED for j in jobs[2:]):
+                break
+            assert proc.poll() is None, proc.communicate()[1].decode(errors="replace")[-3000:]
+            assert time.monotonic() < deadline, f"not settled before the guard: {jobs}"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=GUARD)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    log = err.decode(errors="replace")
+    assert proc.returncode == 0, log[-3000:]
+    assert "did not exit" in log  # killed by the supervisor, not exited on its own
+    first, second = jobs[0], jobs[1]
+    # The same words as a run the child could fail itself: "TimeLimitExceeded: ...".
+    assert (first.last_error or "").startswith("TimeLimitExceeded: job ")
+    assert "its worker process was killed" in (first.last_error or "")
+    assert first.attempts == 1  # its retry_on does not list TimeLimitExceeded
+    assert (second.last_error or "").startswith("TimeLimitExceeded: ")
+    assert second.attempts == 2 and second.rescues == 0  # retried once, then out of attempts
+    report = orjson.loads(out)
+    assert report["killed_hung"] == 3
+    # The supervisor's settles are in the summary: three timed-out runs, two dead letters.
+    assert (report["timed_out"], report["retried"], report["dead_lettered"]) == (3, 1, 2), (
+        report, log[-5000:])
+
+
+def test_a_dead_childs_jobs_are_settled_while_a_frozen_child_holds_the_spool_lock(
+        tmp_path: Path) -> None:
+    # One child freezes the interpreter inside ctx.fenced() (the spool's lock held); the
+    # other then dies. Settling the dead one's job waits for that lock: the supervisor must
+    # go on supervising meanwhile, kill the frozen child, and so free the lock.
+    root = tmp_path / "spool"
+    marks = {"started": str(tmp_path / "started"), "frozen": str(tmp_path / "frozen")}
+    with Spool(root) as spool:
+        dies = spool.enqueue("poison_waits", marks, priority=10).id
+        frozen = spool.enqueue("gil_fenced", marks).id
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jobspool", "--root", str(root), "worker", "--app",
+         "tests.apps.audit11:app", "--json", "--no-maintenance", "--processes", "2",
+         "--grace", "1", "--concurrency", "1", "--batch-size", "1"],
+        cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + GUARD
+        late = None
+        while True:
+            with Spool(root) as spool:
+                done = all(spool.get(i).state is JobState.DEAD_LETTER for i in (dies, frozen))
+                if done and late is None:
+                    late = spool.enqueue("quick", {}).id  # and the pool still serves
+                if late is not None and spool.get(late).state is JobState.COMPLETED:
+                    break
+            assert proc.poll() is None, proc.communicate()[1].decode(errors="replace")[-3000:]
+            assert time.monotonic() < deadline, "the pool wedged behind the frozen child"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=GUARD)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err.decode(errors="replace")[-3000:]
+    with Spool(root) as spool:
+        assert "worker process died (signal SIGKILL)" in (spool.get(dies).last_error or "")
+        assert (spool.get(frozen).last_error or "").startswith("TimeLimitExceeded: ")
+    report = orjson.loads(out)
+    assert report["rescued"] == 1 and report["killed_hung"] == 1
