@@ -119,7 +119,11 @@ class LanceSink:
         result = store.apply(writes)
         written = [t for t, n in result.tables.items() if n > 0]
         if written:
-            self._note_commits(store, written)
+            try:
+                self._note_commits(store, written)
+            except Exception as exc:  # advisory: the commit landed, its jobs must not retry
+                log.warning("could not schedule projection maintenance: %s: %s",
+                            type(exc).__name__, exc)
         return result
 
     def _note_commits(self, store: ProjectionStore, tables: list[str]) -> None:
