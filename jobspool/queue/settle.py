@@ -102,7 +102,7 @@ class Settler:
     def _settle_sync(self, group: list[Context]) -> None:
         refused: WriteFailed | None = None
         completes: list[tuple[Context, Any]] = []
-        fails: list[tuple[Context, object, bool, float | None]] = []
+        fails: list[tuple[Context, Failure, bool, float | None]] = []
         releases: list[Context] = []
         for c in group:
             if c.lost:
