@@ -6,27 +6,58 @@ import threading
 from collections.abc import Iterable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from jobspool.queue.job import Job, Lease
 from jobspool.queue.jobprogress import Progress, make_progress, remove_progress, write_progress
-
-OutcomeKind = Literal["complete", "retry", "error", "fail", "interrupted", "raised"]
+from jobspool.queue.signals import Retry
 
 
 @dataclass(frozen=True, slots=True)
-class Outcome:
-    """How one run ended, as the pipeline settles it.
+class Completed:
+    """The handler returned: `result` is stored on the job."""
 
-    `complete` (value: the result), `retry` (a `Retry`), `fail` (the reason: dead letter
-    now), `error` (a mistake of the handler's or of the batch's projection commit: normal
-    backoff), `raised` (the handler's own exception: its kind's policy decides), and
-    `interrupted` (cut off by a shutdown).
-    """
+    result: Any = None
 
-    kind: OutcomeKind
-    value: Any = None
 
+@dataclass(frozen=True, slots=True)
+class Retried:
+    """The handler raised `Retry`: retry after its delay (or the normal backoff)."""
+
+    retry: Retry
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """Dead letter now: the handler raised `Fail`, or its rows can never be projected."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Errored:
+    """A mistake of the handler's (a bad `Retry`) or the batch's projection commit failing:
+    the normal backoff, whatever the kind's policy says."""
+
+    error: BaseException | str
+
+
+@dataclass(frozen=True, slots=True)
+class Raised:
+    """The handler's own exception (`TimeLimitExceeded` included): its kind's policy decides
+    whether it is retried."""
+
+    exc: BaseException
+
+
+@dataclass(frozen=True, slots=True)
+class Interrupted:
+    """Cut off by our own shutdown while it ran: back to ready, the attempt counted."""
+
+
+# How one run ended, as the pipeline settles it; `None` on a `Context` means it never
+# started (or was cut off before it could), and its lease is released uncounted.
+Outcome: TypeAlias = Completed | Retried | Failed | Errored | Raised | Interrupted
 
 if TYPE_CHECKING:
     from jobspool.projection.handler import PendingWrite

@@ -1,13 +1,13 @@
 """Calling one handler: its time limit, and how it ended, as `ctx.outcome`.
 
-Whatever a handler does ends as one outcome the pipeline settles:
-`("complete", result)`, `("retry", Retry)`, `("fail", reason)`, `("raised",
-exception)` (its own exception, `TimeLimitExceeded` included: the kind's
-policy decides whether it retries), `("error", exception)` (a mistake worth
-the normal backoff), `("interrupted", None)` (cut off by our own
-cancellation: shutdown past its grace), or `ctx.lost` (it found its lease
-gone). `SystemExit`, `KeyboardInterrupt` and every other `BaseException`
-a handler raises are its job's failure: only a real signal stops a worker.
+Whatever a handler does ends as one typed outcome (`context.py`) the
+pipeline settles: `Completed(result)`, `Retried(retry)`, `Failed(reason)`,
+`Raised(exc)` (its own exception, `TimeLimitExceeded` included: the kind's
+policy decides whether it retries), `Errored(error)` (a mistake worth the
+normal backoff), `Interrupted()` (cut off by our own cancellation: shutdown
+past its grace), or `ctx.lost` (it found its lease gone). `SystemExit`,
+`KeyboardInterrupt` and every other `BaseException` a handler raises are
+its job's failure: only a real signal stops a worker.
 """
 
 from __future__ import annotations
@@ -23,7 +23,15 @@ import anyio
 import anyio.to_thread
 
 from jobspool.errors import JobspoolError, LeaseLost, ProjectionError, TimeLimitExceeded
-from jobspool.queue.context import Context, Outcome
+from jobspool.queue.context import (
+    Completed,
+    Context,
+    Errored,
+    Failed,
+    Interrupted,
+    Raised,
+    Retried,
+)
 from jobspool.queue.job import validate_seconds
 from jobspool.queue.runtime import (
     Monitor,
@@ -63,26 +71,26 @@ async def invoke(ctx: Context, fn: Callable[..., Any], *, is_async: bool,
             if not is_async:
                 on_hung(ctx)
         else:
-            ctx.outcome = Outcome("complete", result)
+            ctx.outcome = Completed(result)
     except Retry as r:
         try:
             if r.delay is not None:
                 validate_seconds("Retry(delay=...)", r.delay)
-            ctx.outcome = Outcome("retry", r)
+            ctx.outcome = Retried(r)
         except JobspoolError as bad:
-            ctx.outcome = Outcome("error", bad)  # the handler's mistake: normal backoff
+            ctx.outcome = Errored(bad)  # the handler's mistake: normal backoff
     except Fail as f:
-        ctx.outcome = Outcome("fail", f.reason)
+        ctx.outcome = Failed(f.reason)
     except ProjectionError as e:
         ctx.traceback = format_traceback(e)
-        ctx.outcome = Outcome("fail", str(e))
+        ctx.outcome = Failed(str(e))
     except LeaseLost:
         ctx.lost = True
     except _Raised as carried:
         _handler_raised(ctx, carried.exc)
     except anyio.get_cancelled_exc_class() as exc:
         if cancel_requested():  # ours: shutdown past its grace, or the worker gave up
-            ctx.outcome = Outcome("interrupted", None)
+            ctx.outcome = Interrupted()
             raise
         _handler_raised(ctx, exc)
     except BaseException as exc:  # SystemExit and KeyboardInterrupt included:
@@ -94,7 +102,7 @@ async def invoke(ctx: Context, fn: Callable[..., Any], *, is_async: bool,
 
 def _handler_raised(ctx: Context, exc: BaseException) -> None:
     ctx.traceback = format_traceback(exc)
-    ctx.outcome = Outcome("raised", exc)
+    ctx.outcome = Raised(exc)
     log.warning("job %s (%s, token %d, attempt %d) failed: %s: %s\n%s", ctx.job_id,
                 ctx.job.kind, ctx.token, ctx.job.attempts, type(exc).__name__, exc,
                 ctx.traceback.rstrip("\n"),
@@ -107,7 +115,7 @@ def _timed_out(ctx: Context, timeout: float, *, sync: bool) -> None:
               "running" if sync else "the handler was cancelled")
     exc = TimeLimitExceeded(ctx.job_id, ctx.job.kind, timeout, detail)
     ctx.traceback = stack or format_traceback(exc)
-    ctx.outcome = Outcome("raised", exc)
+    ctx.outcome = Raised(exc)
     ctx.hung = sync
     log.warning("job %s (%s, token %d) ran past its time limit of %g s: %s\n%s",
                 ctx.job_id, ctx.job.kind, ctx.token, timeout, detail,

@@ -17,6 +17,11 @@ Jobs flow through three stages that overlap instead of taking turns:
 A heartbeat or a pre-projection check that gets `LeaseLost` marks the job
 lost: whatever its handler returns is discarded (counted, logged), and its
 projection writes never reach a table.
+
+A pipeline is handed what it runs with: the spool, the worker's frozen
+`WorkerConfig`, the `ProjectionSink` its writes go to, the `Supervisor` that
+decides what a failure of our own machinery costs, and the worker's
+`Lifecycle` (stop flags, notes, metrics).
 """
 
 from __future__ import annotations
@@ -30,18 +35,19 @@ from typing import TYPE_CHECKING
 import anyio
 import anyio.to_thread
 
-from jobspool.errors import JobspoolError, LeaseLost, TimeLimitExceeded, WorkerCrashed, WriteFailed
-from jobspool.queue.context import Context, Outcome
+from jobspool.errors import TimeLimitExceeded, WorkerCrashed
+from jobspool.queue.context import Context, Raised
 from jobspool.queue.invoke import invoke
-from jobspool.queue.job import clip_error
-from jobspool.queue.machine import Failure
 from jobspool.queue.report import Counters, RunReport
 from jobspool.queue.runtime import Monitor
-from jobspool.queue.signals import Retry
-from jobspool.queue.states import JobState
+from jobspool.queue.settle import Settler
 
 if TYPE_CHECKING:
-    from jobspool.queue.host import WorkerHost
+    from jobspool.queue.api import SpoolAPI
+    from jobspool.queue.config import WorkerConfig
+    from jobspool.queue.host import Lifecycle
+    from jobspool.queue.sink import ProjectionSink
+    from jobspool.queue.supervisor import Supervisor
 
 log = logging.getLogger("jobspool.queue.worker")
 
@@ -52,32 +58,37 @@ SETTLE_SECONDS = 0.05
 class Pipeline:
     """The loop of one `run_until_idle` / `run_forever` call."""
 
-    def __init__(self, worker: WorkerHost, counters: Counters, *, until_idle: bool,
-                 max_jobs: int | None = None, wait_for_retries: float = 0.0,
+    def __init__(self, spool: SpoolAPI, config: WorkerConfig, counters: Counters,
+                 sink: ProjectionSink, supervisor: Supervisor, lifecycle: Lifecycle, *,
+                 until_idle: bool, max_jobs: int | None = None, wait_for_retries: float = 0.0,
                  poll_seconds: float = 0.5,
                  progress: Callable[[RunReport], None] | None = None) -> None:
-        self.w = worker
-        self.spool = worker.spool
+        self.spool = spool
+        self.config = config  # one value for the whole run: a change reaches the next run
         self.counters = counters
+        self.sink = sink
+        self.supervisor = supervisor
+        self.life = lifecycle
         self.until_idle = until_idle
         self.max_jobs = max_jobs
         self.wait_for_retries = wait_for_retries
         self.poll_seconds = poll_seconds
         self.progress = progress
-        self.cap = max(worker.batch_size, worker.concurrency)
+        self.cap = max(config.batch_size, config.concurrency)
         self.in_hand: dict[str, Context] = {}
         self.done: list[Context] = []
         self.first_done_at = 0.0
         self.wake = anyio.Event()
-        self.limiter = anyio.CapacityLimiter(worker.concurrency)
-        self.threads = anyio.CapacityLimiter(worker.concurrency)
+        self.limiter = anyio.CapacityLimiter(config.concurrency)
+        self.threads = anyio.CapacityLimiter(config.concurrency)
         self.scopes: set[anyio.CancelScope] = set()
         self.crashed: WorkerCrashed | None = None
         self.next_claim_at = 0.0
         self.idle = 0.01
         self.arrived = anyio.Event()
         self.monitor = Monitor(self.spool, lambda: list(self.in_hand.values()),
-                               lease_seconds=worker.lease_seconds)
+                               lease_seconds=config.lease_seconds)
+        self.settler = Settler(spool, config, counters, sink, self.in_hand)
 
     # ------------------------------------------------------------ the loop
 
@@ -107,14 +118,14 @@ class Pipeline:
         while True:
             # Idle or busy with long handlers, the metrics file stays fresh while this loop
             # turns (at most one write per 5 s): `health` reads a stale one as a stuck worker.
-            self.w.publish(self.counters)
+            self.life.publish(self.counters)
             if self._settle_due():
                 group, self.done = self.done, []
                 try:
-                    await self._settle(group)
+                    await self.settler.settle(group)
                 except Exception as exc:  # our machinery: give the group back, carry on
-                    await anyio.to_thread.run_sync(self._release_unsettled, group)
-                    if not await self._supervise(exc, WorkerCrashed):
+                    await anyio.to_thread.run_sync(self.settler.release_unsettled, group)
+                    if not await self._supervise(exc):
                         return
                 self._report_progress()
                 continue
@@ -124,7 +135,7 @@ class Pipeline:
                 try:
                     n = await self._claim(tg)
                 except Exception as exc:
-                    if not await self._supervise(exc, WorkerCrashed):
+                    if not await self._supervise(exc):
                         return
                     continue
                 if n:
@@ -135,10 +146,10 @@ class Pipeline:
                 if not self.until_idle:
                     await self._claim_when_due()
             if not self.in_hand:
-                if self.w.stopping:
+                if self.life.stopping:
                     return
                 if self.until_idle:
-                    if self._budget_spent() or not self.w.kinds:
+                    if self._budget_spent() or not self.config.kinds:
                         return
                     if tried_claim and not await self._wait_for_due():
                         return
@@ -152,7 +163,7 @@ class Pipeline:
     def _settle_due(self) -> bool:
         if not self.done:
             return False
-        if len(self.done) == len(self.in_hand) or len(self.done) >= self.w.batch_size:
+        if len(self.done) == len(self.in_hand) or len(self.done) >= self.config.batch_size:
             return True
         return time.monotonic() - self.first_done_at >= SETTLE_SECONDS
 
@@ -160,7 +171,7 @@ class Pipeline:
         return self.max_jobs is not None and self.counters.claimed >= self.max_jobs
 
     def _may_claim(self) -> bool:
-        if self.w.stopping or not self.w.kinds or self._budget_spent():
+        if self.life.stopping or not self.config.kinds or self._budget_spent():
             return False
         if len(self.in_hand) > self.cap // 2:
             return False
@@ -173,11 +184,11 @@ class Pipeline:
         if want <= 0:
             return 0
         leases = await anyio.to_thread.run_sync(functools.partial(
-            self.spool.claim, kinds=self.w.kinds, limit=want, owner=self.w.owner,
-            lease_seconds=self.w.lease_seconds, exclude=frozenset(self.in_hand)))
+            self.spool.claim, kinds=self.config.kinds, limit=want, owner=self.config.owner,
+            lease_seconds=self.config.lease_seconds, exclude=frozenset(self.in_hand)))
         self.counters.claimed += len(leases)
         for lease in leases:
-            ctx = Context(self.spool, lease, key_for=self.w.keys)
+            ctx = Context(self.spool, lease, key_for=self.config.keys)
             self.in_hand[ctx.job_id] = ctx
             tg.start_soon(self._run_one, ctx)
         return len(leases)
@@ -195,7 +206,7 @@ class Pipeline:
     async def _sleep(self, seconds: float) -> None:
         """Sleep, but return early on a stop or when a job arrives (`_watch_arrivals`)."""
         deadline = time.monotonic() + seconds
-        while not self.w.stopping:
+        while not self.life.stopping:
             left = deadline - time.monotonic()
             if left <= 0:
                 return
@@ -212,7 +223,7 @@ class Pipeline:
         if not watcher.active:
             return
         try:
-            while not self.w.stopping:
+            while not self.life.stopping:
                 hit = await anyio.to_thread.run_sync(watcher.wait, 0.25,
                                                      abandon_on_cancel=True)
                 if hit:
@@ -225,7 +236,7 @@ class Pipeline:
     async def _claim_when_due(self) -> None:
         """Idle: claim again when the next delayed job or expiring lease comes due, if that
         is sooner than the next safety poll."""
-        due = await anyio.to_thread.run_sync(self.spool.next_due_at, self.w.kinds)
+        due = await anyio.to_thread.run_sync(self.spool.next_due_at, self.config.kinds)
         if due is not None:
             at = time.monotonic() + max(0.0, due - self.spool.now()) + 0.001
             self.next_claim_at = min(self.next_claim_at, at)
@@ -234,7 +245,7 @@ class Pipeline:
         """Sleep until the next retry becomes due if that is within the bound."""
         if self.wait_for_retries <= 0:
             return False
-        nxt = await anyio.to_thread.run_sync(self.spool.next_due_at, self.w.kinds)
+        nxt = await anyio.to_thread.run_sync(self.spool.next_due_at, self.config.kinds)
         if nxt is None:
             return False
         wait = nxt - self.spool.now()
@@ -242,24 +253,24 @@ class Pipeline:
             return False
         await self._sleep(max(0.0, wait) + 0.01)
         self.next_claim_at = 0.0
-        return not self.w.stopping
+        return not self.life.stopping
 
-    async def _supervise(self, exc: BaseException, crashed: type[WorkerCrashed]) -> bool:
-        """Our own machinery failed: log, back off; False when it is time to give up."""
-        try:
-            await self.w.supervise(exc, self.counters)
-        except crashed as gave_up:
-            self.crashed = gave_up
-            self.w.stop()
-            for scope in list(self.scopes):
-                scope.cancel()
-            return False
-        return True
+    async def _supervise(self, exc: BaseException) -> bool:
+        """Our own machinery failed: the supervisor logs and backs off; False when it gives
+        up (then this run stops, gives back its leases and raises its verdict)."""
+        gave_up = await self.supervisor.failed(exc, self.counters)
+        if gave_up is None:
+            return True
+        self.crashed = gave_up
+        self.life.stop()
+        for scope in list(self.scopes):
+            scope.cancel()
+        return False
 
     def _report_progress(self) -> None:
         if self.progress is not None:
             self.progress(self.counters.freeze())
-        self.w.publish(self.counters)
+        self.life.publish(self.counters)
 
     # ------------------------------------------------------------ running handlers
 
@@ -277,7 +288,7 @@ class Pipeline:
                 self.scopes.add(scope)
                 try:
                     async with self.limiter:
-                        if not ctx.lost and not self.w.stopping:
+                        if not ctx.lost and not self.life.stopping:
                             await self._call(ctx)
                 finally:
                     self.scopes.discard(scope)
@@ -287,192 +298,34 @@ class Pipeline:
     async def _call(self, ctx: Context) -> None:
         """Run one handler (`invoke.py`): how it ended lands in `ctx.outcome`."""
         kind = ctx.job.kind
-        fn = self.w.handlers[kind]
+        fn = self.config.handlers[kind]
         # The job's own limit, given at enqueue, wins over its kind's policy.
-        timeout = ctx.job.timeout if ctx.job.timeout is not None else self.w.timeout_for(kind)
+        timeout = ctx.job.timeout if ctx.job.timeout is not None else self.config.timeout_for(kind)
         ctx.started = True
         ctx.deadline = None if timeout is None else time.monotonic() + timeout
-        self.w.note_start(ctx)
+        self.life.note_start(ctx)
         # Before the handler runs: if this process dies now, recovery blames this job only.
         self.spool.note_running([ctx.token], started=True)
         try:
-            await invoke(ctx, fn, is_async=self.w.is_async(kind), timeout=timeout,
-                         monitor=self.monitor, threads=self.threads, on_hung=self.w.note_hung)
+            await invoke(ctx, fn, is_async=self.config.is_async(kind), timeout=timeout,
+                         monitor=self.monitor, threads=self.threads, on_hung=self.life.note_hung)
         finally:
-            self.w.note_end(ctx)
+            self.life.note_end(ctx)
             if not ctx.hung:  # returned: a death before its settle is not this job's doing
                 self.spool.note_running([ctx.token], started=False)
-        if ctx.outcome is not None and isinstance(ctx.outcome.value, TimeLimitExceeded):
+        if isinstance(ctx.outcome, Raised) and isinstance(ctx.outcome.exc, TimeLimitExceeded):
             self.counters.timed_out += 1
 
     async def _cut_off_after_grace(self) -> None:
-        while not self.w.stopping:
+        while not self.life.stopping:
             await anyio.sleep(0.05)
-        deadline = time.monotonic() + self.w.grace_seconds
-        while time.monotonic() < deadline and not self.w.hurrying:
+        deadline = time.monotonic() + self.config.grace_seconds
+        while time.monotonic() < deadline and not self.life.hurrying:
             await anyio.sleep(0.05)
         for scope in list(self.scopes):
             scope.cancel()
 
-    # ------------------------------------------------------------ settling
-
-    async def _settle(self, group: list[Context]) -> None:
-        done = [c for c in group if c.outcome is not None and c.outcome.kind == "complete"
-                and not c.lost]
-        if any(c.writes for c in done):
-            # Drop the runs whose lease is gone before their writes reach a table: a
-            # canceled job has no newer write to fence it out, so the merge's (version,
-            # fence) rule alone would not stop it. Leases near expiry are extended here,
-            # so none can lapse while the merge runs.
-            checks = await anyio.to_thread.run_sync(functools.partial(
-                self.spool.check_leases, [c.lease for c in done],
-                margin=self.w.lease_seconds / 3.0, lease_seconds=self.w.lease_seconds))
-            for ctx, check in zip(done, checks, strict=True):
-                if isinstance(check, LeaseLost):
-                    ctx.lost = True
-                else:
-                    ctx.lease = check
-            done = [c for c in done if not c.lost]
-        if any(c.writes for c in done):
-            await self._project(done)
-        await anyio.to_thread.run_sync(self._settle_sync, group)
-
-    async def _project(self, done: list[Context]) -> None:
-        writes = [w for c in done for w in c.writes]
-        try:
-            store = await anyio.to_thread.run_sync(self.w.projection_store)
-            result = await anyio.to_thread.run_sync(store.apply, writes)
-        except Exception as exc:  # outcome unknown: retry all; the fenced merge is idempotent
-            log.warning("projection commit failed (%s: %s); retrying its %d jobs",
-                        type(exc).__name__, exc, len(done))
-            for c in done:
-                c.outcome = Outcome("error", exc)
-            return
-        by_id = {c.job_id: c for c in done}
-        for job_id, err in result.rejected.items():
-            if job_id in by_id:
-                by_id[job_id].outcome = Outcome("fail", str(err))
-        for job_id, error in result.failed.items():
-            if job_id in by_id:
-                by_id[job_id].outcome = Outcome("error", error)
-        self.counters.projected_rows += sum(result.tables.values())
-        written = [t for t, n in result.tables.items() if n > 0]
-        if written:
-            self.w.note_commits(store, written)
-
-    def _settle_sync(self, group: list[Context]) -> None:
-        refused: WriteFailed | None = None
-        completes: list[Context] = []
-        fails: list[tuple[Context, object, bool, float | None]] = []
-        releases: list[Context] = []
-        for c in group:
-            if c.lost:
-                self.counters.lease_lost += 1
-                log.warning("discarding the result of job %s: its lease (token %d) was lost",
-                            c.job_id, c.token, extra={"job_id": c.job_id, "token": c.token})
-                self._forget(c)
-            elif c.outcome is None:
-                releases.append(c)
-            elif c.outcome.kind == "complete":
-                completes.append(c)
-            elif c.outcome.kind == "retry":
-                r: Retry = c.outcome.value
-                fails.append((c, self._failure(c, f"Retry: {r.reason}"), True, r.delay))
-            elif c.outcome.kind == "fail":
-                fails.append((c, self._failure(c, c.outcome.value), False, None))
-            elif c.outcome.kind == "interrupted":
-                fails.append((c, self._failure(c, "interrupted: the worker shut down while "
-                                                  "this job ran", interrupted=True), True, None))
-            elif c.outcome.kind == "raised":  # the handler's own exception: its policy decides
-                exc = c.outcome.value
-                fails.append((c, self._failure(c, exc), self.w.retries(c.job.kind, exc), None))
-            else:
-                fails.append((c, self._failure(c, c.outcome.value), True, None))
-        if completes:
-            results = self.spool.complete_many([(c.lease, c.outcome.value) for c in completes
-                                                if c.outcome is not None])
-            for c, res in zip(completes, results, strict=True):
-                if isinstance(res, LeaseLost):
-                    self._count_lost(c, res)
-                elif isinstance(res, WriteFailed):
-                    refused = refused or res  # still leased: released below, or it expires
-                    continue
-                elif isinstance(res, JobspoolError):
-                    # The result cannot be stored (not JSON, too large): that will not change.
-                    fails.append((c, self._failure(c, f"handler result refused: {res}"),
-                                  False, None))
-                    continue
-                else:
-                    self.counters.completed += 1
-                    log.info("job %s (%s) completed", c.job_id, c.job.kind,
-                             extra={"job_id": c.job_id, "kind": c.job.kind, "token": c.token,
-                                    "state": "completed"})
-                self._forget(c)
-        if fails:
-            results = self.spool.fail_many([(c.lease, err, retry, delay)
-                                            for c, err, retry, delay in fails])
-            for (c, *_), res in zip(fails, results, strict=True):
-                if isinstance(res, LeaseLost):
-                    self._count_lost(c, res)
-                elif isinstance(res, WriteFailed):
-                    refused = refused or res
-                    continue
-                elif isinstance(res, JobspoolError):
-                    log.error("could not record the failure of job %s: %s", c.job_id, res)
-                elif res.state is JobState.READY:  # interrupted: back at once, attempt counted
-                    self.counters.released += 1
-                elif res.state is JobState.DEAD_LETTER:
-                    self.counters.dead_lettered += 1
-                    log.warning("job %s (%s) dead-lettered: %s", c.job_id, c.job.kind,
-                                res.last_error, extra={"job_id": c.job_id, "kind": c.job.kind,
-                                                       "state": "dead_letter"})
-                else:
-                    self.counters.retried += 1
-                self._forget(c)
-        for c in releases:
-            self._release(c)
-        if refused is not None:
-            # The disk refused part of the settle: the loop releases what is unsettled and
-            # backs off (WriteFailed says what to fix).
-            raise refused
-
-    def _failure(self, c: Context, error: object, *, interrupted: bool = False) -> Failure:
-        """The failed run as the spool records it: message, traceback, the kind's policy."""
-        kind = c.job.kind
-        return Failure(error=clip_error(error), traceback=c.traceback,
-                       policy=self.w.retry_policy(kind), max_attempts=self.w.max_attempts_for(kind),
-                       interrupted=interrupted)
-
-    def _forget(self, c: Context) -> None:
-        c.drop_progress()  # settled, and its progress file (if any) gone
-        self.in_hand.pop(c.job_id, None)
-        if c.started and c.hung:  # the others were cleared when their handlers returned
-            self.spool.note_running([c.token], started=False)
-
-    def _count_lost(self, c: Context, err: LeaseLost) -> None:
-        self.counters.lease_lost += 1
-        log.warning("lease lost on job %s (token %d) before settling: %s; result discarded",
-                    c.job_id, c.token, err.reason, extra={"job_id": c.job_id, "token": c.token})
-
-    def _release(self, c: Context) -> None:
-        try:
-            self.spool.release(c.lease)
-            self.counters.released += 1
-        except LeaseLost:
-            self.counters.lease_lost += 1
-        self._forget(c)
-
-    def _release_unsettled(self, group: list[Context]) -> None:
-        for c in group:
-            if not c.settled:
-                try:
-                    if c.lost:
-                        self._forget(c)
-                    else:
-                        self._release(c)
-                except (OSError, JobspoolError) as exc:
-                    log.warning("could not release job %s: %s", c.job_id, exc)
-                    self._forget(c)
+    # ------------------------------------------------------------ giving back
 
     async def _give_back_everything(self) -> None:
         """On the way out (stop, crash, cancellation): settle what finished, release the rest.
@@ -490,12 +343,12 @@ class Pipeline:
         if self.done:
             group, self.done = self.done, []
             try:
-                await self._settle(group)
+                await self.settler.settle(group)
             except Exception as exc:
                 log.warning("settling on the way out failed (%s); releasing", exc)
-                await anyio.to_thread.run_sync(self._release_unsettled, group)
+                await anyio.to_thread.run_sync(self.settler.release_unsettled, group)
         rest = [c for c in self.in_hand.values() if not c.settled]
         if rest:
             for scope in list(self.scopes):
                 scope.cancel()
-            await anyio.to_thread.run_sync(self._release_unsettled, rest)
+            await anyio.to_thread.run_sync(self.settler.release_unsettled, rest)

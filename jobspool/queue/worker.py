@@ -1,14 +1,22 @@
 """`Worker`: runs handlers over a spool under heartbeated, fenced leases.
 
-The worker is configuration and entry points (`run_until_idle`,
-`arun_until_idle`, `run_forever`, `stop`), signal handling, supervision of
-its own machinery, metrics and the projection it writes through; the loop
-itself — claim, run, beat, settle — is `jobspool.queue.pipeline`.
+The worker is the entry points (`run_until_idle`, `arun_until_idle`,
+`run_forever`, `stop`), signal handling and metrics, over four parts it
+builds once at construction and hands to each run's `Pipeline` (the loop
+itself — claim, run, beat, settle):
+
+- `config` (`WorkerConfig`, `config.py`): handlers, kinds, sizes, lease and
+  grace seconds, per-kind policies — validated here, then frozen;
+- `supervisor` (`Supervisor`, `supervisor.py`): the backoff and the crash
+  count after a failure of our own machinery, and when to give up;
+- `sink` (`LanceSink`, `sink.py`): the projection the runs write through,
+  and its maintenance beat;
+- itself, as the run's `Lifecycle` (`host.py`): stop flags, the notes a
+  process pool listens to, published counters.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 import signal
@@ -21,17 +29,20 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.to_thread
 
-from jobspool.errors import ConfigError, JobspoolError, RunningLoopError
+from jobspool.errors import JobspoolError, RunningLoopError
 from jobspool.errors import WorkerCrashed as WorkerCrashed
-from jobspool.policy import Policy, check_policies
+from jobspool.policy import Policy
+from jobspool.queue.config import Handler as Handler
+from jobspool.queue.config import WorkerConfig
 from jobspool.queue.context import Context as Context
-from jobspool.queue.job import Job, validate_int, validate_kind, validate_seconds
+from jobspool.queue.job import validate_int, validate_seconds
 from jobspool.queue.layout import default_projection_uri
-from jobspool.queue.machine import RetryPolicy
 from jobspool.queue.pipeline import Pipeline
 from jobspool.queue.report import Counters, FinishedRun
 from jobspool.queue.report import RunReport as RunReport
+from jobspool.queue.sink import LanceSink
 from jobspool.queue.states import JobState
+from jobspool.queue.supervisor import Supervisor
 
 if TYPE_CHECKING:
     from jobspool.app import App
@@ -41,13 +52,6 @@ if TYPE_CHECKING:
     from jobspool.schedules import Schedule
 
 log = logging.getLogger(__name__)
-
-Handler = Callable[[Job, Context], Any]
-
-
-def _is_async(fn: Callable[..., Any]) -> bool:
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
-        getattr(fn, "__call__", None))  # noqa: B004 - async callable objects
 
 
 class Worker:
@@ -86,53 +90,31 @@ class Worker:
             policies = policies if policies is not None else app.policies
             schedules = schedules if schedules is not None else app.schedules
             storage_options = storage_options if storage_options is not None else app.storage_options
-        if not handlers:
-            raise ConfigError("a worker needs at least one handler (kind -> function)")
-        for kind, fn in handlers.items():
-            validate_kind(kind)
-            if not callable(fn):
-                raise ConfigError(f"handler for kind {kind!r} is not callable: {fn!r}")
         self.spool = spool
-        self.handlers: dict[str, Handler] = dict(handlers)
-        self.concurrency = validate_int("concurrency", concurrency, minimum=1)
-        self.batch_size = validate_int("batch_size", batch_size, minimum=1)
-        self.lease_seconds = spool.lease_seconds if lease_seconds is None else validate_seconds(
-            "lease_seconds", lease_seconds, positive=True)
-        self.grace_seconds = validate_seconds("grace_seconds", grace_seconds)
-        if kinds is not None:
-            missing = sorted(set(kinds) - set(self.handlers))
-            if missing:
-                raise ConfigError(f"kinds without a handler in this worker: "
-                                  f"{', '.join(map(repr, missing))}")
-        wanted = set(self.handlers) if kinds is None else set(kinds)
-        self.kinds = frozenset(wanted)
-        self.policies = check_policies(policies, self.handlers)
-        self._retry_policies = {
-            kind: RetryPolicy(p.retry_base_seconds or spool.retry_base_seconds,
-                              max(p.retry_max_seconds or spool.retry_max_seconds,
-                                  p.retry_base_seconds or 0.0))
-            for kind, p in self.policies.items()
-            if p.retry_base_seconds is not None or p.retry_max_seconds is not None}
+        self.config = WorkerConfig.create(
+            handlers,
+            owner=owner or f"{socket.gethostname()}:{os.getpid()}:{id(self) & 0xFFFF:x}",
+            lease_seconds=lease_seconds, default_lease_seconds=spool.lease_seconds,
+            retry_base_seconds=spool.retry_base_seconds,
+            retry_max_seconds=spool.retry_max_seconds,
+            concurrency=concurrency, batch_size=batch_size, kinds=kinds,
+            grace_seconds=grace_seconds, keys=keys, policies=policies)
+        from jobspool.projection.objectstore import check_storage_options
+
+        self.sink = LanceSink(projection, default_uri=default_projection_uri(spool.root),
+                              keys=self.config.keys,
+                              storage_options=check_storage_options(storage_options),
+                              maintenance=maintenance, min_live_token=spool.min_live_token)
+        self._stop = threading.Event()
         self._hurry = threading.Event()
         self._honored = False  # the standing stop()/hurry() has ended a run (see _begin_run)
+        self.supervisor = Supervisor(max_crashes=max_crashes,
+                                     crash_window_seconds=crash_window_seconds,
+                                     stopping=self._stop.is_set)
         # Hooks a process pool's child sets to tell its supervisor what runs (see pool.py).
         self.on_start: Callable[[Context], None] | None = None
         self.on_end: Callable[[Context], None] | None = None
         self.on_hung: Callable[[Context], None] | None = None
-        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{id(self) & 0xFFFF:x}"
-        self._projection_spec = projection
-        self._projection: ProjectionStore | None = None
-        self.keys = dict(keys or {})
-        from jobspool.projection.objectstore import check_storage_options
-
-        self.storage_options = check_storage_options(storage_options)
-        self._maintenance_enabled = maintenance
-        self._beat: Any = None
-        self._stop = threading.Event()
-        self._max_crashes = max_crashes
-        self._crash_window = crash_window_seconds
-        self._crash_times: list[float] = []
-        self._async = {k: _is_async(fn) for k, fn in self.handlers.items()}
         self._live: Counters | None = None
         self._published = 0.0
         # Fired by run_forever (jobspool.schedules.serve_schedules), not by run_until_idle;
@@ -141,6 +123,63 @@ class Worker:
 
         self.schedules: tuple[Schedule, ...] = check_schedules(schedules or (), self.handlers,
                                                                where="worker")
+
+    # ------------------------------------------------------------ configuration
+
+    @property
+    def handlers(self) -> Mapping[str, Handler]:
+        return self.config.handlers
+
+    @property
+    def kinds(self) -> frozenset[str]:
+        """The kinds this worker claims."""
+        return self.config.kinds
+
+    @property
+    def keys(self) -> Mapping[str, str]:
+        return self.config.keys
+
+    @property
+    def policies(self) -> Mapping[str, Policy]:
+        return self.config.policies
+
+    @property
+    def concurrency(self) -> int:
+        return self.config.concurrency
+
+    @property
+    def batch_size(self) -> int:
+        return self.config.batch_size
+
+    @property
+    def lease_seconds(self) -> float:
+        return self.config.lease_seconds
+
+    @property
+    def grace_seconds(self) -> float:
+        """How long running handlers get to finish after a stop (settable, e.g. `--grace`)."""
+        return self.config.grace_seconds
+
+    @grace_seconds.setter
+    def grace_seconds(self, value: float) -> None:
+        self.config = self.config.replace(grace_seconds=value)
+
+    @property
+    def owner(self) -> str:
+        """The name this worker's leases carry (settable before a run)."""
+        return self.config.owner
+
+    @owner.setter
+    def owner(self, value: str) -> None:
+        self.config = self.config.replace(owner=value)
+
+    @property
+    def storage_options(self) -> dict[str, str] | None:
+        return self.sink.storage_options
+
+    def timeout_for(self, kind: str) -> float | None:
+        """The time limit of one run of `kind`, if its policy sets one."""
+        return self.config.timeout_for(kind)
 
     # ------------------------------------------------------------ public entry points
 
@@ -172,7 +211,7 @@ class Worker:
         `grace_seconds`, the rest are released, and it returns normally.
         """
         # Before any task group, so a refused endpoint is raised as itself (not in a group).
-        await anyio.to_thread.run_sync(self._check_projection)
+        await anyio.to_thread.run_sync(self.sink.check)
         if handle_signals and threading.current_thread() is threading.main_thread():
             result: RunReport | WorkerCrashed | None = None
             async with anyio.create_task_group() as tg:
@@ -198,10 +237,11 @@ class Worker:
         counters = Counters()
         self._live = counters
         try:
-            await Pipeline(self, counters, until_idle=True, max_jobs=max_jobs,
+            await Pipeline(self.spool, self.config, counters, self.sink, self.supervisor, self,
+                           until_idle=True, max_jobs=max_jobs,
                            wait_for_retries=wait_for_retries, progress=progress).run()
         finally:
-            self._close_beat()
+            self.sink.close()
             self.publish(counters, final=True)  # a finished run is no stale worker
             self._live = None
             self._stop_honored()
@@ -237,7 +277,7 @@ class Worker:
         every run at once.
         """
         poll_seconds = validate_seconds("poll_seconds", poll_seconds, positive=True)
-        await anyio.to_thread.run_sync(self._check_projection)
+        await anyio.to_thread.run_sync(self.sink.check)
         self._begin_run()
         counters = Counters()
         self._live = counters
@@ -250,12 +290,13 @@ class Worker:
 
                 tg.start_soon(serve_schedules, self)
             try:
-                await Pipeline(self, counters, until_idle=False, poll_seconds=poll_seconds,
+                await Pipeline(self.spool, self.config, counters, self.sink, self.supervisor,
+                               self, until_idle=False, poll_seconds=poll_seconds,
                                progress=progress).run()
             except WorkerCrashed as gave_up:
                 crashed = gave_up  # raised below, outside the task group
             finally:
-                self._close_beat()
+                self.sink.close()
                 self.publish(counters, final=True)
                 self._live = None
                 tg.cancel_scope.cancel()
@@ -322,29 +363,6 @@ class Worker:
     def hurrying(self) -> bool:
         return self._hurry.is_set()
 
-    def is_async(self, kind: str) -> bool:
-        return self._async[kind]
-
-    # ------------------------------------------------------------ per-kind policy
-
-    def timeout_for(self, kind: str) -> float | None:
-        """The time limit of one run of `kind`, if its policy sets one."""
-        policy = self.policies.get(kind)
-        return None if policy is None else policy.timeout
-
-    def retries(self, kind: str, exc: BaseException) -> bool:
-        """Whether a handler of `kind` that raised `exc` may be retried (`Policy.retry_on`)."""
-        policy = self.policies.get(kind)
-        return policy is None or policy.retries(exc)
-
-    def retry_policy(self, kind: str) -> RetryPolicy | None:
-        """The kind's backoff when its policy changes the spool's, else None."""
-        return self._retry_policies.get(kind)
-
-    def max_attempts_for(self, kind: str) -> int | None:
-        policy = self.policies.get(kind)
-        return None if policy is None else policy.max_attempts
-
     def note_start(self, ctx: Context) -> None:
         if self.on_start is not None:
             self.on_start(ctx)
@@ -359,30 +377,6 @@ class Worker:
             self.on_hung(ctx)
 
     # ------------------------------------------------------------ support
-
-    async def supervise(self, exc: BaseException, counters: Counters) -> None:
-        """Log a failure of our own machinery, back off, and give up if it keeps failing."""
-        counters.crashes += 1
-        now = time.monotonic()
-        self._crash_times = [t for t in self._crash_times if now - t < self._crash_window]
-        self._crash_times.append(now)
-        # The disk or the spool refusing (EIO, ENOSPC, a lost lock) is one line; only an
-        # unexpected exception, a bug of ours, earns its traceback in the log.
-        expected = isinstance(exc, OSError | JobspoolError)
-        log.error("worker loop failed (%s: %s); restarting", type(exc).__name__, exc,
-                  exc_info=None if expected else exc)
-        if len(self._crash_times) >= self._max_crashes:
-            raise WorkerCrashed(f"worker loop failed {len(self._crash_times)} times within "
-                                f"{self._crash_window:.0f} s; last: {type(exc).__name__}: {exc}")
-        await self._sleep_unless_stopped(min(5.0, 0.1 * 2 ** (len(self._crash_times) - 1)))
-
-    async def _sleep_unless_stopped(self, seconds: float) -> None:
-        deadline = time.monotonic() + seconds
-        while not self._stop.is_set():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            await anyio.sleep(min(left, 0.05))
 
     async def _watch_signals(self) -> None:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -416,59 +410,7 @@ class Worker:
     def projection_store(self) -> ProjectionStore:
         """The projection this worker writes through (opened on first use: lancedb is slow
         to import)."""
-        if self._projection is None:
-            from jobspool.projection.lance import ProjectionStore
-
-            spec = self._projection_spec
-            if isinstance(spec, ProjectionStore):
-                self._projection = spec
-            else:
-                # `keys` (App.keys): a table keyed on another column than `id` is merged on it.
-                self._projection = ProjectionStore(
-                    spec if spec is not None else default_projection_uri(self.spool.root),
-                    keys=self.keys, storage_options=self.storage_options)
-        return self._projection
-
-    def _check_projection(self) -> None:
-        """Before claiming: refuse an s3:// projection whose endpoint would lose commits."""
-        from jobspool.projection.objectstore import (
-            ObjectStoreUnreachable,
-            check_conditional_put,
-            is_object_store,
-        )
-
-        spec = self._projection_spec
-        # A ProjectionStore checks its own endpoint; a raw LanceDB connection keeps its options
-        # to itself, so it is not checked.
-        check = getattr(spec, "check_endpoint", None)
-        if check is None and not (isinstance(spec, str) and is_object_store(spec)):
-            return
-        try:
-            if check is not None:
-                check()
-            else:
-                check_conditional_put(spec, self.storage_options)
-        except ObjectStoreUnreachable as exc:  # an outage, not a verdict: checked again at first write
-            log.warning("%s", exc)
-
-    def note_commits(self, store: ProjectionStore, tables: list[str]) -> None:
-        """Tell the maintenance beat which tables just got a commit."""
-        if not self._maintenance_enabled:
-            return
-        try:
-            from jobspool.projection.maintenance import MaintenanceBeat
-        except ImportError:
-            return
-        if self._beat is None:
-            self._beat = MaintenanceBeat(store, min_live_token=self.spool.min_live_token)
-        for t in tables:
-            self._beat.note_commit(t)
-        self._beat.maybe_run()
-
-    def _close_beat(self) -> None:
-        if self._beat is not None:
-            self._beat.close()
-            self._beat = None
+        return self.sink.store()
 
 
 def _in_event_loop() -> bool:

@@ -1,0 +1,156 @@
+"""`WorkerConfig`: what a `Worker` is configured with, checked once, then frozen.
+
+The handlers and the kinds it claims, the projection keys its handlers write
+under, its owner name, batch size, concurrency, lease and grace seconds, and
+the per-kind policies with the answers the pipeline asks of them (is the
+handler async, its time limit, whether an exception retries, its backoff, its
+attempt cap). `WorkerConfig.create` validates everything at worker
+construction, so a bad value is a one-line error at start-up and never a
+failure in the middle of a run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from jobspool.errors import ConfigError
+from jobspool.policy import Policy, check_policies
+from jobspool.queue.job import Job, validate_int, validate_kind, validate_seconds
+from jobspool.queue.machine import RetryPolicy
+
+if TYPE_CHECKING:
+    from jobspool.queue.context import Context
+
+Handler = Callable[[Job, "Context"], Any]
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None))  # noqa: B004 - async callable objects
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """A worker's configuration; build it with `create`, which validates it.
+
+    The mappings are read-only views: a config is shared by every run of its
+    worker, and a run must not see it change under it (`Worker` replaces the
+    whole config when its `owner` or `grace_seconds` is set).
+    """
+
+    handlers: Mapping[str, Handler]
+    kinds: frozenset[str]
+    keys: Mapping[str, str]
+    owner: str
+    batch_size: int
+    concurrency: int
+    lease_seconds: float
+    grace_seconds: float
+    policies: Mapping[str, Policy]
+    retry_policies: Mapping[str, RetryPolicy]
+    async_kinds: frozenset[str]
+
+    @classmethod
+    def create(
+        cls,
+        handlers: Mapping[str, Handler] | None,
+        *,
+        owner: str,
+        lease_seconds: float | None,
+        default_lease_seconds: float,
+        retry_base_seconds: float,
+        retry_max_seconds: float,
+        concurrency: int = 4,
+        batch_size: int = 50,
+        kinds: Sequence[str] | None = None,
+        grace_seconds: float = 30.0,
+        keys: Mapping[str, str] | None = None,
+        policies: Mapping[str, Policy] | None = None,
+    ) -> WorkerConfig:
+        """Check every value (`ConfigError` and friends, one line naming it) and freeze them.
+
+        `default_lease_seconds`, `retry_base_seconds` and `retry_max_seconds`
+        are the spool's: a worker leases for the spool's time unless told
+        otherwise, and a policy that sets only one end of the backoff keeps
+        the spool's other end.
+        """
+        if not handlers:
+            raise ConfigError("a worker needs at least one handler (kind -> function)")
+        for kind, fn in handlers.items():
+            validate_kind(kind)
+            if not callable(fn):
+                raise ConfigError(f"handler for kind {kind!r} is not callable: {fn!r}")
+        table = dict(handlers)
+        concurrency = validate_int("concurrency", concurrency, minimum=1)
+        batch_size = validate_int("batch_size", batch_size, minimum=1)
+        lease = default_lease_seconds if lease_seconds is None else validate_seconds(
+            "lease_seconds", lease_seconds, positive=True)
+        grace = validate_seconds("grace_seconds", grace_seconds)
+        if kinds is not None:
+            missing = sorted(set(kinds) - set(table))
+            if missing:
+                raise ConfigError(f"kinds without a handler in this worker: "
+                                  f"{', '.join(map(repr, missing))}")
+        checked = check_policies(policies, table)
+        retry_policies = {
+            kind: RetryPolicy(p.retry_base_seconds or retry_base_seconds,
+                              max(p.retry_max_seconds or retry_max_seconds,
+                                  p.retry_base_seconds or 0.0))
+            for kind, p in checked.items()
+            if p.retry_base_seconds is not None or p.retry_max_seconds is not None}
+        return cls(
+            handlers=MappingProxyType(table),
+            kinds=frozenset(table if kinds is None else kinds),
+            keys=MappingProxyType(dict(keys or {})),
+            owner=owner,
+            batch_size=batch_size,
+            concurrency=concurrency,
+            lease_seconds=lease,
+            grace_seconds=grace,
+            policies=MappingProxyType(checked),
+            retry_policies=MappingProxyType(retry_policies),
+            async_kinds=frozenset(k for k, fn in table.items() if _is_async(fn)),
+        )
+
+    def replace(self, *, owner: str | None = None, grace_seconds: float | None = None
+                ) -> WorkerConfig:
+        """This config with another owner or grace period (the two a worker lets be set
+        after construction: the CLI's `--grace`, a pool child's owner name)."""
+        changes: dict[str, Any] = {}
+        if owner is not None:
+            if not isinstance(owner, str) or not owner:
+                raise ConfigError(f"owner must be a non-empty string, not {owner!r}")
+            changes["owner"] = owner
+        if grace_seconds is not None:
+            changes["grace_seconds"] = validate_seconds("grace_seconds", grace_seconds)
+        return dataclasses.replace(self, **changes)
+
+    # ------------------------------------------------------------ per-kind answers
+
+    def is_async(self, kind: str) -> bool:
+        """Whether the handler of `kind` is a coroutine function (run on the loop)."""
+        return kind in self.async_kinds
+
+    def timeout_for(self, kind: str) -> float | None:
+        """The time limit of one run of `kind`, if its policy sets one."""
+        policy = self.policies.get(kind)
+        return None if policy is None else policy.timeout
+
+    def retries(self, kind: str, exc: BaseException) -> bool:
+        """Whether a handler of `kind` that raised `exc` may be retried (`Policy.retry_on`)."""
+        policy = self.policies.get(kind)
+        return policy is None or policy.retries(exc)
+
+    def retry_policy(self, kind: str) -> RetryPolicy | None:
+        """The kind's backoff when its policy changes the spool's, else None."""
+        return self.retry_policies.get(kind)
+
+    def max_attempts_for(self, kind: str) -> int | None:
+        """The kind's attempt cap when its policy sets one (the job's own still applies)."""
+        policy = self.policies.get(kind)
+        return None if policy is None else policy.max_attempts

@@ -1,0 +1,215 @@
+"""Settling a group of finished runs: fenced projection, then one batch per outcome.
+
+`Settler.settle(group)` takes the runs a pipeline collected (`pipeline.py`):
+
+1. the completed runs that wrote rows have their leases checked (and
+   extended when near expiry) first: a run whose lease is gone is marked
+   lost, and its writes never reach a table;
+2. the writes of the rest go to the `ProjectionSink` in one call (one merge
+   per table); a job whose rows were rejected is failed for good, one whose
+   commit failed is retried (the fenced merge makes the re-run idempotent);
+3. every run is settled by its typed outcome (`context.py`): completes in one
+   `complete_many`, failures and retries in one `fail_many`, runs that never
+   started released uncounted, lost ones discarded (counted, logged).
+
+A run once settled is forgotten: out of the pipeline's `in_hand`, its
+progress file gone, no longer noted as running.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.to_thread
+
+from jobspool.errors import JobspoolError, LeaseLost, WriteFailed
+from jobspool.queue.context import (
+    Completed,
+    Context,
+    Errored,
+    Failed,
+    Interrupted,
+    Raised,
+    Retried,
+)
+from jobspool.queue.job import clip_error
+from jobspool.queue.machine import Failure
+from jobspool.queue.report import Counters
+from jobspool.queue.states import JobState
+
+if TYPE_CHECKING:
+    from jobspool.queue.api import SpoolAPI
+    from jobspool.queue.config import WorkerConfig
+    from jobspool.queue.sink import ProjectionSink
+
+log = logging.getLogger("jobspool.queue.worker")
+
+
+class Settler:
+    """Settles the finished runs of one pipeline; `in_hand` is the pipeline's own dict."""
+
+    def __init__(self, spool: SpoolAPI, config: WorkerConfig, counters: Counters,
+                 sink: ProjectionSink, in_hand: dict[str, Context]) -> None:
+        self.spool = spool
+        self.config = config
+        self.counters = counters
+        self.sink = sink
+        self.in_hand = in_hand
+
+    async def settle(self, group: list[Context]) -> None:
+        """Project the group's writes (fenced), then settle every run in it."""
+        done = [c for c in group if isinstance(c.outcome, Completed) and not c.lost]
+        if any(c.writes for c in done):
+            # Drop the runs whose lease is gone before their writes reach a table: a
+            # canceled job has no newer write to fence it out, so the merge's (version,
+            # fence) rule alone would not stop it. Leases near expiry are extended here,
+            # so none can lapse while the merge runs.
+            checks = await anyio.to_thread.run_sync(functools.partial(
+                self.spool.check_leases, [c.lease for c in done],
+                margin=self.config.lease_seconds / 3.0, lease_seconds=self.config.lease_seconds))
+            for ctx, check in zip(done, checks, strict=True):
+                if isinstance(check, LeaseLost):
+                    ctx.lost = True
+                else:
+                    ctx.lease = check
+            done = [c for c in done if not c.lost]
+        if any(c.writes for c in done):
+            await self._project(done)
+        await anyio.to_thread.run_sync(self._settle_sync, group)
+
+    async def _project(self, done: list[Context]) -> None:
+        writes = [w for c in done for w in c.writes]
+        try:
+            result = await anyio.to_thread.run_sync(self.sink.apply, writes)
+        except Exception as exc:  # outcome unknown: retry all; the fenced merge is idempotent
+            log.warning("projection commit failed (%s: %s); retrying its %d jobs",
+                        type(exc).__name__, exc, len(done))
+            for c in done:
+                c.outcome = Errored(exc)
+            return
+        by_id = {c.job_id: c for c in done}
+        for job_id, err in result.rejected.items():
+            if job_id in by_id:
+                by_id[job_id].outcome = Failed(str(err))
+        for job_id, error in result.failed.items():
+            if job_id in by_id:
+                by_id[job_id].outcome = Errored(error)
+        self.counters.projected_rows += sum(result.tables.values())
+
+    def _settle_sync(self, group: list[Context]) -> None:
+        refused: WriteFailed | None = None
+        completes: list[tuple[Context, Any]] = []
+        fails: list[tuple[Context, Failure, bool, float | None]] = []
+        releases: list[Context] = []
+        for c in group:
+            if c.lost:
+                self.counters.lease_lost += 1
+                log.warning("discarding the result of job %s: its lease (token %d) was lost",
+                            c.job_id, c.token, extra={"job_id": c.job_id, "token": c.token})
+                self._forget(c)
+                continue
+            match c.outcome:
+                case None:  # never started, or cut off before it could: back uncounted
+                    releases.append(c)
+                case Completed(result=result):
+                    completes.append((c, result))
+                case Retried(retry=r):
+                    fails.append((c, self._failure(c, f"Retry: {r.reason}"), True, r.delay))
+                case Failed(reason=reason):
+                    fails.append((c, self._failure(c, reason), False, None))
+                case Interrupted():
+                    fails.append((c, self._failure(c, "interrupted: the worker shut down while "
+                                                      "this job ran", interrupted=True), True, None))
+                case Raised(exc=exc):  # the handler's own exception: its policy decides
+                    fails.append((c, self._failure(c, exc), self.config.retries(c.job.kind, exc),
+                                  None))
+                case Errored(error=error):
+                    fails.append((c, self._failure(c, error), True, None))
+        if completes:
+            results = self.spool.complete_many([(c.lease, result) for c, result in completes])
+            for (c, _), res in zip(completes, results, strict=True):
+                if isinstance(res, LeaseLost):
+                    self._count_lost(c, res)
+                elif isinstance(res, WriteFailed):
+                    refused = refused or res  # still leased: released below, or it expires
+                    continue
+                elif isinstance(res, JobspoolError):
+                    # The result cannot be stored (not JSON, too large): that will not change.
+                    fails.append((c, self._failure(c, f"handler result refused: {res}"),
+                                  False, None))
+                    continue
+                else:
+                    self.counters.completed += 1
+                    log.info("job %s (%s) completed", c.job_id, c.job.kind,
+                             extra={"job_id": c.job_id, "kind": c.job.kind, "token": c.token,
+                                    "state": "completed"})
+                self._forget(c)
+        if fails:
+            results = self.spool.fail_many([(c.lease, err, retry, delay)
+                                            for c, err, retry, delay in fails])
+            for (c, *_), res in zip(fails, results, strict=True):
+                if isinstance(res, LeaseLost):
+                    self._count_lost(c, res)
+                elif isinstance(res, WriteFailed):
+                    refused = refused or res
+                    continue
+                elif isinstance(res, JobspoolError):
+                    log.error("could not record the failure of job %s: %s", c.job_id, res)
+                elif res.state is JobState.READY:  # interrupted: back at once, attempt counted
+                    self.counters.released += 1
+                elif res.state is JobState.DEAD_LETTER:
+                    self.counters.dead_lettered += 1
+                    log.warning("job %s (%s) dead-lettered: %s", c.job_id, c.job.kind,
+                                res.last_error, extra={"job_id": c.job_id, "kind": c.job.kind,
+                                                       "state": "dead_letter"})
+                else:
+                    self.counters.retried += 1
+                self._forget(c)
+        for c in releases:
+            self._release(c)
+        if refused is not None:
+            # The disk refused part of the settle: the loop releases what is unsettled and
+            # backs off (WriteFailed says what to fix).
+            raise refused
+
+    def _failure(self, c: Context, error: object, *, interrupted: bool = False) -> Failure:
+        """The failed run as the spool records it: message, traceback, the kind's policy."""
+        kind = c.job.kind
+        return Failure(error=clip_error(error), traceback=c.traceback,
+                       policy=self.config.retry_policy(kind), max_attempts=self.config.max_attempts_for(kind),
+                       interrupted=interrupted)
+
+    def _forget(self, c: Context) -> None:
+        c.drop_progress()  # settled, and its progress file (if any) gone
+        self.in_hand.pop(c.job_id, None)
+        if c.started and c.hung:  # the others were cleared when their handlers returned
+            self.spool.note_running([c.token], started=False)
+
+    def _count_lost(self, c: Context, err: LeaseLost) -> None:
+        self.counters.lease_lost += 1
+        log.warning("lease lost on job %s (token %d) before settling: %s; result discarded",
+                    c.job_id, c.token, err.reason, extra={"job_id": c.job_id, "token": c.token})
+
+    def _release(self, c: Context) -> None:
+        try:
+            self.spool.release(c.lease)
+            self.counters.released += 1
+        except LeaseLost:
+            self.counters.lease_lost += 1
+        self._forget(c)
+
+    def release_unsettled(self, group: list[Context]) -> None:
+        """Give back what a failed settle left: release the leases, forget the lost runs."""
+        for c in group:
+            if not c.settled:
+                try:
+                    if c.lost:
+                        self._forget(c)
+                    else:
+                        self._release(c)
+                except (OSError, JobspoolError) as exc:
+                    log.warning("could not release job %s: %s", c.job_id, exc)
+                    self._forget(c)

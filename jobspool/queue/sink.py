@@ -1,0 +1,146 @@
+"""Projection sinks: where a settling batch's buffered writes go.
+
+The pipeline is handed a `ProjectionSink` and knows nothing else of the
+projection: it calls `apply` (from a worker thread) with the writes of the
+jobs whose leases it has just checked, and reads back which jobs' writes were
+rejected (their rows can never fit: dead letter) or failed (outcome unknown:
+retry, the fenced merge makes the re-run idempotent).
+
+- `LanceSink`: the LanceDB-backed projection a `Worker` writes through —
+  opened on first use (lancedb is slow to import), checked before claiming,
+  and followed by its maintenance beat after each commit.
+- `NoProjection`: a sink for a pipeline that projects nothing; a job that
+  writes rows anyway is dead-lettered, its rows never silently dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from jobspool.projection.handler import PendingWrite
+    from jobspool.projection.lance import ProjectionStore
+    from jobspool.projection.maintenance import MaintenanceBeat
+    from jobspool.projection.plan import ApplyResult
+
+log = logging.getLogger("jobspool.queue.worker")
+
+
+class ProjectionSink(Protocol):
+    """What the pipeline needs of a projection."""
+
+    def apply(self, writes: Sequence[PendingWrite]) -> ApplyResult:
+        """Commit the writes (one merge per table); blocking, called from a worker thread."""
+        ...
+
+    def close(self) -> None:
+        """The run is over: stop whatever runs in the background for it."""
+        ...
+
+
+class NoProjection:
+    """The sink of a pipeline that projects nothing: writing rows fails the job for good."""
+
+    def apply(self, writes: Sequence[PendingWrite]) -> ApplyResult:
+        from jobspool.errors import ProjectionError
+        from jobspool.projection.plan import ApplyResult
+
+        rejected = {w.job_id: ProjectionError(f"this worker has no projection: job {w.job_id} "
+                                              f"wrote to table {w.table!r}") for w in writes}
+        return ApplyResult(failed={}, rejected=rejected, tables={})
+
+    def close(self) -> None:
+        return None
+
+
+class LanceSink:
+    """The LanceDB projection a worker writes through, and its maintenance beat.
+
+    `spec` is what `Worker(projection=...)` was given: a URI, a
+    `ProjectionStore`, a raw LanceDB connection, or None for `default_uri`
+    (the spool's own projection directory).
+    """
+
+    def __init__(self, spec: Any, *, default_uri: str | os.PathLike[str],
+                 keys: Mapping[str, str], storage_options: dict[str, str] | None,
+                 maintenance: bool = True,
+                 min_live_token: Callable[[], int | None] | None = None) -> None:
+        self.spec = spec
+        self.storage_options = storage_options  # checked (check_storage_options)
+        self._default_uri = default_uri
+        self._keys = dict(keys)
+        self._maintenance = maintenance
+        self._min_live_token = min_live_token
+        self._store: ProjectionStore | None = None
+        self._beat: MaintenanceBeat | None = None
+
+    def store(self) -> ProjectionStore:
+        """The projection store (opened on first use)."""
+        if self._store is None:
+            from jobspool.projection.lance import ProjectionStore
+
+            spec = self.spec
+            if isinstance(spec, ProjectionStore):
+                self._store = spec
+            else:
+                # `keys` (App.keys): a table keyed on another column than `id` is merged on it.
+                self._store = ProjectionStore(
+                    spec if spec is not None else self._default_uri,
+                    keys=self._keys, storage_options=self.storage_options)
+        return self._store
+
+    def check(self) -> None:
+        """Before claiming: refuse an s3:// projection whose endpoint would lose commits."""
+        from jobspool.projection.objectstore import (
+            ObjectStoreUnreachable,
+            check_conditional_put,
+            is_object_store,
+        )
+
+        spec = self.spec
+        # A ProjectionStore checks its own endpoint; a raw LanceDB connection keeps its options
+        # to itself, so it is not checked.
+        check = getattr(spec, "check_endpoint", None)
+        if check is None and not (isinstance(spec, str) and is_object_store(spec)):
+            return
+        try:
+            if check is not None:
+                check()
+            else:
+                check_conditional_put(spec, self.storage_options)
+        except ObjectStoreUnreachable as exc:  # an outage, not a verdict: checked again at first write
+            log.warning("%s", exc)
+
+    def apply(self, writes: Sequence[PendingWrite]) -> ApplyResult:
+        store = self.store()
+        result = store.apply(writes)
+        written = [t for t, n in result.tables.items() if n > 0]
+        if written:
+            try:
+                self._note_commits(store, written)
+            except Exception as exc:  # advisory: the commit landed, its jobs must not retry
+                log.warning("could not schedule projection maintenance: %s: %s",
+                            type(exc).__name__, exc)
+        return result
+
+    def _note_commits(self, store: ProjectionStore, tables: list[str]) -> None:
+        """Tell the maintenance beat which tables just got a commit (it never blocks)."""
+        if not self._maintenance:
+            return
+        try:
+            from jobspool.projection.maintenance import MaintenanceBeat
+        except ImportError:
+            return
+        if self._beat is None:
+            self._beat = MaintenanceBeat(store, min_live_token=self._min_live_token)
+        for t in tables:
+            self._beat.note_commit(t)
+        self._beat.maybe_run()
+
+    def close(self) -> None:
+        if self._beat is not None:
+            self._beat.close()
+            self._beat = None

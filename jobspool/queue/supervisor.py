@@ -1,0 +1,85 @@
+"""`Supervisor`: what a worker does when its own machinery (not a handler) fails.
+
+A failed claim or settle — the disk refusing, a lost lock, a bug of ours — is
+logged, counted in the run's `crashes`, and followed by a backoff (0.1 s,
+doubling, at most 5 s, cut short by a stop) before the loop carries on. When
+`max_crashes` failures fall within `crash_window_seconds`, the supervisor
+gives up with `WorkerCrashed`: restarting forever would hide a spool that
+cannot work. Its memory of recent failures outlives one run, so a worker
+restarted by a loop around `run_until_idle` still gives up.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import anyio
+
+from jobspool.errors import JobspoolError, WorkerCrashed
+from jobspool.queue.report import Counters
+
+log = logging.getLogger("jobspool.queue.worker")
+
+# The backoff after the n-th failure within the window: 0.1 s doubling, at most this.
+MAX_BACKOFF_SECONDS = 5.0
+
+
+class Supervisor:
+    """Counts our own failures within a sliding window and says when to give up."""
+
+    def __init__(self, *, max_crashes: int = 5, crash_window_seconds: float = 60.0,
+                 stopping: Callable[[], bool] = lambda: False,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_crashes = max_crashes
+        self.crash_window_seconds = crash_window_seconds
+        self._stopping = stopping  # a stop cuts the backoff short
+        self._clock = clock
+        self._crash_times: list[float] = []
+
+    @property
+    def recent(self) -> int:
+        """Failures within the window, as of the last one recorded."""
+        return len(self._crash_times)
+
+    @staticmethod
+    def backoff_seconds(recent: int) -> float:
+        """How long to wait after the `recent`-th failure within the window."""
+        return min(MAX_BACKOFF_SECONDS, 0.1 * 2.0 ** max(0, recent - 1))
+
+    def record(self, exc: BaseException, counters: Counters) -> WorkerCrashed | None:
+        """Log and count a failure; the `WorkerCrashed` to raise when it is time to give up."""
+        counters.crashes += 1
+        now = self._clock()
+        self._crash_times = [t for t in self._crash_times if now - t < self.crash_window_seconds]
+        self._crash_times.append(now)
+        # The disk or the spool refusing (EIO, ENOSPC, a lost lock) is one line; only an
+        # unexpected exception, a bug of ours, earns its traceback in the log.
+        expected = isinstance(exc, OSError | JobspoolError)
+        log.error("worker loop failed (%s: %s); restarting", type(exc).__name__, exc,
+                  exc_info=None if expected else exc)
+        if len(self._crash_times) >= self.max_crashes:
+            return WorkerCrashed(f"worker loop failed {len(self._crash_times)} times within "
+                                 f"{self.crash_window_seconds:.0f} s; last: "
+                                 f"{type(exc).__name__}: {exc}")
+        return None
+
+    async def failed(self, exc: BaseException, counters: Counters) -> WorkerCrashed | None:
+        """Record a failure and back off; the `WorkerCrashed` verdict instead when giving up.
+
+        Returned, not raised: the pipeline still has leases to give back
+        before it raises it.
+        """
+        gave_up = self.record(exc, counters)
+        if gave_up is None:
+            await self._sleep_unless_stopped(self.backoff_seconds(self.recent))
+        return gave_up
+
+    async def _sleep_unless_stopped(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not self._stopping():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            await anyio.sleep(min(left, 0.05))

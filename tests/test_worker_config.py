@@ -1,0 +1,122 @@
+"""`WorkerConfig` (queue/config.py): validated once at worker construction, then frozen,
+and the per-kind answers the pipeline asks of it."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from jobspool import Context, Job, Spool, Worker
+from jobspool.errors import ConfigError, InvalidJob, PolicyError
+from jobspool.policy import Policy
+from jobspool.queue.config import WorkerConfig
+from jobspool.queue.machine import RetryPolicy
+
+
+def sync_handler(job: Job, ctx: Context) -> None:
+    return None
+
+
+async def async_handler(job: Job, ctx: Context) -> None:
+    return None
+
+
+class AsyncCallable:
+    async def __call__(self, job: Job, ctx: Context) -> None:
+        return None
+
+
+def make(handlers: Any = None, **kwargs: Any) -> WorkerConfig:
+    kwargs.setdefault("owner", "me")
+    kwargs.setdefault("lease_seconds", None)
+    kwargs.setdefault("default_lease_seconds", 60.0)
+    kwargs.setdefault("retry_base_seconds", 1.0)
+    kwargs.setdefault("retry_max_seconds", 300.0)
+    return WorkerConfig.create({"a": sync_handler} if handlers is None else handlers, **kwargs)
+
+
+def test_defaults_claim_every_handled_kind_for_the_spools_lease_time() -> None:
+    config = make({"a": sync_handler, "b": async_handler})
+    assert (config.kinds, config.lease_seconds, config.concurrency, config.batch_size,
+            config.grace_seconds, dict(config.keys)) == (frozenset({"a", "b"}), 60.0, 4, 50,
+                                                         30.0, {})
+
+
+def test_async_handlers_are_told_apart_from_sync_ones_including_async_callable_objects() -> None:
+    config = make({"s": sync_handler, "a": async_handler, "o": AsyncCallable()})
+    assert [config.is_async(k) for k in ("s", "a", "o")] == [False, True, True]
+
+
+def test_the_per_kind_answers_come_from_the_kinds_policy() -> None:
+    config = make({"a": sync_handler, "b": sync_handler}, policies={
+        "a": Policy(max_attempts=2, timeout=3.0, retry_base_seconds=10.0,
+                    retry_on=(KeyError,))})
+    assert (config.timeout_for("a"), config.max_attempts_for("a")) == (3.0, 2)
+    assert (config.timeout_for("b"), config.max_attempts_for("b")) == (None, None)
+    assert config.retries("a", KeyError("k")) and not config.retries("a", ValueError("v"))
+    assert config.retries("b", ValueError("v"))
+    # A policy that sets only the base keeps the spool's ceiling.
+    assert config.retry_policy("a") == RetryPolicy(10.0, 300.0)
+    assert config.retry_policy("b") is None
+
+
+def test_a_config_and_its_mappings_cannot_be_changed_in_place() -> None:
+    config = make(keys={"notes": "path"})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.batch_size = 1  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        config.keys["other"] = "id"  # type: ignore[index]
+    with pytest.raises(TypeError):
+        config.handlers["b"] = sync_handler  # type: ignore[index]
+
+
+@pytest.mark.parametrize(("kwargs", "error", "named"), [
+    ({"handlers": {}}, ConfigError, "at least one handler"),
+    ({"handlers": {"a": 42}}, ConfigError, "42"),
+    ({"handlers": {"bad kind!": sync_handler}}, InvalidJob, "'bad kind!'"),
+    ({"concurrency": 0}, InvalidJob, "concurrency must be >= 1, got 0"),
+    ({"batch_size": "many"}, InvalidJob, "'many'"),
+    ({"lease_seconds": 0}, InvalidJob, "lease_seconds"),
+    ({"grace_seconds": -1.0}, InvalidJob, "-1.0"),
+    ({"kinds": ["a", "zzz"]}, ConfigError, "'zzz'"),
+    ({"policies": {"zzz": Policy()}}, PolicyError, "'zzz'"),
+])
+def test_a_bad_value_is_refused_in_one_line_naming_it(kwargs: dict[str, Any],
+                                                       error: type[Exception], named: str) -> None:
+    handlers = kwargs.pop("handlers", None)
+    with pytest.raises(error) as caught:
+        make(handlers, **kwargs)
+    assert named in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_worker_refuses_a_bad_value_at_construction(spool: Spool) -> None:
+    with pytest.raises(InvalidJob, match="concurrency must be >= 1, got 0"):
+        Worker(spool, {"a": sync_handler}, concurrency=0)
+    with pytest.raises(ConfigError, match="kinds without a handler"):
+        Worker(spool, {"a": sync_handler}, kinds=["b"])
+
+
+def test_setting_a_workers_grace_or_owner_replaces_its_config_and_keeps_the_old_one_whole(
+        spool: Spool) -> None:
+    worker = Worker(spool, {"a": sync_handler}, owner="first", grace_seconds=5.0)
+    before = worker.config
+    worker.grace_seconds = 1.5
+    worker.owner = "second"
+    assert (worker.config.grace_seconds, worker.config.owner) == (1.5, "second")
+    assert (before.grace_seconds, before.owner) == (5.0, "first")  # a running pipeline's copy
+    with pytest.raises(InvalidJob, match="grace_seconds"):
+        worker.grace_seconds = -3.0
+    with pytest.raises(ConfigError, match="owner"):
+        worker.owner = ""
+    assert (worker.grace_seconds, worker.owner) == (1.5, "second")
+
+
+def test_a_worker_takes_its_lease_time_and_backoff_from_the_spool_unless_told(
+        spool: Spool) -> None:
+    worker = Worker(spool, {"a": sync_handler},
+                    policies={"a": Policy(retry_max_seconds=20.0)})
+    assert worker.config.lease_seconds == spool.lease_seconds
+    assert worker.config.retry_policy("a") == RetryPolicy(spool.retry_base_seconds, 20.0)
+    assert Worker(spool, {"a": sync_handler}, lease_seconds=7.0).lease_seconds == 7.0
