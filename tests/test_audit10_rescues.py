@@ -145,3 +145,42 @@ def test_a_job_that_kills_a_bare_claim_loop_is_counted_and_dead_lettered(
             break
     assert seen == [(JobState.RETRYABLE, 1), (JobState.RETRYABLE, 2),
                     (JobState.DEAD_LETTER, 3)], seen
+
+
+# A worker "in another container": its own PID and UTS namespaces (another hostname), the
+# same kernel and the same volume. It stages a producer's file, claims a job, and dies.
+_CONTAINER_WORKER = textwrap.dedent("""
+    import os, sys
+    from jobspool import Spool
+    spool = Spool(sys.argv[1])
+    spool.store.prestage([b'{"staged": "by a producer that died"}'])
+    [lease] = spool.claim(limit=1)
+    os._exit(137)  # the container was killed
+""")
+
+
+def test_recover_in_one_container_takes_back_what_a_dead_one_held_at_once(
+        tmp_path: Path) -> None:
+    # Found in the audit: a dead process whose liveness file named another hostname was
+    # "unknown" (it might be another machine's), so a container's leases waited for
+    # `lease_seconds` and its staged files for ten minutes. Containers on one host share
+    # the kernel, hence its boot id and its flock: an unlocked file there is proof.
+    root = tmp_path / "spool"
+    with Spool(root, lease_seconds=3600) as spool:
+        spool.enqueue("work", job_id="j0")
+    probe = subprocess.run(["unshare", "--uts", "--pid", "--fork", "true"],
+                           capture_output=True, text=True, timeout=60)
+    assert probe.returncode == 0, f"this test needs `unshare --uts --pid` (root): {probe.stderr}"
+    proc = subprocess.run(
+        ["unshare", "--uts", "--pid", "--fork", "sh", "-c",
+         'hostname another-container && exec "$0" -c "$1" "$2"', sys.executable,
+         _CONTAINER_WORKER, str(root)],
+        cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 137, proc.stderr
+    assert [p.name for p in (root / "tmp").iterdir() if p.is_file()], "nothing was staged"
+    with Spool(root) as spool:
+        report = spool.recover()
+        job = spool.get("j0")
+    assert list(report.leases_reclaimed) == ["j0"], report
+    assert (job.state, job.attempts, job.rescues) == (JobState.RETRYABLE, 1, 1)
+    assert [p.name for p in (root / "tmp").iterdir() if p.is_file()] == []

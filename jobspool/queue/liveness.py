@@ -23,9 +23,12 @@ never started back uncounted. A process that never reported a start (a bare
 nothing tells its idle leases from its busy ones, so every one is charged —
 else a job that kills such a process would come back uncounted forever.
 
-What it does not cover: a spool shared between hosts (not supported: flock
-is not coherent over NFS), and a process frozen (SIGSTOP) — alive, so its
-leases are left to expire as usual.
+A dead verdict needs the file to come from this kernel (the same boot id,
+which containers on one host share whatever their hostnames) or from this
+hostname (before a reboot, when every process died); another machine's file
+is "unknown". What it does not cover: a spool shared between hosts (not
+supported: flock is not coherent over NFS), and a process frozen (SIGSTOP) —
+alive, so its leases are left to expire as usual.
 """
 
 from __future__ import annotations
@@ -97,12 +100,19 @@ def _remove_own_marks() -> None:
     _marks.clear()
 
 
+_boot_id: str | None = None
+
+
 def boot_id() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
+    """This kernel's boot id ("" when unknown): shared by every container on the host."""
+    global _boot_id
+    if _boot_id is None:
+        try:
+            with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+                _boot_id = f.read().strip()
+        except OSError:
+            _boot_id = ""
+    return _boot_id
 
 
 class ProcessMark:
@@ -195,9 +205,13 @@ def probe(root: Path, ident: str) -> tuple[str, dict[str, object] | None]:
             doc = None
         if not isinstance(doc, dict):
             return Verdict.DEAD, None
+        if doc.get("boot") and doc.get("boot") == boot_id():
+            # The same kernel, since the same boot: its flock is the truth, whatever the
+            # hostname says (containers sharing a volume each have their own).
+            return Verdict.DEAD, doc
         if doc.get("host") not in (None, socket.gethostname()):
             return Verdict.UNKNOWN, None  # another machine's process: nothing to prove here
-        return Verdict.DEAD, doc
+        return Verdict.DEAD, doc  # this host before a reboot: every process then is gone
     finally:
         os.close(fd)
 
