@@ -14,8 +14,7 @@ import json
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,6 @@ import pyarrow as pa
 import pytest
 
 import jobspool.projection.lance as lance_mod
-from jobspool import Spool
 from jobspool.errors import ConfigError, ProjectionError
 from jobspool.projection.handler import LIVE_FILTER, make_upsert
 from jobspool.projection.lance import LanceProjection, ProjectionStore
@@ -38,18 +36,13 @@ from jobspool.projection.objectstore import (
     retry_transient,
 )
 from jobspool.queue.worker import Worker
+from tests.cli_harness import run_jobspool
 from tests.s3server import S3Server
+from tests.spools import make_spool
 from tests.subproc import cli_env
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def wait_until(cond: Callable[[], bool], what: str, limit: float = 120.0) -> None:
-    """Poll `cond` (the deadline only guards against a hang; no timing is asserted)."""
-    deadline = time.monotonic() + limit
-    while not cond():
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.05)
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -90,10 +83,6 @@ def test_bad_storage_options_are_refused_with_one_line_naming_them(tmp_path: Pat
 # --- a worker writing to s3://
 
 
-def _spool(path: Path, **kw: Any) -> Spool:
-    return Spool(path, durable=False, lease_seconds=30.0, **kw)
-
-
 def _note(job: Any, ctx: Any) -> str:
     ctx.upsert("notes", {"id": job.payload["key"], "text": job.payload["text"]})
     return job.payload["key"]
@@ -102,7 +91,7 @@ def _note(job: Any, ctx: Any) -> str:
 def test_a_worker_given_storage_options_projects_every_job_to_s3(s3_server: S3Server,
                                                                  tmp_path: Path) -> None:
     uri = s3_server.uri("worker")
-    with _spool(tmp_path / "spool") as spool:
+    with make_spool(tmp_path / "spool", lease_seconds=30.0) as spool:
         for i in range(25):
             spool.enqueue("note", {"key": f"k{i}", "text": f"t{i}"}, job_id=f"j{i}")
         worker = Worker(spool, {"note": _note}, projection=uri, storage_options=s3_server.options(),
@@ -120,7 +109,7 @@ def test_the_server_stopped_mid_run_fails_and_retries_writes_which_land_after_re
 ) -> None:
     uri = s3_server.uri("outage")
     options = s3_server.options()
-    with _spool(tmp_path / "spool", retry_base_seconds=0.2, retry_max_seconds=1.0,
+    with make_spool(tmp_path / "spool", lease_seconds=30.0, retry_base_seconds=0.2, retry_max_seconds=1.0,
                 max_attempts=1000) as spool:
         worker = Worker(spool, {"note": _note}, projection=uri, storage_options=options,
                         batch_size=5, concurrency=2, maintenance=False)
@@ -131,18 +120,18 @@ def test_the_server_stopped_mid_run_fails_and_retries_writes_which_land_after_re
             spool.enqueue("note", {"key": f"a{i}", "text": "before"}, job_id=f"a{i}")
         runner.start()
         try:
-            wait_until(lambda: spool.stats().counts.get("completed", 0) == 10, "the first 10 jobs")
+            wait_until(lambda: spool.stats().counts.get("completed", 0) == 10, 120.0, "the first 10 jobs")
             s3_server.halt()
             try:
                 for i in range(10):
                     spool.enqueue("note", {"key": f"b{i}", "text": "during"}, job_id=f"b{i}")
                 # Every write during the outage fails and is retried; none completes.
                 wait_until(lambda: (worker.live_report() or reports[0]).retried >= 10,
-                           "the writes during the outage to fail")
+                           120.0, "the writes during the outage to fail")
                 completed_in_outage = spool.stats().counts.get("completed", 0)
             finally:
                 s3_server.restart()
-            wait_until(lambda: spool.stats().counts.get("completed", 0) == 20, "the retries to land")
+            wait_until(lambda: spool.stats().counts.get("completed", 0) == 20, 120.0, "the retries to land")
         finally:
             worker.stop()
             runner.join(60)
@@ -222,7 +211,7 @@ def test_a_worker_refuses_to_run_against_such_an_endpoint_and_claims_nothing(
     stub_endpoint: str, tmp_path: Path, given: str
 ) -> None:
     options = _stub_options(stub_endpoint)
-    with _spool(tmp_path / "spool") as spool:
+    with make_spool(tmp_path / "spool", lease_seconds=30.0) as spool:
         spool.enqueue("note", {"key": "a", "text": "x"}, job_id="j1")
         worker = Worker(spool, {"note": _note}, storage_options=options, projection="s3://stub/db"
                         if given == "uri" else ProjectionStore("s3://stub/db", storage_options=options))
@@ -237,19 +226,18 @@ def test_the_cli_refuses_such_an_endpoint_with_one_error_line(stub_endpoint: str
                    "def note(job, ctx):\n    ctx.upsert('notes', {'id': 'a'})\n"
                    "app = App(handlers={'note': note}, projection='s3://stub/db')\n")
     root = tmp_path / "spool"
-    env = cli_env(PYTHONPATH=f"{ROOT}:{tmp_path}")
-    run = [sys.executable, "-m", "jobspool", "--root", str(root)]
+    env: dict[str, str | None] = {"PYTHONPATH": f"{ROOT}:{tmp_path}"}
     for setup in (["init"], ["enqueue", "note", "{}"]):
-        subprocess.run([*run, *setup], env=env, check=True, capture_output=True, cwd=tmp_path)
+        done = run_jobspool(*setup, root=root, env=env, cwd=tmp_path)
+        assert done.code == 0, done.err
     opts = [x for k, v in _stub_options(stub_endpoint).items() for x in ("--projection-option", f"{k}={v}")]
-    proc = subprocess.run([*run, "run-until-idle", "--app", "s3app:app", *opts], env=env,
-                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    proc = run_jobspool("run-until-idle", "--app", "s3app:app", *opts, root=root, env=env, cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("jobspool: error: endpoint "), proc.stderr
     assert "ignores conditional PUTs" in lines[0] and "commits would be lost" in lines[0]
-    bad = subprocess.run([*run, "run-until-idle", "--app", "s3app:app", "--projection-option", "nokey"],
-                         env=env, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    bad = run_jobspool("run-until-idle", "--app", "s3app:app", "--projection-option", "nokey", root=root,
+                       env=env, cwd=tmp_path)
     assert bad.returncode == 1 and "'nokey' is not KEY=VALUE" in bad.stderr
 
 
@@ -263,7 +251,7 @@ def test_an_unreachable_endpoint_is_an_outage_not_a_verdict_so_jobs_are_retried(
     store = ProjectionStore("s3://down/db", storage_options=_stub_options(closed))
     with pytest.raises(ObjectStoreUnreachable, match=r"cannot reach endpoint .* to check conditional PUTs"):
         store.apply([make_upsert("j", "notes", {"id": "a"}, None, 1)])
-    with _spool(tmp_path / "spool") as spool:
+    with make_spool(tmp_path / "spool", lease_seconds=30.0) as spool:
         spool.enqueue("note", {"key": "a", "text": "x"}, job_id="j1")
         worker = Worker(spool, {"note": _note}, projection="s3://down/db",
                         storage_options=_stub_options(closed), maintenance=False)
@@ -404,7 +392,7 @@ def test_a_slow_call_on_s3_is_cut_off_at_the_budget_and_the_next_run_resumes_the
         release.set()
     monkeypatch.setattr(maint, "_optimize", real)
     wait_until(lambda: maint.maintain(store, tables=["a"]).tables[0].outcome == "optimized",
-               "the abandoned call to finish")
+               120.0, "the abandoned call to finish")
 
 
 # --- three processes, overlapping keys, one table on s3
@@ -453,7 +441,7 @@ def test_three_processes_writing_overlapping_keys_on_s3_keep_the_highest_version
              for me in PROCS]
     try:
         wait_until(lambda: all((tmp_path / f"go.ready{me}").exists() or procs[me - 1].poll() is not None
-                               for me in PROCS), "the writers to get ready")
+                               for me in PROCS), 120.0, "the writers to get ready")
         go.touch()
         outputs = [p.communicate(timeout=200) for p in procs]
     finally:
