@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from jobspool import Spool
 from jobspool.errors import ConfigError
 from jobspool.projection.lance import LanceProjection
 from jobspool.queue.worker import Worker
+from tests.cli_harness import Result, run_jobspool
 from tests.s3server import S3Server
-from tests.subproc import cli_env
+from tests.spools import make_spool
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -31,15 +29,13 @@ def test_run_until_idle_and_maintain_reach_s3_through_projection_options(
         "def note(job, ctx):\n    ctx.upsert('notes', {'id': job.payload['k'], 'n': job.payload['n']})\n"
         "app = App(handlers={'note': note})\n")
     uri, options = s3_server.uri("cli"), s3_server.options()
-    env = cli_env(PYTHONPATH=f"{ROOT}:{tmp_path}")
-    run = [sys.executable, "-m", "jobspool", "--root", str(tmp_path / "spool")]
     opts = ["--projection", uri]
     for k, v in options.items():
         opts += ["--projection-option", f"{k}={v}"]
 
-    def jobspool(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*run, *args], env=env, capture_output=True, text=True, cwd=tmp_path,
-                              timeout=180)
+    def jobspool(*args: str) -> Result:
+        return run_jobspool(*args, root=tmp_path / "spool", env={"PYTHONPATH": f"{ROOT}:{tmp_path}"},
+                            cwd=tmp_path, timeout=180)
 
     assert jobspool("init").returncode == 0
     for n in range(3):
@@ -63,7 +59,7 @@ def test_an_apps_storage_options_reach_its_worker_and_flags_override_them_key_by
     from jobspool.cli.pool import _child_options
 
     app = App(handlers={"note": _note}, projection="s3://b/p", storage_options={"aws_region": "a", "x": "1"})
-    with Spool(tmp_path / "spool", durable=False) as spool:
+    with make_spool(tmp_path / "spool") as spool:
         assert Worker(spool, app).storage_options == {"aws_region": "a", "x": "1"}
         assert Worker(spool, app, storage_options={"y": "2"}).storage_options == {"y": "2"}
     args = build_parser().parse_args(["worker", "--app", "m:a", "--processes", "2",
