@@ -4,8 +4,6 @@ exploratory pass found broken, kept so it stays fixed."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -14,13 +12,15 @@ import pytest
 
 from jobspool import AsyncSpool, RunReport, Spool, Worker
 from jobspool.errors import InvalidJob, SpoolError
-from tests.subproc import cli_env
+from tests.cli_harness import run_jobspool
+from tests.spools import make_spool
+from tests.waiting import wait_until
 
 
 def test_asyncio_run_of_run_forever_serves_until_stop_and_returns_the_report(tmp_path: Path) -> None:
     # DESIGN §5 writes `await worker.run_forever()`; from sync code that is
     # `asyncio.run(worker.run_forever())`, which must not fail once stop() ends the run.
-    spool = Spool(tmp_path / "spool", durable=False)
+    spool = make_spool(tmp_path / "spool")
     spool.enqueue("note", job_id="a")
     worker = Worker(spool, handlers={"note": lambda job, ctx: "done"})
     out: dict[str, Any] = {}
@@ -50,16 +50,15 @@ def test_an_unreachable_database_url_is_refused_naming_it_and_creates_no_directo
     monkeypatch.chdir(tmp_path)
     url = "postgresql://app@localhost:5432/jobs"
     with pytest.raises(SpoolError, match="postgresql://app@localhost:5432/jobs"):
-        Spool(url)
-    done = subprocess.run([sys.executable, "-m", "jobspool", "--root", url, "enqueue", "note"],
-                          capture_output=True, text=True, env=cli_env(), timeout=120)
+        make_spool(url)
+    done = run_jobspool("enqueue", "note", root=url, cwd=tmp_path)
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and "postgresql://" in done.stderr
     assert list(tmp_path.iterdir()) == []
 
 
 def test_jobs_with_an_unknown_state_raises_invalid_job_at_the_call(tmp_path: Path) -> None:
-    spool = Spool(tmp_path / "spool", durable=False)
+    spool = make_spool(tmp_path / "spool")
     spool.enqueue("note", job_id="a")
     with pytest.raises(InvalidJob, match="'nope'"):
         spool.jobs(state="nope")  # not only once iterated: a bad argument fails where it is given
@@ -74,11 +73,9 @@ def test_demo_refuses_a_spool_that_already_holds_jobs_in_one_line_and_touches_no
     # spool, the demo ran that spool's own jobs of kind `doc` with its handler, then died on
     # their payloads with a traceback.
     root = tmp_path / "spool"
-    spool = Spool(root, durable=False)
+    spool = make_spool(root)
     spool.enqueue("doc", {"path": "/notes/a.md"}, job_id="mine")
-    done = subprocess.run([sys.executable, "-m", "jobspool", "demo", "--jobs", "5"],
-                          capture_output=True, text=True, env=cli_env(JOBSPOOL_ROOT=str(root)),
-                          timeout=120)
+    done = run_jobspool("demo", "--jobs", "5", env={"JOBSPOOL_ROOT": str(root)})
     assert done.returncode == 2
     assert done.stderr.startswith("jobspool: error: ") and done.stderr.count("\n") == 1
     assert str(root) in done.stderr and "Traceback" not in done.stderr
@@ -87,7 +84,7 @@ def test_demo_refuses_a_spool_that_already_holds_jobs_in_one_line_and_touches_no
 
 def test_wait_refuses_a_nan_or_negative_timeout_instead_of_waiting_forever(tmp_path: Path) -> None:
     # A NaN deadline is never reached: `wait("b", timeout=nan)` used to spin forever.
-    spool = Spool(tmp_path / "spool", durable=False)
+    spool = make_spool(tmp_path / "spool")
     spool.enqueue("note", job_id="b")
     for bad in (float("nan"), -1.0):
         with pytest.raises(InvalidJob, match="timeout"):
@@ -107,21 +104,19 @@ def test_wait_refuses_a_nan_or_negative_timeout_instead_of_waiting_forever(tmp_p
 def test_cli_run_at_without_a_time_zone_is_one_line_naming_the_flag_and_the_fix(
         tmp_path: Path) -> None:
     root = tmp_path / "spool"
-    Spool(root, durable=False).close()
-    done = subprocess.run([sys.executable, "-m", "jobspool", "--root", str(root), "enqueue",
-                           "note", "--run-at", "2030-01-01T00:00:00"],
-                          capture_output=True, text=True, env=cli_env(), timeout=120)
+    make_spool(root).close()
+    done = run_jobspool("enqueue", "note", "--run-at", "2030-01-01T00:00:00", root=root)
     assert done.returncode == 1
     assert done.stderr.count("\n") == 1
     assert "--run-at '2030-01-01T00:00:00'" in done.stderr and "Z" in done.stderr
-    assert list(Spool(root, create=False).jobs()) == []
+    assert list(make_spool(root, create=False).jobs()) == []
 
 
 def test_a_worker_stopped_once_runs_again_and_a_stop_before_a_run_still_ends_that_run(
         tmp_path: Path) -> None:
     # stop() stops the run in progress; it used to stop the Worker for good: every later
     # run_until_idle() or run_forever() returned at once without claiming.
-    spool = Spool(tmp_path / "spool", durable=False)
+    spool = make_spool(tmp_path / "spool")
     worker = Worker(spool, handlers={"note": lambda job, ctx: "ok"})
     spool.enqueue("note", job_id="a")
     thread = threading.Thread(target=worker.run_forever, kwargs={"handle_signals": False})
@@ -145,7 +140,7 @@ def test_a_table_keyed_on_another_column_is_written_and_read_on_that_key(tmp_pat
     # every table on `id`, so each job writing such a table was dead-lettered.
     from jobspool import App, LanceProjection
 
-    spool = Spool(tmp_path / "spool", durable=False)
+    spool = make_spool(tmp_path / "spool")
     index = tmp_path / "index"
 
     def note(job: Any, ctx: Any) -> None:
@@ -171,8 +166,8 @@ def test_spool_signature_shows_designs_defaults_and_stored_settings_still_win(
                                            "retry_max_seconds", "keep_terminal")} == {
         "lease_seconds": 60.0, "max_attempts": 5, "retry_base_seconds": 1.0,
         "retry_max_seconds": 300.0, "keep_terminal": 1000}
-    Spool(tmp_path / "s", lease_seconds=7.0).close()
-    with Spool(tmp_path / "s") as again:
+    make_spool(tmp_path / "s", lease_seconds=7.0).close()
+    with make_spool(tmp_path / "s") as again:
         assert again.lease_seconds == 7.0  # the default did not override spool.json
 
 
@@ -180,13 +175,13 @@ def test_a_bad_option_creates_nothing_on_disk(tmp_path: Path) -> None:
     from jobspool.errors import InvalidJob
 
     with pytest.raises(InvalidJob, match="lease_seconds"):
-        Spool(tmp_path / "new", lease_seconds=0)
+        make_spool(tmp_path / "new", lease_seconds=0)
     assert not (tmp_path / "new").exists()
 
 
 def test_a_relative_root_survives_a_chdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    with Spool("rel") as s:
+    with make_spool("rel") as s:
         s.enqueue("k", job_id="a")
         monkeypatch.chdir("/")
         assert s.get("a").state.value == "ready"
@@ -195,7 +190,7 @@ def test_a_relative_root_survives_a_chdir(tmp_path: Path, monkeypatch: pytest.Mo
 def test_an_expired_lease_is_claimed_in_run_at_order_and_no_lease_starts_expired(
         tmp_path: Path) -> None:
     now = [1_000.0]
-    with Spool(tmp_path / "s", clock=lambda: now[0], durable=False) as s:
+    with make_spool(tmp_path / "s", clock=lambda: now[0]) as s:
         s.enqueue("k", job_id="old")
         (held,) = s.claim(lease_seconds=10)
         now[0] += 5
@@ -215,7 +210,7 @@ def test_invalid_input_is_also_a_value_error() -> None:
 
 def test_enqueue_never_writes_over_an_unreadable_file_of_the_same_id(tmp_path: Path) -> None:
     root = tmp_path / "s"
-    with Spool(root, durable=False) as s:
+    with make_spool(root) as s:
         (root / "ready" / "a.json").write_bytes(b"{bad")
         with pytest.warns(Warning), pytest.raises(SpoolError, match="recover"):
             s.enqueue("k", job_id="a")
@@ -228,20 +223,18 @@ def test_a_stale_copy_placed_by_hand_never_runs_a_completed_job_again(tmp_path: 
     """An operator restoring an old `ready/` file of a job that has since completed: running
     workers notice the file, and the claim checks for a newer copy before running it."""
     root = tmp_path / "s"
-    with Spool(root, durable=False) as s:
+    with make_spool(root) as s:
         s.enqueue("k", job_id="a")
         old = (root / "ready" / "a.json").read_bytes()
         s.complete(s.claim()[0])
         s.enqueue("k", job_id="b")
         assert [lease.job_id for lease in s.claim()] == ["b"]  # the index is warm
         (root / "ready" / "a.json").write_bytes(old)  # behind the spool's back
-        import time as _time
 
-        deadline = _time.monotonic() + 10
-        while _time.monotonic() < deadline:
+        def stale_copy_dropped() -> bool:
             assert [lease.job_id for lease in s.claim()] == []  # never `a` again
-            if not (root / "ready" / "a.json").exists():
-                break  # the claim saw the stale copy and dropped it
-            _time.sleep(0.2)
+            return not (root / "ready" / "a.json").exists()  # the claim saw it and dropped it
+
+        wait_until(stale_copy_dropped, 10, "a claim to drop the stale copy")
         assert s.get("a").state.value == "completed"
         assert not (root / "ready" / "a.json").exists()
