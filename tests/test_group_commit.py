@@ -23,8 +23,9 @@ from typing import Any
 
 import pytest
 
-from jobspool import JobState, Spool
+from jobspool import JobState
 from jobspool.queue import store as store_mod
+from tests.spools import make_spool
 from tests.subproc import REPO, cli_env
 
 PRODUCER = textwrap.dedent("""
@@ -44,7 +45,7 @@ PRODUCER = textwrap.dedent("""
 def test_every_enqueue_that_returned_is_on_disk_after_the_producers_are_killed(
         tmp_path: Path) -> None:
     root = tmp_path / "spool"
-    Spool(root).close()
+    make_spool(root).close()
     procs = [subprocess.Popen([sys.executable, "-c", PRODUCER, str(root), f"p{n}"],
                               stdout=subprocess.PIPE, text=True, cwd=REPO, env=cli_env())
              for n in range(4)]
@@ -63,7 +64,7 @@ def test_every_enqueue_that_returned_is_on_disk_after_the_producers_are_killed(
             p.stdout.close()
     on_disk = {f[: -len(".json")] for f in os.listdir(root / "ready")}
     assert set(acked) <= on_disk
-    with Spool(root) as s:
+    with make_spool(root) as s:
         s.recover()
         assert all(s.get(job_id).state is JobState.READY for job_id in acked)
         assert s.fsck().ok
@@ -82,7 +83,7 @@ def test_concurrent_enqueues_share_directory_flushes(tmp_path: Path,
         time.sleep(0.002)  # a slow disk: the window in which others publish and wait
         real(path)
 
-    with Spool(tmp_path / "spool", sync_mode="fsync") as s:
+    with make_spool(tmp_path / "spool", durable=True, sync_mode="fsync") as s:
         monkeypatch.setattr(store_mod, "fsync_dir", counting)
         monkeypatch.setattr("jobspool.queue.journal.fsync_dir", counting)
         s.journal._group._flush_dir = counting  # noqa: SLF001 - the seam the group flush holds

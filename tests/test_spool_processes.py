@@ -11,20 +11,18 @@ The deadlines only guard against hangs; they are not performance claims.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
 import orjson
 import pytest
 
-from jobspool import Spool
 from tests.helpers_spool import assert_disk_consistent, disk_counts, tmp_leftovers
-
-REPO = Path(__file__).resolve().parent.parent
+from tests.spools import make_spool
+from tests.subproc import cli_env
+from tests.waiting import wait_until
 
 CHILD = r"""
 import os, sys, time
@@ -33,6 +31,7 @@ from jobspool import Spool
 root, log_path, go, durable, batch, me = sys.argv[1:7]
 spool = Spool(root, create=False, durable=durable == "1", lease_seconds=600.0,
               keep_terminal=100_000)
+open(go + ".ready" + me, "w").close()  # imported and opened: the test may start everyone
 deadline = time.monotonic() + 60
 while not os.path.exists(go):
     if time.monotonic() > deadline:
@@ -53,7 +52,7 @@ spool.close()
 
 
 def _revision_of_a_job_that_ran_once(tmp_path: Path) -> int:
-    s = Spool(tmp_path / "reference", durable=False)
+    s = make_spool(tmp_path / "reference")
     try:
         s.enqueue("work", {"i": 0})
         (lease,) = s.claim()
@@ -65,7 +64,7 @@ def _revision_of_a_job_that_ran_once(tmp_path: Path) -> int:
 def _run(tmp_path: Path, *, procs: int, jobs: int, durable: bool) -> None:
     root = tmp_path / "spool"
     # keep_terminal above the job count: retention pruning must not hide the evidence.
-    spool = Spool(root, durable=durable, lease_seconds=600.0, keep_terminal=100_000)
+    spool = make_spool(root, durable=durable, lease_seconds=600.0, keep_terminal=100_000)
     try:
         spool.enqueue_many("work", [{"i": i} for i in range(jobs)])
     finally:
@@ -74,18 +73,20 @@ def _run(tmp_path: Path, *, procs: int, jobs: int, durable: bool) -> None:
     assert len(ids) == jobs
 
     go = tmp_path / "go"
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     logs = [tmp_path / f"proc-{n}.log" for n in range(procs)]
     children = [
         subprocess.Popen(
             [sys.executable, "-c", CHILD, str(root), str(logs[n]), str(go),
              "1" if durable else "0", str(1 + n % 4), str(n)],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         )
         for n in range(procs)
     ]
     try:
-        time.sleep(0.2)  # let them import; the go file starts everyone together
+        # Everyone imported and opened the spool; the go file then starts them together.
+        for n, child in enumerate(children):
+            wait_until((tmp_path / f"go.ready{n}").exists, 60, f"child {n} to get ready",
+                       proc=child)
         go.touch()
         outputs = [c.communicate(timeout=180) for c in children]
     finally:
