@@ -203,8 +203,17 @@ def validate_seconds(name: str, value: object, *, positive: bool = False) -> flo
 
 
 def clip_error(error: object) -> str:
-    text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+    text = error if isinstance(error, str) else f"{type(error).__name__}: {safe_str(error)}"
     return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
+
+
+def safe_str(value: object) -> str:
+    """`str(value)`, or a placeholder when its `__str__` raises: a handler's exception that
+    cannot describe itself is still that job's failure, never the worker's."""
+    try:
+        return str(value)
+    except Exception:
+        return f"<{type(value).__name__}: str() failed>"
 
 
 # ---------------------------------------------------------------- ids
