@@ -32,7 +32,7 @@ from jobspool.queue.context import (
     Raised,
     Retried,
 )
-from jobspool.queue.job import validate_seconds
+from jobspool.queue.job import clip_error, validate_seconds
 from jobspool.queue.runtime import (
     Monitor,
     Tracked,
@@ -55,19 +55,22 @@ async def invoke(ctx: Context, fn: Callable[..., Any], *, is_async: bool,
     abandoned — a thread cannot be stopped — and `on_hung(ctx)` is told.
     """
     kind = ctx.job.kind
+    tracked: Tracked | None = None
     try:
         with anyio.move_on_after(math.inf if timeout is None else timeout) as limit:
             if is_async:
-                result = await Tracked(fn(ctx.job, ctx), monitor,
-                                       f"the handler of kind {kind!r} "
-                                       f"({_name(fn)}, job {ctx.job_id})")
+                tracked = Tracked(fn(ctx.job, ctx), monitor,
+                                  f"the handler of kind {kind!r} "
+                                  f"({_name(fn)}, job {ctx.job_id})")
+                result = await tracked
             else:
                 result = await anyio.to_thread.run_sync(
                     _in_thread, fn, ctx, limiter=threads, abandon_on_cancel=True)
                 if inspect.isawaitable(result):
                     result = await result
         if limit.cancel_called:  # the limit passed, even if the handler swallowed it
-            _timed_out(ctx, timeout or 0.0, sync=not is_async)
+            _timed_out(ctx, timeout or 0.0, sync=not is_async,
+                       stack=tracked.stack() if tracked is not None else None)
             if not is_async:
                 on_hung(ctx)
         else:
@@ -103,14 +106,15 @@ async def invoke(ctx: Context, fn: Callable[..., Any], *, is_async: bool,
 def _handler_raised(ctx: Context, exc: BaseException) -> None:
     ctx.traceback = format_traceback(exc)
     ctx.outcome = Raised(exc)
-    log.warning("job %s (%s, token %d, attempt %d) failed: %s: %s\n%s", ctx.job_id,
-                ctx.job.kind, ctx.token, ctx.job.attempts, type(exc).__name__, exc,
+    log.warning("job %s (%s, token %d, attempt %d) failed: %s\n%s", ctx.job_id,
+                ctx.job.kind, ctx.token, ctx.job.attempts, clip_error(exc),
                 ctx.traceback.rstrip("\n"),
                 extra={"job_id": ctx.job_id, "kind": ctx.job.kind, "token": ctx.token})
 
 
-def _timed_out(ctx: Context, timeout: float, *, sync: bool) -> None:
-    stack = thread_stack(ctx.thread_ident) if sync else None
+def _timed_out(ctx: Context, timeout: float, *, sync: bool, stack: str | None = None) -> None:
+    # Where it was: the thread's stack now, or the cancelled coroutine's frames.
+    stack = thread_stack(ctx.thread_ident) if sync else stack
     detail = ("a sync handler's thread cannot be stopped: it is abandoned, still "
               "running" if sync else "the handler was cancelled")
     exc = TimeLimitExceeded(ctx.job_id, ctx.job.kind, timeout, detail)

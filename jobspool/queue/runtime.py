@@ -90,6 +90,21 @@ class Tracked:
         self.coro = coro
         self.monitor = monitor
         self.label = label
+        self.raised: BaseException | None = None  # what left the handler, with its frames
+
+    def stack(self) -> str | None:
+        """Where the handler was when it was cancelled (its frames down to the await), or
+        None when it did not end by raising (it swallowed the cancellation)."""
+        tb = self.raised.__traceback__ if self.raised is not None else None
+        while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_INTERNAL):
+            tb = tb.tb_next
+        entries = traceback.extract_tb(tb) if tb is not None else []
+        while entries and entries[-1].filename.startswith(_INTERNAL):
+            entries.pop()  # the cancellation's origin, in our own awaiting: noise
+        if not entries:
+            return None
+        return "Stack of the handler when its time limit passed:\n" + "".join(
+            traceback.format_list(entries))
 
     def __await__(self) -> Generator[Any, Any, Any]:
         it = self.coro.__await__()
@@ -101,6 +116,9 @@ class Tracked:
                 step = it.send(value) if error is None else it.throw(error)
             except StopIteration as stop:
                 return stop.value
+            except BaseException as exc:
+                self.raised = exc
+                raise
             finally:
                 self.monitor.on_loop = None
             try:

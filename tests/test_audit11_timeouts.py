@@ -1,0 +1,56 @@
+"""Audit of issue 11's time limits: a cancelled async run keeps where it was as its traceback.
+
+A sync run past its limit stores its thread's stack; an async one is cancelled,
+and its traceback is the handler's frames down to the await it was stuck in
+(not just the `TimeLimitExceeded` line), in the job and in the log.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import anyio
+import pytest
+
+from jobspool import Context, Job, JobState, Policy, Spool, Worker
+
+
+async def _waits_on_the_network() -> None:
+    await anyio.sleep(60)
+
+
+def test_an_async_run_cancelled_at_its_limit_stores_where_it_was_waiting(
+        spool: Spool, caplog: pytest.LogCaptureFixture) -> None:
+    async def fetch(job: Job, ctx: Context) -> None:
+        await _waits_on_the_network()
+
+    job = spool.enqueue("fetch", max_attempts=1)
+    caplog.set_level(logging.WARNING, logger="jobspool")
+    Worker(spool, {"fetch": fetch}, policies={"fetch": Policy(timeout=0.2)},
+           maintenance=False).run_until_idle()
+    done = spool.get(job.id)
+    assert done.state is JobState.DEAD_LETTER
+    assert (done.last_error or "").startswith("TimeLimitExceeded: ")
+    tb = done.traceback or ""
+    assert "in fetch" in tb and "await _waits_on_the_network()" in tb
+    assert "in _waits_on_the_network" in tb
+    assert "jobspool/queue" not in tb  # the worker's own frames say nothing
+    (record,) = [r for r in caplog.records if "ran past its time limit" in str(r.msg)]
+    assert "_waits_on_the_network" in record.getMessage()
+
+
+def test_an_async_run_that_swallows_its_cancellation_still_times_out_with_a_traceback(
+        spool: Spool) -> None:
+    async def stubborn(job: Job, ctx: Context) -> str:
+        try:
+            await anyio.sleep(60)
+        except anyio.get_cancelled_exc_class():
+            return "ignored the cancellation"
+        return "never"
+
+    job = spool.enqueue("stubborn", max_attempts=1)
+    Worker(spool, {"stubborn": stubborn}, policies={"stubborn": Policy(timeout=0.2)},
+           maintenance=False).run_until_idle()
+    done = spool.get(job.id)
+    assert done.state is JobState.DEAD_LETTER and done.result is None
+    assert "TimeLimitExceeded" in (done.traceback or "")
