@@ -20,6 +20,7 @@ from jobspool.cli import main
 from jobspool.health import check_health
 from tests.conftest import FakeClock
 from tests.spools import make_spool
+from tests.waiting import wait_until
 
 GUARD_SECONDS = 30.0
 
@@ -73,10 +74,8 @@ def test_a_file_placed_in_ready_by_hand_degrades_until_a_running_worker_claims_i
     health = check_health(spool, max_due_age=60.0)
     assert health.codes() == ["ready_not_claimed"]
     assert "restored" in health.reasons[0].message
-    deadline = time.monotonic() + GUARD_SECONDS
-    while not spool.claim():  # the running worker notices the file behind its back
-        assert time.monotonic() < deadline, "the hand-placed job was never claimed"
-        time.sleep(0.05)
+    # The running spool notices the file behind its back.
+    wait_until(spool.claim, GUARD_SECONDS, "the hand-placed job to be claimed")
     assert spool.get("restored").state is JobState.LEASED
     assert check_health(spool, max_due_age=60.0).ok
 
@@ -164,14 +163,12 @@ def test_an_idle_worker_keeps_its_metrics_file_fresh_and_a_finished_run_leaves_n
         thread = threading.Thread(target=worker.run_forever, kwargs={"handle_signals": False})
         thread.start()
         try:
-            deadline = time.monotonic() + GUARD_SECONDS
-            while not _written_at(root):  # readiness: the worker published once
-                assert time.monotonic() < deadline, "the worker never published its metrics"
-                time.sleep(0.05)
-            (first,) = _written_at(root)
-            while _written_at(root) == [first]:  # idle, no job: it still refreshes the file
-                assert time.monotonic() < deadline, "an idle worker let its metrics go stale"
-                time.sleep(0.1)
+            # Readiness: the worker published once.
+            (first,) = wait_until(lambda: _written_at(root), GUARD_SECONDS,
+                                  "the worker to publish its metrics")
+            # Idle, no job: it still refreshes the file.
+            wait_until(lambda: _written_at(root) != [first], GUARD_SECONDS,
+                       "an idle worker to refresh its metrics")
             assert check_health(spool, worker_stale=60.0).ok
         finally:
             worker.stop()

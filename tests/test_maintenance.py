@@ -15,6 +15,7 @@ import jobspool.projection.maintenance as maint
 from jobspool.projection.handler import make_delete, make_upsert
 from jobspool.projection.lance import ProjectionStore, _connect
 from jobspool.projection.maintenance import MaintenanceBeat, maintain, read_maintenance_state
+from tests.waiting import wait_until
 
 
 class StepClock:
@@ -157,10 +158,8 @@ def test_a_hanging_call_is_cut_off_and_its_table_skipped_until_it_returns(
     assert second["a"].outcome == "skipped" and "still running" in second["a"].reason
     release.set()
     assert returned.wait(30)
-    for _ in range(200):  # the abandoned thread clears its slot right after returning
-        if not maint._busy((store.uri or "", "a")):
-            break
-        time.sleep(0.01)
+    # The abandoned thread clears its slot right after returning.
+    wait_until(lambda: not maint._busy((store.uri or "", "a")), 30, "the slot to be cleared")
     monkeypatch.setattr(maint, "_optimize", lambda tbl, cleanup: None)
     assert maintain(store, tables=["a"])["a"].outcome == "optimized"
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from jobspool.projection.handler import LIVE_FILTER
 from jobspool.projection.lance import ProjectionStore
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -94,11 +94,9 @@ def test_two_processes_never_duplicate_a_key_and_keep_the_highest_pair(tmp_path:
         for me in (1, 2)
     ]
     try:
-        deadline = time.monotonic() + 120
-        while not all((tmp_path / f"go.ready{me}").exists() for me in (1, 2)):
-            assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
-            assert time.monotonic() < deadline, "writers never got ready"
-            time.sleep(0.01)
+        for me, proc in zip((1, 2), procs, strict=True):
+            wait_until((tmp_path / f"go.ready{me}").exists, 120, f"writer {me} to get ready",
+                       proc=proc)
         go.touch()
         outputs = [p.communicate(timeout=150) for p in procs]
     finally:
