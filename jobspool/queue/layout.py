@@ -185,9 +185,11 @@ def open_layout(root: Path, *, create: bool, durable: bool, read_only: bool = Fa
     for name in SUBDIRS:
         if read_only and name not in _STATE_NAMES and not os.path.lexists(root / name):
             continue  # a reader needs the state directories only
-        # `live/` came with a later version: an existing spool gets it on first open.
-        _ensure_dir(root, name, create=create or doc is None or name == LIVE_DIR,
-                    mode=dir_mode(chosen))
+        # `live/` came with a later version: an existing spool gets it on first open. The
+        # scratch directories hold nothing a job depends on: a writer recreates them after
+        # an operator's `rm -rf tmp` instead of refusing the spool for good.
+        _ensure_dir(root, name, create=create or doc is None or (
+            not read_only and name in _SCRATCH_DIRS), mode=dir_mode(chosen))
     if doc is None and not create:
         raise SpoolError(f"{root} is not a spool (no {SPOOL_FILE}; run `jobspool init`)",
                          path=str(root))
@@ -207,6 +209,7 @@ def open_layout(root: Path, *, create: bool, durable: bool, read_only: bool = Fa
 
 
 _STATE_NAMES = frozenset(s.value for s in ALL_STATES)
+_SCRATCH_DIRS = frozenset({TMP_DIR, POOL_DIR, QUARANTINE_DIR, LIVE_DIR})
 _CONTROL_FILES = (".lock", "fence", SPOOL_FILE)
 
 # What a spool directory may already hold before its spool.json exists: a fresh or
@@ -235,7 +238,9 @@ def _ensure_dir(root: Path, name: str, *, create: bool, mode: int) -> None:
         st = path.lstat()
     except FileNotFoundError:
         if not create:
-            raise SpoolError(f"spool directory {path} is missing", path=str(path)) from None
+            raise SpoolError(f"spool directory {path} is missing (the jobs it held are gone); "
+                             f"`jobspool --root {root} init` recreates it empty",
+                             path=str(path)) from None
         try:
             make_dir(path, mode)
         except FileExistsError:

@@ -1,0 +1,61 @@
+"""Issue 10, audited: an operator deleting a spool's scratch directories does not stop it.
+
+Found in the audit: after `rm -rf <root>/tmp` (cleaning "temporary files", as
+one does) every command that writes refused the spool — `jobspool: error:
+spool directory .../tmp is missing` — `recover` included, with no word of
+the remedy. `tmp/` (staging and recycled files), `quarantine/` and `live/`
+hold nothing a job depends on: a writer recreates them. A missing state
+directory is real damage (its jobs are gone): it is still refused, with the
+command that recreates it.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jobspool import Spool
+from tests.helpers_spool import job_files
+from tests.subproc import REPO, cli_env
+
+
+def _cli(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "jobspool", "--root", str(root), *args],
+                          cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("name", ["tmp", "quarantine", "live"])
+def test_deleting_a_scratch_directory_stops_no_command(tmp_path: Path, name: str) -> None:
+    root = tmp_path / "spool"
+    with Spool(root) as spool:
+        spool.enqueue("record", {}, job_id="j1")
+    shutil.rmtree(root / name)
+    proc = _cli(root, "enqueue", "record", "{}", "--id", "j2")
+    assert proc.returncode == 0, proc.stderr
+    assert (root / name).is_dir()
+    proc = _cli(root, "recover")
+    assert proc.returncode == 0, proc.stderr
+    proc = _cli(root, "run-until-idle", "--app", "tests.apps.ledger:app", "--no-maintenance")
+    assert proc.returncode == 0, proc.stderr
+    assert job_files(root) == {"j1": ["completed"], "j2": ["completed"]}
+    assert _cli(root, "fsck").returncode == 0
+
+
+def test_a_deleted_state_directory_is_refused_naming_the_remedy(tmp_path: Path) -> None:
+    root = tmp_path / "spool"
+    with Spool(root) as spool:
+        spool.enqueue("record", {}, job_id="j1")
+    shutil.rmtree(root / "retryable")
+    proc = _cli(root, "recover")
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert str(root / "retryable") in lines[0], lines[0]
+    assert f"jobspool --root {root} init" in lines[0], lines[0]
+    assert _cli(root, "init").returncode == 0  # the remedy it names
+    assert _cli(root, "recover").returncode == 0
+    assert job_files(root) == {"j1": ["ready"]}
