@@ -26,7 +26,6 @@ import errno
 import os
 import shutil
 import signal
-import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -41,6 +40,7 @@ from jobspool.queue import store as store_mod
 from jobspool.recovery.quarantine import quarantined_files
 from tests.helpers_spool import FakeClock, assert_disk_consistent, job_files, read_raw
 from tests.spools import make_spool
+from tests.waiting import wait_until
 
 SEAMS = ("os_write", "os_fsync", "os_replace", "os_unlink")
 T0 = 1_700_000_000.0
@@ -328,16 +328,21 @@ def test_a_crash_before_any_step_leaves_old_or_new_state_after_recovery(
 
 def _reap(pid: int, where: str, deadline_seconds: float = 60.0) -> int:
     """Wait for a forked child; a hang (a lock inherited mid-use) fails instead of blocking."""
-    deadline = time.monotonic() + deadline_seconds
-    while True:
+    statuses: list[int] = []
+
+    def exited() -> bool:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
-            return os.waitstatus_to_exitcode(status)
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            raise AssertionError(f"{where}: the forked child hung")
-        time.sleep(0.001)
+            statuses.append(status)
+        return bool(done)
+
+    try:
+        wait_until(exited, deadline_seconds, f"{where}: the forked child to exit", interval=0.001)
+    except BaseException:  # it hung: end it before failing
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        raise
+    return os.waitstatus_to_exitcode(statuses[0])
 
 
 def test_the_clean_runs_touch_every_kind_of_seam(template: tuple[Path, Ctx],
