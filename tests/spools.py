@@ -5,7 +5,8 @@ tests: `durable=False`, since a scratch spool needs no fsyncs (a test about dura
 `durable=True`; `durable` is per opener, not persisted, so a spool prepared this way is the same
 on disk to a later process). The `make_spool` fixture (registered from conftest) is the same
 callable with `root` defaulting to the test's `spool_root`, and closes every spool it opened at
-teardown. tests/store_params.py builds the both-store form (`make_any_spool`) on it.
+teardown; conftest's `spool` is one of its spools, so `make_spool()` beside it opens a peer on
+the same directory. tests/store_params.py builds the both-store form (`make_any_spool`) on it.
 """
 
 from __future__ import annotations
