@@ -7,6 +7,7 @@
   traceback: what only a real process shows).
 - `start_jobspool(*args, ...) -> Popen` starts one and returns at once (workers, signals), and
   `LineReader(proc.stderr).wait_for(pattern)` waits for a line it prints (a readiness signal).
+- `one_error_line(result)`: the single `jobspool: error: ...` line a failing command prints.
 
 `root` puts `--root ROOT` before the arguments. `env` holds variables to set on top of the test's
 environment (None unsets one); the environment always has the source tree importable and no
@@ -240,14 +241,6 @@ class LineReader:
     def text(self) -> str:
         """Every line read so far."""
         return "".join(line + "\n" for line in self.lines)
-
-
-def stop(proc: subprocess.Popen[Any], timeout: float = 30.0) -> None:
-    """Kill `proc` if it still runs and reap it (cleanup in a `finally`)."""
-    if proc.poll() is None:
-        proc.kill()
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=timeout)
 
 
 def one_error_line(result: Result, code: int | None = None) -> str:
