@@ -59,3 +59,28 @@ def test_a_deleted_state_directory_is_refused_naming_the_remedy(tmp_path: Path) 
     assert _cli(root, "init").returncode == 0  # the remedy it names
     assert _cli(root, "recover").returncode == 0
     assert job_files(root) == {"j1": ["ready"]}
+
+
+def test_a_deleted_spool_json_is_recreated_by_init_after_workers_ran(tmp_path: Path) -> None:
+    # Found in the audit: every command refused the spool naming `jobspool init`, and init
+    # refused it too ("not empty and is not a spool ... it holds metrics"): the entries a
+    # running spool gains (metrics/, progress/, schedules.json, index/) were not known as
+    # a spool's own, so nothing short of writing spool.json by hand brought it back.
+    root = tmp_path / "spool"
+    with Spool(root) as spool:
+        spool.enqueue("record", {}, job_id="j1")
+    run = _cli(root, "run-until-idle", "--app", "tests.apps.ledger:app")
+    assert run.returncode == 0, run.stderr
+    for name in ("progress", "index"):
+        (root / name).mkdir(exist_ok=True)
+    (root / "schedules.json").write_bytes(b'{"v": 1, "last_tick": {}}')
+    with Spool(root) as spool:
+        spool.enqueue("record", {}, job_id="j2")
+    (root / "spool.json").unlink()
+    refused = _cli(root, "enqueue", "record", "{}", "--id", "j3")
+    assert refused.returncode == 2 and "jobspool init" in refused.stderr, refused.stderr
+    init = _cli(root, "init")
+    assert init.returncode == 0, init.stderr
+    proc = _cli(root, "run-until-idle", "--app", "tests.apps.ledger:app")
+    assert proc.returncode == 0, proc.stderr
+    assert job_files(root) == {"j1": ["completed"], "j2": ["completed"]}

@@ -215,7 +215,11 @@ _CONTROL_FILES = (".lock", "fence", SPOOL_FILE)
 # What a spool directory may already hold before its spool.json exists: a fresh or
 # half-created spool (a crash during creation, or a racing opener), never user data.
 _SPOOL_ENTRIES = frozenset({*(s.value for s in ALL_STATES), TMP_DIR, QUARANTINE_DIR, LIVE_DIR, ".lock",
-                            "fence", SPOOL_FILE})
+                            "fence", SPOOL_FILE,
+                            # What a spool gains once used (metrics.py, jobprogress.py,
+                            # marks.py, the default projection): `init` after an operator
+                            # deleted spool.json must not take the spool for a stranger's.
+                            "metrics", "progress", "schedules.json", INDEX_DIR})
 
 
 def _refuse_foreign_directory(root: Path) -> None:
