@@ -84,3 +84,36 @@ def test_a_deleted_spool_json_is_recreated_by_init_after_workers_ran(tmp_path: P
     proc = _cli(root, "run-until-idle", "--app", "tests.apps.ledger:app")
     assert proc.returncode == 0, proc.stderr
     assert job_files(root) == {"j1": ["completed"], "j2": ["completed"]}
+
+
+_CLAIM_ONE = """
+import sys
+from jobspool import Spool
+with Spool(sys.argv[1]) as spool:
+    spool.enqueue("record", {}, job_id=sys.argv[2])
+    [lease] = spool.claim(limit=1)
+    spool.complete(lease)
+    print(lease.token)
+"""
+
+
+def test_a_deleted_fence_file_is_restored_from_the_live_counter(tmp_path: Path) -> None:
+    # Found in the audit: the next process to open the spool wrote `fence` back as 0, so
+    # after a reboot (here: a new `.lock`, whose shared counter starts from the file) the
+    # tokens started over at 1 and a token was handed out twice.
+    root = tmp_path / "spool"
+
+    def claim_one(job_id: str) -> int:
+        proc = subprocess.run([sys.executable, "-c", _CLAIM_ONE, str(root), job_id],
+                              cwd=REPO, env=cli_env(), capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        return int(proc.stdout)
+
+    Spool(root).close()
+    first = claim_one("a")
+    (root / "fence").unlink()  # the operator slip
+    second = claim_one("b")  # reopens the spool: the file is written again
+    (root / ".lock").unlink()  # what a reboot does to the shared counter
+    third = claim_one("c")
+    assert first < second < third, (first, second, third)

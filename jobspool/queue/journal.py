@@ -104,7 +104,11 @@ class Journal:
             if not (self.root / FENCE_FILE).exists():
                 with self.lock.hold():  # re-check under the lock: never reset a live counter
                     if not (self.root / FENCE_FILE).exists():
-                        write_atomic(self.root / FENCE_FILE, encode_fence(0),
+                        # Deleted by hand? This boot's shared counter still knows the
+                        # ceiling (0 for a new spool): never write the floor back as 0.
+                        known = max(self.lock.generation(self.lock.FENCE_CEILING_SLOT),
+                                    self.lock.generation(self.lock.FENCE_NEXT_SLOT))
+                        write_atomic(self.root / FENCE_FILE, encode_fence(known),
                                      durable=self.durable, mode=file_mode(self.access))
         except OSError as exc:
             raise write_failed(exc, self.root) from None
