@@ -1,4 +1,4 @@
-"""The idle-pickup probe's handler: appends the delay from enqueue to start (seconds)."""
+"""The idle-pickup probe's handler: appends its job id and its start time (epoch seconds)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from jobspool import App
 
 def ping(job: Any, ctx: Any) -> None:
     with open(os.environ["HOTPATH_LAT"], "a", encoding="utf-8") as f:
-        f.write(f"{time.time() - job.payload['t']:.6f}\n")
+        f.write(f"{job.id} {time.time():.6f}\n")
 
 
 app = App(handlers={"ping": ping})
