@@ -201,13 +201,24 @@ def publish_worker_report(spool: Spool, owner: str, report: RunReport) -> None:
     worker that died is dropped from the metrics.
     """
     from jobspool.queue.liveness import boot_id
+    from jobspool.queue.perms import dir_mode, file_mode, make_dir, set_fd_mode
 
     path = _snapshot_path(spool, owner)
-    path.parent.mkdir(exist_ok=True)
+    # The spool's modes whatever the umask (issue 10): a PostgreSQL store's local directory
+    # is private.
+    access = getattr(spool, "access", "private")
+    if not path.parent.is_dir():
+        with contextlib.suppress(FileExistsError):
+            make_dir(path.parent, dir_mode(access))
     doc = {"format": 1, "owner": owner, "pid": os.getpid(), "host": socket.gethostname(),
            "boot": boot_id(), "written_at": time.time(), **_report_counters(report)}
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_bytes(orjson.dumps(doc))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, file_mode(access))
+    try:
+        set_fd_mode(fd, file_mode(access))
+        os.write(fd, orjson.dumps(doc))
+    finally:
+        os.close(fd)
     os.replace(tmp, path)
     remove_dead_worker_reports(spool, keep=path.name)
 

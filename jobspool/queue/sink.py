@@ -56,6 +56,22 @@ class NoProjection:
         return None
 
 
+def _make_private_dir(path: str | os.PathLike[str]) -> None:
+    """Create the spool's own projection directory with the spool root's modes (issue 10):
+    LanceDB writes its files with the umask's, so this directory is what keeps them private."""
+    import contextlib
+    import stat
+    from pathlib import Path
+
+    from jobspool.queue.perms import make_dir
+
+    target = Path(path)
+    if target.exists():
+        return
+    with contextlib.suppress(OSError):  # LanceDB makes it itself, and reports what fails
+        make_dir(target, stat.S_IMODE(target.parent.stat().st_mode) & 0o2770)
+
+
 class LanceSink:
     """The LanceDB projection a worker writes through, and its maintenance beat.
 
@@ -86,6 +102,8 @@ class LanceSink:
             if isinstance(spec, ProjectionStore):
                 self._store = spec
             else:
+                if spec is None:
+                    _make_private_dir(self._default_uri)
                 # `keys` (App.keys): a table keyed on another column than `id` is merged on it.
                 self._store = ProjectionStore(
                     spec if spec is not None else self._default_uri,

@@ -42,6 +42,7 @@ from jobspool.errors import SpoolError
 from jobspool.queue import store as store_mod
 from jobspool.queue.job import CorruptJob, Job, decode_job
 from jobspool.queue.layout import QUARANTINE_DIR
+from jobspool.queue.perms import set_fd_mode
 from jobspool.queue.states import JobState
 from jobspool.queue.store import JOB_SUFFIX
 from jobspool.recovery.scan import Bad, read_job
@@ -123,9 +124,10 @@ def _move(spool: Journal, bad: Bad) -> str | None:
             continue
         try:
             fd = os.open(qdir / (qname + REASON_SUFFIX),
-                         os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+                         os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, spool.store.file_mode)
         except FileExistsError:
             continue
+        set_fd_mode(fd, spool.store.file_mode)  # the spool's mode whatever the umask (issue 10)
         break
     try:
         view = memoryview(reason)
