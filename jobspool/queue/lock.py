@@ -106,6 +106,7 @@ class SpoolLock:
         self._boot = _boot_hash()
         self._dir_fd = -1
         self._fd = -1
+        self._closed = False
         self._open()
 
     def _open(self) -> None:
@@ -194,6 +195,9 @@ class SpoolLock:
         return self._path
 
     def acquire(self) -> None:
+        if self._closed:  # else a cryptic "file descriptor cannot be a negative integer"
+            raise SpoolError(f"spool {self._root} was closed; open a new Spool to use it",
+                             path=str(self._root))
         if self._pid != os.getpid():
             self._reopen_after_fork()
         self._thread_lock.acquire()
@@ -316,6 +320,7 @@ class SpoolLock:
             _SLOT.pack_into(self._map, self.SUSPECT_SLOT * _SLOT.size, 0)
 
     def close(self) -> None:
+        self._closed = True
         try:
             self._map.close()
         finally:
