@@ -16,6 +16,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -184,3 +185,36 @@ def test_recover_in_one_container_takes_back_what_a_dead_one_held_at_once(
     assert list(report.leases_reclaimed) == ["j0"], report
     assert (job.state, job.attempts, job.rescues) == (JobState.RETRYABLE, 1, 1)
     assert [p.name for p in (root / "tmp").iterdir() if p.is_file()] == []
+
+
+def test_the_issues_run_until_idle_loop_without_recover_dead_letters_only_the_crashing_job(
+        tmp_path: Path) -> None:
+    # Found in the audit, after the fixes above: with no `recover` between runs, a claim
+    # takes the dead worker's expired leases back together, in the same order, so the
+    # crash job and the three mates that run beside it (concurrency 4) were all running
+    # when the process died, every time, and the mates ran out of attempts with it. A job
+    # that was running when a worker died now runs alone until it settles: if it kills the
+    # next worker too, it is the only one running there, and the only one charged.
+    root = tmp_path / "spool"
+    with Spool(root, lease_seconds=1.0) as spool:
+        spool.enqueue("crash", job_id="a-crash")
+        for i in range(10):
+            spool.enqueue("work", job_id=f"w{i:02d}")
+    deadline = time.monotonic() + 120  # guards against a hang only
+    while time.monotonic() < deadline:
+        proc = subprocess.run(
+            [sys.executable, "-m", "jobspool", "--root", str(root), "run-until-idle", "--app",
+             "tests.apps.crashy:app"], cwd=REPO, env=cli_env(), capture_output=True, text=True,
+            timeout=120)
+        assert proc.returncode in (0, 70), proc.stderr
+        with Spool(root) as spool:
+            jobs = list(spool.jobs())
+        if all(j.terminal for j in jobs):
+            break
+        # The dead worker's leases come back once they expire (no `recover` here).
+        while time.monotonic() < deadline and any(
+                j.lease is not None and j.lease.expires_at > time.time() for j in jobs):
+            time.sleep(0.05)
+    states = {j.id: j.state for j in jobs}
+    assert states.pop("a-crash") is JobState.DEAD_LETTER
+    assert states == {f"w{i:02d}": JobState.COMPLETED for i in range(10)}

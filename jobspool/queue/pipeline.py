@@ -26,10 +26,11 @@ decides what a failure of our own machinery costs, and the worker's
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 import anyio
@@ -80,6 +81,7 @@ class Pipeline:
         self.first_done_at = 0.0
         self.wake = anyio.Event()
         self.limiter = anyio.CapacityLimiter(config.concurrency)
+        self.isolating = anyio.Lock()
         self.threads = anyio.CapacityLimiter(config.concurrency)
         self.scopes: set[anyio.CancelScope] = set()
         self.crashed: WorkerCrashed | None = None
@@ -287,13 +289,34 @@ class Pipeline:
             with anyio.CancelScope() as scope:
                 self.scopes.add(scope)
                 try:
-                    async with self.limiter:
+                    async with self._slot(ctx):
                         if not ctx.lost and not self.life.stopping:
                             await self._call(ctx)
                 finally:
                     self.scopes.discard(scope)
         finally:
             self._finished(ctx)  # outcome None (never started, cut off): released at settle
+
+    @contextlib.asynccontextmanager
+    async def _slot(self, ctx: Context) -> AsyncIterator[None]:
+        """A handler slot. A job that was running when a worker died (`rescues`) takes every
+        slot and runs alone: if it kills this worker too, it is the only one running here,
+        so recovery charges it alone instead of the batch mates beside it (issue 10)."""
+        if ctx.job.rescues == 0 or self.config.concurrency == 1:
+            async with self.limiter:
+                yield
+            return
+        taken: list[object] = []
+        try:
+            async with self.isolating:  # one rescued job gathers the slots at a time
+                for _ in range(self.config.concurrency):
+                    borrower = object()
+                    await self.limiter.acquire_on_behalf_of(borrower)
+                    taken.append(borrower)
+            yield
+        finally:
+            for borrower in taken:
+                self.limiter.release_on_behalf_of(borrower)
 
     async def _call(self, ctx: Context) -> None:
         """Run one handler (`invoke.py`): how it ended lands in `ctx.outcome`."""
