@@ -164,3 +164,41 @@ def test_a_dead_childs_jobs_are_settled_while_a_frozen_child_holds_the_spool_loc
         assert (spool.get(frozen).last_error or "").startswith("TimeLimitExceeded: ")
     report = orjson.loads(out)
     assert report["rescued"] == 1 and report["killed_hung"] == 1
+
+
+def test_handlers_that_print_a_lot_run_to_the_end_and_their_output_reaches_the_pools_stdout(
+        tmp_path: Path) -> None:
+    root = tmp_path / "spool"
+    with Spool(root) as spool:
+        ids = [j.id for j in spool.enqueue_many("chatty", [{"n": n} for n in range(5)])]
+    stdout = tmp_path / "stdout"
+    with stdout.open("wb") as sink:  # read as it comes, as a terminal or a log would
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "jobspool", "--root", str(root), "worker", "--app",
+             "tests.apps.audit11:app", "--json", "--no-maintenance", "--processes", "2"],
+            cwd=REPO, env=cli_env(), stdout=sink, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + GUARD
+        while True:
+            with Spool(root) as spool:
+                if all(spool.get(i).state is JobState.COMPLETED for i in ids):
+                    break
+            assert proc.poll() is None, proc.communicate()[1].decode(errors="replace")[-3000:]
+            # Before the fix the children froze on a full stdout pipe: jobs stayed leased.
+            assert time.monotonic() < deadline, "the children froze printing"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=GUARD)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err.decode(errors="replace")[-3000:]
+    text = stdout.read_text()
+    for n in range(5):
+        assert f"\n{n}:1999 " in text  # every line of every job, passed on
+    start = text.rindex("\n{\n") + 1
+    printed, summary = text[:start], orjson.loads(text[start:])
+    assert printed.count("x" * 96) == 5 * 2000
+    assert summary["completed"] == 5 and summary["processes"] == 2  # the children's reports
+    assert '"claimed"' not in printed  # a child's own report is summed, not printed

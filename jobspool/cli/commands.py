@@ -172,7 +172,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     with _open(args, create=args.create) as spool:
         worker = _make_worker(args, spool)
         worker.grace_seconds = args.grace
-        from jobspool.queue.pool import attach_child
+        from jobspool.queue.poolchild import attach_child, report_to_supervisor
 
         attach_child(worker)  # reports to a `--processes N` supervisor, when it is one's child
         server = None
@@ -192,9 +192,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
         finally:
             if server is not None:
                 server.shutdown()
-    _emit(args, report.to_dict(), f"worker stopped: completed {report.completed}, retried "
-                                  f"{report.retried}, dead-lettered {report.dead_lettered}, "
-                                  f"released {report.released}")
+    # A pool child's stdout is its supervisor's: the report goes over the pool's pipe.
+    if not report_to_supervisor(report.to_dict()):
+        _emit(args, report.to_dict(), f"worker stopped: completed {report.completed}, "
+                                      f"retried {report.retried}, dead-lettered "
+                                      f"{report.dead_lettered}, released {report.released}")
     _exit_past_abandoned_handlers()
     return EXIT_OK
 

@@ -7,8 +7,8 @@ forwards SIGTERM/SIGINT, and replaces a child whose sync handler ran past
 its time limit: Python cannot stop a thread, but it can end a process.
 
 Each child tells the supervisor, over a pipe, which job it starts and ends
-(`S <job_id> <token> <timeout>`, `E <job_id> <token>`, `H <job_id> <token>`
-for a handler past its time limit). When a child dies, the jobs whose
+and, as it exits, its report (`poolchild`); what it prints goes to our
+stdout, as an in-process worker's would. When a child dies, the jobs whose
 handlers it was running are failed with a rescue counted (`Failure(rescued=
 True)`), or with `TimeLimitExceeded` when the supervisor killed it for a
 hung handler; the batch mates it had claimed but not started are released
@@ -46,19 +46,18 @@ from jobspool.errors import JobspoolError, LeaseLost, TimeLimitExceeded
 from jobspool.errors import PoolFailed as PoolFailed
 from jobspool.queue.job import Lease, clip_error, validate_int, validate_seconds
 from jobspool.queue.machine import Failure, RetryPolicy
+
+# The child's side (what a child tells its supervisor) lives in poolchild.
+from jobspool.queue.poolchild import POOL_FD_ENV, POOL_OWNER_ENV, POOL_PARENT_ENV
+from jobspool.queue.poolchild import attach_child as attach_child
 from jobspool.queue.states import JobState
 
 if TYPE_CHECKING:
     from jobspool.policy import Policy
-    from jobspool.queue.context import Context
     from jobspool.queue.spool import Spool
-    from jobspool.queue.worker import Worker
 
 log = logging.getLogger("jobspool.queue.pool")
 
-POOL_FD_ENV = "JOBSPOOL_POOL_FD"
-POOL_OWNER_ENV = "JOBSPOOL_POOL_OWNER"
-POOL_PARENT_ENV = "JOBSPOOL_POOL_PARENT"
 # A child that lived less than this long counts towards the restart backoff.
 _STABLE_SECONDS = 10.0
 _MAX_BACKOFF = 10.0
@@ -106,9 +105,14 @@ class PoolReport:
 
 
 def child_command(root: str | Path, app: str, options: Sequence[str] = ()) -> list[str]:
-    """The command line of one child: `python -m jobspool --root ROOT worker --app APP ...`."""
+    """The command line of one child: `python -m jobspool --root ROOT worker --app APP ...`.
+
+    Its report reaches the supervisor over the pool's pipe; its stdout is the
+    supervisor's, so it prints no report there (and its errors, without
+    `--json`, are one line on stderr).
+    """
     return [sys.executable, "-m", "jobspool", "--root", str(root), "worker", "--app", app,
-            "--json", *options]
+            *options]
 
 
 class WorkerPool:
@@ -186,8 +190,7 @@ class WorkerPool:
 
     def _step(self) -> None:
         for key, _ in self._sel.select(timeout=0.1):
-            child = key.data
-            self._read(child)
+            self._read(key.data)
         now = time.monotonic()
         if self._signals > self._stop_forwarded:
             self._forward()
@@ -247,8 +250,10 @@ class WorkerPool:
         try:
             # A session of its own: a terminal's Ctrl-C reaches the supervisor only, which
             # forwards it once; the child would otherwise count it twice.
+            # Its stdout is ours: what handlers print is shown as an in-process worker's
+            # would be (a pipe read only at exit would fill and freeze the child).
             proc = subprocess.Popen(self.command, env=env, pass_fds=(wfd,),
-                                    stdout=subprocess.PIPE, start_new_session=True)
+                                    start_new_session=True)
         finally:
             os.close(wfd)
         child = _Child(slot=slot, generation=self._generation, owner=owner, proc=proc, fd=rfd,
@@ -272,7 +277,10 @@ class WorkerPool:
             child.buf += chunk
             *lines, child.buf = child.buf.split(b"\n")
             for line in lines:
-                self._message(child, line.decode(errors="replace").split())
+                if line.startswith(b"R "):  # its final report, one JSON line, as it exits
+                    self._add_report(line[2:])
+                else:
+                    self._message(child, line.decode(errors="replace").split())
 
     def _message(self, child: _Child, parts: list[str]) -> None:
         if len(parts) < 3 or not parts[2].isdigit():
@@ -299,10 +307,6 @@ class WorkerPool:
         with contextlib.suppress(OSError):
             os.close(child.fd)
         code = child.proc.wait()
-        out = child.proc.stdout.read() if child.proc.stdout else b""
-        if child.proc.stdout:
-            child.proc.stdout.close()
-        self._add_report(out)
         self.children.pop(child.slot, None)
         self._settles.put((child, code, time.monotonic()))
         planned = child.hung_at is not None or child.killed_for is not None
@@ -336,16 +340,18 @@ class WorkerPool:
         self._restart_at[child.slot] = time.monotonic() + delay
 
     def _add_report(self, out: bytes) -> None:
+        """Add a child's final report (`poolchild.report_to_supervisor`) to the totals."""
         try:
-            doc = orjson.loads(out) if out.strip() else None
+            doc = orjson.loads(out)
         except orjson.JSONDecodeError:
             return
-        if isinstance(doc, dict):
-            for key in ("claimed", "completed", "retried", "dead_lettered", "lease_lost",
-                        "released", "projected_rows", "timed_out"):
-                value = doc.get(key)
-                if isinstance(value, int):
-                    self._count(key, value)
+        if not isinstance(doc, dict):
+            return
+        for key in ("claimed", "completed", "retried", "dead_lettered", "lease_lost",
+                    "released", "projected_rows", "timed_out"):
+            value = doc.get(key)
+            if isinstance(value, int):
+                self._count(key, value)
 
     def _settle_loop(self) -> None:
         while (item := self._settles.get()) is not None:
@@ -442,51 +448,3 @@ def _describe(code: int) -> str:
         with contextlib.suppress(ValueError):
             return f"signal {signal.Signals(-code).name}"
     return f"exit code {code}"
-
-
-# ---------------------------------------------------------------- the child's side
-
-
-def attach_child(worker: Worker) -> bool:
-    """In a pool child (its environment says so), report to the supervisor; False otherwise."""
-    fd_text = os.environ.get(POOL_FD_ENV)
-    if not fd_text:
-        return False
-    fd = int(fd_text)
-    worker.owner = os.environ.get(POOL_OWNER_ENV) or worker.owner
-    parent = int(os.environ.get(POOL_PARENT_ENV) or 0)
-
-    def send(line: str) -> None:
-        # One short write: atomic on a pipe. If the supervisor is gone the write fails,
-        # and the parent watch below stops us.
-        with contextlib.suppress(OSError):
-            os.write(fd, line.encode() + b"\n")
-
-    def on_start(ctx: Context) -> None:
-        timeout = (ctx.job.timeout if ctx.job.timeout is not None
-                   else worker.timeout_for(ctx.job.kind)) or 0.0
-        send(f"S {ctx.job_id} {ctx.token} {timeout:g}")
-
-    def on_end(ctx: Context) -> None:
-        if not ctx.hung:
-            send(f"E {ctx.job_id} {ctx.token}")
-
-    def on_hung(ctx: Context) -> None:
-        send(f"H {ctx.job_id} {ctx.token}")
-        log.warning("stopping this worker process so that the supervisor replaces it: a "
-                    "sync handler cannot be stopped otherwise")
-        worker.stop()
-
-    worker.on_start, worker.on_end, worker.on_hung = on_start, on_end, on_hung
-
-    def watch_parent() -> None:
-        # start_new_session cut us off from the terminal: notice an orphaning ourselves.
-        while not worker.stopping:
-            if parent and os.getppid() != parent:
-                log.warning("the pool supervisor is gone; stopping")
-                worker.stop()
-                return
-            time.sleep(1.0)
-
-    threading.Thread(target=watch_parent, name="jobspool-pool-parent", daemon=True).start()
-    return True

@@ -52,13 +52,20 @@ def gil_fenced(job: Job, ctx: Context) -> None:
         gil(job, ctx)
 
 
+def chatty(job: Job, ctx: Context) -> str:
+    """Print 200 KB, far more than a pipe holds, as print-debugging handlers do."""
+    for i in range(2000):
+        print(f"{job.payload['n']}:{i} " + "x" * 96)
+    return "ok"
+
+
 def quick(job: Job, ctx: Context) -> str:
     return "ok"
 
 
 app = App(
     handlers={"poison": poison, "quick": quick, "gil": gil, "gil_retried": gil,
-              "poison_waits": poison_waits, "gil_fenced": gil_fenced},
+              "poison_waits": poison_waits, "gil_fenced": gil_fenced, "chatty": chatty},
     policies={"poison": Policy(max_attempts=2, retry_base_seconds=0.05,
                                retry_max_seconds=0.05),
               # retry_on without TimeLimitExceeded: a time limit dead-letters at once.

@@ -1,0 +1,86 @@
+"""The child's side of `worker --processes N`: what a pool child tells its supervisor.
+
+Over the pipe the supervisor hands it (`JOBSPOOL_POOL_FD`), one short line
+per event: `S <job_id> <token> <timeout>` when a handler starts, `E <job_id>
+<token>` when it ends, `H <job_id> <token>` when a sync handler ran past its
+time limit (the child then stops, so that the supervisor replaces it), and
+`R <json>`, its run's report, as it exits. The supervisor is
+`jobspool.queue.pool.WorkerPool`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+if TYPE_CHECKING:
+    from jobspool.queue.context import Context
+    from jobspool.queue.worker import Worker
+
+log = logging.getLogger("jobspool.queue.pool")
+
+POOL_FD_ENV = "JOBSPOOL_POOL_FD"
+POOL_OWNER_ENV = "JOBSPOOL_POOL_OWNER"
+POOL_PARENT_ENV = "JOBSPOOL_POOL_PARENT"
+
+
+def report_to_supervisor(report: dict[str, Any]) -> bool:
+    """In a pool child, hand the run's report to the supervisor (`R <json>`, one line), which
+    sums the children's; False (nothing sent) when this process is not a pool child."""
+    fd_text = os.environ.get(POOL_FD_ENV)
+    if not fd_text:
+        return False
+    with contextlib.suppress(OSError):  # the supervisor is gone: nobody to tell
+        os.write(int(fd_text), b"R " + orjson.dumps(report) + b"\n")
+    return True
+
+
+def attach_child(worker: Worker) -> bool:
+    """In a pool child (its environment says so), report to the supervisor; False otherwise."""
+    fd_text = os.environ.get(POOL_FD_ENV)
+    if not fd_text:
+        return False
+    fd = int(fd_text)
+    worker.owner = os.environ.get(POOL_OWNER_ENV) or worker.owner
+    parent = int(os.environ.get(POOL_PARENT_ENV) or 0)
+
+    def send(line: str) -> None:
+        # One short write: atomic on a pipe. If the supervisor is gone the write fails,
+        # and the parent watch below stops us.
+        with contextlib.suppress(OSError):
+            os.write(fd, line.encode() + b"\n")
+
+    def on_start(ctx: Context) -> None:
+        timeout = (ctx.job.timeout if ctx.job.timeout is not None
+                   else worker.timeout_for(ctx.job.kind)) or 0.0
+        send(f"S {ctx.job_id} {ctx.token} {timeout:g}")
+
+    def on_end(ctx: Context) -> None:
+        if not ctx.hung:
+            send(f"E {ctx.job_id} {ctx.token}")
+
+    def on_hung(ctx: Context) -> None:
+        send(f"H {ctx.job_id} {ctx.token}")
+        log.warning("stopping this worker process so that the supervisor replaces it: a "
+                    "sync handler cannot be stopped otherwise")
+        worker.stop()
+
+    worker.on_start, worker.on_end, worker.on_hung = on_start, on_end, on_hung
+
+    def watch_parent() -> None:
+        # start_new_session cut us off from the terminal: notice an orphaning ourselves.
+        while not worker.stopping:
+            if parent and os.getppid() != parent:
+                log.warning("the pool supervisor is gone; stopping")
+                worker.stop()
+                return
+            time.sleep(1.0)
+
+    threading.Thread(target=watch_parent, name="jobspool-pool-parent", daemon=True).start()
+    return True
