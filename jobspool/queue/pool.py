@@ -79,7 +79,7 @@ class _Child:
     started: float
     buf: bytes = b""
     running: dict[str, tuple[int, float, float]] = field(default_factory=dict)
-    hung: dict[str, int] = field(default_factory=dict)
+    hung: dict[str, tuple[int, float, float]] = field(default_factory=dict)  # as `running`
     hung_at: float | None = None
     killed_for: str | None = None  # job id whose hung handler made us kill this child
     served: bool = False  # it started a job: it booted, so its death is no boot failure
@@ -293,8 +293,8 @@ class WorkerPool:
         elif what == "E":
             child.running.pop(job_id, None)
         elif what == "H":
-            child.hung[job_id] = token
-            child.running.pop(job_id, None)  # the child failed it (TimeLimitExceeded) itself
+            # The child fails it (TimeLimitExceeded) itself, unless it dies first.
+            child.hung[job_id] = child.running.pop(job_id, (token, 0.0, 0.0))
             if child.hung_at is None:
                 child.hung_at = time.monotonic()
 
@@ -375,11 +375,14 @@ class WorkerPool:
             lease = Lease(job_id=job.id, token=job.lease.token, owner=job.lease.owner,
                           expires_at=job.lease.expires_at, job=job)
             running = child.running.get(job.id)
+            hung = child.hung.get(job.id)
+            if hung is not None and hung[0] == job.lease.token:
+                running = hung  # past its limit, and the child died before failing it
             try:
                 if running is not None and running[0] == job.lease.token:
                     # Killed for a hung handler: every run then past its limit is timed out
                     # (several can hang in one child), the others are charged a rescue.
-                    if child.killed_for == job.id or (
+                    if running is hung or child.killed_for == job.id or (
                             child.killed_for is not None and running[2] > 0
                             and died_at > running[1] + running[2]):
                         over = TimeLimitExceeded(job.id, job.kind, running[2],
