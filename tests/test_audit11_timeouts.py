@@ -54,3 +54,22 @@ def test_an_async_run_that_swallows_its_cancellation_still_times_out_with_a_trac
     done = spool.get(job.id)
     assert done.state is JobState.DEAD_LETTER and done.result is None
     assert "TimeLimitExceeded" in (done.traceback or "")
+
+
+def test_an_async_run_that_blocks_the_loop_past_its_limit_fails_and_its_result_is_discarded(
+        spool: Spool) -> None:
+    import time
+
+    async def hog(job: Job, ctx: Context) -> str:
+        ctx.upsert("notes", {"id": job.id})
+        time.sleep(1.0)  # blocks the loop: the cancellation cannot reach it in time
+        return "too late"
+
+    job = spool.enqueue("hog", max_attempts=1)
+    report = Worker(spool, {"hog": hog}, policies={"hog": Policy(timeout=0.2)},
+                    maintenance=False).run_until_idle()
+    done = spool.get(job.id)
+    assert done.state is JobState.DEAD_LETTER and done.result is None
+    assert (done.last_error or "").startswith("TimeLimitExceeded: ")
+    assert "blocked the event loop" in (done.last_error or "")
+    assert report.timed_out == 1 and report.projected_rows == 0

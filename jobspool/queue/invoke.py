@@ -73,6 +73,10 @@ async def invoke(ctx: Context, fn: Callable[..., Any], *, is_async: bool,
                        stack=tracked.stack() if tracked is not None else None)
             if not is_async:
                 on_hung(ctx)
+        elif is_async and anyio.current_time() > limit.deadline:
+            # It returned past its limit before the cancellation could reach it: an async
+            # handler that blocked the loop. Past the limit is past it: its result is void.
+            _timed_out(ctx, timeout or 0.0, sync=False, late=True)
         else:
             ctx.outcome = Completed(result)
     except Retry as r:
@@ -112,11 +116,14 @@ def _handler_raised(ctx: Context, exc: BaseException) -> None:
                 extra={"job_id": ctx.job_id, "kind": ctx.job.kind, "token": ctx.token})
 
 
-def _timed_out(ctx: Context, timeout: float, *, sync: bool, stack: str | None = None) -> None:
+def _timed_out(ctx: Context, timeout: float, *, sync: bool, stack: str | None = None,
+               late: bool = False) -> None:
     # Where it was: the thread's stack now, or the cancelled coroutine's frames.
     stack = thread_stack(ctx.thread_ident) if sync else stack
     detail = ("a sync handler's thread cannot be stopped: it is abandoned, still "
-              "running" if sync else "the handler was cancelled")
+              "running" if sync else "it returned only then, having blocked the event "
+              "loop, so it could not be cancelled; its result is discarded" if late else
+              "the handler was cancelled")
     exc = TimeLimitExceeded(ctx.job_id, ctx.job.kind, timeout, detail)
     ctx.traceback = stack or format_traceback(exc)
     ctx.outcome = Raised(exc)
