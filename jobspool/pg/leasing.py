@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+import secrets
 import time
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -58,9 +59,24 @@ def claim(spool: PgSpool, *, kinds: Iterable[str] | str | None, limit: int, owne
     wanted = kinds_param(kinds)
     params = {"now": spool.now_param(), "kinds": wanted, "limit": limit,
               "kind": wanted[0] if wanted else None, "max_rescues": spool.max_rescues,
-              "owner": owner, "lease": lease_seconds, "proc": None, "exclude": list(exclude)}
+              "owner": owner, "lease": lease_seconds, "proc": secrets.token_hex(8),
+              "exclude": list(exclude)}
     statement = sql.claim_sql(wanted)
-    rows = spool.db.run(lambda c: c.execute(statement, params).fetchall(), what="claim")
+    tries = 0
+
+    def go(c: psycopg.Connection[Any]) -> list[Any]:
+        nonlocal tries
+        tries += 1
+        if tries > 1:
+            # Sent again after a lost connection: the first try may have committed before
+            # its reply was lost. Its leases carry this call's mark (`proc`): adopt them,
+            # or they would sit leased to nobody until they expire.
+            adopted = c.execute(sql.ADOPT_CLAIM, params).fetchall()
+            if adopted:
+                return adopted
+        return c.execute(statement, params).fetchall()
+
+    rows = spool.db.run(go, what="claim")
     now = time.monotonic()
     if spool.sweep_enabled and (not rows or now >= spool.next_sweep):
         spool.next_sweep = now + SWEEP_EVERY

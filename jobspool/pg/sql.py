@@ -82,6 +82,12 @@ FROM c WHERE j.id = c.id
 RETURNING {J_COLUMNS}
 """
 
+# A claim's own leases, by the mark it gave them (`proc`, unique per claim call): what a
+# claim sent again after a lost connection adopts if its first try committed.
+ADOPT_CLAIM = f"""
+SELECT {J_COLUMNS} FROM jobspool_jobs j WHERE j.state = 'leased' AND j.proc = %(proc)s
+"""
+
 _KIND_FILTERS = {0: "", 1: "AND kind = %(kind)s", 2: "AND kind = ANY(%(kinds)s::text[])"}
 CLAIMS = {n: _CLAIM.replace("{kinds}", f) for n, f in _KIND_FILTERS.items()}
 
