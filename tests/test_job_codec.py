@@ -20,7 +20,8 @@ from jobspool.errors import (
     LeaseLost,
     SpoolError,
 )
-from jobspool.queue.job import CorruptJob, Job, LeaseInfo, decode_job, encode_job, new_job_id
+from jobspool.queue.ids import new_job_id
+from jobspool.queue.job import CorruptJob, Job, LeaseInfo, decode_job, encode_job
 from jobspool.queue.states import JobState
 from tests.strategies import jobs
 

@@ -12,11 +12,10 @@ from typing import Any
 
 from jobspool.errors import InvalidJob, WaitTimeout
 from jobspool.queue import machine
+from jobspool.queue.ids import new_job_id, new_token_id
 from jobspool.queue.job import (
     Job,
     check_json,
-    new_job_id,
-    new_token_id,
     validate_int,
     validate_job_id,
     validate_kind,

@@ -13,8 +13,6 @@ import logging
 import math
 import os
 import re
-import threading
-import time
 import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -214,42 +212,6 @@ def safe_str(value: object) -> str:
         return str(value)
     except Exception:
         return f"<{type(value).__name__}: str() failed>"
-
-
-# ---------------------------------------------------------------- ids
-
-_id_lock = threading.Lock()
-_last_ms = 0
-_seq = 0
-_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
-
-
-def new_job_id() -> str:
-    """A ULID-like id: 48-bit ms timestamp + 80 random bits, monotonic within a process.
-
-    Lexicographic order is creation order across processes to the millisecond,
-    and strictly so within one process, so FIFO needs no file reads.
-    """
-    global _last_ms, _seq
-    with _id_lock:
-        ms = int(time.time() * 1000)
-        if ms <= _last_ms:
-            ms = _last_ms
-            _seq += 1
-        else:
-            _last_ms = ms
-            _seq = int.from_bytes(os.urandom(5), "big") >> 1  # room to count up
-        rand = (_seq << 40) | int.from_bytes(os.urandom(5), "big")
-    value = (ms << 80) | (rand & ((1 << 80) - 1))
-    out = []
-    for _ in range(26):
-        out.append(_CROCKFORD[value & 31])
-        value >>= 5
-    return "".join(reversed(out))
-
-
-def new_token_id() -> str:
-    return os.urandom(8).hex()
 
 
 # ---------------------------------------------------------------- codec
