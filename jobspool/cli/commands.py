@@ -12,16 +12,12 @@ from jobspool.cli.common import (
     EXIT_UNHEALTHY,
     Refused,
     UsageError,
-    _emit,
-    _job_doc,
-    _job_line,
-    _job_text,
     _load_app,
     _make_worker,
     _open,
     _root_spec,
-    printable,
 )
+from jobspool.cli.render import _emit, _job_doc, _job_line, _job_text, printable
 
 # ---------------------------------------------------------------- commands
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from jobspool.cli.common import EXIT_OK, UsageError, _emit, _open
+from jobspool.cli.common import EXIT_OK, UsageError, _open
+from jobspool.cli.render import _emit
 
 
 def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:

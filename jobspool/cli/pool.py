@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from jobspool.cli.common import EXIT_OK, Refused, UsageError, _emit, _open
+from jobspool.cli.common import EXIT_OK, Refused, UsageError, _open
 from jobspool.cli.objectstore import child_options
+from jobspool.cli.render import _emit
 
 
 def _child_options(args: argparse.Namespace) -> list[str]:

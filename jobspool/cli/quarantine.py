@@ -11,7 +11,8 @@ import argparse
 import datetime as dt
 from typing import Any
 
-from jobspool.cli.common import EXIT_OK, _emit, _nonneg_float, _open, printable
+from jobspool.cli.common import EXIT_OK, _nonneg_float, _open
+from jobspool.cli.render import _emit, printable
 
 
 def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:

@@ -1,0 +1,85 @@
+"""How the CLI prints: `--json` documents, JSON log lines, and jobs for people.
+
+Every command prints through `_emit`, so `--json` (one JSON document on
+stdout) and `--log-format json` (one JSON line on stderr for a long-running
+command's summary) behave the same everywhere; jobs are shown by `_job_doc`
+(JSON), `_job_line` (a list row) and `_job_text` (`show`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+
+def _emit(args: argparse.Namespace, doc: Any, text: str | Callable[[], str]) -> None:
+    if args.json:
+        sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2, default=str).decode()
+                         + "\n")
+    elif getattr(args, "log_format", "text") == "json":
+        # A long-running command logging JSON: its summary is one more JSON line on stderr.
+        from jobspool.logs import summary
+
+        summary(str(getattr(args, "command", "jobspool")), doc)
+    else:
+        sys.stdout.write((text() if callable(text) else text).rstrip("\n") + "\n")
+
+
+_TIME_FIELDS = ("created_at", "updated_at", "run_at")
+
+
+def _job_doc(job: Any) -> dict[str, Any]:
+    """A job as `--json` prints it: the file's fields plus `status` (`scheduled` for a
+    delayed job) and ISO 8601 forms of its times (`run_at_iso`, ...)."""
+    from jobspool.queue.job import iso_time
+
+    d: dict[str, Any] = job.to_dict()
+    d["status"] = job.status
+    for k in _TIME_FIELDS:
+        d[f"{k}_iso"] = iso_time(d[k])
+    return d
+
+
+def _job_line(job: Any) -> str:
+    from jobspool.queue.job import iso_time
+
+    when = (f"due {iso_time(job.run_at)}" if job.state.value in ("retryable", "ready")
+            else f"updated {iso_time(job.updated_at)}")
+    return (f"{job.id:<28} {job.status:<11} {job.kind:<16} attempts={job.attempts}/"
+            f"{job.max_attempts} priority={job.priority} {when}"
+            + (f"  last_error={job.last_error[:60]!r}" if job.last_error else ""))
+
+
+# Job errors, tracebacks and damaged files may hold anything; on a terminal an escape
+# sequence would act instead of showing.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """`text` with control characters other than newline and tab shown as `\\xNN`."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def _job_text(job: Any) -> str:
+    from jobspool.queue.job import iso_time
+
+    lines = []
+    for k, v in job.to_dict().items():
+        if k == "state" and job.status != v:
+            # Shown as what it is to people (a delayed job, never run), not as a failed retry;
+            # the directory is named for operators who look at the disk.
+            text = f"{job.status} (not run yet, due at run_at; kept in {v}/)"
+        elif k in _TIME_FIELDS:
+            text = f"{iso_time(v)} ({v})"
+        elif k == "lease" and isinstance(v, dict) and "expires_at" in v:
+            text = (f"token {v.get('token')}, held by {v.get('owner')}, expires "
+                    f"{iso_time(v['expires_at'])} ({v['expires_at']})")
+        else:
+            text = printable(v) if isinstance(v, str) else orjson.dumps(v).decode()
+        lines.append(f"{k:>13}: {text}")
+    return "\n".join(lines)
