@@ -548,3 +548,13 @@ def test_a_busy_port_is_refused_in_one_line(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert done.stderr == f"jobspool: error: cannot listen on 127.0.0.1:{port}: " \
                           f"Address already in use\n"
+
+
+def test_the_job_page_shows_a_delayed_job_as_scheduled_not_as_a_failed_retry(
+        spool: Spool) -> None:
+    delayed = spool.enqueue("mail", {"to": "ann"}, delay=3600)
+    with _client(spool) as client:
+        shown = client.get(f"/job/{delayed.id}").text
+    pill = shown.split('data-job="state">', 1)[1].split("<", 1)[0]
+    assert pill == "scheduled"
+    assert "kept in retryable/" in shown
