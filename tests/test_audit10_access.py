@@ -17,28 +17,14 @@ from __future__ import annotations
 
 import os
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import orjson
 import pytest
 
-from jobspool import Spool
 from jobspool.errors import JobTooLarge, SpoolError
-from tests.subproc import REPO, cli_env
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "jobspool", *args], cwd=REPO, env=cli_env(),
-                          capture_output=True, text=True, timeout=120)
-
-
-def _one_line(proc: subprocess.CompletedProcess[str]) -> str:
-    assert "Traceback" not in proc.stderr, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("jobspool: error: "), proc.stderr
-    return lines[0]
+from tests.cli_harness import one_error_line, run_jobspool
+from tests.spools import make_spool
 
 
 def _settings(root: Path) -> dict[str, object]:
@@ -49,91 +35,91 @@ def _settings(root: Path) -> dict[str, object]:
 
 def test_init_access_group_makes_a_group_spool_and_saves_it(tmp_path: Path) -> None:
     root = tmp_path / "spool"
-    proc = _cli("--root", str(root), "init", "--access", "group")
+    proc = run_jobspool("init", "--access", "group", root=root)
     assert proc.returncode == 0, proc.stderr
     assert _settings(root)["access"] == "group"
     assert stat.S_IMODE(root.stat().st_mode) == 0o2770
     assert stat.S_IMODE((root / "ready").stat().st_mode) & 0o777 == 0o770
     assert stat.S_IMODE((root / "spool.json").stat().st_mode) == 0o660
-    proc = _cli("--root", str(root), "enqueue", "work", "{}", "--id", "j1")
+    proc = run_jobspool("enqueue", "work", "{}", "--id", "j1", root=root)
     assert proc.returncode == 0, proc.stderr
     assert stat.S_IMODE((root / "ready" / "j1.json").stat().st_mode) == 0o660
 
 
 def test_init_without_access_is_private(tmp_path: Path) -> None:
     root = tmp_path / "spool"
-    assert _cli("--root", str(root), "init").returncode == 0
+    assert run_jobspool("init", root=root).returncode == 0
     assert _settings(root)["access"] == "private"
     assert stat.S_IMODE(root.stat().st_mode) == 0o700
 
 
 def test_init_refuses_an_unknown_access_naming_it(tmp_path: Path) -> None:
     root = tmp_path / "spool"
-    proc = _cli("--root", str(root), "init", "--access", "world")
+    proc = run_jobspool("init", "--access", "world", root=root)
     assert proc.returncode == 1
-    assert "world" in _one_line(proc)
+    assert "world" in one_error_line(proc)
     assert not root.exists()
 
 
 def test_init_max_job_bytes_is_saved_and_enforced(tmp_path: Path) -> None:
     root = tmp_path / "spool"
-    proc = _cli("--root", str(root), "init", "--max-job-bytes", "8192")
+    proc = run_jobspool("init", "--max-job-bytes", "8192", root=root)
     assert proc.returncode == 0, proc.stderr
     assert _settings(root)["max_job_bytes"] == 8192
-    proc = _cli("--root", str(root), "enqueue", "work", orjson.dumps({"p": "x" * 9000}).decode())
+    proc = run_jobspool("enqueue", "work", orjson.dumps({"p": "x" * 9000}).decode(), root=root)
     assert proc.returncode == 1
-    assert "8192" in _one_line(proc)
-    with Spool(root) as spool, pytest.raises(JobTooLarge):
+    assert "8192" in one_error_line(proc)
+    with make_spool(root) as spool, pytest.raises(JobTooLarge):
         spool.enqueue("work", {"p": "x" * 9000})
 
 
 def test_init_refuses_a_max_job_bytes_below_the_minimum(tmp_path: Path) -> None:
     root = tmp_path / "spool"
-    proc = _cli("--root", str(root), "init", "--max-job-bytes", "10")
+    proc = run_jobspool("init", "--max-job-bytes", "10", root=root)
     assert proc.returncode == 1
-    assert "10" in _one_line(proc)
+    assert "10" in one_error_line(proc)
     assert not root.exists()
 
 
 def test_asking_an_existing_spool_for_another_access_is_refused_in_one_line(
         tmp_path: Path) -> None:
     root = tmp_path / "spool"
-    Spool(root).close()
+    make_spool(root).close()
     with pytest.raises(SpoolError) as info:
-        Spool(root, access="group")
+        make_spool(root, access="group")
     message = str(info.value)
     assert "private" in message and "group" in message and "\n" not in message
     assert _settings(root)["access"] == "private"
-    with Spool(root, access="private") as same:  # asking for what it is: fine
+    with make_spool(root, access="private") as same:  # asking for what it is: fine
         assert same.access == "private"
-    proc = _cli("--root", str(root), "init", "--access", "group")
+    proc = run_jobspool("init", "--access", "group", root=root)
     assert proc.returncode == 2
-    assert "private" in _one_line(proc)
+    assert "private" in one_error_line(proc)
     assert stat.S_IMODE(root.stat().st_mode) == 0o700
 
 
 def test_a_bad_access_is_refused_on_an_existing_spool_too(tmp_path: Path) -> None:
     root = tmp_path / "spool"
-    Spool(root).close()
+    make_spool(root).close()
     with pytest.raises(SpoolError, match="bogus"):
-        Spool(root, access="bogus")
+        make_spool(root, access="bogus")
 
 
 @pytest.mark.parametrize("name", [".lock", "fence", "spool.json"])
 def test_a_control_file_writable_by_every_user_is_refused_with_one_line(
         tmp_path: Path, name: str) -> None:
     root = tmp_path / "spool"
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         spool.enqueue("work", {}, job_id="j1")
     path = root / name
     os.chmod(path, stat.S_IMODE(path.stat().st_mode) | stat.S_IWOTH)
     with pytest.raises(SpoolError) as info:
-        Spool(root)
+        make_spool(root)
     assert str(path) in str(info.value) and "\n" not in str(info.value)
-    proc = _cli("--root", str(root), "enqueue", "work", "{}", "--id", "j2")
+    proc = run_jobspool("enqueue", "work", "{}", "--id", "j2", root=root)
     assert proc.returncode == 2
-    assert str(path) in _one_line(proc)
+    assert str(path) in one_error_line(proc)
     assert not (root / "ready" / "j2.json").exists()
     os.chmod(path, stat.S_IMODE(path.stat().st_mode) & ~stat.S_IWOTH)
-    with Spool(root) as spool:  # fixed as the message says: usable again
+    with make_spool(root) as spool:  # fixed as the message says: usable again
         assert spool.get("j1").state == "ready"
