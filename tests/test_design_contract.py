@@ -238,3 +238,17 @@ def test_a_stale_copy_placed_by_hand_never_runs_a_completed_job_again(tmp_path: 
         wait_until(stale_copy_dropped, 10, "a claim to drop the stale copy")
         assert s.get("a").state.value == "completed"
         assert not (root / "ready" / "a.json").exists()
+
+
+def test_help_shows_the_nullable_options_defaults_and_stored_ones_still_win(
+        tmp_path: Path) -> None:
+    import inspect
+
+    params = inspect.signature(Spool).parameters
+    shown = {n: repr(params[n].default) for n in ("max_rescues", "keep_terminal_seconds")}
+    assert shown == {"max_rescues": "10", "keep_terminal_seconds": "None"}  # not <object ...>
+    make_spool(tmp_path / "s", max_rescues=3, keep_terminal_seconds=60.0).close()
+    with make_spool(tmp_path / "s") as again:
+        assert (again.max_rescues, again.keep_terminal_seconds) == (3, 60.0)
+    with make_spool(tmp_path / "s", max_rescues=None) as unbounded:
+        assert unbounded.max_rescues is None  # None given is "no limit", not "left out"

@@ -21,7 +21,22 @@ from typing import Any
 from jobspool.queue.job import MAX_JOB_BYTES, validate_int, validate_seconds
 from jobspool.queue.layout import SpoolSettings
 
-UNSET: Any = object()  # an option left out (None can be a real value: "no limit")
+
+class Unset:
+    """An option left out where None is a real value ("no limit"): the value saved in
+    `spool.json` wins, else `default`. Reads as that default in `help(Spool)`."""
+
+    __slots__ = ("default",)
+
+    def __init__(self, default: Any) -> None:
+        self.default = default
+
+    def __repr__(self) -> str:
+        return repr(self.default)
+
+
+UNSET: Any = Unset(None)
+UNSET_RESCUES: Any = Unset(10)
 
 
 class DefaultFloat(float):
@@ -53,7 +68,7 @@ class ProcessOptions:
 
 
 def given(value: Any) -> bool:
-    return (value is not UNSET and value is not None
+    return (not isinstance(value, Unset) and value is not None
             and not isinstance(value, DefaultFloat | DefaultInt))
 
 
@@ -74,13 +89,13 @@ def resolve_settings(options: dict[str, Any], stored: dict[str, Any], access: st
     DESIGN's default; every value validated (a hand-edited `spool.json` included)."""
 
     def pick(name: str, default: Any) -> Any:
-        value = options.get(name, UNSET)
+        value = options.get(name)
         return value if given(value) else stored.get(name, default)
 
     def nullable(name: str, default: Any) -> Any:
         # None is a real value here ("no limit"): only a left-out option defers to the file.
         value = options.get(name, UNSET)
-        return stored.get(name, default) if value is UNSET else value
+        return stored.get(name, default) if isinstance(value, Unset) else value
 
     kts = nullable("keep_terminal_seconds", None)
     rescues = nullable("max_rescues", 10)

@@ -44,6 +44,7 @@ from jobspool.queue.leasing import Leasing
 from jobspool.queue.marks import read_marks, write_marks
 from jobspool.queue.options import (
     UNSET,
+    UNSET_RESCUES,
     DefaultFloat,
     DefaultInt,
     ProcessOptions,
@@ -108,7 +109,7 @@ class Spool(EnqueueForms):
         durable: bool = True,
         clock: Callable[[], float] = time.time,
         max_job_bytes: int = DefaultInt(MAX_JOB_BYTES),
-        max_rescues: int | None = UNSET,
+        max_rescues: int | None = UNSET_RESCUES,
         prepare_grace_seconds: float = DefaultFloat(300.0),
         max_due: int | None = None,
         max_lag_seconds: float | None = None,
