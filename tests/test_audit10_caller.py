@@ -11,18 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from jobspool import Spool
 from jobspool.errors import SpoolError
+from tests.spools import make_spool
 
 
 def test_using_a_closed_spool_says_it_was_closed(tmp_path: Path) -> None:
     root = tmp_path / "spool"
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         spool.enqueue("work", {}, job_id="a")
     for call in (lambda: spool.enqueue("work", {}, job_id="b"), spool.claim, spool.stats):
         with pytest.raises(SpoolError) as info:
             call()
         assert "closed" in str(info.value) and str(root) in str(info.value)
     spool.close()  # closing twice is harmless
-    with Spool(root) as again:  # and nothing was written by the refused calls
+    with make_spool(root) as again:  # and nothing was written by the refused calls
         assert [j.id for j in again.jobs()] == ["a"]

@@ -13,8 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from jobspool import Fail, JobState, Spool, Worker
+from jobspool import Fail, JobState, Worker
 from tests.helpers_spool import FakeClock
+from tests.spools import make_spool
 
 
 class Mute(Exception):
@@ -30,8 +31,8 @@ class MuteReason:
 
 
 def test_a_handler_exception_whose_str_raises_fails_only_its_job(tmp_path: Path) -> None:
-    with Spool(tmp_path / "spool", durable=False, clock=FakeClock(), max_attempts=2,
-               retry_base_seconds=0.0, retry_max_seconds=0.0) as spool:
+    with make_spool(tmp_path / "spool", clock=FakeClock(), max_attempts=2,
+                    retry_base_seconds=0.0, retry_max_seconds=0.0) as spool:
         spool.enqueue("mute", job_id="a-mute", priority=-1)
         spool.enqueue("mute_fail", job_id="a-mute-fail", priority=-1)
         ok = [spool.enqueue("ok", {"i": i}).id for i in range(5)]

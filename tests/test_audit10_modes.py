@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from jobspool import Spool
+from tests.spools import make_spool
 from tests.subproc import REPO, cli_env
 
 _UNDER_UMASK_0 = textwrap.dedent("""
@@ -62,5 +62,5 @@ def test_metrics_quarantine_reasons_and_the_index_keep_the_spools_modes(
     wrong |= {str(p.relative_to(root)): oct(stat.S_IMODE(p.stat().st_mode))
               for p in [*reasons, *snapshots] if stat.S_IMODE(p.stat().st_mode) != files}
     assert wrong == {}, f"expected {oct(dirs)} / {oct(files)}: {wrong}"
-    with Spool(root) as spool:  # and the spool still opens: nothing in it is world-writable
+    with make_spool(root) as spool:  # and the spool still opens: nothing in it is world-writable
         assert spool.get("n1").state == "completed"
