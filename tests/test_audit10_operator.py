@@ -18,46 +18,43 @@ from pathlib import Path
 
 import pytest
 
-from jobspool import Spool
+from tests.cli_harness import run_jobspool
 from tests.helpers_spool import job_files
+from tests.spools import make_spool
 from tests.subproc import REPO, cli_env
-
-
-def _cli(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "jobspool", "--root", str(root), *args],
-                          cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120)
 
 
 @pytest.mark.parametrize("name", ["tmp", "quarantine", "live"])
 def test_deleting_a_scratch_directory_stops_no_command(tmp_path: Path, name: str) -> None:
     root = tmp_path / "spool"
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         spool.enqueue("record", {}, job_id="j1")
     shutil.rmtree(root / name)
-    proc = _cli(root, "enqueue", "record", "{}", "--id", "j2")
+    proc = run_jobspool("enqueue", "record", "{}", "--id", "j2", root=root)
     assert proc.returncode == 0, proc.stderr
     assert (root / name).is_dir()
-    proc = _cli(root, "recover")
+    proc = run_jobspool("recover", root=root)
     assert proc.returncode == 0, proc.stderr
-    proc = _cli(root, "run-until-idle", "--app", "tests.apps.ledger:app", "--no-maintenance")
+    proc = run_jobspool("run-until-idle", "--app", "tests.apps.ledger:app", "--no-maintenance",
+                        root=root)
     assert proc.returncode == 0, proc.stderr
     assert job_files(root) == {"j1": ["completed"], "j2": ["completed"]}
-    assert _cli(root, "fsck").returncode == 0
+    assert run_jobspool("fsck", root=root).returncode == 0
 
 
 def test_a_deleted_state_directory_is_refused_naming_the_remedy(tmp_path: Path) -> None:
     root = tmp_path / "spool"
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         spool.enqueue("record", {}, job_id="j1")
     shutil.rmtree(root / "retryable")
-    proc = _cli(root, "recover")
+    proc = run_jobspool("recover", root=root)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert str(root / "retryable") in lines[0], lines[0]
     assert f"jobspool --root {root} init" in lines[0], lines[0]
-    assert _cli(root, "init").returncode == 0  # the remedy it names
-    assert _cli(root, "recover").returncode == 0
+    assert run_jobspool("init", root=root).returncode == 0  # the remedy it names
+    assert run_jobspool("recover", root=root).returncode == 0
     assert job_files(root) == {"j1": ["ready"]}
 
 
@@ -67,21 +64,21 @@ def test_a_deleted_spool_json_is_recreated_by_init_after_workers_ran(tmp_path: P
     # running spool gains (metrics/, progress/, schedules.json, index/) were not known as
     # a spool's own, so nothing short of writing spool.json by hand brought it back.
     root = tmp_path / "spool"
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         spool.enqueue("record", {}, job_id="j1")
-    run = _cli(root, "run-until-idle", "--app", "tests.apps.ledger:app")
+    run = run_jobspool("run-until-idle", "--app", "tests.apps.ledger:app", root=root)
     assert run.returncode == 0, run.stderr
     for name in ("progress", "index"):
         (root / name).mkdir(exist_ok=True)
     (root / "schedules.json").write_bytes(b'{"v": 1, "last_tick": {}}')
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         spool.enqueue("record", {}, job_id="j2")
     (root / "spool.json").unlink()
-    refused = _cli(root, "enqueue", "record", "{}", "--id", "j3")
+    refused = run_jobspool("enqueue", "record", "{}", "--id", "j3", root=root)
     assert refused.returncode == 2 and "jobspool init" in refused.stderr, refused.stderr
-    init = _cli(root, "init")
+    init = run_jobspool("init", root=root)
     assert init.returncode == 0, init.stderr
-    proc = _cli(root, "run-until-idle", "--app", "tests.apps.ledger:app")
+    proc = run_jobspool("run-until-idle", "--app", "tests.apps.ledger:app", root=root)
     assert proc.returncode == 0, proc.stderr
     assert job_files(root) == {"j1": ["completed"], "j2": ["completed"]}
 
@@ -110,7 +107,7 @@ def test_a_deleted_fence_file_is_restored_from_the_live_counter(tmp_path: Path) 
         assert proc.returncode == 0, proc.stderr
         return int(proc.stdout)
 
-    Spool(root).close()
+    make_spool(root).close()
     first = claim_one("a")
     (root / "fence").unlink()  # the operator slip
     second = claim_one("b")  # reopens the spool: the file is written again

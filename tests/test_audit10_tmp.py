@@ -10,18 +10,16 @@ writer of this version names a file that way.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
-from jobspool import Spool
+from tests.cli_harness import run_jobspool
 from tests.helpers_spool import job_files, tmp_leftovers
-from tests.subproc import REPO, cli_env
+from tests.spools import make_spool
 
 
 def test_recover_removes_a_stray_directory_in_tmp_and_keeps_the_pool(tmp_path: Path) -> None:
     root = tmp_path / "spool"
-    with Spool(root, durable=False) as spool:
+    with make_spool(root) as spool:
         spool.enqueue("work", {}, job_id="kept")
         old = root / "tmp" / "old"
         (old / "deeper").mkdir(parents=True)
@@ -38,12 +36,11 @@ def test_recover_removes_a_stray_directory_in_tmp_and_keeps_the_pool(tmp_path: P
 def test_recover_removes_an_older_versions_pid_named_staging_file_at_once(
         tmp_path: Path) -> None:
     root = tmp_path / "spool"
-    with Spool(root, durable=False) as spool:
+    with make_spool(root) as spool:
         spool.enqueue("work", {}, job_id="kept")
     stale = root / "tmp" / "12345.7.stage"  # an older version's name: `<pid>.<n>.stage`
     stale.write_bytes(b'{"id": "half-written"')
-    proc = subprocess.run([sys.executable, "-m", "jobspool", "--root", str(root), "recover"],
-                          cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120)
+    proc = run_jobspool("recover", root=root)
     assert proc.returncode == 0, proc.stderr
     assert not stale.exists(), "an older version's staging file outlived recover"
     assert tmp_leftovers(root) == []
@@ -52,11 +49,9 @@ def test_recover_removes_an_older_versions_pid_named_staging_file_at_once(
 def test_a_live_producers_staging_file_still_survives_recover(tmp_path: Path) -> None:
     # The other side of the rule above: this process is alive and holds its liveness lock.
     root = tmp_path / "spool"
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         [staged] = spool.store.prestage([b'{"staged": "by a live producer"}'])
-        proc = subprocess.run([sys.executable, "-m", "jobspool", "--root", str(root), "recover"],
-                              cwd=REPO, env=cli_env(), capture_output=True, text=True,
-                              timeout=120)
+        proc = run_jobspool("recover", root=root)
         assert proc.returncode == 0, proc.stderr
         assert os.path.exists(staged)
         spool.store.discard([staged])
