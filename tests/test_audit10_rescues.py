@@ -21,8 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from jobspool import JobState, Spool
+from jobspool import JobState
+from tests.cli_harness import run_jobspool
+from tests.spools import make_spool
 from tests.subproc import REPO, cli_env
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -66,7 +69,7 @@ _CRASH_AFTER_MATES = textwrap.dedent("""
 def test_mates_whose_handlers_returned_before_the_crash_go_back_uncounted(
         tmp_path: Path) -> None:
     root = tmp_path / "spool"
-    with Spool(root, lease_seconds=3600) as spool:
+    with make_spool(root, lease_seconds=3600) as spool:
         spool.enqueue("crash", job_id="a-crash", priority=-1)
         for i in range(3):
             spool.enqueue("work", job_id=f"w{i}")
@@ -74,7 +77,7 @@ def test_mates_whose_handlers_returned_before_the_crash_go_back_uncounted(
                           env=cli_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 70, proc.stderr
     assert sorted((tmp_path / "ran.log").read_text().split()) == ["w0", "w1", "w2"]
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         report = spool.recover()  # the holder is provably dead: settled at once
         got = {j.id: (j.state, j.attempts, j.rescues) for j in spool.jobs()}
     assert list(report.leases_reclaimed) == ["a-crash"], report
@@ -89,24 +92,21 @@ def test_a_crashing_job_among_ten_at_default_concurrency_dead_letters_only_itsel
     # The issue's reproduction through the CLI, as a service would run it: `recover`, then
     # `run-until-idle` with every default but the lease, until nothing is left to run.
     root, log = tmp_path / "spool", tmp_path / "runs.log"
-    with Spool(root, lease_seconds=1.0, retry_base_seconds=0.01,
-               retry_max_seconds=0.01) as spool:
+    with make_spool(root, lease_seconds=1.0, retry_base_seconds=0.01,
+                    retry_max_seconds=0.01) as spool:
         spool.enqueue("crash", job_id="a-crash", priority=-1)
         for i in range(10):
             spool.enqueue("work", job_id=f"w{i:02d}")
 
-    def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "jobspool", "--root", str(root), *args],
-                              capture_output=True, text=True, cwd=REPO, timeout=120,
-                              env=cli_env(JOBSPOOL_TEST_LOG=str(log)))
-
+    env = {"JOBSPOOL_TEST_LOG": str(log)}
     for _ in range(13):
-        assert cli("recover").returncode == 0
-        cli("run-until-idle", "--app", "tests.apps.crashy:app", "--wait-retries", "3")
-        with Spool(root) as spool:
+        assert run_jobspool("recover", root=root, env=env).returncode == 0
+        run_jobspool("run-until-idle", "--app", "tests.apps.crashy:app", "--wait-retries", "3",
+                     root=root, env=env)
+        with make_spool(root) as spool:
             if all(j.terminal for j in spool.jobs()):
                 break
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         states = {j.id: j.state for j in spool.jobs()}
     assert states.pop("a-crash") is JobState.DEAD_LETTER
     assert states == {f"w{i:02d}": JobState.COMPLETED for i in range(10)}
@@ -129,15 +129,15 @@ def test_a_job_that_kills_a_bare_claim_loop_is_counted_and_dead_lettered(
     # in its liveness file, which recovery read as "none of its jobs started": the poison
     # job came back uncounted on every crash, forever, and never reached dead_letter.
     root = tmp_path / "spool"
-    with Spool(root, lease_seconds=3600, max_attempts=3, retry_base_seconds=0.0,
-               retry_max_seconds=0.0) as spool:
+    with make_spool(root, lease_seconds=3600, max_attempts=3, retry_base_seconds=0.0,
+                    retry_max_seconds=0.0) as spool:
         spool.enqueue("poison", job_id="p")
     seen = []
     for _ in range(6):
         proc = subprocess.run([sys.executable, "-c", _BARE_CLAIMER, str(root)], cwd=REPO,
                               env=cli_env(), capture_output=True, text=True, timeout=120)
         assert proc.returncode in (0, 139), proc.stderr
-        with Spool(root) as spool:
+        with make_spool(root) as spool:
             report = spool.recover()
             job = spool.get("p")
         seen.append((job.state, job.attempts))
@@ -167,7 +167,7 @@ def test_recover_in_one_container_takes_back_what_a_dead_one_held_at_once(
     # `lease_seconds` and its staged files for ten minutes. Containers on one host share
     # the kernel, hence its boot id and its flock: an unlocked file there is proof.
     root = tmp_path / "spool"
-    with Spool(root, lease_seconds=3600) as spool:
+    with make_spool(root, lease_seconds=3600) as spool:
         spool.enqueue("work", job_id="j0")
     probe = subprocess.run(["unshare", "--uts", "--pid", "--fork", "true"],
                            capture_output=True, text=True, timeout=60)
@@ -179,7 +179,7 @@ def test_recover_in_one_container_takes_back_what_a_dead_one_held_at_once(
         cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 137, proc.stderr
     assert [p.name for p in (root / "tmp").iterdir() if p.is_file()], "nothing was staged"
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         report = spool.recover()
         job = spool.get("j0")
     assert list(report.leases_reclaimed) == ["j0"], report
@@ -196,25 +196,22 @@ def test_the_issues_run_until_idle_loop_without_recover_dead_letters_only_the_cr
     # that was running when a worker died now runs alone until it settles: if it kills the
     # next worker too, it is the only one running there, and the only one charged.
     root = tmp_path / "spool"
-    with Spool(root, lease_seconds=1.0) as spool:
+    with make_spool(root, lease_seconds=1.0) as spool:
         spool.enqueue("crash", job_id="a-crash")
         for i in range(10):
             spool.enqueue("work", job_id=f"w{i:02d}")
     deadline = time.monotonic() + 120  # guards against a hang only
     while time.monotonic() < deadline:
-        proc = subprocess.run(
-            [sys.executable, "-m", "jobspool", "--root", str(root), "run-until-idle", "--app",
-             "tests.apps.crashy:app"], cwd=REPO, env=cli_env(), capture_output=True, text=True,
-            timeout=120)
+        proc = run_jobspool("run-until-idle", "--app", "tests.apps.crashy:app", root=root)
         assert proc.returncode in (0, 70), proc.stderr
-        with Spool(root) as spool:
+        with make_spool(root) as spool:
             jobs = list(spool.jobs())
         if all(j.terminal for j in jobs):
             break
         # The dead worker's leases come back once they expire (no `recover` here).
-        while time.monotonic() < deadline and any(
-                j.lease is not None and j.lease.expires_at > time.time() for j in jobs):
-            time.sleep(0.05)
+        last = max((j.lease.expires_at for j in jobs if j.lease is not None), default=0.0)
+        wait_until(lambda last=last: time.time() >= last, max(deadline - time.monotonic(), 0.0),
+                   "the dead worker's leases to expire")
     states = {j.id: j.state for j in jobs}
     assert states.pop("a-crash") is JobState.DEAD_LETTER
     assert states == {f"w{i:02d}": JobState.COMPLETED for i in range(10)}
