@@ -9,16 +9,15 @@ processes; guards only bound hangs.
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import orjson
 import pytest
 
-from jobspool import JobState, Spool
-from tests.subproc import REPO, cli_env
+from jobspool import Job, JobState
+from tests.cli_harness import start_jobspool
+from tests.spools import make_spool
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -29,37 +28,30 @@ def test_jobs_that_keep_killing_their_worker_process_are_dead_lettered_by_their_
         tmp_path: Path) -> None:
     root = tmp_path / "spool"
     pidfile = tmp_path / "pids"
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         # Three poison jobs with two attempts each: six children die right after they
         # start, more than the five a pool allows children that cannot boot at all.
         poisoned = [j.id for j in spool.enqueue_many(
             "poison", [{"pidfile": str(pidfile), "n": i} for i in range(3)])]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jobspool", "--root", str(root), "worker", "--app",
-         "tests.apps.audit11:app", "--json", "--no-maintenance", "--processes", "1",
-         "--concurrency", "1", "--batch-size", "1"],
-        cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = start_jobspool(
+        "worker", "--app", "tests.apps.audit11:app", "--json", "--no-maintenance",
+        "--processes", "1", "--concurrency", "1", "--batch-size", "1", root=root)
 
     def states() -> list[JobState]:
-        with Spool(root) as spool:
+        with make_spool(root) as spool:
             return [spool.get(i).state for i in poisoned]
 
+    def completed(job_id: str) -> bool:
+        with make_spool(root) as spool:
+            return spool.get(job_id).state is JobState.COMPLETED
+
     try:
-        deadline = time.monotonic() + GUARD
-        while not all(s is JobState.DEAD_LETTER for s in states()):
-            assert proc.poll() is None, proc.communicate()[1].decode(errors="replace")[-3000:]
-            assert time.monotonic() < deadline, "the poison jobs were never dead-lettered"
-            time.sleep(0.1)
+        wait_until(lambda: all(s is JobState.DEAD_LETTER for s in states()), GUARD,
+                   "the poison jobs to be dead-lettered", proc=proc)
         # The pool still serves.
-        with Spool(root) as spool:
+        with make_spool(root) as spool:
             late = spool.enqueue("quick", {}).id
-        while True:
-            with Spool(root) as spool:
-                if spool.get(late).state is JobState.COMPLETED:
-                    break
-            assert proc.poll() is None, proc.communicate()[1].decode(errors="replace")[-3000:]
-            assert time.monotonic() < deadline, "the pool stopped serving"
-            time.sleep(0.1)
+        wait_until(lambda: completed(late), GUARD, "the pool to serve a later job", proc=proc)
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=GUARD)
     finally:
@@ -69,7 +61,7 @@ def test_jobs_that_keep_killing_their_worker_process_are_dead_lettered_by_their_
     assert proc.returncode == 0, err.decode(errors="replace")[-3000:]
     report = orjson.loads(out)
     assert report["rescued"] == 6 and report["restarts"] >= 6
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         for job_id in poisoned:
             job = spool.get(job_id)
             # The kind's Policy(max_attempts=2), not the job's default of 5.
@@ -81,26 +73,26 @@ def test_jobs_that_keep_killing_their_worker_process_are_dead_lettered_by_their_
 def test_a_handler_holding_the_interpreter_past_its_limit_is_killed_and_failed_by_its_policy(
         tmp_path: Path) -> None:
     root = tmp_path / "spool"
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         at_once = spool.enqueue("gil", {}).id
         retried = spool.enqueue("gil_retried", {}).id
         quick = [j.id for j in spool.enqueue_many("quick", [{} for _ in range(4)])]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jobspool", "--root", str(root), "worker", "--app",
-         "tests.apps.audit11:app", "--json", "--no-maintenance", "--processes", "2",
-         "--grace", "1", "--concurrency", "1"],  # one run per child: no collateral rescues
-        cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = start_jobspool(
+        "worker", "--app", "tests.apps.audit11:app", "--json", "--no-maintenance",
+        "--processes", "2", "--grace", "1",
+        "--concurrency", "1", root=root)  # one run per child: no collateral rescues
+
+    def settled() -> list[Job]:  # empty (falsy) until they are
+        with make_spool(root) as spool:
+            jobs = [spool.get(i) for i in (at_once, retried, *quick)]
+        if jobs[0].state is JobState.DEAD_LETTER and jobs[1].state is JobState.DEAD_LETTER \
+                and all(j.state is JobState.COMPLETED for j in jobs[2:]):
+            return jobs
+        return []
+
     try:
-        deadline = time.monotonic() + GUARD
-        while True:
-            with Spool(root) as spool:
-                jobs = [spool.get(i) for i in (at_once, retried, *quick)]
-            if jobs[0].state is JobState.DEAD_LETTER and jobs[1].state is JobState.DEAD_LETTER \
-                    and all(j.state is JobState.COMPLETED for j in jobs[2:]):
-                break
-            assert proc.poll() is None, proc.communicate()[1].decode(errors="replace")[-3000:]
-            assert time.monotonic() < deadline, f"not settled before the guard: {jobs}"
-            time.sleep(0.1)
+        jobs = wait_until(settled, GUARD, "the two GIL holders dead-lettered, the rest completed",
+                          proc=proc)
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=GUARD)
     finally:
@@ -131,27 +123,24 @@ def test_a_dead_childs_jobs_are_settled_while_a_frozen_child_holds_the_spool_loc
     # go on supervising meanwhile, kill the frozen child, and so free the lock.
     root = tmp_path / "spool"
     marks = {"started": str(tmp_path / "started"), "frozen": str(tmp_path / "frozen")}
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         dies = spool.enqueue("poison_waits", marks, priority=10).id
         frozen = spool.enqueue("gil_fenced", marks).id
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jobspool", "--root", str(root), "worker", "--app",
-         "tests.apps.audit11:app", "--json", "--no-maintenance", "--processes", "2",
-         "--grace", "1", "--concurrency", "1", "--batch-size", "1"],
-        cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = start_jobspool(
+        "worker", "--app", "tests.apps.audit11:app", "--json", "--no-maintenance",
+        "--processes", "2", "--grace", "1", "--concurrency", "1", "--batch-size", "1",
+        root=root)
+    late: list[str] = []
+
+    def served_after_both() -> bool:
+        with make_spool(root) as spool:
+            done = all(spool.get(i).state is JobState.DEAD_LETTER for i in (dies, frozen))
+            if done and not late:
+                late.append(spool.enqueue("quick", {}).id)  # and the pool still serves
+            return bool(late) and spool.get(late[0]).state is JobState.COMPLETED
+
     try:
-        deadline = time.monotonic() + GUARD
-        late = None
-        while True:
-            with Spool(root) as spool:
-                done = all(spool.get(i).state is JobState.DEAD_LETTER for i in (dies, frozen))
-                if done and late is None:
-                    late = spool.enqueue("quick", {}).id  # and the pool still serves
-                if late is not None and spool.get(late).state is JobState.COMPLETED:
-                    break
-            assert proc.poll() is None, proc.communicate()[1].decode(errors="replace")[-3000:]
-            assert time.monotonic() < deadline, "the pool wedged behind the frozen child"
-            time.sleep(0.1)
+        wait_until(served_after_both, GUARD, "the pool to get past the frozen child", proc=proc)
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=GUARD)
     finally:
@@ -159,7 +148,7 @@ def test_a_dead_childs_jobs_are_settled_while_a_frozen_child_holds_the_spool_loc
             proc.kill()
             proc.communicate()
     assert proc.returncode == 0, err.decode(errors="replace")[-3000:]
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         assert "worker process died (signal SIGKILL)" in (spool.get(dies).last_error or "")
         assert (spool.get(frozen).last_error or "").startswith("TimeLimitExceeded: ")
     report = orjson.loads(out)
@@ -169,24 +158,21 @@ def test_a_dead_childs_jobs_are_settled_while_a_frozen_child_holds_the_spool_loc
 def test_handlers_that_print_a_lot_run_to_the_end_and_their_output_reaches_the_pools_stdout(
         tmp_path: Path) -> None:
     root = tmp_path / "spool"
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         ids = [j.id for j in spool.enqueue_many("chatty", [{"n": n} for n in range(5)])]
     stdout = tmp_path / "stdout"
     with stdout.open("wb") as sink:  # read as it comes, as a terminal or a log would
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "jobspool", "--root", str(root), "worker", "--app",
-             "tests.apps.audit11:app", "--json", "--no-maintenance", "--processes", "2"],
-            cwd=REPO, env=cli_env(), stdout=sink, stderr=subprocess.PIPE)
+        proc = start_jobspool("worker", "--app", "tests.apps.audit11:app", "--json",
+                              "--no-maintenance", "--processes", "2", root=root, stdout=sink)
+
+    def all_completed() -> bool:
+        with make_spool(root) as spool:
+            return all(spool.get(i).state is JobState.COMPLETED for i in ids)
+
     try:
-        deadline = time.monotonic() + GUARD
-        while True:
-            with Spool(root) as spool:
-                if all(spool.get(i).state is JobState.COMPLETED for i in ids):
-                    break
-            assert proc.poll() is None, proc.communicate()[1].decode(errors="replace")[-3000:]
-            # Before the fix the children froze on a full stdout pipe: jobs stayed leased.
-            assert time.monotonic() < deadline, "the children froze printing"
-            time.sleep(0.1)
+        # Before the fix the children froze on a full stdout pipe: jobs stayed leased.
+        wait_until(all_completed, GUARD, "every chatty job to complete (not frozen printing)",
+                   proc=proc)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=GUARD)
     finally:
