@@ -20,9 +20,10 @@ import anyio
 import pytest
 
 from jobspool import AsyncSpool, Schedule, Spool, Worker
-from jobspool.cli import main
 from jobspool.errors import DuplicateJob, InvalidJob, ScheduleError
+from tests.cli_harness import run_cli
 from tests.helpers_spool import FakeClock
+from tests.spools import make_spool
 
 BACKENDS = ["asyncio", "trio"]
 
@@ -64,40 +65,35 @@ def test_async_enqueue_many_results_say_which_jobs_were_created(
 # ---------------------------------------------------------------- the duplicate policy, CLI
 
 
-def _cli_root(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> str:
-    root = str(tmp_path / "spool")
-    assert main(["--root", root, "init"]) == 0
-    capsys.readouterr()
-    return root
-
-
 def test_cli_enqueue_says_on_stderr_only_when_it_created_nothing_and_json_is_the_job(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    root = _cli_root(tmp_path, capsys)
+        tmp_path: Path) -> None:
+    root = tmp_path / "spool"
+    assert run_cli("init", root=root).code == 0
     calls = [([], False, 1), ([], True, 1), (["--on-conflict", "replace"], False, 2)]
     for extra, noted, payload in calls:
-        assert main(["--root", root, "enqueue", "k", json.dumps({"v": payload}), "--id", "j1",
-                     "--json", *extra]) == 0
-        out, err = capsys.readouterr()
+        code, out, err = run_cli("enqueue", "k", json.dumps({"v": payload}), "--id", "j1",
+                                 "--json", *extra, root=root)
+        assert code == 0
         assert ("already exists" in err) is noted
-        assert main(["--root", root, "show", "j1", "--json"]) == 0
-        assert json.loads(out) == json.loads(capsys.readouterr().out)
+        shown = run_cli("show", "j1", "--json", root=root)
+        assert shown.code == 0
+        assert json.loads(out) == json.loads(shown.out)
         assert json.loads(out)["payload"] == {"v": payload}
 
 
 def test_cli_on_conflict_error_on_a_taken_id_is_refused_with_exit_2_and_one_line(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    root = _cli_root(tmp_path, capsys)
-    assert main(["--root", root, "enqueue", "k", '{"v": 1}', "--id", "j1"]) == 0
-    capsys.readouterr()
-    assert main(["--root", root, "enqueue", "k", '{"v": 2}', "--id", "j1",
-                 "--on-conflict", "error"]) == 2
-    err = capsys.readouterr().err
+        tmp_path: Path) -> None:
+    root = tmp_path / "spool"
+    assert run_cli("init", root=root).code == 0
+    assert run_cli("enqueue", "k", '{"v": 1}', "--id", "j1", root=root).code == 0
+    code, _, err = run_cli("enqueue", "k", '{"v": 2}', "--id", "j1", "--on-conflict", "error",
+                           root=root)
+    assert code == 2
     assert err.startswith("jobspool: error: ") and "'j1'" in err and err.count("\n") == 1
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         assert spool.get("j1").payload == {"v": 1}
     # An unknown policy is bad input, not a refusal.
-    assert main(["--root", root, "enqueue", "k", "--on-conflict", "skip"]) == 1
+    assert run_cli("enqueue", "k", "--on-conflict", "skip", root=root).code == 1
 
 
 # ---------------------------------------------------------------- the table, on both stores
@@ -257,8 +253,7 @@ def test_a_refused_run_at_datetime_is_named_as_an_iso_time(spool: Spool, clock: 
 
 
 def test_scheduler_is_public_and_the_schedules_command_tells_a_fired_tick_from_a_passed_one(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from jobspool import Scheduler
 
     (tmp_path / "audit12_sched_app.py").write_text(
@@ -271,18 +266,19 @@ def test_scheduler_is_public_and_the_schedules_command_tells_a_fired_tick_from_a
 
     root = tmp_path / "spool"
     now = datetime(2026, 12, 1, 12, 0, 10, tzinfo=UTC).timestamp()  # 3:00 long past
-    with Spool(root, durable=False) as spool:
+    with make_spool(root) as spool:
         (fired,) = Scheduler(app.schedules).tick(spool, now)
         assert fired.created == (f"sched.feeds.poll.{int(now) - 10}",)
-    assert main(["--root", str(root), "schedules", "--app", "audit12_sched_app:app",
-                 "--json"]) == 0
-    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    listed = run_cli("schedules", "--app", "audit12_sched_app:app", "--json", root=root)
+    assert listed.code == 0
+    rows = {r["name"]: r for r in listed.json()}
     assert rows["feeds.poll"]["last_job_state"] == "ready"
     # First sight at noon passes over today's 3:00 tick without firing it.
     assert rows["reports.daily"]["last_tick_iso"] == "2026-12-01T02:00:00.000Z"
     assert rows["reports.daily"]["last_job_state"] is None
-    assert main(["--root", str(root), "schedules", "--app", "audit12_sched_app:app"]) == 0
-    header, *lines = capsys.readouterr().out.splitlines()
+    table = run_cli("schedules", "--app", "audit12_sched_app:app", root=root)
+    assert table.code == 0
+    header, *lines = table.out.splitlines()
     assert "2026-12-01T02:00:00.000Z (no job)" in lines[1] and "(ready)" in lines[0]
     at = header.index("NEXT TICK")  # every column lines up under its heading
     assert all(line[at:at + 4] == "2026" for line in lines)
@@ -314,15 +310,14 @@ def test_the_readmes_async_example_runs_as_written_and_again(tmp_path: Path) -> 
 
 
 def test_the_readmes_periodic_example_builds_an_app_the_schedules_command_lists(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "audit12_readme_jobs.py").write_text(_readme_block("### Periodic jobs"))
     monkeypatch.syspath_prepend(str(tmp_path))
-    root = str(tmp_path / "spool")
-    assert main(["--root", root, "init"]) == 0
-    capsys.readouterr()
-    assert main(["--root", root, "schedules", "--app", "audit12_readme_jobs:app", "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)
+    root = tmp_path / "spool"
+    assert run_cli("init", root=root).code == 0
+    listed = run_cli("schedules", "--app", "audit12_readme_jobs:app", "--json", root=root)
+    assert listed.code == 0
+    rows = listed.json()
     assert [(r["name"], r["rule"]) for r in rows] == [
         ("reports.daily", "cron '0 3 * * *' (Europe/Paris)"), ("feeds.poll", "every 60 s")]
 
@@ -331,26 +326,28 @@ def test_the_readmes_periodic_example_builds_an_app_the_schedules_command_lists(
 
 
 def test_dotted_and_dashed_kinds_run_through_the_cli_and_an_unknown_kind_names_the_app(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "audit12_kinds_app.py").write_text(
         "from jobspool import App\n"
         "def add(job, ctx): return sum(job.payload)\n"
         "def index(job, ctx): return job.payload['path']\n"
         "app = App(handlers={'tasks.add': add, 'index-note': index})\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    root = _cli_root(tmp_path, capsys)
+    root = tmp_path / "spool"
+    assert run_cli("init", root=root).code == 0
     spec = "audit12_kinds_app:app"
-    assert main(["--root", root, "enqueue", "tasks.add", "[1, 2]", "--id", "a"]) == 0
-    assert main(["--root", root, "enqueue", "index-note", '{"path": "n.md"}', "--id", "b"]) == 0
-    assert main(["--root", root, "run-until-idle", "--app", spec, "--kinds", "tasks.add,nope"]) == 1
-    err = capsys.readouterr().err
+    assert run_cli("enqueue", "tasks.add", "[1, 2]", "--id", "a", root=root).code == 0
+    assert run_cli("enqueue", "index-note", '{"path": "n.md"}', "--id", "b", root=root).code == 0
+    code, _, err = run_cli("run-until-idle", "--app", spec, "--kinds", "tasks.add,nope",
+                           root=root)
+    assert code == 1
     assert "no handler for: nope" in err
     assert spec in err and err.count("\n") == 1
-    assert main(["--root", root, "run-until-idle", "--app", spec,
-                 "--kinds", "tasks.add,index-note", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["completed"] == 2
-    with Spool(root) as spool:
+    ran = run_cli("run-until-idle", "--app", spec, "--kinds", "tasks.add,index-note", "--json",
+                  root=root)
+    assert ran.code == 0
+    assert ran.json()["completed"] == 2
+    with make_spool(root) as spool:
         assert (spool.get("a").result, spool.get("b").result) == (3, "n.md")
 
 
@@ -426,7 +423,7 @@ def test_three_processes_fire_each_tick_once_and_apply_each_catch_up_policy_afte
     aligned = 1_699_999_980  # a minute boundary; the processes start 20 s after it
     t0, pause, resume, end = aligned + 20, aligned + 1200, aligned + 2400 + 45, aligned + 3620
     root, go1, go2 = tmp_path / "spool", tmp_path / "go1", tmp_path / "go2"
-    Spool(root, durable=False).close()
+    make_spool(root).close()
     args = [str(x) for x in (go1, go2, t0, pause, resume, end)]
     procs = [subprocess.Popen([sys.executable, "-c", _DOWNTIME_PROCESS, str(root), str(seed),
                                *args], cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, text=True)
@@ -447,17 +444,17 @@ def test_three_processes_fire_each_tick_once_and_apply_each_catch_up_policy_afte
     expected |= {f"sched.tick.skip.{t}" for t in every if t not in missed}  # none of them
     # Two independent checks: what the processes say they created, and what is on disk.
     assert sorted(created) == sorted(expected)
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         on_disk = {j.id: j.revision for j in spool.jobs()}
     assert set(on_disk) == expected and set(on_disk.values()) == {1}
 
 
-def test_show_names_a_delayed_job_scheduled_first_not_retryable(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    root = _cli_root(tmp_path, capsys)
-    assert main(["--root", root, "enqueue", "k", "--id", "later", "--delay", "3600"]) == 0
-    capsys.readouterr()
-    assert main(["--root", root, "show", "later"]) == 0
-    (state,) = [line for line in capsys.readouterr().out.splitlines()
+def test_show_names_a_delayed_job_scheduled_first_not_retryable(tmp_path: Path) -> None:
+    root = tmp_path / "spool"
+    assert run_cli("init", root=root).code == 0
+    assert run_cli("enqueue", "k", "--id", "later", "--delay", "3600", root=root).code == 0
+    shown = run_cli("show", "later", root=root)
+    assert shown.code == 0
+    (state,) = [line for line in shown.out.splitlines()
                 if line.strip().startswith("state:")]
     assert state.split(":", 1)[1].split()[0] == "scheduled"
