@@ -8,12 +8,12 @@ from pathlib import Path
 
 from starlette.testclient import TestClient
 
-from jobspool import Spool
 from jobspool.dashboard import create_app
+from tests.spools import make_spool
 
 
 def test_the_overview_counts_scheduled_jobs_as_stats_does(tmp_path: Path) -> None:
-    with Spool(tmp_path / "spool", durable=False) as spool:
+    with make_spool(tmp_path / "spool") as spool:
         spool.enqueue("mail", {}, delay=600)
         spool.enqueue("mail", {}, delay=900)
         spool.enqueue("mail", {})

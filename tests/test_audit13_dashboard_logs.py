@@ -4,18 +4,15 @@ JSON object: its start-up line, the web server's own warnings, and a refusal."""
 
 from __future__ import annotations
 
-import selectors
 import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from jobspool import Spool
-from tests.subproc import cli_env
+from tests.cli_harness import LineReader, run_jobspool, start_jobspool
+from tests.spools import make_spool
+from tests.waiting import wait_until
 
 HANG_GUARD = 30.0  # seconds: only reached when something is broken
 
@@ -29,28 +26,23 @@ def _json_lines(text: str) -> list[dict[str, Any]]:
 def test_the_dashboard_with_json_logs_writes_only_json_lines_including_server_warnings(
         tmp_path: Path) -> None:
     root = tmp_path / "spool"
-    Spool(root).close()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jobspool", "--root", str(root), "dashboard", "--port", "0",
-         "--poll", "0", "--log-format", "json", "--log-level", "info"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env())
+    make_spool(root).close()
+    proc = start_jobspool("dashboard", "--port", "0", "--poll", "0", "--log-format", "json",
+                          "--log-level", "info", root=root)
     try:
-        assert proc.stdout is not None
-        with selectors.DefaultSelector() as sel:
-            sel.register(proc.stdout, selectors.EVENT_READ)
-            ready = sel.select(timeout=HANG_GUARD)
-        line = proc.stdout.readline().decode() if ready else ""
+        line = LineReader(proc.stdout).wait_for(r"^", HANG_GUARD, "the dashboard's first line")
         url = next((w for w in line.split() if w.startswith("http://")), None)
         assert url is not None, line
         port = int(url.rstrip("/").rsplit(":", 1)[1])
-        deadline = time.monotonic() + HANG_GUARD
-        while True:  # readiness: the server accepts connections
+
+        def connect() -> socket.socket | None:
             try:
-                conn = socket.create_connection(("127.0.0.1", port), timeout=5)
-                break
+                return socket.create_connection(("127.0.0.1", port), timeout=5)
             except ConnectionError:
-                assert time.monotonic() < deadline and proc.poll() is None
-                time.sleep(0.05)
+                return None
+
+        # readiness: the server accepts connections
+        conn = wait_until(connect, HANG_GUARD, "the dashboard to accept connections", proc=proc)
         with conn:
             conn.sendall(b"NOT HTTP AT ALL\r\n\r\n")  # the server warns about it
             conn.settimeout(HANG_GUARD)
@@ -68,11 +60,9 @@ def test_the_dashboard_with_json_logs_writes_only_json_lines_including_server_wa
 def test_a_refused_dashboard_with_json_logs_writes_its_error_as_one_json_line(
         tmp_path: Path) -> None:
     root = tmp_path / "spool"
-    Spool(root).close()
-    done = subprocess.run(
-        [sys.executable, "-m", "jobspool", "--root", str(root), "dashboard", "--host",
-         "0.0.0.0", "--log-format", "json"],
-        capture_output=True, env=cli_env(JOBSPOOL_DASHBOARD_TOKEN=""), timeout=60, check=False)
+    make_spool(root).close()
+    done = run_jobspool("dashboard", "--host", "0.0.0.0", "--log-format", "json", root=root,
+                        env={"JOBSPOOL_DASHBOARD_TOKEN": ""}, timeout=60)
     assert done.returncode == 2
-    (doc,) = _json_lines(done.stderr.decode())
+    (doc,) = _json_lines(done.stderr)
     assert doc["level"] == "error" and doc["exit"] == 2 and "0.0.0.0" in doc["msg"]

@@ -21,9 +21,11 @@ from pathlib import Path
 
 import orjson
 
-from jobspool import Spool, Worker
+from jobspool import Worker
 from jobspool.health import check_health
 from jobspool.queue.liveness import boot_id
+from tests.spools import make_spool
+from tests.waiting import wait_until
 
 GUARD_SECONDS = 60.0  # a hang guard, never a performance claim
 
@@ -46,7 +48,7 @@ def test_a_new_worker_removes_what_dead_local_workers_left_and_health_clears(
         tmp_path: Path) -> None:
     root = tmp_path / "spool"
     host = socket.gethostname()
-    with Spool(root, durable=False) as spool:
+    with make_spool(root) as spool:
         crashed = _left_behind(root, "crashed", pid=_dead_pid(), host=host, boot=boot_id())
         rebooted = _left_behind(root, "before-reboot", pid=os.getpid(), host=host,
                                 boot="a-previous-boot")
@@ -60,10 +62,9 @@ def test_a_new_worker_removes_what_dead_local_workers_left_and_health_clears(
         thread = threading.Thread(target=worker.run_forever, kwargs={"handle_signals": False})
         thread.start()
         try:
-            deadline = time.monotonic() + GUARD_SECONDS
-            while crashed.exists() or rebooted.exists():  # readiness: its first publish
-                assert time.monotonic() < deadline, "the worker never swept the dead files"
-                time.sleep(0.05)
+            # readiness: its first publish
+            wait_until(lambda: not (crashed.exists() or rebooted.exists()), GUARD_SECONDS,
+                       "the worker to sweep the dead files")
         finally:
             worker.stop()
             thread.join(GUARD_SECONDS)
@@ -82,7 +83,7 @@ def test_a_published_snapshot_names_its_host_and_boot(tmp_path: Path) -> None:
     from jobspool.metrics import publish_worker_report
     from jobspool.queue.report import RunReport
 
-    with Spool(tmp_path / "spool", durable=False) as spool:
+    with make_spool(tmp_path / "spool") as spool:
         publish_worker_report(spool, "me", RunReport())
         (path,) = (tmp_path / "spool" / "metrics").glob("*.json")
     doc = orjson.loads(path.read_bytes())
