@@ -25,9 +25,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from jobspool import Spool
-from jobspool.cli import main
 from jobspool.health import check_health
+from tests.cli_harness import run_cli
+from tests.spools import make_spool
 from tests.test_readonly import _as_owner, _as_reader
 
 AS_ROOT = os.geteuid() == 0
@@ -63,9 +63,9 @@ def _reader_group(root: Path) -> None:
 def test_init_access_group_read_lets_the_group_read_later_jobs_and_write_nothing(
         base: Path) -> None:
     root = base / "spool"
-    assert main(["--root", str(root), "init", "--access", "group-read"]) == 0
+    assert run_cli("init", "--access", "group-read", root=root).code == 0
     _reader_group(root)
-    with Spool(root) as spool:  # written after the grant: the spool's mode, the group kept
+    with make_spool(root) as spool:  # written after the grant: the spool's mode, the group kept
         first = spool.enqueue("mail", {"to": "a@example.com"}).id
         spool.complete(spool.claim()[0], {"sent": True})
         later = spool.enqueue("mail", {"to": "b@example.com"}).id
@@ -89,13 +89,13 @@ def test_init_access_group_read_lets_the_group_read_later_jobs_and_write_nothing
 def test_a_reader_who_may_not_open_a_job_file_is_told_so_not_to_run_recover(
         base: Path) -> None:
     root = base / "spool"
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         spool.enqueue("mail", {}, job_id="granted")
     for dirpath, _dirs, files in os.walk(root):  # a one-time grant, as `chmod -R o+rX` does
         os.chmod(dirpath, 0o755 if AS_ROOT else 0o555)
         for name in files:
             os.chmod(os.path.join(dirpath, name), 0o644 if AS_ROOT else 0o444)
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         spool.enqueue("mail", {}, job_id="later")  # written with the spool's own mode, 0600
     assert _as_owner(["--root", str(root), "health", "--json"])["code"] == 0  # warm imports
     if not AS_ROOT:
@@ -108,7 +108,7 @@ def test_a_reader_who_may_not_open_a_job_file_is_told_so_not_to_run_recover(
     assert "--access group-read" in reasons[0]["message"]
     if not AS_ROOT:
         os.chmod(root / "ready" / "later.json", 0o600)
-    with Spool(root) as spool:  # the owner sees a healthy spool: nothing is damaged
+    with make_spool(root) as spool:  # the owner sees a healthy spool: nothing is damaged
         assert check_health(spool).ok
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from jobspool import Spool
+from tests.spools import make_spool
 from tests.test_readonly import _as_owner, _as_reader
 
 
@@ -21,7 +21,7 @@ def private_root() -> Iterator[Path]:
     base = Path(tempfile.mkdtemp(prefix="jobspool-private-"))
     os.chmod(base, 0o755)  # others may reach the spool's directory, not into it
     root = base / "spool"
-    with Spool(root) as spool:
+    with make_spool(root) as spool:
         spool.enqueue("mail", {})
     if os.geteuid() != 0:  # without root to drop from, make the settings unreadable instead
         os.chmod(root / "spool.json", 0)
@@ -55,7 +55,7 @@ def test_a_writable_dashboard_for_a_reader_is_refused_naming_the_read_only_one(
     os.chmod(base, 0o755)
     root = base / "spool"
     try:
-        Spool(root, access="group").close()
+        make_spool(root, access="group").close()
         for dirpath, _dirs, files in os.walk(root):  # others may read, nobody else may write
             os.chmod(dirpath, 0o755 if os.geteuid() == 0 else 0o555)
             for name in files:

@@ -3,27 +3,23 @@ expiry included (it printed the lease as raw JSON with an epoch float)."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import re
 from pathlib import Path
 
-from jobspool import Spool
-from jobspool.cli import main
 from jobspool.queue.payload import iso_time
+from tests.cli_harness import run_cli
+from tests.spools import make_spool
 
 
 def _show(root: Path, job_id: str) -> str:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(["--root", str(root), "show", job_id])
-    assert code == 0, err.getvalue()
-    return out.getvalue()
+    shown = run_cli("show", job_id, root=root)
+    assert shown.code == 0, shown.err
+    return shown.out
 
 
 def test_show_prints_the_lease_expiry_of_a_leased_job_as_an_iso_time(tmp_path: Path) -> None:
     root = tmp_path / "spool"
-    with Spool(root, durable=False) as spool:
+    with make_spool(root) as spool:
         spool.enqueue("mail", {}, job_id="held")
         (lease,) = spool.claim(owner="host-a:42")
     text = _show(root, "held")
@@ -36,7 +32,7 @@ def test_show_prints_the_lease_expiry_of_a_leased_job_as_an_iso_time(tmp_path: P
 
 def test_show_prints_none_for_a_job_without_a_lease(tmp_path: Path) -> None:
     root = tmp_path / "spool"
-    with Spool(root, durable=False) as spool:
+    with make_spool(root) as spool:
         spool.enqueue("mail", {}, job_id="waiting")
     (line,) = [ln for ln in _show(root, "waiting").splitlines()
                if ln.strip().startswith("lease:")]
@@ -50,7 +46,7 @@ def test_show_escapes_control_characters_in_the_error_and_traceback(tmp_path: Pa
         raise ValueError("bad input \x1b[2J\x07 here")
 
     root = tmp_path / "spool"
-    with Spool(root, durable=False) as spool:
+    with make_spool(root) as spool:
         spool.enqueue("mail", {}, job_id="noisy", max_attempts=1)
         Worker(spool, {"mail": noisy}, maintenance=False).run_until_idle()
         assert spool.get("noisy").traceback
