@@ -289,23 +289,26 @@ class Pipeline:
             with anyio.CancelScope() as scope:
                 self.scopes.add(scope)
                 try:
-                    async with self._slot(ctx):
-                        if not ctx.lost and not self.life.stopping:
-                            await self._call(ctx)
+                    if ctx.job.rescues == 0 or self.config.concurrency == 1:
+                        async with self.limiter:  # the common case, without a generator
+                            await self._call_unless_dropped(ctx)
+                    else:
+                        async with self._alone(ctx):
+                            await self._call_unless_dropped(ctx)
                 finally:
                     self.scopes.discard(scope)
         finally:
             self._finished(ctx)  # outcome None (never started, cut off): released at settle
 
+    async def _call_unless_dropped(self, ctx: Context) -> None:
+        if not ctx.lost and not self.life.stopping:
+            await self._call(ctx)
+
     @contextlib.asynccontextmanager
-    async def _slot(self, ctx: Context) -> AsyncIterator[None]:
-        """A handler slot. A job that was running when a worker died (`rescues`) takes every
-        slot and runs alone: if it kills this worker too, it is the only one running here,
-        so recovery charges it alone instead of the batch mates beside it (issue 10)."""
-        if ctx.job.rescues == 0 or self.config.concurrency == 1:
-            async with self.limiter:
-                yield
-            return
+    async def _alone(self, ctx: Context) -> AsyncIterator[None]:
+        """Every handler slot at once. A job that was running when a worker died
+        (`rescues`) runs alone: if it kills this worker too, it is the only one running
+        here, so recovery charges it alone instead of the batch mates beside it (issue 10)."""
         taken: list[object] = []
         try:
             async with self.isolating:  # one rescued job gathers the slots at a time
