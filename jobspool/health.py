@@ -302,12 +302,12 @@ def _stale_prepared(spool: Spool, cutoff: float) -> list[str]:
 def _unreadable_files(spool: Spool) -> list[str]:
     """`state/name` of each file in a state directory that is not a readable job, confirmed
     by a second read under the lock (a lock-free read can race a recycled file, scan.py)."""
-    from jobspool.queue.journal import Journal
+    from jobspool.queue.journal import journal_of
     from jobspool.recovery.quarantine import confirm
     from jobspool.recovery.scan import scan_spool
 
-    journal = getattr(spool, "journal", None)
-    if not isinstance(journal, Journal):
+    journal = journal_of(spool)
+    if journal is None:
         return []  # only files can be unreadable
     suspects = scan_spool(journal).bad
     if not suspects:

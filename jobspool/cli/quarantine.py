@@ -46,9 +46,10 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
 
 
 def _core(spool: Any) -> Any:
-    # Quarantine works on a file spool's journal (the layer under the `Spool` facade);
-    # another store is passed as it is.
-    return getattr(spool, "journal", spool)
+    # Quarantine works on a file spool's journal; another store is passed as it is.
+    from jobspool.queue.journal import journal_of
+
+    return journal_of(spool) or spool
 
 
 def _when(at: float | None) -> str:

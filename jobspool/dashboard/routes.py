@@ -262,10 +262,11 @@ class BadRequest(Exception):
 
 
 def _quarantine_entries(spool: Any) -> list[dict[str, Any]]:
+    from jobspool.queue.journal import journal_of
     from jobspool.recovery.quarantine import quarantined_files, read_reason
 
     out = []
-    core = getattr(spool, "journal", spool)  # the file spool's journal
+    core = journal_of(spool) or spool  # a file spool's journal; another store as it is
     for name in quarantined_files(core):
         try:
             reason: dict[str, object] = read_reason(core, name)

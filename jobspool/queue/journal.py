@@ -56,6 +56,15 @@ _GROUP_DIRS = frozenset({JobState.READY.value, JobState.RETRYABLE.value,
 _GROUP_SLOTS = {SLOT[JobState(d)]: d for d in _GROUP_DIRS}
 
 
+def journal_of(spool: object) -> Journal | None:
+    """The journal of a file spool given its `Spool` facade (or the journal itself); None
+    for another store. Administration (quarantine, scans) works on the journal."""
+    if isinstance(spool, Journal):
+        return spool
+    journal = getattr(spool, "journal", None)
+    return journal if isinstance(journal, Journal) else None
+
+
 class Journal:
     """The core of one spool directory that every layer above reads and writes through.
 

@@ -90,7 +90,7 @@ def prune(spool: Journal, *, keep: int | None = None, older_than: float | None =
     removal is re-checked under the lock anyway).
     """
     if keep is None and older_than is None:
-        keep, older_than = spool.keep_terminal, getattr(spool, "keep_terminal_seconds", None)
+        keep, older_than = spool.keep_terminal, spool.keep_terminal_seconds
     keep = 0 if keep is None else validate_int("keep", keep, minimum=0)
     keep_dead = keep if keep_dead is None else validate_int("keep_dead", keep_dead, minimum=0)
     if older_than is not None:
