@@ -212,3 +212,10 @@ def test_the_demo_runs_on_a_postgresql_root_and_refuses_one_that_holds_jobs(
     again = run_jobspool("demo", "--jobs", "10", root=pg_url, env=env, timeout=300)
     assert again.returncode != 0 and "already holds jobs" in again.stderr
     assert len(again.stderr.strip().splitlines()) == 1
+
+
+def test_the_dashboards_restore_on_a_postgresql_spool_is_a_plain_refusal(pg_url: str) -> None:
+    from jobspool.dashboard.actions import ActionError, restore
+
+    with make_spool(pg_url) as spool, pytest.raises(ActionError, match="no quarantined file"):
+        restore(spool, "ready-x.json")  # type: ignore[arg-type]

@@ -97,10 +97,11 @@ def can_restore() -> bool:
 
 def restore(spool: Spool, name: str) -> str:
     """Put a quarantined file back into its state directory (the quarantine module decides)."""
+    from jobspool.queue.journal import journal_of
     from jobspool.recovery.quarantine import quarantined_files
 
-    core = spool.journal  # quarantine works on the file spool's journal
-    if name not in quarantined_files(core):
+    core = journal_of(spool)  # quarantine is a file spool's: another store has none
+    if core is None or name not in quarantined_files(core):
         raise ActionError(f"no quarantined file named {name!r}")
     fn = _quarantine_restore()
     if fn is None:
