@@ -90,12 +90,21 @@ def prune(spool: PgSpool, *, keep: int | None = None, older_than: float | None =
 
 
 def _prune_state(conn: psycopg.Connection[Any], params: dict[str, Any]) -> list[str]:
+    # Two statements, not `DELETE ... WHERE id IN (SELECT ... OFFSET keep)`: with
+    # statistics taken before the churn (rows=1 in a terminal state, until autovacuum's
+    # next analyze) the planner re-ran that subquery once per terminal row, a quadratic
+    # 0.2 s per 1,000 rows kept, on the settle path. A literal array is planned as a
+    # constant: a hashed lookup or the primary key, linear either way. The DELETE checks
+    # the state again, so a job requeued in between stays.
+    old = [r[0] for r in conn.execute(
+        "SELECT id FROM jobspool_jobs WHERE state = %(state)s"
+        " ORDER BY updated_at DESC, id DESC OFFSET %(keep)s", params).fetchall()]
+    if not old:
+        return []
     rows = conn.execute(
-        "DELETE FROM jobspool_jobs WHERE id IN ("
-        " SELECT id FROM jobspool_jobs WHERE state = %(state)s"
-        " ORDER BY updated_at DESC, id DESC OFFSET %(keep)s)"
-        " AND state = %(state)s AND (%(cutoff)s::float8 IS NULL OR updated_at < %(cutoff)s)"
-        " RETURNING id", params).fetchall()
+        "DELETE FROM jobspool_jobs WHERE id = ANY(%(ids)s::text[]) AND state = %(state)s"
+        " AND (%(cutoff)s::float8 IS NULL OR updated_at < %(cutoff)s) RETURNING id",
+        {**params, "ids": old}).fetchall()
     return [r[0] for r in rows]
 
 
