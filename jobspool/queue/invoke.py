@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
+import anyio.from_thread
 import anyio.to_thread
 
 from jobspool.errors import JobspoolError, LeaseLost, ProjectionError, TimeLimitExceeded
@@ -79,20 +80,6 @@ async def invoke(ctx: Context, fn: Callable[..., Any], *, is_async: bool,
             _timed_out(ctx, timeout or 0.0, sync=False, late=True)
         else:
             ctx.outcome = Completed(result)
-    except Retry as r:
-        try:
-            if r.delay is not None:
-                validate_seconds("Retry(delay=...)", r.delay)
-            ctx.outcome = Retried(r)
-        except JobspoolError as bad:
-            ctx.outcome = Errored(bad)  # the handler's mistake: normal backoff
-    except Fail as f:
-        ctx.outcome = Failed(f.reason)
-    except ProjectionError as e:
-        ctx.traceback = format_traceback(e)
-        ctx.outcome = Failed(str(e))
-    except LeaseLost:
-        ctx.lost = True
     except _Raised as carried:
         _handler_raised(ctx, carried.exc)
     except anyio.get_cancelled_exc_class() as exc:
@@ -102,9 +89,48 @@ async def invoke(ctx: Context, fn: Callable[..., Any], *, is_async: bool,
         _handler_raised(ctx, exc)
     except BaseException as exc:  # SystemExit and KeyboardInterrupt included:
         # whatever a handler raises is its job's failure; only a real signal stops us.
-        _handler_raised(ctx, exc)
+        record_raised(ctx, exc)
     finally:
         ctx.thread_ident = None
+
+
+def call_sync(ctx: Context, fn: Callable[..., Any]) -> None:
+    """In a worker thread: call a sync handler with no time limit (`runners.py`) and record
+    how it ended in `ctx.outcome`, as `invoke` does."""
+    ctx.thread_ident = threading.get_ident()
+    try:
+        result = fn(ctx.job, ctx)
+        if inspect.isawaitable(result):
+            result = anyio.from_thread.run(_awaited, result)
+        ctx.outcome = Completed(result)
+    except BaseException as exc:  # as in invoke: whatever it raises is its job's failure
+        record_raised(ctx, exc)
+    finally:
+        ctx.thread_ident = None
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
+
+
+def record_raised(ctx: Context, exc: BaseException) -> None:
+    """What a handler's exception makes of its run."""
+    if isinstance(exc, Retry):
+        try:
+            if exc.delay is not None:
+                validate_seconds("Retry(delay=...)", exc.delay)
+            ctx.outcome = Retried(exc)
+        except JobspoolError as bad:
+            ctx.outcome = Errored(bad)  # the handler's mistake: normal backoff
+    elif isinstance(exc, Fail):
+        ctx.outcome = Failed(exc.reason)
+    elif isinstance(exc, ProjectionError):
+        ctx.traceback = format_traceback(exc)
+        ctx.outcome = Failed(str(exc))
+    elif isinstance(exc, LeaseLost):
+        ctx.lost = True
+    else:
+        _handler_raised(ctx, exc)
 
 
 def _handler_raised(ctx: Context, exc: BaseException) -> None:

@@ -5,9 +5,11 @@ Jobs flow through three stages that overlap instead of taking turns:
 - claim: whenever the jobs in hand (claimed, not yet settled) fall to half
   of `batch_size`, claim up to `batch_size` more in one batch (one lock
   hold, one shared flush);
-- run: at most `concurrency` handlers at once (sync ones in worker
-  threads, async ones on the loop); one beat task extends every unsettled
-  lease every `lease_seconds / 3` in one `heartbeat_many`;
+- run: at most `concurrency` handlers at once (async ones on the loop;
+  sync ones without a time limit back to back on long-lived runners,
+  `runners.py`; other sync ones in a worker thread each); one beat task
+  extends every unsettled lease every `lease_seconds / 3` in one
+  `heartbeat_many`;
 - settle: finished jobs are settled as a group — when nothing else is
   running, when `batch_size` are waiting, or `settle_seconds` after the
   first of them finished — so a slow job never holds its quick batch mates
@@ -40,6 +42,7 @@ from jobspool.errors import TimeLimitExceeded, WorkerCrashed
 from jobspool.queue.context import Context, Raised
 from jobspool.queue.invoke import invoke
 from jobspool.queue.report import Counters, RunReport
+from jobspool.queue.runners import Runners, soon_from_thread
 from jobspool.queue.runtime import Monitor
 from jobspool.queue.settle import Settler
 
@@ -91,6 +94,7 @@ class Pipeline:
         self.monitor = Monitor(self.spool, lambda: list(self.in_hand.values()),
                                lease_seconds=config.lease_seconds)
         self.settler = Settler(spool, config, counters, sink, self.in_hand)
+        self.runners: Runners | None = None  # made in run(): it needs the running loop
 
     # ------------------------------------------------------------ the loop
 
@@ -98,6 +102,12 @@ class Pipeline:
         # Before the first claim: this process reports its handlers' starts, so if it dies,
         # recovery charges only those and gives the rest back uncounted (liveness.py).
         self.spool.note_running((), started=True)
+        soon = soon_from_thread()
+        if soon is not None:
+            self.runners = Runners(
+                spool=self.spool, life=self.life, slots=self.config.concurrency,
+                limiter=self.limiter, threads=self.threads, scopes=self.scopes,
+                handler_for=self.config.handlers.__getitem__, finished=self._ran, soon=soon)
         self.monitor.start()
         try:
             async with anyio.create_task_group() as tg:
@@ -189,11 +199,25 @@ class Pipeline:
             self.spool.claim, kinds=self.config.kinds, limit=want, owner=self.config.owner,
             lease_seconds=self.config.lease_seconds, exclude=frozenset(self.in_hand)))
         self.counters.claimed += len(leases)
+        queued: list[Context] = []
         for lease in leases:
             ctx = Context(self.spool, lease, key_for=self.config.keys)
             self.in_hand[ctx.job_id] = ctx
-            tg.start_soon(self._run_one, ctx)
+            if self._runs_queued(ctx):
+                queued.append(ctx)
+            else:
+                tg.start_soon(self._run_one, ctx)
+        if self.runners is not None:
+            self.runners.submit(tg, queued)
         return len(leases)
+
+    def _runs_queued(self, ctx: Context) -> bool:
+        """Whether a runner (`runners.py`) takes this job: a sync handler, no time limit,
+        and not a rescued job that must run alone."""
+        job = ctx.job
+        return (self.runners is not None and not self.config.is_async(job.kind)
+                and job.timeout is None and self.config.timeout_for(job.kind) is None
+                and (job.rescues == 0 or self.config.concurrency == 1))
 
     async def _wait_for_progress(self) -> None:
         """Until a handler finishes, a settle timer runs out, or a claim comes due."""
@@ -339,6 +363,14 @@ class Pipeline:
             self.life.note_end(ctx)
             if not ctx.hung:  # returned: a death before its settle is not this job's doing
                 self.spool.note_running([ctx.token], started=False)
+        self._count_timeout(ctx)
+
+    def _ran(self, ctx: Context) -> None:
+        """A runner's job ended (on the loop)."""
+        self._count_timeout(ctx)
+        self._finished(ctx)
+
+    def _count_timeout(self, ctx: Context) -> None:
         if isinstance(ctx.outcome, Raised) and isinstance(ctx.outcome.exc, TimeLimitExceeded):
             self.counters.timed_out += 1
 

@@ -1,0 +1,176 @@
+"""Sync handlers without a time limit, run back to back on long-lived worker threads.
+
+The per-job path (`invoke.py`) hops to a thread and back for every job: a
+task, a future and a wakeup of the event loop each time, which cost the
+worker more than twice the raw claim + complete of a no-op job on
+PostgreSQL (`bench/worker_overhead.py`). Here each handler slot that has
+work runs one *runner*: one thread hop that takes jobs from a shared run
+queue, in claim order, until the queue is empty. Finished jobs go back to
+the loop in groups: one wakeup covers every job finished since the loop
+last looked, so a burst of quick jobs costs one hop, not one per job.
+
+What stays on the per-job path: async handlers, jobs with a time limit (a
+thread past its limit is abandoned, which a runner serving a queue must not
+be) and rescued jobs that must run alone.
+
+Cancellation (a shutdown past its grace, the worker giving up) abandons a
+runner's thread as the per-job path abandons its thread: the job it was
+running ends `Interrupted`, whatever the thread does later is ignored, and
+jobs still queued end unstarted (released uncounted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import importlib
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+
+from jobspool.queue.context import Context, Interrupted
+from jobspool.queue.invoke import call_sync
+
+if TYPE_CHECKING:
+    from jobspool.queue.api import SpoolAPI
+    from jobspool.queue.host import Lifecycle
+
+
+def soon_from_thread() -> Callable[[Callable[[], None]], Any] | None:
+    """How a thread asks the running event loop to call something soon, without waiting:
+    asyncio's `call_soon_threadsafe` or trio's token; None on another loop."""
+    try:
+        return asyncio.get_running_loop().call_soon_threadsafe
+    except RuntimeError:
+        pass
+    try:
+        trio: Any = importlib.import_module("trio")
+        return trio.lowlevel.current_trio_token().run_sync_soon  # type: ignore[no-any-return]
+    except (ImportError, RuntimeError):
+        return None
+
+
+class _Run:
+    """One runner's thread, as the loop sees it."""
+
+    __slots__ = ("abandoned", "current")
+
+    def __init__(self) -> None:
+        self.current: Context | None = None
+        self.abandoned = False
+
+
+class Runners:
+    """Up to `slots` runners draining one run queue of sync, unlimited jobs."""
+
+    def __init__(self, *, spool: SpoolAPI, life: Lifecycle, slots: int,
+                 limiter: anyio.CapacityLimiter, threads: anyio.CapacityLimiter,
+                 scopes: set[anyio.CancelScope], handler_for: Callable[[str], Callable[..., Any]],
+                 finished: Callable[[Context], None],
+                 soon: Callable[[Callable[[], None]], Any]) -> None:
+        self.spool = spool
+        self.life = life
+        self.slots = slots
+        self.limiter = limiter
+        self.threads = threads
+        self.scopes = scopes
+        self.handler_for = handler_for
+        self.finished = finished
+        self.soon = soon
+        self._lock = threading.Lock()
+        self._queue: collections.deque[Context] = collections.deque()
+        self._active = 0  # runners started and not yet out of work; under _lock
+        self._posted: list[Context] = []
+        self._post_pending = False
+
+    def submit(self, tg: anyio.abc.TaskGroup, ctxs: list[Context]) -> None:
+        """Queue jobs (claim order kept) and start runners for free slots."""
+        if not ctxs:
+            return
+        with self._lock:
+            self._queue.extend(ctxs)
+            start = min(self.slots - self._active, len(self._queue))
+            self._active += start
+        for _ in range(start):
+            tg.start_soon(self._runner)
+
+    async def _runner(self) -> None:
+        run = _Run()
+        try:
+            with anyio.CancelScope() as scope:
+                self.scopes.add(scope)
+                try:
+                    async with self.limiter:
+                        await anyio.to_thread.run_sync(self._drain, run, limiter=self.threads,
+                                                       abandon_on_cancel=True)
+                finally:
+                    self.scopes.discard(scope)
+        finally:
+            self._abandon(run)
+
+    def _abandon(self, run: _Run) -> None:
+        """If this runner's thread has not returned (we were cancelled), let it go: its job
+        ends interrupted, the jobs still queued end unstarted."""
+        with self._lock:
+            if run.abandoned or run.current is _DONE:
+                return
+            run.abandoned = True
+            self._active -= 1
+            cut = run.current
+            unstarted = list(self._queue)
+            self._queue.clear()
+        if cut is not None:
+            cut.outcome = Interrupted()
+            self.finished(cut)
+        for ctx in unstarted:
+            self.finished(ctx)
+
+    def _drain(self, run: _Run) -> None:
+        """In a worker thread: run queued jobs until none is left or the loop let go."""
+        while True:
+            with self._lock:
+                if run.abandoned:
+                    return
+                if not self._queue:
+                    self._active -= 1
+                    run.current = _DONE
+                    return
+                ctx = run.current = self._queue.popleft()
+            if not ctx.lost and not self.life.stopping:
+                self._call(ctx)
+            with self._lock:
+                if run.abandoned:
+                    return  # the loop ended this job already (interrupted)
+                run.current = None
+                self._posted.append(ctx)
+                wake, self._post_pending = not self._post_pending, True
+            if wake:
+                self.soon(self._collect)
+
+    def _call(self, ctx: Context) -> None:
+        ctx.started = True
+        ctx.deadline = None
+        self.life.note_start(ctx)
+        # Before the handler runs: if this process dies now, recovery blames this job only.
+        self.spool.note_running([ctx.token], started=True)
+        try:
+            call_sync(ctx, self.handler_for(ctx.job.kind))
+        finally:
+            self.life.note_end(ctx)
+            self.spool.note_running([ctx.token], started=False)
+
+    def _collect(self) -> None:
+        """On the loop: hand every job finished since the last call to the pipeline."""
+        with self._lock:
+            got, self._posted = self._posted, []
+            self._post_pending = False
+        for ctx in got:
+            self.finished(ctx)
+
+
+# A runner whose thread returned on its own: nothing of it to abandon.
+_DONE: Any = object()

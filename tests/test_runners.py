@@ -1,0 +1,164 @@
+"""Sync handlers without a time limit run on long-lived runners (queue/runners.py).
+
+What a user can observe must be what the per-job path gave: every job once,
+never more than `concurrency` handlers at once (shared with jobs that do have
+a time limit), quick batch mates settled while a slow one still runs, a
+sync handler returning an awaitable awaited, and the same on trio.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import anyio
+import pytest
+
+from jobspool import Context, Job, JobState, Policy, Spool, Worker
+
+
+class Gauge:
+    """How many handlers run at once, and the most seen."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.now = 0
+        self.most = 0
+
+    def __enter__(self) -> None:
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+
+    def __exit__(self, *exc: object) -> None:
+        with self.lock:
+            self.now -= 1
+
+
+def test_every_sync_job_runs_once_with_concurrency_handlers_at_once(spool: Spool) -> None:
+    seen: list[str] = []
+    gauge = Gauge()
+    # The first three jobs only complete if three handlers really run at the same time.
+    meet = threading.Barrier(3, timeout=20)
+
+    def handler(job: Job, ctx: Context) -> int:
+        with gauge:
+            if job.payload < 3:
+                meet.wait()
+            else:
+                time.sleep(0.001)
+            seen.append(job.id)
+        return int(job.payload) * 2
+
+    jobs = spool.enqueue_many("plain", list(range(120)))
+    report = Worker(spool, {"plain": handler}, concurrency=3, batch_size=20,
+                    maintenance=False).run_until_idle()
+    assert report.completed == 120 and report.dead_lettered == 0
+    assert sorted(seen) == sorted(j.id for j in jobs)
+    assert gauge.most == 3
+    assert [spool.get(j.id).result for j in jobs[:5]] == [0, 2, 4, 6, 8]
+
+
+def test_jobs_with_and_without_a_time_limit_share_the_concurrency_cap(spool: Spool) -> None:
+    gauge = Gauge()
+
+    def plain(job: Job, ctx: Context) -> None:
+        with gauge:
+            time.sleep(0.002)
+
+    def limited(job: Job, ctx: Context) -> None:
+        with gauge:
+            time.sleep(0.002)
+
+    spool.enqueue_many("plain", list(range(60)))
+    spool.enqueue_many("limited", list(range(60)))
+    report = Worker(spool, {"plain": plain, "limited": limited}, concurrency=2,
+                    policies={"limited": Policy(timeout=30)}, batch_size=25,
+                    maintenance=False).run_until_idle()
+    assert report.completed == 120
+    assert gauge.most <= 2
+
+
+def test_a_limited_job_still_times_out_beside_unlimited_ones(spool: Spool) -> None:
+    release = threading.Event()
+
+    def slow(job: Job, ctx: Context) -> None:
+        release.wait(30)
+
+    def quick(job: Job, ctx: Context) -> str:
+        return "ok"
+
+    stuck = spool.enqueue("slow", None, max_attempts=1)
+    quick_jobs = spool.enqueue_many("quick", list(range(30)))
+    try:
+        report = Worker(spool, {"slow": slow, "quick": quick}, concurrency=2,
+                        policies={"slow": Policy(timeout=0.3)},
+                        maintenance=False).run_until_idle()
+    finally:
+        release.set()
+    assert report.completed == 30
+    assert report.timed_out == 1
+    assert spool.get(stuck.id).state is JobState.DEAD_LETTER
+    assert all(spool.get(j.id).result == "ok" for j in quick_jobs)
+
+
+def test_quick_batch_mates_settle_while_a_slow_sync_job_still_runs(spool: Spool) -> None:
+    release = threading.Event()
+    quick_done = threading.Event()
+    slow_job: list[str] = []
+
+    def handler(job: Job, ctx: Context) -> None:
+        if job.payload == "slow":
+            slow_job.append(job.id)
+            # Completed batch mates are on disk before this one returns.
+            quick_done.wait(20)
+            release.set()
+
+    def watch() -> None:
+        deadline = time.monotonic() + 20
+        with Spool(spool.root, durable=False) as peer:
+            while time.monotonic() < deadline:
+                if peer.stats().counts.get("completed", 0) >= 10:
+                    quick_done.set()
+                    return
+                time.sleep(0.01)
+
+    spool.enqueue("mixed", "slow")
+    spool.enqueue_many("mixed", ["quick"] * 10)
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    report = Worker(spool, {"mixed": handler}, concurrency=2, batch_size=20,
+                    maintenance=False).run_until_idle()
+    watcher.join()
+    assert release.is_set(), "the quick jobs were not settled while the slow one ran"
+    assert report.completed == 11
+
+
+def test_a_sync_handler_returning_an_awaitable_has_it_awaited(spool: Spool) -> None:
+    async def later(n: int) -> int:
+        await anyio.sleep(0)
+        return n + 1
+
+    def handler(job: Job, ctx: Context) -> Any:
+        return later(job.payload)
+
+    jobs = spool.enqueue_many("aw", [1, 2, 3])
+    report = Worker(spool, {"aw": handler}, maintenance=False).run_until_idle()
+    assert report.completed == 3
+    assert [spool.get(j.id).result for j in jobs] == [2, 3, 4]
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_sync_handlers_run_under_either_event_loop(spool: Spool, backend: str) -> None:
+    def handler(job: Job, ctx: Context) -> int:
+        if job.payload == 7:
+            raise ValueError("seven")
+        return int(job.payload)
+
+    spool.enqueue_many("n", list(range(40)), max_attempts=1)
+    worker = Worker(spool, {"n": handler}, concurrency=4, maintenance=False)
+    report = anyio.run(worker.arun_until_idle, backend=backend)
+    assert (report.completed, report.dead_lettered) == (39, 1)
+    (dead,) = spool.jobs(state=JobState.DEAD_LETTER)
+    assert "seven" in (dead.last_error or "")
