@@ -162,3 +162,30 @@ def test_sync_handlers_run_under_either_event_loop(spool: Spool, backend: str) -
     assert (report.completed, report.dead_lettered) == (39, 1)
     (dead,) = spool.jobs(state=JobState.DEAD_LETTER)
     assert "seven" in (dead.last_error or "")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("jobs", "batch"), [(1, 1), (10, 10)])
+def test_a_refused_settle_is_given_back_and_the_run_still_drains(
+        spool: Spool, jobs: int, batch: int) -> None:
+    # The group settles beside the loop; while it is given back and the supervisor backs
+    # off, the loop has nothing in hand. It once spun there without yielding, so the
+    # settle task never ran again and run_until_idle never returned.
+    from jobspool.errors import WriteFailed
+
+    real = spool.complete_many
+    refused: list[int] = []
+
+    def complete_many(items: Any) -> Any:
+        if not refused:
+            refused.append(len(items))
+            return [WriteFailed("injected: the disk refused") for _ in items]
+        return real(items)
+
+    spool.complete_many = complete_many  # type: ignore[method-assign]
+    made = spool.enqueue_many("k", list(range(jobs)))
+    report = Worker(spool, {"k": lambda job, ctx: job.payload}, batch_size=batch,
+                    maintenance=False).run_until_idle()
+    assert refused == [batch]
+    assert report.completed == jobs and report.crashes == 1
+    assert all(spool.get(j.id).state is JobState.COMPLETED for j in made)

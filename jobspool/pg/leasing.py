@@ -13,9 +13,11 @@ import functools
 import math
 import secrets
 import time
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
+
+import orjson
 
 from jobspool.errors import JobspoolError, LeaseLost
 from jobspool.pg import sql
@@ -127,14 +129,15 @@ def _refusal(conn: psycopg.Connection[Any], lease: Lease, resent: bool = False,
 
 
 def _apply(spool: PgSpool, statement: str, leases: Sequence[Lease], params: dict[str, Any],
-           what: str, locked_ok: bool = False) -> dict[str, Job | LeaseLost]:
+           what: str, locked_ok: bool = False,
+           build: Callable[[Sequence[Any]], Job] = to_job) -> dict[str, Job | LeaseLost]:
     sends = 0
 
     def go(conn: psycopg.Connection[Any]) -> dict[str, Job | LeaseLost]:
         nonlocal sends
         sends += 1
         rows = conn.execute(statement, params).fetchall()
-        done: dict[str, Job | LeaseLost] = {r[0]: to_job(r) for r in rows}
+        done: dict[str, Job | LeaseLost] = {r[0]: build(r) for r in rows}
         for lease in leases:
             if lease.job_id not in done:
                 done[lease.job_id] = _refusal(conn, lease, resent=sends > 1,
@@ -168,7 +171,8 @@ def settle(spool: PgSpool, leases: Sequence[Lease], actions: Sequence[tuple[str,
         chosen.append((lease, new, (new.run_at - now) if moved else None))
         out.append(None)
     if chosen:
-        params = {
+        results = [None if new.result is None else dump(new.result) for _, new, _ in chosen]
+        params: dict[str, Any] = {
             "now": spool.now_param(),
             "ids": [lease.job_id for lease, _, _ in chosen],
             "tokens": [lease.token for lease, _, _ in chosen],
@@ -176,11 +180,24 @@ def settle(spool: PgSpool, leases: Sequence[Lease], actions: Sequence[tuple[str,
             "attempts": [new.attempts for _, new, _ in chosen],
             "rescues": [new.rescues for _, new, _ in chosen],
             "delays": [None if d is None else max(0.0, d) for _, _, d in chosen],
-            "results": [None if new.result is None else dump(new.result) for _, new, _ in chosen],
+            "results": results,
             "errors": [text(new.last_error) for _, new, _ in chosen],
             "tracebacks": [text(new.traceback) for _, new, _ in chosen],
         }
-        done = _apply(spool, sql.SETTLE, [lease for lease, _, _ in chosen], params, "settle")
+        built = {lease.job_id: (new, stored)
+                 for (lease, new, _), stored in zip(chosen, results, strict=True)}
+
+        def settled(row: Sequence[Any]) -> Job:
+            # The job as stored: the database's revision, clock and run_at; text columns
+            # as `text()` stored them; the result as its JSON reads back.
+            new, stored = built[row[0]]
+            return evolve(new, revision=int(row[1]), updated_at=row[2], run_at=row[3],
+                          lease=None, last_error=text(new.last_error),
+                          traceback=text(new.traceback),
+                          result=None if stored is None else orjson.loads(stored))
+
+        done = _apply(spool, sql.SETTLE, [lease for lease, _, _ in chosen], params, "settle",
+                      build=settled)
         it = iter(done[lease.job_id] for lease, _, _ in chosen)
         out = [next(it) if o is None else o for o in out]
         terminal = sum(1 for o in out if isinstance(o, Job) and o.terminal)

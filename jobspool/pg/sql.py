@@ -138,7 +138,9 @@ def sweep_sql(kinds: list[str] | None, *, exhausted_only: bool) -> str:
 
 
 # Complete, fail and release, many at once: each row written only while its lease is
-# current (same token, still leased, unexpired). A row left out was refused.
+# current (same token, still leased, unexpired). A row left out was refused. Only what the
+# database decides comes back (revision, clock, run_at): the caller built the rest of the
+# settled job already, and reading the payload back cost a parse per job.
 SETTLE = f"""
 UPDATE jobspool_jobs j
 SET state = u.state, attempts = u.attempts, rescues = u.rescues, revision = j.revision + 1,
@@ -150,7 +152,7 @@ FROM unnest(%(ids)s::text[], %(tokens)s::int8[], %(states)s::text[], %(attempts)
             %(errors)s::text[], %(tracebacks)s::text[])
      AS u(id, token, state, attempts, rescues, delay, result, last_error, traceback)
 WHERE j.id = u.id AND j.token = u.token AND j.state = 'leased' AND j.expires_at > {NOW}
-RETURNING {J_COLUMNS}
+RETURNING j.id, j.revision, j.updated_at, j.run_at
 """
 
 # Heartbeats: only `expires_at` and `revision` change, neither indexed: a HOT update.

@@ -14,7 +14,9 @@ Jobs flow through three stages that overlap instead of taking turns:
   running, when `batch_size` are waiting, or `settle_seconds` after the
   first of them finished — so a slow job never holds its quick batch mates
   (or the next claim) hostage, and a burst of quick jobs still shares one
-  projection merge per table and one flush per outcome.
+  projection merge per table and one flush per outcome. A group settles
+  beside the loop, one at a time, so the next claim's round trip overlaps
+  the settle's instead of waiting for it.
 
 A heartbeat or a pre-projection check that gets `LeaseLost` marks the job
 lost: whatever its handler returns is discarded (counted, logged), and its
@@ -36,6 +38,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 
 from jobspool.errors import TimeLimitExceeded, WorkerCrashed
@@ -95,6 +98,9 @@ class Pipeline:
                                lease_seconds=config.lease_seconds)
         self.settler = Settler(spool, config, counters, sink, self.in_hand)
         self.runners: Runners | None = None  # made in run(): it needs the running loop
+        self.settling = 0  # jobs of the group being settled (`_settle`), still in `in_hand`
+        self.settles = 0  # groups settled so far
+        self.settle_failing = False
 
     # ------------------------------------------------------------ the loop
 
@@ -131,25 +137,25 @@ class Pipeline:
             # Idle or busy with long handlers, the metrics file stays fresh while this loop
             # turns (at most one write per 5 s): `health` reads a stale one as a stuck worker.
             self.life.publish(self.counters)
+            if self.crashed is not None:
+                return
             if self._settle_due():
                 group, self.done = self.done, []
-                try:
-                    await self.settler.settle(group)
-                except Exception as exc:  # our machinery: give the group back, carry on
-                    await anyio.to_thread.run_sync(self.settler.release_unsettled, group)
-                    if not await self._supervise(exc):
-                        return
-                self._report_progress()
+                self.settling += len(group)
+                tg.start_soon(self._settle, group)
                 continue
             tried_claim = False
             if self._may_claim():
-                tried_claim = True
+                settles = self.settles
                 try:
                     n = await self._claim(tg)
                 except Exception as exc:
                     if not await self._supervise(exc):
                         return
                     continue
+                # Empty, but a settle ran meanwhile: what it gave back (a retry due now, a
+                # release) may not have been there to see; not a proof of idleness yet.
+                tried_claim = not self.settling and settles == self.settles
                 if n:
                     self.idle = 0.01
                     continue
@@ -157,6 +163,11 @@ class Pipeline:
                 self.idle = min(self.poll_seconds, self.idle * 2)
                 if not self.until_idle:
                     await self._claim_when_due()
+            if self.settling and len(self.in_hand) <= self.settling:
+                # Only the group settling beside the loop is in hand (or a failed one is
+                # being given back while the supervisor backs off): wait for it to land.
+                await self._wait_for_progress()
+                continue
             if not self.in_hand:
                 if self.life.stopping:
                     return
@@ -173,11 +184,29 @@ class Pipeline:
             await self._wait_for_progress()
 
     def _settle_due(self) -> bool:
-        if not self.done:
+        if not self.done or self.settling:
             return False
         if len(self.done) == len(self.in_hand) or len(self.done) >= self.config.batch_size:
             return True
         return time.monotonic() - self.first_done_at >= SETTLE_SECONDS
+
+    async def _settle(self, group: list[Context]) -> None:
+        """Settle a group beside the loop: the next claim's round trip overlaps this one's
+        (one group at a time; the claim's `exclude` keeps these leases out of it)."""
+        try:
+            await self.settler.settle(group)
+        except Exception as exc:  # our machinery: give the group back, carry on
+            self.settle_failing = True  # no claims while the supervisor backs off
+            try:
+                await anyio.to_thread.run_sync(self.settler.release_unsettled, group)
+                await self._supervise(exc)
+            finally:
+                self.settle_failing = False
+        finally:
+            self.settling -= len(group)
+            self.settles += 1
+            self._report_progress()
+            self.wake.set()
 
     def _budget_spent(self) -> bool:
         return self.max_jobs is not None and self.counters.claimed >= self.max_jobs
@@ -185,12 +214,12 @@ class Pipeline:
     def _may_claim(self) -> bool:
         if self.life.stopping or not self.config.kinds or self._budget_spent():
             return False
-        if len(self.in_hand) > self.cap // 2:
+        if self.settle_failing or len(self.in_hand) - self.settling > self.cap // 2:
             return False
         return time.monotonic() >= self.next_claim_at
 
     async def _claim(self, tg: anyio.abc.TaskGroup) -> int:
-        want = self.cap - len(self.in_hand)
+        want = self.cap - (len(self.in_hand) - self.settling)
         if self.max_jobs is not None:
             want = min(want, self.max_jobs - self.counters.claimed)
         if want <= 0:
@@ -222,7 +251,7 @@ class Pipeline:
     async def _wait_for_progress(self) -> None:
         """Until a handler finishes, a settle timer runs out, or a claim comes due."""
         timeout = 0.05
-        if self.done:
+        if self.done and not self.settling:  # while one settles, the next group waits for it
             timeout = max(0.0, self.first_done_at + SETTLE_SECONDS - time.monotonic())
         with anyio.move_on_after(timeout):
             await self.wake.wait()
@@ -232,6 +261,9 @@ class Pipeline:
     async def _sleep(self, seconds: float) -> None:
         """Sleep, but return early on a stop or when a job arrives (`_watch_arrivals`)."""
         deadline = time.monotonic() + seconds
+        # Always yield once: a zero sleep in a loop that finds nothing to do must still let
+        # the tasks beside it (a settle, the runners' results) run.
+        await anyio.lowlevel.checkpoint()
         while not self.life.stopping:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -398,6 +430,8 @@ class Pipeline:
             with anyio.move_on_after(2.0):
                 while self.scopes:
                     await anyio.sleep(0.01)
+        while self.settling:  # the group settling beside the loop lands (or is given back)
+            await anyio.sleep(0.005)
         if self.done:
             group, self.done = self.done, []
             try:
