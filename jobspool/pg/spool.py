@@ -81,6 +81,9 @@ class PgSpool(EnqueueForms):
     """A durable job queue in a PostgreSQL database, shared by processes on many machines."""
 
     durable = True
+    # A claim and a settle are each a round trip to the server, on their own connections:
+    # a worker settles one group while it claims the next (queue/pipeline.py).
+    overlap_settles = True
     access = "private"
 
     def __init__(self, root: str, *, create: bool = True, clock: Callable[[], float] | None = None,

@@ -76,6 +76,9 @@ class SpoolAPI(Protocol):
     def durable(self) -> bool: ...
 
     @property
+    def overlap_settles(self) -> bool: ...  # whether a worker settles while it claims
+
+    @property
     def access(self) -> str: ...
 
     @property

@@ -14,7 +14,8 @@ Jobs flow through three stages that overlap instead of taking turns:
   running, when `batch_size` are waiting, or `settle_seconds` after the
   first of them finished — so a slow job never holds its quick batch mates
   (or the next claim) hostage, and a burst of quick jobs still shares one
-  projection merge per table and one flush per outcome. A group settles
+  projection merge per table and one flush per outcome. On a store whose
+  calls are round trips to a server (`overlap_settles`), a group settles
   beside the loop, one at a time, so the next claim's round trip overlaps
   the settle's instead of waiting for it.
 
@@ -142,7 +143,10 @@ class Pipeline:
             if self._settle_due():
                 group, self.done = self.done, []
                 self.settling += len(group)
-                tg.start_soon(self._settle, group)
+                if self.spool.overlap_settles:
+                    tg.start_soon(self._settle, group)
+                else:
+                    await self._settle(group)
                 continue
             tried_claim = False
             if self._may_claim():
@@ -191,8 +195,9 @@ class Pipeline:
         return time.monotonic() - self.first_done_at >= SETTLE_SECONDS
 
     async def _settle(self, group: list[Context]) -> None:
-        """Settle a group beside the loop: the next claim's round trip overlaps this one's
-        (one group at a time; the claim's `exclude` keeps these leases out of it)."""
+        """Settle a group; beside the loop where the store says it pays (`overlap_settles`:
+        the next claim's round trip overlaps this one's), else in it. One group at a time;
+        the claim's `exclude` keeps these leases out of the next claim."""
         try:
             await self.settler.settle(group)
         except Exception as exc:  # our machinery: give the group back, carry on
