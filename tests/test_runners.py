@@ -192,3 +192,30 @@ def test_a_refused_settle_is_given_back_and_the_run_still_drains(
     assert refused == [batch]
     assert report.completed == jobs and report.crashes == 1
     assert all(spool.get(j.id).state is JobState.COMPLETED for j in made)
+
+
+def test_a_limited_job_claimed_behind_a_backlog_is_not_starved_by_the_runners(
+        spool: Spool) -> None:
+    # One handler slot. A runner drains the quick jobs while claims keep refilling its
+    # queue; a job with a time limit claimed meanwhile waits for the slot. It must get it
+    # at the runner's next job boundary, as it would have under the per-job path's fair
+    # slot queue, not once the whole backlog is done.
+    order: list[str] = []
+
+    def quick(job: Job, ctx: Context) -> None:
+        order.append("q")
+        time.sleep(0.005)  # slow enough that a group settles, and claims refill, mid-queue
+
+    def limited(job: Job, ctx: Context) -> None:
+        order.append("L")
+
+    spool.enqueue_many("quick", list(range(100)))
+    spool.enqueue("limited", None)
+    spool.enqueue_many("quick", list(range(100)))
+    report = Worker(spool, {"quick": quick, "limited": limited}, concurrency=1,
+                    batch_size=20, policies={"limited": Policy(timeout=30)},
+                    maintenance=False).run_until_idle()
+    assert report.completed == 201
+    # Claimed with a batch that ends near job 101 (batches of at most 20), it runs within
+    # a batch or two of that, not after all 200 quick jobs.
+    assert order.index("L") < 150, order.index("L")

@@ -99,6 +99,7 @@ class Pipeline:
                                lease_seconds=config.lease_seconds)
         self.settler = Settler(spool, config, counters, sink, self.in_hand)
         self.runners: Runners | None = None  # made in run(): it needs the running loop
+        self.slot_waiters = 0  # per-job runs waiting for a handler slot (runners yield to them)
         self.settling = 0  # jobs of the group being settled (`_settle`), still in `in_hand`
         self.settles = 0  # groups settled so far
         self.settle_failing = False
@@ -114,7 +115,8 @@ class Pipeline:
             self.runners = Runners(
                 spool=self.spool, life=self.life, slots=self.config.concurrency,
                 limiter=self.limiter, threads=self.threads, scopes=self.scopes,
-                handler_for=self.config.handlers.__getitem__, finished=self._ran, soon=soon)
+                handler_for=self.config.handlers.__getitem__, finished=self._ran, soon=soon,
+                contended=lambda: self.slot_waiters > 0)
         self.monitor.start()
         try:
             async with anyio.create_task_group() as tg:
@@ -351,8 +353,11 @@ class Pipeline:
                 self.scopes.add(scope)
                 try:
                     if ctx.job.rescues == 0 or self.config.concurrency == 1:
-                        async with self.limiter:  # the common case, without a generator
+                        await self._take_slot()  # the common case, without a generator
+                        try:
                             await self._call_unless_dropped(ctx)
+                        finally:
+                            self.limiter.release()
                     else:
                         async with self._alone(ctx):
                             await self._call_unless_dropped(ctx)
@@ -360,6 +365,15 @@ class Pipeline:
                     self.scopes.discard(scope)
         finally:
             self._finished(ctx)  # outcome None (never started, cut off): released at settle
+
+    async def _take_slot(self) -> None:
+        """A handler slot for one per-job run; counted while it waits, so that runners
+        (`runners.py`) give theirs up at their next job boundary."""
+        self.slot_waiters += 1
+        try:
+            await self.limiter.acquire()
+        finally:
+            self.slot_waiters -= 1
 
     async def _call_unless_dropped(self, ctx: Context) -> None:
         if not ctx.lost and not self.life.stopping:
@@ -373,10 +387,14 @@ class Pipeline:
         taken: list[object] = []
         try:
             async with self.isolating:  # one rescued job gathers the slots at a time
-                for _ in range(self.config.concurrency):
-                    borrower = object()
-                    await self.limiter.acquire_on_behalf_of(borrower)
-                    taken.append(borrower)
+                self.slot_waiters += 1
+                try:
+                    for _ in range(self.config.concurrency):
+                        borrower = object()
+                        await self.limiter.acquire_on_behalf_of(borrower)
+                        taken.append(borrower)
+                finally:
+                    self.slot_waiters -= 1
             yield
         finally:
             for borrower in taken:

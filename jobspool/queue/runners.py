@@ -71,7 +71,8 @@ class Runners:
                  limiter: anyio.CapacityLimiter, threads: anyio.CapacityLimiter,
                  scopes: set[anyio.CancelScope], handler_for: Callable[[str], Callable[..., Any]],
                  finished: Callable[[Context], None],
-                 soon: Callable[[Callable[[], None]], Any]) -> None:
+                 soon: Callable[[Callable[[], None]], Any],
+                 contended: Callable[[], bool]) -> None:
         self.spool = spool
         self.life = life
         self.slots = slots
@@ -81,6 +82,7 @@ class Runners:
         self.handler_for = handler_for
         self.finished = finished
         self.soon = soon
+        self.contended = contended
         self._lock = threading.Lock()
         self._queue: collections.deque[Context] = collections.deque()
         self._active = 0  # runners started and not yet out of work; under _lock
@@ -104,9 +106,11 @@ class Runners:
             with anyio.CancelScope() as scope:
                 self.scopes.add(scope)
                 try:
-                    async with self.limiter:
-                        await anyio.to_thread.run_sync(self._drain, run, limiter=self.threads,
-                                                       abandon_on_cancel=True)
+                    more = True
+                    while more:  # between turns, a per-job run waiting for a slot takes it
+                        async with self.limiter:
+                            more = await anyio.to_thread.run_sync(
+                                self._drain, run, limiter=self.threads, abandon_on_cancel=True)
                 finally:
                     self.scopes.discard(scope)
         finally:
@@ -129,22 +133,30 @@ class Runners:
         for ctx in unstarted:
             self.finished(ctx)
 
-    def _drain(self, run: _Run) -> None:
-        """In a worker thread: run queued jobs until none is left or the loop let go."""
+    def _drain(self, run: _Run) -> bool:
+        """In a worker thread: run queued jobs until none is left (False), the loop let go
+        (False), or a per-job run waits for a handler slot (True: give the slot up for a
+        turn). Without that turn a runner kept refilled by claims would hold its slot for
+        the whole backlog, and a job with a time limit or a rescued one would starve; the
+        per-job path takes slots first come, first served."""
+        first = True
         while True:
             with self._lock:
                 if run.abandoned:
-                    return
+                    return False
                 if not self._queue:
                     self._active -= 1
                     run.current = _DONE
-                    return
+                    return False
+                if not first and self.contended():
+                    return True
+                first = False
                 ctx = run.current = self._queue.popleft()
             if not ctx.lost and not self.life.stopping:
                 self._call(ctx)
             with self._lock:
                 if run.abandoned:
-                    return  # the loop ended this job already (interrupted)
+                    return False  # the loop ended this job already (interrupted)
                 run.current = None
                 self._posted.append(ctx)
                 wake, self._post_pending = not self._post_pending, True
