@@ -369,6 +369,17 @@ class Pipeline:
     async def _take_slot(self) -> None:
         """A handler slot for one per-job run; counted while it waits, so that runners
         (`runners.py`) give theirs up at their next job boundary."""
+        try:
+            self.limiter.acquire_nowait()  # free: no runner need give one up
+        except anyio.WouldBlock:
+            pass
+        else:
+            try:  # as `acquire()` would: a run cut off before it starts does not start
+                await anyio.lowlevel.checkpoint_if_cancelled()
+            except BaseException:
+                self.limiter.release()
+                raise
+            return
         self.slot_waiters += 1
         try:
             await self.limiter.acquire()
