@@ -103,6 +103,8 @@ class Pipeline:
         self.settling = 0  # jobs of the group being settled (`_settle`), still in `in_hand`
         self.settles = 0  # groups settled so far
         self.settle_failing = False
+        # A store written before this member existed settles in the loop, as it always did.
+        self.overlap_settles = bool(getattr(spool, "overlap_settles", False))
 
     # ------------------------------------------------------------ the loop
 
@@ -145,7 +147,7 @@ class Pipeline:
             if self._settle_due():
                 group, self.done = self.done, []
                 self.settling += len(group)
-                if self.spool.overlap_settles:
+                if self.overlap_settles:
                     tg.start_soon(self._settle, group)
                 else:
                     await self._settle(group)
