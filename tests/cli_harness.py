@@ -243,6 +243,14 @@ class LineReader:
         return "".join(line + "\n" for line in self.lines)
 
 
+
+def reap(proc: subprocess.Popen[Any]) -> None:
+    """Kill a process the test started if it is still running, and collect it: what a test's
+    `finally` does, so that a failed wait or assertion leaves no process behind."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.communicate()
+
 def one_error_line(result: Result, code: int | None = None) -> str:
     """The single `jobspool: error: ...` line a failing command prints: no traceback, exit
     non-zero (or exactly `code`)."""

@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from jobspool import Job, JobState
-from tests.cli_harness import start_jobspool
+from tests.cli_harness import reap, start_jobspool
 from tests.spools import make_spool
 from tests.waiting import wait_until
 
@@ -55,9 +55,7 @@ def test_jobs_that_keep_killing_their_worker_process_are_dead_lettered_by_their_
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=GUARD)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        reap(proc)
     assert proc.returncode == 0, err.decode(errors="replace")[-3000:]
     report = orjson.loads(out)
     assert report["rescued"] == 6 and report["restarts"] >= 6
@@ -96,9 +94,7 @@ def test_a_handler_holding_the_interpreter_past_its_limit_is_killed_and_failed_b
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=GUARD)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        reap(proc)
     log = err.decode(errors="replace")
     assert proc.returncode == 0, log[-3000:]
     assert "did not exit" in log  # killed by the supervisor, not exited on its own
@@ -144,9 +140,7 @@ def test_a_dead_childs_jobs_are_settled_while_a_frozen_child_holds_the_spool_loc
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=GUARD)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        reap(proc)
     assert proc.returncode == 0, err.decode(errors="replace")[-3000:]
     with make_spool(root) as spool:
         assert "worker process died (signal SIGKILL)" in (spool.get(dies).last_error or "")
@@ -176,9 +170,7 @@ def test_handlers_that_print_a_lot_run_to_the_end_and_their_output_reaches_the_p
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=GUARD)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        reap(proc)
     assert proc.returncode == 0, err.decode(errors="replace")[-3000:]
     text = stdout.read_text()
     for n in range(5):

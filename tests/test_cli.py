@@ -20,7 +20,7 @@ import orjson
 import pytest
 
 from jobspool import JobState
-from tests.cli_harness import Result, run_jobspool, start_jobspool
+from tests.cli_harness import Result, reap, run_jobspool, start_jobspool
 from tests.helpers_spool import job_files
 from tests.spools import make_spool
 from tests.waiting import wait_until
@@ -271,9 +271,7 @@ def _run_on_a_tty(args: list[str], timeout: float = 60.0) -> str:
                 break
         proc.wait(timeout=max(1.0, deadline - time.monotonic()))
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        reap(proc)
         os.close(master)
     assert proc.stderr is not None
     err = proc.stderr.read().decode()
@@ -330,9 +328,7 @@ def test_worker_serves_until_sigterm_and_prints_a_json_report(spool_with_jobs: P
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        reap(proc)
     assert proc.returncode == 0, err.decode()
     assert b"Traceback" not in err
     report = orjson.loads(out)

@@ -18,7 +18,7 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.cli_harness import one_error_line, run_jobspool, start_jobspool
+from tests.cli_harness import one_error_line, reap, run_jobspool, start_jobspool
 from tests.spools import make_spool
 from tests.subproc import REPO
 from tests.waiting import wait_until
@@ -164,8 +164,6 @@ def test_worker_serves_metrics_on_loopback_and_stops_on_sigterm(root: Path, app_
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        reap(proc)
     assert proc.returncode == 0, err
     assert "worker stopped" in out

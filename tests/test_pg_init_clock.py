@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from jobspool import JobState
-from tests.cli_harness import start_jobspool
+from tests.cli_harness import reap, start_jobspool
 from tests.spools import make_spool
 from tests.subproc import REPO, cli_env
 
@@ -23,9 +23,7 @@ def _done(proc: subprocess.Popen[bytes]) -> tuple[int, str, str]:
     try:
         out, err = proc.communicate(timeout=120)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        reap(proc)
     return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
 
 

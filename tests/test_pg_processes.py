@@ -25,7 +25,7 @@ import orjson
 import pytest
 
 from jobspool import JobState
-from tests.cli_harness import run_jobspool, start_jobspool
+from tests.cli_harness import reap, run_jobspool, start_jobspool
 from tests.helpers_spool import stat_counts
 from tests.pgserver import PgServer
 from tests.spools import make_spool
@@ -44,9 +44,7 @@ def _finish(proc: subprocess.Popen[bytes], timeout: float = 240) -> tuple[int, s
     try:
         out, err = proc.communicate(timeout=timeout)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        reap(proc)
     return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
 
 

@@ -18,7 +18,7 @@ import orjson
 import pytest
 
 from jobspool import Job, JobState
-from tests.cli_harness import LineReader, run_jobspool, start_jobspool
+from tests.cli_harness import LineReader, reap, run_jobspool, start_jobspool
 from tests.spools import make_spool
 from tests.waiting import wait_until
 
@@ -179,9 +179,7 @@ def test_two_signals_to_the_supervisor_reach_every_child_and_release_their_jobs_
         LineReader(proc.stderr).wait_for("pool: stopping", GUARD, "the first signal taken")
         report, log = _stop(proc)  # the second: SIGTERM; far below the 600 s grace
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        reap(proc)
     assert "now (second signal)" in log
     assert report["released"] == 1 and report["started"] == 1
     (back,) = _jobs(root, [job])

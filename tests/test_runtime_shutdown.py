@@ -23,7 +23,7 @@ import pytest
 
 from jobspool import Context, Job, JobState, Spool, Worker
 from jobspool.errors import JobspoolError, RunningLoopError
-from tests.cli_harness import LineReader, start_jobspool
+from tests.cli_harness import LineReader, reap, start_jobspool
 from tests.helpers_spool import job_files
 from tests.spools import make_spool
 from tests.waiting import wait_until
@@ -48,9 +48,7 @@ def test_two_sigints_to_run_until_idle_release_a_60_s_handler_now_with_the_attem
         # signal did not wait for either.
         out, err = proc.communicate(timeout=30)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        reap(proc)
     text = stderr.text() + err.decode(errors="replace")
     assert proc.returncode == 0, text
     assert "Traceback" not in text, text
