@@ -46,7 +46,7 @@ from jobspool.errors import TimeLimitExceeded, WorkerCrashed
 from jobspool.queue.context import Context, Raised
 from jobspool.queue.invoke import invoke
 from jobspool.queue.report import Counters, RunReport
-from jobspool.queue.runners import Runners, soon_from_thread
+from jobspool.queue.runners import Runners, run_ended, run_started, soon_from_thread
 from jobspool.queue.runtime import Monitor
 from jobspool.queue.settle import Settler
 
@@ -115,7 +115,7 @@ class Pipeline:
         soon = soon_from_thread()
         if soon is not None:
             self.runners = Runners(
-                spool=self.spool, life=self.life, slots=self.config.concurrency,
+                life=self.life, slots=self.config.concurrency,
                 limiter=self.limiter, threads=self.threads, scopes=self.scopes,
                 handler_for=self.config.handlers.__getitem__, finished=self._ran, soon=soon,
                 contended=lambda: self.slot_waiters > 0)
@@ -419,18 +419,13 @@ class Pipeline:
         fn = self.config.handlers[kind]
         # The job's own limit, given at enqueue, wins over its kind's policy.
         timeout = ctx.job.timeout if ctx.job.timeout is not None else self.config.timeout_for(kind)
-        ctx.started = True
-        ctx.deadline = None if timeout is None else time.monotonic() + timeout
-        self.life.note_start(ctx)
-        # Before the handler runs: if this process dies now, recovery blames this job only.
-        self.spool.note_running([ctx.token], started=True)
+        run_started(ctx, self.life,
+                    deadline=None if timeout is None else time.monotonic() + timeout)
         try:
             await invoke(ctx, fn, is_async=self.config.is_async(kind), timeout=timeout,
                          monitor=self.monitor, threads=self.threads, on_hung=self.life.note_hung)
         finally:
-            self.life.note_end(ctx)
-            if not ctx.hung:  # returned: a death before its settle is not this job's doing
-                self.spool.note_running([ctx.token], started=False)
+            run_ended(ctx, self.life)
         self._count_timeout(ctx)
 
     def _ran(self, ctx: Context) -> None:

@@ -36,7 +36,6 @@ from jobspool.queue.context import Context, Interrupted
 from jobspool.queue.invoke import call_sync
 
 if TYPE_CHECKING:
-    from jobspool.queue.api import SpoolAPI
     from jobspool.queue.host import Lifecycle
 
 
@@ -54,6 +53,22 @@ def soon_from_thread() -> Callable[[Callable[[], None]], Any] | None:
         return None
 
 
+def run_started(ctx: Context, life: Lifecycle, *, deadline: float | None) -> None:
+    """A handler is about to be called (either path: here, or the pipeline's per-job one)."""
+    ctx.started = True
+    ctx.deadline = deadline
+    life.note_start(ctx)
+    # Before the handler runs: if this process dies now, recovery blames this job only.
+    ctx.spool.note_running([ctx.token], started=True)
+
+
+def run_ended(ctx: Context, life: Lifecycle) -> None:
+    """Its handler returned, raised or was cut off."""
+    life.note_end(ctx)
+    if not ctx.hung:  # returned: a death before its settle is not this job's doing
+        ctx.spool.note_running([ctx.token], started=False)
+
+
 class _Run:
     """One runner's thread, as the loop sees it."""
 
@@ -67,13 +82,12 @@ class _Run:
 class Runners:
     """Up to `slots` runners draining one run queue of sync, unlimited jobs."""
 
-    def __init__(self, *, spool: SpoolAPI, life: Lifecycle, slots: int,
+    def __init__(self, *, life: Lifecycle, slots: int,
                  limiter: anyio.CapacityLimiter, threads: anyio.CapacityLimiter,
                  scopes: set[anyio.CancelScope], handler_for: Callable[[str], Callable[..., Any]],
                  finished: Callable[[Context], None],
                  soon: Callable[[Callable[[], None]], Any],
                  contended: Callable[[], bool]) -> None:
-        self.spool = spool
         self.life = life
         self.slots = slots
         self.limiter = limiter
@@ -164,16 +178,11 @@ class Runners:
                 self.soon(self._collect)
 
     def _call(self, ctx: Context) -> None:
-        ctx.started = True
-        ctx.deadline = None
-        self.life.note_start(ctx)
-        # Before the handler runs: if this process dies now, recovery blames this job only.
-        self.spool.note_running([ctx.token], started=True)
+        run_started(ctx, self.life, deadline=None)
         try:
             call_sync(ctx, self.handler_for(ctx.job.kind))
         finally:
-            self.life.note_end(ctx)
-            self.spool.note_running([ctx.token], started=False)
+            run_ended(ctx, self.life)
 
     def _collect(self) -> None:
         """On the loop: hand every job finished since the last call to the pipeline."""
