@@ -158,32 +158,25 @@ def settle(spool: PgSpool, leases: Sequence[Lease], actions: Sequence[tuple[str,
         try:
             if lease.job_id in seen:
                 raise LeaseLost(lease.job_id, lease.token, "settled twice in one batch")
-            held = _as_holder(lease)
-            new = machine.settle(held, lease, action, arg, now=now, policy=spool.policy,
-                                 rng=spool.rng)
             if action == "complete":
+                # machine.complete on the holder's snapshot, whose lease check always
+                # passes (see `_as_holder`): the same job, built in one step.
+                new = evolve(lease.job, state=JobState.COMPLETED, lease=None, result=arg,
+                             revision=lease.job.revision + 1, updated_at=now)
                 encode_completed(new, max_bytes=spool.max_job_bytes)
+            else:
+                new = machine.settle(_as_holder(lease), lease, action, arg, now=now,
+                                     policy=spool.policy, rng=spool.rng)
         except JobspoolError as exc:
             out.append(exc)
             continue
         seen.add(lease.job_id)
-        moved = new.run_at != held.run_at
+        moved = new.run_at != lease.job.run_at
         chosen.append((lease, new, (new.run_at - now) if moved else None))
         out.append(None)
     if chosen:
         results = [None if new.result is None else dump(new.result) for _, new, _ in chosen]
-        params: dict[str, Any] = {
-            "now": spool.now_param(),
-            "ids": [lease.job_id for lease, _, _ in chosen],
-            "tokens": [lease.token for lease, _, _ in chosen],
-            "states": [new.state.value for _, new, _ in chosen],
-            "attempts": [new.attempts for _, new, _ in chosen],
-            "rescues": [new.rescues for _, new, _ in chosen],
-            "delays": [None if d is None else max(0.0, d) for _, _, d in chosen],
-            "results": results,
-            "errors": [text(new.last_error) for _, new, _ in chosen],
-            "tracebacks": [text(new.traceback) for _, new, _ in chosen],
-        }
+        statement, params = _settle_params(spool, chosen, results)
         built = {lease.job_id: (new, stored)
                  for (lease, new, _), stored in zip(chosen, results, strict=True)}
 
@@ -192,17 +185,43 @@ def settle(spool: PgSpool, leases: Sequence[Lease], actions: Sequence[tuple[str,
             # as `text()` stored them; the result as its JSON reads back.
             new, stored = built[row[0]]
             return evolve(new, revision=int(row[1]), updated_at=row[2], run_at=row[3],
-                          lease=None, last_error=text(new.last_error),
-                          traceback=text(new.traceback),
+                          last_error=text(new.last_error), traceback=text(new.traceback),
                           result=None if stored is None else orjson.loads(stored))
 
-        done = _apply(spool, sql.SETTLE, [lease for lease, _, _ in chosen], params, "settle",
+        done = _apply(spool, statement, [lease for lease, _, _ in chosen], params, "settle",
                       build=settled)
         it = iter(done[lease.job_id] for lease, _, _ in chosen)
         out = [next(it) if o is None else o for o in out]
         terminal = sum(1 for o in out if isinstance(o, Job) and o.terminal)
         spool.note_terminal(terminal)
     return [o for o in out if o is not None]
+
+
+def _settle_params(spool: PgSpool, chosen: list[tuple[Lease, Job, float | None]],
+                   results: list[str | None]) -> tuple[str, dict[str, Any]]:
+    """The settle statement for `chosen` and its parameters: plain completions as one JSON
+    document (`sql.SETTLE_COMPLETE`), anything else as arrays (`sql.SETTLE`)."""
+    if (all(new.state is JobState.COMPLETED for _, new, _ in chosen)
+            and not any(r is not None and "\\u0000" in r for r in results)):
+        # Each result is already JSON text: embedded as it is (a Fragment), not re-encoded.
+        batch = [{"id": lease.job_id, "token": lease.token,
+                  "result": None if r is None else orjson.Fragment(r)}
+                 for (lease, _, _), r in zip(chosen, results, strict=True)]
+        return sql.SETTLE_COMPLETE, {"now": spool.now_param(),
+                                     "batch": orjson.dumps(batch).decode()}
+    params: dict[str, Any] = {
+        "now": spool.now_param(),
+        "ids": [lease.job_id for lease, _, _ in chosen],
+        "tokens": [lease.token for lease, _, _ in chosen],
+        "states": [new.state.value for _, new, _ in chosen],
+        "attempts": [new.attempts for _, new, _ in chosen],
+        "rescues": [new.rescues for _, new, _ in chosen],
+        "delays": [None if d is None else max(0.0, d) for _, _, d in chosen],
+        "results": results,
+        "errors": [text(new.last_error) for _, new, _ in chosen],
+        "tracebacks": [text(new.traceback) for _, new, _ in chosen],
+    }
+    return sql.SETTLE, params
 
 
 def heartbeat_many(spool: PgSpool, leases: Sequence[Lease], lease_seconds: float

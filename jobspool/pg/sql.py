@@ -56,7 +56,7 @@ WITH due AS MATERIALIZED (
   SELECT id, priority, run_at FROM jobspool_jobs
   WHERE state IN ('ready', 'retryable') AND run_at <= {NOW}
     {{kinds}}
-    AND NOT (id = ANY(%(exclude)s::text[]))
+    AND NOT (id = ANY(%(exclude)b::text[]))
   ORDER BY priority, run_at, id
   LIMIT %(limit)s
   FOR UPDATE SKIP LOCKED),
@@ -65,7 +65,7 @@ lapsed AS MATERIALIZED (
   WHERE state = 'leased' AND expires_at <= {NOW} AND attempts < max_attempts
     AND (%(max_rescues)s::bigint IS NULL OR rescues < %(max_rescues)s::bigint)
     {{kinds}}
-    AND NOT (id = ANY(%(exclude)s::text[]))
+    AND NOT (id = ANY(%(exclude)b::text[]))
   ORDER BY priority, run_at, id
   LIMIT %(limit)s
   FOR UPDATE SKIP LOCKED),
@@ -154,6 +154,19 @@ FROM unnest(%(ids)b::text[], %(tokens)b::int8[], %(states)b::text[], %(attempts)
             %(rescues)b::int8[], %(delays)b::float8[], %(results)b::text[],
             %(errors)b::text[], %(tracebacks)b::text[])
      AS u(id, token, state, attempts, rescues, delay, result, last_error, traceback)
+WHERE j.id = u.id AND j.token = u.token AND j.state = 'leased' AND j.expires_at > {NOW}
+RETURNING j.id, j.revision, j.updated_at, j.run_at
+"""
+
+# Plain completions (most settles): the batch as one JSON array of {id, token, result},
+# unpacked by the server, instead of nine arrays each dumped element by element by the
+# driver; only what a completion changes is written. A result holding NUL goes through
+# SETTLE (the JSON functions refuse `\u0000` in a `json` value).
+SETTLE_COMPLETE = f"""
+UPDATE jobspool_jobs j
+SET state = 'completed', revision = j.revision + 1, updated_at = {NOW},
+    owner = NULL, expires_at = NULL, proc = NULL, result = u.result
+FROM json_to_recordset(%(batch)s::json) AS u(id text, token int8, result json)
 WHERE j.id = u.id AND j.token = u.token AND j.state = 'leased' AND j.expires_at > {NOW}
 RETURNING j.id, j.revision, j.updated_at, j.run_at
 """

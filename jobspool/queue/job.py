@@ -14,6 +14,7 @@ import math
 import os
 import re
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -471,19 +472,30 @@ _JOB_FIELDS = tuple(f.name for f in fields(Job))
 _JOB_FIELD_SET = frozenset(_JOB_FIELDS)
 
 
+def _compile_evolve() -> Callable[..., Job]:
+    # Generated once: one slot setter per field, no loop and no getattr by name. Half the
+    # cost of a loop over the fields (1.7 against 3.5 µs), and the settle path builds a
+    # job or two per settled job.
+    ns: dict[str, Any] = {"_new": object.__new__}
+    lines = ["def evolve(job, **changes):", "    new = _new(type(job))", "    get = changes.get"]
+    for name in _JOB_FIELDS:
+        ns["_set_" + name] = getattr(Job, name).__set__
+        lines.append(f"    _set_{name}(new, get({name!r}, job.{name}))")
+    lines.append("    return new")
+    exec("\n".join(lines), ns)
+    fn: Callable[..., Job] = ns["evolve"]
+    return fn
+
+
+_evolve = _compile_evolve()
+
+
 def evolve(job: Job, **changes: Any) -> Job:
     """A copy of `job` with `changes` applied (the one way the state machine builds jobs).
 
-    Field by field rather than `dataclasses.replace`, which goes through `__init__` and
-    cost 40% more on the settle path, run twice per job. Job has no `__post_init__` to
-    skip."""
-    unknown = changes.keys() - _JOB_FIELD_SET
-    if unknown:
+    Slot by slot rather than `dataclasses.replace`, which goes through `__init__` and
+    cost 40% more on the settle path. Job has no `__post_init__` to skip."""
+    if not changes.keys() <= _JOB_FIELD_SET:
+        unknown = changes.keys() - _JOB_FIELD_SET
         raise TypeError(f"Job has no field {sorted(unknown)[0]!r}")
-    new = object.__new__(type(job))
-    for name in _JOB_FIELDS:
-        _set_field(new, name, changes[name] if name in changes else getattr(job, name))
-    return new
-
-
-_set_field = object.__setattr__  # the frozen dataclass's own way of setting its fields
+    return _evolve(job, **changes)
