@@ -42,3 +42,55 @@ def test_fail_many_and_release_return_the_stored_jobs(
     released = spool.release(c, delay=5.0)
     assert released == spool.get(c.job_id)
     assert (released.state, released.attempts) == (JobState.RETRYABLE, 0)
+
+
+def test_completions_keep_nul_odd_numbers_and_the_earlier_error(
+        make_any_spool: Callable[..., Spool]) -> None:
+    """A completion keeps what it does not change (the last error of an earlier attempt,
+    attempts, run_at) and stores the result exactly: NUL inside strings (PostgreSQL's
+    JSON functions refuse it, so that batch takes the array form), numbers the server
+    prints its own way, unicode and nesting."""
+    spool = make_any_spool(lease_seconds=30.0)
+    spool.enqueue_many("k", ["first", "second", "third"], max_attempts=3)
+    first = spool.claim(kinds="k", limit=1)[0]
+    spool.fail(first, "transient", retryable=True, delay=0.0)
+    leases = spool.claim(kinds="k", limit=3)
+    by_payload = {lease.job.payload: lease for lease in leases}
+    assert set(by_payload) == {"first", "second", "third"}
+    nul = {"s": "a\x00b", "n": [1e300, -0.0, 2**53]}
+    plain = {"é": "ü", "deep": [[[{"x": None}]]], "big": 1e300}
+    out = spool.complete_many([(by_payload["first"], plain), (by_payload["second"], nul),
+                               (by_payload["third"], "ok")])
+    for job in out:
+        assert job == spool.get(job.id)  # type: ignore[union-attr]
+    done = {j.payload: j for j in out}  # type: ignore[union-attr]
+    assert done["first"].result == plain and done["second"].result == nul
+    assert done["first"].last_error == "transient" and done["first"].attempts == 2
+    assert done["third"].last_error is None and done["third"].attempts == 1
+    # Without the NUL the batch goes the plain-completion way: same stored jobs.
+    spool.enqueue_many("k", ["x", "y"])
+    x, y = spool.claim(kinds="k", limit=2)
+    out = spool.complete_many([(x, plain), (y, None)])
+    assert [j == spool.get(j.id) for j in out] == [True, True]  # type: ignore[union-attr]
+    assert spool.get(y.job_id).result is None
+
+
+def test_a_completion_batch_refuses_what_it_must_and_writes_the_rest(
+        make_any_spool: Callable[..., Spool]) -> None:
+    """In one batch of completions: the same lease twice (the second refused), a lease
+    taken over by another claim, a result too large; the others complete."""
+    from jobspool.errors import JobTooLarge, LeaseLost
+
+    spool = make_any_spool(lease_seconds=30.0, max_job_bytes=4096)
+    spool.enqueue_many("k", ["a", "b", "c"])
+    a, b, c = spool.claim(kinds="k", limit=3)
+    spool.release(b)
+    b2 = spool.claim(kinds="k", limit=1)[0]
+    assert b2.job_id == b.job_id and b2.token > b.token
+    out = spool.complete_many([(a, 1), (a, 2), (b, "late"), (c, "x" * 8000)])
+    assert out[0] == spool.get(a.job_id) and out[0].result == 1  # type: ignore[union-attr]
+    assert isinstance(out[1], LeaseLost) and isinstance(out[2], LeaseLost)
+    assert isinstance(out[3], JobTooLarge)
+    assert spool.get(b.job_id).state is JobState.LEASED  # still the new holder's
+    assert spool.get(c.job_id).state is JobState.LEASED  # nothing written for it
+    assert spool.complete(b2, "mine").result == "mine"

@@ -30,15 +30,15 @@ def insert_fresh(spool: PgSpool, fresh: list[Job]) -> set[str]:
               "max_attempts": first.max_attempts, "created": first.created_at,
               "timeout": first.timeout, "channel": spool.channel}
     if len(fresh) == 1:
-        statement = sql.INSERT_ONE
         params.update(id=first.id, state=first.state.value, run_at=first.run_at,
                       payload=dump(first.payload))
-    else:
-        statement = sql.INSERT_FRESH
-        params.update(ids=[j.id for j in fresh], states=[j.state.value for j in fresh],
-                      run_ats=[j.run_at for j in fresh],
-                      payloads=[dump(j.payload) for j in fresh])
-    row = spool.db.run(lambda c: c.execute(statement, params).fetchone(), what="enqueue")
+        row = spool.db.run(lambda c: c.execute(sql.INSERT_ONE, params).fetchone(),
+                           what="enqueue")
+        return {row[0]} if row is not None else set()
+    params.update(ids=[j.id for j in fresh], states=[j.state.value for j in fresh],
+                  run_ats=[j.run_at for j in fresh], payloads=[dump(j.payload) for j in fresh])
+    row = spool.db.run(lambda c: c.execute(sql.INSERT_FRESH, params).fetchone(),
+                       what="enqueue")
     return set(row[0]) if row is not None else set()
 
 

@@ -29,16 +29,15 @@ SELECT coalesce(array_agg(id), '{}'::text[]), pg_notify(%(channel)s, '') FROM in
 """
 
 # The same for one job (the common one-per-call enqueue): a plain VALUES row, which the
-# server plans and runs cheaper than unpacking arrays.
+# server plans and runs cheaper than unpacking arrays, and the NOTIFY in RETURNING (sent
+# only when the row was inserted), without a CTE and an aggregate around it.
 INSERT_ONE = """
-WITH ins AS (
-  INSERT INTO jobspool_jobs (id, kind, state, priority, attempts, max_attempts, revision,
-                             created_at, updated_at, run_at, payload, timeout)
-  VALUES (%(id)s, %(kind)s, %(state)s, %(priority)s, 0, %(max_attempts)s, 1,
-          %(created)s, %(created)s, %(run_at)s, %(payload)s::json, %(timeout)s)
-  ON CONFLICT (id) DO NOTHING
-  RETURNING id)
-SELECT coalesce(array_agg(id), '{}'::text[]), pg_notify(%(channel)s, '') FROM ins
+INSERT INTO jobspool_jobs (id, kind, state, priority, attempts, max_attempts, revision,
+                           created_at, updated_at, run_at, payload, timeout)
+VALUES (%(id)s, %(kind)s, %(state)s, %(priority)s, 0, %(max_attempts)s, 1,
+        %(created)s, %(created)s, %(run_at)s, %(payload)s::json, %(timeout)s)
+ON CONFLICT (id) DO NOTHING
+RETURNING id, pg_notify(%(channel)s, '')
 """
 
 # Due jobs in claim order (priority, then run_at, then id), skipping rows another

@@ -15,6 +15,7 @@ _id_lock = threading.Lock()
 _last_ms = 0
 _seq = 0
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+_PAIRS = [_CROCKFORD[i >> 5] + _CROCKFORD[i & 31] for i in range(1024)]
 
 
 def new_job_id() -> str:
@@ -34,11 +35,8 @@ def new_job_id() -> str:
             _seq = int.from_bytes(os.urandom(5), "big") >> 1  # room to count up
         rand = (_seq << 40) | int.from_bytes(os.urandom(5), "big")
     value = (ms << 80) | (rand & ((1 << 80) - 1))
-    out = []
-    for _ in range(26):
-        out.append(_CROCKFORD[value & 31])
-        value >>= 5
-    return "".join(reversed(out))
+    # 26 Crockford digits, two at a time from a table: half the time of one at a time.
+    return "".join([_PAIRS[(value >> shift) & 1023] for shift in range(120, -1, -10)])
 
 
 def new_token_id() -> str:

@@ -375,6 +375,10 @@ class Leasing:
             encoded: dict[str, bytes] = {}
             for lease, (action, arg) in zip(leases, actions, strict=True):
                 try:
+                    if lease.job_id in encoded:
+                        # The disk still shows it leased: without this the second item
+                        # would settle it again, over the first (same on PostgreSQL).
+                        raise LeaseLost(lease.job_id, lease.token, "settled twice in one batch")
                     job = self._leased_job(lease)
                     new = machine.settle(job, lease, action, arg, now=now, policy=self.journal.policy,
                                          rng=self.journal.rng)
