@@ -383,6 +383,8 @@ class Pipeline:
                 raise
             return
         self.slot_waiters += 1
+        if self.runners is not None:
+            self.runners.nudge()  # a parked runner gives its slot up now
         try:
             await self.limiter.acquire()
         finally:
@@ -401,6 +403,8 @@ class Pipeline:
         try:
             async with self.isolating:  # one rescued job gathers the slots at a time
                 self.slot_waiters += 1
+                if self.runners is not None:
+                    self.runners.nudge()
                 try:
                     for _ in range(self.config.concurrency):
                         borrower = object()
