@@ -63,7 +63,7 @@ class Pool:
     Why not psycopg_pool: measured on the one-job enqueue (bench/pg.py), its
     checkout and return cost ~20% of the statement's own time, and it hands
     connections out in rotation, so a thread alternates between cold ones.
-    Here a checkout is a semaphore and a list pop; the most recently returned
+    Here a checkout is one lock and a list pop; the most recently returned
     (warm, its statements prepared) connection goes out first; a connection
     that broke (server restart, killed backend) is dropped on return, and the
     next checkout connects afresh — `Database.run` retries the statement.
@@ -71,39 +71,59 @@ class Pool:
 
     def __init__(self, url: str, size: int) -> None:
         self.url = url
-        self._slots = threading.BoundedSemaphore(size)
+        self.size = size
         self._idle: list[psycopg.Connection[Any]] = []
+        self._busy = 0  # connections handed out (or being made); idle + busy <= size
         self._lock = threading.Lock()
+        self._freed = threading.Condition(self._lock)
         self.closed = False
 
-    @contextmanager
-    def connection(self, timeout: float) -> Iterator[psycopg.Connection[Any]]:
-        if not self._slots.acquire(timeout=timeout):
-            raise PoolExhausted(f"no free connection within {timeout:g}s")
-        conn: psycopg.Connection[Any] | None = None
+    def take(self, timeout: float) -> psycopg.Connection[Any]:
+        """A connection: the most recently returned idle one, else a new one while fewer
+        than `size` are out, else the first given back within `timeout` (`PoolExhausted`)."""
+        with self._lock:
+            if (not self._idle and self._busy >= self.size
+                    and not self._freed.wait_for(lambda: self._idle or self._busy < self.size,
+                                                 timeout)):
+                raise PoolExhausted(f"no free connection within {timeout:g}s")
+            self._busy += 1
+            if self._idle:
+                return self._idle.pop()
         try:
-            with self._lock:
-                if self._idle:
-                    conn = self._idle.pop()
-            if conn is None:
-                conn = psycopg.connect(self.url, autocommit=True,
-                                       prepare_threshold=PREPARE_THRESHOLD,
-                                       connect_timeout=CONNECT_TIMEOUT)
-            yield conn
-        finally:
-            if conn is not None:
-                self._give_back(conn)
-            self._slots.release()
+            return psycopg.connect(self.url, autocommit=True,
+                                   prepare_threshold=PREPARE_THRESHOLD,
+                                   connect_timeout=CONNECT_TIMEOUT)
+        except BaseException:
+            self._release_slot()
+            raise
 
-    def _give_back(self, conn: psycopg.Connection[Any]) -> None:
+    def give(self, conn: psycopg.Connection[Any]) -> None:
+        """Return a connection taken with `take`; a broken one (or one left inside a
+        transaction) is closed instead of kept."""
         healthy = (not conn.closed and not conn.broken
                    and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE)
         with self._lock:
+            self._busy -= 1
             if healthy and not self.closed:
                 self._idle.append(conn)
+                self._freed.notify()
                 return
+            self._freed.notify()
         with contextlib.suppress(psycopg.Error):
             conn.close()
+
+    def _release_slot(self) -> None:
+        with self._lock:
+            self._busy -= 1
+            self._freed.notify()
+
+    @contextmanager
+    def connection(self, timeout: float) -> Iterator[psycopg.Connection[Any]]:
+        conn = self.take(timeout)
+        try:
+            yield conn
+        finally:
+            self.give(conn)
 
     def close(self) -> None:
         with self._lock:
@@ -190,8 +210,14 @@ class Database:
         delay = 0.05
         while True:
             try:
-                with self.connection() as conn:
+                # take/give rather than `with self.connection()`: two generator-based
+                # context managers were a tenth of a one-job enqueue's client time.
+                pool = self._get_pool()
+                conn = pool.take(POOL_WAIT)
+                try:
                     out = fn(conn)
+                finally:
+                    pool.give(conn)
                 self._down_since = None
                 return out
             except (psycopg.OperationalError, PoolExhausted) as exc:
