@@ -99,3 +99,85 @@ def test_concurrent_enqueues_share_directory_flushes(tmp_path: Path,
             t.join()
         assert sum(1 for _ in s.jobs(state="ready")) == 100
     assert dir_flushes < 100  # shared: one leader's flush covered several enqueues
+
+
+def _counting_flushes(s: Any) -> list[str]:
+    """Record (by directory name) every directory flush the group flush makes."""
+    seen: list[str] = []
+    real = s.journal._group._flush_dir  # noqa: SLF001 - the seam the group flush holds
+
+    def counting(path: Any) -> None:
+        seen.append(Path(path).name)
+        real(path)
+
+    s.journal._group._flush_dir = counting  # noqa: SLF001
+    return seen
+
+
+def test_a_failed_group_flush_leaves_the_directory_to_the_next_leader(tmp_path: Path) -> None:
+    """A leader whose flush fails records nothing, so the next enqueue's flush covers the
+    directory the failed one did not, besides its own."""
+    from jobspool.errors import WriteFailed
+
+    with make_spool(tmp_path / "spool", durable=True, sync_mode="fsync") as s:
+        s.enqueue("k", 0)  # first flush after opening: every directory (new counters)
+        seen = _counting_flushes(s)
+        real = s.journal._group._flush_dir  # noqa: SLF001
+        calls = {"n": 0}
+
+        def failing_once(path: Any) -> None:
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise OSError(5, "Input/output error")
+            real(path)
+
+        s.journal._group._flush_dir = failing_once  # noqa: SLF001
+        with pytest.raises(WriteFailed):
+            s.enqueue("k", 1, job_id="failed-flush")
+        s.journal._group._flush_dir = real  # noqa: SLF001
+        seen.clear()
+        s.enqueue("k", 2, delay=3600)  # lands in retryable/; ready/ is still dirty
+        assert sorted(seen) == ["ready", "retryable"]
+        seen.clear()
+        s.enqueue("k", 3, delay=3600)  # both flushed now: only its own directory
+        assert seen == ["retryable"]
+
+
+LEADER_KILLED_MID_FLUSH = textwrap.dedent("""
+    import sys, time
+    from jobspool import Spool
+    s = Spool(sys.argv[1])
+    s.enqueue("k", "warm")
+    def stuck(path):
+        print("flushing", flush=True)
+        time.sleep(60)
+    s.journal._group._flush_dir = stuck
+    s.enqueue("k", "never acknowledged", job_id="in-flight")
+""")
+
+
+def test_a_leader_killed_mid_flush_makes_the_next_leader_flush_every_directory(
+        tmp_path: Path) -> None:
+    """A leader dies (SIGKILL) inside its flush, before recording it: the next leader
+    flushes the directory the dead one had taken on (ready/, where its job was renamed),
+    besides its own."""
+    root = tmp_path / "spool"
+    make_spool(root, durable=True, sync_mode="fsync").close()
+    proc = subprocess.Popen([sys.executable, "-c", LEADER_KILLED_MID_FLUSH, str(root)],
+                            stdout=subprocess.PIPE, text=True, cwd=REPO, env=cli_env())
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "flushing"
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+    with make_spool(root, durable=True, sync_mode="fsync") as s:
+        seen = _counting_flushes(s)
+        s.enqueue("k", "after", delay=3600)  # its own directory is retryable/ only
+        assert sorted(seen) == ["ready", "retryable"]
+        seen.clear()
+        s.enqueue("k", "next", delay=3600)
+        assert seen == ["retryable"]
+        assert s.get("in-flight").state is JobState.READY  # renamed before the kill

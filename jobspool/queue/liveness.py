@@ -53,6 +53,7 @@ LIVE_SUFFIX = ".lock"
 
 _lock = threading.Lock()
 _marks: dict[str, ProcessMark] = {}
+_by_given: dict[tuple[object, str], ProcessMark] = {}  # mark_for's cache, by the root as given
 _ident = ""
 
 
@@ -83,6 +84,7 @@ def _after_fork_in_child() -> None:
         with contextlib.suppress(OSError):
             os.close(mark.fd)
     _marks.clear()
+    _by_given.clear()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -98,6 +100,7 @@ def _remove_own_marks() -> None:
         with contextlib.suppress(OSError):
             os.close(mark.fd)
     _marks.clear()
+    _by_given.clear()
 
 
 _boot_id: str | None = None
@@ -166,12 +169,19 @@ class ProcessMark:
 
 def mark_for(root: Path, mode: int = 0o600) -> ProcessMark:
     """This process's mark in the spool at `root`, registering it on first use."""
+    # Asked on every enqueue: `realpath` is an lstat per path component, so the root as
+    # given is looked up first. Keyed by process as well: a forked child has its own mark.
+    fast = (root, process_ident())
+    mark = _by_given.get(fast)
+    if mark is not None:
+        return mark
     key = os.path.realpath(root)
     with _lock:
         mark = _marks.get(key)
         if mark is None:
             mark = ProcessMark(Path(key), process_ident(), mode)
             _marks[key] = mark
+        _by_given[fast] = mark
         return mark
 
 

@@ -55,6 +55,7 @@ from pathlib import Path
 from jobspool.errors import SpoolError
 from jobspool.queue.changelog import RING_BYTES, ChangeRing
 from jobspool.queue.perms import set_fd_mode
+from jobspool.queue.procid import current_pid
 
 # Generations and flags in the first page, the ready/ change ring after it.
 _MAP_SIZE = 4096 + (-(-RING_BYTES // 4096)) * 4096
@@ -198,7 +199,7 @@ class SpoolLock:
         if self._closed:  # else a cryptic "file descriptor cannot be a negative integer"
             raise SpoolError(f"spool {self._root} was closed; open a new Spool to use it",
                              path=str(self._root))
-        if self._pid != os.getpid():
+        if self._pid != current_pid():
             self._reopen_after_fork()
         self._thread_lock.acquire()
         if self._depth == 0:
@@ -302,7 +303,7 @@ class SpoolLock:
         means the previous writer died mid-batch: the spool may hold duplicates."""
         if self.generation(self.WRITER_SLOT):
             self.bump(self.SUSPECT_SLOT)
-        _SLOT.pack_into(self._map, self.WRITER_SLOT * _SLOT.size, os.getpid())
+        _SLOT.pack_into(self._map, self.WRITER_SLOT * _SLOT.size, current_pid())
 
     def end_write(self, *, clean: bool) -> None:
         if not clean:

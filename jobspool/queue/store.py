@@ -50,6 +50,7 @@ from jobspool.errors import WriteFailed
 from jobspool.queue import liveness
 from jobspool.queue.liveness import LIVE_DIR as LIVE_DIR
 from jobspool.queue.perms import set_fd_mode
+from jobspool.queue.procid import current_pid
 
 log = logging.getLogger(__name__)
 
@@ -352,8 +353,8 @@ class Store:
             os_unlink(path)
 
     def _check_fork(self) -> None:
-        if not self._pool_loaded or self._pid != os.getpid():
-            self._pid = os.getpid()
+        if not self._pool_loaded or self._pid != current_pid():
+            self._pid = current_pid()
             try:
                 self._pool = os.listdir(self._pool_dir)[: self.pool_size]
             except FileNotFoundError:
