@@ -10,6 +10,7 @@ pipeline imports only this, so the runtime's modules import one way.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -29,6 +30,12 @@ class Lifecycle(Protocol):
         ...
 
     def stop(self) -> None: ...
+
+    def on_stop(self, wake: Callable[[], None] | None) -> None:
+        """Call `wake` (from any thread) when `stop` or `hurry` is asked; None unsets it.
+        An idle pipeline sleeps until a job arrives or this wakes it, not in short polls
+        (optional: without it, the pipeline polls its stop flags every 50 ms)."""
+        ...
 
     def publish(self, counters: Counters, *, final: bool = False) -> None: ...
 

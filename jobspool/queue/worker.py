@@ -17,6 +17,7 @@ itself — claim, run, beat, settle):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -107,6 +108,7 @@ class Worker:
                               maintenance=maintenance, min_live_token=spool.min_live_token)
         self._stop = threading.Event()
         self._hurry = threading.Event()
+        self._waker: Callable[[], None] | None = None  # wakes the running pipeline (on_stop)
         self._honored = False  # the standing stop()/hurry() has ended a run (see _begin_run)
         self.supervisor = Supervisor(max_crashes=max_crashes,
                                      crash_window_seconds=crash_window_seconds,
@@ -332,6 +334,16 @@ class Worker:
         self._honored = False
         self._stop.set()
         self.spool.stop_retrying()
+        self._wake_run()
+
+    def on_stop(self, wake: Callable[[], None] | None) -> None:
+        self._waker = wake
+
+    def _wake_run(self) -> None:
+        wake = self._waker
+        if wake is not None:
+            with contextlib.suppress(RuntimeError):  # its loop closed meanwhile: none to wake
+                wake()
 
     def _stop_honored(self) -> None:
         # A run that ended has obeyed any stop()/hurry() asked before its end (one asked
@@ -354,6 +366,7 @@ class Worker:
         self._stop.set()
         self._hurry.set()
         self.spool.stop_retrying()
+        self._wake_run()
 
     @property
     def stopping(self) -> bool:
