@@ -23,7 +23,7 @@ from jobspool.errors import JobspoolError, LeaseLost
 from jobspool.pg import sql
 from jobspool.pg.rows import COLUMNS, dump, text, to_job
 from jobspool.queue import machine
-from jobspool.queue.job import Job, Lease, LeaseInfo, encode_completed, evolve
+from jobspool.queue.job import Job, Lease, LeaseInfo, encode_completed, evolve, fill_in
 from jobspool.queue.states import JobState
 
 if TYPE_CHECKING:
@@ -182,11 +182,12 @@ def settle(spool: PgSpool, leases: Sequence[Lease], actions: Sequence[tuple[str,
 
         def settled(row: Sequence[Any]) -> Job:
             # The job as stored: the database's revision, clock and run_at; text columns
-            # as `text()` stored them; the result as its JSON reads back.
+            # as `text()` stored them; the result as its JSON reads back. Filled into the
+            # job built above, which nobody holds yet (idempotent if the settle is resent).
             new, stored = built[row[0]]
-            return evolve(new, revision=int(row[1]), updated_at=row[2], run_at=row[3],
-                          last_error=text(new.last_error), traceback=text(new.traceback),
-                          result=None if stored is None else orjson.loads(stored))
+            return fill_in(new, revision=int(row[1]), updated_at=row[2], run_at=row[3],
+                           last_error=text(new.last_error), traceback=text(new.traceback),
+                           result=None if stored is None else orjson.loads(stored))
 
         done = _apply(spool, statement, [lease for lease, _, _ in chosen], params, "settle",
                       build=settled)

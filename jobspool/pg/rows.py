@@ -41,11 +41,14 @@ def dump(value: Any) -> str | None:
     return orjson.dumps(value).decode()
 
 
+_STATES = {s.value: s for s in JobState}
+
+
 def to_job(row: Sequence[Any]) -> Job:
     (jid, kind, state, priority, attempts, max_attempts, revision, created_at, updated_at,
      run_at, token, owner, expires_at, proc, payload, result, last_error, traceback,
      reservations, rescues, timeout) = row
-    st = JobState(state)
+    st = _STATES[state]  # a dict lookup: `JobState(state)` goes through Enum.__call__
     lease = (LeaseInfo(token=int(token), owner=owner or "", expires_at=float(expires_at),
                        proc=proc)
              if st is JobState.LEASED and token is not None and expires_at is not None else None)

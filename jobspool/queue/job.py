@@ -469,33 +469,49 @@ def _timeout(d: dict[str, Any]) -> float | None:
 
 
 _JOB_FIELDS = tuple(f.name for f in fields(Job))
-_JOB_FIELD_SET = frozenset(_JOB_FIELDS)
 
 
 def _compile_evolve() -> Callable[..., Job]:
-    # Generated once: one slot setter per field, no loop and no getattr by name. Half the
-    # cost of a loop over the fields (1.7 against 3.5 µs), and the settle path builds a
-    # job or two per settled job.
-    ns: dict[str, Any] = {"_new": object.__new__}
-    lines = ["def evolve(job, **changes):", "    new = _new(type(job))", "    get = changes.get"]
+    # Generated once: every slot copied by its own setter, then the changes applied. No
+    # loop over the field names and no lookup per field: 1.7 µs against 3.5 for a loop
+    # (the settle path copies a job once or twice per settled job).
+    setters = {name: getattr(Job, name).__set__ for name in _JOB_FIELDS}
+    ns: dict[str, Any] = {"_new": object.__new__, "_setters": setters, "_unknown": _unknown}
+    lines = ["def evolve(job, **changes):", "    new = _new(type(job))"]
     for name in _JOB_FIELDS:
-        ns["_set_" + name] = getattr(Job, name).__set__
-        lines.append(f"    _set_{name}(new, get({name!r}, job.{name}))")
-    lines.append("    return new")
+        ns["_set_" + name] = setters[name]
+        lines.append(f"    _set_{name}(new, job.{name})")
+    lines += ["    for name, value in changes.items():",
+              "        set_ = _setters.get(name)",
+              "        if set_ is None:",
+              "            _unknown(name)",
+              "        set_(new, value)",
+              "    return new"]
     exec("\n".join(lines), ns)
     fn: Callable[..., Job] = ns["evolve"]
+    fn.__doc__ = evolve_doc
     return fn
 
 
-_evolve = _compile_evolve()
+def _unknown(name: str) -> None:
+    raise TypeError(f"Job has no field {name!r}")
 
 
-def evolve(job: Job, **changes: Any) -> Job:
-    """A copy of `job` with `changes` applied (the one way the state machine builds jobs).
+evolve_doc = """A copy of `job` with `changes` applied (the one way the state machine builds jobs).
 
-    Slot by slot rather than `dataclasses.replace`, which goes through `__init__` and
-    cost 40% more on the settle path. Job has no `__post_init__` to skip."""
-    if not changes.keys() <= _JOB_FIELD_SET:
-        unknown = changes.keys() - _JOB_FIELD_SET
-        raise TypeError(f"Job has no field {sorted(unknown)[0]!r}")
-    return _evolve(job, **changes)
+Slot by slot rather than `dataclasses.replace`, which goes through `__init__`. Job has
+no `__post_init__` to skip; an unknown field is a `TypeError`."""
+
+evolve: Callable[..., Job] = _compile_evolve()
+
+
+_SETTERS = {name: getattr(Job, name).__set__ for name in _JOB_FIELDS}
+
+
+def fill_in(job: Job, **changes: Any) -> Job:
+    """Set fields of a job *in place* and return it: only for a job the caller built
+    itself and has not handed out yet (a settle filling in what the database decided),
+    where a third copy per settled job would cost more than the rest of its bookkeeping."""
+    for name, value in changes.items():
+        _SETTERS[name](job, value)
+    return job
