@@ -219,3 +219,101 @@ def test_a_limited_job_claimed_behind_a_backlog_is_not_starved_by_the_runners(
     # Claimed with a batch that ends near job 101 (batches of at most 20), it runs within
     # a batch or two of that, not after all 200 quick jobs.
     assert order.index("L") < 150, order.index("L")
+
+
+# ---------------------------------------------------------------- async runners
+# Async handlers without a time limit run back to back in long-lived tasks
+# (queue/async_runners.py), with what the per-job path gave.
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_every_async_job_runs_once_with_concurrency_handlers_at_once(
+        spool: Spool, backend: str) -> None:
+    seen: list[str] = []
+    gauge = Gauge()
+    arrived = [0]
+    all_three: list[anyio.Event] = []
+
+    async def handler(job: Job, ctx: Context) -> int:
+        with gauge:
+            if job.payload < 3:  # completes only if three handlers really run at once
+                if not all_three:
+                    all_three.append(anyio.Event())
+                arrived[0] += 1
+                if arrived[0] == 3:
+                    all_three[0].set()
+                with anyio.fail_after(20):
+                    await all_three[0].wait()
+            else:
+                await anyio.sleep(0)
+            seen.append(job.id)
+        return int(job.payload) * 2
+
+    jobs = spool.enqueue_many("plain", list(range(120)))
+    worker = Worker(spool, {"plain": handler}, concurrency=3, batch_size=20,
+                    maintenance=False)
+    report = anyio.run(worker.arun_until_idle, backend=backend)
+    assert report.completed == 120 and report.dead_lettered == 0
+    assert sorted(seen) == sorted(j.id for j in jobs)
+    assert gauge.most == 3
+    assert [spool.get(j.id).result for j in jobs[:5]] == [0, 2, 4, 6, 8]
+
+
+def test_async_jobs_with_and_without_a_time_limit_share_the_concurrency_cap(
+        spool: Spool) -> None:
+    gauge = Gauge()
+
+    async def handler(job: Job, ctx: Context) -> None:
+        with gauge:
+            await anyio.sleep(0.002)
+
+    spool.enqueue_many("free", list(range(40)))
+    spool.enqueue_many("limited", list(range(40)))
+    report = Worker(spool, {"free": handler, "limited": handler}, concurrency=2,
+                    batch_size=10, policies={"limited": Policy(timeout=30)},
+                    maintenance=False).run_until_idle()
+    assert report.completed == 80
+    assert gauge.most == 2
+
+
+def test_an_async_runner_cut_off_past_the_grace_interrupts_its_job_and_releases_the_rest(
+        spool: Spool) -> None:
+    started = threading.Event()
+
+    async def stuck(job: Job, ctx: Context) -> None:
+        started.set()
+        await anyio.sleep(30)
+
+    running = spool.enqueue("stuck", "first")
+    waiting = [spool.enqueue("stuck", n) for n in range(3)]
+    worker = Worker(spool, {"stuck": stuck}, concurrency=1, grace_seconds=0.2,
+                    maintenance=False)
+    threading.Thread(target=lambda: (started.wait(20), worker.stop()), daemon=True).start()
+    report = worker.run_until_idle()
+    assert report.released == 4 and report.completed == 0
+    cut = spool.get(running.id)
+    assert (cut.state, cut.attempts) == (JobState.READY, 1)
+    assert "interrupted" in (cut.last_error or "")
+    for job in waiting:  # never started: back uncounted
+        got = spool.get(job.id)
+        assert (got.state, got.attempts) == (JobState.READY, 0)
+
+
+def test_a_limited_async_job_claimed_behind_a_backlog_is_not_starved(spool: Spool) -> None:
+    order: list[str] = []
+
+    async def quick(job: Job, ctx: Context) -> None:
+        order.append("q")
+        await anyio.sleep(0.002)
+
+    async def limited(job: Job, ctx: Context) -> None:
+        order.append("L")
+
+    spool.enqueue_many("quick", list(range(100)))
+    spool.enqueue("limited", None)
+    spool.enqueue_many("quick", list(range(100)))
+    report = Worker(spool, {"quick": quick, "limited": limited}, concurrency=1,
+                    batch_size=20, policies={"limited": Policy(timeout=30)},
+                    maintenance=False).run_until_idle()
+    assert report.completed == 201
+    assert order.index("L") < 150, order.index("L")

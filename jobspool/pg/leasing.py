@@ -163,7 +163,10 @@ def settle(spool: PgSpool, leases: Sequence[Lease], actions: Sequence[tuple[str,
                 # passes (see `_as_holder`): the same job, built in one step.
                 new = evolve(lease.job, state=JobState.COMPLETED, lease=None, result=arg,
                              revision=lease.job.revision + 1, updated_at=now)
-                encode_completed(new, max_bytes=spool.max_job_bytes)
+                if arg is not None:
+                    # Without a result a completion only drops the lease: the job is no
+                    # larger than before its claim, when it fit. Nothing to check.
+                    encode_completed(new, max_bytes=spool.max_job_bytes)
             else:
                 new = machine.settle(_as_holder(lease), lease, action, arg, now=now,
                                      policy=spool.policy, rng=spool.rng)

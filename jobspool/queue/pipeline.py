@@ -5,9 +5,11 @@ Jobs flow through three stages that overlap instead of taking turns:
 - claim: whenever the jobs in hand (claimed, not yet settled) fall to half
   of `batch_size`, claim up to `batch_size` more in one batch (one lock
   hold, one shared flush);
-- run: at most `concurrency` handlers at once (async ones on the loop;
-  sync ones without a time limit back to back on long-lived runners,
-  `runners.py`; other sync ones in a worker thread each); one beat task
+- run: at most `concurrency` handlers at once (handlers without a time
+  limit back to back on long-lived runners: sync ones in threads,
+  `runners.py`, async ones in tasks on the loop, `async_runners.py`; the
+  others, and rescued jobs that must run alone, each in a task of its
+  own, sync ones in a worker thread); one beat task
   extends every unsettled lease every `lease_seconds / 3` in one
   `heartbeat_many`;
 - settle: finished jobs are settled as a group — when nothing else is
@@ -43,6 +45,7 @@ import anyio.lowlevel
 import anyio.to_thread
 
 from jobspool.errors import TimeLimitExceeded, WorkerCrashed
+from jobspool.queue.async_runners import AsyncRunners
 from jobspool.queue.context import Context, Raised
 from jobspool.queue.invoke import invoke
 from jobspool.queue.report import Counters, RunReport
@@ -100,6 +103,9 @@ class Pipeline:
                                lease_seconds=config.lease_seconds)
         self.settler = Settler(spool, config, counters, sink, self.in_hand)
         self.runners: Runners | None = None  # made in run(): it needs the running loop
+        self.async_runners = AsyncRunners(
+            life=lifecycle, slots=config.concurrency, limiter=self.limiter, scopes=self.scopes,
+            call=self._call, finished=self._finished, contended=lambda: self.slot_waiters > 0)
         self._pokeless = True  # no way for a stop to wake the loop: idle sleeps poll
         self.slot_waiters = 0  # per-job runs waiting for a handler slot (runners yield to them)
         self.settling = 0  # jobs of the group being settled (`_settle`), still in `in_hand`
@@ -248,16 +254,28 @@ class Pipeline:
             lease_seconds=self.config.lease_seconds, exclude=frozenset(self.in_hand)))
         self.counters.claimed += len(leases)
         queued: list[Context] = []
+        awaited: list[Context] = []
         for lease in leases:
             ctx = Context(self.spool, lease, key_for=self.config.keys)
             self.in_hand[ctx.job_id] = ctx
             if self._runs_queued(ctx):
                 queued.append(ctx)
+            elif self._runs_async_queued(ctx):
+                awaited.append(ctx)
             else:
                 tg.start_soon(self._run_one, ctx)
         if self.runners is not None:
             self.runners.submit(tg, queued)
+        self.async_runners.submit(tg, awaited)
         return len(leases)
+
+    def _runs_async_queued(self, ctx: Context) -> bool:
+        """Whether an async runner (`async_runners.py`) takes this job: an async handler,
+        no time limit, and not a rescued job that must run alone."""
+        job = ctx.job
+        return (self.config.is_async(job.kind) and job.timeout is None
+                and self.config.timeout_for(job.kind) is None
+                and (job.rescues == 0 or self.config.concurrency == 1))
 
     def _runs_queued(self, ctx: Context) -> bool:
         """Whether a runner (`runners.py`) takes this job: a sync handler, no time limit,
