@@ -35,6 +35,7 @@ BLOCKED_SECONDS = 1.0
 # How often the loop proves it turns and the heartbeat thread looks (beats themselves are
 # on time: the thread wakes for them). 0.1 s made 20 wakeups a second of an idle worker.
 _TICK = 0.25
+_IDLE_TICK = 1.0  # nothing in hand: no beat, progress or handler to watch between beats
 _PROGRESS_EVERY = 0.5  # at most one progress write per job this often
 
 
@@ -171,7 +172,8 @@ class Monitor:
             log.debug("could not prune stale progress files: %s", exc)
         next_beat = time.monotonic() + self.interval
         next_progress = 0.0
-        while not self._stop.wait(min(_TICK, max(0.005, next_beat - time.monotonic()))):
+        while not self._stop.wait(min(_TICK if self.contexts() else _IDLE_TICK,
+                                      max(0.005, next_beat - time.monotonic()))):
             now = time.monotonic()
             self._watch_loop(now)
             if now >= next_progress:
