@@ -317,3 +317,23 @@ def test_a_limited_async_job_claimed_behind_a_backlog_is_not_starved(spool: Spoo
                     maintenance=False).run_until_idle()
     assert report.completed == 201
     assert order.index("L") < 150, order.index("L")
+
+
+def test_sync_and_async_runners_share_the_concurrency_cap(spool: Spool) -> None:
+    gauge = Gauge()
+
+    def sync_handler(job: Job, ctx: Context) -> None:
+        with gauge:
+            time.sleep(0.001)
+
+    async def async_handler(job: Job, ctx: Context) -> None:
+        with gauge:
+            await anyio.sleep(0.001)
+
+    for n in range(6):  # interleaved kinds: both runner kinds hold and hand over slots
+        spool.enqueue_many("s", list(range(10)))
+        spool.enqueue_many("a", list(range(10)))
+    report = Worker(spool, {"s": sync_handler, "a": async_handler}, concurrency=2,
+                    batch_size=15, maintenance=False).run_until_idle()
+    assert report.completed == 120 and report.dead_lettered == 0
+    assert gauge.most <= 2

@@ -35,11 +35,15 @@ class AsyncRunners:
     """Up to `slots` runner tasks draining one run queue of async, unlimited jobs."""
 
     def __init__(self, *, life: Lifecycle, slots: int, limiter: anyio.CapacityLimiter,
+                 take_slot: Callable[[], Awaitable[None]],
                  scopes: set[anyio.CancelScope], call: Callable[[Context], Awaitable[None]],
                  finished: Callable[[Context], None], contended: Callable[[], bool]) -> None:
         self.life = life
         self.slots = slots
         self.limiter = limiter
+        # Taken as a per-job run takes one (`Pipeline._take_slot`): counted while it waits,
+        # so sync runners parked on a slot give it up instead of keeping this one waiting.
+        self.take_slot = take_slot
         self.scopes = scopes
         self.call = call
         self.finished = finished
@@ -63,7 +67,7 @@ class AsyncRunners:
                 self.scopes.add(scope)
                 try:
                     while self._queue:
-                        await self.limiter.acquire()
+                        await self.take_slot()
                         try:
                             first = True
                             # Between jobs, a per-job run waiting for a slot takes ours.

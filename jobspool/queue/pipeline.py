@@ -109,7 +109,8 @@ class Pipeline:
         self.settler = Settler(spool, config, counters, sink, self.in_hand)
         self.runners: Runners | None = None  # made in run(): it needs the running loop
         self.async_runners = AsyncRunners(
-            life=lifecycle, slots=config.concurrency, limiter=self.limiter, scopes=self.scopes,
+            life=lifecycle, slots=config.concurrency, limiter=self.limiter,
+            take_slot=self._take_slot, scopes=self.scopes,
             call=self._call, finished=self._finished, contended=lambda: self.slot_waiters > 0)
         self._pokeless = True  # no way for a stop to wake the loop: idle sleeps poll
         self.slot_waiters = 0  # per-job runs waiting for a handler slot (runners yield to them)
@@ -305,6 +306,8 @@ class Pipeline:
         """On the loop: a stop or hurry was asked (end an idle sleep, start the grace)."""
         self.arrived.set()
         self.stop_poked.set()
+        if self.runners is not None:
+            self.runners.nudge()  # parked runners return their slots and threads
 
     async def _sleep(self, seconds: float) -> None:
         """Sleep, but return early on a stop or when a job arrives (`_watch_arrivals`)."""

@@ -139,6 +139,7 @@ class Runners:
             if run.abandoned or run.current is _DONE:
                 return
             run.abandoned = True
+            self._more.notify_all()  # a parked thread wakes and returns
             self._active -= 1
             cut = run.current
             unstarted = list(self._queue)
@@ -161,13 +162,16 @@ class Runners:
                 if run.abandoned:
                     return False
                 if not self._queue and not self.life.stopping:
-                    # Park a moment before giving the slot back: with quick handlers the
-                    # next claim's jobs come within a round trip, and a parked runner takes
+                    # Park, keeping the slot, until more jobs come: a parked runner takes
                     # them without a new task, slot and thread hop (four per claim at
-                    # concurrency 4: 30% of the loop's time per job, bench/worker_overhead).
-                    # A per-job run that wants the slot wakes it (`nudge`).
+                    # concurrency 4: 30% of the loop's time per job, bench/worker_overhead;
+                    # and one hop less between an idle worker's claim and its handler). It
+                    # gives the slot up as soon as anything else wants it: a per-job run or
+                    # an async runner waiting for a slot (`nudge`), a stop (`nudge`), the
+                    # run ending (`_abandon`). No timeout: an idle worker's parked runners
+                    # cost no wakeups.
                     self._more.wait_for(lambda: self._queue or run.abandoned
-                                        or self.life.stopping or self.contended(), PARK_SECONDS)
+                                        or self.life.stopping or self.contended())
                     if run.abandoned:
                         return False
                 if not self._queue:
@@ -190,7 +194,7 @@ class Runners:
                 self.soon(self._collect)
 
     def nudge(self) -> None:
-        """Wake parked runners to look again (a per-job run now waits for a slot)."""
+        """Wake parked runners to look again (something waits for a slot, or a stop)."""
         with self._lock:
             self._more.notify_all()
 
@@ -209,9 +213,6 @@ class Runners:
         for ctx in got:
             self.finished(ctx)
 
-
-# How long a runner out of work waits for more before its thread returns.
-PARK_SECONDS = 0.02
 
 # A runner whose thread returned on its own: nothing of it to abandon.
 _DONE: Any = object()
