@@ -330,10 +330,41 @@ def test_sync_and_async_runners_share_the_concurrency_cap(spool: Spool) -> None:
         with gauge:
             await anyio.sleep(0.001)
 
-    for n in range(6):  # interleaved kinds: both runner kinds hold and hand over slots
+    for _ in range(6):  # interleaved kinds: both runner kinds hold and hand over slots
         spool.enqueue_many("s", list(range(10)))
         spool.enqueue_many("a", list(range(10)))
     report = Worker(spool, {"s": sync_handler, "a": async_handler}, concurrency=2,
                     batch_size=15, maintenance=False).run_until_idle()
     assert report.completed == 120 and report.dead_lettered == 0
     assert gauge.most <= 2
+
+
+def test_only_a_thread_inside_a_sync_handler_counts_as_a_running_handler(spool: Spool) -> None:
+    # The CLI exits past handlers cut off by the grace period (their threads cannot be
+    # stopped), and only past those: it once counted every live non-daemon thread, and a
+    # runner left parked by a finished run made an in-process `run-until-idle` call
+    # os._exit(0) under its caller.
+    from jobspool.queue.invoke import handler_threads_running
+
+    spool.enqueue_many("quick", list(range(30)))
+    Worker(spool, {"quick": lambda job, ctx: None}, concurrency=3,
+           maintenance=False).run_until_idle()
+    assert not handler_threads_running()
+
+    started, release = threading.Event(), threading.Event()
+
+    def blocked(job: Job, ctx: Context) -> None:
+        started.set()
+        release.wait(20)
+
+    spool.enqueue("blocked", None)
+    runner = threading.Thread(target=Worker(spool, {"blocked": blocked},
+                                            maintenance=False).run_until_idle)
+    runner.start()
+    try:
+        assert started.wait(20)
+        assert handler_threads_running()
+    finally:
+        release.set()
+        runner.join(20)
+    assert not handler_threads_running()

@@ -204,10 +204,12 @@ def _exit_past_abandoned_handlers() -> None:
     already) and Python cannot stop a thread; waiting for them at
     interpreter exit would make `worker` ignore its own grace period.
     """
-    import threading
+    from jobspool.queue.invoke import handler_threads_running
 
-    if any(t.is_alive() and not t.daemon for t in threading.enumerate()
-           if t is not threading.main_thread()):
+    # Only handler threads: a runner parked between jobs or an idle pool thread of the
+    # finished run ends by itself, and exiting for one would cut short whatever called
+    # the command (a test calling the CLI in-process, for one).
+    if handler_threads_running():
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(EXIT_OK)

@@ -98,6 +98,7 @@ def call_sync(ctx: Context, fn: Callable[..., Any]) -> None:
     """In a worker thread: call a sync handler with no time limit (`runners.py`) and record
     how it ended in `ctx.outcome`, as `invoke` does."""
     ctx.thread_ident = threading.get_ident()
+    _handler_threads.add(ctx.thread_ident)
     try:
         result = fn(ctx.job, ctx)
         if inspect.isawaitable(result):
@@ -106,6 +107,7 @@ def call_sync(ctx: Context, fn: Callable[..., Any]) -> None:
     except BaseException as exc:  # as in invoke: whatever it raises is its job's failure
         record_raised(ctx, exc)
     finally:
+        _handler_threads.discard(threading.get_ident())
         ctx.thread_ident = None
 
 
@@ -172,12 +174,28 @@ class _Raised(Exception):
 def _in_thread(fn: Callable[..., Any], ctx: Context) -> Any:
     """Call a sync handler in a worker thread, leaving where to find its stack."""
     ctx.thread_ident = threading.get_ident()
+    _handler_threads.add(ctx.thread_ident)
     try:
         return fn(ctx.job, ctx)
     except Exception:
         raise
     except BaseException as exc:
         raise _Raised(exc) from None
+    finally:
+        _handler_threads.discard(threading.get_ident())
+
+
+# Threads inside a sync handler right now (set operations are atomic under the GIL). A
+# handler cut off by the grace period keeps its thread (Python cannot stop one): the CLI
+# exits past it rather than wait (`handler_threads_running`), but only for those; other
+# threads of the worker (runners between jobs, idle pool threads) end on their own.
+_handler_threads: set[int] = set()
+
+
+def handler_threads_running() -> bool:
+    """Whether some thread of this process is still inside a sync handler."""
+    alive = {t.ident for t in threading.enumerate()}
+    return bool(_handler_threads & alive)
 
 
 def _name(fn: Callable[..., Any]) -> str:
