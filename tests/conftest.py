@@ -55,3 +55,12 @@ def spool_root(tmp_path: Path) -> Path:
 def spool(make_spool: SpoolFactory, clock: FakeClock) -> Spool:
     """A scratch spool on `spool_root` with the fake clock and 30 s leases."""
     return make_spool(clock=clock, lease_seconds=30.0)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Leave proof that the session ended normally, where `.ci/run` asks for it: a process
+    that exits from under pytest (`os._exit(0)` in code under test) ends with status 0 and
+    no summary, which CI would otherwise count as green."""
+    proof = os.environ.get("JOBSPOOL_TESTS_FINISHED")
+    if proof:
+        Path(proof).write_text(f"{session.testscollected} collected, exit status {exitstatus}\n")
