@@ -29,32 +29,29 @@ from jobspool.queue.context import Context
 
 if TYPE_CHECKING:
     from jobspool.queue.host import Lifecycle
+    from jobspool.queue.slots import Slots
 
 
 class AsyncRunners:
-    """Up to `slots` runner tasks draining one run queue of async, unlimited jobs."""
+    """Up to one runner task per slot draining one run queue of async, unlimited jobs."""
 
-    def __init__(self, *, life: Lifecycle, slots: int, limiter: anyio.CapacityLimiter,
-                 take_slot: Callable[[], Awaitable[None]],
-                 scopes: set[anyio.CancelScope], call: Callable[[Context], Awaitable[None]],
-                 finished: Callable[[Context], None], contended: Callable[[], bool]) -> None:
+    def __init__(self, *, life: Lifecycle, slots: Slots, scopes: set[anyio.CancelScope],
+                 call: Callable[[Context], Awaitable[None]],
+                 finished: Callable[[Context], None]) -> None:
         self.life = life
+        # Taken as a per-job run takes one (`Slots.take`): counted while it waits, so sync
+        # runners parked on a slot give it up instead of keeping this one waiting.
         self.slots = slots
-        self.limiter = limiter
-        # Taken as a per-job run takes one (`Pipeline._take_slot`): counted while it waits,
-        # so sync runners parked on a slot give it up instead of keeping this one waiting.
-        self.take_slot = take_slot
         self.scopes = scopes
         self.call = call
         self.finished = finished
-        self.contended = contended
         self._queue: collections.deque[Context] = collections.deque()
         self._active = 0
 
     def submit(self, tg: anyio.abc.TaskGroup, ctxs: list[Context]) -> None:
         """Queue jobs (claim order kept) and start runners for free slots."""
         self._queue.extend(ctxs)
-        start = min(self.slots - self._active, len(self._queue))
+        start = min(self.slots.concurrency - self._active, len(self._queue))
         self._active += start
         for _ in range(start):
             tg.start_soon(self._runner)
@@ -67,11 +64,11 @@ class AsyncRunners:
                 self.scopes.add(scope)
                 try:
                     while self._queue:
-                        await self.take_slot()
+                        await self.slots.take()
                         try:
                             first = True
                             # Between jobs, a per-job run waiting for a slot takes ours.
-                            while self._queue and (first or not self.contended()):
+                            while self._queue and (first or not self.slots.contended()):
                                 first = False
                                 current = self._queue.popleft()
                                 if not current.lost and not self.life.stopping:
@@ -79,7 +76,7 @@ class AsyncRunners:
                                 self.finished(current)
                                 current = None
                         finally:
-                            self.limiter.release()
+                            self.slots.release()
                 finally:
                     self.scopes.discard(scope)
         finally:

@@ -33,11 +33,10 @@ decides what a failure of our own machinery costs, and the worker's
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -52,6 +51,7 @@ from jobspool.queue.report import Counters, RunReport
 from jobspool.queue.runners import Runners, run_ended, run_started, soon_from_thread
 from jobspool.queue.runtime import Monitor
 from jobspool.queue.settle import Settler
+from jobspool.queue.slots import Slots
 
 if TYPE_CHECKING:
     from jobspool.queue.api import SpoolAPI
@@ -94,8 +94,7 @@ class Pipeline:
         self.done: list[Context] = []
         self.first_done_at = 0.0
         self.wake = anyio.Event()
-        self.limiter = anyio.CapacityLimiter(config.concurrency)
-        self.isolating = anyio.Lock()
+        self.slots = Slots(config.concurrency)
         self.threads = anyio.CapacityLimiter(config.concurrency)
         self.scopes: set[anyio.CancelScope] = set()
         self.crashed: WorkerCrashed | None = None
@@ -109,11 +108,9 @@ class Pipeline:
         self.settler = Settler(spool, config, counters, sink, self.in_hand)
         self.runners: Runners | None = None  # made in run(): it needs the running loop
         self.async_runners = AsyncRunners(
-            life=lifecycle, slots=config.concurrency, limiter=self.limiter,
-            take_slot=self._take_slot, scopes=self.scopes,
-            call=self._call, finished=self._finished, contended=lambda: self.slot_waiters > 0)
+            life=lifecycle, slots=self.slots, scopes=self.scopes, call=self._call,
+            finished=self._finished)
         self._pokeless = True  # no way for a stop to wake the loop: idle sleeps poll
-        self.slot_waiters = 0  # per-job runs waiting for a handler slot (runners yield to them)
         self.settling = 0  # jobs of the group being settled (`_settle`), still in `in_hand`
         self.settles = 0  # groups settled so far
         self.settle_failing = False
@@ -135,10 +132,9 @@ class Pipeline:
                 on_stop(functools.partial(soon, self._poke))
                 self._pokeless = False
             self.runners = Runners(
-                life=self.life, slots=self.config.concurrency,
-                limiter=self.limiter, threads=self.threads, scopes=self.scopes,
-                handler_for=self.config.handlers.__getitem__, finished=self._ran, soon=soon,
-                contended=lambda: self.slot_waiters > 0)
+                life=self.life, slots=self.slots, threads=self.threads, scopes=self.scopes,
+                handler_for=self.config.handlers.__getitem__, finished=self._ran, soon=soon)
+            self.slots.on_wait = self.runners.nudge
         self.monitor.start()
         try:
             async with anyio.create_task_group() as tg:
@@ -412,67 +408,22 @@ class Pipeline:
                 self.scopes.add(scope)
                 try:
                     if ctx.job.rescues == 0 or self.config.concurrency == 1:
-                        await self._take_slot()  # the common case, without a generator
+                        await self.slots.take()  # the common case, without a generator
                         try:
                             await self._call_unless_dropped(ctx)
                         finally:
-                            self.limiter.release()
+                            self.slots.release()
                     else:
-                        async with self._alone(ctx):
+                        async with self.slots.every():  # a rescued job runs alone
                             await self._call_unless_dropped(ctx)
                 finally:
                     self.scopes.discard(scope)
         finally:
             self._finished(ctx)  # outcome None (never started, cut off): released at settle
 
-    async def _take_slot(self) -> None:
-        """A handler slot for one per-job run; counted while it waits, so that runners
-        (`runners.py`) give theirs up at their next job boundary."""
-        try:
-            self.limiter.acquire_nowait()  # free: no runner need give one up
-        except anyio.WouldBlock:
-            pass
-        else:
-            try:  # as `acquire()` would: a run cut off before it starts does not start
-                await anyio.lowlevel.checkpoint_if_cancelled()
-            except BaseException:
-                self.limiter.release()
-                raise
-            return
-        self.slot_waiters += 1
-        if self.runners is not None:
-            self.runners.nudge()  # a parked runner gives its slot up now
-        try:
-            await self.limiter.acquire()
-        finally:
-            self.slot_waiters -= 1
-
     async def _call_unless_dropped(self, ctx: Context) -> None:
         if not ctx.lost and not self.life.stopping:
             await self._call(ctx)
-
-    @contextlib.asynccontextmanager
-    async def _alone(self, ctx: Context) -> AsyncIterator[None]:
-        """Every handler slot at once. A job that was running when a worker died
-        (`rescues`) runs alone: if it kills this worker too, it is the only one running
-        here, so recovery charges it alone instead of the batch mates beside it (issue 10)."""
-        taken: list[object] = []
-        try:
-            async with self.isolating:  # one rescued job gathers the slots at a time
-                self.slot_waiters += 1
-                if self.runners is not None:
-                    self.runners.nudge()
-                try:
-                    for _ in range(self.config.concurrency):
-                        borrower = object()
-                        await self.limiter.acquire_on_behalf_of(borrower)
-                        taken.append(borrower)
-                finally:
-                    self.slot_waiters -= 1
-            yield
-        finally:
-            for borrower in taken:
-                self.limiter.release_on_behalf_of(borrower)
 
     async def _call(self, ctx: Context) -> None:
         """Run one handler (`invoke.py`): how it ended lands in `ctx.outcome`."""

@@ -37,6 +37,7 @@ from jobspool.queue.invoke import call_sync
 
 if TYPE_CHECKING:
     from jobspool.queue.host import Lifecycle
+    from jobspool.queue.slots import Slots
 
 
 def soon_from_thread() -> Callable[[Callable[[], None]], Any] | None:
@@ -80,23 +81,19 @@ class _Run:
 
 
 class Runners:
-    """Up to `slots` runners draining one run queue of sync, unlimited jobs."""
+    """Up to one runner per slot draining one run queue of sync, unlimited jobs."""
 
-    def __init__(self, *, life: Lifecycle, slots: int,
-                 limiter: anyio.CapacityLimiter, threads: anyio.CapacityLimiter,
+    def __init__(self, *, life: Lifecycle, slots: Slots, threads: anyio.CapacityLimiter,
                  scopes: set[anyio.CancelScope], handler_for: Callable[[str], Callable[..., Any]],
                  finished: Callable[[Context], None],
-                 soon: Callable[[Callable[[], None]], Any],
-                 contended: Callable[[], bool]) -> None:
+                 soon: Callable[[Callable[[], None]], Any]) -> None:
         self.life = life
         self.slots = slots
-        self.limiter = limiter
         self.threads = threads
         self.scopes = scopes
         self.handler_for = handler_for
         self.finished = finished
         self.soon = soon
-        self.contended = contended
         self._lock = threading.Lock()
         self._more = threading.Condition(self._lock)  # a parked runner waits here for jobs
         self._queue: collections.deque[Context] = collections.deque()
@@ -110,7 +107,7 @@ class Runners:
             return
         with self._lock:
             self._queue.extend(ctxs)
-            start = min(self.slots - self._active, len(self._queue))
+            start = min(self.slots.concurrency - self._active, len(self._queue))
             self._active += start
             self._more.notify(len(ctxs))  # parked runners take them first: no new task
         for _ in range(start):
@@ -124,7 +121,7 @@ class Runners:
                 try:
                     more = True
                     while more:  # between turns, a per-job run waiting for a slot takes it
-                        async with self.limiter:
+                        async with self.slots.limiter:
                             more = await anyio.to_thread.run_sync(
                                 self._drain, run, limiter=self.threads, abandon_on_cancel=True)
                 finally:
@@ -171,14 +168,14 @@ class Runners:
                     # run ending (`_abandon`). No timeout: an idle worker's parked runners
                     # cost no wakeups.
                     self._more.wait_for(lambda: self._queue or run.abandoned
-                                        or self.life.stopping or self.contended())
+                                        or self.life.stopping or self.slots.contended())
                     if run.abandoned:
                         return False
                 if not self._queue:
                     self._active -= 1
                     run.current = _DONE
                     return False
-                if not first and self.contended():
+                if not first and self.slots.contended():
                     return True
                 first = False
                 ctx = run.current = self._queue.popleft()
