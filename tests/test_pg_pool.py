@@ -9,80 +9,81 @@ past its timeout ends in `PoolExhausted` without leaking a slot.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from jobspool.pg.db import Pool, PoolExhausted
 
 
-def test_the_pool_is_lifo_and_bounded(pg_url: str) -> None:
-    pool = Pool(pg_url, 2)
-    try:
-        a = pool.take(1.0)
-        b = pool.take(1.0)
-        assert a is not b
-        with pytest.raises(PoolExhausted, match=r"no free connection within 0\.05s"):
-            pool.take(0.05)
-        pool.give(a)
-        pool.give(b)
-        assert pool.take(1.0) is b  # the one given back last: warmest
-        assert pool.take(1.0) is a
-        pool.give(a)
-        pool.give(b)
-    finally:
+@pytest.fixture
+def make_pool(pg_url: str) -> Iterator[Callable[..., Pool]]:
+    """Pools on the test's schema (any URL given instead), all closed at teardown."""
+    made: list[Pool] = []
+
+    def make(size: int, url: str = pg_url) -> Pool:
+        made.append(Pool(url, size))
+        return made[-1]
+
+    yield make
+    for pool in made:
         pool.close()
 
 
-def test_a_broken_connection_is_dropped_and_its_slot_freed(pg_url: str) -> None:
-    pool = Pool(pg_url, 1)
-    try:
-        a = pool.take(1.0)
-        a.close()  # what a killed backend or a restarted server leaves
-        pool.give(a)
-        b = pool.take(1.0)  # the slot came back: a fresh connection, not the dead one
-        assert b is not a and not b.closed
-        assert b.execute("SELECT 1").fetchone() == (1,)
-        pool.give(b)
-    finally:
-        pool.close()
+def test_the_pool_is_lifo_and_bounded(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(2)
+    a = pool.take(1.0)
+    b = pool.take(1.0)
+    assert a is not b
+    with pytest.raises(PoolExhausted, match=r"no free connection within 0\.05s"):
+        pool.take(0.05)
+    pool.give(a)
+    pool.give(b)
+    assert pool.take(1.0) is b  # the one given back last: warmest
+    assert pool.take(1.0) is a
+    pool.give(a)
+    pool.give(b)
 
 
-def test_a_connection_left_in_a_transaction_is_not_reused(pg_url: str) -> None:
-    pool = Pool(pg_url, 1)
-    try:
-        a = pool.take(1.0)
-        a.execute("BEGIN")
-        pool.give(a)
-        b = pool.take(1.0)
-        assert b is not a and a.closed
-        pool.give(b)
-    finally:
-        pool.close()
+def test_a_broken_connection_is_dropped_and_its_slot_freed(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(1)
+    a = pool.take(1.0)
+    a.close()  # what a killed backend or a restarted server leaves
+    pool.give(a)
+    b = pool.take(1.0)  # the slot came back: a fresh connection, not the dead one
+    assert b is not a and not b.closed
+    assert b.execute("SELECT 1").fetchone() == (1,)
+    pool.give(b)
 
 
-def test_a_waiting_thread_gets_the_connection_given_back(pg_url: str) -> None:
-    pool = Pool(pg_url, 1)
-    try:
-        held = pool.take(1.0)
-        got: list[object] = []
-        waiting = threading.Thread(target=lambda: got.append(pool.take(10.0)))
-        waiting.start()
-        pool.give(held)
-        waiting.join(10.0)
-        assert got == [held]
-        pool.give(held)
-    finally:
-        pool.close()
+def test_a_connection_left_in_a_transaction_is_not_reused(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(1)
+    a = pool.take(1.0)
+    a.execute("BEGIN")
+    pool.give(a)
+    b = pool.take(1.0)
+    assert b is not a and a.closed
+    pool.give(b)
 
 
-def test_a_failed_connect_gives_its_slot_back(pg_url: str) -> None:
+def test_a_waiting_thread_gets_the_connection_given_back(make_pool: Callable[..., Pool]) -> None:
+    pool = make_pool(1)
+    held = pool.take(1.0)
+    got: list[object] = []
+    waiting = threading.Thread(target=lambda: got.append(pool.take(10.0)))
+    waiting.start()
+    pool.give(held)
+    waiting.join(10.0)
+    assert got == [held]
+    pool.give(held)
+
+
+def test_a_failed_connect_gives_its_slot_back(
+        make_pool: Callable[..., Pool], pg_url: str) -> None:
     bad = pg_url.replace("://postgres@", "://nobody_here@", 1)
     assert bad != pg_url
-    pool = Pool(bad, 1)
-    try:
-        for _ in range(3):  # each failure frees its slot: never PoolExhausted
-            with pytest.raises(Exception, match="nobody_here") as info:
-                pool.take(0.05)
-            assert not isinstance(info.value, PoolExhausted)
-    finally:
-        pool.close()
+    pool = make_pool(1, bad)
+    for _ in range(3):  # each failure frees its slot: never PoolExhausted
+        with pytest.raises(Exception, match="nobody_here") as info:
+            pool.take(0.05)
+        assert not isinstance(info.value, PoolExhausted)
