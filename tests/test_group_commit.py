@@ -156,7 +156,7 @@ LEADER_KILLED_MID_FLUSH = textwrap.dedent("""
 """)
 
 
-def test_a_leader_killed_mid_flush_makes_the_next_leader_flush_every_directory(
+def test_a_leader_killed_mid_flush_makes_the_next_leader_flush_its_directory(
         tmp_path: Path) -> None:
     """A leader dies (SIGKILL) inside its flush, before recording it: the next leader
     flushes the directory the dead one had taken on (ready/, where its job was renamed),
