@@ -275,3 +275,35 @@ def test_cli_prune_keep_and_older_than_combine_and_init_saves_keep_terminal_seco
     assert json.loads(capsys.readouterr().out)["pruned"] == 0
     assert main(["--root", root, "prune", "--keep", "1", "--older-than", "0", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["pruned"] == 2
+
+
+def test_a_restarted_process_recycles_files_instead_of_creating_new_ones(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In steady state (enqueue, claim, complete, automatic pruning) a job life takes its
+    files from the pool; a process opening a warm spool must not start a fresh pruning
+    interval and create inodes while the terminal directory grows past it."""
+    from jobspool.queue import store as store_mod
+
+    root = tmp_path / "s"
+
+    def life(spool: Spool, n: int) -> None:
+        for i in range(n):
+            spool.enqueue("k", {"i": i})
+            (lease,) = spool.claim(limit=1)
+            spool.complete(lease)
+
+    with make_spool(root, keep_terminal=20) as spool:
+        life(spool, 300)  # warm: the pool holds what pruning returned
+    created: list[str] = []
+    real_open = store_mod.os_open
+
+    def counting_open(path: Any, flags: int, *args: Any) -> int:
+        if flags & os.O_CREAT and str(path).startswith(str(root / "tmp")):
+            created.append(str(path))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(store_mod, "os_open", counting_open)
+    with make_spool(root, keep_terminal=20) as spool:
+        life(spool, 200)
+    assert created == []
+    assert len(os.listdir(root / "completed")) <= 20 + 64

@@ -568,3 +568,18 @@ def test_prune_keeps_the_newest_terminal_jobs(any_spool: Spool) -> None:
         any_spool.get("c0")
     # A pruned id is free again.
     assert any_spool.enqueue_result("note", job_id="c0").outcome == "created"
+
+
+def test_short_lived_spools_settling_a_few_jobs_each_still_prune(
+        make_any_spool: MakeSpool) -> None:
+    """Each open settles 20 jobs, fewer than the pruning interval (64): the terminal jobs
+    kept stay bounded across opens instead of growing by every one (a cron-run
+    `run-until-idle`)."""
+    make_any_spool(keep_terminal=5).close()
+    for _ in range(8):
+        spool = make_any_spool()
+        spool.enqueue_many("work", [{"i": i} for i in range(20)])
+        while leases := spool.claim(limit=10):
+            spool.complete_many([(lease, None) for lease in leases])
+        spool.close()
+    assert stat_counts(make_any_spool().stats())["completed"] <= 5 + 64

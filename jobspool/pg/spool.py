@@ -118,7 +118,11 @@ class PgSpool(EnqueueForms):
         self.rng, self.lock = random.Random(seed), LocalLock()
         self.root = Path(local_dir) if local_dir is not None else default_local_dir(self.display)
         self.next_sweep, self.sweep_enabled = 0.0, not read_only
-        self._owner, self._terminal_writes = f"{socket.gethostname()}:{os.getpid()}", 0
+        # A process's first terminal write prunes: a short-lived one (a `run-until-idle`
+        # settling a few jobs per cron run) would otherwise never reach the interval.
+        # One bounded DELETE per state, cheap; the file spool shares its count instead.
+        self._owner = f"{socket.gethostname()}:{os.getpid()}"
+        self._terminal_writes = max(64, st.keep_terminal // 4)
 
     # ------------------------------------------------------------ plumbing
 

@@ -38,7 +38,7 @@ from jobspool.queue.layout import Layout, SpoolSettings
 from jobspool.queue.lock import SpoolLock
 from jobspool.queue.options import ProcessOptions
 from jobspool.queue.perms import file_mode
-from jobspool.queue.states import ALL_STATES, CLAIMABLE, JobState
+from jobspool.queue.states import ALL_STATES, CLAIMABLE, TERMINAL, JobState
 from jobspool.queue.store import (
     JOB_SUFFIX,
     Change,
@@ -104,7 +104,6 @@ class Journal:
         self.fence = FenceCounter(self.lock, self._read_fence, self._write_fence)
         self._group = GroupFlush(self.root, self.lock, fsync_dir)
         self._tls = threading.local()
-        self._terminal_writes = 0
         if options.read_only:
             return
         try:  # an OSError here is one line naming the spool and what to do, like any write
@@ -265,14 +264,17 @@ class Journal:
         if deferred and changes:
             self._tls.pending = max(getattr(self._tls, "pending", 0),
                                     self._group.publish(SLOT[s] for s in touched))
+        terminal = 0
         for old, new in pairs:
             if old is not None:
                 self.index.forget(old.state, old.id)
             if new is not None and new.state in CLAIMABLE:
                 self.index.learn(new)
-            if new is not None and new.state in (JobState.COMPLETED, JobState.DEAD_LETTER,
-                                                 JobState.CANCELED):
-                self._terminal_writes += 1
+            if new is not None and new.state in TERMINAL:
+                terminal += 1
+        if terminal:
+            slot = self.lock.TERMINAL_SLOT
+            self.lock.put(slot, self.lock.generation(slot) + terminal)
 
     def _suspect_copies(self) -> None:
         self.lock.bump(self.lock.SUSPECT_SLOT)
@@ -379,10 +381,23 @@ class Journal:
             return self.fence.last()
 
     def maybe_autoprune(self) -> None:
-        """Amortized retention: prune once per `keep_terminal // 4 + 64` terminal writes here."""
-        if self._terminal_writes < max(64, self.keep_terminal // 4) or self.autoprune is None:
+        """Amortized retention: prune once per `max(64, keep_terminal // 4)` terminal writes.
+
+        The count is the spool's, kept in the lock's shared memory by every process, not
+        this process's: short-lived processes (a `run-until-idle` in a cron job settling
+        a few jobs each time) would otherwise never reach it, and a restarted worker
+        would let the terminal directories grow by a whole interval more before its
+        first prune (on the file pool, those files are new inodes). It is a hint: lost
+        with a deleted `.lock`, it only delays one prune.
+        """
+        slot = self.lock.TERMINAL_SLOT
+        if self.lock.generation(slot) < max(64, self.keep_terminal // 4) \
+                or self.autoprune is None:
             return
-        self._terminal_writes = 0
+        with self.lock.hold():
+            if self.lock.generation(slot) < max(64, self.keep_terminal // 4):
+                return  # another process is pruning or just did
+            self.lock.put(slot, 0)
         try:
             self.autoprune()
         except (OSError, JobspoolError) as exc:

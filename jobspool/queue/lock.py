@@ -297,6 +297,9 @@ class SpoolLock:
     FENCE_NEXT_SLOT = 14
     FENCE_CEILING_SLOT = 15
     BOOT_SLOT = 16
+    # Terminal writes by every process since the last automatic prune (journal.py); 17..31
+    # are the group flush's (groupflush.py).
+    TERMINAL_SLOT = 32
 
     def begin_write(self) -> None:
         """Mark a batch of renames in flight (under the lock). Finding the mark already set
