@@ -206,6 +206,31 @@ def test_an_unreadable_fence_is_quarantined_and_rebuilt_from_the_tokens(
     assert lease_c.token > max(lease.token for lease in leases)
 
 
+def test_a_fence_rebuilt_after_pruning_stays_above_every_token_handed_out(
+        spool: Spool, spool_root: Path) -> None:
+    """The jobs holding the highest tokens were pruned, then the fence file was damaged:
+    the tokens on disk say nothing, the lock's shared counter still knows. Even with
+    `.lock` lost afterwards, no token is handed out twice."""
+    issued = []
+    for i in range(20):
+        spool.enqueue("k", i)
+        (lease,) = spool.claim()
+        issued.append(lease.token)
+        spool.complete(lease)
+    spool.prune(keep=0)
+    (spool_root / "fence").write_bytes(b"garbage")
+
+    report = spool.recover()
+
+    assert report.fence_after is not None and report.fence_after >= max(issued)
+    spool.close()
+    (spool_root / ".lock").unlink()  # the shared counter gone too: only the file is left
+    with Spool(spool_root) as again:
+        again.enqueue("k", "after")
+        (lease,) = again.claim()
+        assert lease.token > max(issued)
+
+
 # ---------------------------------------------------------------- expired leases
 
 

@@ -269,6 +269,12 @@ def _raise_fence(spool: Journal, scan: Scan) -> tuple[list[str], int | None, int
             return [], current, current
         floor = current or 0
         value = max(top, floor)
+        if current is None:
+            # Pruned jobs took their tokens with them: the scan alone may be far below what
+            # was handed out. The lock's shared counter knows (unless `.lock` went too);
+            # any value it holds was a real token or ceiling, so raising to it is safe.
+            value = max(value, spool.lock.generation(spool.lock.FENCE_NEXT_SLOT),
+                        spool.lock.generation(spool.lock.FENCE_CEILING_SLOT))
         spool.commit_changes([], [Change(name=FENCE_FILE, dst="", data=encode_fence(value))])
         spool.fence.raised(value)
         if current is None:
