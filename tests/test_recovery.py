@@ -415,3 +415,34 @@ def test_recovery_leaves_a_live_producers_prestaged_files_and_removes_a_dead_one
         assert liveness.probe(spool_root, dead_ident)[0] == liveness.Verdict.UNKNOWN
         live.unlink()
         assert spool.fsck().ok
+
+
+# ---------------------------------------------------------------- readers before recovery
+
+
+def test_readers_show_one_copy_per_job_the_one_recovery_keeps(
+        spool: Spool, spool_root: Path) -> None:
+    """A power loss may leave a job's old file beside its new one until `recover` runs:
+    `jobs`, `stats` and `get` show the job once, in the state recovery will keep."""
+    spool.enqueue("k", {}, job_id="d1")
+    spool.enqueue("k", {}, job_id="other")
+    old = (spool_root / "ready" / "d1.json").read_bytes()
+    (lease,) = spool.claim(limit=1)
+    assert lease.job_id == "d1"
+    spool.complete(lease)
+    (spool_root / "ready" / "d1.json").write_bytes(old)  # the stale copy, revision 1
+
+    assert [(j.id, j.state) for j in spool.jobs()] == [
+        ("other", JobState.READY), ("d1", JobState.COMPLETED)]
+    assert [j.id for j in spool.jobs(state="ready")] == ["other"]
+    stats = spool.stats()
+    assert (stats.counts["ready"], stats.counts["completed"], stats.due) == (1, 1, 1)
+    assert spool.get("d1").state is JobState.COMPLETED
+
+    # A tie in revision (two crashes): the terminal copy, as recovery decides.
+    canceled = evolve(spool.get("other"), state=JobState.CANCELED)
+    (spool_root / "canceled" / "other.json").write_bytes(encode_job(canceled))
+    assert spool.get("other").state is JobState.CANCELED
+    assert [j.id for j in spool.jobs(state="ready")] == []
+    spool.recover()
+    assert assert_disk_consistent(spool_root) == {"d1": "completed", "other": "canceled"}

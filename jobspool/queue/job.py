@@ -29,7 +29,7 @@ from jobspool.queue.payload import MAX_RUN_AT_PAST as MAX_RUN_AT_PAST
 from jobspool.queue.payload import check_json as check_json
 from jobspool.queue.payload import iso_time as iso_time
 from jobspool.queue.payload import validate_run_at as validate_run_at
-from jobspool.queue.states import JobState
+from jobspool.queue.states import ALL_STATES, JobState
 
 _log = logging.getLogger("jobspool.queue")
 
@@ -503,6 +503,18 @@ Slot by slot rather than `dataclasses.replace`, which goes through `__init__`. J
 no `__post_init__` to skip; an unknown field is a `TypeError`."""
 
 evolve: Callable[..., Job] = _compile_evolve()
+
+
+# A tie in revision cannot come from one crash (a state change always writes revision + 1),
+# but it can from two: a stale leased copy re-claimed after the job completed elsewhere.
+# Then the terminal copy wins, because finished work must never be resurrected; after that
+# the later update, and last the later state in the lifecycle order of JobState.
+_RANK = {s: i for i, s in enumerate(ALL_STATES)}
+
+
+def survivor_key(job: Job) -> tuple[int, bool, float, int]:
+    """Sort key of the copy of a job that readers show and recovery keeps (largest wins)."""
+    return (job.revision, job.terminal, job.updated_at, _RANK[job.state])
 
 
 def fill_in(job: Job, **changes: Any) -> Job:

@@ -33,6 +33,7 @@ from jobspool.queue.job import (
     encode_fitting,
     encode_job,
     report_unreadable,
+    survivor_key,
 )
 from jobspool.queue.layout import Layout, SpoolSettings
 from jobspool.queue.lock import SpoolLock
@@ -197,8 +198,27 @@ class Journal:
         copies = [j for j in (self.read_job(s, job_id) for s in ALL_STATES) if j is not None]
         if not copies:
             return None, []
-        best = max(copies, key=lambda j: j.revision)
+        best = max(copies, key=survivor_key)
         return best, [j.state for j in copies if j is not best]
+
+    def without_stale(self, names: dict[JobState, list[str]]) -> dict[JobState, list[str]]:
+        """Listings of the state directories with stale copies left out (a power loss
+        between a rename and the removal of the old file leaves one until `recover`):
+        each id shown once, in the state of the copy recovery would keep. Free unless an
+        id is in two listings; then its copies are read."""
+        seen: dict[str, int] = {}
+        for listed in names.values():
+            for job_id in listed:
+                seen[job_id] = seen.get(job_id, 0) + 1
+        twice = {job_id for job_id, n in seen.items() if n > 1}
+        if not twice:
+            return names
+        keep_in = {}
+        for job_id in twice:
+            best, _ = self.locate(job_id)
+            keep_in[job_id] = None if best is None else best.state
+        return {s: [j for j in listed if j not in keep_in or keep_in[j] is s]
+                for s, listed in names.items()}
 
     def commit_changes(self, pairs: Sequence[tuple[Job | None, Job | None]],
                 extra: Sequence[Change] = (), *, staged: dict[str, str] | None = None,

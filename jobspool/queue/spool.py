@@ -54,7 +54,7 @@ from jobspool.queue.options import (
 from jobspool.queue.perms import file_mode
 from jobspool.queue.producer import Producer
 from jobspool.queue.producing import EnqueueForms
-from jobspool.queue.states import JobState
+from jobspool.queue.states import ALL_STATES, JobState
 from jobspool.queue.stats import Stats, collect_stats
 from jobspool.queue.wakeup import DirWatcher
 
@@ -396,8 +396,11 @@ class Spool(EnqueueForms):
         return self._iter_jobs(states, kind)
 
     def _iter_jobs(self, states: Sequence[JobState], kind: str | None) -> Iterator[Job]:
+        # Every directory is listed, even for one state: a stale copy left by a crash is
+        # told from the job's current one only by the other directories.
+        names = self.journal.without_stale({s: self.store.names(s.value) for s in ALL_STATES})
         for s in states:
-            for job_id in sorted(self.store.names(s.value)):
+            for job_id in sorted(names[s]):
                 job = self.journal.read_job(s, job_id)
                 if job is not None and (kind is None or job.kind == kind):
                     yield job

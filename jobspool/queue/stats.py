@@ -89,6 +89,7 @@ def collect_stats(spool: Journal, *, by_kind: bool = False) -> Stats:
         now = spool.now()
         names = {s: store.names(s.value) for s in ALL_STATES}
         fence = spool.fence_value()
+    names = spool.without_stale(names)
     counts = {s.value: len(n) for s, n in names.items()}
     oldest: float | None = None
     due = counts[JobState.READY.value]

@@ -50,13 +50,14 @@ from typing import TYPE_CHECKING, Any
 from jobspool.queue import liveness, machine
 from jobspool.queue import store as store_mod
 from jobspool.queue.fence import FENCE_FILE, decode_fence, encode_fence
+from jobspool.queue.job import survivor_key
 from jobspool.queue.layout import ADMIN_BATCH as BATCH
 from jobspool.queue.states import CLAIMABLE, JobState
 from jobspool.queue.store import JOB_SUFFIX, TMP_DIR, Change
 from jobspool.recovery.prune import prune
 from jobspool.recovery.quarantine import quarantine, quarantine_root_file
 from jobspool.recovery.replay import ReplayHook, ReplayHooks, Verdict, ask, hook_for
-from jobspool.recovery.scan import Bad, Scan, probe, scan_spool, survivor_key
+from jobspool.recovery.scan import Bad, Scan, probe, scan_spool
 
 if TYPE_CHECKING:
     from jobspool.queue.job import Job

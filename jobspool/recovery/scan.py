@@ -159,13 +159,3 @@ def probe(spool: Journal, job_id: str) -> tuple[list[Job], list[Bad]]:
     return good, bad
 
 
-# A tie in revision cannot come from one crash (a state change always writes revision + 1),
-# but it can from two: a stale leased copy re-claimed after the job completed elsewhere.
-# Then the terminal copy wins, because finished work must never be resurrected; after that
-# the later update, and last the later state in the lifecycle order of JobState.
-_RANK = {s: i for i, s in enumerate(ALL_STATES)}
-
-
-def survivor_key(job: Job) -> tuple[int, bool, float, int]:
-    """Sort key of the copy of a job that recovery keeps (the largest wins)."""
-    return (job.revision, job.terminal, job.updated_at, _RANK[job.state])
