@@ -244,6 +244,27 @@ def test_enqueue_error_raises_duplicate_job_and_changes_nothing(any_spool: Spool
     assert [j.id for j in any_spool.jobs()] == ["j"]  # nothing of the refused batch landed
 
 
+def test_an_id_given_twice_in_one_batch_is_one_job_as_if_enqueued_in_turn(
+        any_spool: Spool) -> None:
+    """keep stores the first payload, replace the last, error refuses the whole batch."""
+    with pytest.raises(InvalidJob, match="'e' is given twice"):
+        any_spool.enqueue_many("note", [{"v": 1}, {"v": 2}, {"v": 3}],
+                               job_ids=["fresh", "e", "e"], on_conflict="error")
+    assert list(any_spool.jobs()) == []
+    for policy, want in (("keep", {"v": 1}), ("replace", {"v": 2})):
+        results = any_spool.enqueue_many_results(
+            "note", [{"v": 1}, {"v": 2}], job_ids=[policy, policy], on_conflict=policy)
+        assert [r.outcome for r in results] == ["created", "existing"]
+        assert all(r.job.payload == want for r in results)
+        assert any_spool.get(policy).payload == want
+    # Taken already: replace replaces it with the batch's last payload, once.
+    results = any_spool.enqueue_many_results(
+        "note", [{"v": 3}, {"v": 4}], job_ids=["keep", "keep"], on_conflict="replace")
+    assert [r.outcome for r in results] == ["replaced", "existing"]
+    assert any_spool.get("keep").payload == {"v": 4}
+    assert sorted(j.id for j in any_spool.jobs()) == ["keep", "replace"]
+
+
 # ---------------------------------------------------------------- claim
 
 

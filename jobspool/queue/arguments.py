@@ -130,7 +130,24 @@ def new_batch(kind: str, payloads: Iterable[Any], *, job_ids: Sequence[str | Non
                              priority=priority, max_attempts=attempts, timeout=limit)
              for i, p in zip(ids, payload_list, strict=True)]
     given = job_ids is not None and any(i is not None for i in job_ids)
+    if given:
+        _one_job_per_id(fresh, policy)
     return Batch(fresh, policy, unique, delay, at, given)
+
+
+def _one_job_per_id(fresh: list[Job], policy: str) -> None:
+    """An id given twice in one batch names one job, as if enqueued one after the other:
+    `keep` stores the first payload, `replace` the last, `error` refuses the whole batch
+    (nothing written). The stores then store each id once, its repeats `existing`."""
+    first: dict[str, int] = {}
+    for i, job in enumerate(fresh):
+        if job.id not in first:
+            first[job.id] = i
+        elif policy == "error":
+            raise InvalidJob(f"job id {job.id!r} is given twice in one batch "
+                             "(on_conflict='error' refuses the whole batch)", field="job_ids")
+        elif policy == "replace":
+            fresh[first[job.id]] = job
 
 
 def new_reservation(kind: str, payload: Any, *, job_id: str | None, delay: float,
