@@ -120,3 +120,20 @@ def test_purge_deletes_named_files_or_everything_with_their_reasons(
     code, out, _ = run_cli("quarantine", "purge", root=root)
     assert code == 0 and out.strip() == "purged 2 quarantined file(s)"
     assert list((root / "quarantine").iterdir()) == []
+
+
+def test_a_quarantined_directory_is_shown_refused_on_restore_and_purged(root: Path) -> None:
+    """Recovery moves a directory named like a job file aside; every quarantine command
+    must handle it (purge stopped at it with a raw OSError, leaving the later files)."""
+    (root / "ready" / "subdir.json").mkdir()
+    (root / "ready" / "subdir.json" / "inner").write_bytes(b"x")
+    (root / "ready" / "zz.json").write_bytes(b"broken")
+    with make_spool(root) as spool:
+        assert len(spool.recover().quarantined) == 2
+    doc = run_json(root, "quarantine", "show", "subdir")
+    assert isinstance(doc, dict) and doc["readable"] is False and "directory" in doc["problem"]
+    code, _, err = run_cli("quarantine", "restore", "subdir", root=root)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "a directory" in err
+    code, out, _ = run_cli("quarantine", "purge", root=root)
+    assert code == 0 and out.strip() == "purged 2 quarantined file(s)"
+    assert list((root / "quarantine").iterdir()) == []

@@ -29,10 +29,12 @@ import contextlib
 import itertools
 import logging
 import os
+import shutil
 import socket
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -240,8 +242,12 @@ def show_quarantined(spool: Journal, ident: str) -> dict[str, Any]:
     info = _describe(spool, name)
     if info is None:
         raise NotQuarantined(ident)
-    data = (spool.root / QUARANTINE_DIR / name).read_bytes()
     doc = info.to_dict()
+    try:
+        data = (spool.root / QUARANTINE_DIR / name).read_bytes()
+    except IsADirectoryError:
+        return {**doc, "content": "", "truncated": False, "job": None, "readable": False,
+                "problem": "a directory, not a job file"}
     doc["content"] = data[:_SHOW_BYTES].decode("utf-8", errors="replace")
     doc["truncated"] = len(data) > _SHOW_BYTES
     try:
@@ -272,6 +278,9 @@ def restore_quarantined(spool: Journal, ident: str) -> Job:
             data = qpath.read_bytes()
         except FileNotFoundError:
             raise NotQuarantined(ident) from None
+        except IsADirectoryError:
+            raise SpoolError(f"cannot restore {QUARANTINE_DIR}/{name}: a directory, not a job "
+                             "file; `jobspool quarantine purge` it", path=str(qpath)) from None
         try:
             job = decode_job(data)
         except CorruptJob as exc:
@@ -308,15 +317,19 @@ def purge_quarantined(spool: Journal, idents: Sequence[str] = (), *,
     qdir = spool.root / QUARANTINE_DIR
     now = spool.now()
     purged: list[str] = []
+    failed: list[str] = []
     for name in dict.fromkeys(names):
         if older_than is not None:
             info = _describe(spool, name)
             at = info.quarantined_at if info is not None else None
             if at is None or now - at <= older_than:
                 continue
-        for path in (qdir / name, qdir / (name + REASON_SUFFIX)):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+        try:
+            for path in (qdir / name, qdir / (name + REASON_SUFFIX)):
+                _remove(path)
+        except OSError as exc:
+            failed.append(f"{name}: {exc.strerror or exc}")  # the others are still purged
+            continue
         purged.append(name)
     if not idents and older_than is None:
         with contextlib.suppress(FileNotFoundError):
@@ -326,4 +339,18 @@ def purge_quarantined(spool: Journal, idents: Sequence[str] = (), *,
                         os.unlink(qdir / orphan)
     if purged and spool.durable:
         store_mod.fsync_dir(qdir)
+    if failed:
+        raise SpoolError(f"purged {len(purged)} quarantined file(s), could not purge "
+                         f"{len(failed)}: {'; '.join(failed[:5])}", path=str(qdir))
     return purged
+
+
+def _remove(path: Path) -> None:
+    """Unlink a file, or a whole directory that recovery moved aside (a `<name>.json`
+    directory in a state directory); a symlink is unlinked, never followed."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return
+    except IsADirectoryError:
+        shutil.rmtree(path)
