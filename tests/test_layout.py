@@ -43,3 +43,37 @@ def test_create_false_on_a_missing_spool_names_it(tmp_path: Path) -> None:
     with pytest.raises(SpoolError, match="does not exist"):
         make_spool(tmp_path / "nope", create=False)
     assert not (tmp_path / "nope").exists()
+
+
+@pytest.mark.parametrize(("edit", "named"), [
+    ({"lease_seconds": 0}, "lease_seconds must be a positive"),
+    ({"max_attempts": "five"}, "max_attempts"),
+    ("not an object", "'settings' is not an object"),
+])
+def test_a_bad_hand_edited_setting_names_spool_json(
+        tmp_path: Path, edit: object, named: str) -> None:
+    """The error points at the file the operator edited, not at an option nobody passed;
+    the CLI exits 2 (a spool problem) with one line, `health` and `fsck` too."""
+    import orjson
+
+    from tests.cli_harness import run_cli
+
+    root = tmp_path / "s"
+    make_spool(root).close()
+    doc = orjson.loads((root / "spool.json").read_bytes())
+    if isinstance(edit, dict):
+        doc["settings"].update(edit)
+    else:
+        doc["settings"] = edit
+    (root / "spool.json").write_bytes(orjson.dumps(doc))
+    with pytest.raises(SpoolError) as info:
+        make_spool(root)
+    assert str(root / "spool.json") in str(info.value) and named in str(info.value)
+    for command in ("stats", "health", "fsck"):
+        code, out, err = run_cli(command, root=root)
+        assert code == 2 and len(err.strip().splitlines()) == 1, (command, err)
+        assert "spool.json" in err
+    if isinstance(edit, dict):
+        # An option given by the caller wins over the broken stored one.
+        field = next(iter(edit))
+        make_spool(root, **{field: 30 if field == "lease_seconds" else 3}).close()

@@ -153,7 +153,11 @@ def open_layout(root: Path, *, create: bool, durable: bool, read_only: bool = Fa
                          path=str(root))
     if access is not None:
         validate_access(access)
-    saved = (doc.get("settings") or {}).get("access") if doc is not None else None
+    settings = doc.get("settings", {}) if doc is not None else {}
+    if not isinstance(settings, dict):
+        raise SpoolError(f"{root / SPOOL_FILE}: 'settings' is not an object",
+                         path=str(root / SPOOL_FILE))
+    saved = settings.get("access")
     chosen = validate_access(saved if saved is not None else (access or DEFAULT_ACCESS))
     if access is not None and saved is not None and access != chosen:
         # Silently keeping the saved modes would leave a service that asked for a group
@@ -200,10 +204,6 @@ def open_layout(root: Path, *, create: bool, durable: bool, read_only: bool = Fa
             refuse_foreign_writers(root / name, (root / name).stat())
         except FileNotFoundError:
             continue
-    settings = doc.get("settings", {}) if doc is not None else {}
-    if not isinstance(settings, dict):
-        raise SpoolError(f"{root / SPOOL_FILE}: 'settings' is not an object",
-                         path=str(root / SPOOL_FILE))
     return Layout(root=root, settings=settings, created=doc is None, durable=durable,
                   access=chosen)
 

@@ -26,7 +26,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self, cast
 
-from jobspool.errors import JobNotFound, JobspoolError, LeaseLost
+from jobspool.errors import InvalidJob, JobNotFound, JobspoolError, LeaseLost, SpoolError
 from jobspool.queue import bulk, liveness, machine
 from jobspool.queue.arguments import job_states, wait_until_terminal
 from jobspool.queue.job import (
@@ -39,7 +39,7 @@ from jobspool.queue.job import (
     validate_kind,
 )
 from jobspool.queue.journal import Journal
-from jobspool.queue.layout import open_layout
+from jobspool.queue.layout import SPOOL_FILE, open_layout
 from jobspool.queue.leasing import Leasing
 from jobspool.queue.marks import read_marks, write_marks
 from jobspool.queue.options import (
@@ -49,6 +49,7 @@ from jobspool.queue.options import (
     DefaultInt,
     ProcessOptions,
     check_given,
+    given,
     resolve_settings,
 )
 from jobspool.queue.perms import file_mode
@@ -137,7 +138,14 @@ class Spool(EnqueueForms):
                                  max_lag_seconds=max_lag_seconds)
         layout = open_layout(Path(root), create=create, durable=durable, read_only=read_only,
                              access=access)
-        settings = resolve_settings(persisted, layout.settings, layout.access)
+        try:
+            settings = resolve_settings(persisted, layout.settings, layout.access)
+        except InvalidJob as exc:
+            if exc.field is not None and given(persisted.get(exc.field, UNSET)):
+                raise  # the caller's own option
+            # A hand-edited spool.json: name the file, not an option nobody passed.
+            raise SpoolError(f"{layout.root / SPOOL_FILE}: {exc}; fix the setting in that "
+                             "file", path=str(layout.root / SPOOL_FILE)) from None
         self.journal = Journal(layout, settings, options)
         self.leasing = Leasing(self.journal)
         self.producer = Producer(self.journal)
