@@ -604,3 +604,20 @@ def test_short_lived_spools_settling_a_few_jobs_each_still_prune(
             spool.complete_many([(lease, None) for lease in leases])
         spool.close()
     assert stat_counts(make_any_spool().stats())["completed"] <= 5 + 64
+
+
+@pytest.mark.parametrize("bad", [
+    {"max_job_bytes": 100}, {"lease_seconds": -1.0}, {"max_attempts": 0},
+    {"lease_seconds": math.nan}, {"keep_terminal_seconds": math.inf}, {"max_due": 0},
+    {"max_lag_seconds": math.nan}, {"clock": 5},
+], ids=repr)
+def test_a_refused_option_leaves_the_spool_as_it_was(make_any_spool: MakeSpool,
+                                                     bad: dict[str, Any]) -> None:
+    """Refused with InvalidJob naming the option, before anything is stored: the first
+    open must not save it as the spool's setting (then every later open failed)."""
+    with pytest.raises(InvalidJob) as info:
+        make_any_spool(**bad)
+    assert info.value.field == next(iter(bad))
+    spool = make_any_spool()
+    spool.enqueue("k")
+    assert spool.settings.max_job_bytes >= 1024 and spool.settings.lease_seconds > 0

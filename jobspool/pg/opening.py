@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jobspool.errors import SpoolError
+from jobspool.errors import InvalidJob, SpoolError
 from jobspool.pg.db import one_line
 from jobspool.pg.schema import check, load_settings, migrate
 from jobspool.queue.job import MAX_JOB_BYTES, validate_int, validate_seconds
@@ -86,7 +86,13 @@ def open_database(db: Database, *, create: bool, read_only: bool,
         raise
     finally:
         conn.close()
-    return Opened(created=created, settings=validated({**DEFAULTS, **stored, **given}),
+    try:
+        settings = validated({**DEFAULTS, **stored, **given})
+    except InvalidJob as exc:
+        # Checked when stored: someone edited the table by hand. Name it, not an option.
+        raise SpoolError(f"{db.display}: jobspool_settings holds a bad setting: {exc}; fix "
+                         "it in that table") from None
+    return Opened(created=created, settings=settings,
                   channel=f"jobspool_{(schema[0] if schema else 'public')}"[:63],
                   clock_offset=(float(row[0]) - (t0 + t1) / 2) if row else 0.0)
 
@@ -107,3 +113,17 @@ def validated(s: dict[str, Any]) -> SpoolSettings:
         keep_terminal_seconds=None if kts is None else validate_seconds(
             "keep_terminal_seconds", kts),
         max_job_bytes=validate_int("max_job_bytes", s["max_job_bytes"], minimum=1024))
+
+
+def check_process_options(*, pool_size: object, reconnect_seconds: object, max_due: object,
+                          max_lag_seconds: object, clock: object) -> None:
+    """This process's own options (not stored), checked as the file spool checks its."""
+    validate_int("pool_size", pool_size, minimum=1)
+    validate_seconds("reconnect_seconds", reconnect_seconds)
+    if max_due is not None:
+        validate_int("max_due", max_due, minimum=1)
+    if max_lag_seconds is not None:
+        validate_seconds("max_lag_seconds", max_lag_seconds, positive=True)
+    if clock is not None and not callable(clock):
+        raise InvalidJob(f"clock must be a callable returning epoch seconds, got {clock!r}",
+                         field="clock")

@@ -29,7 +29,14 @@ from jobspool.errors import (
 )
 from jobspool.pg import admin, leasing, marks, produce
 from jobspool.pg.db import Database
-from jobspool.pg.opening import DEFAULTS, LocalLock, default_local_dir, open_database
+from jobspool.pg.opening import (
+    DEFAULTS,
+    LocalLock,
+    check_process_options,
+    default_local_dir,
+    open_database,
+    validated,
+)
 from jobspool.pg.rows import COLUMNS, to_job
 from jobspool.queue import machine
 from jobspool.queue.arguments import (
@@ -98,10 +105,15 @@ class PgSpool(EnqueueForms):
         unknown = set(options) - set(DEFAULTS)
         if unknown:
             raise TypeError(f"Spool() got unexpected keyword argument(s): {sorted(unknown)}")
+        given = {k: v for k, v in options.items() if v is not None or k == "keep_terminal_seconds"}
+        # Every option checked before the database is touched: a refused one must not be
+        # stored as the schema's settings by the first open.
+        validated({**DEFAULTS, **given})
+        check_process_options(pool_size=pool_size, reconnect_seconds=reconnect_seconds,
+                              max_due=max_due, max_lag_seconds=max_lag_seconds, clock=clock)
         self.url, self.read_only, self.clock = root, read_only, clock
         self.db = Database(root, pool_size=pool_size, reconnect_seconds=reconnect_seconds)
         self.display, self.max_due, self.max_lag_seconds = self.db.display, max_due, max_lag_seconds
-        given = {k: v for k, v in options.items() if v is not None or k == "keep_terminal_seconds"}
         opened = open_database(self.db, create=create, read_only=read_only, given=given)
         self.created, self.channel = opened.created, opened.channel
         # This process's clock, corrected to the database's: the worker compares due

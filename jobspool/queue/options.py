@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from jobspool.errors import InvalidJob
 from jobspool.queue.job import MAX_JOB_BYTES, validate_int, validate_seconds
 from jobspool.queue.layout import SpoolSettings
 
@@ -61,6 +62,9 @@ class ProcessOptions:
     max_lag_seconds: float | None = None
 
     def __post_init__(self) -> None:
+        if not callable(self.clock):
+            raise InvalidJob(f"clock must be a callable returning epoch seconds, got "
+                             f"{self.clock!r}", field="clock")
         if self.max_due is not None:
             validate_int("max_due", self.max_due, minimum=1)
         if self.max_lag_seconds is not None:
