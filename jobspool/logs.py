@@ -108,7 +108,10 @@ def _write(level: str, msg: str, fields: dict[str, Any]) -> None:
 def startup(command: str, **fields: Any) -> None:
     """The start-up line of a long-running command (info)."""
     from jobspool import __version__
+    from jobspool.urls import redact_url
 
+    if isinstance(fields.get("root"), str):
+        fields["root"] = redact_url(fields["root"])
     logging.getLogger(CLI_LOGGER).info(
         "%s starting", command,
         extra={"fields": {"event": "start", "command": command, "pid": os.getpid(),

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,6 +22,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from jobspool.errors import SpoolError
+from jobspool.urls import redact_url
 
 try:
     import psycopg
@@ -54,7 +54,7 @@ def display_url(url: str) -> str:
         _conninfo.conninfo_to_dict(url)
     except psycopg.Error as exc:
         raise SpoolError(f"bad PostgreSQL URL: {one_line(exc)}") from None
-    return re.sub(r"^([a-z]+://[^:@/]*):[^@/]*@", r"\1:***@", url)
+    return redact_url(url)
 
 
 class Pool:

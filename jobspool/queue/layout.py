@@ -112,10 +112,13 @@ _URL_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+:/")
 
 def _refuse_url(root: Path) -> None:
     text = os.fspath(root)
-    match = _URL_SCHEME.match(text)
+    match = _URL_SCHEME.match(text.lstrip())
     if match is None:
         return
     scheme = match.group()[:-2]
+    if text != text.lstrip():
+        raise SpoolError(f"spool root {text!r} starts with whitespace before a {scheme}: URL; "
+                         "remove it", path=text)
     raise SpoolError(f"spool root {text.replace(':/', '://', 1)!r} is a {scheme}:// URL; a spool "
                      "is a directory or a postgresql:// URL given as a string",
                      path=text)

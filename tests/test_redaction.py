@@ -1,0 +1,54 @@
+"""A database password never reaches a message, a log line or a report (README: "one line
+naming the server (never its password)"); a URL typed with a stray space is refused, not
+taken for a directory."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from jobspool.urls import redact_url
+from tests.cli_harness import run_cli
+
+
+@pytest.mark.parametrize(("url", "shown"), [
+    ("postgresql://u:pw@h/db", "postgresql://u:***@h/db"),
+    ("postgresql://h/app?user=u&password=sec&sslmode=disable",
+     "postgresql://h/app?user=u&password=***&sslmode=disable"),
+    ("postgres://h/app?PASSWORD=x", "postgres://h/app?PASSWORD=***"),
+    ("postgresql://u@h:5/db?options=-csearch_path%3Dq", "postgresql://u@h:5/db?options=-csearch_path%3Dq"),
+    ("/var/spool/jobs", "/var/spool/jobs"),
+])
+def test_redact_url_hides_the_password_in_either_form(url: str, shown: str) -> None:
+    assert redact_url(url) == shown
+
+
+def test_a_query_password_appears_in_no_output_of_a_run(pg_url: str) -> None:
+    """The server trusts every password: the run goes through, and nothing it prints —
+    the JSON start line included — holds the secret."""
+    url = pg_url + "&password=S3CRET-VALUE"
+    outputs = [run_cli("init", root=url), run_cli("enqueue", "work", root=url),
+               run_cli("run-until-idle", "--app", "tests.apps.simple:app", "--log-format",
+                       "json", "--log-level", "info", root=url),
+               run_cli("health", "--json", root=url), run_cli("stats", "--json", root=url)]
+    for code, out, err in outputs:
+        assert code in (0, 2), err
+        assert "S3CRET" not in out + err
+    bad = pg_url.replace("postgresql://", "postgresql://nobody:S3CRET@", 1).replace(
+        "127.0.0.1:", "127.0.0.1:1", 1)  # a port nothing listens on
+    code, _, err = run_cli("stats", root=bad)
+    assert code == 2 and "S3CRET" not in err and "***" in err
+
+
+def test_a_url_with_leading_whitespace_is_refused_and_nothing_is_created(
+        tmp_path: Path) -> None:
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        code, _, err = run_cli("init", root=" postgresql://u@127.0.0.1:1/db")
+    finally:
+        os.chdir(cwd)
+    assert code == 2 and "whitespace" in err and len(err.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
