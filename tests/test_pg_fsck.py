@@ -29,3 +29,22 @@ def test_fsck_reports_a_fence_sequence_behind_a_held_token(pg_url: str) -> None:
     doc = orjson.loads(broken.stdout)
     assert doc["ok"] is False
     assert any(str(max(x.token for x in leases)) in p for p in doc["problems"]), doc
+
+
+def test_recover_raises_the_fence_sequence_above_every_token_a_row_holds(pg_url: str) -> None:
+    """As the file spool's recover raises its fence: after a sequence set back (a restore,
+    a hand edit), claims must not hand out a token a row already holds."""
+    with make_spool(pg_url) as spool:
+        spool.enqueue_many("note", [1, 2, 3], job_ids=["a", "b", "c"])
+        leases = spool.claim(limit=3)
+        top = max(x.token for x in leases)
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute("SELECT setval('jobspool_fence', 1)")
+        report = spool.recover()
+        assert report.fence_before == 1 and report.fence_after is not None
+        assert report.fence_after > top
+        assert report.fence_raised == tuple(x.job_id for x in leases if x.token > 1)
+        spool.enqueue("note", job_id="d")
+        (after,) = spool.claim()
+        assert after.token > top
+    assert _fsck(pg_url).returncode == 0

@@ -9,6 +9,7 @@ stale copies) are zero or empty: a database has none.
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
     from jobspool.recovery.recover import RecoveryReport
 
 _TERMINAL = (JobState.COMPLETED, JobState.DEAD_LETTER, JobState.CANCELED)
+
+log = logging.getLogger("jobspool.pg")
 
 
 def stats(spool: PgSpool, *, by_kind: bool = False) -> Stats:
@@ -122,6 +125,8 @@ def recover(spool: PgSpool, replay: Any = None) -> RecoveryReport:
     from jobspool.recovery.recover import RecoveryReport
     from jobspool.recovery.replay import ask, hook_for
 
+    fence_before = spool.fence_value()
+    raised = _raise_fence(spool, fence_before)
     swept = sweep(spool)
     reclaimed = tuple(i for i, s in swept if s == JobState.RETRYABLE.value)
     dead = [i for i, s in swept if s == JobState.DEAD_LETTER.value]
@@ -159,12 +164,35 @@ def recover(spool: PgSpool, replay: Any = None) -> RecoveryReport:
             dead.append(job.id)
         else:
             unknown.append(job.id)
-    fence = spool.fence_value()
+    fence_after = spool.fence_value()
     pruned = prune(spool).pruned
     return RecoveryReport(leases_reclaimed=reclaimed, dead_lettered=tuple(dead),
                           replayed_committed=tuple(committed), replayed_aborted=tuple(aborted),
                           replay_unknown=tuple(unknown), prepared_pending=tuple(pending),
-                          pruned=tuple(pruned), fence_before=fence, fence_after=fence)
+                          pruned=tuple(pruned), fence_before=fence_before,
+                          fence_after=fence_after, fence_raised=raised)
+
+
+# Claims may draw tokens while the sequence is set: it is set this far above the highest
+# token on disk, so no token they drew meanwhile can be handed out again afterwards.
+_FENCE_MARGIN = 100_000
+
+
+def _raise_fence(spool: PgSpool, fence: int) -> tuple[str, ...]:
+    """Raise the token sequence above every token a row holds (rows restored from a
+    backup, or written by hand): otherwise claims would hand those tokens out again."""
+    rows = spool.db.run(lambda c: c.execute(
+        "SELECT id FROM jobspool_jobs WHERE token > %s ORDER BY id", (fence,)).fetchall(),
+        what="reading tokens above the fence")
+    if not rows:
+        return ()
+    spool.db.run(lambda c: c.execute(
+        "SELECT setval('jobspool_fence', (SELECT max(token) FROM jobspool_jobs) + %s)",
+        (_FENCE_MARGIN,)), what="raising the fence")
+    ids = tuple(r[0] for r in rows)
+    log.warning("fence of %s raised from %d (tokens in rows above it: %s)", spool.display,
+                fence, ", ".join(ids[:10]))
+    return ids
 
 
 def fsck(spool: PgSpool) -> FsckReport:
