@@ -19,26 +19,52 @@ from tests.spools import make_spool
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def reader_url(pg_server: PgServer, pg_url: str) -> Iterator[str]:
-    """`pg_url` as a role that may read the store's tables and nothing more."""
+def _role_url(pg_server: PgServer, pg_url: str, grants: tuple[str, str]) -> Iterator[str]:
+    """`pg_url` as a new role holding USAGE on the schema and `grants` = (on every table,
+    on every sequence); dropped afterwards."""
     with make_spool(pg_url) as spool:
         spool.enqueue("note", {"v": 1}, job_id="j")
-    role = f"reader_{uuid.uuid4().hex[:12]}"
+    role = f"role_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(pg_url, autocommit=True) as conn:
         schema = conn.execute("SELECT current_schema()").fetchone()
         assert schema is not None
-        ident = sql.Identifier(schema[0])
-        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
-        conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(ident, sql.Identifier(role)))
-        conn.execute(sql.SQL("GRANT SELECT ON ALL TABLES IN SCHEMA {} TO {}").format(
-            ident, sql.Identifier(role)))
-        conn.execute(sql.SQL("GRANT SELECT ON ALL SEQUENCES IN SCHEMA {} TO {}").format(
-            ident, sql.Identifier(role)))
+        ident, who = sql.Identifier(schema[0]), sql.Identifier(role)
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(who))
+        conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(ident, who))
+        conn.execute(sql.SQL(f"GRANT {grants[0]} ON ALL TABLES IN SCHEMA {{}} TO {{}}").format(
+            ident, who))
+        conn.execute(sql.SQL(f"GRANT {grants[1]} ON ALL SEQUENCES IN SCHEMA {{}} TO {{}}").format(
+            ident, who))
     yield pg_url.replace("postgresql://postgres@", f"postgresql://{role}@", 1)
     with psycopg.connect(pg_server.url, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
         conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+@pytest.fixture
+def reader_url(pg_server: PgServer, pg_url: str) -> Iterator[str]:
+    """`pg_url` as a role that may read the store's tables and nothing more."""
+    yield from _role_url(pg_server, pg_url, ("SELECT", "SELECT"))
+
+
+@pytest.fixture
+def writer_url(pg_server: PgServer, pg_url: str) -> Iterator[str]:
+    """`pg_url` as the usual application role: it reads and writes the tables and draws
+    tokens, but may not create anything in the schema."""
+    yield from _role_url(pg_server, pg_url, ("SELECT, INSERT, UPDATE, DELETE",
+                                             "USAGE, SELECT, UPDATE"))
+
+
+def test_an_application_role_without_create_runs_the_queue(writer_url: str) -> None:
+    """An up-to-date schema is opened without DDL: such a role enqueues, works and
+    recovers (every open ran CREATE TABLE IF NOT EXISTS and was refused)."""
+    for args in (("enqueue", "work", "{}"), ("cancel", "j"), ("recover",),
+                 ("run-until-idle", "--app", "tests.apps.simple:app")):
+        out = run_jobspool(*args, root=writer_url)
+        assert out.returncode == 0, (args, out.stderr)
+    with make_spool(writer_url, create=False) as spool:
+        counts = spool.stats().counts
+    assert (counts["canceled"], counts["ready"]) == (1, 0)
 
 
 @pytest.mark.parametrize("args", [("stats", "--json"), ("list", "--json"), ("show", "j", "--json"),

@@ -20,11 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 from jobspool.errors import InvalidJob, SpoolError
 from jobspool.pg.db import one_line
-from jobspool.pg.schema import check, load_settings, migrate
+from jobspool.pg.schema import SCHEMA_VERSION, check, load_settings, migrate
 from jobspool.queue.job import MAX_JOB_BYTES, validate_int, validate_seconds
 from jobspool.queue.layout import SpoolSettings
 
 if TYPE_CHECKING:
+    import psycopg
+
     from jobspool.pg.db import Database
 
 # The persisted settings and their defaults (the same as a file spool's).
@@ -65,12 +67,18 @@ class Opened:
 def open_database(db: Database, *, create: bool, read_only: bool,
                   given: dict[str, Any]) -> Opened:
     conn = db.connect()
+    version: int | None = None
     try:
         version = check(conn, db.display)
         if version is None and not create:
             raise SpoolError(f"{db.display} holds no jobspool schema; run `jobspool init "
                              f"--root {db.display}` (or pass --create) first")
-        created = False if read_only else migrate(conn, db.display, {**DEFAULTS, **given})
+        # Up to date: no DDL at all, so a role that may only read and write the tables
+        # (no CREATE on the schema: the usual application role) can open it.
+        created = False if read_only or version == SCHEMA_VERSION else migrate(
+            conn, db.display, {**DEFAULTS, **given})
+        if not read_only:
+            _check_may_write(conn, db.display)
         stored = load_settings(conn)
         schema = conn.execute("SELECT current_schema()").fetchone()
         t0 = time.time()
@@ -81,6 +89,10 @@ def open_database(db: Database, *, create: bool, read_only: bool,
     except Exception as exc:
         import psycopg
 
+        if isinstance(exc, psycopg.errors.InsufficientPrivilege) and version != SCHEMA_VERSION:
+            raise SpoolError(f"database {db.display}: {one_line(exc)}; creating or upgrading "
+                             "the schema needs a role that may create tables in it: run "
+                             "`jobspool init` as that role once") from None
         if isinstance(exc, psycopg.Error):
             raise SpoolError(f"database {db.display}: {one_line(exc)}") from None
         raise
@@ -127,3 +139,21 @@ def check_process_options(*, pool_size: object, reconnect_seconds: object, max_d
     if clock is not None and not callable(clock):
         raise InvalidJob(f"clock must be a callable returning epoch seconds, got {clock!r}",
                          field="clock")
+
+
+_MAY_WRITE = """
+SELECT has_table_privilege('jobspool_jobs', 'INSERT')
+   AND has_table_privilege('jobspool_jobs', 'UPDATE')
+   AND has_table_privilege('jobspool_jobs', 'DELETE')
+   AND has_sequence_privilege('jobspool_fence', 'USAGE')
+"""
+
+
+def _check_may_write(conn: psycopg.Connection[Any], where: str) -> None:
+    """Refuse at once, in one line, a writing open by a role that may only read: its
+    first claim would fail on every retry instead (a worker's supervisor backs off)."""
+    row = conn.execute(_MAY_WRITE).fetchone()
+    if not (row and row[0]):
+        raise SpoolError(f"database {where}: this role may not write the jobspool tables "
+                         "(it needs INSERT, UPDATE, DELETE on jobspool_jobs and USAGE on the "
+                         "jobspool_fence sequence); reading commands work with SELECT alone")
