@@ -437,7 +437,7 @@ def test_requeue_one_dead_letter_and_all_of_them(spool_with_jobs: Path) -> None:
     assert one["state"] == "ready"
     assert one["attempts"] == 0
     rest = ok_json("--root", root, "requeue", "--all-dead")
-    assert sorted(rest["requeued"]) == ["p1", "p2"]
+    assert sorted(rest["requeued"]) == ["p1", "p2"] and rest["count"] == 2  # as the filters'
     counts = ok_json("--root", root, "stats")["counts"]
     assert (counts["ready"], counts["dead_letter"]) == (3, 0)
     assert ok_json("--root", root, "requeue", "--all-dead")["requeued"] == []

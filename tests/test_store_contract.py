@@ -621,3 +621,23 @@ def test_a_refused_option_leaves_the_spool_as_it_was(make_any_spool: MakeSpool,
     spool = make_any_spool()
     spool.enqueue("k")
     assert spool.settings.max_job_bytes >= 1024 and spool.settings.lease_seconds > 0
+
+
+def test_a_delay_past_year_9999_or_an_integer_past_64_bits_is_refused(
+        any_spool: Spool) -> None:
+    """The bounds run_at and the stores' integers have, reached another way: refused with
+    InvalidJob naming the argument, nothing written, the lease untouched."""
+    for bad in ({"delay": 1e300}, {"priority": 1 << 63}, {"max_attempts": 1 << 70},
+                {"priority": -(1 << 63) - 1}):
+        with pytest.raises(InvalidJob) as info:
+            any_spool.enqueue("k", **bad)
+        assert info.value.field == next(iter(bad))
+    assert list(any_spool.jobs()) == []
+    any_spool.enqueue("k", job_id="j", priority=(1 << 63) - 1)
+    (lease,) = any_spool.claim()
+    with pytest.raises(InvalidJob):
+        any_spool.release(lease, delay=1e300)
+    with pytest.raises(InvalidJob):
+        any_spool.fail(lease, "boom", delay=1e300)
+    assert any_spool.get("j").state is JobState.LEASED
+    any_spool.complete(lease)

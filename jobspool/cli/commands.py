@@ -349,7 +349,8 @@ def cmd_requeue(args: argparse.Namespace) -> int:
             _bulk_move(args, spool, "requeued")
         elif args.all_dead:
             jobs = spool.requeue_all()
-            _emit(args, {"requeued": [j.id for j in jobs]}, f"requeued {len(jobs)} dead letter(s)")
+            _emit(args, {"requeued": [j.id for j in jobs], "count": len(jobs)},
+                  f"requeued {len(jobs)} dead letter(s)")
         else:
             job = spool.requeue(args.job_id)
             _emit(args, job.to_dict(), f"{job.id} requeued")

@@ -52,6 +52,7 @@ from jobspool.queue.job import (
     Lease,
     Reservation,
     encode_admitted,
+    validate_delay,
     validate_int,
     validate_job_id,
     validate_kind,
@@ -406,7 +407,7 @@ class PgSpool(EnqueueForms):
     def fail(self, lease: Lease, error: object, *, retryable: bool = True,
              delay: float | None = None) -> Job:
         if delay is not None:
-            delay = validate_seconds("delay", delay)
+            delay = validate_delay(delay)
         return _one(self.fail_many([(lease, error, retryable, delay)])[0])
 
     def fail_many(self, items: Sequence[tuple[Lease, object, bool, float | None]]
@@ -416,7 +417,7 @@ class PgSpool(EnqueueForms):
 
     def release(self, lease: Lease, *, delay: float = 0.0) -> Job:
         """Give a leased job back without counting the attempt (fenced)."""
-        delay = validate_seconds("delay", delay)
+        delay = validate_delay(delay)
         return _one(leasing.settle(self, [lease], [("release", delay)])[0])
 
     def fenced(self, lease: Lease) -> AbstractContextManager[Lease]:

@@ -16,6 +16,7 @@ from jobspool.queue.ids import new_job_id, new_token_id
 from jobspool.queue.job import (
     Job,
     check_json,
+    validate_delay,
     validate_int,
     validate_job_id,
     validate_kind,
@@ -120,7 +121,7 @@ def new_batch(kind: str, payloads: Iterable[Any], *, job_ids: Sequence[str | Non
         check_json(p, "payload")
     policy = check_on_conflict(on_conflict)
     unique = check_unique_states(unique_states)
-    delay = validate_seconds("delay", delay)
+    delay = validate_delay(delay)
     validate_int("priority", priority)
     attempts = default_attempts if max_attempts is None else validate_int(
         "max_attempts", max_attempts, minimum=1)
@@ -157,7 +158,7 @@ def new_reservation(kind: str, payload: Any, *, job_id: str | None, delay: float
     (its id is `job.reservations[0]`)."""
     validate_kind(kind)
     jid = new_job_id() if job_id is None else validate_job_id(job_id)
-    delay = validate_seconds("delay", delay)
+    delay = validate_delay(delay)
     validate_int("priority", priority)
     attempts = default_attempts if max_attempts is None else validate_int(
         "max_attempts", max_attempts, minimum=1)

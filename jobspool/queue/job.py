@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import re
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
@@ -188,7 +189,21 @@ def validate_int(name: str, value: object, *, minimum: int | None = None) -> int
         raise InvalidJob(f"{name} must be an integer, got {value!r}", field=name)
     if minimum is not None and value < minimum:
         raise InvalidJob(f"{name} must be >= {minimum}, got {value!r}", field=name)
+    if not -(1 << 63) <= value < (1 << 63):
+        # Stored as JSON for orjson and as bigint in PostgreSQL: both stop at 64 bits.
+        raise InvalidJob(f"{name} must fit in a signed 64-bit integer, got {value!r}",
+                         field=name)
     return value
+
+
+def validate_delay(value: object, name: str = "delay") -> float:
+    """A delay: seconds from now, finite, non-negative, and not past the year 9999 (the
+    bound `run_at` has: a delay in milliseconds, or a sentinel like 1e300, is a mistake)."""
+    v = validate_seconds(name, value)
+    if time.time() + v > MAX_RUN_AT:
+        raise InvalidJob(f"{name} {value!r} s would run the job after the year 9999 (was it "
+                         "given in milliseconds?)", field=name)
+    return v
 
 
 def validate_seconds(name: str, value: object, *, positive: bool = False) -> float:

@@ -23,6 +23,7 @@ from jobspool.queue.job import (
     Job,
     Lease,
     encode_completed,
+    validate_delay,
     validate_int,
     validate_kind,
     validate_owner,
@@ -354,7 +355,7 @@ class Leasing:
         """Record a failed attempt: `retryable` with backoff, or `dead_letter` when permanent
         or out of attempts (fenced like `complete`)."""
         if delay is not None:
-            delay = validate_seconds("delay", delay)
+            delay = validate_delay(delay)
         outcome = self.fail_many([(lease, error, retryable, delay)])[0]
         if isinstance(outcome, BaseException):
             raise outcome
@@ -408,7 +409,7 @@ class Leasing:
 
     def release(self, lease: Lease, *, delay: float = 0.0) -> Job:
         """Give a leased job back without counting the attempt (fenced)."""
-        delay = validate_seconds("delay", delay)
+        delay = validate_delay(delay)
         with self.journal.lock.hold():
             job = self._leased_job(lease)
             new = machine.release(job, lease, now=self.journal.now(), delay=delay)

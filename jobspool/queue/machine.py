@@ -21,7 +21,7 @@ from jobspool.queue.job import (
     LeaseInfo,
     clip_error,
     evolve,
-    validate_seconds,
+    validate_delay,
 )
 from jobspool.queue.states import JobState, check_transition
 
@@ -286,7 +286,7 @@ def settle(job: Job, lease: Lease, action: str, arg: Any, *, now: float, policy:
         return release(job, lease, now=now, delay=arg)
     err, retryable, delay = arg
     if delay is not None:
-        delay = validate_seconds("delay", delay)
+        delay = validate_delay(delay)
     return fail(job, lease, now=now, error=err, retryable=retryable, delay=delay,
                 policy=policy, rng=rng)
 

@@ -23,7 +23,7 @@ from jobspool.queue.job import (
     Reservation,
     encode_admitted,
     evolve,
-    validate_seconds,
+    validate_delay,
 )
 from jobspool.queue.journal import Journal
 from jobspool.queue.states import ALL_STATES, JobState
@@ -150,7 +150,7 @@ class Producer:
                               priority=priority, max_attempts=max_attempts, timeout=timeout,
                               now=self.journal.now(), default_attempts=self.journal.max_attempts)
         jid, rid, at = job.id, job.reservations[0], job.run_at if run_at is not None else None
-        delay = validate_seconds("delay", delay)
+        delay = validate_delay(delay)
         encode_admitted(job, max_bytes=self.journal.max_job_bytes)
         with self.journal.lock.hold():
             (stored,) = self._insert([job], given=job_id is not None, now=self.journal.now(),
