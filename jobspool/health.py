@@ -59,6 +59,7 @@ from jobspool.queue.store import JOB_SUFFIX
 
 if TYPE_CHECKING:
     from jobspool.queue.api import SpoolAPI as Spool
+    from jobspool.queue.stats import Stats
 
 DEFAULT_MAX_DUE_AGE = 300.0
 DEFAULT_MAINTENANCE_CADENCE = 60.0  # MaintenanceBeat's default interval
@@ -141,6 +142,26 @@ def default_projection(spool: Spool) -> str | None:
     return path if os.path.isdir(path) else None
 
 
+def queue_reasons(stats: Stats, max_due_age: float) -> list[Reason]:
+    """The reasons every store reports from its counts: dead letters, a queue not draining."""
+    reasons: list[Reason] = []
+    dead = stats.counts.get(JobState.DEAD_LETTER.value, 0)
+    if dead:
+        reasons.append(Reason(
+            "dead_letters",
+            f"{_plural(dead, 'dead-lettered job')}: inspect them with `jobspool list --state "
+            f"dead_letter` (last_error says why), then `jobspool requeue ID` or `--all-dead`",
+            dead))
+    age = stats.oldest_due_age
+    if age is not None and age > max_due_age:
+        reasons.append(Reason(
+            "queue_not_draining",
+            f"the oldest due job has waited {age:.0f} s (bound {max_due_age:g} s) with "
+            f"{stats.due} due: are workers running for its kind? see `jobspool stats --by-kind`",
+            round(age, 3)))
+    return reasons
+
+
 def check_health(
     spool: Spool,
     *,
@@ -181,23 +202,7 @@ def check_health(
         raise ValueError(f"worker_stale must be a positive number, not {worker_stale!r}")
     stats = spool.stats()
     now = stats.now
-    reasons: list[Reason] = []
-
-    dead = stats.counts.get(JobState.DEAD_LETTER.value, 0)
-    if dead:
-        reasons.append(Reason(
-            "dead_letters",
-            f"{_plural(dead, 'dead-lettered job')}: inspect them with `jobspool list --state "
-            f"dead_letter` (last_error says why), then `jobspool requeue ID` or `--all-dead`",
-            dead))
-
-    age = stats.oldest_due_age
-    if age is not None and age > max_due_age:
-        reasons.append(Reason(
-            "queue_not_draining",
-            f"the oldest due job has waited {age:.0f} s (bound {max_due_age:g} s) with "
-            f"{stats.due} due: are workers running for its kind? see `jobspool stats --by-kind`",
-            round(age, 3)))
+    reasons = queue_reasons(stats, max_due_age)
 
     expired = _expired_leases(spool, now - lease_grace)
     if expired:

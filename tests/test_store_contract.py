@@ -641,3 +641,23 @@ def test_a_delay_past_year_9999_or_an_integer_past_64_bits_is_refused(
         any_spool.fail(lease, "boom", delay=1e300)
     assert any_spool.get("j").state is JobState.LEASED
     any_spool.complete(lease)
+
+
+def test_health_reports_dead_letters_and_a_stuck_queue_with_the_same_codes(
+        make_any_spool: MakeSpool) -> None:
+    """One alert rule serves both stores: the same reason codes for the same conditions
+    (PostgreSQL said `ok` with a dead letter and named a backlog `due_backlog`)."""
+    spool = make_any_spool(max_attempts=1)
+    assert spool.health().ok
+    spool.enqueue("k", job_id="poison")
+    (lease,) = spool.claim()
+    spool.fail(lease, "boom")
+    verdict = spool.health()
+    assert not verdict.ok and [r.code for r in verdict.reasons] == ["dead_letters"]
+    spool.enqueue("k", job_id="waiting")
+    time.sleep(0.05)
+    codes = [r.code for r in spool.health(max_due_age=0.01).reasons]
+    # (the file spool adds `ready_not_claimed`, from the file's age in ready/)
+    assert codes[:2] == ["dead_letters", "queue_not_draining"]
+    with pytest.raises(ValueError, match="max_due_age"):
+        spool.health(max_due_age=0)

@@ -231,16 +231,18 @@ def fsck(spool: PgSpool) -> FsckReport:
 
 def health(spool: PgSpool, *, max_due_age: float = 300.0, lease_grace: float = 0.0,
            **_ignored: Any) -> Health:
-    """`ok` / `degraded` with reasons: stuck due jobs, unswept leases, stale prepared jobs."""
-    from jobspool.health import Health, Reason
+    """`ok` / `degraded` with reasons: dead letters, stuck due jobs, unswept leases, stale
+    prepared jobs."""
+    from jobspool.health import Health, Reason, queue_reasons
 
+    if not max_due_age > 0:
+        raise ValueError(f"max_due_age must be a positive number, not {max_due_age!r}")
+    if lease_grace < 0:
+        raise ValueError(f"lease_grace must not be negative, not {lease_grace!r}")
     now = spool.now()
     st = stats(spool)
-    reasons: list[Reason] = []
-    if st.oldest_due_age is not None and st.oldest_due_age > max_due_age:
-        reasons.append(Reason("due_backlog", f"the oldest due job has waited "
-                              f"{st.oldest_due_age:.0f}s (> {max_due_age:.0f}s): are workers "
-                              "running?", round(st.oldest_due_age, 3)))
+    # The same reasons, codes and texts as the file spool's, so one alert rule serves both.
+    reasons = queue_reasons(st, max_due_age)
     row = spool.db.run(lambda c: c.execute(
         "SELECT count(*) FILTER (WHERE state = 'leased' AND expires_at <= %s), "
         "count(*) FILTER (WHERE state = 'prepared' AND updated_at <= %s) FROM jobspool_jobs",
