@@ -219,3 +219,20 @@ def test_the_dashboards_restore_on_a_postgresql_spool_is_a_plain_refusal(pg_url:
 
     with make_spool(pg_url) as spool, pytest.raises(ActionError, match="no quarantined file"):
         restore(spool, "ready-x.json")  # type: ignore[arg-type]
+
+
+def test_this_machines_directory_for_a_database_spool_is_private_whatever_the_umask(
+        pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Worker metrics, progress and the default projection of a database spool live in a
+    per-machine directory: private (0700) like a file spool's, not 0755 by the umask."""
+    import os
+
+    monkeypatch.setenv("JOBSPOOL_STATE_DIR", str(tmp_path / "state"))
+    old = os.umask(0o022)
+    try:
+        with make_spool(pg_url) as spool:
+            local = Path(spool.root)
+            assert local.parent == tmp_path / "state"
+            assert (local.stat().st_mode & 0o777) == 0o700
+    finally:
+        os.umask(old)

@@ -44,6 +44,24 @@ def default_local_dir(display: str) -> Path:
     return Path(base) / hashlib.sha256(display.encode()).hexdigest()[:16]
 
 
+def private_local_dir(path: Path) -> None:
+    """Create this machine's directory for the spool, private (0700) whatever the umask:
+    worker metrics, job progress and the default projection live there, as private as a
+    file spool's. One already there is left as its owner set it."""
+    from jobspool.queue.perms import make_dir
+
+    if path.is_dir():
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        make_dir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise SpoolError(f"cannot create {path} (this machine's directory for "
+                         f"the spool): {exc.strerror or exc}") from None
+
+
 class LocalLock:
     """A process-local stand-in for the file spool's lock (schedule marks use it)."""
 

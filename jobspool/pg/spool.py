@@ -35,6 +35,7 @@ from jobspool.pg.opening import (
     check_process_options,
     default_local_dir,
     open_database,
+    private_local_dir,
     validated,
 )
 from jobspool.pg.rows import COLUMNS, to_job
@@ -130,6 +131,8 @@ class PgSpool(EnqueueForms):
         self.policy = machine.RetryPolicy(st.retry_base_seconds, st.retry_max_seconds)
         self.rng, self.lock = random.Random(seed), LocalLock()
         self.root = Path(local_dir) if local_dir is not None else default_local_dir(self.display)
+        if not read_only and local_dir is None:
+            private_local_dir(self.root)
         self.next_sweep, self.sweep_enabled = 0.0, not read_only
         # A process's first terminal write prunes: a short-lived one (a `run-until-idle`
         # settling a few jobs per cron run) would otherwise never reach the interval.
