@@ -8,6 +8,7 @@ carries one JSON document describing the error.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -249,6 +250,21 @@ def test_a_state_directory_replaced_by_a_symlink_is_refused_with_2(
     (root / "ready").rmdir()
     (root / "ready").symlink_to(elsewhere)
     refused(2, "--root", root, "enqueue", "work", mentions=("ready",))
+    assert list(elsewhere.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", ["metrics", "progress"])
+def test_a_symlinked_metrics_or_progress_directory_is_refused_with_2(
+        root: Path, tmp_path: Path, name: str) -> None:
+    """Made on first write, so not checked as state directories are: a link in their
+    place sent a worker's metrics or a job's progress outside the spool."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    if (root / name).is_dir():
+        shutil.rmtree(root / name)
+    (root / name).symlink_to(elsewhere)
+    refused(2, "--root", root, "run-until-idle", "--app", "tests.apps.simple:app",
+            mentions=(name, "symlink"))
     assert list(elsewhere.iterdir()) == []
 
 

@@ -197,6 +197,13 @@ def open_layout(root: Path, *, create: bool, durable: bool, read_only: bool = Fa
         # an operator's `rm -rf tmp` instead of refusing the spool for good.
         _ensure_dir(root, name, create=create or doc is None or (
             not read_only and name in _SCRATCH_DIRS), mode=dir_mode(chosen))
+    for name in _LAZY_DIRS:
+        # Made when first written (a worker's metrics, a job's progress): a symlink there
+        # would send those writes outside the spool, as one in place of a state directory.
+        if (root / name).is_symlink():
+            raise SpoolError(f"{root / name} is a symlink; the spool's directories must be "
+                             "real directories inside it (remove the link)",
+                             path=str(root / name))
     if doc is None and not create:
         raise SpoolError(f"{root} is not a spool (no {SPOOL_FILE}; run `jobspool init`)",
                          path=str(root))
@@ -213,6 +220,7 @@ def open_layout(root: Path, *, create: bool, durable: bool, read_only: bool = Fa
 
 _STATE_NAMES = frozenset(s.value for s in ALL_STATES)
 _SCRATCH_DIRS = frozenset({TMP_DIR, POOL_DIR, QUARANTINE_DIR, LIVE_DIR})
+_LAZY_DIRS = ("metrics", "progress")  # metrics.METRICS_DIR, jobprogress.PROGRESS_DIR
 _CONTROL_FILES = (".lock", "fence", SPOOL_FILE)
 
 # What a spool directory may already hold before its spool.json exists: a fresh or
