@@ -661,3 +661,26 @@ def test_health_reports_dead_letters_and_a_stuck_queue_with_the_same_codes(
     assert codes[:2] == ["dead_letters", "queue_not_draining"]
     with pytest.raises(ValueError, match="max_due_age"):
         spool.health(max_due_age=0)
+
+
+def test_wrong_objects_for_leases_and_reservations_are_refused_in_one_line(
+        any_spool: Spool) -> None:
+    """A job id or None where a Lease belongs failed on a missing attribute deep in the
+    store; now InvalidJob says what was expected, and nothing changes."""
+    any_spool.enqueue("k", job_id="j")
+    (lease,) = any_spool.claim()
+    calls = [lambda: any_spool.complete("j"), lambda: any_spool.complete(None),  # type: ignore[arg-type]
+             lambda: any_spool.fail("j", "x"), lambda: any_spool.release(None),  # type: ignore[arg-type]
+             lambda: any_spool.heartbeat("j"),  # type: ignore[arg-type]
+             lambda: any_spool.complete_many([("j", None)]),  # type: ignore[list-item]
+             lambda: any_spool.complete_many([lease]),  # type: ignore[list-item]
+             lambda: any_spool.heartbeat_many([lease, "j"]),  # type: ignore[list-item]
+             lambda: any_spool.commit(None), lambda: any_spool.abort("j"),  # type: ignore[arg-type]
+             lambda: any_spool.enqueue_many("k", "abc")]
+    for call in calls:
+        with pytest.raises(InvalidJob) as info:
+            call()
+        assert "expected" in str(info.value) or "payloads" in str(info.value)
+    assert any_spool.get("j").state is JobState.LEASED
+    assert [j.id for j in any_spool.jobs()] == ["j"]
+    any_spool.complete(lease)

@@ -4,6 +4,7 @@ and the per-kind answers the pipeline asks of it."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -120,3 +121,21 @@ def test_a_worker_takes_its_lease_time_and_backoff_from_the_spool_unless_told(
     assert worker.config.lease_seconds == spool.lease_seconds
     assert worker.config.retry_policy("a") == RetryPolicy(spool.retry_base_seconds, 20.0)
     assert Worker(spool, {"a": sync_handler}, lease_seconds=7.0).lease_seconds == 7.0
+
+
+def test_a_worker_or_spool_built_from_the_wrong_objects_says_what_it_needs(
+        tmp_path: Path) -> None:
+    """Raised at construction, in one line naming what to pass (they failed later on a
+    missing attribute: 'str' has no 'lease_seconds', 'list' has no 'items')."""
+    with pytest.raises(TypeError, match=r"Worker needs an open Spool.*Worker\(Spool\(root\)"):
+        Worker(str(tmp_path), {"k": sync_handler})  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="Worker needs an open Spool"):
+        Worker(None, {"k": sync_handler})  # type: ignore[arg-type]
+    spool = Spool(tmp_path / "s", durable=False)
+    with pytest.raises(TypeError, match="handlers must map job kinds"):
+        Worker(spool, [sync_handler])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="Spool root must be a directory path"):
+        Spool(None)  # type: ignore[arg-type]
+    with pytest.raises(InvalidJob, match="clock"):
+        Spool(tmp_path / "s", clock=5)  # type: ignore[arg-type]
+    spool.close()

@@ -52,6 +52,9 @@ from jobspool.queue.job import (
     Job,
     Lease,
     Reservation,
+    check_lease,
+    check_leases,
+    check_reservation,
     encode_admitted,
     validate_delay,
     validate_int,
@@ -269,6 +272,8 @@ class PgSpool(EnqueueForms):
 
     def commit(self, reservation: Reservation) -> Job:
         """Publish a prepared job (outbox step 3). Idempotent once the job left `prepared`."""
+        check_reservation(reservation)
+
         def decide(job: Job, now: float) -> Job:
             if job.state is not JobState.PREPARED:
                 if job.state is JobState.CANCELED:
@@ -283,6 +288,7 @@ class PgSpool(EnqueueForms):
 
     def abort(self, reservation: Reservation) -> Job | None:
         """Release one reservation; returns the canceled job when it was the last, else None."""
+        check_reservation(reservation)
         changed: list[Job] = []
 
         def decide(job: Job, now: float) -> Job:
@@ -391,10 +397,12 @@ class PgSpool(EnqueueForms):
             "lease_seconds", lease_seconds, positive=True)
 
     def heartbeat(self, lease: Lease, *, lease_seconds: float | None = None) -> Lease:
+        check_lease(lease)
         return _one(self.heartbeat_many([lease], lease_seconds=lease_seconds)[0])
 
     def heartbeat_many(self, leases: Sequence[Lease], *, lease_seconds: float | None = None
                        ) -> list[Lease | LeaseLost]:
+        check_leases(leases, pairs=False)
         return leasing.heartbeat_many(self, leases, self._seconds(lease_seconds))
 
     def check_leases(self, leases: Sequence[Lease], *, margin: float = 0.0,
@@ -402,30 +410,36 @@ class PgSpool(EnqueueForms):
         return leasing.check_leases(self, leases, margin, self._seconds(lease_seconds))
 
     def complete(self, lease: Lease, result: Any = None) -> Job:
+        check_lease(lease)
         return _one(self.complete_many([(lease, result)])[0])
 
     def complete_many(self, items: Sequence[tuple[Lease, Any]]) -> list[Job | JobspoolError]:
+        check_leases(items, pairs=True)
         return leasing.settle(self, [x for x, _ in items], [("complete", r) for _, r in items])
 
     def fail(self, lease: Lease, error: object, *, retryable: bool = True,
              delay: float | None = None) -> Job:
+        check_lease(lease)
         if delay is not None:
             delay = validate_delay(delay)
         return _one(self.fail_many([(lease, error, retryable, delay)])[0])
 
     def fail_many(self, items: Sequence[tuple[Lease, object, bool, float | None]]
                   ) -> list[Job | JobspoolError]:
+        check_leases(items, pairs=True)
         return leasing.settle(self, [x[0] for x in items],
                               [("fail", (e, r, d)) for _, e, r, d in items])
 
     def release(self, lease: Lease, *, delay: float = 0.0) -> Job:
         """Give a leased job back without counting the attempt (fenced)."""
+        check_lease(lease)
         delay = validate_delay(delay)
         return _one(leasing.settle(self, [lease], [("release", delay)])[0])
 
     def fenced(self, lease: Lease) -> AbstractContextManager[Lease]:
         """Run a block while `lease` is current, holding its row lock (no sweep or cancel
         can move the job meanwhile); the lease is extended before the lock is released."""
+        check_lease(lease)
         return leasing.fenced(self, lease)
 
     def next_due_at(self, kinds: Iterable[str] | None = None) -> float | None:

@@ -115,6 +115,10 @@ def new_batch(kind: str, payloads: Iterable[Any], *, job_ids: Sequence[str | Non
     """Check an enqueue's arguments (`InvalidJob` naming the bad one, before anything is
     written) and make its fresh jobs; the same rules for every store."""
     validate_kind(kind)
+    if isinstance(payloads, str | bytes | dict):
+        # Iterating it would make a job per character (or per key): surely not meant.
+        raise InvalidJob(f"payloads must be a list of payloads, one per job, not a "
+                         f"{type(payloads).__name__}", field="payloads")
     payload_list = list(payloads)
     ids = job_ids_for(len(payload_list), job_ids)
     for p in payload_list:

@@ -35,6 +35,9 @@ from jobspool.queue.job import (
     Job,
     Lease,
     Reservation,
+    check_lease,
+    check_leases,
+    check_reservation,
     validate_job_id,
     validate_kind,
 )
@@ -93,6 +96,9 @@ class Spool(EnqueueForms):
     def __new__(cls, root: str | os.PathLike[str], *args: Any, **kwargs: Any) -> Spool:
         from jobspool.pg import is_url
 
+        if not isinstance(root, str | os.PathLike):
+            raise TypeError(f"Spool root must be a directory path or a postgresql:// URL, "
+                            f"got {root!r:.80}")
         if is_url(root):
             from jobspool.pg.spool import PgSpool
 
@@ -252,11 +258,13 @@ class Spool(EnqueueForms):
 
     def heartbeat(self, lease: Lease, *, lease_seconds: float | None = None) -> Lease:
         """Extend a lease; `LeaseLost` (and no change) unless it is current and unexpired."""
+        check_lease(lease)
         return self.leasing.heartbeat(lease, lease_seconds=lease_seconds)
 
     def heartbeat_many(self, leases: Sequence[Lease], *, lease_seconds: float | None = None
                        ) -> list[Lease | LeaseLost]:
         """Extend many leases under one lock hold and one shared flush (the worker's beat)."""
+        check_leases(leases, pairs=False)
         return self.leasing.heartbeat_many(leases, lease_seconds=lease_seconds)
 
     def check_leases(self, leases: Sequence[Lease], *, margin: float = 0.0,
@@ -266,28 +274,34 @@ class Spool(EnqueueForms):
 
     def complete(self, lease: Lease, result: Any = None) -> Job:
         """Mark a leased job completed (fenced: `LeaseLost` if the lease is not current)."""
+        check_lease(lease)
         return self.leasing.complete(lease, result)
 
     def complete_many(self, items: Sequence[tuple[Lease, Any]]) -> list[Job | JobspoolError]:
         """Complete many leases in one batch; per item the job or the error refusing it."""
+        check_leases(items, pairs=True)
         return self.leasing.complete_many(items)
 
     def fail(self, lease: Lease, error: object, *, retryable: bool = True,
              delay: float | None = None) -> Job:
         """Record a failed attempt: `retryable` with backoff, or `dead_letter` (fenced)."""
+        check_lease(lease)
         return self.leasing.fail(lease, error, retryable=retryable, delay=delay)
 
     def fail_many(self, items: Sequence[tuple[Lease, object, bool, float | None]]
                   ) -> list[Job | JobspoolError]:
         """Fail many leases in one batch (see `complete_many`)."""
+        check_leases(items, pairs=True)
         return self.leasing.fail_many(items)
 
     def release(self, lease: Lease, *, delay: float = 0.0) -> Job:
         """Give a leased job back without counting the attempt (fenced)."""
+        check_lease(lease)
         return self.leasing.release(lease, delay=delay)
 
     def fenced(self, lease: Lease) -> AbstractContextManager[Lease]:
         """Run a block under the spool lock, only while `lease` is current (`Leasing.fenced`)."""
+        check_lease(lease)
         return self.leasing.fenced(lease)
 
     def preload(self) -> None:
@@ -338,10 +352,12 @@ class Spool(EnqueueForms):
 
     def commit(self, reservation: Reservation) -> Job:
         """Publish a prepared job (outbox step 3). Idempotent once the job left `prepared`."""
+        check_reservation(reservation)
         return self.producer.commit(reservation)
 
     def abort(self, reservation: Reservation) -> Job | None:
         """Release one reservation; returns the canceled job when it was the last, else None."""
+        check_reservation(reservation)
         return self.producer.abort(reservation)
 
     # ------------------------------------------------------------ administration (bulk.py)

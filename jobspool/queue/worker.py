@@ -91,6 +91,12 @@ class Worker:
             policies = policies if policies is not None else app.policies
             schedules = schedules if schedules is not None else app.schedules
             storage_options = storage_options if storage_options is not None else app.storage_options
+        if isinstance(spool, str | os.PathLike) or not hasattr(spool, "claim"):
+            raise TypeError(f"Worker needs an open Spool, got {spool!r:.80}: "
+                            "Worker(Spool(root), handlers)")
+        if handlers is not None and not isinstance(handlers, Mapping):
+            raise TypeError(f"handlers must map job kinds to functions (a dict or an App), "
+                            f"got {type(handlers).__name__}: {{'kind': handler}}")
         self.spool = spool
         self.config = WorkerConfig.create(
             handlers,
