@@ -475,8 +475,9 @@ def test_requeue_moves_a_dead_letter_back_to_ready_with_fresh_attempts(any_spool
     (again,) = any_spool.claim()
     assert again.token > lease.token
     assert any_spool.complete(again).state is JobState.COMPLETED
+    any_spool.enqueue("note", job_id="waiting")
     with pytest.raises(InvalidTransition):
-        any_spool.requeue("j")
+        any_spool.requeue("waiting")  # not finished: nothing to run again
 
 
 # ---------------------------------------------------------------- two-phase
@@ -684,3 +685,17 @@ def test_wrong_objects_for_leases_and_reservations_are_refused_in_one_line(
     assert any_spool.get("j").state is JobState.LEASED
     assert [j.id for j in any_spool.jobs()] == ["j"]
     any_spool.complete(lease)
+
+
+def test_requeue_runs_a_completed_job_again_from_scratch(any_spool: Spool) -> None:
+    """DESIGN §3: completed and dead-lettered jobs run again only through requeue."""
+    any_spool.enqueue("k", {"v": 1}, job_id="done")
+    (lease,) = any_spool.claim()
+    any_spool.complete(lease, {"answer": 42})
+    again = any_spool.requeue("done")
+    assert (again.state, again.attempts, again.result) == (JobState.READY, 0, None)
+    (lease,) = any_spool.claim()
+    assert lease.token > 0 and any_spool.complete(lease, "second").result == "second"
+    moved = any_spool.requeue_matching(states=["completed"])
+    assert [j.id for j in moved] == ["done"]
+    assert any_spool.get("done").state is JobState.READY

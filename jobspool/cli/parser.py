@@ -166,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="run a dead or canceled job again, or every one matching the filters")
     c.add_argument("job_id", nargs="?", metavar="ID", help="the job to requeue")
     c.add_argument("--all-dead", action="store_true", help="requeue every dead letter")
-    _bulk_filters(c, "requeue", ("dead_letter", "canceled"), "dead_letter")
+    _bulk_filters(c, "requeue", ("dead_letter", "canceled", "completed"), "dead_letter")
     c.set_defaults(func=commands.cmd_requeue)
 
     c = sub.add_parser("prune", parents=[common], help="remove old terminal jobs")

@@ -304,8 +304,9 @@ def cancel(job: Job, *, now: float) -> Job:
 
 
 def requeue(job: Job, *, now: float) -> Job:
+    # A completed job's old result goes: it would read as this run's until it finishes.
     return _move(job, "requeue", JobState.READY, now, lease=None, attempts=0, run_at=now,
-                 rescues=0)
+                 rescues=0, result=None)
 
 
 def commit(job: Job, *, now: float) -> Job:

@@ -26,7 +26,9 @@ CLAIMABLE: frozenset[JobState] = frozenset({JobState.READY, JobState.RETRYABLE, 
 CANCELABLE: frozenset[JobState] = frozenset(
     {JobState.PREPARED, JobState.READY, JobState.RETRYABLE, JobState.LEASED}
 )
-REQUEUEABLE: frozenset[JobState] = frozenset({JobState.DEAD_LETTER, JobState.CANCELED})
+# DESIGN §3: "Completed and dead-lettered jobs run again only through `requeue`".
+REQUEUEABLE: frozenset[JobState] = frozenset(
+    {JobState.DEAD_LETTER, JobState.CANCELED, JobState.COMPLETED})
 
 # Every allowed (action -> from-states -> to-states). Nothing else may move a job.
 ALLOWED: dict[str, dict[JobState, frozenset[JobState]]] = {
