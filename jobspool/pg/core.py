@@ -24,6 +24,7 @@ class PgCore(Protocol):
     display: str
     next_sweep: float
     sweep_enabled: bool
+    unnoted_starts: set[int]  # leases of rescued jobs whose start to record (leasing.py)
 
     @property
     def lease_seconds(self) -> float: ...

@@ -53,7 +53,8 @@ def sweep(spool: PgSpool, kinds: list[str] | None = None, *, exhausted_only: boo
 
 
 def claim(spool: PgSpool, *, kinds: Iterable[str] | str | None, limit: int, owner: str,
-          lease_seconds: float, exclude: Collection[str] = ()) -> list[Lease]:
+          lease_seconds: float, exclude: Collection[str] = (),
+          starts_noted: bool = False) -> list[Lease]:
     """Lease due jobs, taking over expired leases in claim order as the file spool does
     (one statement). Expired leases out of attempts or rescues are dead-lettered by a
     sweep of the claim's kinds, at most once a second and whenever a claim comes back
@@ -62,7 +63,7 @@ def claim(spool: PgSpool, *, kinds: Iterable[str] | str | None, limit: int, owne
     params = {"now": spool.now_param(), "kinds": wanted, "limit": limit,
               "kind": wanted[0] if wanted else None, "max_rescues": spool.max_rescues,
               "owner": owner, "lease": lease_seconds, "proc": secrets.token_hex(8),
-              "exclude": list(exclude)}
+              "exclude": list(exclude), "started": False if starts_noted else None}
     statement = sql.claim_sql(wanted)
     tries = 0
 
@@ -89,7 +90,22 @@ def claim(spool: PgSpool, *, kinds: Iterable[str] | str | None, limit: int, owne
         assert job.lease is not None
         out.append(Lease(job_id=job.id, token=job.lease.token, owner=job.lease.owner,
                          expires_at=job.lease.expires_at, job=job))
+        if starts_noted and job.rescues:
+            spool.unnoted_starts.add(job.lease.token)  # `note_started` records it
     return out
+
+
+def note_started(spool: PgSpool, tokens: Iterable[int]) -> None:
+    """Record, before its handler runs, that a rescued job's lease started (see sql.py,
+    "charging an expired lease"): one statement, only for leases a Worker claimed of
+    rescued jobs, which run alone. Others need no record: they are charged anyway."""
+    marked = [t for t in tokens if t in spool.unnoted_starts]
+    if not marked:
+        return
+    spool.db.run(lambda c: c.execute(
+        "UPDATE jobspool_jobs SET started = true WHERE token = ANY(%s) AND state = 'leased'",
+        (marked,)), what="recording a handler's start")
+    spool.unnoted_starts.difference_update(marked)
 
 
 def _sweep_and_log(spool: PgSpool, kinds: list[str] | None) -> list[tuple[str, str]]:

@@ -83,7 +83,8 @@ def insert_given(spool: PgSpool, fresh: list[Job], *, on_conflict: str,
                 else:
                     outcome, new = machine.decide_enqueue(
                         old, job, now=now, on_conflict=on_conflict,
-                        unique_states=unique_states, reservation=reservation)
+                        unique_states=unique_states, reservation=reservation,
+                        max_bytes=spool.max_job_bytes)
                     if outcome != "existing":
                         write(conn, old, new)
                     result = EnqueueResult(new, outcome)

@@ -23,7 +23,7 @@ import psycopg
 
 from jobspool.errors import SpoolError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 _LOCK_KEY = 0x6A6F6273  # "jobs": the advisory lock migrations hold
 
 _V1 = """
@@ -86,7 +86,14 @@ CREATE TABLE IF NOT EXISTS jobspool_schedule_marks (
 );
 """
 
-MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2, 3: _V3}
+# v4: whether a lease's handler started, for leases of rescued jobs claimed by a Worker
+# (sql.py, "charging an expired lease"): NULL unknown, false not yet, true started.
+# Not indexed: marking a start stays a HOT update.
+_V4 = """
+ALTER TABLE jobspool_jobs ADD COLUMN IF NOT EXISTS started boolean;
+"""
+
+MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2, 3: _V3, 4: _V4}
 
 
 def _current(conn: psycopg.Connection[Any]) -> int | None:

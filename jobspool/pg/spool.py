@@ -96,6 +96,9 @@ class PgSpool(EnqueueForms):
     # A claim and a settle are each a round trip to the server, on their own connections:
     # a worker settles one group while it claims the next (queue/pipeline.py).
     overlap_settles = True
+    # The Worker claims with `starts_noted=True` (see `claim`); a file spool needs no such
+    # promise: its liveness files say which handlers a dead process had started.
+    notes_starts = True
     access = "private"
 
     def __init__(self, root: str, *, create: bool = True, clock: Callable[[], float] | None = None,
@@ -141,6 +144,7 @@ class PgSpool(EnqueueForms):
         # settling a few jobs per cron run) would otherwise never reach the interval.
         # One bounded DELETE per state, cheap; the file spool shares its count instead.
         self._owner = f"{socket.gethostname()}:{os.getpid()}"
+        self.unnoted_starts: set[int] = set()  # leases of rescued jobs whose start to record
         self._terminal_writes = max(64, st.keep_terminal // 4)
 
     # ------------------------------------------------------------ plumbing
@@ -378,9 +382,12 @@ class PgSpool(EnqueueForms):
 
     def claim(self, *, kinds: Iterable[str] | str | None = None, limit: int = 1,
               owner: str | None = None, lease_seconds: float | None = None,
-              exclude: Collection[str] = ()) -> list[Lease]:
+              exclude: Collection[str] = (), starts_noted: bool = False) -> list[Lease]:
         """Lease up to `limit` due jobs in order (one statement); see `Spool.claim`.
-        `exclude` names jobs the caller already runs (never claimed again by it)."""
+        `exclude` names jobs the caller already runs (never claimed again by it).
+        `starts_noted`: the caller (a Worker) runs rescued jobs alone and calls
+        `note_running(started=True)` before each handler, so an expired lease of one
+        whose start was never noted is given back uncounted (sql.py)."""
         self.check_writable("claim")
         limit = validate_int("limit", limit, minimum=1)
         seconds = self.lease_seconds if lease_seconds is None else validate_seconds(
@@ -390,7 +397,7 @@ class PgSpool(EnqueueForms):
             for k in ([kinds] if isinstance(kinds, str) else kinds):
                 validate_kind(k)
         return leasing.claim(self, kinds=kinds, limit=limit, owner=who, lease_seconds=seconds,
-                             exclude=exclude)
+                             exclude=exclude, starts_noted=starts_noted)
 
     def _seconds(self, lease_seconds: float | None) -> float:
         return self.lease_seconds if lease_seconds is None else validate_seconds(
@@ -446,7 +453,12 @@ class PgSpool(EnqueueForms):
         return leasing.next_due_at(self, kinds)
 
     def note_running(self, tokens: Iterable[int], *, started: bool) -> None:
-        """Nothing to record: a database lease outlives its process only until it expires."""
+        """Record the start of a rescued job's handler before it runs, for rescue counting
+        (`leasing.note_started`); nothing else to record."""
+        if started:
+            leasing.note_started(self, tokens)
+        else:
+            self.unnoted_starts.difference_update(tokens)
 
     def preload(self) -> None:
         """Nothing to preload: the claim index is the database's."""

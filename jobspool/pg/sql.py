@@ -40,6 +40,26 @@ ON CONFLICT (id) DO NOTHING
 RETURNING id, pg_notify(%(channel)s, '')
 """
 
+# Charging an expired lease (a claim taking it over, or the sweep). As a rule its run is
+# charged: the attempt stays counted and a rescue is added (the poison-pill count). The
+# exception is the file spool's "batch mates go back uncounted": a Worker runs a rescued
+# job alone and records its start before calling its handler (`note_running`), claiming
+# with `started = false`; so an expired lease of a rescued job whose start was never
+# recorded (`rescues > 0 AND started IS FALSE`) never ran, and gives its attempt back
+# without a rescue. Leases claimed by anyone else carry `started = NULL`: always charged,
+# so a caller that never records starts cannot loop a poison pill forever.
+def _uncounted(p: str = "") -> str:
+    return f"({p}rescues > 0 AND {p}started IS FALSE)"
+
+
+def _eff_attempts(p: str = "") -> str:
+    return f"({p}attempts - CASE WHEN {_uncounted(p)} THEN 1 ELSE 0 END)"
+
+
+def _new_rescues(p: str = "") -> str:
+    return f"({p}rescues + CASE WHEN {_uncounted(p)} THEN 0 ELSE 1 END)"
+
+
 # Due jobs in claim order (priority, then run_at, then id), skipping rows another
 # claimer holds: waiting ones (ready, retryable past run_at) and, as on the file spool,
 # expired leases of a dead or stalled worker (taken over: attempt and rescue counted)
@@ -61,8 +81,8 @@ WITH due AS MATERIALIZED (
   FOR UPDATE SKIP LOCKED),
 lapsed AS MATERIALIZED (
   SELECT id, priority, run_at FROM jobspool_jobs
-  WHERE state = 'leased' AND expires_at <= {NOW} AND attempts < max_attempts
-    AND (%(max_rescues)s::bigint IS NULL OR rescues < %(max_rescues)s::bigint)
+  WHERE state = 'leased' AND expires_at <= {NOW} AND {_eff_attempts()} < max_attempts
+    AND (%(max_rescues)s::bigint IS NULL OR {_new_rescues()} <= %(max_rescues)s::bigint)
     {{kinds}}
     AND NOT (id = ANY(%(exclude)b::text[]))
   ORDER BY priority, run_at, id
@@ -73,10 +93,12 @@ c AS MATERIALIZED (
     SELECT id, priority, run_at FROM due UNION ALL SELECT id, priority, run_at FROM lapsed
     ORDER BY priority, run_at, id LIMIT %(limit)s) s)
 UPDATE jobspool_jobs j
-SET state = 'leased', attempts = j.attempts + 1, revision = j.revision + 1,
-    rescues = j.rescues + CASE WHEN j.state = 'leased' THEN 1 ELSE 0 END,
+SET state = 'leased', revision = j.revision + 1,
+    attempts = CASE WHEN j.state = 'leased' THEN {_eff_attempts('j.')} ELSE j.attempts END + 1,
+    rescues = CASE WHEN j.state = 'leased' THEN {_new_rescues('j.')} ELSE j.rescues END,
     updated_at = {NOW}, token = c.token, owner = %(owner)s,
-    expires_at = {NOW} + greatest(%(lease)s::float8, 1e-6), proc = %(proc)s
+    expires_at = {NOW} + greatest(%(lease)s::float8, 1e-6), proc = %(proc)s,
+    started = %(started)s::boolean
 FROM c WHERE j.id = c.id
 RETURNING {J_COLUMNS}
 """
@@ -109,23 +131,25 @@ WITH x AS MATERIALIZED (
   {{only}}
   FOR UPDATE SKIP LOCKED)
 UPDATE jobspool_jobs j
-SET state = CASE WHEN j.attempts >= j.max_attempts
-                   OR (%(max_rescues)s::int IS NOT NULL AND j.rescues + 1 > %(max_rescues)s::int)
+SET state = CASE WHEN {_eff_attempts('j.')} >= j.max_attempts
+                   OR (%(max_rescues)s::int IS NOT NULL AND {_new_rescues('j.')} > %(max_rescues)s::int)
                  THEN 'dead_letter' ELSE 'retryable' END,
     last_error = left(CASE
-      WHEN j.attempts >= j.max_attempts THEN
+      WHEN {_eff_attempts('j.')} >= j.max_attempts THEN
         'attempts exhausted; last: ' || coalesce(j.last_error, 'lease expired (worker died or stalled)')
-      WHEN %(max_rescues)s::int IS NOT NULL AND j.rescues + 1 > %(max_rescues)s::int THEN
-        'poison pill: lease expired ' || (j.rescues + 1) || ' times'
+      WHEN %(max_rescues)s::int IS NOT NULL AND {_new_rescues('j.')} > %(max_rescues)s::int THEN
+        'poison pill: lease expired ' || {_new_rescues('j.')} || ' times'
+      WHEN {_uncounted('j.')} THEN j.last_error
       ELSE coalesce(j.last_error, 'lease expired (worker died or stalled)') END, 1024),
-    rescues = j.rescues + 1, revision = j.revision + 1, updated_at = {NOW}, run_at = {NOW},
-    token = NULL, owner = NULL, expires_at = NULL, proc = NULL
+    attempts = {_eff_attempts('j.')}, rescues = {_new_rescues('j.')},
+    revision = j.revision + 1, updated_at = {NOW}, run_at = {NOW},
+    token = NULL, owner = NULL, expires_at = NULL, proc = NULL, started = NULL
 FROM x WHERE j.id = x.id
 RETURNING j.id, j.state
 """
 
-_EXHAUSTED = ("AND (attempts >= max_attempts OR (%(max_rescues)s::int IS NOT NULL "
-              "AND rescues + 1 > %(max_rescues)s::int))")
+_EXHAUSTED = (f"AND ({_eff_attempts()} >= max_attempts OR (%(max_rescues)s::int IS NOT NULL "
+              f"AND {_new_rescues()} > %(max_rescues)s::int))")
 
 
 def sweep_sql(kinds: list[str] | None, *, exhausted_only: bool) -> str:

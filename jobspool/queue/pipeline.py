@@ -116,6 +116,10 @@ class Pipeline:
         self.settle_failing = False
         # A store written before this member existed settles in the loop, as it always did.
         self.overlap_settles = bool(getattr(spool, "overlap_settles", False))
+        # Rescued jobs run alone and `run_started` notes each start before its handler:
+        # a store that counts on that promise is told so (PgSpool.claim).
+        self._claim_options: dict[str, Any] = (
+            {"starts_noted": True} if getattr(spool, "notes_starts", False) else {})
 
     # ------------------------------------------------------------ the loop
 
@@ -253,7 +257,8 @@ class Pipeline:
             return 0
         claim = functools.partial(
             self.spool.claim, kinds=self.config.kinds, limit=want, owner=self.config.owner,
-            lease_seconds=self.config.lease_seconds, exclude=frozenset(self.in_hand))
+            lease_seconds=self.config.lease_seconds, exclude=frozenset(self.in_hand),
+            **self._claim_options)
         leases, self._due_hint = await anyio.to_thread.run_sync(self._claim_or_due, claim)
         self.counters.claimed += len(leases)
         queued: list[Context] = []
