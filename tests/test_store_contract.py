@@ -14,6 +14,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import orjson
 import pytest
 
 from jobspool import JobState, Spool
@@ -699,3 +700,18 @@ def test_requeue_runs_a_completed_job_again_from_scratch(any_spool: Spool) -> No
     moved = any_spool.requeue_matching(states=["completed"])
     assert [j.id for j in moved] == ["done"]
     assert any_spool.get("done").state is JobState.READY
+
+
+def test_prepares_of_one_id_stop_before_the_job_outgrows_its_size_limit(
+        make_any_spool: MakeSpool) -> None:
+    """Each producer's reservation grows the job; past what a new job may use, the next
+    prepare is refused with JobTooLarge, and the job as held stays readable and whole."""
+    spool = make_any_spool(max_job_bytes=2048)
+    held = [spool.prepare("k", {"pad": "x" * 1200}, job_id="shared")]
+    with pytest.raises(JobTooLarge, match="commit or abort"):
+        for _ in range(200):
+            held.append(spool.prepare("k", {"pad": "x" * 1200}, job_id="shared"))
+    job = spool.get("shared")
+    assert len(job.reservations) == len(held) < 200
+    assert len(orjson.dumps(job.to_dict())) <= 2048
+    assert spool.commit(held[-1]).state is JobState.READY

@@ -13,13 +13,14 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from jobspool.errors import DuplicateJob, LeaseLost
+from jobspool.errors import DuplicateJob, JobTooLarge, LeaseLost
 from jobspool.queue.job import (
     MAX_TRACEBACK_BYTES,
     Job,
     Lease,
     LeaseInfo,
     clip_error,
+    encode_admitted,
     evolve,
     validate_delay,
 )
@@ -124,7 +125,8 @@ ON_CONFLICT: tuple[str, ...] = ("keep", "replace", "error")
 
 def decide_enqueue(existing: Job, fresh: Job, *, now: float, on_conflict: str,
                    unique_states: frozenset[JobState] | None,
-                   reservation: str | None = None) -> tuple[str, Job]:
+                   reservation: str | None = None,
+                   max_bytes: int | None = None) -> tuple[str, Job]:
     """What enqueueing `fresh` does to the `existing` job of the same id (DESIGN §9).
 
     Returns `(outcome, job)`: `"existing"` (nothing to write, `job` is `existing`),
@@ -147,7 +149,10 @@ def decide_enqueue(existing: Job, fresh: Job, *, now: float, on_conflict: str,
                 state=fresh.state if reservation else None, reservations=fresh.reservations),
                 timeout=fresh.timeout)
         if reservation is not None and state is JobState.PREPARED:
-            return "reserved", add_reservation(existing, reservation, now=now)
+            new = add_reservation(existing, reservation, now=now)
+            if max_bytes is not None:
+                _check_reservation_fits(new, max_bytes)
+            return "reserved", new
         return "existing", existing
     if policy == "error":
         raise DuplicateJob(existing.id, state.value, "on_conflict='error'")
@@ -313,6 +318,18 @@ def commit(job: Job, *, now: float) -> Job:
     """Publish a prepared job: ready, or retryable until its `run_at` when it was delayed."""
     dst = JobState.RETRYABLE if job.run_at > now else JobState.READY
     return _move(job, "commit", dst, now, reservations=())
+
+
+def _check_reservation_fits(job: Job, max_bytes: int) -> None:
+    """Each producer's reservation grows the job: past what a new job may use, the next
+    `prepare` is refused (`JobTooLarge`), never written beyond `max_job_bytes`."""
+    try:
+        encode_admitted(job, max_bytes=max_bytes)
+    except JobTooLarge as exc:
+        raise JobTooLarge(f"job {job.id!r} is prepared by {len(job.reservations) - 1} "
+                          f"producer(s) already: one more reservation makes it {exc.size} "
+                          f"bytes, over the {exc.limit} a job may use; commit or abort the "
+                          "reservations held", size=exc.size, limit=exc.limit) from None
 
 
 def add_reservation(job: Job, reservation_id: str, *, now: float) -> Job:

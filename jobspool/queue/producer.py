@@ -118,7 +118,8 @@ class Producer:
             else:
                 outcome, new = machine.decide_enqueue(
                     existing, job, now=now, on_conflict=on_conflict,
-                    unique_states=unique_states, reservation=reservation)
+                    unique_states=unique_states, reservation=reservation,
+                    max_bytes=self.journal.max_job_bytes)
                 if outcome != "existing":
                     pairs.append((existing, new))
                 result = EnqueueResult(new, outcome)
