@@ -715,3 +715,26 @@ def test_prepares_of_one_id_stop_before_the_job_outgrows_its_size_limit(
     assert len(job.reservations) == len(held) < 200
     assert len(orjson.dumps(job.to_dict())) <= 2048
     assert spool.commit(held[-1]).state is JobState.READY
+
+
+def test_a_failure_near_the_size_limit_keeps_a_cut_traceback_that_fits(
+        make_any_spool: MakeSpool) -> None:
+    """DESIGN §9 (sizes): a job admitted near `max_job_bytes` still records its failure:
+    the error and traceback are cut so the stored job fits, its raising frame kept."""
+    from jobspool.queue.job import admission_limit, encode_job
+
+    spool = make_any_spool(max_job_bytes=4096)
+    pad = "x" * (admission_limit(4096) - 400)
+    spool.enqueue("k", {"pad": pad}, job_id="big")
+    (lease,) = spool.claim()
+    # A long traceback arrives through the worker, as a Failure.
+    from jobspool.queue.machine import Failure
+
+    failures = [(lease, Failure(error="boom " * 2000, traceback="frame\n" * 2000 + "LAST"),
+                 True, None)]
+    (job,) = spool.fail_many(failures)
+    assert not isinstance(job, BaseException), job
+    stored = spool.get("big")
+    assert len(encode_job(stored)) <= 4096
+    assert stored.last_error and stored.last_error.startswith("boom")
+    assert stored.traceback is None or stored.traceback.endswith("LAST")

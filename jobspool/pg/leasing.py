@@ -23,7 +23,7 @@ from jobspool.errors import JobspoolError, LeaseLost
 from jobspool.pg import sql
 from jobspool.pg.rows import COLUMNS, dump, text, to_job
 from jobspool.queue import machine
-from jobspool.queue.job import Job, Lease, LeaseInfo, encode_completed, evolve, fill_in
+from jobspool.queue.job import Job, Lease, LeaseInfo, encode_completed, evolve, fill_in, fitted
 from jobspool.queue.states import JobState
 
 if TYPE_CHECKING:
@@ -186,6 +186,9 @@ def settle(spool: PgSpool, leases: Sequence[Lease], actions: Sequence[tuple[str,
             else:
                 new = machine.settle(_as_holder(lease), lease, action, arg, now=now,
                                      policy=spool.policy, rng=spool.rng)
+                if new.last_error or new.traceback:
+                    # Cut to fit as the file spool cuts its file (DESIGN §9, sizes).
+                    new = fitted(new, max_bytes=spool.max_job_bytes)[0]
         except JobspoolError as exc:
             out.append(exc)
             continue

@@ -372,8 +372,14 @@ def encode_fitting(job: Job, *, max_bytes: int) -> bytes:
     Raises `JobTooLarge` only when the job is too large without any of that text (a
     result that does not fit, or a job admitted under an older, looser rule).
     """
+    return fitted(job, max_bytes=max_bytes)[1]
+
+
+def fitted(job: Job, *, max_bytes: int) -> tuple[Job, bytes]:
+    """`encode_fitting`, with the job as cut (a store keeping columns, not files, writes
+    that job: the same texts a file spool would keep)."""
     try:
-        return encode_job(job, max_bytes=max_bytes)
+        return job, encode_job(job, max_bytes=max_bytes)
     except JobTooLarge as exc:
         over = exc.size - max_bytes
     for _ in range(8):
@@ -396,10 +402,10 @@ def encode_fitting(job: Job, *, max_bytes: int) -> bytes:
         changes: dict[str, Any] = {name: cut}
         job = replace(job, **changes)
         try:
-            return encode_job(job, max_bytes=max_bytes)
+            return job, encode_job(job, max_bytes=max_bytes)
         except JobTooLarge as exc:
             over = exc.size - max_bytes
-    return encode_job(job, max_bytes=max_bytes)
+    return job, encode_job(job, max_bytes=max_bytes)
 
 
 def validate_owner(owner: object) -> str:
