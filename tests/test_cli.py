@@ -78,6 +78,18 @@ def test_init_stores_settings_that_later_opens_use(root: Path) -> None:
         assert spool.lease_seconds == 7.5
 
 
+def test_init_again_with_other_settings_shows_the_kept_ones_and_says_so(root: Path) -> None:
+    """Settings are fixed at creation: a second init printed the given values as if
+    saved. Now the stored ones are shown, the others named as not saved (exit 0: an
+    idempotent init in a deploy script must not fail)."""
+    ok("--root", root, "init", "--max-attempts", "7")
+    r = ok("--root", root, "init", "--max-attempts", "3", "--keep-terminal", "1000", "--json")
+    doc = r.json()
+    assert doc["settings"]["max_attempts"] == 7 and doc["ignored"] == {"max_attempts": 3}
+    assert "max_attempts=7 (given 3)" in r.err
+    assert ok_json("--root", root, "enqueue", "work")["max_attempts"] == 7
+
+
 def test_init_text_output_names_the_directory(root: Path) -> None:
     r = ok("--root", root, "init")
     assert str(root.resolve()) in r.out

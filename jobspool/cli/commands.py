@@ -47,6 +47,18 @@ def cmd_init(args: argparse.Namespace) -> int:
         with Spool(root, create=True, **opts) as spool:
             doc = {"root": str(spool.root.resolve()), "created": not existed,
                    "settings": _settings_dict(spool)}
+    if existed:
+        # Settings are fixed at creation: show the stored ones, and say which given
+        # values were not saved (they printed as if they had been).
+        with Spool(root, create=False) as stored:
+            kept = _settings_dict(stored)
+        ignored = {k: v for k, v in opts.items() if k in kept and kept[k] != v}
+        doc["settings"] = kept
+        if ignored:
+            doc["ignored"] = ignored
+            shown = ", ".join(f"{k}={kept[k]!r} (given {v!r})" for k, v in ignored.items())
+            print(f"jobspool: note: a spool's settings are fixed when it is created; kept "
+                  f"{shown}", file=sys.stderr)
     _emit(args, doc, f"{'spool already initialized at' if existed else 'initialized spool at'} "
                      f"{doc['root']}")
     return EXIT_OK
