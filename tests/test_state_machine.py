@@ -6,8 +6,9 @@ in what order, and that tokens only ever increase. After every step the
 spool directory must hold each job in exactly one state directory, with its
 `state` field equal to that directory, and the counts must equal the model.
 
-One modelling choice DESIGN leaves open: a job whose lease expired is due
-since its lease expired, so its claim-order key is (priority, expires_at, id).
+A job whose lease expired is claimed in the same order as every other due job,
+(priority, run_at, id) (DESIGN §3 names no other key; both stores do so). The
+model once keyed it by expires_at, which hypothesis caught disagreeing.
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ class SpoolMachine(RuleBasedStateMachine):
             if m.state == "ready" or (m.state == "retryable" and m.run_at <= now):
                 due.append(((m.priority, m.run_at, job_id), job_id))
             elif m.state == "leased" and m.expires_at is not None and m.expires_at <= now:
-                due.append(((m.priority, m.expires_at, job_id), job_id))
+                due.append(((m.priority, m.run_at, job_id), job_id))
         due.sort()
         picked: list[str] = []
         dead: list[str] = []
@@ -260,7 +261,7 @@ class SpoolMachine(RuleBasedStateMachine):
     def requeue(self, i: int) -> None:
         job_id = sorted(self.model)[i % len(self.model)]
         m = self.model[job_id]
-        if m.state not in ("dead_letter", "canceled"):
+        if m.state not in ("dead_letter", "canceled", "completed"):  # finished: runs again
             with pytest.raises(InvalidTransition):
                 self.spool.requeue(job_id)
             return
