@@ -49,6 +49,25 @@ def test_a_database_with_a_newer_schema_is_refused_before_any_write(pg_url: str)
     assert row is not None and row[0] == 0
 
 
+def test_an_older_schema_is_upgraded_by_a_writer_and_named_to_a_reader(pg_url: str) -> None:
+    """A schema from an earlier release (here as v3 left it: no `started` column, one
+    row fewer in jobspool_schema): a reading open says to run init, one line; a writing
+    open upgrades it and the data stays."""
+    with make_spool(pg_url) as spool:
+        spool.enqueue("note", {"v": 1}, job_id="old")
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("ALTER TABLE jobspool_jobs DROP COLUMN started")
+        conn.execute("DELETE FROM jobspool_schema WHERE version = %s", (SCHEMA_VERSION,))
+    out = run_jobspool("--root", pg_url, "stats")
+    assert out.returncode == 2 and "older than this release" in out.stderr
+    assert "jobspool init" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    with make_spool(pg_url) as spool:  # a writer: migrates
+        (lease,) = spool.claim()
+        assert lease.job_id == "old"
+        spool.complete(lease)
+    assert run_jobspool("--root", pg_url, "stats").returncode == 0
+
+
 def test_writing_commands_refuse_a_database_without_the_schema(pg_url: str) -> None:
     out = run_jobspool("--root", pg_url, "enqueue", "note", "{}")
     assert out.returncode == 2

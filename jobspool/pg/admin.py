@@ -55,7 +55,8 @@ def stats(spool: PgSpool, *, by_kind: bool = False) -> Stats:
         if first_due is not None:
             oldest = first_due if oldest is None else min(oldest, first_due)
         if by_kind:
-            kinds.setdefault(kind, {s.value: 0 for s in ALL_STATES})[state] += n
+            per = kinds.setdefault(kind, {})  # only the states it has, as the file spool
+            per[state] = per.get(state, 0) + n
     return Stats(counts=counts, total=sum(counts.values()), due=due,
                  oldest_due_age=None if oldest is None else max(0.0, now - oldest),
                  fence=spool.fence_value(), quarantined=0, temp_files=0, now=now,

@@ -91,6 +91,11 @@ def open_database(db: Database, *, create: bool, read_only: bool,
         if version is None and not create:
             raise SpoolError(f"{db.display} holds no jobspool schema; run `jobspool init "
                              f"--root {db.display}` (or pass --create) first")
+        if read_only and version is not None and version < SCHEMA_VERSION:
+            raise SpoolError(f"{db.display} has jobspool schema version {version}, older than "
+                             f"this release's {SCHEMA_VERSION}: run `jobspool init --root "
+                             f"{db.display}` once (as a role that may create tables) to "
+                             "upgrade it")
         # Up to date: no DDL at all, so a role that may only read and write the tables
         # (no CREATE on the schema: the usual application role) can open it.
         created = False if read_only or version == SCHEMA_VERSION else migrate(
