@@ -176,7 +176,8 @@ def test_a_callable_object_with_an_async_call_is_awaited(spool: Spool) -> None:
     assert spool.get(job.id).result == "from __call__"
 
 
-@pytest.mark.parametrize("delay", [float("nan"), float("inf"), "soon"], ids=["nan", "inf", "str"])
+@pytest.mark.parametrize("delay", [float("nan"), float("inf"), "soon", 1e12],
+                         ids=["nan", "inf", "str", "past-year-9999"])
 def test_a_nonsense_retry_delay_is_a_handler_fault_not_a_corrupt_file_or_a_dead_worker(
         spool: Spool, delay: Any) -> None:
     """`Retry(delay=...)` comes from user code: a NaN/inf delay must not be written as a
@@ -194,8 +195,33 @@ def test_a_nonsense_retry_delay_is_a_handler_fault_not_a_corrupt_file_or_a_dead_
     assert spool.get(other.id).state is JobState.COMPLETED
     after = spool.get(job.id)  # readable, not skipped as a corrupt file
     assert after.state in (JobState.RETRYABLE, JobState.DEAD_LETTER)
-    assert after.attempts == 1
+    assert after.attempts == 1 and "Retry(delay=...)" in (after.last_error or "")
+    assert report.retried + report.dead_lettered == 1  # not left leased, uncounted
     assert spool.fsck().ok
+
+
+def test_a_failure_the_store_refuses_as_given_is_recorded_plainly(
+        spool: Spool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Should the store refuse a failure's retry delay, the job is still failed (normal
+    backoff, the refusal in its error), not left leased until its lease expires."""
+    job = spool.enqueue("work")
+    real = spool.fail_many
+
+    def picky(items: Any) -> list[Any]:
+        out = real([it for it in items if it[3] is None])
+        it = iter(out)
+        return [InvalidJob("this store takes no delay") if item[3] is not None else next(it)
+                for item in items]
+
+    monkeypatch.setattr(spool, "fail_many", picky)
+
+    def handler(j: Job, c: Context) -> None:
+        raise Retry("later", delay=5.0)
+
+    report = Worker(spool, {"work": handler}).run_until_idle()
+    after = spool.get(job.id)
+    assert after.state is JobState.RETRYABLE and report.retried == 1
+    assert "Retry: later" in (after.last_error or "") and "takes no delay" in after.last_error
 
 
 def test_a_mixed_batch_settles_every_job_by_its_own_outcome(spool: Spool) -> None:

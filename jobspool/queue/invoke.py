@@ -33,7 +33,7 @@ from jobspool.queue.context import (
     Raised,
     Retried,
 )
-from jobspool.queue.job import clip_error, validate_seconds
+from jobspool.queue.job import clip_error, validate_delay
 from jobspool.queue.runtime import (
     Monitor,
     Tracked,
@@ -120,7 +120,7 @@ def record_raised(ctx: Context, exc: BaseException) -> None:
     if isinstance(exc, Retry):
         try:
             if exc.delay is not None:
-                validate_seconds("Retry(delay=...)", exc.delay)
+                validate_delay(exc.delay, "Retry(delay=...)")
             ctx.outcome = Retried(exc)
         except JobspoolError as bad:
             ctx.outcome = Errored(bad)  # the handler's mistake: normal backoff

@@ -150,32 +150,49 @@ class Settler:
                                         "token": c.token, "state": "completed"})
                 self._forget(c)
         if fails:
-            results = self.spool.fail_many([(c.lease, err, retry, delay)
-                                            for c, err, retry, delay in fails])
-            for (c, *_), res in zip(fails, results, strict=True):
-                if isinstance(res, LeaseLost):
-                    self._count_lost(c, res)
-                elif isinstance(res, WriteFailed):
-                    refused = refused or res
-                    continue
-                elif isinstance(res, JobspoolError):
-                    log.error("could not record the failure of job %s: %s", c.job_id, res)
-                elif res.state is JobState.READY:  # interrupted: back at once, attempt counted
-                    self.counters.released += 1
-                elif res.state is JobState.DEAD_LETTER:
-                    self.counters.dead_lettered += 1
-                    log.warning("job %s (%s) dead-lettered: %s", c.job_id, c.job.kind,
-                                res.last_error, extra={"job_id": c.job_id, "kind": c.job.kind,
-                                                       "state": "dead_letter"})
-                else:
-                    self.counters.retried += 1
-                self._forget(c)
+            refused = self._record_failures(fails, refused)
         for c in releases:
             self._release(c)
         if refused is not None:
             # The disk refused part of the settle: the loop releases what is unsettled and
             # backs off (WriteFailed says what to fix).
             raise refused
+
+    def _record_failures(self, fails: list[tuple[Context, Failure, bool, float | None]],
+                         refused: WriteFailed | None, *, first: bool = True
+                         ) -> WriteFailed | None:
+        """`fail_many` and its counting. A failure the store refuses as given (a delay
+        it cannot take) is recorded again plainly, with why, on the normal backoff:
+        left alone, the job sat leased until its lease expired, its error unrecorded."""
+        results = self.spool.fail_many([(c.lease, err, retry, delay)
+                                        for c, err, retry, delay in fails])
+        again: list[tuple[Context, Failure, bool, float | None]] = []
+        for (c, err, retry, _), res in zip(fails, results, strict=True):
+            if isinstance(res, LeaseLost):
+                self._count_lost(c, res)
+            elif isinstance(res, WriteFailed):
+                refused = refused or res
+                continue
+            elif isinstance(res, JobspoolError):
+                if first:
+                    again.append((c, self._failure(c, f"{err.error} (recorded without its "
+                                                      f"retry delay, refused: {res})"),
+                                  retry, None))
+                    continue
+                log.error("could not record the failure of job %s: %s", c.job_id, res)
+            elif res.state is JobState.READY:  # interrupted: back at once, attempt counted
+                self.counters.released += 1
+            elif res.state is JobState.DEAD_LETTER:
+                self.counters.dead_lettered += 1
+                log.warning("job %s (%s) dead-lettered: %s", c.job_id, c.job.kind,
+                            res.last_error, extra={"job_id": c.job_id, "kind": c.job.kind,
+                                                   "state": "dead_letter"})
+            else:
+                self.counters.retried += 1
+            self._forget(c)
+        if again:
+            refused = self._record_failures(again, refused, first=False)
+        return refused
 
     def _failure(self, c: Context, error: object, *, interrupted: bool = False) -> Failure:
         """The failed run as the spool records it: message, traceback, the kind's policy."""
