@@ -172,3 +172,18 @@ def _zombie_scenario(
     with pytest.raises(lease_lost):
         spool.complete(zombie)
     assert store.table("notes").get("a") == {"id": "a", "text": "rev 2", "version": 2.0, "fence": fresh.token}
+
+
+def test_an_integer_version_too_large_to_order_exactly_is_refused(tmp_path: Path) -> None:
+    """Versions are stored as float64: 2**53 and 2**53 + 1 would be one value, and the
+    stale write would win on its fence. Refused, naming the field and what to use."""
+    from jobspool.errors import ProjectionError
+
+    store = ProjectionStore(tmp_path / "db")
+    with pytest.raises(ProjectionError, match="version.*too large.*2\\*\\*53"):
+        make_upsert("j1", "notes", {"id": "a"}, 2**53 + 1, 5)
+    with pytest.raises(ProjectionError, match="too large"):
+        make_delete("j1", "notes", "a", -(2**53) - 1, 5)
+    upsert(store, "j1", {"id": "a", "text": "exact"}, 2**53, 5)
+    assert upsert(store, "j2", {"id": "a", "text": "older"}, 2**53 - 1, 9) == 0
+    assert store.table("notes").get("a")["text"] == "exact"  # type: ignore[index]

@@ -37,6 +37,7 @@ from jobspool.errors import ProjectionError
 
 # Reserved columns every projected table carries besides the user's columns.
 VERSION_COLUMN = "version"  # float64: the source version of the row
+_EXACT_INT = 2**53  # float64 holds every integer up to this exactly
 FENCE_COLUMN = "fence"  # int64: the lease token of the write that produced the row
 DELETED_COLUMN = "_deleted"  # bool: True for a tombstone
 WRITTEN_AT_COLUMN = "_written_at"  # float64: wall-clock seconds of the commit (tombstone GC)
@@ -112,6 +113,13 @@ def _check_common(job_id: object, table: object, version: object, fence: object)
             table=table,
             field=VERSION_COLUMN,
         )
+    if isinstance(version, int) and abs(version) > _EXACT_INT:
+        # Stored as float64: past 2**53 neighbouring integers round to one value, and a
+        # stale write could then tie and win on its fence. Refused rather than misordered.
+        raise ProjectionError(
+            f"field 'version' {version} is too large to order exactly (stored as a float64, "
+            f"integers up to 2**53); use microseconds (st_mtime_ns // 1000) or a revision",
+            table=table, field=VERSION_COLUMN)
     resolved = float(version)
     if not math.isfinite(resolved):
         raise ProjectionError(
