@@ -107,6 +107,9 @@ class Worker:
             concurrency=concurrency, batch_size=batch_size, kinds=kinds,
             grace_seconds=grace_seconds, keys=keys, policies=policies)
         from jobspool.projection.objectstore import check_storage_options
+        from jobspool.projection.spec import check_projection
+
+        check_projection(projection, self.config.keys)
 
         self.sink = LanceSink(projection, default_uri=default_projection_uri(spool.root),
                               keys=self.config.keys,

@@ -1,0 +1,51 @@
+"""What a worker or an App may be given as its projection, checked when it is built.
+
+A projection is opened lazily, at the first write: a typo found only then cost every
+job an attempt (each retried with LanceDB's error, then dead-lettered) while the worker
+itself started and exited 0. These checks need no I/O beyond a local `stat`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from jobspool.errors import ConfigError
+from jobspool.projection.objectstore import is_object_store, scheme_of
+from jobspool.projection.schema import check_key_name
+
+
+def check_projection(spec: Any, keys: Mapping[str, str] | None = None) -> None:
+    """Refuse (`ConfigError`, one line) a projection that cannot work: not a URI, a
+    `ProjectionStore` or a LanceDB connection; an object-storage URI without a bucket;
+    a local path that is a file; a key column that cannot name one."""
+    for table, key in (keys or {}).items():
+        if not isinstance(table, str) or not table:
+            raise ConfigError(f"projection keys: table name {table!r} must be a non-empty string")
+        try:
+            check_key_name(key)
+        except ValueError as exc:
+            raise ConfigError(f"projection keys[{table!r}]: {exc}") from None
+    if spec is None or hasattr(spec, "open_table") or hasattr(spec, "apply"):
+        return  # the default, a LanceDB connection, or a ProjectionStore
+    if not isinstance(spec, str | os.PathLike):
+        raise ConfigError(f"projection must be a LanceDB URI or directory, a ProjectionStore "
+                          f"or a LanceDB connection, got {spec!r:.80}")
+    text = os.fspath(spec)
+    if not text.strip():
+        raise ConfigError("projection URI is empty")
+    if scheme_of(text) == "memory":
+        return
+    if is_object_store(text):
+        rest = text.split("://", 1)[1] if "://" in text else ""
+        if not rest.split("/", 1)[0]:
+            raise ConfigError(f"projection {text!r} names no bucket "
+                              f"({scheme_of(text)}://BUCKET/PATH)")
+        return
+    path = text[len("file://"):] if text.startswith("file://") else text
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(f"projection {text!r} is a file, not a directory")
+
+
+__all__ = ["check_projection"]

@@ -1,0 +1,56 @@
+"""A projection that cannot work is refused when the App or Worker is built, in one line,
+before any job is claimed: found at the first write instead, it cost every job an attempt
+(retried with LanceDB's error, then dead-lettered) while the run exited 0."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobspool import App, Job, Spool, Worker
+from jobspool.errors import AppError, ConfigError
+from tests.cli_harness import run_cli
+from tests.spools import make_spool
+
+
+def _noop(job: Job, ctx: Any) -> None:
+    return None
+
+
+@pytest.mark.parametrize(("spec", "keys", "says"), [
+    (42, None, "projection must be a LanceDB URI"),
+    ("s3://", None, "names no bucket"),
+    ("gs:///path", None, "names no bucket"),
+    (None, {"docs": "bad col!"}, "keys['docs']"),
+    (None, {"docs": "version"}, "reserved column"),
+])
+def test_an_unusable_projection_is_refused_at_construction(
+        tmp_path: Path, spec: Any, keys: Any, says: str) -> None:
+    with pytest.raises(AppError, match=says.replace("[", r"\[").replace("]", r"\]")):
+        App(handlers={"k": _noop}, projection=spec, keys=keys or {})
+    spool = make_spool(tmp_path / "s")
+    with pytest.raises(ConfigError, match=says.replace("[", r"\[").replace("]", r"\]")):
+        Worker(spool, {"k": _noop}, projection=spec, keys=keys)
+    spool.close()
+
+
+def test_a_file_or_a_bad_uri_given_on_the_cli_exits_1_and_claims_nothing(
+        tmp_path: Path) -> None:
+    root, afile = tmp_path / "s", tmp_path / "not-a-dir"
+    afile.write_text("x")
+    with make_spool(root) as spool:
+        job = spool.enqueue("work")
+    for spec in (str(afile), "s3://"):
+        code, _, err = run_cli("run-until-idle", "--app", "tests.apps.simple:app",
+                               "--projection", spec, root=root)
+        assert code == 1 and len(err.strip().splitlines()) == 1, err
+    with Spool(root) as spool:
+        after = spool.get(job.id)
+    assert (after.state.value, after.attempts) == ("ready", 0)
+
+
+def test_usable_projections_are_accepted(tmp_path: Path) -> None:
+    for spec in (None, str(tmp_path / "new-dir"), tmp_path, "memory://", "s3://bucket/x"):
+        App(handlers={"k": _noop}, projection=spec)  # type: ignore[arg-type]
