@@ -29,6 +29,8 @@ tripped it.
 | `worker_stale`          | a worker's metrics file under `metrics/` was last written more |
 |                         | than `worker_stale` seconds ago (it refreshes every 5 s while  |
 |                         | its loop runs: the worker is stuck, or died without cleanup)   |
+| `projection_not_found`  | `projection=` names a local directory that does not exist (a   |
+|                         | typo would otherwise read as "nothing to report")              |
 
 Cost: one listing of every state directory (`Spool.stats`), plus one
 lock-free read of every job file to find unreadable ones (as `stats
@@ -276,6 +278,11 @@ def check_health(
             len(stale_workers)))
 
     uri = os.fspath(projection) if projection is not None else default_projection(spool)
+    if projection is not None and uri is not None and not _local_dir_exists(uri):
+        reasons.append(Reason(
+            "projection_not_found",
+            f"projection {uri!r} is not a directory: its maintenance cannot be checked "
+            f"(is the path right? the default is {spool.root / 'index'})", 1))
     if uri is not None:
         reasons.extend(_maintenance_reasons(uri, now, maintenance_cadence,
                                             max_maintenance_failures))
@@ -288,6 +295,13 @@ def check_health(
                "ready_not_claimed": len(waiting),
                "stale_workers": len(stale_workers), **_disk_figures(spool)}
     return Health(reasons=reasons, root=str(spool.root), checked_at=now, figures=figures)
+
+
+def _local_dir_exists(uri: str) -> bool:
+    """True for a local directory that exists, and for any remote URI (not checked here)."""
+    if "://" in uri and not uri.startswith("file://"):
+        return True
+    return os.path.isdir(uri.removeprefix("file://")) if uri else False
 
 
 def _expired_leases(spool: Spool, cutoff: float) -> list[str]:

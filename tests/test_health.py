@@ -240,6 +240,10 @@ def test_explicit_projection_uri_is_read_and_default_needs_the_directory(
     assert codes(spool, projection=str(elsewhere)) == ["maintenance_failing"]
     assert check_health(spool, projection=str(elsewhere)).figures["projection"] == str(elsewhere)
     assert codes(spool, projection="s3://bucket/db") == []  # remote: no local state to read
+    # A mistyped local path is said, not read as "nothing to report".
+    assert codes(spool, projection=str(tmp_path / "typo")) == ["projection_not_found"]
+    (tmp_path / "afile").write_text("x")
+    assert codes(spool, projection=str(tmp_path / "afile")) == ["projection_not_found"]
 
 
 def test_an_unreadable_leased_file_is_skipped_with_a_warning_not_a_crash(
