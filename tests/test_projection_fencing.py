@@ -187,3 +187,17 @@ def test_an_integer_version_too_large_to_order_exactly_is_refused(tmp_path: Path
     upsert(store, "j1", {"id": "a", "text": "exact"}, 2**53, 5)
     assert upsert(store, "j2", {"id": "a", "text": "older"}, 2**53 - 1, 9) == 0
     assert store.table("notes").get("a")["text"] == "exact"  # type: ignore[index]
+
+
+def test_a_column_null_in_the_first_write_takes_later_text_and_refuses_other_types(
+        tmp_path: Path) -> None:
+    """A field still empty when its table is created (a note not yet written) becomes a
+    nullable string column: later text lands. It used to be left out of the table, and
+    every later value for it was refused as not in the schema."""
+    store = ProjectionStore(tmp_path / "db")
+    upsert(store, "j1", {"id": "a", "text": None}, 1.0, 1)
+    upsert(store, "j2", {"id": "b", "text": "now a string"}, 1.0, 2)
+    assert store.table("notes").get("b")["text"] == "now a string"  # type: ignore[index]
+    assert store.table("notes").get("a")["text"] is None  # type: ignore[index]
+    result = store.apply([make_upsert("j3", "notes", {"id": "c", "text": 5}, 1.0, 3)])
+    assert not result.ok and "text" in str(result)

@@ -119,8 +119,11 @@ def infer_schema(rows: Sequence[dict[str, Any]], key: str) -> pa.Schema:
     """Infer a user schema from the first rows written to a new table.
 
     Columns appear in first-seen order, the key first. A column whose values
-    are all null is left out (nothing is lost; a later non-null value for it
-    is refused as not in the schema: pass a schema to declare it). A column
+    are all null becomes a nullable string column: text is what such a column
+    most often holds (a title, a note not yet written), and a later value of
+    another type is refused naming the field. Left out, every later value for
+    it was refused as not in the schema. A `vector`/`embedding` column is
+    still left out while all null (its length is unknown). A column
     with mixed types takes the type of its first value; rows that disagree
     then fail their own job. Lists of numbers in a column whose name contains
     `vector` or `embedding` become fixed-size float32 lists of the most common
@@ -136,6 +139,8 @@ def infer_schema(rows: Sequence[dict[str, Any]], key: str) -> pa.Schema:
             continue
         values = [row[name] for row in rows if row.get(name) is not None]
         if not values:
+            if not _suggests_vector(name):
+                fields.append(pa.field(name, pa.string(), nullable=True))
             continue
         try:
             typ = pa.array(values).type
