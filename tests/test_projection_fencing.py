@@ -201,3 +201,21 @@ def test_a_column_null_in_the_first_write_takes_later_text_and_refuses_other_typ
     assert store.table("notes").get("a")["text"] is None  # type: ignore[index]
     result = store.apply([make_upsert("j3", "notes", {"id": "c", "text": 5}, 1.0, 3)])
     assert not result.ok and "text" in str(result)
+
+
+def test_a_table_not_made_by_jobspool_dead_letters_its_writers_saying_why(
+        tmp_path: Path) -> None:
+    """A table made by hand (no fencing columns) or keyed on a non-string column cannot
+    take fenced writes: no retry can fix that, so the job is rejected (dead-lettered)
+    naming the problem, not retried with LanceDB's error until its attempts run out."""
+    import lancedb
+    import pyarrow as pa
+
+    db = lancedb.connect(str(tmp_path / "db"))
+    db.create_table("plain", pa.table({"id": ["a"], "text": ["x"]}))
+    db.create_table("intkey", pa.table({"id": pa.array([1], pa.int64()), "version": [1.0]}))
+    store = ProjectionStore(tmp_path / "db")
+    for table, says in (("plain", "no 'version' column"), ("intkey", "no 'fence' column")):
+        result = store.apply([make_upsert("j1", table, {"id": "b", "text": "y"}, 1.0, 1)])
+        assert "j1" in result.rejected and not result.failed, result
+        assert says in str(result.rejected["j1"]) and "another table" in str(result.rejected["j1"])

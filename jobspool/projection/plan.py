@@ -16,7 +16,14 @@ import pyarrow as pa
 
 from jobspool.errors import ProjectionError
 from jobspool.projection.handler import RESERVED_COLUMNS, PendingWrite, check_key
-from jobspool.projection.schema import Entry, build_batch, infer_schema, table_schema, user_columns
+from jobspool.projection.schema import (
+    Entry,
+    build_batch,
+    foreign_table_problem,
+    infer_schema,
+    table_schema,
+    user_columns,
+)
 
 
 @dataclass(frozen=True)
@@ -108,6 +115,14 @@ def plan_table(
     `schema` is the stored or declared one; None for a new table without a
     declared schema, which then gets one inferred from these rows.
     """
+    problem = foreign_table_problem(schema, key) if exists and schema is not None else None
+    if problem is not None:
+        # No retry can fix it: every job writing it is dead-lettered, saying why (it
+        # retried with LanceDB's own error until its attempts ran out).
+        refusal = ProjectionError(f"table {name!r} cannot take fenced writes: {problem}; "
+                                  "project into another table, or drop this one to have it "
+                                  "recreated", table=name)
+        return None, {w.job_id: refusal for w in writes}
     if schema is None:
         rows = [r for w in writes for r in w.rows if isinstance(r.get(key), str)]
         # Only deletes (or only bad rows) for a table that does not

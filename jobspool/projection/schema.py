@@ -80,6 +80,22 @@ def user_columns(schema: pa.Schema) -> frozenset[str]:
     return frozenset(n for n in schema.names if n not in RESERVED_COLUMNS)
 
 
+def foreign_table_problem(schema: pa.Schema, key: str) -> str | None:
+    """Why an existing table cannot take fenced writes (None when it can): made by hand
+    or by another tool, it lacks the fencing columns or keys on a non-string column."""
+    for f in RESERVED_FIELDS:
+        if f.name not in schema.names:
+            return f"it has no {f.name!r} column (not a jobspool projection table)"
+        if schema.field(f.name).type != f.type:
+            return f"its {f.name!r} column is {schema.field(f.name).type}, not {f.type}"
+    if key not in schema.names:
+        return f"it has no key column {key!r}"
+    typ = schema.field(key).type
+    if not (pa.types.is_string(typ) or pa.types.is_large_string(typ)):
+        return f"its key column {key!r} is {typ}, not a string"
+    return None
+
+
 def table_schema(user: pa.Schema, key: str) -> pa.Schema:
     """Return the stored schema for a user's schema.
 
