@@ -219,3 +219,16 @@ def test_a_table_not_made_by_jobspool_dead_letters_its_writers_saying_why(
         result = store.apply([make_upsert("j1", table, {"id": "b", "text": "y"}, 1.0, 1)])
         assert "j1" in result.rejected and not result.failed, result
         assert says in str(result.rejected["j1"]) and "another table" in str(result.rejected["j1"])
+
+
+def test_a_reader_finds_the_key_a_table_was_made_with(tmp_path: Path) -> None:
+    """A table keyed on `path` (App(keys=...)) is read without repeating `key=`: the
+    table's schema records its key (reading it with the default `id` failed)."""
+    from jobspool.projection.lance import LanceProjection
+
+    writer = ProjectionStore(tmp_path / "db", keys={"docs": "path"})
+    writer.apply([make_upsert("j1", "docs", {"path": "/a.md", "text": "x"}, 1.0, 1, key="path")])
+    reader = LanceProjection(tmp_path / "db", "docs")
+    assert reader.key == "path"
+    assert reader.get("/a.md")["text"] == "x"  # type: ignore[index]
+    assert LanceProjection(tmp_path / "db", "missing").key == "id"

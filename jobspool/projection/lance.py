@@ -58,7 +58,7 @@ from jobspool.projection.handler import (
     make_upsert,
 )
 from jobspool.projection.plan import ApplyResult, TablePlan, decide, plan_table
-from jobspool.projection.schema import PK_METADATA_KEY, check_key_name, table_schema
+from jobspool.projection.schema import PK_METADATA_KEY, check_key_name, primary_key_of, table_schema
 
 #: The fence, as LanceDB evaluates it inside the merge: the incoming (source)
 #: row replaces the stored (target) one only when its (version, fence) pair is
@@ -379,16 +379,26 @@ class LanceProjection:
         uri: str | os.PathLike[str] | ProjectionStore | Any,
         table: str,
         schema: pa.Schema | None = None,
-        key: str = "id",
+        key: str | None = None,
         storage_options: Mapping[str, str] | None = None,
     ) -> None:
         if isinstance(uri, ProjectionStore):
             self._store = uri
         else:
             self._store = ProjectionStore(
-                uri, key=key, schemas={table: schema} if schema is not None else None,
+                uri, key=key or "id", schemas={table: schema} if schema is not None else None,
                 storage_options=storage_options,
             )
+            if key is None:
+                # Not given: the key the table was made with (its schema records it), so
+                # reading a table keyed on `path` needs no `key=` (it failed on `id`).
+                made = self._store.open(table)
+                found = primary_key_of(made.schema) if made is not None else None
+                if found is not None and found != "id":
+                    self._store = ProjectionStore(
+                        uri, keys={table: found},
+                        schemas={table: schema} if schema is not None else None,
+                        storage_options=storage_options)
         self.name = table
         self.key = self._store.key_of(table)
 

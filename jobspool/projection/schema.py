@@ -80,6 +80,14 @@ def user_columns(schema: pa.Schema) -> frozenset[str]:
     return frozenset(n for n in schema.names if n not in RESERVED_COLUMNS)
 
 
+def primary_key_of(schema: pa.Schema) -> str | None:
+    """The column a projected table was made with as its key (its primary-key metadata)."""
+    for f in schema:
+        if f.metadata and f.metadata.get(PK_METADATA_KEY):
+            return str(f.name)
+    return None
+
+
 def foreign_table_problem(schema: pa.Schema, key: str) -> str | None:
     """Why an existing table cannot take fenced writes (None when it can): made by hand
     or by another tool, it lacks the fencing columns or keys on a non-string column."""
@@ -302,7 +310,9 @@ __all__ = [
     "Entry",
     "build_batch",
     "check_key_name",
+    "foreign_table_problem",
     "infer_schema",
+    "primary_key_of",
     "strict_array",
     "table_schema",
     "user_columns",
