@@ -895,3 +895,19 @@ def test_a_worker_narrowed_by_kinds_leaves_the_rest_for_others(spool: Spool) -> 
                     kinds=["work"]).run_until_idle()
     assert report.completed == 1
     assert report.unhandled == {"other": 1}
+
+
+def test_fail_or_retry_raised_with_none_records_a_readable_reason(spool: Spool) -> None:
+    """`Fail(None)` stored 'NoneType: None' as the job's error."""
+    spool.enqueue("f", job_id="failed")
+    spool.enqueue("r", job_id="retried")
+
+    def f(job: Job, ctx: Context) -> None:
+        raise Fail(None)  # type: ignore[arg-type]
+
+    def r(job: Job, ctx: Context) -> None:
+        raise Retry(None)  # type: ignore[arg-type]
+
+    Worker(spool, {"f": f, "r": r}).run_until_idle()
+    assert spool.get("failed").last_error == "failed permanently"
+    assert spool.get("retried").last_error == "Retry: retry requested"

@@ -7,6 +7,7 @@ class Retry(Exception):
     """Raise from a handler to retry the job later (`delay` seconds, or the backoff)."""
 
     def __init__(self, reason: str = "retry requested", *, delay: float | None = None) -> None:
+        reason = "retry requested" if reason is None else str(reason)
         super().__init__(reason)
         self.reason = reason
         self.delay = delay
@@ -19,6 +20,8 @@ class Fail(Exception):
     """Raise from a handler to dead-letter the job now, without further attempts."""
 
     def __init__(self, reason: str = "failed permanently") -> None:
+        # `Fail(None)` or `Fail(some_object)`: still a readable reason, not "NoneType: None".
+        reason = "failed permanently" if reason is None else str(reason)
         super().__init__(reason)
         self.reason = reason
 
