@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import orjson
 import psycopg
 import pytest
 
@@ -61,7 +62,11 @@ def test_an_older_schema_is_upgraded_by_a_writer_and_named_to_a_reader(pg_url: s
     out = run_jobspool("--root", pg_url, "stats")
     assert out.returncode == 2 and "older than this release" in out.stderr
     assert "jobspool init" in out.stderr and len(out.stderr.strip().splitlines()) == 1
-    with make_spool(pg_url) as spool:  # a writer: migrates
+    init = run_jobspool("--root", pg_url, "init", "--json")  # a writer: migrates, says so
+    assert init.returncode == 0 and "upgraded from version" in init.stderr
+    assert orjson.loads(init.stdout)["upgraded"] == {"from": SCHEMA_VERSION - 1,
+                                                     "to": SCHEMA_VERSION}
+    with make_spool(pg_url) as spool:
         (lease,) = spool.claim()
         assert lease.job_id == "old"
         spool.complete(lease)

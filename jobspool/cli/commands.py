@@ -40,6 +40,13 @@ def cmd_init(args: argparse.Namespace) -> int:
             existed = not getattr(spool, "created", True)
             doc = {"root": getattr(spool, "display", root), "created": not existed,
                    "settings": _settings_dict(spool)}
+            upgraded = getattr(spool, "upgraded_from", None)
+            if upgraded is not None:
+                from jobspool.pg.schema import SCHEMA_VERSION
+
+                doc["upgraded"] = {"from": upgraded, "to": SCHEMA_VERSION}
+                print(f"jobspool: note: schema upgraded from version {upgraded} to "
+                      f"{SCHEMA_VERSION}", file=sys.stderr)
     else:
         existed = (root / "spool.json").exists()
         if args.access is not None:

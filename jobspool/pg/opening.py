@@ -80,6 +80,7 @@ class Opened:
     settings: SpoolSettings  # stored at creation, overridden by the options given now
     channel: str  # the NOTIFY channel of this schema
     clock_offset: float  # database clock minus this host's, in seconds
+    upgraded_from: int | None = None  # the schema version this open migrated from
 
 
 def open_database(db: Database, *, create: bool, read_only: bool,
@@ -129,7 +130,9 @@ def open_database(db: Database, *, create: bool, read_only: bool,
                          "it in that table") from None
     return Opened(created=created, settings=settings,
                   channel=f"jobspool_{(schema[0] if schema else 'public')}"[:63],
-                  clock_offset=(float(row[0]) - (t0 + t1) / 2) if row else 0.0)
+                  clock_offset=(float(row[0]) - (t0 + t1) / 2) if row else 0.0,
+                  upgraded_from=version if version is not None and not read_only
+                  and version < SCHEMA_VERSION else None)
 
 
 def validated(s: dict[str, Any]) -> SpoolSettings:

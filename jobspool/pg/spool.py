@@ -124,6 +124,7 @@ class PgSpool(EnqueueForms):
         self.display, self.max_due, self.max_lag_seconds = self.db.display, max_due, max_lag_seconds
         opened = open_database(self.db, create=create, read_only=read_only, given=given)
         self.created, self.channel = opened.created, opened.channel
+        self.upgraded_from = opened.upgraded_from  # for `jobspool init` to say so
         # This process's clock, corrected to the database's: the worker compares due
         # times the database hands out with it.
         self._offset = opened.clock_offset
