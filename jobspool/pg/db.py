@@ -57,6 +57,9 @@ def display_url(url: str) -> str:
     return redact_url(url)
 
 
+_IDLE = psycopg.pq.TransactionStatus.IDLE
+
+
 class Pool:
     """A bounded LIFO pool of autocommit connections, made on demand.
 
@@ -100,8 +103,10 @@ class Pool:
     def give(self, conn: psycopg.Connection[Any]) -> None:
         """Return a connection taken with `take`; a broken one (or one left inside a
         transaction) is closed instead of kept."""
+        # (pgconn's status directly: `conn.info` builds an object per call, ~0.6 µs of a
+        # ~25 µs one-job enqueue's client time)
         healthy = (not conn.closed and not conn.broken
-                   and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE)
+                   and conn.pgconn.transaction_status == _IDLE)
         with self._lock:
             self._busy -= 1
             if healthy and not self.closed:
