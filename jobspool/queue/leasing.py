@@ -90,54 +90,62 @@ class Leasing:
         skipped: set[str] = set()  # excluded candidates: left in the index, asked past
         fresh: set[str] = set()  # expired leases of dead holders that never started them
         doubles: set[str] = set()  # ids met in two claimable directories
-        while len(picked) < limit:
-            want = limit - len(picked) + len(skipped)
-            cands = [c for c in self.journal.index.candidates(now, kind_set, want)
-                     if c.job_id not in skipped]
-            if not cands:
+        # Twice at most: a copy dropped as stale (a crash between publishing a job's new
+        # file and retiring the old one) leaves room for its current copy, which the
+        # first pass skipped as a double; without the second pass the claim came back
+        # short, even empty, and `run-until-idle` stopped with due work left.
+        for _pass in range(2):
+            while len(picked) < limit:
+                want = limit - len(picked) + len(skipped)
+                cands = [c for c in self.journal.index.candidates(now, kind_set, want)
+                         if c.job_id not in skipped]
+                if not cands:
+                    break
+                for c in cands:
+                    if c.job_id in exclude:
+                        skipped.add(c.job_id)
+                        continue
+                    if any(p.id == c.job_id for p in picked):
+                        # The same id due in two directories: a crash (or a hand) left a copy.
+                        # Never loop on it; settle which copy is current after the scan.
+                        skipped.add(c.job_id)
+                        doubles.add(c.job_id)
+                        continue
+                    job = self.journal.read_job(c.state, c.job_id)
+                    self.journal.index.forget(c.state, c.job_id)
+                    if job is None:
+                        continue
+                    if not machine.is_due(job, now):
+                        self.journal.index.learn(job)  # the cache was behind; keep the true key
+                        continue
+                    # Only after a writer died mid-batch (and until recovery ran) can a job have
+                    # a stale copy here; checking always would cost six opens per claimed job.
+                    newer = self._newer_copy(job) if self.journal.lock.suspect() else None
+                    if newer is not None:
+                        # A crash between publishing a job's new file and retiring the old one
+                        # left this stale copy; running it would redo or undo finished work.
+                        log.warning("job %s: dropping stale %s copy (revision %d) behind %s "
+                                    "(revision %d)", job.id, job.state.value, job.revision,
+                                    newer.state.value, newer.revision, extra={"job_id": job.id})
+                        stale.extend(self.journal.stale_removals(job.id, [job.state]))
+                        continue
+                    unstarted = machine.lease_expired(job, now) and self._unstarted(job)
+                    if machine.lease_expired(job, now) and not unstarted and self._exhausted(job):
+                        gone = machine.reclaim(job, now=now, policy=self.journal.policy,
+                                               max_rescues=self.journal.max_rescues, rng=self.journal.rng)
+                        log.warning("job %s (%s) dead-lettered on reclaim: %s", job.id, job.kind,
+                                    gone.last_error, extra={"job_id": job.id, "kind": job.kind,
+                                                            "state": gone.state.value})
+                        dead.append((job, gone))
+                        continue
+                    picked.append(job)
+                    if unstarted:
+                        fresh.add(job.id)
+            if not doubles:
                 break
-            for c in cands:
-                if c.job_id in exclude:
-                    skipped.add(c.job_id)
-                    continue
-                if any(p.id == c.job_id for p in picked):
-                    # The same id due in two directories: a crash (or a hand) left a copy.
-                    # Never loop on it; settle which copy is current after the scan.
-                    skipped.add(c.job_id)
-                    doubles.add(c.job_id)
-                    continue
-                job = self.journal.read_job(c.state, c.job_id)
-                self.journal.index.forget(c.state, c.job_id)
-                if job is None:
-                    continue
-                if not machine.is_due(job, now):
-                    self.journal.index.learn(job)  # the cache was behind; keep the true key
-                    continue
-                # Only after a writer died mid-batch (and until recovery ran) can a job have
-                # a stale copy here; checking always would cost six opens per claimed job.
-                newer = self._newer_copy(job) if self.journal.lock.suspect() else None
-                if newer is not None:
-                    # A crash between publishing a job's new file and retiring the old one
-                    # left this stale copy; running it would redo or undo finished work.
-                    log.warning("job %s: dropping stale %s copy (revision %d) behind %s "
-                                "(revision %d)", job.id, job.state.value, job.revision,
-                                newer.state.value, newer.revision, extra={"job_id": job.id})
-                    stale.extend(self.journal.stale_removals(job.id, [job.state]))
-                    continue
-                unstarted = machine.lease_expired(job, now) and self._unstarted(job)
-                if machine.lease_expired(job, now) and not unstarted and self._exhausted(job):
-                    gone = machine.reclaim(job, now=now, policy=self.journal.policy,
-                                           max_rescues=self.journal.max_rescues, rng=self.journal.rng)
-                    log.warning("job %s (%s) dead-lettered on reclaim: %s", job.id, job.kind,
-                                gone.last_error, extra={"job_id": job.id, "kind": job.kind,
-                                                        "state": gone.state.value})
-                    dead.append((job, gone))
-                    continue
-                picked.append(job)
-                if unstarted:
-                    fresh.add(job.id)
-        if doubles:
             picked = self._drop_stale_doubles(picked, doubles, stale)
+            skipped -= doubles
+            doubles = set()
         pairs: list[tuple[Job | None, Job | None]] = list(dead)
         leases: list[Lease] = []
         extra: list[Change] = []

@@ -213,6 +213,14 @@ class SpoolLock:
                 self._forget_shared_state()
             if not self.read_only and self.generation(self.BOOT_SLOT) != self._boot:
                 self._new_boot()
+            if not self.read_only and self.generation(self.WRITER_SLOT):
+                # Every writer clears its mark before letting the lock go: one still set
+                # means its writer died mid-batch, so a job may have two copies. Flag it
+                # now, before this holder picks claim candidates (the flag makes claims
+                # check for newer copies); found only at our own `begin_write`, the first
+                # claim after the crash ran a job whose completion was already on disk.
+                self.bump(self.SUSPECT_SLOT)
+                _SLOT.pack_into(self._map, self.WRITER_SLOT * _SLOT.size, 0)
         self._depth += 1
 
     @property

@@ -24,7 +24,8 @@ arrival of the new one: the new file is durable before the old one is
 touched. Step 3 itself is not flushed: a power loss may forget the removal
 and leave the old copy beside the new one, which is the "both" case above
 — readers take the higher revision (`Spool.get`), a claim after a reboot
-checks for such copies until recovery has run (`SpoolLock.suspect`), and
+or after a writer died mid-batch (the next lock holder finds its in-flight
+mark) checks for such copies until recovery has run (`SpoolLock.suspect`), and
 `recover` removes them. The change was acknowledged once step 2 was
 flushed, so skipping this flush loses nothing that was acknowledged; it
 saves one flush per state change (two flushes instead of three).
