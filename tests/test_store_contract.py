@@ -248,7 +248,7 @@ def test_enqueue_error_raises_duplicate_job_and_changes_nothing(any_spool: Spool
 def test_an_id_given_twice_in_one_batch_is_one_job_as_if_enqueued_in_turn(
         any_spool: Spool) -> None:
     """keep stores the first payload, replace the last, error refuses the whole batch."""
-    with pytest.raises(InvalidJob, match="'e' is given twice"):
+    with pytest.raises(DuplicateJob, match="'e' already exists.*given twice in one batch"):
         any_spool.enqueue_many("note", [{"v": 1}, {"v": 2}, {"v": 3}],
                                job_ids=["fresh", "e", "e"], on_conflict="error")
     assert list(any_spool.jobs()) == []

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from jobspool.errors import InvalidJob, WaitTimeout
+from jobspool.errors import DuplicateJob, InvalidJob, WaitTimeout
 from jobspool.queue import machine
 from jobspool.queue.ids import new_job_id, new_token_id
 from jobspool.queue.job import (
@@ -143,14 +143,16 @@ def new_batch(kind: str, payloads: Iterable[Any], *, job_ids: Sequence[str | Non
 def _one_job_per_id(fresh: list[Job], policy: str) -> None:
     """An id given twice in one batch names one job, as if enqueued one after the other:
     `keep` stores the first payload, `replace` the last, `error` refuses the whole batch
-    (nothing written). The stores then store each id once, its repeats `existing`."""
+    with `DuplicateJob` (nothing written). The stores then store each id once, its repeats `existing`."""
     first: dict[str, int] = {}
     for i, job in enumerate(fresh):
         if job.id not in first:
             first[job.id] = i
         elif policy == "error":
-            raise InvalidJob(f"job id {job.id!r} is given twice in one batch "
-                             "(on_conflict='error' refuses the whole batch)", field="job_ids")
+            # As the second of two enqueues would: the id is taken (by the first).
+            raise DuplicateJob(job.id, fresh[first[job.id]].state.value,
+                               "given twice in one batch; on_conflict='error' refuses the "
+                               "whole batch")
         elif policy == "replace":
             fresh[first[job.id]] = job
 
