@@ -36,6 +36,12 @@ class InvalidJob(JobspoolError, ValueError):
         self.field = field
 
 
+class InvalidType(InvalidJob, TypeError):
+    """Raised when an argument is the wrong kind of object (a job id where a `Lease`
+    belongs, a str where a list of payloads does): an `InvalidJob`, and a `TypeError`
+    as Python's own checks would raise."""
+
+
 class JobTooLarge(InvalidJob):
     """Raised when a serialized job (or a stored result) exceeds `max_job_bytes`."""
 
@@ -214,6 +220,7 @@ __all__ = [
     "DuplicateJob",
     "InvalidJob",
     "InvalidTransition",
+    "InvalidType",
     "JobFailed",
     "JobNotFound",
     "JobTooLarge",

@@ -683,6 +683,7 @@ def test_wrong_objects_for_leases_and_reservations_are_refused_in_one_line(
         with pytest.raises(InvalidJob) as info:
             call()
         assert "expected" in str(info.value) or "payloads" in str(info.value)
+        assert isinstance(info.value, TypeError)  # also what Python's own checks raise
     assert any_spool.get("j").state is JobState.LEASED
     assert [j.id for j in any_spool.jobs()] == ["j"]
     any_spool.complete(lease)

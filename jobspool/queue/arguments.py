@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from jobspool.errors import DuplicateJob, InvalidJob, WaitTimeout
+from jobspool.errors import DuplicateJob, InvalidJob, InvalidType, WaitTimeout
 from jobspool.queue import machine
 from jobspool.queue.ids import new_job_id, new_token_id
 from jobspool.queue.job import (
@@ -117,7 +117,7 @@ def new_batch(kind: str, payloads: Iterable[Any], *, job_ids: Sequence[str | Non
     validate_kind(kind)
     if isinstance(payloads, str | bytes | dict):
         # Iterating it would make a job per character (or per key): surely not meant.
-        raise InvalidJob(f"payloads must be a list of payloads, one per job, not a "
+        raise InvalidType(f"payloads must be a list of payloads, one per job, not a "
                          f"{type(payloads).__name__}", field="payloads")
     payload_list = list(payloads)
     ids = job_ids_for(len(payload_list), job_ids)

@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from jobspool.errors import CorruptFileWarning, InvalidJob, JobTooLarge
+from jobspool.errors import CorruptFileWarning, InvalidJob, InvalidType, JobTooLarge
 
 # The payload rule and the time helpers live in payload.py; re-exported for callers here.
 from jobspool.queue.payload import MAX_JSON_DEPTH as MAX_JSON_DEPTH
@@ -200,7 +200,7 @@ def check_lease(value: object) -> None:
     """A settle or beat was handed something other than a `Lease`: say so in one line
     (it failed on a missing attribute, deep inside the store)."""
     if not isinstance(value, Lease):
-        raise InvalidJob(f"expected a Lease (as claim returns), got {_short(value)}",
+        raise InvalidType(f"expected a Lease (as claim returns), got {_short(value)}",
                          field="lease")
 
 
@@ -210,7 +210,7 @@ def check_leases(items: Iterable[object], *, pairs: bool) -> None:
     for item in items:
         if pairs:
             if not isinstance(item, tuple) or not item:
-                raise InvalidJob(f"expected (lease, ...) tuples, got {_short(item)}",
+                raise InvalidType(f"expected (lease, ...) tuples, got {_short(item)}",
                                  field="items")
             item = item[0]
         check_lease(item)
@@ -218,7 +218,7 @@ def check_leases(items: Iterable[object], *, pairs: bool) -> None:
 
 def check_reservation(value: object) -> None:
     if not isinstance(value, Reservation):
-        raise InvalidJob(f"expected a Reservation (as prepare returns), got {_short(value)}",
+        raise InvalidType(f"expected a Reservation (as prepare returns), got {_short(value)}",
                          field="reservation")
 
 
