@@ -41,6 +41,9 @@ from jobspool.pg.opening import (
 from jobspool.pg.rows import COLUMNS, to_job
 from jobspool.queue import machine
 from jobspool.queue.arguments import (
+    check_lease,
+    check_leases,
+    check_reservation,
     job_states,
     new_batch,
     new_reservation,
@@ -52,9 +55,6 @@ from jobspool.queue.job import (
     Job,
     Lease,
     Reservation,
-    check_lease,
-    check_leases,
-    check_reservation,
     encode_admitted,
     validate_delay,
     validate_int,

@@ -15,6 +15,8 @@ from jobspool.queue import machine
 from jobspool.queue.ids import new_job_id, new_token_id
 from jobspool.queue.job import (
     Job,
+    Lease,
+    Reservation,
     check_json,
     validate_delay,
     validate_int,
@@ -194,6 +196,40 @@ def wait_until_terminal(get: Callable[[str], Job], job_id: str, timeout: float |
         delay = min(poll_seconds * 4, delay * 2)
 
 
-__all__ = ["Batch", "check_on_conflict", "check_run_at", "check_timeout",
-           "check_unique_states", "job_ids_for", "job_states", "new_batch", "new_reservation",
-           "validate_wait", "wait_until_terminal"]
+# ---------------------------------------------------------------- objects handed back
+
+
+def check_lease(value: object) -> None:
+    """A settle or beat was handed something other than a `Lease`: say so in one line
+    (it failed on a missing attribute, deep inside the store)."""
+    if not isinstance(value, Lease):
+        raise InvalidType(f"expected a Lease (as claim returns), got {_short(value)}",
+                         field="lease")
+
+
+def check_leases(items: Iterable[object], *, pairs: bool) -> None:
+    """`check_lease` for each lease of a batch: the items themselves, or their first
+    member when they are tuples (`complete_many`, `fail_many`)."""
+    for item in items:
+        if pairs:
+            if not isinstance(item, tuple) or not item:
+                raise InvalidType(f"expected (lease, ...) tuples, got {_short(item)}",
+                                 field="items")
+            item = item[0]
+        check_lease(item)
+
+
+def check_reservation(value: object) -> None:
+    if not isinstance(value, Reservation):
+        raise InvalidType(f"expected a Reservation (as prepare returns), got {_short(value)}",
+                         field="reservation")
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+__all__ = ["Batch", "check_lease", "check_leases", "check_on_conflict", "check_reservation",
+           "check_run_at", "check_timeout", "check_unique_states", "job_ids_for", "job_states",
+           "new_batch", "new_reservation", "validate_wait", "wait_until_terminal"]

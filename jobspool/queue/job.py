@@ -15,13 +15,13 @@ import os
 import re
 import time
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import orjson
 
-from jobspool.errors import CorruptFileWarning, InvalidJob, InvalidType, JobTooLarge
+from jobspool.errors import CorruptFileWarning, InvalidJob, JobTooLarge
 
 # The payload rule and the time helpers live in payload.py; re-exported for callers here.
 from jobspool.queue.payload import MAX_JSON_DEPTH as MAX_JSON_DEPTH
@@ -194,37 +194,6 @@ def validate_int(name: str, value: object, *, minimum: int | None = None) -> int
         raise InvalidJob(f"{name} must fit in a signed 64-bit integer, got {value!r}",
                          field=name)
     return value
-
-
-def check_lease(value: object) -> None:
-    """A settle or beat was handed something other than a `Lease`: say so in one line
-    (it failed on a missing attribute, deep inside the store)."""
-    if not isinstance(value, Lease):
-        raise InvalidType(f"expected a Lease (as claim returns), got {_short(value)}",
-                         field="lease")
-
-
-def check_leases(items: Iterable[object], *, pairs: bool) -> None:
-    """`check_lease` for each lease of a batch: the items themselves, or their first
-    member when they are tuples (`complete_many`, `fail_many`)."""
-    for item in items:
-        if pairs:
-            if not isinstance(item, tuple) or not item:
-                raise InvalidType(f"expected (lease, ...) tuples, got {_short(item)}",
-                                 field="items")
-            item = item[0]
-        check_lease(item)
-
-
-def check_reservation(value: object) -> None:
-    if not isinstance(value, Reservation):
-        raise InvalidType(f"expected a Reservation (as prepare returns), got {_short(value)}",
-                         field="reservation")
-
-
-def _short(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def validate_delay(value: object, name: str = "delay") -> float:

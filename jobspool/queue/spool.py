@@ -28,16 +28,19 @@ from typing import TYPE_CHECKING, Any, Self, cast
 
 from jobspool.errors import InvalidJob, JobNotFound, JobspoolError, LeaseLost, SpoolError
 from jobspool.queue import bulk, liveness, machine
-from jobspool.queue.arguments import job_states, wait_until_terminal
+from jobspool.queue.arguments import (
+    check_lease,
+    check_leases,
+    check_reservation,
+    job_states,
+    wait_until_terminal,
+)
 from jobspool.queue.job import (
     MAX_JOB_BYTES,
     EnqueueResult,
     Job,
     Lease,
     Reservation,
-    check_lease,
-    check_leases,
-    check_reservation,
     validate_job_id,
     validate_kind,
 )
