@@ -116,7 +116,7 @@ def test_a_lease_past_its_attempts_is_swept_to_dead_letter(pg_url: str) -> None:
 
 def test_migrate_copies_a_file_spool_without_leases_and_raises_the_token_sequence(
         tmp_path: Path, pg_url: str) -> None:
-    src = make_spool(tmp_path / "s")
+    src = make_spool(tmp_path / "s", lease_seconds=600.0, max_attempts=1, keep_terminal=50_000)
     done = src.enqueue("note", {"n": 1}, job_id="done")
     src.enqueue("note", {"n": 2}, job_id="held")
     src.enqueue("note", {"n": 3}, job_id="waiting", delay=3600)
@@ -130,12 +130,18 @@ def test_migrate_copies_a_file_spool_without_leases_and_raises_the_token_sequenc
     out = run_jobspool("--root", str(tmp_path / "s"), "migrate", "--to", pg_url, "--json")
     assert out.returncode == 0, out.stderr
     assert '"copied": 3' in out.stdout and '"unleased": 1' in out.stdout
+    assert '"settings": "copied"' in out.stdout
 
     with make_spool(pg_url) as target:
+        # The source's settings: its retention must not become the default at the next prune.
+        assert (target.lease_seconds, target.max_attempts, target.keep_terminal) == (
+            600.0, 1, 50_000)
         assert target.get("done").result == {"ok": 1}
         assert target.get("done").state is JobState.COMPLETED
         moved = target.get("held")
-        assert (moved.state, moved.lease, moved.attempts) == (JobState.READY, None, 1)
+        # Its cut-off run is given back (as release does): on its last attempt, it would
+        # otherwise be claimed past max_attempts.
+        assert (moved.state, moved.lease, moved.attempts) == (JobState.READY, None, 0)
         assert target.get("waiting").state is JobState.RETRYABLE
         (lease,) = target.claim()
         assert lease.job_id == "held" and lease.token > fence > 0

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from dataclasses import asdict
 from typing import Any
 
 from jobspool.cli.common import EXIT_OK, UsageError, _open
@@ -30,10 +32,17 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     with _open(args, read_only=True) as source:
         if is_url(getattr(source, "url", None)):
             raise UsageError("migrate copies a file spool: --root must be a directory")
-        with Spool(args.to, create=True) as target:
+        # The source's settings, stored if this creates the target (a file spool's
+        # retention of 50,000 must not become the default 1,000 at the next prune).
+        settings = {k: v for k, v in asdict(source.settings).items() if k != "access"}
+        with Spool(args.to, create=True, **settings) as target:
             report = copy_jobs(source.jobs(), target,  # type: ignore[arg-type]
                                source_fence=source.fence_value())
-    d = report.to_dict()
+            created = bool(getattr(target, "created", False))
+    d = {**report.to_dict(), "settings": "copied" if created else "kept (the target existed)"}
+    if not created:
+        print("jobspool: note: the target spool existed, so its own settings stay; the "
+              "source's were not copied", file=sys.stderr)
     _emit(args, d, f"copied {report.copied} job(s) to {args.to.split('@')[-1]} "
                    f"({report.unleased} leased ones as ready); {len(report.skipped)} already "
                    f"there left alone; token sequence at {report.fence}")

@@ -1,8 +1,12 @@
 """Copy a file spool's jobs into a PostgreSQL spool (`jobspool migrate --to URL`).
 
-Leases are not copied: a job leased in the source arrives `ready`, its
-attempt still counted (workers on the old spool must be stopped first; one
-still running would finish a job the new spool runs again). Ids the target
+Leases are not copied: a job leased in the source arrives `ready` with its
+attempt given back, as `release` does: the migration cut that run off, not
+the job (counted, a job on its last attempt arrived with none left and was
+claimed past `max_attempts`). Workers on the old spool must be stopped
+first; one still running would finish a job the new spool runs again. The
+source's settings (lease length, attempts, backoff, retention, sizes) are
+the target's when the migration creates it. Ids the target
 already holds are left alone and reported, so running it twice is harmless.
 The target's token sequence is raised above every token the source issued:
 projection rows written under the old spool carry those tokens, and a new
@@ -60,6 +64,7 @@ def copy_jobs(jobs: Iterable[Job], target: PgSpool, *, source_fence: int) -> Mig
         for job in chunk:
             if job.state is JobState.LEASED:
                 job = evolve(job, state=JobState.READY, lease=None, run_at=now,
+                             attempts=max(0, job.attempts - 1),
                              revision=job.revision + 1, updated_at=now)
                 report.unleased += 1
             rows.append(job)
