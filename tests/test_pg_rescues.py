@@ -80,3 +80,34 @@ def test_a_worker_claimed_rescued_lease_never_started_is_given_back_uncounted(
         assert s.claim(lease_seconds=0.05, starts_noted=True) == []  # type: ignore[call-arg]
         s.recover()
         assert s.get("m").state is JobState.DEAD_LETTER
+
+
+@pytest.mark.parametrize("store", ["postgresql", "file"])
+def test_finished_jobs_are_settled_before_a_rescued_job_runs_alone(
+        store: str, pg_url: str, tmp_path: Path) -> None:
+    """A poison job claimed last in a batch: after its first crash every job of the batch
+    is rescued and runs alone. What finished must be settled before the next rescued job
+    starts: left in the worker's hands, the poison's next crash threw those completions
+    away, and on PostgreSQL (their starts recorded) charged them, until a job whose handler
+    had returned every time was dead-lettered."""
+    root = pg_url if store == "postgresql" else str(tmp_path / "spool")
+    log = tmp_path / "runs.log"
+    with make_spool(root, lease_seconds=1.0, max_attempts=3, max_rescues=5,
+                    retry_base_seconds=0.01, retry_max_seconds=0.01) as s:
+        for i in range(6):
+            s.enqueue("work", job_id=f"n{i}")
+        s.enqueue("crash", job_id="poison", priority=1)  # claimed last
+    for _ in range(12):
+        run_jobspool("run-until-idle", "--app", "tests.apps.crashy:app", "--concurrency", "4",
+                     "--wait-retries", "3", root=root, env={"JOBSPOOL_TEST_LOG": str(log)})
+        with make_spool(root) as s:
+            if all(j.terminal for j in s.jobs()):
+                break
+        time.sleep(1.1)
+    with make_spool(root) as s:
+        mates = [s.get(f"n{i}") for i in range(6)]
+        assert s.get("poison").state is JobState.DEAD_LETTER
+    assert [m.state for m in mates] == [JobState.COMPLETED] * 6, mates
+    runs = log.read_text().split()[0::2]
+    # The first crash may re-run what it cut off or left unsettled: once. Never more.
+    assert all(runs.count(m.id) <= 2 for m in mates), runs

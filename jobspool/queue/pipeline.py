@@ -114,6 +114,7 @@ class Pipeline:
         self.settling = 0  # jobs of the group being settled (`_settle`), still in `in_hand`
         self.settles = 0  # groups settled so far
         self.settle_failing = False
+        self.rescue_waiting = False  # a rescued job waits for the finished ones to settle
         # A store written before this member existed settles in the loop, as it always did.
         self.overlap_settles = bool(getattr(spool, "overlap_settles", False))
         # Rescued jobs run alone and `run_started` notes each start before its handler:
@@ -216,6 +217,8 @@ class Pipeline:
     def _settle_due(self) -> bool:
         if not self.done or self.settling:
             return False
+        if self.rescue_waiting:
+            return True
         if len(self.done) == len(self.in_hand) or len(self.done) >= self.config.batch_size:
             return True
         return time.monotonic() - self.first_done_at >= SETTLE_SECONDS
@@ -279,19 +282,19 @@ class Pipeline:
 
     def _runs_async_queued(self, ctx: Context) -> bool:
         """Whether an async runner (`async_runners.py`) takes this job: an async handler,
-        no time limit, and not a rescued job that must run alone."""
+        no time limit, and not a rescued job (those run alone, after a settle:
+        `_settle_before_rescue`)."""
         job = ctx.job
         return (self.config.is_async(job.kind) and job.timeout is None
-                and self.config.timeout_for(job.kind) is None
-                and (job.rescues == 0 or self.config.concurrency == 1))
+                and self.config.timeout_for(job.kind) is None and job.rescues == 0)
 
     def _runs_queued(self, ctx: Context) -> bool:
         """Whether a runner (`runners.py`) takes this job: a sync handler, no time limit,
-        and not a rescued job that must run alone."""
+        and not a rescued job (those run alone, after a settle: `_settle_before_rescue`)."""
         job = ctx.job
         return (self.runners is not None and not self.config.is_async(job.kind)
                 and job.timeout is None and self.config.timeout_for(job.kind) is None
-                and (job.rescues == 0 or self.config.concurrency == 1))
+                and job.rescues == 0)
 
     async def _wait_for_progress(self) -> None:
         """Until a handler finishes, a settle timer runs out, or a claim comes due."""
@@ -412,7 +415,7 @@ class Pipeline:
             with anyio.CancelScope() as scope:
                 self.scopes.add(scope)
                 try:
-                    if ctx.job.rescues == 0 or self.config.concurrency == 1:
+                    if ctx.job.rescues == 0:
                         await self.slots.take()  # the common case, without a generator
                         try:
                             await self._call_unless_dropped(ctx)
@@ -420,11 +423,22 @@ class Pipeline:
                             self.slots.release()
                     else:
                         async with self.slots.every():  # a rescued job runs alone
+                            await self._settle_before_rescue()
                             await self._call_unless_dropped(ctx)
                 finally:
                     self.scopes.discard(scope)
         finally:
             self._finished(ctx)  # outcome None (never started, cut off): released at settle
+
+    async def _settle_before_rescue(self) -> None:
+        """Before a rescued job runs alone, what already finished is settled: if the
+        rescued job kills this process (a poison pill), finished work must not be run
+        again, nor (on PostgreSQL, where its start was recorded) charged its crash."""
+        while self.done or self.settling:
+            self.rescue_waiting = True
+            self.wake.set()  # the loop settles at once (`_settle_due`)
+            await anyio.sleep(0.002)
+        self.rescue_waiting = False
 
     async def _call_unless_dropped(self, ctx: Context) -> None:
         if not ctx.lost and not self.life.stopping:
