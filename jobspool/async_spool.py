@@ -29,7 +29,7 @@ import anyio.to_thread
 
 from jobspool.errors import JobFailed, WaitTimeout
 from jobspool.queue.api import SpoolAPI
-from jobspool.queue.arguments import validate_wait
+from jobspool.queue.arguments import list_payloads, validate_wait
 from jobspool.queue.job import EnqueueResult, Job, Reservation
 from jobspool.queue.spool import Spool
 from jobspool.queue.states import JobState
@@ -110,7 +110,7 @@ class AsyncSpool:
                            unique_states: Iterable[JobState | str] | None = None,
                            timeout: float | None = None) -> list[Job]:
         """`Spool.enqueue_many`: one lock hold and one flush for the whole batch."""
-        return await self._run(self.spool.enqueue_many, kind, list(payloads), job_ids=job_ids,
+        return await self._run(self.spool.enqueue_many, kind, list_payloads(payloads), job_ids=job_ids,
                                delay=delay, run_at=run_at, priority=priority,
                                max_attempts=max_attempts, on_conflict=on_conflict,
                                unique_states=unique_states, timeout=timeout)
@@ -123,7 +123,7 @@ class AsyncSpool:
                                    unique_states: Iterable[JobState | str] | None = None,
                                    timeout: float | None = None) -> list[EnqueueResult]:
         """`Spool.enqueue_many_results`: each job and whether this call created it."""
-        return await self._run(self.spool.enqueue_many_results, kind, list(payloads),
+        return await self._run(self.spool.enqueue_many_results, kind, list_payloads(payloads),
                                job_ids=job_ids, delay=delay, run_at=run_at, priority=priority,
                                max_attempts=max_attempts, on_conflict=on_conflict,
                                unique_states=unique_states, timeout=timeout)

@@ -109,3 +109,21 @@ def test_a_wrapped_spool_takes_no_options(tmp_path: Path) -> None:
     with make_spool(tmp_path / "spool") as spool, \
             pytest.raises(TypeError, match="no options"):
         AsyncSpool(spool, durable=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_enqueue_many_refuses_a_string_as_spool_does(tmp_path: Path, backend: str) -> None:
+    """The async form listed its payloads before the Spool's guard saw them: "abc" made
+    three jobs, one per character; a dict one per key."""
+    from jobspool.errors import InvalidType
+
+    async def main() -> None:
+        async with AsyncSpool(tmp_path / "s") as spool:
+            for bad in ("abc", {"x": 1}, b"ab"):
+                with pytest.raises(InvalidType, match="payloads must be a list"):
+                    await spool.enqueue_many("k", bad)  # type: ignore[arg-type]
+                with pytest.raises(InvalidType):
+                    await spool.enqueue_many_results("k", bad)  # type: ignore[arg-type]
+            assert (await spool.stats()).total == 0
+
+    anyio.run(main, backend=backend)

@@ -110,6 +110,16 @@ def job_ids_for(n: int, job_ids: Sequence[str | None] | None) -> list[str]:
     return [new_job_id() if i is None else validate_job_id(i) for i in job_ids]
 
 
+
+def list_payloads(payloads: Iterable[Any]) -> list[Any]:
+    """The payloads of an `enqueue_many`, one per job, as a list (an iterator read once).
+    A str, bytes or dict is refused: iterating it would make a job per character, byte or
+    key, surely not what was meant."""
+    if isinstance(payloads, str | bytes | bytearray | dict):
+        raise InvalidType(f"payloads must be a list of payloads, one per job, not a "
+                          f"{type(payloads).__name__}", field="payloads")
+    return list(payloads)
+
 def new_batch(kind: str, payloads: Iterable[Any], *, job_ids: Sequence[str | None] | None,
               delay: float, run_at: object, priority: int, max_attempts: int | None,
               on_conflict: str, unique_states: Iterable[JobState | str] | None,
@@ -117,11 +127,7 @@ def new_batch(kind: str, payloads: Iterable[Any], *, job_ids: Sequence[str | Non
     """Check an enqueue's arguments (`InvalidJob` naming the bad one, before anything is
     written) and make its fresh jobs; the same rules for every store."""
     validate_kind(kind)
-    if isinstance(payloads, str | bytes | dict):
-        # Iterating it would make a job per character (or per key): surely not meant.
-        raise InvalidType(f"payloads must be a list of payloads, one per job, not a "
-                         f"{type(payloads).__name__}", field="payloads")
-    payload_list = list(payloads)
+    payload_list = list_payloads(payloads)
     ids = job_ids_for(len(payload_list), job_ids)
     for p in payload_list:
         check_json(p, "payload")
@@ -232,4 +238,5 @@ def _short(value: object) -> str:
 
 __all__ = ["Batch", "check_lease", "check_leases", "check_on_conflict", "check_reservation",
            "check_run_at", "check_timeout", "check_unique_states", "job_ids_for", "job_states",
-           "new_batch", "new_reservation", "validate_wait", "wait_until_terminal"]
+           "list_payloads", "new_batch", "new_reservation", "validate_wait",
+           "wait_until_terminal"]
