@@ -52,6 +52,11 @@ CRON_MACROS = {"@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly": "0 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
+# How far ahead of the clock a schedule's last fired tick must be to count as a clock that
+# jumped ahead and came back, rather than the skew between machines sharing the marks.
+CLOCK_JUMP_SECONDS = 3600.0
+
+
 @dataclass(frozen=True)
 class Schedule:
     """Enqueue a job of `kind` on a cron expression or every `every` seconds.
@@ -162,6 +167,12 @@ class Schedule:
     def plan(self, last: int | None, now: float) -> tuple[list[int], int]:
         """The ticks to fire at `now` given the last tick fired, and the new last tick."""
         latest = self.last_tick(now)
+        if last is not None and last > now + CLOCK_JUMP_SECONDS:
+            # The last tick fired is far in the future: the clock jumped ahead and came
+            # back. Kept, it would silence the schedule until the clock caught up with it
+            # (a year, after a one-year jump). Start over as at first sight; a tick
+            # fired before is not fired twice (its job id is taken).
+            last = None
         if last is None:
             # First sight: the tick that is happening right now counts, older ones do not.
             return ([latest] if now - latest <= self.grace_seconds else []), latest

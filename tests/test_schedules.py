@@ -162,6 +162,24 @@ def test_skip_still_fires_a_tick_that_is_on_time(spool: Spool) -> None:
     assert fired.created == (f"sched.tick.{T0 + 40}",)
 
 
+def test_a_clock_that_jumped_ahead_and_came_back_does_not_silence_a_schedule(
+        spool: Spool) -> None:
+    """A clock set a year ahead by mistake, then corrected: the mark it left (a tick a year
+    ahead) kept the schedule silent until the clock caught up with it. Now it starts over
+    as at first sight, and no tick already fired is fired twice."""
+    scheduler = Scheduler([Schedule("tick", every=60, catch_up="skip", grace_seconds=30)])
+    scheduler.tick(spool, T0 + 1)
+    scheduler.tick(spool, T0 + 366 * 24 * HOUR)  # the jump
+    back = T0 - 20 + 120 + 5  # corrected: 5 s after a tick
+    (fired,) = scheduler.tick(spool, back)
+    assert fired.created == (f"sched.tick.{T0 - 20 + 120}",)
+    (fired,) = scheduler.tick(spool, back + 60)
+    assert fired.created == (f"sched.tick.{T0 - 20 + 180}",)
+    # Clock skew between machines sharing the marks is not a jump: a mark a few seconds
+    # ahead waits for its tick, as before.
+    assert scheduler.tick(spool, back + 50) == []
+
+
 def test_a_new_schedule_does_not_fire_a_tick_long_past(spool: Spool) -> None:
     scheduler = Scheduler([Schedule("report", cron="0 3 * * *", catch_up="all")])
     assert scheduler.tick(spool, datetime(2026, 3, 1, 10, 0, tzinfo=UTC).timestamp()) == []
