@@ -149,15 +149,20 @@ def test_a_dead_childs_jobs_are_settled_while_a_frozen_child_holds_the_spool_loc
     assert report["rescued"] == 1 and report["killed_hung"] == 1
 
 
-def test_handlers_that_print_a_lot_run_to_the_end_and_their_output_reaches_the_pools_stdout(
-        tmp_path: Path) -> None:
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+def test_handlers_that_print_a_lot_run_to_the_end_and_their_output_is_passed_on(
+        tmp_path: Path, as_json: bool) -> None:
+    """What handlers print reaches the pool's stdout, as an in-process worker's would; with
+    `--json` it goes to stderr instead, so that stdout holds one JSON document."""
     root = tmp_path / "spool"
     with make_spool(root) as spool:
         ids = [j.id for j in spool.enqueue_many("chatty", [{"n": n} for n in range(5)])]
-    stdout = tmp_path / "stdout"
-    with stdout.open("wb") as sink:  # read as it comes, as a terminal or a log would
-        proc = start_jobspool("worker", "--app", "tests.apps.audit11:app", "--json",
-                              "--no-maintenance", "--processes", "2", root=root, stdout=sink)
+    stdout, stderr = tmp_path / "stdout", tmp_path / "stderr"
+    flags = ["--json"] if as_json else []
+    with stdout.open("wb") as out, stderr.open("wb") as err_sink:  # read as they come
+        proc = start_jobspool("worker", "--app", "tests.apps.audit11:app", *flags,
+                              "--no-maintenance", "--processes", "2", root=root, stdout=out,
+                              stderr=err_sink)
 
     def all_completed() -> bool:
         with make_spool(root) as spool:
@@ -168,15 +173,19 @@ def test_handlers_that_print_a_lot_run_to_the_end_and_their_output_reaches_the_p
         wait_until(all_completed, GUARD, "every chatty job to complete (not frozen printing)",
                    proc=proc)
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=GUARD)
+        proc.wait(timeout=GUARD)
     finally:
         reap(proc)
-    assert proc.returncode == 0, err.decode(errors="replace")[-3000:]
-    text = stdout.read_text()
+    err = stderr.read_text()
+    assert proc.returncode == 0, err[-3000:]
+    printed = err if as_json else stdout.read_text()
     for n in range(5):
-        assert f"\n{n}:1999 " in text  # every line of every job, passed on
-    start = text.rindex("\n{\n") + 1
-    printed, summary = text[:start], orjson.loads(text[start:])
+        assert f"\n{n}:1999 " in printed  # every line of every job, passed on
     assert printed.count("x" * 96) == 5 * 2000
-    assert summary["completed"] == 5 and summary["processes"] == 2  # the children's reports
-    assert '"claimed"' not in printed  # a child's own report is summed, not printed
+    if as_json:
+        summary = orjson.loads(stdout.read_text())  # nothing else on stdout
+        assert summary["completed"] == 5 and summary["processes"] == 2
+        assert "x" * 96 not in stdout.read_text()
+    else:
+        assert "worker pool stopped" in stdout.read_text()
+        assert '"claimed"' not in printed  # a child's own report is summed, not printed

@@ -202,6 +202,22 @@ def test_run_until_idle_drains_and_reports_as_one_json_document(
     assert (counts["completed"], counts["dead_letter"], counts["ready"]) == (5, 1, 1)
 
 
+def test_run_until_idle_json_keeps_stdout_one_document_when_handlers_print(
+        spool_with_jobs: Path) -> None:
+    """What handlers print goes to stderr with `--json` (it was mixed into stdout, and the
+    document no longer parsed); with `--log-format json` too, the summary event is still
+    written to stderr, as the README says: always."""
+    root = spool_with_jobs
+    with make_spool(root) as spool:
+        spool.enqueue("chatty", {"n": 7})
+    r = ok("--root", root, "run-until-idle", "--app", "tests.apps.audit11:app", "--json",
+           "--log-format", "json", "--no-maintenance")
+    assert r.json()["completed"] == 1
+    assert "7:1999 " in r.err and "7:1999 " not in r.out
+    events = [orjson.loads(line) for line in r.err.splitlines() if line.startswith("{")]
+    assert [e["event"] for e in events if e.get("event") == "summary"] == ["summary"]
+
+
 def test_run_until_idle_text_summary_names_unhandled_kinds_and_draws_no_bar_on_a_pipe(
         spool_with_jobs: Path) -> None:
     root = spool_with_jobs

@@ -17,7 +17,14 @@ from jobspool.cli.common import (
     _open,
     _root_spec,
 )
-from jobspool.cli.render import _emit, _job_doc, _job_line, _job_text, printable
+from jobspool.cli.render import (
+    _emit,
+    _job_doc,
+    _job_line,
+    _job_text,
+    handlers_print_to_stderr,
+    printable,
+)
 
 # ---------------------------------------------------------------- commands
 
@@ -152,9 +159,10 @@ def cmd_run_until_idle(args: argparse.Namespace) -> int:
         worker = _make_worker(args, spool)
         worker.grace_seconds = args.grace
         progress = None if args.json else Progress.for_stdout(spool, worker.kinds)
-        report = worker.run_until_idle(args.max_jobs, wait_for_retries=args.wait_retries,
-                                       progress=progress.update if progress else None,
-                                       handle_signals=True)
+        with handlers_print_to_stderr(args):
+            report = worker.run_until_idle(args.max_jobs, wait_for_retries=args.wait_retries,
+                                           progress=progress.update if progress else None,
+                                           handle_signals=True)
         if progress:
             progress.close()
     doc = report.to_dict()
@@ -201,7 +209,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
                                  f"{args.metrics_host}:{args.metrics_port} "
                                  f"({exc.strerror})") from None
         try:
-            report = worker.run_forever()
+            with handlers_print_to_stderr(args):
+                report = worker.run_forever()
         except WorkerCrashed as exc:
             raise Refused(str(exc)) from None
         finally:

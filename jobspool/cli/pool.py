@@ -6,7 +6,7 @@ import argparse
 
 from jobspool.cli.common import EXIT_OK, Refused, UsageError, _open
 from jobspool.cli.objectstore import child_options
-from jobspool.cli.render import _emit
+from jobspool.cli.render import _emit, children_print_to_stderr
 
 
 def _child_options(args: argparse.Namespace) -> list[str]:
@@ -40,8 +40,9 @@ def cmd_worker_pool(args: argparse.Namespace) -> int:
         root = getattr(spool, "url", None) or spool.root.resolve()  # a database URL as given
         command = child_command(root, args.app, _child_options(args))
         try:
-            report = WorkerPool(spool, command, args.processes, grace_seconds=args.grace,
-                                policies=worker.policies).run()
+            with children_print_to_stderr(args):
+                report = WorkerPool(spool, command, args.processes, grace_seconds=args.grace,
+                                    policies=worker.policies).run()
         except PoolFailed as exc:
             raise Refused(str(exc)) from None
     d = report.to_dict()

@@ -9,25 +9,57 @@ command's summary) behave the same everywhere; jobs are shown by `_job_doc`
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import orjson
 
 
 def _emit(args: argparse.Namespace, doc: Any, text: str | Callable[[], str]) -> None:
-    if args.json:
-        sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2, default=str).decode()
-                         + "\n")
-    elif getattr(args, "log_format", "text") == "json":
-        # A long-running command logging JSON: its summary is one more JSON line on stderr.
+    if getattr(args, "log_format", "text") == "json":
+        # A long-running command logging JSON: its summary is one more JSON line on stderr,
+        # always (README), `--json` or not.
         from jobspool.logs import summary
 
         summary(str(getattr(args, "command", "jobspool")), doc)
-    else:
+    if args.json:
+        sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2, default=str).decode()
+                         + "\n")
+    elif getattr(args, "log_format", "text") != "json":
         sys.stdout.write((text() if callable(text) else text).rstrip("\n") + "\n")
+
+
+@contextlib.contextmanager
+def handlers_print_to_stderr(args: argparse.Namespace) -> Iterator[None]:
+    """With `--json`, what handlers print goes to stderr for the run: stdout must hold one
+    JSON document, the summary, for whatever parses it."""
+    if not getattr(args, "json", False):
+        yield
+        return
+    with contextlib.redirect_stdout(sys.stderr):
+        yield
+
+
+@contextlib.contextmanager
+def children_print_to_stderr(args: argparse.Namespace) -> Iterator[None]:
+    """`handlers_print_to_stderr` for worker processes, which inherit file descriptor 1:
+    pointed at stderr while they run, given back for the summary."""
+    if not getattr(args, "json", False):
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 _TIME_FIELDS = ("created_at", "updated_at", "run_at")
