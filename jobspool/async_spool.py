@@ -25,6 +25,7 @@ from functools import partial
 from typing import Any, ParamSpec, Self, TypeVar
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 
 from jobspool.errors import JobFailed, WaitTimeout
@@ -59,7 +60,12 @@ class AsyncSpool:
             self._owned = True
 
     async def _run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        return await anyio.to_thread.run_sync(partial(fn, *args, **kwargs))
+        result = await anyio.to_thread.run_sync(partial(fn, *args, **kwargs))
+        # A cancellation that came while the thread ran is raised here, once the operation
+        # is done (the module docstring's promise): without this checkpoint, a caller whose
+        # scope was cancelled meanwhile got the result as if nothing had happened.
+        await anyio.lowlevel.checkpoint()
+        return result
 
     # ------------------------------------------------------------ plumbing
 

@@ -127,3 +127,34 @@ def test_enqueue_many_refuses_a_string_as_spool_does(tmp_path: Path, backend: st
             assert (await spool.stats()).total == 0
 
     anyio.run(main, backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_call_cancelled_while_its_thread_runs_finishes_then_raises_the_cancellation(
+        tmp_path: Path, backend: str) -> None:
+    """The operation completes (no half-enqueued job), and the cancellation is raised after
+    it, as documented: the caller's scope sees it (it returned as if nothing happened)."""
+    import threading
+
+    async def main() -> None:
+        async with AsyncSpool(tmp_path / "s") as spool:
+            held, release = threading.Event(), threading.Event()
+
+            def hold_lock() -> None:
+                with spool.spool.lock.hold():
+                    held.set()
+                    release.wait(10)
+
+            t = threading.Thread(target=hold_lock)
+            t.start()
+            held.wait(10)
+            with anyio.move_on_after(0.1) as scope:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(anyio.to_thread.run_sync, lambda: (
+                        __import__("time").sleep(0.4), release.set()))
+                    await spool.enqueue("k", job_id="e2")
+            t.join(10)
+            assert scope.cancelled_caught
+            assert (await spool.get("e2")).state.value == "ready"  # done, not half-done
+
+    anyio.run(main, backend=backend)
