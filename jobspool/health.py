@@ -299,9 +299,9 @@ def check_health(
 
 def _local_dir_exists(uri: str) -> bool:
     """True for a local directory that exists, and for any remote URI (not checked here)."""
-    if "://" in uri and not uri.startswith("file://"):
-        return True
-    return os.path.isdir(uri.removeprefix("file://")) if uri else False
+    from jobspool.projection.objectstore import is_object_store
+
+    return is_object_store(uri) or os.path.isdir(uri.removeprefix("file://"))
 
 
 def _expired_leases(spool: Spool, cutoff: float) -> list[str]:

@@ -155,16 +155,14 @@ def validated(s: dict[str, Any]) -> SpoolSettings:
 
 def check_process_options(*, pool_size: object, reconnect_seconds: object, max_due: object,
                           max_lag_seconds: object, clock: object) -> None:
-    """This process's own options (not stored), checked as the file spool checks its."""
+    """This process's own options (not stored): the file spool's rules (`ProcessOptions`)
+    for the ones both stores take, and the pool's own."""
+    from jobspool.queue.options import ProcessOptions
+
+    ProcessOptions(clock=time.time if clock is None else clock,  # type: ignore[arg-type]
+                   max_due=max_due, max_lag_seconds=max_lag_seconds)  # type: ignore[arg-type]
     validate_int("pool_size", pool_size, minimum=1)
     validate_seconds("reconnect_seconds", reconnect_seconds)
-    if max_due is not None:
-        validate_int("max_due", max_due, minimum=1)
-    if max_lag_seconds is not None:
-        validate_seconds("max_lag_seconds", max_lag_seconds, positive=True)
-    if clock is not None and not callable(clock):
-        raise InvalidJob(f"clock must be a callable returning epoch seconds, got {clock!r}",
-                         field="clock")
 
 
 _MAY_WRITE = """

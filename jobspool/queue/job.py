@@ -13,7 +13,6 @@ import logging
 import math
 import os
 import re
-import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
@@ -29,7 +28,10 @@ from jobspool.queue.payload import MAX_RUN_AT as MAX_RUN_AT
 from jobspool.queue.payload import MAX_RUN_AT_PAST as MAX_RUN_AT_PAST
 from jobspool.queue.payload import check_json as check_json
 from jobspool.queue.payload import iso_time as iso_time
+from jobspool.queue.payload import validate_delay as validate_delay
+from jobspool.queue.payload import validate_int as validate_int
 from jobspool.queue.payload import validate_run_at as validate_run_at
+from jobspool.queue.payload import validate_seconds as validate_seconds
 from jobspool.queue.states import ALL_STATES, JobState
 
 _log = logging.getLogger("jobspool.queue")
@@ -182,38 +184,6 @@ def validate_kind(kind: object) -> str:
     if not isinstance(kind, str) or KIND_RE.fullmatch(kind) is None:
         raise InvalidJob(f"kind {kind!r} must match {KIND_PATTERN}", field="kind")
     return kind
-
-
-def validate_int(name: str, value: object, *, minimum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidJob(f"{name} must be an integer, got {value!r}", field=name)
-    if minimum is not None and value < minimum:
-        raise InvalidJob(f"{name} must be >= {minimum}, got {value!r}", field=name)
-    if not -(1 << 63) <= value < (1 << 63):
-        # Stored as JSON for orjson and as bigint in PostgreSQL: both stop at 64 bits.
-        raise InvalidJob(f"{name} must fit in a signed 64-bit integer, got {value!r}",
-                         field=name)
-    return value
-
-
-def validate_delay(value: object, name: str = "delay") -> float:
-    """A delay: seconds from now, finite, non-negative, and not past the year 9999 (the
-    bound `run_at` has: a delay in milliseconds, or a sentinel like 1e300, is a mistake)."""
-    v = validate_seconds(name, value)
-    if time.time() + v > MAX_RUN_AT:
-        raise InvalidJob(f"{name} {value!r} s would run the job after the year 9999 (was it "
-                         "given in milliseconds?)", field=name)
-    return v
-
-
-def validate_seconds(name: str, value: object, *, positive: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidJob(f"{name} must be a number of seconds, got {value!r}", field=name)
-    v = float(value)
-    if not math.isfinite(v) or v < 0 or (positive and v == 0):
-        need = "a positive" if positive else "a non-negative"
-        raise InvalidJob(f"{name} must be {need} finite number, got {value!r}", field=name)
-    return v
 
 
 def clip_error(error: object) -> str:

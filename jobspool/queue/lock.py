@@ -310,10 +310,8 @@ class SpoolLock:
     TERMINAL_SLOT = 32
 
     def begin_write(self) -> None:
-        """Mark a batch of renames in flight (under the lock). Finding the mark already set
-        means the previous writer died mid-batch: the spool may hold duplicates."""
-        if self.generation(self.WRITER_SLOT):
-            self.bump(self.SUSPECT_SLOT)
+        """Mark a batch of renames in flight (under the lock). A mark found still set is
+        a writer that died mid-batch: `acquire` flags that, before anything is read."""
         _SLOT.pack_into(self._map, self.WRITER_SLOT * _SLOT.size, current_pid())
 
     def end_write(self, *, clean: bool) -> None:

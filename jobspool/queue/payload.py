@@ -1,4 +1,4 @@
-"""The one payload rule and the time helpers every boundary shares (API, CLI, results).
+"""The one payload rule, and the time and number checks every boundary shares (API, CLI, results).
 
 Split from `job.py` (which re-exports these names): what a value must be for
 JSON to carry it unchanged, and how a `run_at` is validated and shown.
@@ -7,6 +7,7 @@ JSON to carry it unchanged, and how a `run_at` is validated and shown.
 from __future__ import annotations
 
 import math
+import time
 
 from jobspool.errors import InvalidJob
 
@@ -138,6 +139,42 @@ def validate_run_at(run_at: object, now: float) -> float:
 
 MAX_RUN_AT = 253402300799.0  # 9999-12-31T23:59:59Z
 MAX_RUN_AT_PAST = 7 * 86400.0
+
+
+# ---------------------------------------------------------------- numbers
+# (re-exported by job.py, where callers import them from)
+
+
+def validate_int(name: str, value: object, *, minimum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidJob(f"{name} must be an integer, got {value!r}", field=name)
+    if minimum is not None and value < minimum:
+        raise InvalidJob(f"{name} must be >= {minimum}, got {value!r}", field=name)
+    if not -(1 << 63) <= value < (1 << 63):
+        # Stored as JSON for orjson and as bigint in PostgreSQL: both stop at 64 bits.
+        raise InvalidJob(f"{name} must fit in a signed 64-bit integer, got {value!r}",
+                         field=name)
+    return value
+
+
+def validate_delay(value: object, name: str = "delay") -> float:
+    """A delay: seconds from now, finite, non-negative, and not past the year 9999 (the
+    bound `run_at` has: a delay in milliseconds, or a sentinel like 1e300, is a mistake)."""
+    v = validate_seconds(name, value)
+    if time.time() + v > MAX_RUN_AT:
+        raise InvalidJob(f"{name} {value!r} s would run the job after the year 9999 (was it "
+                         "given in milliseconds?)", field=name)
+    return v
+
+
+def validate_seconds(name: str, value: object, *, positive: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidJob(f"{name} must be a number of seconds, got {value!r}", field=name)
+    v = float(value)
+    if not math.isfinite(v) or v < 0 or (positive and v == 0):
+        need = "a positive" if positive else "a non-negative"
+        raise InvalidJob(f"{name} must be {need} finite number, got {value!r}", field=name)
+    return v
 
 
 def iso_time(epoch: float) -> str:
