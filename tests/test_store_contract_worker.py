@@ -202,3 +202,41 @@ def test_async_spool_enqueues_prepares_and_waits_on_either_store(store_root: obj
     first, second = anyio.run(main)
     assert (first.state, first.result) == (JobState.COMPLETED, 10)
     assert (second.state, second.result) == (JobState.COMPLETED, 20)
+
+
+@pytest.mark.parametrize("rescued_first", [True, False], ids=["rescued-first", "mates-first"])
+def test_a_rescued_job_runs_alone_after_the_mates_claimed_with_it(
+        any_spool: Spool, rescued_first: bool) -> None:
+    # Found in CI: a job whose worker died runs alone, so it took every slot at once and
+    # went ahead of the jobs claimed in its batch; with one slot they waited, leased and
+    # unstarted, for all of its run (a 10-minute one held them 10 minutes). It also went
+    # on claiming while the rescued job ran, so more jobs waited behind it.
+    from jobspool.queue.machine import Failure, RetryPolicy
+
+    any_spool.enqueue("slow", job_id="r", priority=-1 if rescued_first else 1)
+    [lease] = any_spool.claim(limit=1)
+    any_spool.fail(lease, Failure(error="worker process died", rescued=True,
+                                  policy=RetryPolicy(base_seconds=0, max_seconds=0)))
+    assert any_spool.get("r").rescues == 1
+    mates = [j.id for j in any_spool.enqueue_many("quick", [{} for _ in range(5)])]
+    ran: list[str] = []
+    seen_at_start: list[list[str]] = []
+    late_state: list[JobState] = []
+
+    def quick(job: Job, ctx: Context) -> None:
+        ran.append(job.id)
+
+    def slow(job: Job, ctx: Context) -> None:
+        seen_at_start.append(list(ran))
+        # Enqueued while it runs alone: this worker must leave it for others meanwhile.
+        late = any_spool.enqueue("quick", job_id="late")
+        for _ in range(20):  # twenty of the loop's turns at least: time enough to claim
+            threading.Event().wait(0.02)
+        late_state.append(any_spool.get(late.id).state)
+
+    report = Worker(any_spool, {"quick": quick, "slow": slow}, concurrency=1,
+                    batch_size=20).run_until_idle()
+    assert [sorted(s) for s in seen_at_start] == [sorted(mates)]
+    assert late_state == [JobState.READY]
+    assert report.completed == 7 and report.claimed == 7
+    assert any_spool.get("late").state is JobState.COMPLETED

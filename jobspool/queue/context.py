@@ -84,6 +84,7 @@ class Context:
         self.lost = False
         self.outcome: Outcome | None = None
         self.settled = False
+        self.finished = False  # its run ended (or never started): handed to the settler
         # The run's runtime state, shared with the heartbeat thread (plain attribute writes).
         self.started = False  # the handler was called: a cut-off run counts as an attempt
         self.deadline: float | None = None  # monotonic time its time limit passes

@@ -115,6 +115,7 @@ class Pipeline:
         self.settles = 0  # groups settled so far
         self.settle_failing = False
         self.rescue_waiting = False  # a rescued job waits for the finished ones to settle
+        self.rescued_in_hand: set[str] = set()  # rescued jobs not yet finished: no claims
         # A store written before this member existed settles in the loop, as it always did.
         self.overlap_settles = bool(getattr(spool, "overlap_settles", False))
         # Rescued jobs run alone and `run_started` notes each start before its handler:
@@ -250,6 +251,9 @@ class Pipeline:
             return False
         if self.settle_failing or len(self.in_hand) - self.settling > self.cap // 2:
             return False
+        if self.rescued_in_hand:
+            # It runs alone: what this claim took would wait for it, leased, unstarted.
+            return False
         return time.monotonic() >= self.next_claim_at
 
     async def _claim(self, tg: anyio.abc.TaskGroup) -> int:
@@ -269,6 +273,8 @@ class Pipeline:
         for lease in leases:
             ctx = Context(self.spool, lease, key_for=self.config.keys)
             self.in_hand[ctx.job_id] = ctx
+            if lease.job.rescues:
+                self.rescued_in_hand.add(ctx.job_id)
             if self._runs_queued(ctx):
                 queued.append(ctx)
             elif self._runs_async_queued(ctx):
@@ -408,6 +414,8 @@ class Pipeline:
         if not self.done:
             self.first_done_at = time.monotonic()
         self.done.append(ctx)
+        ctx.finished = True
+        self.rescued_in_hand.discard(ctx.job_id)
         self.wake.set()
 
     async def _run_one(self, ctx: Context) -> None:
@@ -421,14 +429,24 @@ class Pipeline:
                             await self._call_unless_dropped(ctx)
                         finally:
                             self.slots.release()
-                    else:
-                        async with self.slots.every():  # a rescued job runs alone
+                    else:  # a rescued job runs alone, after the mates claimed with it
+                        await self._wait_for_mates(ctx)
+                        async with self.slots.every():
                             await self._settle_before_rescue()
                             await self._call_unless_dropped(ctx)
                 finally:
                     self.scopes.discard(scope)
         finally:
             self._finished(ctx)  # outcome None (never started, cut off): released at settle
+
+    async def _wait_for_mates(self, ctx: Context) -> None:
+        """The jobs in hand beside a rescued one run first: taking every slot at once, the
+        rescued job went ahead of them, and they waited leased, unstarted, as long as it
+        ran (all of a 10-minute run; no other worker could take them meanwhile)."""
+        while not self.life.stopping and any(
+                c is not ctx and c.job.rescues == 0 and not (c.finished or c.settled)
+                for c in self.in_hand.values()):
+            await anyio.sleep(0.002)
 
     async def _settle_before_rescue(self) -> None:
         """Before a rescued job runs alone, what already finished is settled: if the
