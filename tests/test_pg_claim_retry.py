@@ -74,3 +74,66 @@ def test_a_claim_whose_first_try_never_committed_claims_afresh(
     assert sorted(lease.job_id for lease in leases) == ["j0", "j1"]
     assert sorted(j.id for j in spool.jobs(JobState.LEASED)) == ["j0", "j1"]
     spool.close()
+
+
+def _lose_the_first_enqueue_reply(spool: Any, monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    real = spool.db.run
+    lost: list[bool] = []
+
+    def run(fn: Any, *, what: str = "query") -> Any:
+        if what != "enqueue":
+            return real(fn, what=what)
+
+        def flaky(conn: psycopg.Connection[Any]) -> Any:
+            out = fn(conn)  # committed
+            if not lost:
+                lost.append(True)
+                raise psycopg.OperationalError("server closed the connection unexpectedly")
+            return out
+
+        return real(flaky, what=what)
+
+    monkeypatch.setattr(spool.db, "run", run)
+    return lost
+
+
+@pytest.mark.parametrize("on_conflict", ["error", "keep", "replace"])
+def test_an_enqueue_of_given_ids_sent_again_after_a_lost_reply_reports_them_created(
+        pg_url: str, monkeypatch: pytest.MonkeyPatch, on_conflict: str) -> None:
+    # Found in the robustness pass: sent again, the insert met the rows its own first try
+    # had committed and called them a conflict: `DuplicateJob` for a job that was not one.
+    spool = make_spool(pg_url)
+    lost = _lose_the_first_enqueue_reply(spool, monkeypatch)
+    results = spool.enqueue_many_results("k", [{"n": 1}, (2, 3)], job_ids=["a", "b"],
+                                         on_conflict=on_conflict)
+    assert lost == [True]
+    assert [(r.job.id, r.outcome) for r in results] == [("a", "created"), ("b", "created")]
+    assert [(j.id, j.revision, j.payload) for j in spool.jobs()] == [
+        ("a", 1, {"n": 1}), ("b", 1, [2, 3])]
+    spool.close()
+
+
+def test_a_prepare_sent_again_after_a_lost_reply_holds_one_reservation(
+        pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    spool = make_spool(pg_url)
+    lost = _lose_the_first_enqueue_reply(spool, monkeypatch)
+    reservation = spool.prepare("k", {"n": 1}, job_id="p")
+    assert lost == [True]
+    job = spool.get("p")
+    assert job.state is JobState.PREPARED and job.reservations == (reservation.reservation_id,)
+    spool.commit(reservation)
+    assert spool.get("p").state is JobState.READY
+    spool.close()
+
+
+def test_an_enqueue_meeting_another_producers_job_of_the_same_id_still_conflicts(
+        pg_url: str) -> None:
+    # The other side of the rule above: a row another call wrote (another creation time)
+    # is a conflict as before, even with the same kind and payload.
+    from jobspool import DuplicateJob
+
+    spool = make_spool(pg_url)
+    spool.enqueue("k", {"n": 1}, job_id="a")
+    with pytest.raises(DuplicateJob):
+        spool.enqueue("k", {"n": 1}, job_id="a", on_conflict="error")
+    spool.close()

@@ -56,6 +56,14 @@ def write(conn: psycopg.Connection[Any], old: Job | None, new: Job) -> None:
         conn.execute(UPDATE_SQL, [*write_values(new), new.id, old.revision])
 
 
+def _written_by_this_call(old: Job, job: Job, reservation: str | None) -> bool:
+    """Whether `old` is the row an earlier try of this very call wrote: the same creation
+    time (the call's clock reading, to the bit), kind and payload, and reservation."""
+    return (old.created_at == job.created_at and old.kind == job.kind
+            and dump(old.payload) == dump(job.payload)
+            and (reservation is None or reservation in old.reservations))
+
+
 def insert_given(spool: PgSpool, fresh: list[Job], *, on_conflict: str,
                  unique_states: frozenset[JobState] | None,
                  reservation: str | None = None) -> list[EnqueueResult]:
@@ -80,6 +88,11 @@ def insert_given(spool: PgSpool, fresh: list[Job], *, on_conflict: str,
                 if old is None:
                     result = EnqueueResult(job, "created")
                     write(conn, None, job)
+                elif _written_by_this_call(old, job, reservation):
+                    # Sent again after a lost connection: the first try committed and its
+                    # reply was lost. Deciding again would call our own row a conflict
+                    # (`DuplicateJob` under on_conflict="error").
+                    result = EnqueueResult(old, "created")
                 else:
                     outcome, new = machine.decide_enqueue(
                         old, job, now=now, on_conflict=on_conflict,
