@@ -239,3 +239,10 @@ __all__ = [
     "WorkerCrashed",
     "WriteFailed",
 ]
+
+
+def one_line(exc: BaseException) -> str:
+    """An error's first line (psycopg's messages carry DETAIL/HINT lines), for messages that
+    must stay one line: the CLI's, a log's, the dashboard's error page."""
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

@@ -558,3 +558,26 @@ def test_the_job_page_shows_a_delayed_job_as_scheduled_not_as_a_failed_retry(
     pill = shown.split('data-job="state">', 1)[1].split("<", 1)[0]
     assert pill == "scheduled"
     assert "kept in retryable/" in shown
+
+
+def test_a_spool_deleted_under_the_dashboard_gives_one_line_503s_then_recovers(
+        tmp_path: Path) -> None:
+    # Found in the robustness pass: every page but the cached overview answered a bare
+    # "500 Internal Server Error", and after the first a lock with closed descriptors
+    # failed every later request, even once the spool was made again at its path.
+    import shutil
+
+    root = tmp_path / "spool"
+    with make_spool(root) as spool, _client(spool) as client:
+        spool.enqueue("k", {}, job_id="a")
+        shutil.rmtree(root)
+        for path in ("/jobs/ready", "/job/a", "/api/job/a", "/api/jobs/ready"):
+            r = client.get(path)
+            assert r.status_code == 503, (path, r.status_code)
+            text = r.json()["error"] if path.startswith("/api/") else r.text
+            assert f"{root}: the spool directory is missing" in text, (path, text)
+        make_spool(root).close()  # an operator makes it again (`jobspool init`)
+        assert client.get("/jobs/ready").status_code == 200
+        assert client.get("/api/job/a").status_code == 404
+        spool.enqueue("k", {}, job_id="b")
+        assert client.get("/api/job/b").json()["state"] == "ready"

@@ -70,10 +70,32 @@ def test_a_bad_hand_edited_setting_names_spool_json(
         make_spool(root)
     assert str(root / "spool.json") in str(info.value) and named in str(info.value)
     for command in ("stats", "health", "fsck"):
-        code, out, err = run_cli(command, root=root)
+        code, _out, err = run_cli(command, root=root)
         assert code == 2 and len(err.strip().splitlines()) == 1, (command, err)
         assert "spool.json" in err
     if isinstance(edit, dict):
         # An option given by the caller wins over the broken stored one.
         field = next(iter(edit))
         make_spool(root, **{field: 30 if field == "lease_seconds" else 3}).close()
+
+
+def test_a_spool_deleted_while_open_is_named_in_one_line_and_found_again_once_remade(
+        tmp_path: Path) -> None:
+    # Found in the robustness pass: readers raised a raw FileNotFoundError for `ready/`,
+    # and a lock whose reopen failed was left with closed descriptors, so every later
+    # call said "file descriptor cannot be a negative integer", even once remade.
+    import shutil
+
+    root = tmp_path / "spool"
+    spool = make_spool(root)
+    spool.enqueue("k", job_id="a")
+    shutil.rmtree(root)
+    for call in (lambda: list(spool.jobs()), spool.claim, spool.stats,
+                 lambda: spool.get("a")):
+        with pytest.raises(SpoolError, match=f"^{root}: the spool directory is missing"):
+            call()
+    make_spool(root).close()  # made again at its path
+    assert list(spool.jobs()) == []
+    spool.enqueue("k", job_id="b")
+    assert [lease.job_id for lease in spool.claim()] == ["b"]
+    spool.close()

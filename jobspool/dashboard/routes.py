@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
@@ -20,12 +21,14 @@ from jobspool.dashboard.web import (
     redirect,
     safe_next,
 )
-from jobspool.errors import InvalidJob
+from jobspool.errors import InvalidJob, JobspoolError, one_line
 from jobspool.queue.job import validate_job_id, validate_kind
 from jobspool.queue.states import ALL_STATES, JobState
 
 if TYPE_CHECKING:
     from jobspool.dashboard.web import Dashboard
+
+log = logging.getLogger("jobspool.dashboard")
 
 Handler = Callable[[Request], Awaitable[Response]]
 _MAX_TEXT = 200
@@ -228,11 +231,20 @@ def routes(dash: Dashboard) -> list[Route]:
             try:
                 return await handler(request)
             except NotFound as exc:
-                if request.url.path.startswith("/api/"):
-                    return json_response({"error": str(exc)}, 404)
-                return dash.render(request, "error.html", 404, message=str(exc), nav=None)
+                return problem(request, 404, str(exc))
+            except (JobspoolError, OSError) as exc:
+                # The spool went away or refused (deleted, unmounted, the database down):
+                # one line on a page, as the CLI would say it, not a bare 500.
+                log.warning("dashboard: %s %s: %s", request.method, request.url.path,
+                            one_line(exc))
+                return problem(request, 503, f"the spool cannot be read: {one_line(exc)}")
 
         return wrapped
+
+    def problem(request: Request, status: int, message: str) -> Response:
+        if request.url.path.startswith("/api/"):
+            return json_response({"error": message}, status)
+        return dash.render(request, "error.html", status, message=message, nav=None)
 
     return [
         Route("/", errors(overview), methods=["GET"]),

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from jobspool.errors import SpoolError
+from jobspool.errors import SpoolError, one_line
 from jobspool.urls import redact_url
 
 try:
@@ -39,12 +39,6 @@ T = TypeVar("T")
 PREPARE_THRESHOLD = 2
 CONNECT_TIMEOUT = 5
 POOL_WAIT = 10.0  # seconds a thread waits for a free connection before the retry loop
-
-
-def one_line(exc: BaseException) -> str:
-    """A database error as one line (psycopg's messages carry DETAIL/HINT lines)."""
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 def display_url(url: str) -> str:

@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jobspool.errors import InvalidJob, SpoolError
-from jobspool.pg.db import one_line
+from jobspool.errors import InvalidJob, SpoolError, one_line
 from jobspool.pg.schema import SCHEMA_VERSION, check, load_settings, migrate
 from jobspool.queue.job import MAX_JOB_BYTES, validate_int, validate_seconds
 from jobspool.queue.layout import SpoolSettings

@@ -123,6 +123,9 @@ class SpoolLock:
                     set_fd_mode(fd, self._mode)
             dir_fd = os.open(self._root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as exc:
+            if not self._root.is_dir():
+                raise SpoolError(f"{self._root}: the spool directory is missing; was the spool "
+                                 "deleted or moved while open?", path=str(self._root)) from None
             raise SpoolError(f"cannot open the spool lock {self._path}: "
                              f"{exc.strerror or exc}", path=str(self._path)) from None
         self._fd, self._dir_fd = fd, dir_fd
@@ -162,6 +165,15 @@ class SpoolLock:
         self._open()
         old.close()
 
+    def _reopen(self) -> None:
+        """Switch to the `.lock` at the path. When that fails (the spool directory is gone)
+        the descriptors stay closed and the old map in place: the next `acquire` tries
+        again, so a spool re-created at its path is found without reopening the Spool."""
+        old = self._map
+        self._close_fds()
+        self._open()
+        old.close()
+
     def _still_at_path(self) -> bool:
         try:
             st = os.stat(self._path)
@@ -183,10 +195,7 @@ class SpoolLock:
             # directory lock, no other process is mid-change; theirs will notice too.
             fcntl.flock(self._dir_fd, fcntl.LOCK_UN)
             fcntl.flock(self._fd, fcntl.LOCK_UN)
-            old = self._map
-            self._close_fds()
-            self._open()
-            old.close()
+            self._reopen()
             self._after_reopen = True
         raise SpoolError(f"{self._path} keeps changing under us; is something deleting it?",
                          path=str(self._path))
@@ -205,6 +214,9 @@ class SpoolLock:
         if self._depth == 0:
             self._after_reopen = False
             try:
+                if self._fd < 0:  # an earlier reopen failed: the spool was gone
+                    self._reopen()
+                    self._after_reopen = True
                 self._lock_files()
             except BaseException:
                 self._thread_lock.release()

@@ -47,7 +47,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from jobspool.errors import WriteFailed
+from jobspool.errors import SpoolError, WriteFailed
 from jobspool.queue import liveness
 from jobspool.queue.liveness import LIVE_DIR as LIVE_DIR
 from jobspool.queue.perms import set_fd_mode
@@ -156,13 +156,27 @@ class Store:
     def names(self, directory: str) -> list[str]:
         """Job ids with a file in `directory` (one directory listing)."""
         n = len(JOB_SUFFIX)
-        return [f[:-n] for f in os.listdir(self.root / directory) if f.endswith(JOB_SUFFIX)]
+        try:
+            return [f[:-n] for f in os.listdir(self.root / directory) if f.endswith(JOB_SUFFIX)]
+        except (FileNotFoundError, NotADirectoryError):
+            raise self._gone(directory) from None
 
     def scan(self, directory: str) -> list[tuple[str, int]]:
         """(job id, inode) for each job file in `directory` (inodes come free with the listing)."""
         n = len(JOB_SUFFIX)
-        with os.scandir(self.root / directory) as it:
-            return [(e.name[:-n], e.inode()) for e in it if e.name.endswith(JOB_SUFFIX)]
+        try:
+            with os.scandir(self.root / directory) as it:
+                return [(e.name[:-n], e.inode()) for e in it if e.name.endswith(JOB_SUFFIX)]
+        except (FileNotFoundError, NotADirectoryError):
+            raise self._gone(directory) from None
+
+    def _gone(self, directory: str) -> SpoolError:
+        """A state directory vanished under an open spool (`rm -rf`, a move, an unmount):
+        one line naming it, not a raw FileNotFoundError from deep in a listing."""
+        where, what = ((self.root, "the spool directory") if not self.root.is_dir() else
+                       (self.root / directory, "a state directory"))
+        return SpoolError(f"{where}: {what} is missing; was the spool deleted or moved while "
+                          "open? (`jobspool init` makes a new one)", path=str(where))
 
     # ------------------------------------------------------------ writing
 
