@@ -184,3 +184,33 @@ def test_two_signals_to_the_supervisor_reach_every_child_and_release_their_jobs_
     assert report["released"] == 1 and report["started"] == 1
     (back,) = _jobs(root, [job])
     assert (back.state, back.attempts) == (JobState.READY, 1)
+
+
+def test_the_summary_counts_what_a_killed_child_did(tmp_path: Path) -> None:
+    # Found in the robustness pass: the summary summed the children's final reports, so a
+    # child SIGKILLed (or crashed) after hours of work added nothing: `completed` 0 for a
+    # pool that had completed every job.
+    root = tmp_path / "spool"
+    pidfile = tmp_path / "pids"
+    started = tmp_path / "started"
+    with make_spool(root) as spool:
+        quick = [j.id for j in spool.enqueue_many("quick", [{} for _ in range(12)])]
+    proc = _pool(root, "--processes", "1", "--concurrency", "1", "--grace", "1")
+    try:
+        wait_until(lambda: all(j.state is JobState.COMPLETED for j in _jobs(root, quick)),
+                   GUARD, proc=proc)
+        # Claimed only after the quick ones were settled (and their counts sent): the child
+        # is killed while it runs this one.
+        with make_spool(root) as spool:
+            spool.enqueue("die", {"sleep": 600, "pidfile": str(pidfile),
+                                  "startfile": str(started)})
+        wait_until(started.exists, GUARD, proc=proc)
+        (victim,) = _pids(pidfile)
+        os.kill(victim, signal.SIGKILL)
+        wait_until(lambda: len(_pids(pidfile)) >= 2, GUARD, proc=proc)  # its replacement
+    finally:
+        if proc.poll() is None:
+            report, _log = _stop(proc)
+    assert report["completed"] == 12, report
+    assert report["claimed"] >= 13, report  # the 12, the doomed job (and its second run)
+    assert report["rescued"] == 1 and report["restarts"] == 1, report

@@ -197,7 +197,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         worker.grace_seconds = args.grace
         from jobspool.queue.poolchild import attach_child, report_to_supervisor
 
-        attach_child(worker)  # reports to a `--processes N` supervisor, when it is one's child
+        # Reports to a `--processes N` supervisor, when it is one's child.
+        to_supervisor = attach_child(worker)
         server = None
         if args.metrics_port is not None:
             from jobspool.metrics import serve_metrics
@@ -210,7 +211,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
                                  f"({exc.strerror})") from None
         try:
             with handlers_print_to_stderr(args):
-                report = worker.run_forever()
+                report = worker.run_forever(progress=to_supervisor)
         except WorkerCrashed as exc:
             raise Refused(str(exc)) from None
         finally:

@@ -83,6 +83,7 @@ class _Child:
     hung_at: float | None = None
     killed_for: str | None = None  # job id whose hung handler made us kill this child
     served: bool = False  # it started a job: it booted, so its death is no boot failure
+    report: bytes = b""  # its counts as it last sent them (after each settle, and at exit)
 
 
 @dataclass(frozen=True)
@@ -277,8 +278,8 @@ class WorkerPool:
             child.buf += chunk
             *lines, child.buf = child.buf.split(b"\n")
             for line in lines:
-                if line.startswith(b"R "):  # its final report, one JSON line, as it exits
-                    self._add_report(line[2:])
+                if line.startswith((b"R ", b"P ")):  # its counts so far, one JSON line
+                    child.report = line[2:]  # summed when it exits, however it exits
                 else:
                     self._message(child, line.decode(errors="replace").split())
 
@@ -308,6 +309,9 @@ class WorkerPool:
             os.close(child.fd)
         code = child.proc.wait()
         self.children.pop(child.slot, None)
+        # A child killed (or crashed) never sent its final report: its last counts stand in,
+        # else a summary left out everything a replaced child had done.
+        self._add_report(child.report)
         self._settles.put((child, code, time.monotonic()))
         planned = child.hung_at is not None or child.killed_for is not None
         if self._signals:
@@ -340,7 +344,7 @@ class WorkerPool:
         self._restart_at[child.slot] = time.monotonic() + delay
 
     def _add_report(self, out: bytes) -> None:
-        """Add a child's final report (`poolchild.report_to_supervisor`) to the totals."""
+        """Add a child's last counts (its final report, or the last it sent) to the totals."""
         try:
             doc = orjson.loads(out)
         except orjson.JSONDecodeError:

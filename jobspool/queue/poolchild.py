@@ -4,7 +4,9 @@ Over the pipe the supervisor hands it (`JOBSPOOL_POOL_FD`), one short line
 per event: `S <job_id> <token> <timeout>` when a handler starts, `E <job_id>
 <token>` when it ends, `H <job_id> <token>` when a sync handler ran past its
 time limit (the child then stops, so that the supervisor replaces it), and
-`R <json>`, its run's report, as it exits. The supervisor is
+`P <json>`, its counts so far, after every settle (a child killed before it
+could say goodbye is still counted), and `R <json>`, its run's report, as it
+exits. The supervisor is
 `jobspool.queue.pool.WorkerPool`.
 """
 
@@ -20,7 +22,10 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from jobspool.queue.context import Context
+    from jobspool.queue.report import RunReport
     from jobspool.queue.worker import Worker
 
 log = logging.getLogger("jobspool.queue.pool")
@@ -41,11 +46,13 @@ def report_to_supervisor(report: dict[str, Any]) -> bool:
     return True
 
 
-def attach_child(worker: Worker) -> bool:
-    """In a pool child (its environment says so), report to the supervisor; False otherwise."""
+def attach_child(worker: Worker) -> Callable[[RunReport], None] | None:
+    """In a pool child (its environment says so), report to the supervisor, and return the
+    `progress` callback for its run, which sends the counts after every settle (`P <json>`);
+    None when this process is not a pool child."""
     fd_text = os.environ.get(POOL_FD_ENV)
     if not fd_text:
-        return False
+        return None
     fd = int(fd_text)
     worker.owner = os.environ.get(POOL_OWNER_ENV) or worker.owner
     parent = int(os.environ.get(POOL_PARENT_ENV) or 0)
@@ -83,4 +90,10 @@ def attach_child(worker: Worker) -> bool:
             time.sleep(1.0)
 
     threading.Thread(target=watch_parent, name="jobspool-pool-parent", daemon=True).start()
-    return True
+
+    def progress(report: RunReport) -> None:
+        # A killed child never sends its final report: these stand in (one short write
+        # per settled group).
+        send("P " + orjson.dumps(report.to_dict()).decode())
+
+    return progress
