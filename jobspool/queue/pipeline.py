@@ -46,6 +46,7 @@ import anyio.to_thread
 from jobspool.errors import TimeLimitExceeded, WorkerCrashed
 from jobspool.queue.async_runners import AsyncRunners
 from jobspool.queue.context import Context, Raised
+from jobspool.queue.idle import NO_HINT, IdleWaits
 from jobspool.queue.invoke import invoke
 from jobspool.queue.report import Counters, RunReport
 from jobspool.queue.runners import Runners, run_ended, run_started, soon_from_thread
@@ -57,20 +58,16 @@ if TYPE_CHECKING:
     from jobspool.queue.api import SpoolAPI
     from jobspool.queue.config import WorkerConfig
     from jobspool.queue.host import Lifecycle
-    from jobspool.queue.job import Lease
     from jobspool.queue.sink import ProjectionSink
     from jobspool.queue.supervisor import Supervisor
 
 log = logging.getLogger("jobspool.queue.worker")
 
-# No next-due time read beside the last claim (`_claim_or_due`).
-_NO_HINT: Any = object()
-
 # How long the first finished job of a group waits for its batch mates before settling.
 SETTLE_SECONDS = 0.05
 
 
-class Pipeline:
+class Pipeline(IdleWaits):
     """The loop of one `run_until_idle` / `run_forever` call."""
 
     def __init__(self, spool: SpoolAPI, config: WorkerConfig, counters: Counters,
@@ -99,7 +96,7 @@ class Pipeline:
         self.scopes: set[anyio.CancelScope] = set()
         self.crashed: WorkerCrashed | None = None
         self.next_claim_at = 0.0
-        self._due_hint: Any = _NO_HINT  # next_due_at, read beside the last empty claim
+        self._due_hint: Any = NO_HINT  # next_due_at, read beside the last empty claim
         self.idle = 0.01
         self.arrived = anyio.Event()
         self.stop_poked = anyio.Event()  # set by `_poke`: a stop or hurry was asked
@@ -312,83 +309,6 @@ class Pipeline:
         if self.wake.is_set():
             self.wake = anyio.Event()
 
-    def _poke(self) -> None:
-        """On the loop: a stop or hurry was asked (end an idle sleep, start the grace)."""
-        self.arrived.set()
-        self.stop_poked.set()
-        if self.runners is not None:
-            self.runners.nudge()  # parked runners return their slots and threads
-
-    async def _sleep(self, seconds: float) -> None:
-        """Sleep, but return early on a stop or when a job arrives (`_watch_arrivals`)."""
-        deadline = time.monotonic() + seconds
-        # Always yield once: a zero sleep in a loop that finds nothing to do must still let
-        # the tasks beside it (a settle, the runners' results) run.
-        await anyio.lowlevel.checkpoint()
-        while not self.life.stopping:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            # A stop pokes `arrived` (`on_stop`); the cap only bounds a stop that could not
-            # poke (no thread-safe way into this loop). 20 wakeups a second at 0.05 s were
-            # most of an idle worker's CPU.
-            with anyio.move_on_after(min(left, 0.05 if self._pokeless else 1.0)):
-                await self.arrived.wait()
-            if self.arrived.is_set():
-                self.arrived = anyio.Event()
-                return
-
-    async def _watch_arrivals(self) -> None:
-        """Claim as soon as a job file lands in ready/ or retryable/ (wakeup.py): no polling
-        delay between an enqueue by any process and an idle worker's claim."""
-        watcher = self.spool.arrival_watcher()
-        if not watcher.active:
-            return
-        try:
-            while not self.life.stopping:
-                # Long waits: the task is cancelled (the thread abandoned) when the run
-                # ends, so the timeout only bounds how often an idle worker wakes.
-                hit = await anyio.to_thread.run_sync(watcher.wait, 1.0,
-                                                     abandon_on_cancel=True)
-                if hit:
-                    self.next_claim_at = 0.0
-                    self.idle = 0.01
-                    self.arrived.set()
-        finally:
-            watcher.close()
-
-    def _claim_or_due(self, claim: Callable[[], list[Lease]]) -> tuple[list[Lease], Any]:
-        """In a thread: the claim and, when it comes back empty in `run_forever`, when the
-        next job comes due (`_claim_when_due`): one thread hop, not two, per idle poll."""
-        leases = claim()
-        if leases or self.until_idle:
-            return leases, _NO_HINT
-        return leases, self.spool.next_due_at(self.config.kinds)
-
-    async def _claim_when_due(self) -> None:
-        """Idle: claim again when the next delayed job or expiring lease comes due, if that
-        is sooner than the next safety poll."""
-        hint, self._due_hint = self._due_hint, _NO_HINT
-        due: float | None = (hint if hint is not _NO_HINT else await anyio.to_thread.run_sync(
-            self.spool.next_due_at, self.config.kinds))
-        if due is not None:
-            at = time.monotonic() + max(0.0, due - self.spool.now()) + 0.001
-            self.next_claim_at = min(self.next_claim_at, at)
-
-    async def _wait_for_due(self) -> bool:
-        """Sleep until the next retry becomes due if that is within the bound."""
-        if self.wait_for_retries <= 0:
-            return False
-        nxt = await anyio.to_thread.run_sync(self.spool.next_due_at, self.config.kinds)
-        if nxt is None:
-            return False
-        wait = nxt - self.spool.now()
-        if wait > self.wait_for_retries:
-            return False
-        await self._sleep(max(0.0, wait) + 0.01)
-        self.next_claim_at = 0.0
-        return not self.life.stopping
-
     async def _supervise(self, exc: BaseException) -> bool:
         """Our own machinery failed: the supervisor logs and backs off; False when it gives
         up (then this run stops, gives back its leases and raises its verdict)."""
@@ -485,28 +405,6 @@ class Pipeline:
     def _count_timeout(self, ctx: Context) -> None:
         if isinstance(ctx.outcome, Raised) and isinstance(ctx.outcome.exc, TimeLimitExceeded):
             self.counters.timed_out += 1
-
-    async def _cut_off_after_grace(self) -> None:
-        await self._until(lambda: self.life.stopping)
-        deadline = time.monotonic() + self.config.grace_seconds
-        await self._until(lambda: self.life.hurrying, deadline)
-        for scope in list(self.scopes):
-            scope.cancel()
-
-    async def _until(self, done: Callable[[], bool], deadline: float | None = None) -> None:
-        """Until `done()` (a stop or hurry, which poke `stop_poked`) or the deadline. Polled
-        only where nothing can poke this loop: at 0.05 s it woke an idle worker 20 times a
-        second."""
-        step = 0.05 if self._pokeless else 1.0
-        while not done():
-            left = step if deadline is None else min(step, deadline - time.monotonic())
-            if left <= 0:
-                return
-            if self.stop_poked.is_set():
-                self.stop_poked = anyio.Event()
-                continue
-            with anyio.move_on_after(left):
-                await self.stop_poked.wait()
 
     # ------------------------------------------------------------ giving back
 

@@ -1,0 +1,144 @@
+"""How a worker run waits while it has nothing to do (a mixin of `Pipeline`).
+
+An idle run sleeps until a job arrives (`_watch_arrivals`: the kernel says
+when a file lands, wakeup.py), the next delayed job or expiring lease comes
+due (`_claim_when_due`), a stop is asked (`_poke`), or its safety poll runs
+out; it never wakes on a fixed short timer where something can wake it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.lowlevel
+import anyio.to_thread
+
+if TYPE_CHECKING:
+    from jobspool.queue.api import SpoolAPI
+    from jobspool.queue.config import WorkerConfig
+    from jobspool.queue.host import Lifecycle
+    from jobspool.queue.job import Lease
+    from jobspool.queue.runners import Runners
+
+# No next-due time read beside the last claim (`_claim_or_due`).
+NO_HINT: Any = object()
+
+
+class IdleWaits:
+    """The waiting half of `Pipeline`; the attributes are the pipeline's."""
+
+    spool: SpoolAPI
+    config: WorkerConfig
+    life: Lifecycle
+    runners: Runners | None
+    scopes: set[anyio.CancelScope]
+    arrived: anyio.Event
+    stop_poked: anyio.Event
+    next_claim_at: float
+    idle: float
+    until_idle: bool
+    wait_for_retries: float
+    _pokeless: bool
+    _due_hint: Any
+
+    def _poke(self) -> None:
+        """On the loop: a stop or hurry was asked (end an idle sleep, start the grace)."""
+        self.arrived.set()
+        self.stop_poked.set()
+        if self.runners is not None:
+            self.runners.nudge()  # parked runners return their slots and threads
+
+    async def _sleep(self, seconds: float) -> None:
+        """Sleep, but return early on a stop or when a job arrives (`_watch_arrivals`)."""
+        deadline = time.monotonic() + seconds
+        # Always yield once: a zero sleep in a loop that finds nothing to do must still let
+        # the tasks beside it (a settle, the runners' results) run.
+        await anyio.lowlevel.checkpoint()
+        while not self.life.stopping:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            # A stop pokes `arrived` (`on_stop`); the cap only bounds a stop that could not
+            # poke (no thread-safe way into this loop). 20 wakeups a second at 0.05 s were
+            # most of an idle worker's CPU.
+            with anyio.move_on_after(min(left, 0.05 if self._pokeless else 1.0)):
+                await self.arrived.wait()
+            if self.arrived.is_set():
+                self.arrived = anyio.Event()
+                return
+
+    async def _watch_arrivals(self) -> None:
+        """Claim as soon as a job file lands in ready/ or retryable/ (wakeup.py): no polling
+        delay between an enqueue by any process and an idle worker's claim."""
+        watcher = self.spool.arrival_watcher()
+        if not watcher.active:
+            return
+        try:
+            while not self.life.stopping:
+                # Long waits: the task is cancelled (the thread abandoned) when the run
+                # ends, so the timeout only bounds how often an idle worker wakes.
+                hit = await anyio.to_thread.run_sync(watcher.wait, 1.0,
+                                                     abandon_on_cancel=True)
+                if hit:
+                    self.next_claim_at = 0.0
+                    self.idle = 0.01
+                    self.arrived.set()
+        finally:
+            watcher.close()
+
+    def _claim_or_due(self, claim: Callable[[], list[Lease]]) -> tuple[list[Lease], Any]:
+        """In a thread: the claim and, when it comes back empty in `run_forever`, when the
+        next job comes due (`_claim_when_due`): one thread hop, not two, per idle poll."""
+        leases = claim()
+        if leases or self.until_idle:
+            return leases, NO_HINT
+        return leases, self.spool.next_due_at(self.config.kinds)
+
+    async def _claim_when_due(self) -> None:
+        """Idle: claim again when the next delayed job or expiring lease comes due, if that
+        is sooner than the next safety poll."""
+        hint, self._due_hint = self._due_hint, NO_HINT
+        due: float | None = (hint if hint is not NO_HINT else await anyio.to_thread.run_sync(
+            self.spool.next_due_at, self.config.kinds))
+        if due is not None:
+            at = time.monotonic() + max(0.0, due - self.spool.now()) + 0.001
+            self.next_claim_at = min(self.next_claim_at, at)
+
+    async def _wait_for_due(self) -> bool:
+        """Sleep until the next retry becomes due if that is within the bound."""
+        if self.wait_for_retries <= 0:
+            return False
+        nxt = await anyio.to_thread.run_sync(self.spool.next_due_at, self.config.kinds)
+        if nxt is None:
+            return False
+        wait = nxt - self.spool.now()
+        if wait > self.wait_for_retries:
+            return False
+        await self._sleep(max(0.0, wait) + 0.01)
+        self.next_claim_at = 0.0
+        return not self.life.stopping
+
+    async def _cut_off_after_grace(self) -> None:
+        await self._until(lambda: self.life.stopping)
+        deadline = time.monotonic() + self.config.grace_seconds
+        await self._until(lambda: self.life.hurrying, deadline)
+        for scope in list(self.scopes):
+            scope.cancel()
+
+    async def _until(self, done: Callable[[], bool], deadline: float | None = None) -> None:
+        """Until `done()` (a stop or hurry, which poke `stop_poked`) or the deadline. Polled
+        only where nothing can poke this loop: at 0.05 s it woke an idle worker 20 times a
+        second."""
+        step = 0.05 if self._pokeless else 1.0
+        while not done():
+            left = step if deadline is None else min(step, deadline - time.monotonic())
+            if left <= 0:
+                return
+            if self.stop_poked.is_set():
+                self.stop_poked = anyio.Event()
+                continue
+            with anyio.move_on_after(left):
+                await self.stop_poked.wait()
