@@ -158,6 +158,24 @@ def test_a_worker_never_stores_a_handler_nan_as_null(spool: Spool) -> None:
     assert done.result is None and "inf" in (done.last_error or "")
 
 
+def test_an_async_handler_that_forgets_an_await_is_told_so(spool: Spool) -> None:
+    from jobspool import Worker
+
+    async def inner() -> str:
+        return "inner"
+
+    async def forgetful(job: object, ctx: object) -> object:
+        coro = inner()
+        coro.close()  # what it returns is the mistake; the test need not leak it
+        return coro
+
+    job = spool.enqueue("k", 1)
+    Worker(spool, {"k": forgetful}, maintenance=False).run_until_idle()
+    done = spool.get(job.id)
+    assert done.state.value == "dead_letter"
+    assert "coroutine" in (done.last_error or "") and "await" in (done.last_error or "")
+
+
 @pytest.mark.parametrize(("run_at", "says"), [
     (math.nan, "finite"), (math.inf, "finite"), ("tomorrow", "epoch seconds"),
     (True, "epoch seconds"), (dt.datetime(2030, 1, 1), "naive"),

@@ -36,6 +36,7 @@ _HINTS = {
     "set": "use a sorted list",
     "frozenset": "use a sorted list",
     "Decimal": "use str() or float()",
+    "coroutine": "a missing `await`?",
 }
 
 
