@@ -139,3 +139,24 @@ def test_a_terminal_directory_over_its_limit_is_noted(tmp_path: Path) -> None:
         assert any("canceled/ holds 3" in n for n in report.notes)
     finally:
         s.close()
+
+
+@pytest.mark.parametrize(("field", "value", "says"), [
+    ("attempts", -5, "attempts is -5 (negative)"),
+    ("revision", 0, "revision is 0"),
+    ("max_attempts", 0, "max_attempts is 0"),
+    ("rescues", -1, "rescues is -1"),
+    ("lease", {"token": 7, "owner": "w", "expires_at": 1.0}, "a ready job carries a lease"),
+])
+def test_values_no_writer_writes_are_problems_naming_the_file(
+        spool: Spool, spool_root: Path, field: str, value: Any, says: str) -> None:
+    # Found in the robustness pass: a hand-edited `attempts: -5` (six runs past the limit),
+    # a revision 0 or a lease on a ready job were all "ok".
+    spool.enqueue("k", job_id="j")
+    raw = read_raw(spool_root, "ready", "j")
+    raw[field] = value
+    (spool_root / "ready" / "j.json").write_bytes(orjson.dumps(raw))
+    report = spool.fsck()
+    assert not report.ok
+    assert len(report.problems) == 1, report.problems
+    assert report.problems[0].startswith(f"ready/j.json: {says}"), report.problems

@@ -2,7 +2,8 @@
 
 Checked: each file of a state directory is a readable job (`<id>.json`, the
 id field matching the name, the state field matching the directory, every
-field well typed); one file per job id; the fence counter readable and at
+field well typed, and in range: no negative attempts, no lease outside
+`leased/`); one file per job id; the fence counter readable and at
 least every lease token on disk; no stale staging file in `tmp/`.
 
 Like recovery it scans without the lock and re-checks whatever looked wrong
@@ -20,11 +21,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from jobspool.queue.fence import FENCE_FILE, decode_fence
+from jobspool.queue.job import Job
 from jobspool.queue.layout import ADMIN_BATCH as BATCH
 from jobspool.queue.states import ALL_STATES, TERMINAL, JobState
 from jobspool.queue.store import JOB_SUFFIX, TMP_DIR, stray_tmp_files
 from jobspool.recovery.quarantine import confirm, quarantined_files
-from jobspool.recovery.scan import Scan, probe, scan_spool
+from jobspool.recovery.scan import Scan, implausible, probe, read_job, scan_spool
 
 if TYPE_CHECKING:
     from jobspool.queue.journal import Journal
@@ -71,6 +73,13 @@ def fsck(spool: Journal) -> FsckReport:
                 bad = confirm(spool, stray)
                 if bad is not None:
                     problems.append(f"{bad.path}: {bad.reason}")
+
+    for odd in scan.odd:  # re-read under the lock: a live writer may have moved it on
+        with spool.lock.hold():
+            got = read_job(spool, odd.directory, odd.name)
+        why = implausible(got) if isinstance(got, Job) else None
+        if why is not None:
+            problems.append(f"{odd.path}: {why}")
 
     top, _ = scan.max_token()
     with spool.lock.hold():
