@@ -146,7 +146,7 @@ def test_a_terminal_directory_over_its_limit_is_noted(tmp_path: Path) -> None:
     ("revision", 0, "revision is 0"),
     ("max_attempts", 0, "max_attempts is 0"),
     ("rescues", -1, "rescues is -1"),
-    ("lease", {"token": 7, "owner": "w", "expires_at": 1.0}, "a ready job carries a lease"),
+    ("lease", {"token": 0, "owner": "w", "expires_at": 1.0}, "a ready job carries a lease"),
 ])
 def test_values_no_writer_writes_are_problems_naming_the_file(
         spool: Spool, spool_root: Path, field: str, value: Any, says: str) -> None:
