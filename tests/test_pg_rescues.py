@@ -44,9 +44,11 @@ def test_the_crashing_job_is_dead_lettered_and_its_batch_mates_run_once(
     assert all(m.attempts <= 2 and m.rescues <= 1 for m in mates), mates
     runs = log.read_text().split()[0::2]
     assert runs.count("a-crash") == 3  # charged every time: max_attempts crashes
-    # Each mate ran once, except one that a crash cut off mid-run with concurrency 4.
-    assert sum(runs.count(m.id) for m in mates) <= 10 + (0 if concurrency == "1" else 3 * 3)
-    assert all(runs.count(m.id) >= 1 for m in mates)
+    # Each mate ran once, except, with concurrency 4, those that ran beside the first crash
+    # (runner threads take mates back to back, so any number of them under load) and were
+    # cut off before their settle: once more each, never again after that.
+    most = 1 if concurrency == "1" else 2
+    assert all(1 <= runs.count(m.id) <= most for m in mates), sorted(runs)
 
 
 def test_leases_claimed_without_the_workers_promise_are_always_charged(pg_url: str) -> None:
