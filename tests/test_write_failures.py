@@ -107,3 +107,23 @@ def test_on_a_disk_with_no_room_for_new_files_a_worker_still_settles_what_it_hol
     done = durable.complete_many([(lease, {"ok": i}) for i, lease in enumerate(leases)])
     assert [getattr(j, "state", j) for j in done] == [JobState.COMPLETED] * 10
     assert tmp_leftovers(durable.root) == []
+
+
+@pytest.mark.parametrize("how", ["enqueue", "enqueue_many"])
+def test_an_enqueue_whose_shared_flush_fails_names_the_jobs_it_published(
+        durable: Spool, monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    # Found in the robustness pass: the jobs were renamed into ready/ (a worker could even
+    # complete them) and the error said nothing landed, so a caller retried and a
+    # generated id retried is a second job.
+    group = durable.journal._group  # noqa: SLF001 - the flush producers share (groupflush.py)
+    monkeypatch.setattr(group, "_flush_dir", _failing_once(group._flush_dir, errno.EIO))  # noqa: SLF001
+    with pytest.raises(WriteFailed) as info:
+        if how == "enqueue":
+            durable.enqueue("note", {"n": 1})
+        else:
+            durable.enqueue_many("note", [{"n": 1}, {"n": 2}])
+    on_disk = {j.id for j in durable.jobs(JobState.READY)}
+    assert len(on_disk) == (1 if how == "enqueue" else 2)
+    assert info.value.landed == on_disk
+    assert all(job_id in str(info.value) for job_id in on_disk)
+    assert "\n" not in str(info.value)

@@ -284,6 +284,9 @@ class Journal:
         if deferred and changes:
             self._tls.pending = max(getattr(self._tls, "pending", 0),
                                     self._group.publish(SLOT[s] for s in touched))
+            # Visible already: if the shared flush fails, these are what landed.
+            self._tls.published = getattr(self._tls, "published", frozenset()) | {
+                new.id for _old, new in pairs if new is not None}
         terminal = 0
         for old, new in pairs:
             if old is not None:
@@ -305,11 +308,15 @@ class Journal:
         number = getattr(self._tls, "pending", 0)
         if not number:
             return
-        self._tls.pending = 0
+        published: frozenset[str] = getattr(self._tls, "published", frozenset())
+        self._tls.pending, self._tls.published = 0, frozenset()
         try:
             self._group.wait(number, _GROUP_SLOTS)
         except OSError as exc:
-            raise write_failed(exc, self.root) from None
+            # Renamed into place before the flush: readers (and workers) see these jobs
+            # already, and a power loss is all that could take them back. Saying nothing
+            # landed made callers retry, and a generated id retried is a second job.
+            raise write_failed(exc, self.root, published) from None
 
     def _landed(self, pairs: Sequence[tuple[Job | None, Job | None]]) -> frozenset[str]:
         """Ids whose new version is on disk, re-read after a failed write."""

@@ -416,8 +416,13 @@ def write_failed(exc: OSError, root: Path, landed: frozenset[str] = frozenset())
     """A one-line `WriteFailed` for an OSError met while writing the spool at `root`."""
     where = exc.filename or root
     hint = _HINTS.get(exc.errno or 0, "run `jobspool recover` once the cause is fixed")
-    return WriteFailed(f"cannot write to spool {root}: {exc.strerror or exc} ({where}); {hint}",
-                       path=str(where), errno=exc.errno, landed=landed)
+    message = f"cannot write to spool {root}: {exc.strerror or exc} ({where}); {hint}"
+    if landed:
+        # Said in the message too: a CLI user must not enqueue these again.
+        shown = sorted(landed)
+        message += (f"; published though not confirmed durable: {', '.join(shown[:3])}"
+                    + (f" and {len(shown) - 3} more" if len(shown) > 3 else ""))
+    return WriteFailed(message, path=str(where), errno=exc.errno, landed=landed)
 
 
 def fsync_dir(path: Path | str) -> None:
