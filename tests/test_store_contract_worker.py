@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -108,6 +109,32 @@ def test_a_result_too_large_dead_letters_that_job_alone(any_spool: Spool) -> Non
     assert [any_spool.get(i).result for i in ("a", "b")] == ["small", "small"]
     big = any_spool.get("big")
     assert big.state is JobState.DEAD_LETTER and big.result is None
+
+
+@pytest.mark.parametrize("bad", ["too large", "not JSON"])
+def test_a_result_the_spool_refuses_publishes_none_of_that_jobs_rows(
+        any_spool: Spool, tmp_path: Path, bad: str) -> None:
+    # Found in the robustness pass: the result was checked at the complete, after the
+    # merge, so the job was dead-lettered with its rows published in the table.
+    from jobspool import LanceProjection
+
+    def handler(job: Job, ctx: Context) -> object:
+        ctx.upsert("t", {"id": job.id, "v": 1}, version=1)
+        if job.id != "bad":
+            return "small"
+        return "x" * 70_000 if bad == "too large" else {1, 2}
+
+    for job_id in ("a", "bad", "b"):
+        any_spool.enqueue("sized", job_id=job_id)
+    index = tmp_path / "index"
+    report = Worker(any_spool, {"sized": handler}, batch_size=10,
+                    projection=str(index)).run_until_idle()
+    assert (report.completed, report.dead_lettered) == (2, 1)
+    dead = any_spool.get("bad")
+    assert dead.state is JobState.DEAD_LETTER and "result refused" in (dead.last_error or "")
+    table = LanceProjection(str(index), "t")
+    assert table.get("bad") is None
+    assert [table.get(i)["v"] for i in ("a", "b")] == [1, 1]  # type: ignore[index]
 
 
 def test_a_job_near_the_size_limit_can_fail_with_a_long_traceback_and_still_complete(

@@ -35,7 +35,7 @@ from jobspool.queue.context import (
     Raised,
     Retried,
 )
-from jobspool.queue.job import clip_error
+from jobspool.queue.job import clip_error, encode_completed, evolve
 from jobspool.queue.machine import Failure
 from jobspool.queue.report import Counters
 from jobspool.queue.states import JobState
@@ -63,6 +63,8 @@ class Settler:
         """Project the group's writes (fenced), then settle every run in it."""
         done = [c for c in group if isinstance(c.outcome, Completed) and not c.lost]
         if any(c.writes for c in done):
+            done = self._refuse_unstorable(done)
+        if any(c.writes for c in done):
             # Drop the runs whose lease is gone before their writes reach a table: a
             # canceled job has no newer write to fence it out, so the merge's (version,
             # fence) rule alone would not stop it. Leases near expiry are extended here,
@@ -79,6 +81,25 @@ class Settler:
         if any(c.writes for c in done):
             await self._project(done)
         await anyio.to_thread.run_sync(self._settle_sync, group)
+
+    def _refuse_unstorable(self, done: list[Context]) -> list[Context]:
+        """Fail for good, before their rows reach a table, the runs whose result the spool
+        would refuse (not JSON, too large): found at the complete, after the merge, they
+        were dead-lettered with their rows published. What is left goes on."""
+        limit = self.spool.settings.max_job_bytes
+        kept = []
+        for c in done:
+            assert isinstance(c.outcome, Completed)
+            if c.writes:
+                completed = evolve(c.lease.job, state=JobState.COMPLETED, lease=None,
+                                   result=c.outcome.result)
+                try:
+                    encode_completed(completed, max_bytes=limit)
+                except JobspoolError as exc:
+                    c.outcome = Failed(f"handler result refused: {exc}")
+                    continue
+            kept.append(c)
+        return kept
 
     async def _project(self, done: list[Context]) -> None:
         writes = [w for c in done for w in c.writes]
