@@ -199,6 +199,61 @@ def test_work_inside_fenced_blocks_neither_deadlocks_nor_fails(
         assert sorted(j.id for j in any_spool.jobs(kind="child")) == sorted(f"c-{i}" for i in ids)
 
 
+def test_a_fenced_block_that_outlives_its_lease_keeps_the_job(any_spool: Spool) -> None:
+    # Found in the robustness pass: nothing could take the job while the block held it,
+    # yet its exit raised LeaseLost (the lease had expired meanwhile), so a side effect
+    # already done was reported lost and the job ran again, side effect and all.
+    import time
+
+    from jobspool.queue.context import Context as RunContext
+
+    any_spool.enqueue("k", job_id="j")
+    (lease,) = any_spool.claim(lease_seconds=0.2)
+    ctx = RunContext(any_spool, lease)
+    with ctx.fenced():
+        time.sleep(0.4)  # past the lease: the block's own doing, not another worker's
+    job = any_spool.get("j")
+    assert job.state is JobState.LEASED and job.lease is not None
+    assert job.lease.token == lease.token and job.lease.expires_at > time.time()
+    assert any_spool.complete(lease, "done").state is JobState.COMPLETED
+
+
+def test_async_handlers_cannot_interleave_fenced_blocks(any_spool: Spool) -> None:
+    # Found in the robustness pass: the spool lock is re-entrant per thread, so an async
+    # handler's block entered while another's awaited ran beside it, not after it.
+    import anyio
+
+    entered = anyio.Event()
+    refused: list[str] = []
+
+    async def holder(job: Job, ctx: Context) -> str:
+        with ctx.fenced():
+            entered.set()
+            for _ in range(200):  # until the other handler has tried (bounded)
+                if refused:
+                    break
+                await anyio.sleep(0.01)
+        return "held"
+
+    async def intruder(job: Job, ctx: Context) -> str:
+        await entered.wait()
+        try:
+            with ctx.fenced():
+                pass
+        except RuntimeError as exc:
+            refused.append(str(exc))
+            raise
+        return "entered"
+
+    any_spool.enqueue("holder", job_id="h")
+    any_spool.enqueue("intruder", job_id="i", max_attempts=1)
+    Worker(any_spool, {"holder": holder, "intruder": intruder}, concurrency=2,
+           batch_size=2).run_until_idle()
+    assert len(refused) == 1 and "must not await inside a fenced block" in refused[0]
+    assert any_spool.get("h").state is JobState.COMPLETED
+    assert any_spool.get("i").state is JobState.DEAD_LETTER
+
+
 def test_worker_leaves_kinds_it_has_no_handler_for(any_spool: Spool) -> None:
     any_spool.enqueue("mine", job_id="m")
     any_spool.enqueue("theirs", job_id="t")

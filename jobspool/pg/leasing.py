@@ -324,9 +324,12 @@ def fenced(spool: PgSpool, lease: Lease) -> Iterator[Lease]:
         machine.check_lease(to_job(row), lease, now)
         with spool.db.pinned(conn):
             yield lease
-        conn.execute("UPDATE jobspool_jobs SET expires_at = greatest(expires_at, %s), "
+        # From the block's end, not its start: a block longer than the lease left it expired.
+        end = spool.now_param()
+        conn.execute("UPDATE jobspool_jobs SET expires_at = greatest(expires_at, "
+                     "coalesce(%s, extract(epoch from clock_timestamp())::float8) + %s), "
                      "revision = revision + 1 WHERE id = %s",
-                     (now + spool.lease_seconds, lease.job_id))
+                     (end, spool.lease_seconds, lease.job_id))
 
 
 def fence_value(spool: PgSpool) -> int:

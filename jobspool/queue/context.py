@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
-from contextlib import AbstractContextManager
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -62,6 +62,10 @@ Outcome: TypeAlias = Completed | Retried | Failed | Errored | Raised | Interrupt
 if TYPE_CHECKING:
     from jobspool.projection.handler import PendingWrite
     from jobspool.queue.api import SpoolAPI as Spool
+
+
+# The job whose `ctx.fenced()` block is open on this thread, if any.
+_FENCED = threading.local()
 
 
 class Context:
@@ -148,12 +152,27 @@ class Context:
                 self._progress_file = False
                 remove_progress(self.spool.root, self.job_id)
 
-    def fenced(self) -> AbstractContextManager[Lease]:
+    @contextmanager
+    def fenced(self) -> Iterator[Lease]:
         """A block run under the spool lock only while this run's lease is current.
 
-        Blocks every other spool operation while it runs: keep it short.
+        Blocks every other spool operation while it runs: keep it short, and never
+        `await` inside it (an async handler's block runs on the event loop's thread).
         """
-        return self.spool.fenced(self.lease)
+        # The spool lock is re-entrant per thread (and PostgreSQL's block pins its
+        # connection per thread): another async handler's block, entered while this one
+        # awaited, ran beside it instead of after it. Refused, naming the cause.
+        open_for = getattr(_FENCED, "job_id", None)
+        if open_for is not None and open_for != self.job_id:
+            raise RuntimeError(f"ctx.fenced() for job {self.job_id!r}: the fenced block of "
+                               f"job {open_for!r} is still open on this thread; an async "
+                               "handler must not await inside a fenced block")
+        _FENCED.job_id = self.job_id
+        try:
+            with self.spool.fenced(self.lease) as lease:
+                yield lease
+        finally:
+            _FENCED.job_id = open_for
 
     def upsert(self, table: str, rows: Mapping[str, Any] | Iterable[Mapping[str, Any]],
                version: float | None = None) -> None:

@@ -437,4 +437,10 @@ class Leasing:
             job = self._leased_job(lease)
             machine.check_lease(job, lease, self.journal.now())
             yield lease
-            self.heartbeat(lease)
+            # Held since the check: a block that outlived the lease let nobody take the job,
+            # so it is extended all the same (refusing it raised LeaseLost for a side
+            # effect already done, and the job ran again, side effect and all).
+            job = self._leased_job(lease)
+            new = machine.heartbeat(job, lease, now=self.journal.now(),
+                                    lease_seconds=self.journal.lease_seconds, held=True)
+            self.journal.commit_changes([(job, new)])
