@@ -171,7 +171,9 @@ def test_health_is_a_frozen_record() -> None:
 
 
 def record(uri: Path, now: float, *outcomes: tuple[str, str, str]) -> None:
-    """Record maintenance outcomes through maintenance's own state writer."""
+    """Record maintenance outcomes through maintenance's own state writer (into a
+    projection directory, which maintenance never creates)."""
+    uri.mkdir(parents=True, exist_ok=True)
     for table, outcome, reason in outcomes:
         _save_state(str(uri), [TableOutcome(table, outcome, reason)],  # type: ignore[arg-type]
                     None, now, touch_resume=False)

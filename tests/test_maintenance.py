@@ -366,3 +366,60 @@ def test_maintenance_commits_never_interleave_with_this_process_merges(
     assert outcomes == ["optimized"] * 4
     assert state["overlaps"] == 0
     assert store.table("hot").count() == 5
+
+
+def test_a_run_whose_listing_outlasts_the_budget_still_maintains_a_table(
+    store: ProjectionStore, monkeypatch: Any
+) -> None:
+    # Found in the robustness pass: connecting took 1.07 s, so `--budget 1` deferred every
+    # table on every run, for ever. The budget now counts from the listing's end.
+    clock = StepClock()
+    real = ProjectionStore.table_names
+
+    def slow_listing(self: ProjectionStore) -> list[str]:
+        clock.now += 5.0
+        return real(self)
+
+    monkeypatch.setattr(ProjectionStore, "table_names", slow_listing)
+    report = maintain(store, budget_seconds=1.0, clock=clock)
+    assert report["a"].outcome == "optimized"
+
+
+def test_named_tables_that_do_not_exist_are_not_remembered_and_bad_names_refused(
+    store: ProjectionStore, tmp_path: Path
+) -> None:
+    # Found in the robustness pass: `maintain --tables ../typo` was recorded as a failing
+    # table, and `health` said degraded (advising the same command) until someone edited
+    # the hidden state file; a name that merely did not exist was kept for ever too.
+    with pytest.raises(ValueError, match=r"invalid table name '\.\./typo'"):
+        maintain(store, tables=["../typo"])
+    report = maintain(store, tables=["zz"])
+    assert [(t.table, t.outcome, t.reason) for t in report.tables] == [
+        ("zz", "skipped", "table does not exist")]
+    assert "zz" not in read_maintenance_state(tmp_path / "db")["tables"]
+    # A table removed since: forgotten by the next full run.
+    maintain(store)
+    state_file = tmp_path / "db" / ".jobspool-maintenance.json"
+    doc = json.loads(state_file.read_text())
+    doc["tables"]["gone"] = dict(doc["tables"]["a"], consecutive_failures=7)
+    state_file.write_text(json.dumps(doc))
+    maintain(store)
+    assert set(read_maintenance_state(tmp_path / "db")["tables"]) == {"a", "b", "c"}
+
+
+def test_a_damaged_table_directory_fails_instead_of_being_skipped(
+    store: ProjectionStore, tmp_path: Path
+) -> None:
+    import shutil
+
+    shutil.rmtree(tmp_path / "db" / "b.lance" / "_versions")
+    report = maintain(ProjectionStore(tmp_path / "db"))
+    assert report["b"].outcome == "failed" and "damaged" in report["b"].reason
+    assert not report.ok
+    assert report["a"].outcome == "optimized" and report["c"].outcome == "optimized"
+
+
+def test_maintaining_a_projection_that_does_not_exist_creates_nothing(tmp_path: Path) -> None:
+    report = maintain(tmp_path / "nowhere")
+    assert report.tables == () and report.ok
+    assert not (tmp_path / "nowhere").exists()

@@ -54,3 +54,34 @@ def test_a_file_or_a_bad_uri_given_on_the_cli_exits_1_and_claims_nothing(
 def test_usable_projections_are_accepted(tmp_path: Path) -> None:
     for spec in (None, str(tmp_path / "new-dir"), tmp_path, "memory://", "s3://bucket/x"):
         App(handlers={"k": _noop}, projection=spec)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("where", ["completed", "ready/x", "tmp", "."])
+def test_a_projection_inside_the_spools_own_directories_is_refused(
+        tmp_path: Path, where: str) -> None:
+    # Found in the robustness pass: LanceDB's files inside completed/ were read as broken
+    # jobs (fsck failed, recover quarantined them). <root>/index is the default and fine.
+    root = tmp_path / "spool"
+    with make_spool(root) as spool:
+        with pytest.raises(ConfigError, match="spool"):
+            Worker(spool, {"k": lambda job, ctx: None}, projection=str(root / where))
+        Worker(spool, {"k": lambda job, ctx: None}, projection=str(root / "index"))
+        Worker(spool, {"k": lambda job, ctx: None}, projection=str(tmp_path / "elsewhere"))
+
+
+def test_maintain_refuses_a_missing_or_misplaced_projection_and_a_bad_table_name(
+        tmp_path: Path) -> None:
+    root = tmp_path / "spool"
+    make_spool(root).close()
+    for args, says in [
+        (("--projection", str(tmp_path / "typo")), "no such directory"),
+        (("--projection", str(root / "completed")), "inside the spool's own completed/"),
+        (("--tables", "../typo"), "invalid table name '../typo'"),
+    ]:
+        code, out, err = run_cli("maintain", *args, root=root)
+        assert code == 1 and out == "", (args, code, out, err)
+        assert len(err.strip().splitlines()) == 1 and says in err, (args, err)
+    assert not (tmp_path / "typo").exists()
+    code, _out, _err = run_cli("health", root=root)
+    assert code == 0  # nothing was recorded as failing
+    assert sorted(p.name for p in (root / "completed").iterdir()) == []

@@ -420,11 +420,24 @@ def cmd_maintain(args: argparse.Namespace) -> int:
         uri, options = _projection_uri(args, spool)
         tables = [t for t in (args.tables or "").split(",") if t] or None
         from jobspool.projection.lance import ProjectionStore
-        from jobspool.projection.maintenance import maintain
+        from jobspool.projection.maintenance import check_table_names, maintain
+        from jobspool.projection.objectstore import is_object_store
+        from jobspool.queue.layout import projection_inside_spool
 
+        local = None if is_object_store(uri) else uri.removeprefix("file://")
+        if args.projection and local is not None and not os.path.isdir(local):
+            # Maintenance must not create a projection (a typo would become one).
+            raise UsageError(f"--projection {args.projection}: "
+                             f"{'not a directory' if os.path.exists(local) else 'no such directory'}")
+        inside = projection_inside_spool(spool.root, uri) if local is not None else None
+        if inside is not None:
+            raise UsageError(inside)
+        try:
+            check_table_names(tables or [])
+        except ValueError as exc:
+            raise UsageError(f"--tables: {exc}") from None
         report = maintain(ProjectionStore(uri, storage_options=options), tables=tables,
-                          budget_seconds=args.budget,
-                          min_live_token=spool.min_live_token())
+                          budget_seconds=args.budget, min_live_token=spool.min_live_token())
     d = report.to_dict() if hasattr(report, "to_dict") else {"report": str(report)}
     _emit(args, d, lambda: _maintain_text(report))
     return EXIT_OK if report.ok else EXIT_UNHEALTHY

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -180,13 +181,22 @@ def maintain(
         uri_or_store if isinstance(uri_or_store, ProjectionStore)
         else ProjectionStore(uri_or_store, key=key, storage_options=storage_options)
     )
+    if tables is not None:
+        check_table_names(tables)  # before anything runs, or is recorded as failing
+    if store.uri is not None and not is_object_store(store.uri) \
+            and not os.path.isdir(store.uri.removeprefix("file://")):
+        # No projection there yet (nothing was ever projected): connecting would create one.
+        return MaintenanceReport((), None, clock() - started, False)
     state = read_maintenance_state(store.uri) if store.uri is not None else {"tables": {}}
-    names = list(tables) if tables is not None else store.table_names()
+    listed = store.table_names() if tables is None else None
+    names = list(tables) if tables is not None else listed or []
     order = _ordered(names, state.get("resume_at"))
     run = _Run(
         store,
         store.key,
-        started + budget_seconds,
+        # From here, not from `started`: listing the tables (connecting) can take longer
+        # than a small budget, and a run that starts nothing never gets anywhere.
+        clock() + budget_seconds,
         cleanup_older_than,
         tombstone_retention,
         min_live_token,
@@ -220,8 +230,31 @@ def maintain(
         )
     canceled = cancel is not None and cancel.is_set()
     touch_resume = tables is None or resume_at is not None or state.get("resume_at") in names
-    _save_state(store.uri, outcomes, resume_at, wall_clock(), touch_resume=touch_resume)
+    # A table that does not exist is not remembered (a typo would be "failing" for ever),
+    # and a full run forgets tables that are gone.
+    kept = [o for o in outcomes if o.reason != NO_SUCH_TABLE]
+    _save_state(store.uri, kept, resume_at, wall_clock(), touch_resume=touch_resume,
+                known=None if listed is None else set(listed))
     return MaintenanceReport(tuple(outcomes), resume_at, clock() - started, canceled)
+
+
+NO_SUCH_TABLE = "table does not exist"
+# LanceDB's own rule for table names.
+_TABLE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def check_table_names(tables: Sequence[str]) -> None:
+    """`ValueError` naming the first name LanceDB would refuse."""
+    bad = [t for t in tables if not isinstance(t, str) or not _TABLE_NAME.fullmatch(t)]
+    if bad:
+        raise ValueError(f"invalid table name {bad[0]!r}: letters, digits, '_', '-' and '.' "
+                         "only")
+
+
+def _local_table_dir(uri: str | None, name: str) -> bool:
+    if uri is None or is_object_store(uri):
+        return False
+    return os.path.isdir(os.path.join(uri.removeprefix("file://"), f"{name}.lance"))
 
 
 def _maintain_table(run: _Run, name: str) -> TableOutcome:
@@ -260,7 +293,11 @@ def _maintain_table(run: _Run, name: str) -> TableOutcome:
         conn = run.store.connection
         tbl = call(lambda: _open_table(conn, name))
         if tbl is None:
-            return done("skipped", "table does not exist")
+            if _local_table_dir(run.store.uri, name):
+                # Its directory is there but LanceDB finds no table: damaged, not absent.
+                return done("failed", f"{name}.lance exists but is not a readable table "
+                                      "(damaged: its _versions/ or manifest missing?)")
+            return done("skipped", NO_SUCH_TABLE)
         before = int(tbl.version)
         prev = run.state.get(name) or {}
         last_success = prev.get("last_success")

@@ -134,24 +134,30 @@ def _save_state(
     now: float,
     *,
     touch_resume: bool,
+    known: set[str] | None = None,
 ) -> None:
+    """Merge a run's outcomes into the state; `known`, after a full run, are the tables that
+    exist (entries of any other are dropped)."""
     path = state_path(uri)
     if path is None:
         if uri is not None:
             with _MEMORY_LOCK:
                 state = _MEMORY.setdefault(uri, {"format": STATE_FORMAT, "tables": {}, "resume_at": None})
-                _merge_state(state, outcomes, resume_at, now, touch_resume=touch_resume)
+                _merge_state(state, outcomes, resume_at, now, touch_resume=touch_resume,
+                             known=known)
         return
+    if not path.parent.is_dir():
+        return  # no projection there (nothing was maintained): never create one
     import portalocker
 
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         # Read-modify-write under a lock: two processes' beats may finish at
         # once. The file is advisory (health reporting, where to resume), so
         # it is replaced atomically but not fsynced.
         with portalocker.Lock(str(path.parent / STATE_LOCK), mode="a", timeout=10):
             state = read_maintenance_state(str(path.parent))
-            _merge_state(state, outcomes, resume_at, now, touch_resume=touch_resume)
+            _merge_state(state, outcomes, resume_at, now, touch_resume=touch_resume,
+                         known=known)
             tmp = path.with_name(f"{STATE_FILE}.{os.getpid()}.tmp")
             tmp.write_text(json.dumps(state, indent=1, sort_keys=True), encoding="utf-8")
             os.replace(tmp, path)
@@ -160,8 +166,11 @@ def _save_state(
 
 
 def _merge_state(state: dict[str, Any], outcomes: Sequence[TableOutcome], resume_at: str | None,
-                 now: float, *, touch_resume: bool) -> None:
+                 now: float, *, touch_resume: bool, known: set[str] | None = None) -> None:
     tables: dict[str, Any] = state["tables"]
+    if known is not None:
+        for gone in set(tables) - known:
+            del tables[gone]
     for o in outcomes:
         entry = tables.setdefault(
             o.table, {"last_success": None, "consecutive_failures": 0, "version_after": None}

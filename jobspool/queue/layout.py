@@ -43,6 +43,25 @@ ADMIN_BATCH = 256
 def default_projection_uri(root: os.PathLike[str] | str) -> str:
     """The default projection of a spool: `<root>/index`."""
     return str(Path(root) / INDEX_DIR)
+
+
+def projection_inside_spool(root: os.PathLike[str] | str, uri: str) -> str | None:
+    """Why a local projection `uri` may not live where it is, or None: inside one of the
+    spool's own directories (or the spool itself) its files would be read as jobs, or
+    quarantined by `recover`. `<root>/index` and other new directories are fine."""
+    if "://" in uri and not uri.startswith("file://"):
+        return None  # object storage
+    here = Path(os.path.abspath(uri.removeprefix("file://")))
+    spool = Path(os.path.abspath(root))
+    if here == spool:
+        return f"projection {uri} is the spool directory itself"
+    try:
+        first = here.relative_to(spool).parts[0]
+    except ValueError:
+        return None
+    if first != INDEX_DIR and (first in _SPOOL_ENTRIES or first in _LAZY_DIRS):
+        return f"projection {uri} is inside the spool's own {first}/ (use {root}/index)"
+    return None
 SUBDIRS: tuple[str, ...] = (*(s.value for s in ALL_STATES), TMP_DIR, POOL_DIR, LIVE_DIR,
                             QUARANTINE_DIR)
 

@@ -30,14 +30,14 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.to_thread
 
-from jobspool.errors import JobspoolError, RunningLoopError
+from jobspool.errors import ConfigError, JobspoolError, RunningLoopError
 from jobspool.errors import WorkerCrashed as WorkerCrashed
 from jobspool.policy import Policy
 from jobspool.queue.config import Handler as Handler
 from jobspool.queue.config import WorkerConfig
 from jobspool.queue.context import Context as Context
 from jobspool.queue.job import validate_int, validate_seconds
-from jobspool.queue.layout import default_projection_uri
+from jobspool.queue.layout import default_projection_uri, projection_inside_spool
 from jobspool.queue.pipeline import Pipeline
 from jobspool.queue.report import Counters, FinishedRun
 from jobspool.queue.report import RunReport as RunReport
@@ -110,6 +110,10 @@ class Worker:
         from jobspool.projection.spec import check_projection
 
         check_projection(projection, self.config.keys)
+        if isinstance(projection, str | os.PathLike):
+            inside = projection_inside_spool(spool.root, os.fspath(projection))
+            if inside is not None:
+                raise ConfigError(inside)
 
         self.sink = LanceSink(projection, default_uri=default_projection_uri(spool.root),
                               keys=self.config.keys,
