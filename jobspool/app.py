@@ -64,7 +64,7 @@ def as_app(obj: Any, *, name: str = "app") -> App:
                   projection=getattr(obj, "projection", None),
                   keys=dict(getattr(obj, "keys", None) or {}),
                   policies=dict(getattr(obj, "policies", None) or {}),
-                  schedules=tuple(getattr(obj, "schedules", None) or ()),
+                  schedules=getattr(obj, "schedules", None) or (),  # checked by App
                   storage_options=getattr(obj, "storage_options", None))
     else:
         raise AppError(f"{name} is not an App, an object with a 'handlers' mapping, or a "

@@ -29,7 +29,7 @@ import hashlib
 import logging
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from datetime import UTC, datetime, timedelta, tzinfo
 from typing import TYPE_CHECKING, Any, Protocol
@@ -234,7 +234,8 @@ def check_schedules(schedules: Iterable[Schedule] | None, kinds: Iterable[str], 
     seen: set[str] = set()
     if schedules is None:
         schedules = ()
-    if isinstance(schedules, Schedule) or not isinstance(schedules, Iterable):
+    if isinstance(schedules, Schedule | str | bytes | Mapping) or \
+            not isinstance(schedules, Iterable):
         raise ScheduleError(f"{where}: schedules must be a list of jobspool.Schedule objects, "
                             f"got {schedules!r}")
     for s in schedules:
@@ -248,6 +249,22 @@ def check_schedules(schedules: Iterable[Schedule] | None, kinds: Iterable[str], 
         seen.add(s.key)
         out.append(s)
     return tuple(out)
+
+
+def check_schedule_sizes(schedules: Iterable[Schedule], max_job_bytes: int, *,
+                         where: str = "worker") -> None:
+    """Refuse (`ScheduleError`) a schedule whose job the spool would refuse as too large:
+    its payload is fixed, so it would never fire, only warn at every attempt."""
+    from jobspool.queue.job import encode_admitted
+    from jobspool.queue.machine import new_job
+
+    for s in schedules:
+        job = new_job(job_id=s.job_id(9_999_999_999), kind=s.kind, payload=s.payload, now=0.0, delay=0.0,
+                      priority=s.priority, max_attempts=1)
+        try:
+            encode_admitted(job, max_bytes=max_job_bytes)
+        except JobspoolError as exc:
+            raise ScheduleError(f"{where}: schedule {s.key!r} can never fire: {exc}") from None
 
 
 # ---------------------------------------------------------------- firing

@@ -10,6 +10,7 @@ import textwrap
 import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import ClassVar
 
 import anyio
 import pytest
@@ -98,6 +99,26 @@ def test_a_worker_given_schedules_directly_refuses_one_without_a_handler(
     with pytest.raises(ScheduleError, match="worker: schedule for kind 'other' has no handler"):
         Worker(spool, {"tick": _noop}, schedules=[Schedule("other", every=60)])
     assert Worker(spool, {"tick": _noop}, schedules=[Schedule("tick", every=60)]).schedules
+
+
+def test_a_schedule_whose_job_is_too_large_is_refused_at_worker_start(spool: Spool) -> None:
+    # Found in a new-user pass: accepted, it never fired and warned every second for ever.
+    big = Schedule("tick", cron="* * * * *", payload="x" * 70_000)
+    with pytest.raises(ScheduleError, match=r"schedule 'tick' can never fire: .* bytes"):
+        Worker(spool, {"tick": _noop}, schedules=[big])
+
+
+@pytest.mark.parametrize("schedules", ["every 5", {"a": 1}])
+def test_schedules_that_are_not_a_list_are_named_as_such(schedules: object) -> None:
+    # Found in a new-user pass: a string was taken apart ("got 'e'").
+    class Loose:
+        handlers: ClassVar[dict[str, object]] = {"tick": _noop}
+
+    Loose.schedules = schedules  # type: ignore[attr-defined]
+    from jobspool.app import as_app
+
+    with pytest.raises(ScheduleError, match=r"schedules must be a list of jobspool\.Schedule"):
+        as_app(Loose)
 
 
 # ---------------------------------------------------------------- firing

@@ -134,10 +134,11 @@ class Worker:
         self._published = 0.0
         # Fired by run_forever (jobspool.schedules.serve_schedules), not by run_until_idle;
         # a schedule for a kind without a handler is refused here, at worker start.
-        from jobspool.schedules import check_schedules
+        from jobspool.schedules import check_schedule_sizes, check_schedules
 
         self.schedules: tuple[Schedule, ...] = check_schedules(schedules or (), self.handlers,
                                                                where="worker")
+        check_schedule_sizes(self.schedules, spool.settings.max_job_bytes)
 
     # ------------------------------------------------------------ configuration
 
