@@ -87,12 +87,23 @@ def load_app(spec: str) -> App:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         raise AppError(f"--app {spec!r}: cannot import module {module_name!r} ({exc})") from None
+    except SystemExit as exc:
+        # A script run as a module: its sys.exit() or argparse (reading *our* command line)
+        # would end the command silently, or with a usage text that is not ours.
+        raise AppError(f"--app {spec!r}: importing {module_name!r} called sys.exit("
+                       f"{exc.code!r}); is it a script rather than a module defining the "
+                       "app?") from None
     except Exception as exc:
         raise AppError(f"--app {spec!r}: importing {module_name!r} failed: "
                        f"{type(exc).__name__}: {exc}") from None
     obj: Any = module
     for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise AppError(f"--app {spec!r}: module {module_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise AppError(f"--app {spec!r}: module {module_name!r} has no attribute "
+                           f"{attr!r}") from None
+        except Exception as exc:  # a module-level __getattr__ (lazy loading) that failed
+            raise AppError(f"--app {spec!r}: reading {attr!r} failed: "
+                           f"{type(exc).__name__}: {exc}") from None
     return as_app(obj, name=f"--app {spec!r}")

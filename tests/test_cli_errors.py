@@ -99,8 +99,10 @@ def test_enqueue_bad_json_on_stdin_exits_1(root: Path) -> None:
     ("tests.apps.broken:app", ("tests.apps.broken", "refuses to be imported")),
     ("tests.apps.simple", ("MODULE:ATTR",)),
     (":app", ("MODULE:ATTR",)),
+    ("tests.apps.lazy:app", ("lazy load failed",)),
+    ("tests.apps.script:app", ("sys.exit(3)", "script")),
 ], ids=["missing-module", "missing-attr", "empty-app", "empty-dict", "not-handlers",
-        "import-raises", "no-colon", "no-module"])
+        "import-raises", "no-colon", "no-module", "getattr-raises", "a-script"])
 def test_a_bad_app_exits_1_with_one_line_naming_it(
         root: Path, command: str, app: str, mentions: tuple[str, ...]) -> None:
     with make_spool(root) as spool:
