@@ -188,8 +188,9 @@ def test_demo_with_a_bad_job_count_exits_1(tmp_path: Path) -> None:
     assert not (tmp_path / "d").exists()
 
 
-def test_json_errors_are_one_json_document_on_stdout(root: Path) -> None:
-    r = refused(1, "--root", root, "enqueue", "bad kind", "--json")
+@pytest.mark.parametrize("flag", ["--json", "--js"])  # argparse takes a unique prefix
+def test_json_errors_are_one_json_document_on_stdout(root: Path, flag: str) -> None:
+    r = refused(1, "--root", root, "enqueue", "bad kind", flag)
     doc = orjson.loads(r.out)
     assert doc["ok"] is False
     assert doc["exit"] == 1

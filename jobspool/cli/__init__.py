@@ -49,11 +49,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # The same event is logged as a warning already; one line per bad file is enough.
     warnings.simplefilter("ignore", CorruptFileWarning)
-    as_json = "--json" in argv
+    # Before parsing (a refused command line still answers in JSON); argparse also takes
+    # an unambiguous prefix (`--js`), which must count too.
+    as_json = any(len(a) > 3 and "--json".startswith(a) for a in argv)
     try:
         args = build_parser().parse_args(argv)
         if not hasattr(args, "json") or args.json is None:
             args.json = False
+        as_json = bool(args.json)
         return int(args.func(args))
     except UsageError as exc:
         return _fail(str(exc), EXIT_USAGE, as_json)
