@@ -208,7 +208,11 @@ def _cron_check(expr: object, label: str) -> str:
     if expr.strip().startswith("@") and expr.strip().lower() not in CRON_MACROS:
         raise ScheduleError(f"{label}: invalid cron expression {expr!r} (macros: "
                             f"{', '.join(CRON_MACROS)})")
-    full = CRON_MACROS.get(expr.strip().lower(), expr)
+    full = CRON_MACROS.get(expr.strip().lower(), expr.strip())
+    if len(full.split()) != 5:
+        # cronsim also takes a sixth (seconds) field: a tick a second would be a surprise.
+        raise ScheduleError(f"{label}: invalid cron expression {expr!r} (five fields: minute "
+                            f"hour day-of-month month day-of-week; got {len(full.split())})")
     try:
         next(CronSim(full, datetime(2000, 1, 1, tzinfo=UTC)))
     except (CronSimError, StopIteration) as exc:
@@ -216,12 +220,16 @@ def _cron_check(expr: object, label: str) -> str:
     return full
 
 
+_YEAR_10000 = 253_402_300_800.0  # 10000-01-01T00:00:00Z: the bound of every stored time
+_MAX_EVERY = 100 * 365 * 86_400  # past this a tick lands beyond the year 9999 bound
+
+
 def _every_seconds(every: object, label: str) -> int:
     value: object = every.total_seconds() if isinstance(every, timedelta) else every
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
-            or value < 1 or value != int(value):
-        raise ScheduleError(f"{label}: every must be a whole number of seconds >= 1, "
-                            f"got {every!r}")
+            or value < 1 or value != int(value) or value > _MAX_EVERY:
+        raise ScheduleError(f"{label}: every must be a whole number of seconds from 1 to "
+                            f"{_MAX_EVERY} (100 years), got {every!r}")
     return int(value)
 
 
@@ -284,7 +292,14 @@ class Scheduler:
     any number of threads and processes at once (see the module docstring)."""
 
     def __init__(self, schedules: Sequence[Schedule]) -> None:
+        if isinstance(schedules, Schedule | str | bytes | Mapping) or \
+                not isinstance(schedules, Iterable):
+            raise ScheduleError(f"Scheduler takes a list of jobspool.Schedule objects, got "
+                                f"{schedules!r}")
         self.schedules = tuple(schedules)
+        for s in self.schedules:
+            if not isinstance(s, Schedule):
+                raise ScheduleError(f"Scheduler takes jobspool.Schedule objects, got {s!r}")
 
     def tick(self, spool: Spool, now: float | None = None) -> list[Fired]:
         """Enqueue every tick due at `now` (default: the spool's clock) not fired yet.
@@ -295,6 +310,10 @@ class Scheduler:
         if not self.schedules:
             return []
         out: list[Fired] = []
+        if now is not None and (isinstance(now, bool) or not isinstance(now, int | float)
+                                or not 0 <= now < _YEAR_10000):
+            raise ScheduleError(f"tick: now must be epoch seconds (a finite number from 0 "
+                                f"to year 9999), got {now!r}")
         with spool.hold_schedule_marks() as marks:
             at = spool.now() if now is None else float(now)
             for s in self.schedules:

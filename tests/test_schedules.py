@@ -77,6 +77,8 @@ def test_a_long_kind_still_yields_a_valid_job_id(spool: Spool) -> None:
     ({"every": 60, "tz": "Mars/Olympus"}, "unknown time zone 'Mars/Olympus'"),
     ({"every": 60, "payload": {"x": float("nan")}}, "payload['x'] is nan"),
     ({"every": 60, "name": "../x"}, "name '../x'"),
+    ({"every": 10**30}, "every must be a whole number of seconds from 1"),
+    ({"cron": "*/5 * * * * *"}, "five fields"),
 ])
 def test_a_bad_schedule_is_refused_at_once_with_one_line(kwargs: dict[str, object],
                                                           says: str) -> None:
@@ -412,3 +414,18 @@ def test_a_worker_refuses_an_app_with_a_bad_schedule_with_one_line(
         assert err.startswith("jobspool: error: ") and says in err and err.count("\n") == 1
     with make_spool(root) as spool:
         assert list(spool.jobs()) == []
+
+
+@pytest.mark.parametrize("now", [float("nan"), float("inf"), "123", 1e18, -1])
+def test_tick_refuses_a_time_that_is_not_epoch_seconds(spool: Spool, now: object) -> None:
+    # Found in a new-user pass: nan/inf raised ValueError/OverflowError from deep inside,
+    # "123" was taken, 1e18 created a job then failed, -1 created `sched.k.-60`.
+    with pytest.raises(ScheduleError, match="now must be epoch seconds"):
+        Scheduler([Schedule("tick", every=60)]).tick(spool, now)  # type: ignore[arg-type]
+    assert list(spool.jobs()) == []
+
+
+@pytest.mark.parametrize("schedules", [[1], "x"])
+def test_a_scheduler_takes_only_schedules(schedules: object) -> None:
+    with pytest.raises(ScheduleError, match="Scheduler takes"):
+        Scheduler(schedules)  # type: ignore[arg-type]
