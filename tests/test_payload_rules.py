@@ -236,3 +236,18 @@ def test_cli_run_at_accepts_iso_with_zone_and_epoch_and_shows_the_job_as_schedul
     shown = ok("show", "a")
     assert "scheduled" in shown and "2099-06-01T10:00:00.000Z" in shown
     assert json.loads(ok("stats", "--json"))["scheduled"] == 2
+
+
+def test_wait_takes_any_real_number_and_refuses_one_past_floats_range(spool: Spool) -> None:
+    # Found in a new-user pass: numpy's float64 was taken but its int64 refused, and
+    # timeout=10**400 raised OverflowError instead of InvalidJob.
+    from fractions import Fraction
+
+    from jobspool.errors import WaitTimeout
+
+    job = spool.enqueue("k")
+    for timeout in (Fraction(1, 100), 0):
+        with pytest.raises(WaitTimeout):
+            spool.wait(job.id, timeout=timeout)
+    with pytest.raises(InvalidJob, match="timeout must be a non-negative finite number"):
+        spool.wait(job.id, timeout=10**400)

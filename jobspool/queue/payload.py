@@ -7,6 +7,7 @@ JSON to carry it unchanged, and how a `run_at` is validated and shown.
 from __future__ import annotations
 
 import math
+import numbers
 import time
 
 from jobspool.errors import InvalidJob
@@ -169,9 +170,13 @@ def validate_delay(value: object, name: str = "delay") -> float:
 
 
 def validate_seconds(name: str, value: object, *, positive: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    # numbers.Real: numpy's integers and floats, Fraction (never bool, a common slip).
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise InvalidJob(f"{name} must be a number of seconds, got {value!r}", field=name)
-    v = float(value)
+    try:
+        v = float(value)
+    except OverflowError:  # an int past float's range (10**400)
+        v = math.inf
     if not math.isfinite(v) or v < 0 or (positive and v == 0):
         need = "a positive" if positive else "a non-negative"
         raise InvalidJob(f"{name} must be {need} finite number, got {value!r}", field=name)
