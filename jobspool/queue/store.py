@@ -266,6 +266,8 @@ class Store:
                         os.ftruncate(fd, len(data))
                     if self.durable and not use_syncfs:
                         os_fsync(fd)
+                except OSError as exc:
+                    raise _naming(exc, path) from None
                 finally:
                     os.close(fd)
             if use_syncfs and paths:
@@ -295,9 +297,11 @@ class Store:
                 os.ftruncate(fd, len(data))
             if fsync:
                 os_fsync(fd)
-        except BaseException:
+        except BaseException as exc:
             os.close(fd)
             _quiet_unlink(path)
+            if isinstance(exc, OSError):
+                raise _naming(exc, path) from None
             raise
         os.close(fd)
         return path
@@ -425,6 +429,14 @@ def write_failed(exc: OSError, root: Path, landed: frozenset[str] = frozenset())
     return WriteFailed(message, path=str(where), errno=exc.errno, landed=landed)
 
 
+def _naming(exc: OSError, path: Path | str) -> OSError:
+    """`exc` with the file it concerns (a failed fsync of a descriptor names none, and the
+    error then named only the spool)."""
+    if exc.filename is None:
+        exc.filename = str(path)
+    return exc
+
+
 def fsync_dir(path: Path | str) -> None:
     fd = os.open(path, _DIR_FLAGS)
     try:
@@ -432,7 +444,7 @@ def fsync_dir(path: Path | str) -> None:
     except OSError as exc:
         # Some filesystems refuse fsync on a directory; the rename is as durable as they allow.
         if exc.errno not in (errno.EINVAL, errno.ENOTSUP):
-            raise
+            raise _naming(exc, path) from None
     finally:
         os.close(fd)
 
