@@ -26,7 +26,8 @@ class App:
     """
 
     handlers: Mapping[str, Callable[..., Any]]
-    replay: Mapping[str, Callable[[Job], str]] = field(default_factory=dict)
+    # Replay hooks by kind, or one hook for every kind (DESIGN §6).
+    replay: Mapping[str, Callable[[Job], str]] | Callable[[Job], str] = field(default_factory=dict)
     projection: str | None = None
     keys: Mapping[str, str] = field(default_factory=dict)
     policies: Mapping[str, Policy] = field(default_factory=dict)  # kind -> Policy (DESIGN §9)
@@ -37,7 +38,14 @@ class App:
         if not isinstance(self.handlers, Mapping):
             raise AppError(f"App handlers must be a mapping of kind -> function, "
                            f"got {type(self.handlers).__name__}")
-        for kind, fn in {**self.handlers, **self.replay}.items():
+        if isinstance(self.replay, Mapping):
+            hooks: Mapping[str, Any] = self.replay
+        elif callable(self.replay):
+            hooks = {}
+        else:
+            raise AppError(f"App replay must be a mapping of kind -> hook, or one hook for every "
+                           f"kind, got {type(self.replay).__name__}")
+        for kind, fn in {**self.handlers, **hooks}.items():
             validate_kind(kind)
             if not callable(fn):
                 raise AppError(f"handler for kind {kind!r} is not callable")
@@ -60,7 +68,9 @@ def as_app(obj: Any, *, name: str = "app") -> App:
     elif isinstance(obj, Mapping):
         app = App(handlers=dict(obj))
     elif isinstance(getattr(obj, "handlers", None), Mapping):
-        app = App(handlers=dict(obj.handlers), replay=dict(getattr(obj, "replay", None) or {}),
+        replay = getattr(obj, "replay", None) or {}
+        app = App(handlers=dict(obj.handlers),
+                  replay=dict(replay) if isinstance(replay, Mapping) else replay,
                   projection=getattr(obj, "projection", None),
                   keys=dict(getattr(obj, "keys", None) or {}),
                   policies=dict(getattr(obj, "policies", None) or {}),

@@ -247,8 +247,8 @@ def _exit_past_abandoned_handlers() -> None:
 def cmd_recover(args: argparse.Namespace) -> int:
     _setup_logging(args)
     app = _load_app(args.app)
-    with _open(args, create=args.create) as spool:
-        report = spool.recover(replay=dict(app.replay) if app is not None else None)
+    with _open(args, create=args.create) as spool, handlers_print_to_stderr(args):
+        report = spool.recover(replay=app.replay if app is not None else None)
     _emit(args, report.to_dict(), lambda: _report_text("recovered", report.to_dict()))
     return EXIT_OK
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
@@ -97,7 +99,10 @@ def _load_app(spec: str | None) -> Any:
     from jobspool.app import AppError, load_app
 
     try:
-        return load_app(spec)
+        # What the module prints as it loads is diagnostics: stdout carries the command's
+        # answer (one JSON document under --json).
+        with contextlib.redirect_stdout(sys.stderr):
+            return load_app(spec)
     except AppError as exc:
         raise UsageError(str(exc)) from None
 

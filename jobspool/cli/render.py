@@ -18,6 +18,8 @@ from typing import Any
 
 import orjson
 
+from jobspool.errors import json_safe
+
 
 def _emit(args: argparse.Namespace, doc: Any, text: str | Callable[[], str]) -> None:
     if getattr(args, "log_format", "text") == "json":
@@ -27,8 +29,11 @@ def _emit(args: argparse.Namespace, doc: Any, text: str | Callable[[], str]) -> 
 
         summary(str(getattr(args, "command", "jobspool")), doc)
     if args.json:
-        sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2, default=str).decode()
-                         + "\n")
+        try:
+            out = orjson.dumps(doc, option=orjson.OPT_INDENT_2, default=str)
+        except TypeError:  # a file name that is not UTF-8 (`json_safe` spells its bytes)
+            out = orjson.dumps(json_safe(doc), option=orjson.OPT_INDENT_2, default=str)
+        sys.stdout.write(out.decode() + "\n")
     elif getattr(args, "log_format", "text") != "json":
         sys.stdout.write((text() if callable(text) else text).rstrip("\n") + "\n")
 

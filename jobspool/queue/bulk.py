@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from jobspool.errors import InvalidJob, JobNotFound
+from jobspool.errors import InvalidJob
 from jobspool.queue import machine
 from jobspool.queue.job import Job, validate_job_id, validate_kind, validate_seconds
 from jobspool.queue.states import CANCELABLE, REQUEUEABLE, JobState, check_source
@@ -123,7 +123,7 @@ def move_one(spool: Journal, job_id: str, action: str, decide: Callable[..., Job
     with spool.lock.hold():
         job, stale = spool.locate(job_id)
         if job is None:
-            raise JobNotFound(job_id)
+            raise spool.missing(job_id)
         check_source(job_id, action, job.state)
         new = decide(job, now=spool.now())
         spool.commit_changes([(job, new)], spool.stale_removals(job_id, stale))

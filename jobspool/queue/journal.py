@@ -20,7 +20,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterable, Sequence
 
-from jobspool.errors import JobspoolError, JobTooLarge, SpoolError
+from jobspool.errors import JobNotFound, JobspoolError, JobTooLarge, SpoolError
 from jobspool.queue import machine
 from jobspool.queue.fence import FENCE_FILE, FenceCounter, decode_fence, encode_fence
 from jobspool.queue.groupflush import GroupFlush
@@ -192,6 +192,25 @@ class Journal:
         except CorruptJob as exc:
             report_unreadable(state.value, job_id, exc.reason)
             return None
+
+    def unreadable_file(self, job_id: str) -> str | None:
+        """`<state>/<id>.json` when a file of this id exists though `locate` found no
+        readable copy (no permission, garbage): the id is not free, nor the job missing."""
+        for state in ALL_STATES:
+            if os.path.lexists(self.root / state.value / (job_id + JOB_SUFFIX)):
+                return f"{state.value}/{job_id}{JOB_SUFFIX}"
+        return None
+
+    def missing(self, job_id: str) -> JobspoolError:
+        """What to raise for a job `locate` did not find: `JobNotFound`, or a `SpoolError`
+        naming its unreadable file (it said "not found", exit 1, for a file it could not
+        read)."""
+        where = self.unreadable_file(job_id)
+        if where is None:
+            return JobNotFound(job_id)
+        return SpoolError(f"job {job_id!r}: its file {where} cannot be read; run `jobspool "
+                          "recover` (it moves the file to quarantine/)",
+                          path=str(self.root / where))
 
     def locate(self, job_id: str) -> tuple[Job | None, list[JobState]]:
         """The newest copy of a job and the states holding stale copies (crash leftovers)."""

@@ -9,7 +9,6 @@ batch of pure inserts shares its directory flush with concurrent producers
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
@@ -26,7 +25,7 @@ from jobspool.queue.job import (
     validate_delay,
 )
 from jobspool.queue.journal import Journal
-from jobspool.queue.states import ALL_STATES, JobState
+from jobspool.queue.states import JobState
 from jobspool.queue.store import Change
 
 
@@ -74,13 +73,11 @@ class Producer:
     def _refuse_unreadable(self, job_id: str) -> None:
         """An id whose only file is unreadable is not free: writing over it would destroy
         what `recover` would quarantine for a human to look at."""
-        for state in ALL_STATES:
-            path = self.journal.root / state.value / f"{job_id}.json"
-            if os.path.lexists(path):
-                raise SpoolError(f"job id {job_id!r} is taken by an unreadable file "
-                                 f"{state.value}/{job_id}.json; run `jobspool recover` (it "
-                                 "moves the file to quarantine/) before reusing the id",
-                                 path=str(path))
+        where = self.journal.unreadable_file(job_id)
+        if where is not None:
+            raise SpoolError(f"job id {job_id!r} is taken by an unreadable file {where}; run "
+                             "`jobspool recover` (it moves the file to quarantine/) before "
+                             "reusing the id", path=str(self.journal.root / where))
 
     def _insert(self, fresh: list[Job], *, given: bool, now: float, delay: float,
                 run_at: float | None = None, on_conflict: str = "keep",

@@ -26,7 +26,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self, cast
 
-from jobspool.errors import InvalidJob, JobNotFound, JobspoolError, LeaseLost, SpoolError
+from jobspool.errors import InvalidJob, JobspoolError, LeaseLost, SpoolError
 from jobspool.queue import bulk, liveness, machine
 from jobspool.queue.arguments import (
     check_lease,
@@ -407,7 +407,7 @@ class Spool(EnqueueForms):
             with self.lock.hold():
                 job, _ = self.journal.locate(job_id)
         if job is None:
-            raise JobNotFound(job_id)
+            raise self.journal.missing(job_id)
         return job
 
     def jobs(self, state: JobState | str | None = None, kind: str | None = None) -> Iterator[Job]:

@@ -55,6 +55,8 @@ from jobspool.queue.procid import current_pid
 
 log = logging.getLogger(__name__)
 
+_READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+
 # Syscall seams (fault injection patches these).
 os_open = os.open  # creating a new staging file (a new inode: what a full disk refuses)
 os_replace = os.replace
@@ -136,7 +138,15 @@ class Store:
     def read(self, directory: str, name: str) -> bytes:
         """The bytes of one file; raises FileNotFoundError when it is not there."""
         path = f"{self._root_s}/{directory}/{name}"
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        # Never through a symlink (its target may be any file on the machine), and never
+        # blocking on a FIFO a hand left there (it hung stats, recover and workers).
+        try:
+            fd = os.open(path, _READ_FLAGS)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise OSError(errno.ELOOP, "a symlink where a job file belongs",
+                              os.path.normpath(path)) from None
+            raise
         try:
             # A regular file returns everything up to EOF in one read: one syscall for a
             # job file (at most 64 KiB), a loop only for something larger.

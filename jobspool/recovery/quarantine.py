@@ -40,8 +40,9 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from jobspool.errors import NotQuarantined as NotQuarantined
-from jobspool.errors import SpoolError
+from jobspool.errors import SpoolError, printable
 from jobspool.queue import store as store_mod
+from jobspool.queue.fence import FENCE_FILE, decode_fence, encode_fence
 from jobspool.queue.job import CorruptJob, Job, decode_job
 from jobspool.queue.layout import QUARANTINE_DIR
 from jobspool.queue.perms import set_fd_mode
@@ -113,8 +114,8 @@ def _move(spool: Journal, bad: Bad) -> str | None:
     qdir = spool.root / QUARANTINE_DIR
     reason = orjson.dumps({
         "v": REASON_FORMAT,
-        "source": bad.path,
-        "reason": bad.reason,
+        "source": printable(bad.path),  # a name that is not UTF-8 stopped recovery here
+        "reason": printable(bad.reason),
         "quarantined_at": spool.now(),
         "host": socket.gethostname(),
         "pid": os.getpid(),
@@ -244,10 +245,13 @@ def show_quarantined(spool: Journal, ident: str) -> dict[str, Any]:
         raise NotQuarantined(ident)
     doc = info.to_dict()
     try:
-        data = (spool.root / QUARANTINE_DIR / name).read_bytes()
+        data = spool.store.read(QUARANTINE_DIR, name)  # never through a symlink, nor a FIFO
     except IsADirectoryError:
         return {**doc, "content": "", "truncated": False, "job": None, "readable": False,
                 "problem": "a directory, not a job file"}
+    except OSError as exc:
+        return {**doc, "content": "", "truncated": False, "job": None, "readable": False,
+                "problem": exc.strerror or str(exc)}
     doc["content"] = data[:_SHOW_BYTES].decode("utf-8", errors="replace")
     doc["truncated"] = len(data) > _SHOW_BYTES
     try:
@@ -275,24 +279,37 @@ def restore_quarantined(spool: Journal, ident: str) -> Job:
     qpath = spool.root / QUARANTINE_DIR / name
     with spool.lock.hold():
         try:
-            data = qpath.read_bytes()
+            data = spool.store.read(QUARANTINE_DIR, name)
         except FileNotFoundError:
             raise NotQuarantined(ident) from None
         except IsADirectoryError:
             raise SpoolError(f"cannot restore {QUARANTINE_DIR}/{name}: a directory, not a job "
                              "file; `jobspool quarantine purge` it", path=str(qpath)) from None
+        except OSError as exc:  # a symlink, no permission
+            raise SpoolError(f"cannot restore {QUARANTINE_DIR}/{name}: "
+                             f"{exc.strerror or exc}", path=str(qpath)) from None
         try:
             job = decode_job(data)
         except CorruptJob as exc:
             raise SpoolError(f"cannot restore {QUARANTINE_DIR}/{name}: still not a readable job "
                              f"({exc.reason if data else 'empty file'}); repair it in place "
                              "first, or `jobspool quarantine purge` it", path=str(qpath)) from None
+        if len(data) > spool.max_job_bytes:
+            # Readers would take it, and every later write of it be "written anyway".
+            raise SpoolError(f"cannot restore {QUARANTINE_DIR}/{name}: {len(data)} bytes, over "
+                             f"max_job_bytes={spool.max_job_bytes}; shorten it in place first",
+                             path=str(qpath))
         existing, _ = spool.locate(job.id)
         if existing is not None:
             raise SpoolError(f"cannot restore {QUARANTINE_DIR}/{name}: job {job.id!r} already "
                              f"exists (state {existing.state.value}); purge the quarantined "
                              "copy instead", path=str(qpath))
         target = spool.root / job.state.value / (job.id + JOB_SUFFIX)
+        if job.lease is not None:
+            _fence_above(spool, job.lease.token)
+        # The spool's mode, whatever a hand left (a 000 file came back unreadable to workers).
+        with contextlib.suppress(OSError):
+            os.chmod(qpath, spool.store.file_mode)
         store_mod.os_replace(qpath, target)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(qpath.with_name(name + REASON_SUFFIX))
@@ -303,6 +320,22 @@ def restore_quarantined(spool: Journal, ident: str) -> Job:
     log.info("restored %s/%s as %s", QUARANTINE_DIR, name, target.relative_to(spool.root),
                 extra={"job_id": job.id, "state": job.state.value})
     return job
+
+
+def _fence_above(spool: Journal, token: int) -> None:
+    """A restored lease's token above every token handed out (a hand edit, another spool's
+    file) raises the counter, and the ceiling on disk when needed, as recovery would:
+    tokens handed out later stay above it."""
+    if token <= spool.fence_value():
+        return
+    try:
+        current = decode_fence(spool.store.read("", FENCE_FILE))
+    except (OSError, ValueError):
+        return  # missing or broken: recovery rebuilds it above every token on disk
+    if current < token:
+        spool.commit_changes([], [store_mod.Change(name=FENCE_FILE, dst="",
+                                                   data=encode_fence(token))])
+    spool.fence.raised(token)  # the shared counter too: claims mint from it
 
 
 def purge_quarantined(spool: Journal, idents: Sequence[str] = (), *,

@@ -267,6 +267,10 @@ def _raise_fence(spool: Journal, scan: Scan) -> tuple[list[str], int | None, int
             current = None
             quarantine_root_file(spool, FENCE_FILE, f"unreadable fence counter: {exc}")
         if current is not None and current >= top:
+            if top > spool.fence_value():
+                # Below the ceiling but above every token handed out (a file put back by
+                # hand): the next claims would mint tokens below it.
+                spool.fence.raised(top)
             return [], current, current
         floor = current or 0
         value = max(top, floor)

@@ -18,10 +18,13 @@ period: the grace doubles as the retry interval.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import inspect
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from jobspool.queue.job import Job, clip_error
 
@@ -52,18 +55,48 @@ def hook_for(replay: ReplayHooks | None, kind: str) -> ReplayHook | None:
 
 
 def ask(hook: ReplayHook, job: Job) -> Verdict:
-    """Run one hook; an exception or an answer outside OUTCOMES counts as "unknown"."""
+    """Run one hook (awaited when it is a coroutine function); whatever goes wrong in it —
+    an exception, SystemExit included, an answer outside OUTCOMES, an answer that cannot
+    even be compared or shown — counts as "unknown": one hook never stops recovery."""
     try:
         answer = hook(job)
-    except Exception as exc:  # the hook is user code: any failure means "we don't know"
-        log.warning("replay hook for job %s (%s) raised: %r", job.id, job.kind, exc)
-        return Verdict(job, "unknown", clip_error(f"replay hook raised {exc!r}"))
-    if answer == "committed":
+        if answer is not None and inspect.isawaitable(answer):
+            answer = _await(answer)
+        verdict = next((o for o in OUTCOMES if isinstance(answer, str) and answer == o), None)
+    except KeyboardInterrupt:
+        raise  # Ctrl-C stops recovery, as it stops any command
+    except BaseException as exc:  # user code: any failure means "we don't know"
+        said = _shown(exc)
+        log.warning("replay hook for job %s (%s) raised: %s", job.id, job.kind, said)
+        return Verdict(job, "unknown", clip_error(f"replay hook raised {said}"))
+    if verdict == "committed":
         return Verdict(job, "committed")
-    if answer == "aborted":
+    if verdict == "aborted":
         return Verdict(job, "aborted")
-    if answer == "unknown":
+    if verdict == "unknown":
         return Verdict(job, "unknown", "replay hook said unknown")
-    log.warning("replay hook for job %s (%s) returned %r, not one of %s", job.id, job.kind,
-                answer, sorted(OUTCOMES))
-    return Verdict(job, "unknown", clip_error(f"replay hook returned {answer!r}"))
+    said = _shown(answer)
+    log.warning("replay hook for job %s (%s) returned %s, not one of %s", job.id, job.kind,
+                said, sorted(OUTCOMES))
+    return Verdict(job, "unknown", clip_error(f"replay hook returned {said}"))
+
+
+def _await(awaitable: Any) -> Any:
+    """An async hook's answer: run on a loop of its own (in a thread when this thread
+    already runs one, e.g. `recover` called from async code)."""
+    async def wait() -> Any:
+        return await awaitable
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(wait())
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, wait()).result()
+
+
+def _shown(value: object) -> str:
+    try:
+        return repr(value)
+    except Exception:  # a repr that raises must not take recovery down with it
+        return f"<{type(value).__name__} whose repr() failed>"
