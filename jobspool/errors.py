@@ -120,6 +120,13 @@ class SpoolError(JobspoolError):
         self.path = path
 
 
+class SpoolClosed(SpoolError):
+    """Raised when a `Spool` is used after `close()` (a worker gives up on it at once)."""
+
+    def __init__(self, root: object) -> None:
+        super().__init__(f"spool {root} was closed; open a new Spool to use it", path=str(root))
+
+
 class WriteFailed(SpoolError):
     """Raised when the disk refused a write (full, I/O error, read-only) part-way through a change.
 
@@ -233,6 +240,7 @@ __all__ = [
     "ProjectionError",
     "RunningLoopError",
     "ScheduleError",
+    "SpoolClosed",
     "SpoolError",
     "TimeLimitExceeded",
     "WaitTimeout",

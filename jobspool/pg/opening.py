@@ -104,7 +104,6 @@ def open_database(db: Database, *, create: bool, read_only: bool,
             _check_may_write(conn, db.display)
         stored = load_settings(conn)
         schema = conn.execute("SELECT current_schema()").fetchone()
-        t0 = time.time()
         row = conn.execute("SELECT extract(epoch from clock_timestamp())::float8").fetchone()
         t1 = time.time()
     except SpoolError:
@@ -129,7 +128,12 @@ def open_database(db: Database, *, create: bool, read_only: bool,
                          "it in that table") from None
     return Opened(created=created, settings=settings,
                   channel=f"jobspool_{(schema[0] if schema else 'public')}"[:63],
-                  clock_offset=(float(row[0]) - (t0 + t1) / 2) if row else 0.0,
+                  # Against the reply's arrival, not the round trip's midpoint: the
+                  # estimate then never puts this host ahead of the database, so a job
+                  # due "now" (enqueued, requeued) is due for the very next claim; from
+                  # the midpoint, an asymmetric round trip under load put run_at a few
+                  # ms in the database's future and an immediate claim found nothing.
+                  clock_offset=(float(row[0]) - t1) if row else 0.0,
                   upgraded_from=version if version is not None and not read_only
                   and version < SCHEMA_VERSION else None)
 

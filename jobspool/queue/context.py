@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+from jobspool.errors import LeaseLost
 from jobspool.queue.job import Job, Lease
 from jobspool.queue.jobprogress import Progress, make_progress, remove_progress, write_progress
 from jobspool.queue.signals import Retry
@@ -181,15 +182,22 @@ class Context:
 
         write = make_upsert(self.job_id, table, rows, version, self.token,
                             key=self._key_for.get(table, "id"))
-        with self._mutex:
-            self.writes.append(write)
+        self._add(write)
 
     def delete(self, table: str, ids: str | Iterable[str], version: float | None = None) -> None:
         """Delete rows (as fenced tombstones) when the batch commits."""
         from jobspool.projection.handler import make_delete
 
         write = make_delete(self.job_id, table, ids, version, self.token)
+        self._add(write)
+
+    def _add(self, write: PendingWrite) -> None:
         with self._mutex:
+            if self.finished or self.settled:
+                # A ctx kept past its run (handed to a thread that outlived the handler):
+                # its writes were taken when the run settled; this one would be dropped.
+                raise LeaseLost(self.job_id, self.token, "its run has ended (the handler "
+                                "returned): a write after that is never applied")
             self.writes.append(write)
 
     def __repr__(self) -> str:

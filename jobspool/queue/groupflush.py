@@ -55,6 +55,7 @@ class GroupFlush:
         self._thread_lock = threading.Lock()  # flock does not exclude threads of one process
         self._fd = -1
         self._pid = -1
+        self._closed = False
 
     def publish(self, slots: Iterable[int]) -> int:
         """Take a publication number for a batch that changed the directories `slots`
@@ -64,7 +65,17 @@ class GroupFlush:
 
     def wait(self, number: int, slot_dirs: dict[int, str]) -> None:
         """Return once a flush covers publication `number` (call without the spool lock)."""
+        if self._pid != current_pid():
+            # Forked while another thread of the parent held it: the child's copy would
+            # stay held for ever (its first enqueue hung).
+            self._thread_lock = threading.Lock()
         with self._thread_lock:
+            if self._closed:
+                # The spool was closed after this thread published (its jobs are visible):
+                # flush on our own rather than fail a call whose work is done.
+                for d in set(slot_dirs.values()):
+                    self._flush_dir(self._root / d)
+                return
             fd = self._flush_fd()
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
@@ -96,6 +107,8 @@ class GroupFlush:
         return self._fd
 
     def close(self) -> None:
-        if self._fd >= 0 and self._pid == current_pid():
-            os.close(self._fd)
-        self._fd = -1
+        with self._thread_lock:  # a flush in flight in another thread finishes first
+            self._closed = True
+            if self._fd >= 0 and self._pid == current_pid():
+                os.close(self._fd)
+            self._fd = -1

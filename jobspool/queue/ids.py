@@ -12,6 +12,17 @@ import threading
 import time
 
 _id_lock = threading.Lock()
+
+
+def _reset_after_fork() -> None:
+    # A fork while another thread held the lock left the child's copy held for ever: the
+    # child's first enqueue hung. (Its sequence state carries over: ids stay unique, the
+    # random bits differ.)
+    global _id_lock
+    _id_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
 _last_ms = 0
 _seq = 0
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"

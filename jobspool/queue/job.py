@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from jobspool.errors import CorruptFileWarning, InvalidJob, JobTooLarge
+from jobspool.errors import CorruptFileWarning, InvalidJob, InvalidType, JobTooLarge
 
 # The payload rule and the time helpers live in payload.py; re-exported for callers here.
 from jobspool.queue.payload import MAX_JSON_DEPTH as MAX_JSON_DEPTH
@@ -175,6 +175,11 @@ def report_unreadable(directory: str, job_id: str, reason: str) -> None:
 
 
 def validate_job_id(job_id: object) -> str:
+    if isinstance(job_id, Job | Lease | Reservation):
+        # A whole job (with its payload) in the message, and "must match", said nothing.
+        given = job_id.id if isinstance(job_id, Job) else job_id.job_id
+        raise InvalidType(f"expected a job id (str), got a {type(job_id).__name__}: pass its "
+                          f"id ({given!r})", field="job_id")
     if not isinstance(job_id, str) or JOB_ID_RE.fullmatch(job_id) is None:
         raise InvalidJob(f"job id {job_id!r} must match {JOB_ID_PATTERN}", field="job_id")
     return job_id

@@ -76,8 +76,9 @@ def process_ident() -> str:
 
 
 def _after_fork_in_child() -> None:
-    global _ident
+    global _ident, _lock
     _ident = ""
+    _lock = threading.Lock()  # a parent's thread may have held it at the fork
     # The child must not keep the parent's liveness locks alive: flock locks belong to the
     # open file description, which fork shares. Drop our copies without unlocking.
     for mark in _marks.values():

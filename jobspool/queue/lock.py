@@ -52,7 +52,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from jobspool.errors import SpoolError
+from jobspool.errors import SpoolClosed, SpoolError
 from jobspool.queue.changelog import RING_BYTES, ChangeRing
 from jobspool.queue.perms import set_fd_mode
 from jobspool.queue.procid import current_pid
@@ -201,16 +201,28 @@ class SpoolLock:
                          path=str(self._path))
 
     @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def check_open(self) -> None:
+        """`SpoolClosed` after `close()`: for readers, which read without the lock (a `wait`
+        on a closed spool polled for ever)."""
+        if self._closed:
+            raise SpoolClosed(self._root)
+
+    @property
     def path(self) -> Path:
         return self._path
 
     def acquire(self) -> None:
         if self._closed:  # else a cryptic "file descriptor cannot be a negative integer"
-            raise SpoolError(f"spool {self._root} was closed; open a new Spool to use it",
-                             path=str(self._root))
+            raise SpoolClosed(self._root)
         if self._pid != current_pid():
             self._reopen_after_fork()
         self._thread_lock.acquire()
+        if self._closed and self._depth == 0:  # closed by another thread while we waited
+            self._thread_lock.release()
+            raise SpoolClosed(self._root)
         if self._depth == 0:
             self._after_reopen = False
             try:
@@ -264,6 +276,12 @@ class SpoolLock:
     def release(self) -> None:
         self._depth -= 1
         if self._depth == 0:
+            if self._closed:  # closed by this holder inside its block: now it goes
+                try:
+                    self._close_now()
+                finally:
+                    self._thread_lock.release()
+                return
             try:
                 fcntl.flock(self._dir_fd, fcntl.LOCK_UN)
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
@@ -342,7 +360,20 @@ class SpoolLock:
             _SLOT.pack_into(self._map, self.SUSPECT_SLOT * _SLOT.size, 0)
 
     def close(self) -> None:
-        self._closed = True
+        """Close, after the operations other threads have in flight here: closing under
+        them dropped their flock mid-change (another process then moved a job inside a
+        fenced block) and left them a map and descriptors that were gone."""
+        with self._thread_lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._depth:
+                # Called by the holder itself (inside a fenced block): the lock goes when
+                # the block ends (`release`), not from under it.
+                return
+            self._close_now()
+
+    def _close_now(self) -> None:
         try:
             self._map.close()
         finally:

@@ -232,6 +232,11 @@ def check_lease(job: Job, lease: Lease, now: float) -> None:
         raise LeaseLost(lease.job_id, lease.token, f"job is {job.state.value}")
     if job.lease.token != lease.token:
         raise LeaseLost(lease.job_id, lease.token, f"job was claimed again (token {job.lease.token})")
+    if lease.job.created_at != job.created_at:
+        # Tokens are unique per spool only: another spool's lease on a job of the same id
+        # (per-tenant spools, deterministic ids) can carry the very same token.
+        raise LeaseLost(lease.job_id, lease.token, "the lease is for another job of this id "
+                                                   "(issued by another spool?)")
     if job.lease.expires_at <= now:
         raise LeaseLost(lease.job_id, lease.token, "lease expired")
 

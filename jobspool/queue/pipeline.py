@@ -261,7 +261,7 @@ class Pipeline(IdleWaits):
             return 0
         claim = functools.partial(
             self.spool.claim, kinds=self.config.kinds, limit=want, owner=self.config.owner,
-            lease_seconds=self.config.lease_seconds, exclude=frozenset(self.in_hand),
+            lease_seconds=self.config.lease_seconds, exclude=frozenset(self.in_hand) | self.settler.avoided(),
             **self._claim_options)
         leases, self._due_hint = await anyio.to_thread.run_sync(self._claim_or_due, claim)
         self.counters.claimed += len(leases)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -58,6 +59,7 @@ class Settler:
         self.counters = counters
         self.sink = sink
         self.in_hand = in_hand
+        self.shunned: dict[str, float] = {}  # job id -> when this run may claim it again
 
     async def settle(self, group: list[Context]) -> None:
         """Project the group's writes (fenced), then settle every run in it."""
@@ -230,8 +232,26 @@ class Settler:
 
     def _count_lost(self, c: Context, err: LeaseLost) -> None:
         self.counters.lease_lost += 1
+        if err.reason.startswith(("job is ready", "job is retryable")):
+            self._shun(c)  # given back behind our back (its own handler released it)
         log.warning("lease lost on job %s (token %d) before settling: %s; result discarded",
                     c.job_id, c.token, err.reason, extra={"job_id": c.job_id, "token": c.token})
+
+    def _shun(self, c: Context) -> None:
+        """Leave a job given back behind this run's back alone for a lease's time: a handler
+        that released its own job made the run claim it again at once, for ever (no
+        attempt counted) — `run_until_idle` never returned, at full CPU. A lease that
+        merely lapsed is not shunned: its job's next claim counts an attempt."""
+        self.shunned[c.job_id] = time.monotonic() + self.config.lease_seconds
+
+    def avoided(self) -> frozenset[str]:
+        """The jobs the next claim leaves alone (`_shun`); forgets the ones whose time is up."""
+        if not self.shunned:
+            return frozenset()
+        now = time.monotonic()
+        for job_id in [j for j, until in self.shunned.items() if until <= now]:
+            del self.shunned[job_id]
+        return frozenset(self.shunned)
 
     def _release(self, c: Context) -> None:
         try:

@@ -220,6 +220,13 @@ class Spool(EnqueueForms):
     def __repr__(self) -> str:
         return f"Spool({str(self.root)!r})"
 
+    def __reduce__(self) -> Any:
+        # multiprocessing's spawn pickles what it is handed: "cannot pickle 'mmap.mmap'"
+        # said nothing of what to do instead.
+        raise TypeError(f"a Spool cannot be pickled (it holds open files and locks): pass "
+                        f"its root ({str(self.root)!r}) to the other process and open a "
+                        "Spool there")
+
     def _autoprune(self) -> None:
         from jobspool.recovery.prune import prune_if_over
 
@@ -400,6 +407,7 @@ class Spool(EnqueueForms):
     def get(self, job_id: str) -> Job:
         """The current snapshot of a job; `JobNotFound` if no state directory holds it."""
         validate_job_id(job_id)
+        self.lock.check_open()
         job, _ = self.journal.locate(job_id)
         if job is None:
             # Lock-free probing can miss a job moving between two directories we probe
@@ -420,6 +428,7 @@ class Spool(EnqueueForms):
         states = job_states(state)
         if kind is not None:
             validate_kind(kind)
+        self.lock.check_open()
         return self._iter_jobs(states, kind)
 
     def _iter_jobs(self, states: Sequence[JobState], kind: str | None) -> Iterator[Job]:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import anyio
 
-from jobspool.errors import JobspoolError, WorkerCrashed
+from jobspool.errors import JobspoolError, SpoolClosed, WorkerCrashed
 from jobspool.queue.report import Counters
 
 log = logging.getLogger("jobspool.queue.worker")
@@ -51,6 +51,9 @@ class Supervisor:
     def record(self, exc: BaseException, counters: Counters) -> WorkerCrashed | None:
         """Log and count a failure; the `WorkerCrashed` to raise when it is time to give up."""
         counters.crashes += 1
+        if isinstance(exc, SpoolClosed):
+            # A closed spool never reopens: retrying five times only delayed this verdict.
+            return WorkerCrashed(f"worker stopped: {exc}")
         now = self._clock()
         self._crash_times = [t for t in self._crash_times if now - t < self.crash_window_seconds]
         self._crash_times.append(now)

@@ -406,6 +406,18 @@ class Worker:
     # ------------------------------------------------------------ support
 
     async def _watch_signals(self) -> None:
+        # The event loop puts SIG_DFL back when the receiver closes, not what the process
+        # had: an application embedding a worker lost its own handlers (a later SIGTERM
+        # killed it outright). Restored here, whatever ends the run.
+        before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            await self._receive_signals()
+        finally:
+            for signum, handler in before.items():
+                with contextlib.suppress(ValueError, TypeError, OSError):
+                    signal.signal(signum, handler)
+
+    async def _receive_signals(self) -> None:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for signum in signals:
                 name = signal.Signals(signum).name

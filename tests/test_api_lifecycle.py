@@ -1,0 +1,189 @@
+"""The Python API misused the way real programs do: forks with threads running, a spool
+closed under work in flight, a Worker embedded in an application with its own signal
+handlers, leases of one spool handed to another, a ctx kept past its run. Each case was
+found by trying it (a new-user pass) and failed before its fix."""
+
+from __future__ import annotations
+
+import pickle
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+from jobspool import Context, Job, JobState, Spool, Worker
+from jobspool.errors import InvalidType, LeaseLost, SpoolClosed, WorkerCrashed
+from tests.spools import make_spool
+from tests.subproc import REPO, cli_env
+
+_FORK_CHILD = textwrap.dedent("""
+    import faulthandler, os, sys, threading
+    from jobspool import Spool
+    from jobspool.queue import groupflush, ids, liveness
+    spool = Spool(sys.argv[1])                    # durable: enqueues share a group flush
+    spool.enqueue("k", {})                        # (registers this process, opens the flush)
+    held = [ids._id_lock, liveness._lock, spool.journal._group._thread_lock]
+    for lock in held:                             # as another thread would hold them
+        lock.acquire()                            # at the moment of the fork
+    pid = os.fork()
+    if pid == 0:
+        faulthandler.dump_traceback_later(20, exit=True)  # a hang fails, not hangs
+        spool.enqueue("k", {"from": "child"})
+        os._exit(0)
+    for lock in held:
+        lock.release()
+    _, status = os.waitpid(pid, 0)
+    print(os.waitstatus_to_exitcode(status))
+""")
+
+
+def test_a_child_forked_while_other_threads_held_the_spools_locks_can_enqueue(
+        tmp_path: Path) -> None:
+    # Found in a new-user pass: 6 children in 20 hung for ever in their first enqueue (a
+    # threading.Lock a parent's thread held at the fork stays held in the child).
+    root = tmp_path / "spool"
+    make_spool(root).close()
+    done = subprocess.run([sys.executable, "-c", _FORK_CHILD, str(root)], cwd=REPO,
+                          env=cli_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0"], done.stderr
+    with make_spool(root) as spool:
+        assert [j.payload for j in spool.jobs()] == [{}, {"from": "child"}]
+
+
+def test_close_from_another_thread_waits_for_a_fenced_block(tmp_path: Path) -> None:
+    # Found in a new-user pass: close() dropped the flock under the block, so another
+    # process canceled the job while the fenced side effect ran, and the block's exit
+    # raised "file descriptor cannot be a negative integer".
+    root = tmp_path / "spool"
+    a, b = make_spool(root), make_spool(root)
+    a.enqueue("k", job_id="j")
+    (lease,) = a.claim()
+    canceled: list[JobState] = []
+    with a.fenced(lease):
+        other = threading.Thread(target=lambda: canceled.append(b.cancel("j").state))
+        other.start()
+        closer = threading.Thread(target=a.close)
+        closer.start()
+        closer.join(0.5)
+        assert closer.is_alive() and not canceled  # both wait for the block
+        assert b.get("j").state is JobState.LEASED
+    closer.join(30)
+    other.join(30)
+    assert canceled == [JobState.CANCELED]
+    with pytest.raises(SpoolClosed):
+        a.enqueue("k")
+    b.close()
+
+
+def test_run_forever_gives_the_process_its_signal_handlers_back(spool: Spool) -> None:
+    # Found in a new-user pass: the event loop put SIG_DFL back, so an application that
+    # embedded a worker was then killed outright by a SIGTERM it meant to handle.
+    def mine(signum: int, frame: object) -> None:
+        pass
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        signal.signal(signal.SIGINT, mine)
+        signal.signal(signal.SIGTERM, mine)
+        worker = Worker(spool, {"k": lambda job, ctx: None}, maintenance=False)
+        threading.Timer(0.2, worker.stop).start()
+        worker.run_forever()
+        assert signal.getsignal(signal.SIGINT) is mine
+        assert signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+
+
+def test_a_lease_of_another_spool_is_refused(tmp_path: Path) -> None:
+    # Found in a new-user pass: per-tenant spools with the same job id hand out the same
+    # token, and one spool completed its job with the other's lease.
+    a, b = make_spool(tmp_path / "a"), make_spool(tmp_path / "b")
+    a.enqueue("k", job_id="x")
+    b.enqueue("k", job_id="x")
+    (from_a,) = a.claim()
+    (from_b,) = b.claim()
+    assert from_a.token == from_b.token
+    with pytest.raises(LeaseLost, match="another spool"):
+        b.complete(from_a, "wrong")
+    assert b.complete(from_b, "right").result == "right"
+    a.close()
+    b.close()
+
+
+def test_a_handler_releasing_its_own_lease_does_not_loop_the_run(spool: Spool) -> None:
+    # Found in a new-user pass: the run claimed the job again at once, for ever
+    # (1,155 claims in 2 s; run_until_idle never returned).
+    spool.enqueue("k", job_id="j")
+
+    def handler(job: Job, ctx: Context) -> str:
+        spool.release(ctx.lease)
+        return "x"
+
+    worker = Worker(spool, {"k": handler}, concurrency=1, batch_size=1, maintenance=False)
+    guard = threading.Timer(60, worker.stop)  # a regression must fail, not hang
+    guard.start()
+    try:
+        report = worker.run_until_idle()
+    finally:
+        guard.cancel()
+    assert (report.claimed, report.lease_lost) == (1, 1)
+    assert spool.get("j").state is JobState.READY
+
+
+def test_a_ctx_kept_past_its_run_refuses_writes(spool: Spool) -> None:
+    # Found in a new-user pass: ctx.upsert after the handler returned was accepted and
+    # silently dropped (a ctx handed to a thread that outlived the handler lost data).
+    kept: list[Context] = []
+
+    def handler(job: Job, ctx: Context) -> None:
+        kept.append(ctx)
+
+    spool.enqueue("k")
+    Worker(spool, {"k": handler}, maintenance=False).run_until_idle()
+    (ctx,) = kept
+    with pytest.raises(LeaseLost, match="its run has ended"):
+        ctx.upsert("t", {"id": "late"})
+    with pytest.raises(LeaseLost, match="its run has ended"):
+        ctx.delete("t", ["late"])
+
+
+def test_a_worker_on_a_closed_spool_stops_at_once(tmp_path: Path) -> None:
+    # It retried five times over two seconds, logging "restarting" each time.
+    spool = make_spool(tmp_path / "spool")
+    spool.enqueue("k")
+    spool.close()
+    with pytest.raises(WorkerCrashed, match="was closed") as info:
+        Worker(spool, {"k": lambda job, ctx: None}, maintenance=False).run_until_idle()
+    assert "5 times" not in str(info.value)
+
+
+def test_readers_of_a_closed_spool_say_so(tmp_path: Path) -> None:
+    # `wait` polled a closed spool for ever; `get` and `jobs` went on reading.
+    spool = make_spool(tmp_path / "spool")
+    job = spool.enqueue("k")
+    spool.close()
+    for call in (lambda: spool.get(job.id), lambda: list(spool.jobs()),
+                 lambda: spool.wait(job.id, timeout=None)):
+        with pytest.raises(SpoolClosed):
+            call()
+
+
+def test_a_job_where_its_id_belongs_is_named(spool: Spool) -> None:
+    job = spool.enqueue("k", {"secret": "x" * 1000}, job_id="p1")
+    for call in (spool.get, spool.cancel, spool.requeue):
+        with pytest.raises(InvalidType, match=r"expected a job id \(str\), got a Job") as info:
+            call(job)  # type: ignore[arg-type]
+        assert "secret" not in str(info.value)
+
+
+def test_pickling_a_spool_says_what_to_do_instead(spool: Spool) -> None:
+    with pytest.raises(TypeError, match="pass its root"):
+        pickle.dumps(spool)
+    with pytest.raises(TypeError, match="pass its root"):
+        pickle.dumps(Worker(spool, {"k": lambda job, ctx: None}, maintenance=False))
