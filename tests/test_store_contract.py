@@ -739,3 +739,30 @@ def test_a_failure_near_the_size_limit_keeps_a_cut_traceback_that_fits(
     assert len(encode_job(stored)) <= 4096
     assert stored.last_error and stored.last_error.startswith("boom")
     assert stored.traceback is None or stored.traceback.endswith("LAST")
+
+
+def test_a_claim_for_no_kinds_claims_nothing(any_spool: Spool) -> None:
+    # Found in a PostgreSQL pass: kinds=[] claimed jobs of every kind (no filter at all).
+    any_spool.enqueue("a", job_id="a")
+    any_spool.enqueue("b", job_id="b")
+    assert any_spool.claim(kinds=[], limit=5) == []
+    assert {j.state for j in any_spool.jobs()} == {JobState.READY}
+
+
+@pytest.mark.parametrize("op", ["complete", "release", "cancel"])
+def test_a_job_settled_inside_its_own_fenced_block_stays_settled(any_spool: Spool,
+                                                                  op: str) -> None:
+    # Found in a PostgreSQL pass: the block's end extended a lease that was no longer
+    # there, a raw CheckViolation rolled the settle back, and the job stayed leased.
+    any_spool.enqueue("k", job_id="j")
+    (lease,) = any_spool.claim()
+    with pytest.raises(LeaseLost), any_spool.fenced(lease):
+        if op == "complete":
+            any_spool.complete(lease, "done")
+        elif op == "release":
+            any_spool.release(lease)
+        else:
+            any_spool.cancel("j")
+    expected = {"complete": JobState.COMPLETED, "release": JobState.READY,
+                "cancel": JobState.CANCELED}[op]
+    assert any_spool.get("j").state is expected

@@ -60,6 +60,8 @@ def claim(spool: PgSpool, *, kinds: Iterable[str] | str | None, limit: int, owne
     sweep of the claim's kinds, at most once a second and whenever a claim comes back
     empty (an empty claim has no handler waiting on that extra round trip)."""
     wanted = kinds_param(kinds)
+    if wanted is not None and not wanted:
+        return []  # no kind wanted: nothing (unfiltered, it took jobs of every kind)
     params = {"now": spool.now_param(), "kinds": wanted, "limit": limit,
               "kind": wanted[0] if wanted else None, "max_rescues": spool.max_rescues,
               "owner": owner, "lease": lease_seconds, "proc": secrets.token_hex(8),
@@ -313,6 +315,7 @@ def next_due_at(spool: PgSpool, kinds: Iterable[str] | None) -> float | None:
 def fenced(spool: PgSpool, lease: Lease) -> Iterator[Lease]:
     """`PgSpool.fenced`: the job's row locked for the block, the lease checked before it
     and extended after it, in one transaction."""
+    lost: LeaseLost | None = None
     with spool.db.connection() as conn, conn.transaction():
         row = conn.execute(f"SELECT {COLUMNS} FROM jobspool_jobs WHERE id = %s FOR UPDATE",
                            (lease.job_id,)).fetchone()
@@ -324,12 +327,23 @@ def fenced(spool: PgSpool, lease: Lease) -> Iterator[Lease]:
         machine.check_lease(to_job(row), lease, now)
         with spool.db.pinned(conn):
             yield lease
-        # From the block's end, not its start: a block longer than the lease left it expired.
+        # From the block's end, not its start: a block longer than the lease left it
+        # expired. Guarded: the block may have settled (or canceled) the job itself.
         end = spool.now_param()
-        conn.execute("UPDATE jobspool_jobs SET expires_at = greatest(expires_at, "
-                     "coalesce(%s, extract(epoch from clock_timestamp())::float8) + %s), "
-                     "revision = revision + 1 WHERE id = %s",
-                     (end, spool.lease_seconds, lease.job_id))
+        extended = conn.execute(
+            "UPDATE jobspool_jobs SET expires_at = greatest(expires_at, "
+            "coalesce(%s, extract(epoch from clock_timestamp())::float8) + %s), "
+            "revision = revision + 1 WHERE id = %s AND state = 'leased' AND token = %s "
+            "RETURNING 1", (end, spool.lease_seconds, lease.job_id, lease.token)).fetchone()
+        if extended is None:
+            now_row = conn.execute("SELECT state FROM jobspool_jobs WHERE id = %s",
+                                   (lease.job_id,)).fetchone()
+            lost = LeaseLost(lease.job_id, lease.token,
+                             f"job is {now_row[0] if now_row else 'gone'}")
+    if lost is not None:
+        # As on the file spool: what the block did stands (committed above), and the
+        # lease it ended is reported lost.
+        raise lost
 
 
 def fence_value(spool: PgSpool) -> int:

@@ -114,7 +114,10 @@ CLAIMS = {n: _CLAIM.replace("{kinds}", f) for n, f in _KIND_FILTERS.items()}
 
 
 def claim_sql(kinds: list[str] | None) -> str:
-    """The claim statement for no kind filter, one kind, or several."""
+    """The claim statement for no kind filter, one kind, or several (not for none: the
+    caller claims nothing then, as the file spool does)."""
+    if kinds is not None and not kinds:
+        raise ValueError("claim_sql: an empty kinds list claims nothing")
     return CLAIMS[0 if kinds is None else min(len(kinds), 2)]
 
 
