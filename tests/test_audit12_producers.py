@@ -458,3 +458,22 @@ def test_show_names_a_delayed_job_scheduled_first_not_retryable(tmp_path: Path) 
     (state,) = [line for line in shown.out.splitlines()
                 if line.strip().startswith("state:")]
     assert state.split(":", 1)[1].split()[0] == "scheduled"
+
+
+@pytest.mark.parametrize("on_conflict", ["error", "replace"])
+def test_a_refused_batch_leaves_no_staged_file_behind(tmp_path: Path, on_conflict: str) -> None:
+    # Found in a new-user pass: a new id's file, written before the lock, was handed to
+    # the publish list; a later id's DuplicateJob then skipped the discard, leaving one
+    # full job in tmp/ per refused batch (25 files, 1.2 MB after 20 batches).
+    from tests.helpers_spool import tmp_leftovers
+
+    with make_spool(tmp_path / "spool") as spool:
+        spool.enqueue("k", 0, job_id="taken")
+        if on_conflict == "replace":
+            spool.claim()  # a leased job cannot be replaced
+        for i in range(5):
+            with pytest.raises(DuplicateJob):
+                spool.enqueue_many("k", ["x" * 60_000, 1], job_ids=[f"new{i}", "taken"],
+                                   on_conflict=on_conflict)
+        assert tmp_leftovers(spool.root) == []
+        assert [j.id for j in spool.jobs()] == ["taken"]

@@ -95,40 +95,42 @@ class Producer:
         pairs: list[tuple[Job | None, Job | None]] = []
         stale: list[Change] = []
         seen: dict[str, EnqueueResult] = {}
-        for job in fresh:
-            if job.id in seen:
-                out.append(EnqueueResult(seen[job.id].job, "existing"))
-                continue
-            existing, copies = self.journal.locate(job.id) if given else (None, [])
-            if given and existing is None:
-                self._refuse_unreadable(job.id)
-            stale.extend(self.journal.stale_removals(job.id, copies))
-            if existing is None:
-                if job.id in staged:
-                    new = job  # exactly what was written outside the lock
-                    publish[job.id] = staged.pop(job.id)
-                else:
-                    due = now + delay if run_at is None else run_at
-                    new = evolve(job, created_at=now, updated_at=now, run_at=due)
-                pairs.append((None, new))
-                result = EnqueueResult(new, "created")
-            else:
-                outcome, new = machine.decide_enqueue(
-                    existing, job, now=now, on_conflict=on_conflict,
-                    unique_states=unique_states, reservation=reservation,
-                    max_bytes=self.journal.max_job_bytes)
-                if outcome != "existing":
-                    pairs.append((existing, new))
-                result = EnqueueResult(new, outcome)
-            seen[job.id] = result
-            out.append(result)
-        # Backpressure counts only what this call adds to the backlog: an idempotent
-        # re-enqueue of an existing job adds nothing and is never refused.
         try:
+            for job in fresh:
+                if job.id in seen:
+                    out.append(EnqueueResult(seen[job.id].job, "existing"))
+                    continue
+                existing, copies = self.journal.locate(job.id) if given else (None, [])
+                if given and existing is None:
+                    self._refuse_unreadable(job.id)
+                stale.extend(self.journal.stale_removals(job.id, copies))
+                if existing is None:
+                    if job.id in staged:
+                        new = job  # exactly what was written outside the lock
+                        publish[job.id] = staged.pop(job.id)
+                    else:
+                        due = now + delay if run_at is None else run_at
+                        new = evolve(job, created_at=now, updated_at=now, run_at=due)
+                    pairs.append((None, new))
+                    result = EnqueueResult(new, "created")
+                else:
+                    outcome, new = machine.decide_enqueue(
+                        existing, job, now=now, on_conflict=on_conflict,
+                        unique_states=unique_states, reservation=reservation,
+                        max_bytes=self.journal.max_job_bytes)
+                    if outcome != "existing":
+                        pairs.append((existing, new))
+                    result = EnqueueResult(new, outcome)
+                seen[job.id] = result
+                out.append(result)
+            # Backpressure counts only what this call adds to the backlog: an idempotent
+            # re-enqueue of an existing job adds nothing and is never refused.
             self._admit(sum(1 for old, new in pairs if old is None or old.terminal))
             self.journal.commit_changes(pairs, stale, staged=publish, group=group)
         except BaseException:
-            staged.update(publish)  # not published: the caller discards them
+            # Not published: the caller discards them. (A refusal met after an earlier id
+            # had taken its staged file left that file in tmp/ for good.)
+            staged.update(publish)
             raise
         return out
 
