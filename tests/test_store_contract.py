@@ -766,3 +766,12 @@ def test_a_job_settled_inside_its_own_fenced_block_stays_settled(any_spool: Spoo
     expected = {"complete": JobState.COMPLETED, "release": JobState.READY,
                 "cancel": JobState.CANCELED}[op]
     assert any_spool.get("j").state is expected
+
+
+def test_a_backfilled_job_has_not_waited_for_max_lag_seconds(make_any_spool: MakeSpool) -> None:
+    # Found in a producers pass: lag was measured from run_at, so one job enqueued with a
+    # run_at an hour back refused every producer under max_lag_seconds=600.
+    make_any_spool(max_lag_seconds=600.0).enqueue("k", "backfill", run_at=time.time() - 3600)
+    other = make_any_spool(max_lag_seconds=600.0)  # another producer: measures afresh
+    other.enqueue("k", "next")  # admitted: nothing has waited yet
+    assert sorted(j.payload for j in other.jobs(JobState.READY)) == ["backfill", "next"]

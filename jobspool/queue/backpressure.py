@@ -21,7 +21,8 @@ every enqueue):
   Jobs in `retryable/` whose backoff ended are not counted: finding them
   means reading every retryable file. Delayed jobs and prepared jobs are not
   backlog either.
-- `lag` is the age (`now - run_at`) of the ready job with the smallest id,
+- `lag` is how long the ready job with the smallest id has waited (since its
+  `run_at`, or since it arrived in `ready/` when later: `waiting_since`),
   one file read. Generated ids are time-ordered, so that is the oldest job;
   with caller-given ids it is an approximation (the lexicographically first
   id), while `max_due` stays exact.
@@ -79,6 +80,13 @@ class _State:
 _STATES: weakref.WeakKeyDictionary[Any, _State] = weakref.WeakKeyDictionary()
 
 
+def waiting_since(run_at: float, updated_at: float) -> float:
+    """When a ready job started waiting: when it came due, or arrived in `ready/` if later.
+    A job enqueued with a `run_at` an hour back (a backfill) has waited no time at all;
+    measured from `run_at`, it refused every producer under `max_lag_seconds`."""
+    return max(run_at, updated_at)
+
+
 def measure(spool: Journal) -> Backlog:
     """Count `ready/` (one listing) and read the job with the smallest id (one file read)."""
     now = spool.now()
@@ -88,7 +96,7 @@ def measure(spool: Journal) -> Backlog:
     for name in sorted(names)[:4]:
         job = spool.read_job(JobState.READY, name[: -len(JOB_SUFFIX)])
         if job is not None:
-            oldest = job.run_at
+            oldest = waiting_since(job.run_at, job.updated_at)
             break
     return Backlog(due=len(names), oldest_run_at=oldest, measured_at=now)
 
