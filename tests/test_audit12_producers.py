@@ -477,3 +477,18 @@ def test_a_refused_batch_leaves_no_staged_file_behind(tmp_path: Path, on_conflic
                                    on_conflict=on_conflict)
         assert tmp_leftovers(spool.root) == []
         assert [j.id for j in spool.jobs()] == ["taken"]
+
+
+@pytest.mark.parametrize("job_ids", [{"s1", "s2"}, "gh", (i for i in ("a", "b")), 5])
+def test_job_ids_must_be_a_list(tmp_path: Path, job_ids: Any) -> None:
+    # Found in a producers pass: a set paired ids with payloads in hash order (a payload
+    # stored under another's idempotency key), a str made an id per character, a
+    # generator or an int gave a bare TypeError.
+    from jobspool.errors import InvalidType
+
+    with make_spool(tmp_path / "spool") as spool:
+        with pytest.raises(InvalidType, match="job_ids must be a list"):
+            spool.enqueue_many("k", [1, 2], job_ids=job_ids)
+        with pytest.raises(InvalidType, match="unique_states must be a list"):
+            spool.enqueue_many("k", [1], job_ids=["a"], unique_states=5)  # type: ignore[arg-type]
+        assert list(spool.jobs()) == []

@@ -40,6 +40,9 @@ def check_unique_states(states: Iterable[JobState | str] | None) -> frozenset[Jo
         return None
     if isinstance(states, str):
         states = [states]
+    if not isinstance(states, Iterable):
+        raise InvalidType(f"unique_states must be a list of states, not a "
+                          f"{type(states).__name__}", field="unique_states")
     out: set[JobState] = set()
     for s in states:
         try:
@@ -104,6 +107,11 @@ def job_ids_for(n: int, job_ids: Sequence[str | None] | None) -> list[str]:
     """One id per payload: the caller's (checked) or a new time-ordered one."""
     if job_ids is None:
         return [new_job_id() for _ in range(n)]
+    if not isinstance(job_ids, list | tuple):
+        # A set pairs ids with payloads in hash order (a payload under another's key); a
+        # str makes an id per character; a generator has no length to check.
+        raise InvalidType(f"job_ids must be a list (one id or None per payload, in order), "
+                          f"not a {type(job_ids).__name__}", field="job_ids")
     if len(job_ids) != n:
         raise InvalidJob(f"job_ids has {len(job_ids)} items for {n} payloads",
                          field="job_ids")
