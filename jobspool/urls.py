@@ -4,15 +4,31 @@ from __future__ import annotations
 
 import re
 
-_USERINFO_PASSWORD = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://[^:@/?#]*):[^@/?#]*@")
+# Up to the authority's *last* '@': a password with an unencoded '@' ("Tops@cret") was
+# cut at the first, and half of it shown.
+_USERINFO_PASSWORD = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://[^:@/?#]*):[^/?#]*@")
 _QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
+# libpq's key=value form ("host=h password=pw" or password='p w').
+_KEYWORD_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S*)", re.IGNORECASE)
 
 
 def redact_url(url: str) -> str:
-    """`url` with its password replaced by `***`, in the `user:pw@` form and as a
-    `password=` query parameter (libpq accepts both); the rest is kept, so the URL
-    shown still names the spool. Anything that is not a URL comes back unchanged."""
+    """`url` with its password replaced by `***`, in the `user:pw@` form, as a
+    `password=` query parameter and in libpq's `password=...` keyword form; the rest is
+    kept, so the URL shown still names the spool. Anything else comes back unchanged."""
+    if "://" not in url:
+        return _KEYWORD_PASSWORD.sub(r"\1***", url)
     return _QUERY_PASSWORD.sub(r"\1***", _USERINFO_PASSWORD.sub(r"\1:***@", url))
 
 
-__all__ = ["redact_url"]
+_LIBPQ_KEYWORDS = re.compile(
+    r"(^|\s)(host|hostaddr|port|dbname|user|password|sslmode|service|passfile)\s*=",
+    re.IGNORECASE)
+
+
+def looks_like_libpq_dsn(text: str) -> bool:
+    """Whether `text` is libpq's `key=value` connection string rather than a path."""
+    return _LIBPQ_KEYWORDS.search(text) is not None
+
+
+__all__ = ["looks_like_libpq_dsn", "redact_url"]

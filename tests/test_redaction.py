@@ -20,6 +20,10 @@ from tests.cli_harness import run_cli
     ("postgres://h/app?PASSWORD=x", "postgres://h/app?PASSWORD=***"),
     ("postgresql://u@h:5/db?options=-csearch_path%3Dq", "postgresql://u@h:5/db?options=-csearch_path%3Dq"),
     ("/var/spool/jobs", "/var/spool/jobs"),
+    # Found in a PostgreSQL pass: an unencoded '@' in the password showed its second half.
+    ("postgresql://pwuser:Tops@cret@127.0.0.1:5/postgres", "postgresql://pwuser:***@127.0.0.1:5/postgres"),
+    ("host=h port=5 user=u password=KvPw", "host=h port=5 user=u password=***"),
+    ("host=h password='a b' dbname=d", "host=h password=*** dbname=d"),
 ])
 def test_redact_url_hides_the_password_in_either_form(url: str, shown: str) -> None:
     assert redact_url(url) == shown
@@ -51,4 +55,23 @@ def test_a_url_with_leading_whitespace_is_refused_and_nothing_is_created(
     finally:
         os.chdir(cwd)
     assert code == 2 and "whitespace" in err and len(err.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("root", ["host=127.0.0.1 port=1 user=u password=KvPw",
+                                  "postgressql://u:Se@cret@127.0.0.1:1/db"])
+def test_a_root_that_is_no_spool_is_refused_without_its_password(
+        tmp_path: Path, root: str) -> None:
+    # Found in a PostgreSQL pass: libpq's key=value form was taken for a directory (init
+    # made one named after it, password and all; errors printed it), and a mistyped
+    # scheme echoed the password.
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        for command in ("init", "stats"):
+            code, out, err = run_cli(command, root=root)
+            assert code == 2 and len(err.strip().splitlines()) == 1, err
+            assert "KvPw" not in out + err and "cret" not in out + err, err
+    finally:
+        os.chdir(cwd)
     assert list(tmp_path.iterdir()) == []

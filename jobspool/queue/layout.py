@@ -30,6 +30,7 @@ from jobspool.queue.perms import (
 )
 from jobspool.queue.states import ALL_STATES
 from jobspool.queue.store import LIVE_DIR, POOL_DIR, TMP_DIR, write_atomic
+from jobspool.urls import looks_like_libpq_dsn, redact_url
 
 SPOOL_FORMAT = 1
 SPOOL_FILE = "spool.json"
@@ -131,16 +132,22 @@ _URL_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+:/")
 
 def _refuse_url(root: Path) -> None:
     text = os.fspath(root)
+    shown = redact_url(text)  # never a password in an error
+    if looks_like_libpq_dsn(text):
+        # Taken for a path it became a directory named after it, password and all.
+        raise SpoolError(f"spool root {shown!r} looks like a libpq connection string "
+                         "(key=value); give the database as a postgresql:// URL",
+                         path=shown)
     match = _URL_SCHEME.match(text.lstrip())
     if match is None:
         return
     scheme = match.group()[:-2]
     if text != text.lstrip():
-        raise SpoolError(f"spool root {text!r} starts with whitespace before a {scheme}: URL; "
-                         "remove it", path=text)
-    raise SpoolError(f"spool root {text.replace(':/', '://', 1)!r} is a {scheme}:// URL; a spool "
-                     "is a directory or a postgresql:// URL given as a string",
-                     path=text)
+        raise SpoolError(f"spool root {shown!r} starts with whitespace before a {scheme}: "
+                         "URL; remove it", path=shown)
+    raise SpoolError(f"spool root {redact_url(text.replace(':/', '://', 1))!r} is a "
+                     f"{scheme}:// URL; a spool is a directory or a postgresql:// URL given "
+                     "as a string", path=shown)
 
 
 def open_layout(root: Path, *, create: bool, durable: bool, read_only: bool = False,
