@@ -181,3 +181,18 @@ def test_handlers_calling_sys_exit_or_raising_keyboardinterrupt_do_not_stop_run_
             assert name in (job.last_error or "")
         assert spool.get(after).state is JobState.COMPLETED
     assert "ExceptionGroup" not in run.stderr
+
+
+def test_a_huge_exception_message_makes_a_bounded_log_line(
+        spool: Spool, caplog: pytest.LogCaptureFixture) -> None:
+    # Found in a producers pass: stored errors and tracebacks were cut, the log line was
+    # not (a 50 kB message, a 50 kB line).
+    def handler(job: Job, ctx: Context) -> None:
+        raise ValueError("v" * 50_000)
+
+    spool.enqueue("k", max_attempts=1)
+    with caplog.at_level(logging.WARNING, logger="jobspool"):
+        Worker(spool, {"k": handler}, maintenance=False).run_until_idle()
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("failed: ValueError" in m for m in lines)
+    assert max(len(m) for m in lines) < 2 * MAX_TRACEBACK_BYTES + 2048

@@ -34,6 +34,7 @@ from jobspool.queue.context import (
     Retried,
 )
 from jobspool.queue.job import clip_error, validate_delay
+from jobspool.queue.machine import clip_traceback
 from jobspool.queue.runtime import (
     Monitor,
     Tracked,
@@ -141,7 +142,8 @@ def _handler_raised(ctx: Context, exc: BaseException) -> None:
     ctx.outcome = Raised(exc)
     log.warning("job %s (%s, token %d, attempt %d) failed: %s\n%s", ctx.job_id,
                 ctx.job.kind, ctx.token, ctx.job.attempts, clip_error(exc),
-                ctx.traceback.rstrip("\n"),
+                # Bounded as stored: a 50 kB message made a 50 kB log line.
+                (clip_traceback(ctx.traceback) or "").rstrip("\n"),
                 extra={"job_id": ctx.job_id, "kind": ctx.job.kind, "token": ctx.token})
 
 
