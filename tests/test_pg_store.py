@@ -3,6 +3,8 @@ messages, fencing tokens above a migrated spool's, and the sweep of expired leas
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -15,6 +17,7 @@ from jobspool.pg.schema import SCHEMA_VERSION
 from jobspool.queue.states import JobState
 from tests.cli_harness import run_jobspool
 from tests.spools import make_spool
+from tests.subproc import REPO, cli_env
 
 
 def test_a_url_selects_the_postgresql_store_and_init_records_the_schema_version(
@@ -123,7 +126,19 @@ def test_migrate_copies_a_file_spool_without_leases_and_raises_the_token_sequenc
     first = src.claim()[0]
     assert first.job_id == done.id
     src.complete(first, {"ok": 1})
-    held = src.claim()[0]
+    # Held by a live worker (this process): refused, each job would run twice.
+    live = src.claim()[0]
+    refused = run_jobspool("--root", str(tmp_path / "s"), "migrate", "--to", pg_url)
+    assert refused.returncode == 2 and "may still be running" in refused.stderr, refused.stderr
+    src.release(live)
+    # Held by a worker that died (its liveness lock is free): copied as ready.
+    claimer = subprocess.run(
+        [sys.executable, "-c", "import os, sys; from jobspool import Spool; "
+         "Spool(sys.argv[1]).claim(); os._exit(137)", str(tmp_path / "s")],
+        cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120)
+    assert claimer.returncode == 137, claimer.stderr
+    held = src.get("held").lease
+    assert held is not None
     fence = src.fence_value()
     src.close()
 

@@ -7,7 +7,7 @@ import sys
 from dataclasses import asdict
 from typing import Any
 
-from jobspool.cli.common import EXIT_OK, UsageError, _open
+from jobspool.cli.common import EXIT_OK, Refused, UsageError, _open
 from jobspool.cli.render import _emit
 
 
@@ -32,6 +32,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     with _open(args, read_only=True) as source:
         if is_url(getattr(source, "url", None)):
             raise UsageError("migrate copies a file spool: --root must be a directory")
+        _refuse_live_leases(source)
         # The source's settings, stored if this creates the target (a file spool's
         # retention of 50,000 must not become the default 1,000 at the next prune).
         settings = {k: v for k, v in asdict(source.settings).items() if k != "access"}
@@ -47,3 +48,28 @@ def cmd_migrate(args: argparse.Namespace) -> int:
                    f"({report.unleased} leased ones as ready); {len(report.skipped)} already "
                    f"there left alone; token sequence at {report.fence}")
     return EXIT_OK
+
+
+def _refuse_live_leases(source: Any) -> None:
+    """Refuse (exit 2) while a worker may still run the source's jobs: each job copied as
+    ready would run twice, once there and once on PostgreSQL. An expired lease, or one
+    whose holder is provably dead (its liveness lock is free), is copied as ready."""
+    from jobspool.queue import liveness
+    from jobspool.queue.states import JobState
+
+    now = source.now()
+    live = []
+    for job in source.jobs(JobState.LEASED):
+        lease = job.lease
+        if lease is None or lease.expires_at <= now:
+            continue
+        verdict, _ = liveness.probe(source.root, lease.proc) if lease.proc else (
+            liveness.Verdict.UNKNOWN, None)
+        if verdict != liveness.Verdict.DEAD:
+            live.append(job)
+    if live:
+        first = live[0]
+        raise Refused(f"{len(live)} job(s) are leased by a worker that may still be running "
+                      f"them (e.g. {first.id}, held by {first.lease.owner if first.lease else '?'}"
+                      "); stop the spool's workers first (or wait for their leases to "
+                      "expire), then migrate")
