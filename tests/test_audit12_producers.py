@@ -492,3 +492,17 @@ def test_job_ids_must_be_a_list(tmp_path: Path, job_ids: Any) -> None:
         with pytest.raises(InvalidType, match="unique_states must be a list"):
             spool.enqueue_many("k", [1], job_ids=["a"], unique_states=5)  # type: ignore[arg-type]
         assert list(spool.jobs()) == []
+
+
+def test_replacing_a_prepared_job_checks_its_size_with_its_reservations(tmp_path: Path) -> None:
+    # Found in a producers pass: 120 reservations plus a payload near the limit made a
+    # 65,768-byte file, "written anyway" (DESIGN §9: an accepted job always fits).
+    from jobspool.errors import JobTooLarge
+
+    with make_spool(tmp_path / "spool") as spool:
+        for _ in range(120):
+            spool.prepare("k", "y", job_id="pp")
+        with pytest.raises(JobTooLarge, match="prepared by 120 producer"):
+            spool.enqueue("k", "x" * 63_205, job_id="pp", on_conflict="replace")
+        assert spool.get("pp").payload == "y"
+        assert spool.fsck().ok

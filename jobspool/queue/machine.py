@@ -164,6 +164,17 @@ def decide_enqueue(existing: Job, fresh: Job, *, now: float, on_conflict: str,
     if state is JobState.PREPARED:
         # Its producers still hold reservations: new content, their commit publishes it.
         dst, reservations = JobState.PREPARED, existing.reservations
+        if max_bytes is not None:
+            # With every reservation it carries: checked alone, a payload near the limit
+            # made a file over max_job_bytes ("written anyway").
+            try:
+                encode_admitted(evolve(existing, payload=fresh.payload), max_bytes=max_bytes)
+            except JobTooLarge as exc:
+                raise JobTooLarge(f"job {existing.id!r} is prepared by "
+                                  f"{len(existing.reservations)} producer(s): with their "
+                                  f"reservations the new payload makes it {exc.size} bytes, "
+                                  f"over the {exc.limit} a job may use", size=exc.size,
+                                  limit=exc.limit) from None
     else:
         dst = JobState.RETRYABLE if fresh.run_at > now else JobState.READY
         reservations = ()
