@@ -251,3 +251,15 @@ def test_wait_takes_any_real_number_and_refuses_one_past_floats_range(spool: Spo
             spool.wait(job.id, timeout=timeout)
     with pytest.raises(InvalidJob, match="timeout must be a non-negative finite number"):
         spool.wait(job.id, timeout=10**400)
+
+
+def test_a_refused_payload_of_a_batch_is_named_by_its_place(spool: Spool) -> None:
+    # Found in a producers pass: the error named a generated id the caller never saw, or
+    # "payload['a'] is nan" with no hint which of the batch.
+    from jobspool.errors import JobTooLarge
+
+    with pytest.raises(JobTooLarge, match="^payload 1 of the batch of 3: "):
+        spool.enqueue_many("k", [1, "x" * 70_000, 3])
+    with pytest.raises(InvalidJob, match=r"^payload 2 of the batch of 3: payload\['a'\] is nan"):
+        spool.enqueue_many("k", [1, 2, {"a": math.nan}])
+    assert list(spool.jobs()) == []

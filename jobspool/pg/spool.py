@@ -45,6 +45,7 @@ from jobspool.queue.arguments import (
     check_leases,
     check_reservation,
     job_states,
+    naming_item,
     new_batch,
     new_reservation,
     wait_until_terminal,
@@ -225,8 +226,9 @@ class PgSpool(EnqueueForms):
                           on_conflict=on_conflict, unique_states=unique_states,
                           timeout=timeout, now=self.now(), default_attempts=self.max_attempts)
         fresh = batch.fresh
-        for job in fresh:
-            encode_admitted(job, max_bytes=self.max_job_bytes)
+        for i, job in enumerate(fresh):
+            with naming_item(i, len(fresh)):
+                encode_admitted(job, max_bytes=self.max_job_bytes)
         if not fresh:
             return []
         if not batch.given_ids:

@@ -3,9 +3,10 @@ conflict policies, unique states, time limits, `run_at`, `jobs(state=...)`, `wai
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -128,6 +129,19 @@ def list_payloads(payloads: Iterable[Any]) -> list[Any]:
                           f"{type(payloads).__name__}", field="payloads")
     return list(payloads)
 
+@contextlib.contextmanager
+def naming_item(index: int, count: int) -> Iterator[None]:
+    """An `InvalidJob` about one payload of a batch says which (a generated id the caller
+    never saw, or "payload['a'] is nan", left them searching)."""
+    try:
+        yield
+    except InvalidJob as exc:
+        if count > 1:
+            exc.message = f"payload {index} of the batch of {count}: {exc.message}"
+            exc.args = (exc.message,)
+        raise
+
+
 def new_batch(kind: str, payloads: Iterable[Any], *, job_ids: Sequence[str | None] | None,
               delay: float, run_at: object, priority: int, max_attempts: int | None,
               on_conflict: str, unique_states: Iterable[JobState | str] | None,
@@ -137,8 +151,9 @@ def new_batch(kind: str, payloads: Iterable[Any], *, job_ids: Sequence[str | Non
     validate_kind(kind)
     payload_list = list_payloads(payloads)
     ids = job_ids_for(len(payload_list), job_ids)
-    for p in payload_list:
-        check_json(p, "payload")
+    for i, p in enumerate(payload_list):
+        with naming_item(i, len(payload_list)):
+            check_json(p, "payload")
     policy = check_on_conflict(on_conflict)
     unique = check_unique_states(unique_states)
     delay = validate_delay(delay)

@@ -15,7 +15,7 @@ from typing import Any
 
 from jobspool.errors import InvalidTransition, JobNotFound, SpoolError
 from jobspool.queue import machine
-from jobspool.queue.arguments import new_batch, new_reservation
+from jobspool.queue.arguments import naming_item, new_batch, new_reservation
 from jobspool.queue.job import (
     EnqueueResult,
     Job,
@@ -50,7 +50,10 @@ class Producer:
         # Encode (refusing bad input) and write the new files before taking the lock:
         # creating inodes is the costly part of an enqueue, and other processes need not
         # wait for it. Only the renames that publish them happen under the lock.
-        datas = [encode_admitted(job, max_bytes=self.journal.max_job_bytes) for job in fresh]
+        datas = []
+        for i, job in enumerate(fresh):
+            with naming_item(i, len(fresh)):
+                datas.append(encode_admitted(job, max_bytes=self.journal.max_job_bytes))
         # One staged file per id: an id given twice in one batch stores its first payload
         # (the second is an idempotent repeat), and nothing is staged for the repeat.
         firsts = {job.id: i for i, job in reversed(list(enumerate(fresh)))}
