@@ -298,3 +298,15 @@ def test_a_worker_that_cannot_claim_gives_up_with_2_instead_of_serving_dead(
     assert "fence" in last
     doc = orjson.loads(r.out)
     assert doc["ok"] is False and doc["exit"] == 2
+
+
+@pytest.mark.parametrize("states", [",", ""])
+def test_unique_states_naming_no_state_is_refused(root: Path, states: str) -> None:
+    # Found in a producers pass: "," became an empty set, and the enqueue silently
+    # replaced an existing ready job.
+    with make_spool(root) as spool:
+        spool.enqueue("work", {"v": 1}, job_id="j")
+    refused(1, "--root", root, "enqueue", "work", '{"v": 2}', "--id", "j",
+            "--on-conflict", "replace", "--unique-states", states, mentions=("--unique-states",))
+    with make_spool(root) as spool:
+        assert spool.get("j").payload == {"v": 1}

@@ -126,7 +126,9 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     payload = _read_payload(args.payload)
     run_at = _run_at(args.run_at)
     unique = ([s.strip() for s in args.unique_states.split(",") if s.strip()]
-              if args.unique_states else None)
+              if args.unique_states is not None else None)
+    if unique == []:  # "," or "": an empty set would make every existing job replaceable
+        raise UsageError("--unique-states names no state (give e.g. ready,leased)")
     with _open(args, create=args.create) as spool:
         result = spool.enqueue_result(args.kind, payload, job_id=args.job_id, delay=args.delay,
                                       run_at=run_at, priority=args.priority,
