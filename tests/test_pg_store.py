@@ -164,6 +164,7 @@ def test_migrate_copies_a_file_spool_without_leases_and_raises_the_token_sequenc
 
     again = run_jobspool("--root", str(tmp_path / "s"), "migrate", "--to", pg_url, "--json")
     assert again.returncode == 0 and '"copied": 0' in again.stdout
+    assert '"unleased": 0' in again.stdout  # nothing copied, nothing unleased
 
 
 def test_migrate_refuses_a_target_that_is_not_a_url(tmp_path: Path) -> None:

@@ -61,12 +61,13 @@ def copy_jobs(jobs: Iterable[Job], target: PgSpool, *, source_fence: int) -> Mig
     now = target.now()
     for chunk in _chunks(jobs):
         rows: list[Job] = []
+        unleased: set[str] = set()
         for job in chunk:
             if job.state is JobState.LEASED:
                 job = evolve(job, state=JobState.READY, lease=None, run_at=now,
                              attempts=max(0, job.attempts - 1),
                              revision=job.revision + 1, updated_at=now)
-                report.unleased += 1
+                unleased.add(job.id)
             rows.append(job)
 
         def go(conn: psycopg.Connection[Any], rows: list[Job] = rows) -> list[str]:
@@ -81,6 +82,7 @@ def copy_jobs(jobs: Iterable[Job], target: PgSpool, *, source_fence: int) -> Mig
         skipped = target.db.run(go, what="migrate")
         report.skipped.extend(skipped)
         report.copied += len(rows) - len(skipped)
+        report.unleased += len(unleased - set(skipped))  # of those copied, not left alone
 
     def raise_fence(conn: psycopg.Connection[Any]) -> int:
         row = conn.execute(
