@@ -11,25 +11,27 @@ from jobspool.queue.states import JobState
 from tests.spools import make_spool
 
 
-def _lose_the_first_claim_reply(spool: Any, monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The claim statement runs and commits, then its connection 'drops' before the reply:
-    what a server crash or a cut network does between commit and answer."""
+def _lose_the_first_reply(spool: Any, monkeypatch: pytest.MonkeyPatch, what: str) -> list[Any]:
+    """The first statement `what` runs and commits, then its connection 'drops' before the
+    reply: what a server crash or a cut network does between commit and answer. Returns
+    what each lost try had returned."""
     real = spool.db.run
-    lost: list[int] = []
+    lost: list[Any] = []
 
     def run(fn: Any, *, what: str = "query") -> Any:
-        if what != "claim":
+        if what != wanted:
             return real(fn, what=what)
 
         def flaky(conn: psycopg.Connection[Any]) -> Any:
             out = fn(conn)
             if not lost:
-                lost.append(len(out))
+                lost.append(out)
                 raise psycopg.OperationalError("server closed the connection unexpectedly")
             return out
 
         return real(flaky, what=what)
 
+    wanted = what
     monkeypatch.setattr(spool.db, "run", run)
     return lost
 
@@ -38,11 +40,11 @@ def test_a_claim_sent_again_after_a_lost_reply_returns_the_leases_it_took(
         pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     spool = make_spool(pg_url)
     spool.enqueue_many("k", range(5), job_ids=[f"j{i}" for i in range(5)])
-    lost = _lose_the_first_claim_reply(spool, monkeypatch)
+    lost = _lose_the_first_reply(spool, monkeypatch, "claim")
 
     leases = spool.claim(kinds="k", limit=2)
 
-    assert lost == [2], "the first try committed two leases and its reply was lost"
+    assert [len(x) for x in lost] == [2], "the first try committed two leases; reply lost"
     leased = sorted(j.id for j in spool.jobs(JobState.LEASED))
     assert sorted(lease.job_id for lease in leases) == leased == ["j0", "j1"]
     assert sorted(j.id for j in spool.jobs(JobState.READY)) == ["j2", "j3", "j4"]
@@ -76,37 +78,16 @@ def test_a_claim_whose_first_try_never_committed_claims_afresh(
     spool.close()
 
 
-def _lose_the_first_enqueue_reply(spool: Any, monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    real = spool.db.run
-    lost: list[bool] = []
-
-    def run(fn: Any, *, what: str = "query") -> Any:
-        if what != "enqueue":
-            return real(fn, what=what)
-
-        def flaky(conn: psycopg.Connection[Any]) -> Any:
-            out = fn(conn)  # committed
-            if not lost:
-                lost.append(True)
-                raise psycopg.OperationalError("server closed the connection unexpectedly")
-            return out
-
-        return real(flaky, what=what)
-
-    monkeypatch.setattr(spool.db, "run", run)
-    return lost
-
-
 @pytest.mark.parametrize("on_conflict", ["error", "keep", "replace"])
 def test_an_enqueue_of_given_ids_sent_again_after_a_lost_reply_reports_them_created(
         pg_url: str, monkeypatch: pytest.MonkeyPatch, on_conflict: str) -> None:
     # Found in the robustness pass: sent again, the insert met the rows its own first try
     # had committed and called them a conflict: `DuplicateJob` for a job that was not one.
     spool = make_spool(pg_url)
-    lost = _lose_the_first_enqueue_reply(spool, monkeypatch)
+    lost = _lose_the_first_reply(spool, monkeypatch, "enqueue")
     results = spool.enqueue_many_results("k", [{"n": 1}, (2, 3)], job_ids=["a", "b"],
                                          on_conflict=on_conflict)
-    assert lost == [True]
+    assert len(lost) == 1
     assert [(r.job.id, r.outcome) for r in results] == [("a", "created"), ("b", "created")]
     assert [(j.id, j.revision, j.payload) for j in spool.jobs()] == [
         ("a", 1, {"n": 1}), ("b", 1, [2, 3])]
@@ -116,9 +97,9 @@ def test_an_enqueue_of_given_ids_sent_again_after_a_lost_reply_reports_them_crea
 def test_a_prepare_sent_again_after_a_lost_reply_holds_one_reservation(
         pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     spool = make_spool(pg_url)
-    lost = _lose_the_first_enqueue_reply(spool, monkeypatch)
+    lost = _lose_the_first_reply(spool, monkeypatch, "enqueue")
     reservation = spool.prepare("k", {"n": 1}, job_id="p")
-    assert lost == [True]
+    assert len(lost) == 1
     job = spool.get("p")
     assert job.state is JobState.PREPARED and job.reservations == (reservation.reservation_id,)
     spool.commit(reservation)
