@@ -99,3 +99,20 @@ def test_a_spool_deleted_while_open_is_named_in_one_line_and_found_again_once_re
     spool.enqueue("k", job_id="b")
     assert [lease.job_id for lease in spool.claim()] == ["b"]
     spool.close()
+
+
+def test_an_unknown_setting_in_spool_json_is_named_in_a_warning(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # Found in a recovery pass: a misspelled setting ("max_attemps") silently kept the
+    # default.
+    import orjson
+
+    root = tmp_path / "spool"
+    make_spool(root).close()
+    doc = orjson.loads((root / "spool.json").read_bytes())
+    doc["settings"]["max_attemps"] = 9
+    (root / "spool.json").write_bytes(orjson.dumps(doc))
+    with caplog.at_level("WARNING", logger="jobspool"):
+        make_spool(root).close()
+    assert any("'max_attemps'" in r.getMessage() and "ignored" in r.getMessage()
+               for r in caplog.records)

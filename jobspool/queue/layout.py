@@ -9,10 +9,11 @@ symlink there could send writes outside the spool, so it is refused.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import re
 import stat
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +126,8 @@ def read_spool_file(root: Path) -> dict[str, Any] | None:
     return doc
 
 
+log = logging.getLogger(__name__)
+
 # `Path("postgresql://h/db")` is the relative directory `postgresql:/h/db`: without this check a
 # database URL would silently become a file spool in a directory tree named after it.
 _URL_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+:/")
@@ -186,6 +189,12 @@ def open_layout(root: Path, *, create: bool, durable: bool, read_only: bool = Fa
     if not isinstance(settings, dict):
         raise SpoolError(f"{root / SPOOL_FILE}: 'settings' is not an object",
                          path=str(root / SPOOL_FILE))
+    unknown = sorted(set(settings) - {f.name for f in fields(SpoolSettings)})
+    if unknown:
+        # A hand edit's misspelled name ("max_attemps") silently kept the default.
+        log.warning("%s: unknown setting(s) %s ignored (known: %s)", root / SPOOL_FILE,
+                    ", ".join(map(repr, unknown)),
+                    ", ".join(f.name for f in fields(SpoolSettings)))
     saved = settings.get("access")
     chosen = validate_access(saved if saved is not None else (access or DEFAULT_ACCESS))
     if access is not None and saved is not None and access != chosen:
