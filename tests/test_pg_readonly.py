@@ -93,3 +93,31 @@ def test_writing_commands_without_write_access_fail_in_one_line(reader_url: str,
     assert len(lines) == 1 and lines[0].startswith("jobspool: error:"), out.stderr
     with make_spool(reader_url, read_only=True) as spool:
         assert spool.get("j").state.value == "ready"  # nothing changed
+
+
+def test_a_role_missing_its_grants_is_told_which_not_to_run_init(
+        pg_server: PgServer, pg_url: str) -> None:
+    # Found in a PostgreSQL pass: without USAGE on the schema the advice was "holds no
+    # jobspool schema; run jobspool init"; with USAGE but no SELECT, "creating or upgrading
+    # the schema needs a role that may create tables". The schema was current both times.
+    with make_spool(pg_url) as spool:
+        spool.enqueue("note", job_id="j")
+    role = f"role_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        schema = conn.execute("SELECT current_schema()").fetchone()
+        assert schema is not None
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    url = pg_url.replace("postgresql://postgres@", f"postgresql://{role}@", 1)
+    try:
+        no_usage = run_jobspool("stats", root=url)
+        assert no_usage.code == 2 and "may not use schema" in no_usage.err, no_usage.err
+        assert "run `jobspool init" not in no_usage.err
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(
+                sql.Identifier(schema[0]), sql.Identifier(role)))
+        no_select = run_jobspool("stats", root=url)
+        assert no_select.code == 2 and "needs SELECT" in no_select.err, no_select.err
+    finally:
+        with psycopg.connect(pg_server.url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))

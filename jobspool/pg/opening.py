@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jobspool.errors import InvalidJob, SpoolError, one_line
-from jobspool.pg.schema import SCHEMA_VERSION, check, load_settings, migrate
+from jobspool.pg.schema import SCHEMA_VERSION, check, load_settings, migrate, schema_problem
 from jobspool.queue.job import MAX_JOB_BYTES, validate_int, validate_seconds
 from jobspool.queue.layout import SpoolSettings
 
@@ -86,9 +86,14 @@ def open_database(db: Database, *, create: bool, read_only: bool,
                   given: dict[str, Any]) -> Opened:
     conn = db.connect()
     version: int | None = None
+    reading = True  # until the version is read: a refusal then is not about creating
     try:
         version = check(conn, db.display)
+        reading = False
         if version is None and not create:
+            problem = schema_problem(conn)
+            if problem is not None:
+                raise SpoolError(f"{db.display}: {problem}")
             raise SpoolError(f"{db.display} holds no jobspool schema; run `jobspool init "
                              f"--root {db.display}` (or pass --create) first")
         if read_only and version is not None and version < SCHEMA_VERSION:
@@ -111,6 +116,11 @@ def open_database(db: Database, *, create: bool, read_only: bool,
     except Exception as exc:
         import psycopg
 
+        if isinstance(exc, psycopg.errors.InsufficientPrivilege) and reading:
+            # Refused while reading the version: the schema may well be current.
+            raise SpoolError(f"database {db.display}: {one_line(exc)}; this role needs "
+                             "SELECT (and, to write, INSERT/UPDATE/DELETE) on jobspool's "
+                             "tables") from None
         if isinstance(exc, psycopg.errors.InsufficientPrivilege) and version != SCHEMA_VERSION:
             raise SpoolError(f"database {db.display}: {one_line(exc)}; creating or upgrading "
                              "the schema needs a role that may create tables in it: run "

@@ -114,6 +114,26 @@ def check(conn: psycopg.Connection[Any], where: str) -> int | None:
     return version
 
 
+def schema_problem(conn: psycopg.Connection[Any]) -> str | None:
+    """Why this role sees no schema to work in (`current_schema()` is NULL): the
+    search_path's first schema does not exist, or this role may not use it. "Holds no
+    jobspool schema; run init" sent an operator to re-create what was only ungranted."""
+    row = conn.execute("SELECT current_schema(), current_user, "
+                       "current_setting('search_path')").fetchone()
+    if row is None or row[0] is not None:
+        return None
+    role, path = row[1], row[2]
+    first = (path.split(",")[0].strip().strip('"') if path else "") or "public"
+    if first == "$user":
+        first = role
+    exists = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (first,)).fetchone()
+    if exists:
+        return (f"role {role!r} may not use schema {first!r}; grant it (GRANT USAGE ON "
+                f"SCHEMA {first} TO {role}, and SELECT/INSERT/UPDATE/DELETE on its tables)")
+    return (f"the search_path names schema {first!r}, which does not exist; create it "
+            "first")
+
+
 def migrate(conn: psycopg.Connection[Any], where: str, settings: dict[str, Any]) -> bool:
     """Bring the schema to `SCHEMA_VERSION`; returns True when it was created now.
 
@@ -123,10 +143,9 @@ def migrate(conn: psycopg.Connection[Any], where: str, settings: dict[str, Any])
 
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
-        schema = conn.execute("SELECT current_schema()").fetchone()
-        if schema is None or schema[0] is None:
-            raise SpoolError(f"{where}: no schema to create tables in (the search_path names "
-                             "a schema that does not exist; create it first)")
+        problem = schema_problem(conn)
+        if problem is not None:
+            raise SpoolError(f"{where}: no schema to create tables in: {problem}")
         conn.execute("CREATE TABLE IF NOT EXISTS jobspool_schema ("
                      "version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())")
         version = check(conn, where) or 0
