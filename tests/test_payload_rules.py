@@ -263,3 +263,21 @@ def test_a_refused_payload_of_a_batch_is_named_by_its_place(spool: Spool) -> Non
     with pytest.raises(InvalidJob, match=r"^payload 2 of the batch of 3: payload\['a'\] is nan"):
         spool.enqueue_many("k", [1, 2, {"a": math.nan}])
     assert list(spool.jobs()) == []
+
+
+def test_subclasses_json_cannot_carry_are_refused_naming_the_place(spool: Spool) -> None:
+    # Found in a producers pass: a NamedTuple or a float subclass passed the payload check
+    # and orjson refused it with "Type is not JSON serializable: NT", naming no place.
+    from typing import NamedTuple
+
+    class Point(NamedTuple):
+        x: int
+
+    class Celsius(float):
+        pass
+
+    with pytest.raises(InvalidJob, match=r"^payload\['p'\] is a Point \(a tuple subclass"):
+        spool.enqueue("k", {"p": Point(1)})
+    with pytest.raises(InvalidJob, match=r"^payload\[0\] is a Celsius \(a float subclass"):
+        spool.enqueue("k", [Celsius(1.5)])
+    assert list(spool.jobs()) == []

@@ -27,6 +27,7 @@ from jobspool.errors import InvalidJob
 _INT_MIN = -(2**63)
 _INT_MAX = 2**64 - 1
 MAX_JSON_DEPTH = 254  # orjson refuses deeper nesting
+_JSON_NAMES = frozenset({"bool", "int", "float", "str", "list", "dict", "tuple"})
 _HINTS = {
     "datetime": "use .isoformat() or a timestamp",
     "date": "use .isoformat()",
@@ -80,12 +81,18 @@ def _check(value: object, path: list[object]) -> None:
             raise _NotJson(path, "an integer outside the 64-bit range JSON readers support")
         return
     if isinstance(value, float):
+        if type(value) is not float:  # numpy.float64 and the like: orjson refuses them
+            raise _NotJson(path, f"a {type(value).__name__} (a float subclass), which JSON "
+                                 "cannot carry (use float(...))")
         if not math.isfinite(value):
             raise _NotJson(path, f"{value!r}, which JSON cannot carry (no NaN or infinity)")
         return
     if len(path) >= MAX_JSON_DEPTH:
         raise _NotJson(path, f"nested deeper than {MAX_JSON_DEPTH} levels, which JSON "
                              "readers refuse")
+    if isinstance(value, tuple) and type(value) is not tuple:
+        raise _NotJson(path, f"a {type(value).__name__} (a tuple subclass, e.g. a NamedTuple), "
+                             "which JSON cannot carry (use tuple(...) or ._asdict())")
     if isinstance(value, list | tuple):
         for i, item in enumerate(value):
             path.append(i)
@@ -102,9 +109,13 @@ def _check(value: object, path: list[object]) -> None:
             _check(item, path)
             path.pop()
         return
-    name = type(value).__name__
+    kind = type(value)
+    name = kind.__name__
     hint = _HINTS.get(name)
-    raise _NotJson(path, f"a {name}, which JSON cannot carry" + (f" ({hint})" if hint else ""))
+    # Qualified when the bare name is a type JSON carries: numpy.bool_ calls itself "bool".
+    shown = (f"{kind.__module__}.{kind.__qualname__}" if name in _JSON_NAMES
+             and kind.__module__ != "builtins" else name)
+    raise _NotJson(path, f"a {shown}, which JSON cannot carry" + (f" ({hint})" if hint else ""))
 
 
 def validate_run_at(run_at: object, now: float) -> float:
