@@ -258,7 +258,7 @@ def test_a_refused_payload_of_a_batch_is_named_by_its_place(spool: Spool) -> Non
     # "payload['a'] is nan" with no hint which of the batch.
     from jobspool.errors import JobTooLarge
 
-    with pytest.raises(JobTooLarge, match="^payload 1 of the batch of 3: "):
+    with pytest.raises(JobTooLarge, match=r"^payload 1 of the batch of 3: "):
         spool.enqueue_many("k", [1, "x" * 70_000, 3])
     with pytest.raises(InvalidJob, match=r"^payload 2 of the batch of 3: payload\['a'\] is nan"):
         spool.enqueue_many("k", [1, 2, {"a": math.nan}])
