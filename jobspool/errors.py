@@ -256,9 +256,10 @@ def one_line(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
-def printable(text: str) -> str:
-    """`text` with the undecodable bytes of a file name (`\udcff`, how Python reads a name
-    that is not UTF-8) spelled `\xff`: JSON, and a UTF-8 terminal, refuse them raw."""
+def undecodable_escaped(text: str) -> str:
+    """`text` with the undecodable bytes of a file name (how Python reads a name that is not
+    UTF-8: as lone surrogates) spelled as backslash escapes: JSON, and a UTF-8 terminal,
+    refuse them raw."""
     try:
         return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
     except UnicodeEncodeError:  # a lone surrogate no file name decodes to
@@ -266,10 +267,10 @@ def printable(text: str) -> str:
 
 
 def json_safe(value: object) -> object:
-    """A document with every string `printable`, for a JSON encoder that refuses surrogates
-    (orjson): used when the first try fails, so the common case costs nothing."""
+    """A document with every string `undecodable_escaped`, for a JSON encoder that refuses
+    surrogates (orjson): used when the first try fails, so the common case costs nothing."""
     if isinstance(value, str):
-        return printable(value)
+        return undecodable_escaped(value)
     if isinstance(value, dict):
         return {json_safe(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, list | tuple):

@@ -299,9 +299,10 @@ def check_health(
 
 def _local_dir_exists(uri: str) -> bool:
     """True for a local directory that exists, and for any remote URI (not checked here)."""
-    from jobspool.projection.objectstore import is_object_store
+    from jobspool.projection.objectstore import local_path
 
-    return is_object_store(uri) or os.path.isdir(uri.removeprefix("file://"))
+    local = local_path(uri)
+    return local is None or os.path.isdir(local)
 
 
 def _expired_leases(spool: Spool, cutoff: float) -> list[str]:

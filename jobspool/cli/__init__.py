@@ -19,7 +19,7 @@ from jobspool.errors import (
     InvalidTransition,
     JobspoolError,
     SpoolError,
-    printable,
+    undecodable_escaped,
 )
 
 __all__ = ["EXIT_OK", "EXIT_UNHEALTHY", "EXIT_USAGE", "build_parser", "main"]
@@ -75,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _fail(message: str, code: int, as_json: bool) -> int:
-    line = printable(" ".join(message.split()))
+    line = undecodable_escaped(" ".join(message.split()))
     if as_json:
         sys.stdout.write(orjson.dumps({"ok": False, "error": line, "exit": code}).decode() + "\n")
     from jobspool.logs import error_line, json_lines

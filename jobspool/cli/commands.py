@@ -423,10 +423,10 @@ def cmd_maintain(args: argparse.Namespace) -> int:
         tables = [t for t in (args.tables or "").split(",") if t] or None
         from jobspool.projection.lance import ProjectionStore
         from jobspool.projection.maintenance import check_table_names, maintain
-        from jobspool.projection.objectstore import is_object_store
+        from jobspool.projection.objectstore import local_path
         from jobspool.queue.layout import projection_inside_spool
 
-        local = None if is_object_store(uri) else uri.removeprefix("file://")
+        local = local_path(uri)
         if args.projection and local is not None and not os.path.isdir(local):
             # Maintenance must not create a projection (a typo would become one).
             raise UsageError(f"--projection {args.projection}: "

@@ -68,7 +68,7 @@ from jobspool.projection.maintenance_state import (
     read_maintenance_state,
     state_path,
 )
-from jobspool.projection.objectstore import is_object_store
+from jobspool.projection.objectstore import is_object_store, local_path
 
 log = logging.getLogger("jobspool.projection.maintenance")
 T = TypeVar("T")
@@ -183,8 +183,8 @@ def maintain(
     )
     if tables is not None:
         check_table_names(tables)  # before anything runs, or is recorded as failing
-    if store.uri is not None and not is_object_store(store.uri) \
-            and not os.path.isdir(store.uri.removeprefix("file://")):
+    local = None if store.uri is None else local_path(store.uri)
+    if local is not None and not os.path.isdir(local):
         # No projection there yet (nothing was ever projected): connecting would create one.
         return MaintenanceReport((), None, clock() - started, False)
     state = read_maintenance_state(store.uri) if store.uri is not None else {"tables": {}}
@@ -252,9 +252,8 @@ def check_table_names(tables: Sequence[str]) -> None:
 
 
 def _local_table_dir(uri: str | None, name: str) -> bool:
-    if uri is None or is_object_store(uri):
-        return False
-    return os.path.isdir(os.path.join(uri.removeprefix("file://"), f"{name}.lance"))
+    local = None if uri is None else local_path(uri)
+    return local is not None and os.path.isdir(os.path.join(local, f"{name}.lance"))
 
 
 def _maintain_table(run: _Run, name: str) -> TableOutcome:

@@ -93,6 +93,12 @@ def is_object_store(uri: str | None) -> bool:
     return scheme_of(uri) not in ("", "file")
 
 
+def local_path(uri: str) -> str | None:
+    """The directory a local projection URI names (a path, or `file://...`); None for
+    object storage."""
+    return None if is_object_store(uri) else uri.removeprefix("file://")
+
+
 # --- settings, as LanceDB (object_store) reads them: options first, then AWS_* variables
 
 

@@ -426,6 +426,18 @@ class Journal:
         with self.lock.hold():
             return self.fence.last()
 
+    def fence_above(self, token: int, ceiling: int) -> bool:
+        """Keep every later token above `token`, one that reached the disk from outside the
+        counter (a file put back by hand, another spool's): the ceiling on disk (read as
+        `ceiling`) is raised to it when below, and the shared counter when behind it.
+        Returns whether the ceiling was rewritten. Call under the lock."""
+        wrote = ceiling < token
+        if wrote:
+            self.commit_changes([], [Change(name=FENCE_FILE, dst="", data=encode_fence(token))])
+        if token > self.fence_value():
+            self.fence.raised(token)
+        return wrote
+
     def maybe_autoprune(self) -> None:
         """Amortized retention: prune once per `max(64, keep_terminal // 4)` terminal writes.
 

@@ -51,9 +51,12 @@ def projection_inside_spool(root: os.PathLike[str] | str, uri: str) -> str | Non
     """Why a local projection `uri` may not live where it is, or None: inside one of the
     spool's own directories (or the spool itself) its files would be read as jobs, or
     quarantined by `recover`. `<root>/index` and other new directories are fine."""
-    if "://" in uri and not uri.startswith("file://"):
+    from jobspool.projection.objectstore import local_path
+
+    local = local_path(uri)
+    if local is None:
         return None  # object storage
-    here = Path(os.path.abspath(uri.removeprefix("file://")))
+    here = Path(os.path.abspath(local))
     spool = Path(os.path.abspath(root))
     if here == spool:
         return f"projection {uri} is the spool directory itself"

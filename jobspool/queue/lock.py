@@ -56,6 +56,7 @@ from jobspool.errors import SpoolClosed, SpoolError
 from jobspool.queue.changelog import RING_BYTES, ChangeRing
 from jobspool.queue.perms import set_fd_mode
 from jobspool.queue.procid import current_pid
+from jobspool.queue.store import spool_missing
 
 # Generations and flags in the first page, the ready/ change ring after it.
 _MAP_SIZE = 4096 + (-(-RING_BYTES // 4096)) * 4096
@@ -124,8 +125,7 @@ class SpoolLock:
             dir_fd = os.open(self._root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as exc:
             if not self._root.is_dir():
-                raise SpoolError(f"{self._root}: the spool directory is missing; was the spool "
-                                 "deleted or moved while open?", path=str(self._root)) from None
+                raise spool_missing(self._root) from None
             raise SpoolError(f"cannot open the spool lock {self._path}: "
                              f"{exc.strerror or exc}", path=str(self._path)) from None
         self._fd, self._dir_fd = fd, dir_fd

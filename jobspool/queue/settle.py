@@ -92,7 +92,7 @@ class Settler:
         kept = []
         for c in done:
             assert isinstance(c.outcome, Completed)
-            if c.writes:
+            if c.writes and c.outcome.result is not None:  # (None always fits: admitted)
                 completed = evolve(c.lease.job, state=JobState.COMPLETED, lease=None,
                                    result=c.outcome.result)
                 try:

@@ -183,10 +183,12 @@ class Store:
     def _gone(self, directory: str) -> SpoolError:
         """A state directory vanished under an open spool (`rm -rf`, a move, an unmount):
         one line naming it, not a raw FileNotFoundError from deep in a listing."""
-        where, what = ((self.root, "the spool directory") if not self.root.is_dir() else
-                       (self.root / directory, "a state directory"))
-        return SpoolError(f"{where}: {what} is missing; was the spool deleted or moved while "
-                          "open? (`jobspool init` makes a new one)", path=str(where))
+        if not self.root.is_dir():
+            return spool_missing(self.root)
+        where = self.root / directory
+        return SpoolError(f"{where}: a state directory is missing; was the spool deleted or "
+                          "moved while open? (`jobspool init` makes a new one)",
+                          path=str(where))
 
     # ------------------------------------------------------------ writing
 
@@ -437,6 +439,12 @@ def write_failed(exc: OSError, root: Path, landed: frozenset[str] = frozenset())
         message += (f"; published though not confirmed durable: {', '.join(shown[:3])}"
                     + (f" and {len(shown) - 3} more" if len(shown) > 3 else ""))
     return WriteFailed(message, path=str(where), errno=exc.errno, landed=landed)
+
+
+def spool_missing(root: Path) -> SpoolError:
+    """The spool directory itself is gone under an open spool (readers and the lock)."""
+    return SpoolError(f"{root}: the spool directory is missing; was the spool deleted or "
+                      "moved while open? (`jobspool init` makes a new one)", path=str(root))
 
 
 def _naming(exc: OSError, path: Path | str) -> OSError:

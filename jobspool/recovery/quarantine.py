@@ -40,9 +40,9 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from jobspool.errors import NotQuarantined as NotQuarantined
-from jobspool.errors import SpoolError, printable
+from jobspool.errors import SpoolError, undecodable_escaped
 from jobspool.queue import store as store_mod
-from jobspool.queue.fence import FENCE_FILE, decode_fence, encode_fence
+from jobspool.queue.fence import FENCE_FILE, decode_fence
 from jobspool.queue.job import CorruptJob, Job, decode_job
 from jobspool.queue.layout import QUARANTINE_DIR
 from jobspool.queue.perms import set_fd_mode
@@ -114,8 +114,8 @@ def _move(spool: Journal, bad: Bad) -> str | None:
     qdir = spool.root / QUARANTINE_DIR
     reason = orjson.dumps({
         "v": REASON_FORMAT,
-        "source": printable(bad.path),  # a name that is not UTF-8 stopped recovery here
-        "reason": printable(bad.reason),
+        "source": undecodable_escaped(bad.path),  # a name that is not UTF-8 stopped recovery here
+        "reason": undecodable_escaped(bad.reason),
         "quarantined_at": spool.now(),
         "host": socket.gethostname(),
         "pid": os.getpid(),
@@ -332,10 +332,7 @@ def _fence_above(spool: Journal, token: int) -> None:
         current = decode_fence(spool.store.read("", FENCE_FILE))
     except (OSError, ValueError):
         return  # missing or broken: recovery rebuilds it above every token on disk
-    if current < token:
-        spool.commit_changes([], [store_mod.Change(name=FENCE_FILE, dst="",
-                                                   data=encode_fence(token))])
-    spool.fence.raised(token)  # the shared counter too: claims mint from it
+    spool.fence_above(token, current)
 
 
 def purge_quarantined(spool: Journal, idents: Sequence[str] = (), *,

@@ -266,23 +266,22 @@ def _raise_fence(spool: Journal, scan: Scan) -> tuple[list[str], int | None, int
         except ValueError as exc:
             current = None
             quarantine_root_file(spool, FENCE_FILE, f"unreadable fence counter: {exc}")
-        if current is not None and current >= top:
-            if top > spool.fence_value():
-                # Below the ceiling but above every token handed out (a file put back by
-                # hand): the next claims would mint tokens below it.
-                spool.fence.raised(top)
-            return [], current, current
         floor = current or 0
-        value = max(top, floor)
-        if current is None:
+        if current is not None:
+            # (Below the ceiling but above every token handed out, a file put back by hand,
+            # raises only the shared counter: the next claims would mint tokens below it.)
+            if not spool.fence_above(top, current):
+                return [], current, current
+            value = top
+        else:
             # Pruned jobs took their tokens with them: the scan alone may be far below what
             # was handed out. The lock's shared counter knows (unless `.lock` went too);
             # any value it holds was a real token or ceiling, so raising to it is safe.
-            value = max(value, spool.lock.generation(spool.lock.FENCE_NEXT_SLOT),
+            value = max(top, spool.lock.generation(spool.lock.FENCE_NEXT_SLOT),
                         spool.lock.generation(spool.lock.FENCE_CEILING_SLOT))
-        spool.commit_changes([], [Change(name=FENCE_FILE, dst="", data=encode_fence(value))])
-        spool.fence.raised(value)
-        if current is None:
+            spool.commit_changes([], [Change(name=FENCE_FILE, dst="",
+                                             data=encode_fence(value))])
+            spool.fence.raised(value)
             # Claims failed on the broken counter, possibly after dropping candidates from
             # their processes' caches: make every process relist the claimable directories.
             spool.touch(CLAIMABLE)
