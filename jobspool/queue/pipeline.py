@@ -2,9 +2,11 @@
 
 Jobs flow through three stages that overlap instead of taking turns:
 
-- claim: whenever the jobs in hand (claimed, not yet settled) fall to half
-  of `batch_size`, claim up to `batch_size` more in one batch (one lock
-  hold, one shared flush);
+- claim: whenever the jobs in hand still to run or running fall to half of
+  `batch_size`, claim up to `batch_size` more in one batch (one lock hold,
+  one shared flush); finished jobs waiting for their settle do not count,
+  so the next claim's round trip overlaps the last handlers of a batch and
+  its settle instead of following them;
 - run: at most `concurrency` handlers at once (handlers without a time
   limit back to back on long-lived runners: sync ones in threads,
   `runners.py`, async ones in tasks on the loop, `async_runners.py`; the
@@ -246,15 +248,19 @@ class Pipeline(IdleWaits):
     def _may_claim(self) -> bool:
         if self.life.stopping or not self.config.kinds or self._budget_spent():
             return False
-        if self.settle_failing or len(self.in_hand) - self.settling > self.cap // 2:
+        if self.settle_failing or self._unfinished() > self.cap // 2:
             return False
         if self.rescued_in_hand:
             # It runs alone: what this claim took would wait for it, leased, unstarted.
             return False
         return time.monotonic() >= self.next_claim_at
 
+    def _unfinished(self) -> int:
+        """Jobs in hand whose handlers have not finished (queued or running)."""
+        return len(self.in_hand) - len(self.done) - self.settling
+
     async def _claim(self, tg: anyio.abc.TaskGroup) -> int:
-        want = self.cap - (len(self.in_hand) - self.settling)
+        want = self.cap - self._unfinished()
         if self.max_jobs is not None:
             want = min(want, self.max_jobs - self.counters.claimed)
         if want <= 0:
