@@ -78,7 +78,8 @@ def test_completions_keep_nul_odd_numbers_and_the_earlier_error(
 def test_a_completion_batch_refuses_what_it_must_and_writes_the_rest(
         make_any_spool: Callable[..., Spool]) -> None:
     """In one batch of completions: the same lease twice (the second refused), a lease
-    taken over by another claim, a result too large; the others complete."""
+    taken over by another claim, a result too large (that job dead-lettered); the others
+    complete."""
     from jobspool.errors import JobTooLarge, LeaseLost
 
     spool = make_any_spool(lease_seconds=30.0, max_job_bytes=4096)
@@ -90,7 +91,7 @@ def test_a_completion_batch_refuses_what_it_must_and_writes_the_rest(
     out = spool.complete_many([(a, 1), (a, 2), (b, "late"), (c, "x" * 8000)])
     assert out[0] == spool.get(a.job_id) and out[0].result == 1  # type: ignore[union-attr]
     assert isinstance(out[1], LeaseLost) and isinstance(out[2], LeaseLost)
-    assert isinstance(out[3], JobTooLarge)
+    assert isinstance(out[3], JobTooLarge) and "dead-lettered" in str(out[3])
     assert spool.get(b.job_id).state is JobState.LEASED  # still the new holder's
-    assert spool.get(c.job_id).state is JobState.LEASED  # nothing written for it
+    assert spool.get(c.job_id).state is JobState.DEAD_LETTER  # that job alone (DESIGN §9)
     assert spool.complete(b2, "mine").result == "mine"

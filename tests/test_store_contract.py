@@ -146,13 +146,20 @@ def test_a_payload_over_max_job_bytes_raises_job_too_large_and_writes_nothing(
     assert list(any_spool.jobs()) == []
 
 
-def test_a_result_too_large_is_refused_and_the_lease_still_holds(any_spool: Spool) -> None:
+def test_a_result_too_large_dead_letters_its_job_and_says_so(any_spool: Spool) -> None:
+    """DESIGN §9, sizes: only a result that does not fit dead-letters that job (run again,
+    it would make the same result); the caller is told why, and the error is kept."""
     any_spool.enqueue("note", job_id="j")
     (lease,) = any_spool.claim()
-    with pytest.raises(JobTooLarge):
+    with pytest.raises(JobTooLarge, match="dead-lettered"):
         any_spool.complete(lease, "x" * 70_000)
-    assert any_spool.get("j").state is JobState.LEASED
-    assert any_spool.complete(lease, "small").result == "small"
+    job = any_spool.get("j")
+    assert job.state is JobState.DEAD_LETTER and job.result is None
+    assert job.last_error is not None and job.last_error.startswith("result refused:")
+    assert "max_job_bytes" in job.last_error
+    with pytest.raises(LeaseLost):  # settled: the lease can change nothing any more
+        any_spool.complete(lease, "small")
+    assert any_spool.requeue("j").state is JobState.READY  # and it can run again
 
 
 @pytest.mark.parametrize(("field", "value"), [

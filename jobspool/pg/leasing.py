@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from jobspool.errors import JobspoolError, LeaseLost
+from jobspool.errors import JobspoolError, JobTooLarge, LeaseLost
 from jobspool.pg import sql
 from jobspool.pg.rows import COLUMNS, dump, text, to_job
 from jobspool.queue import machine
@@ -172,6 +172,7 @@ def settle(spool: PgSpool, leases: Sequence[Lease], actions: Sequence[tuple[str,
     out: list[Job | JobspoolError | None] = []
     chosen: list[tuple[Lease, Job, float | None]] = []
     seen: set[str] = set()
+    refused: dict[str, JobTooLarge] = {}  # dead-lettered for a result that does not fit
     for lease, (action, arg) in zip(leases, actions, strict=True):
         try:
             if lease.job_id in seen:
@@ -184,7 +185,13 @@ def settle(spool: PgSpool, leases: Sequence[Lease], actions: Sequence[tuple[str,
                 if arg is not None:
                     # Without a result a completion only drops the lease: the job is no
                     # larger than before its claim, when it fit. Nothing to check.
-                    encode_completed(new, max_bytes=spool.max_job_bytes)
+                    try:
+                        encode_completed(new, max_bytes=spool.max_job_bytes)
+                    except JobTooLarge as exc:
+                        new, told = machine.result_refused(_as_holder(lease), lease, exc,
+                                                           now=now, policy=spool.policy)
+                        new = fitted(new, max_bytes=spool.max_job_bytes)[0]
+                        refused[lease.job_id] = told
             else:
                 new = machine.settle(_as_holder(lease), lease, action, arg, now=now,
                                      policy=spool.policy, rng=spool.rng)
@@ -215,10 +222,11 @@ def settle(spool: PgSpool, leases: Sequence[Lease], actions: Sequence[tuple[str,
 
         done = _apply(spool, statement, [lease for lease, _, _ in chosen], params, "settle",
                       build=settled)
-        it = iter(done[lease.job_id] for lease, _, _ in chosen)
+        got = [done[lease.job_id] for lease, _, _ in chosen]
+        spool.note_terminal(sum(1 for g in got if isinstance(g, Job) and g.terminal))
+        # A job dead-lettered for its result is reported by the error that says so.
+        it = iter(refused.get(g.id, g) if isinstance(g, Job) else g for g in got)
         out = [next(it) if o is None else o for o in out]
-        terminal = sum(1 for o in out if isinstance(o, Job) and o.terminal)
-        spool.note_terminal(terminal)
     return [o for o in out if o is not None]
 
 

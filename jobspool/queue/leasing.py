@@ -17,7 +17,7 @@ from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from jobspool.errors import JobspoolError, LeaseLost, WriteFailed
+from jobspool.errors import JobspoolError, JobTooLarge, LeaseLost, WriteFailed
 from jobspool.queue import liveness, machine
 from jobspool.queue.job import (
     Job,
@@ -351,9 +351,10 @@ class Leasing:
     def complete_many(self, items: Sequence[tuple[Lease, Any]]) -> list[Job | JobspoolError]:
         """Complete many leases under one lock hold and one shared flush.
 
-        Returns, per item, the completed job or the error that refused it
-        (`LeaseLost`, `JobTooLarge` / `InvalidJob` for a result that cannot be
-        stored); refused items change nothing.
+        Returns, per item, the completed job or the error that refused it:
+        `LeaseLost` or `InvalidJob` (a result that is not JSON) change nothing;
+        `JobTooLarge` (a result that does not fit) comes with the job
+        dead-lettered (DESIGN §9, sizes).
         """
         return self._settle([lease for lease, _ in items],
                             [("complete", result) for _, result in items])
@@ -391,12 +392,18 @@ class Leasing:
                     job = self._leased_job(lease)
                     new = machine.settle(job, lease, action, arg, now=now, policy=self.journal.policy,
                                          rng=self.journal.rng)
-                    # Encoded here, once, so one bad result refuses only its own item.
-                    encoded[new.id] = self._encode_settled(new, action)
+                    told: JobspoolError | None = None
+                    try:
+                        # Encoded here, once, so one bad result refuses only its own item.
+                        encoded[new.id] = self._encode_settled(new, action)
+                    except JobTooLarge as exc:
+                        new, told = machine.result_refused(job, lease, exc, now=now,
+                                                           policy=self.journal.policy)
+                        encoded[new.id] = self.journal.encode_internal(new)
                 except JobspoolError as exc:
                     out.append(exc)
                     continue
-                out.append(new)
+                out.append(new if told is None else told)
                 pairs.append((job, new))
             try:
                 self.journal.commit_changes(pairs, encoded=encoded)

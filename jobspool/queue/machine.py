@@ -315,6 +315,19 @@ def settle(job: Job, lease: Lease, action: str, arg: Any, *, now: float, policy:
                 policy=policy, rng=rng)
 
 
+def result_refused(job: Job, lease: Lease, exc: JobTooLarge, *, now: float,
+                   policy: RetryPolicy) -> tuple[Job, JobTooLarge]:
+    """A completion whose result does not fit: the job is dead-lettered, alone (DESIGN §9,
+    sizes: run again, it would only make the same result), and the caller is told so.
+    Every store settles it this way; the Worker checks results earlier, before the
+    projection merge (`Settler._refuse_unstorable`)."""
+    dead = fail(job, lease, now=now, error=f"result refused: {exc.message}", retryable=False,
+                delay=None, policy=policy)
+    told = JobTooLarge(f"{exc.message}; job {job.id!r} was dead-lettered",
+                       size=exc.size, limit=exc.limit)
+    return dead, told
+
+
 def release(job: Job, lease: Lease, *, now: float, delay: float) -> Job:
     """Give a job back without counting the attempt (shutdown, handler not ready)."""
     check_lease(job, lease, now)
