@@ -177,3 +177,20 @@ def test_a_job_whose_file_cannot_be_read_is_not_reported_missing(root: Path) -> 
             spool.cancel("a")
     r = run_jobspool("show", "a", root=root)
     assert r.code == 2 and "cannot be read" in r.err
+
+
+def test_stats_skips_an_unreadable_file_instead_of_counting_it(root: Path) -> None:
+    """DESIGN §2: `stats` skips an unreadable file with a warning. It counted every name in
+    a state directory, so a garbage file showed as one more ready (and due) job."""
+    (root / "ready" / "bad.json").write_text("{bad")
+    (root / "retryable" / "worse.json").write_bytes(b"\x00\x01")
+    with make_spool(root) as spool:
+        stats = spool.stats()
+        assert stats.ready == 1 and stats.retryable == 0 and stats.total == 1
+        assert stats.due == 1
+        assert [j.id for j in spool.jobs()] == ["a"]
+    res = run_jobspool("--root", root, "--json", "stats")
+    assert res.returncode == 0
+    doc = _one_document(res.stdout)
+    assert doc["counts"]["ready"] == 1 and doc["total"] == 1
+    assert "bad.json" in res.stderr  # the warning names the file

@@ -193,6 +193,24 @@ class Journal:
             report_unreadable(state.value, job_id, exc.reason)
             return None
 
+    def unreadable(self, state: JobState, job_id: str) -> bool:
+        """Whether the file of `job_id` in `state` is there but cannot be read as that job
+        (logged, as `read_job` does). A file gone since its listing is not unreadable: a
+        concurrent move took it, and the listing's snapshot still counts it."""
+        try:
+            data = self.store.read(state.value, job_id + JOB_SUFFIX)
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            report_unreadable(state.value, job_id, exc.strerror or str(exc))
+            return True
+        try:
+            decode_job(data, expect_id=job_id, expect_state=state)
+        except CorruptJob as exc:
+            report_unreadable(state.value, job_id, exc.reason)
+            return True
+        return False
+
     def unreadable_file(self, job_id: str) -> str | None:
         """`<state>/<id>.json` when a file of this id exists though `locate` found no
         readable copy (no permission, garbage): the id is not free, nor the job missing."""

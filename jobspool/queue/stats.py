@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 # Reading every retryable file to find the oldest due one is O(retryable): cap it.
 _MAX_RETRYABLE_SCAN = 20_000
 _READY_SAMPLE = 16
+_EXACT_COUNT = 1_000  # states up to this many files are counted by reading them
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +91,12 @@ def collect_stats(spool: Journal, *, by_kind: bool = False) -> Stats:
         names = {s: store.names(s.value) for s in ALL_STATES}
         fence = spool.fence_value()
     names = spool.without_stale(names)
+    for s, n in names.items():
+        if len(n) <= _EXACT_COUNT:
+            # DESIGN §2: an unreadable file is skipped (with a warning), not counted as a
+            # job. Reading is the only way to know; past this size a state is counted by
+            # its names (one listing, whatever the depth) and `fsck` finds such files.
+            names[s] = [i for i in n if not spool.unreadable(s, i)]
     counts = {s.value: len(n) for s, n in names.items()}
     oldest: float | None = None
     due = counts[JobState.READY.value]
