@@ -94,6 +94,7 @@ class Context:
         self.started = False  # the handler was called: a cut-off run counts as an attempt
         self.deadline: float | None = None  # monotonic time its time limit passes
         self.hung = False  # past its time limit and still running: no longer beaten
+        self.mark_kept = False  # still marked running after its run ended (`run_ended`)
         self.traceback: str | None = None  # the failed run's, kept on the job
         self.thread_ident: int | None = None  # a sync handler's thread, while it runs
         self._progress: Progress | None = None

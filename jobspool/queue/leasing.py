@@ -210,13 +210,23 @@ class Leasing:
     def _unstarted(self, job: Job) -> bool:
         """Whether an expired lease's holder is provably dead and never started its handler
         (see `liveness.py`): then the attempt was never made and is not counted."""
+        running = self._dead_holder_running(job)
+        return running is not None and job.lease is not None and job.lease.token not in running
+
+    def died_running(self, job: Job) -> bool:
+        """Whether the lease's holder is provably dead while its mark said this lease's
+        handler had started and not settled (running, or its writes being merged)."""
+        running = self._dead_holder_running(job)
+        return running is not None and job.lease is not None and job.lease.token in running
+
+    def _dead_holder_running(self, job: Job) -> set[int] | None:
+        """The running tokens of a lease holder that is provably dead, else None."""
         if job.lease is None or job.lease.proc is None:
-            return False
+            return None
         verdict, doc = liveness.probe(self.journal.root, job.lease.proc)
         if verdict != liveness.Verdict.DEAD:
-            return False
-        running = liveness.running_tokens(doc)
-        return running is not None and job.lease.token not in running
+            return None
+        return liveness.running_tokens(doc)
 
     def process_mark(self) -> liveness.ProcessMark:
         """This process's liveness mark in this spool (registered on first use; cached per

@@ -44,7 +44,7 @@ import orjson
 
 from jobspool.errors import JobspoolError, LeaseLost, TimeLimitExceeded
 from jobspool.errors import PoolFailed as PoolFailed
-from jobspool.queue.job import Lease, clip_error, validate_int, validate_seconds
+from jobspool.queue.job import Job, Lease, clip_error, validate_int, validate_seconds
 from jobspool.queue.machine import Failure, RetryPolicy
 
 # The child's side (what a child tells its supervisor) lives in poolchild.
@@ -382,6 +382,10 @@ class WorkerPool:
             hung = child.hung.get(job.id)
             if hung is not None and hung[0] == job.lease.token:
                 running = hung  # past its limit, and the child died before failing it
+            elif running is None and self._died_running(job):
+                # Its handler had returned, its writes not yet merged: a merge that kills
+                # the child is charged to the jobs in it (else it loops uncounted).
+                running = (job.lease.token, died_at, 0.0)
             try:
                 if running is not None and running[0] == job.lease.token:
                     # Killed for a hung handler: every run then past its limit is timed out
@@ -412,6 +416,15 @@ class WorkerPool:
             except (OSError, JobspoolError) as exc:
                 log.warning("pool: could not settle job %s of a dead worker process: %s",
                             job.id, exc)
+
+    def _died_running(self, job: Job) -> bool:
+        """The child's own liveness mark (file spool) says this lease's handler started and
+        had not settled; a store without marks says nothing."""
+        died_running = getattr(self.spool, "died_running", None)
+        try:
+            return bool(died_running(job)) if died_running is not None else False
+        except OSError:
+            return False
 
     def _count(self, key: str, n: int = 1) -> None:
         """Add to the report: the children's counts, and the settles of the supervisor's own."""

@@ -66,7 +66,12 @@ def run_started(ctx: Context, life: Lifecycle, *, deadline: float | None) -> Non
 def run_ended(ctx: Context, life: Lifecycle) -> None:
     """Its handler returned, raised or was cut off."""
     life.note_end(ctx)
-    if not ctx.hung:  # returned: a death before its settle is not this job's doing
+    # Returned: a death before its settle is not this job's doing, unless its own writes
+    # are still to be merged (a merge that kills the process, again and again, must be
+    # charged to the jobs in it, or it loops uncounted for ever). Those keep the mark
+    # until their settle (`Settler._forget`), as a hung handler's does.
+    ctx.mark_kept = ctx.hung or bool(ctx.writes)
+    if not ctx.mark_kept:
         ctx.spool.note_running([ctx.token], started=False)
 
 

@@ -227,7 +227,7 @@ class Settler:
     def _forget(self, c: Context) -> None:
         c.drop_progress()  # settled, and its progress file (if any) gone
         self.in_hand.pop(c.job_id, None)
-        if c.started and c.hung:  # the others were cleared when their handlers returned
+        if c.started and c.mark_kept:  # the others were cleared when their handlers returned
             self.spool.note_running([c.token], started=False)
 
     def _count_lost(self, c: Context, err: LeaseLost) -> None:

@@ -334,6 +334,10 @@ class Spool(EnqueueForms):
         """This process's liveness mark in this spool (`liveness.py`)."""
         return self.leasing.process_mark()
 
+    def died_running(self, job: Job) -> bool:
+        """Whether a leased job's holder died with its handler started and not settled."""
+        return self.leasing.died_running(job)
+
     def note_running(self, tokens: Iterable[int], *, started: bool) -> None:
         """Record that handlers for these leases started (or settled), for rescue counting."""
         self.leasing.note_running(tokens, started=started)
