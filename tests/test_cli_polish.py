@@ -217,3 +217,42 @@ def test_bulk_filters_are_checked_before_anything_moves(
         assert code == 1 and err.count("\n") == 1, (args, err)
     assert _state(root, "new-mail") is JobState.READY
     assert _state(root, "old-mail") is JobState.DEAD_LETTER
+
+
+@pytest.mark.parametrize("argv", [
+    ["enqueue", "note", "--id", "n1", '{"a": 1}'],
+    ["enqueue", "note", "--delay", "0", "--id", "n1", '{"a": 1}'],
+    ["enqueue", "note", "--json", "--id", "n1", '{"a": 1}'],
+    ["enqueue", "--id", "n1", "note", '{"a": 1}'],
+    ["enqueue", "note", '{"a": 1}', "--id", "n1"],
+])
+def test_enqueue_takes_its_options_before_or_after_the_payload(
+        tmp_path: Path, argv: list[str]) -> None:
+    """DESIGN §8 names `--id/--delay/--priority` as options: order-free. An option between
+    KIND and PAYLOAD made argparse fill PAYLOAD empty and refuse the JSON (exit 1)."""
+    root = tmp_path / "s"
+    make_spool(root).close()
+    res = run_cli("--root", root, *argv)
+    assert res.code == 0, res.err
+    with make_spool(root) as spool:
+        job = spool.get("n1")
+    assert job.payload == {"a": 1} and job.kind == "note"
+
+
+def test_enqueue_still_refuses_a_stray_argument_or_a_mistyped_option(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    make_spool(root).close()
+    for argv in (["enqueue", "note", "{}", "extra"], ["enqueue", "note", "--idd", "x", "{}"]):
+        res = run_cli("--root", root, *argv)
+        assert res.code == 1 and "unrecognized arguments" in res.err
+    with make_spool(root) as spool:
+        assert list(spool.jobs()) == []
+
+
+def test_enqueue_reads_stdin_after_its_options(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    make_spool(root).close()
+    res = run_cli("--root", root, "enqueue", "note", "--id", "n2", "-", stdin='{"b": 2}')
+    assert res.code == 0, res.err
+    with make_spool(root) as spool:
+        assert spool.get("n2").payload == {"b": 2}

@@ -6,6 +6,7 @@ spool is unhealthy or an operation was refused.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Sequence
 
@@ -41,6 +42,20 @@ def _exit_code_for(exc: JobspoolError) -> int:
 _ARGV: list[str] = []  # for `_fail`: errors found before logging is set up
 
 
+def _parse(argv: list[str]) -> argparse.Namespace:
+    """The command line, with `enqueue`'s optional PAYLOAD taken after options too
+    (`enqueue KIND --id X PAYLOAD`): argparse fills an optional positional at the first
+    chance, empty, and then calls the payload an unrecognized argument."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if (len(extra) == 1 and getattr(args, "payload", "") is None
+            and (extra[0] == "-" or not extra[0].startswith("-"))):
+        args.payload, extra = extra[0], []
+    if extra:
+        parser.error("unrecognized arguments: " + " ".join(extra))
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _ARGV[:] = argv
@@ -54,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # an unambiguous prefix (`--js`), which must count too.
     as_json = any(len(a) > 3 and "--json".startswith(a) for a in argv)
     try:
-        args = build_parser().parse_args(argv)
+        args = _parse(argv)
         if not hasattr(args, "json") or args.json is None:
             args.json = False
         as_json = bool(args.json)
