@@ -189,6 +189,24 @@ def test_an_integer_version_too_large_to_order_exactly_is_refused(tmp_path: Path
     assert store.table("notes").get("a")["text"] == "exact"  # type: ignore[index]
 
 
+def test_a_numpy_integer_version_orders_like_an_int(tmp_path: Path) -> None:
+    """numpy's integers (a stat array's mtimes) were refused ("must be a number") while
+    numpy's floats passed; they order exactly like the ints they hold, bools stay refused."""
+    import numpy as np
+
+    from jobspool.errors import ProjectionError
+
+    store = ProjectionStore(tmp_path / "db")
+    upsert(store, "j1", {"id": "a", "text": "new"}, np.int64(7), 5)
+    assert upsert(store, "j2", {"id": "a", "text": "old"}, np.int32(6), 9) == 0
+    assert store.table("notes").get("a") == {"id": "a", "text": "new", "version": 7.0,
+                                             "fence": 5}
+    with pytest.raises(ProjectionError, match="too large"):
+        make_upsert("j3", "notes", {"id": "a"}, np.int64(2**53 + 1), 5)
+    with pytest.raises(ProjectionError, match="must be a number"):
+        make_upsert("j3", "notes", {"id": "a"}, np.bool_(True), 5)
+
+
 def test_a_column_null_in_the_first_write_takes_later_text_and_refuses_other_types(
         tmp_path: Path) -> None:
     """A field still empty when its table is created (a note not yet written) becomes a

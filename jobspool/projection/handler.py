@@ -28,6 +28,7 @@ build writes without paying for either.
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -107,6 +108,8 @@ def _check_common(job_id: object, table: object, version: object, fence: object)
         )
     if version is None:
         return float(fence)
+    if isinstance(version, numbers.Integral) and not isinstance(version, bool):
+        version = int(version)  # numpy's integers (a stat array's st_mtime_ns // 1000)
     if isinstance(version, bool) or not isinstance(version, int | float):
         raise ProjectionError(
             f"field 'version' must be a number (an mtime, a revision), got {version!r}",
