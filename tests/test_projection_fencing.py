@@ -207,6 +207,25 @@ def test_a_numpy_integer_version_orders_like_an_int(tmp_path: Path) -> None:
         make_upsert("j3", "notes", {"id": "a"}, np.bool_(True), 5)
 
 
+def test_numpy_vectors_make_a_searchable_column_and_empty_lists_a_usable_one(
+        tmp_path: Path) -> None:
+    """A first write with numpy vectors made a list<double> column (no vector search:
+    "There is no vector column"), and an empty list first made list<null>, refusing every
+    later item. Now: fixed-size float32 lists as from Python lists, and lists of text."""
+    import lancedb
+    import numpy as np
+    import pyarrow as pa
+
+    store = ProjectionStore(tmp_path / "db")
+    upsert(store, "j1", {"id": "a", "vector": np.array([0.1, 0.2]), "tags": []}, 1, 1, "v")
+    upsert(store, "j2", {"id": "b", "vector": np.array([0.9, 0.8]), "tags": ["x"]}, 1, 2, "v")
+    table = lancedb.connect(str(tmp_path / "db")).open_table("v")
+    assert table.schema.field("vector").type == pa.list_(pa.float32(), 2)
+    assert table.schema.field("tags").type == pa.list_(pa.string())
+    assert table.search([0.9, 0.8]).limit(1).to_list()[0]["id"] == "b"
+    assert store.table("v").get("b")["tags"] == ["x"]  # type: ignore[index]
+
+
 def test_a_column_null_in_the_first_write_takes_later_text_and_refuses_other_types(
         tmp_path: Path) -> None:
     """A field still empty when its table is created (a note not yet written) becomes a

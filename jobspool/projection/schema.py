@@ -146,8 +146,10 @@ def infer_schema(rows: Sequence[dict[str, Any]], key: str) -> pa.Schema:
     are all null becomes a nullable string column: text is what such a column
     most often holds (a title, a note not yet written), and a later value of
     another type is refused naming the field. Left out, every later value for
-    it was refused as not in the schema. A `vector`/`embedding` column is
-    still left out while all null (its length is unknown). A column
+    it was refused as not in the schema. A column holding only empty lists
+    becomes a list of strings, for the same reason. A `vector`/`embedding`
+    column is left out for good while all null or empty (its length is
+    unknown; columns are not added later). A column
     with mixed types takes the type of its first value; rows that disagree
     then fail their own job. Lists of numbers in a column whose name contains
     `vector` or `embedding` become fixed-size float32 lists of the most common
@@ -175,6 +177,12 @@ def infer_schema(rows: Sequence[dict[str, Any]], key: str) -> pa.Schema:
                 continue
         if pa.types.is_null(typ):
             continue
+        if pa.types.is_list(typ) and pa.types.is_null(typ.value_type):
+            # Only empty lists so far: list<null> would refuse every later item. Text, as
+            # for an all-null column; a vector's length is unknown, so it is left out.
+            if _suggests_vector(name):
+                continue
+            typ = pa.list_(pa.string())
         if (
             _suggests_vector(name)
             and pa.types.is_list(typ)
@@ -182,7 +190,9 @@ def infer_schema(rows: Sequence[dict[str, Any]], key: str) -> pa.Schema:
         ):
             lengths: dict[int, int] = {}
             for v in values:
-                if isinstance(v, list | tuple):
+                # Python sequences and 1-d arrays (numpy's): LanceDB's search needs the
+                # fixed-size float32 list whichever the rows were built from.
+                if isinstance(v, list | tuple) or getattr(v, "ndim", None) == 1:
                     lengths[len(v)] = lengths.get(len(v), 0) + 1
             if lengths:
                 dim = max(lengths, key=lambda n: lengths[n])
