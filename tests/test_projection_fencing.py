@@ -226,6 +226,30 @@ def test_numpy_vectors_make_a_searchable_column_and_empty_lists_a_usable_one(
     assert store.table("v").get("b")["tags"] == ["x"]  # type: ignore[index]
 
 
+def test_a_datetime_whose_zone_does_not_match_its_column_fails_its_own_job(
+        tmp_path: Path) -> None:
+    """A naive datetime written into a zone-aware column was taken as UTC (12:00 read back
+    as 17:00+05:00), an aware one into a naive column lost its zone: both silently. Now
+    refused naming the field; aware values in any zone still land in an aware column."""
+    from datetime import datetime, timedelta, timezone
+
+    from jobspool.errors import ProjectionError
+
+    plus5 = timezone(timedelta(hours=5))
+    store = ProjectionStore(tmp_path / "db")
+    upsert(store, "j1", {"id": "a", "at": datetime(2024, 1, 1, 12, tzinfo=plus5)}, 1, 1, "tz")
+    upsert(store, "j2", {"id": "n", "at": datetime(2024, 1, 1, 12)}, 1, 2, "naive")
+    for table, value in (("tz", datetime(2024, 1, 1, 12)),
+                         ("naive", datetime(2024, 1, 1, 12, tzinfo=plus5))):
+        result = store.apply([make_upsert("j3", table, {"id": "b", "at": value}, 1, 3)])
+        assert isinstance(result.rejected.get("j3"), ProjectionError), result
+        assert "'at'" in str(result.rejected["j3"])
+    upsert(store, "j4", {"id": "c", "at": datetime(2024, 1, 1, 7, tzinfo=timezone.utc)},
+           1, 4, "tz")
+    got = store.table("tz").get("c")["at"]  # type: ignore[index]
+    assert got == datetime(2024, 1, 1, 12, tzinfo=plus5)  # the same instant
+
+
 def test_a_column_null_in_the_first_write_takes_later_text_and_refuses_other_types(
         tmp_path: Path) -> None:
     """A field still empty when its table is created (a note not yet written) becomes a

@@ -215,6 +215,10 @@ def _family_fits(src: pa.DataType, dst: pa.DataType) -> bool:
     if t.is_integer(dst) or t.is_floating(dst) or t.is_decimal(dst):
         return bool(t.is_integer(src) or t.is_floating(src) or t.is_decimal(src))
     if t.is_temporal(dst):
+        if t.is_timestamp(dst) and t.is_timestamp(src) and (src.tz is None) != (dst.tz is None):
+            # A naive time cast into an aware column is taken as UTC (12:00 reads back as
+            # 17:00+05:00), an aware one into a naive column loses its zone: refused.
+            return False
         return bool(t.is_temporal(src))
     if t.is_list(dst) or t.is_large_list(dst) or t.is_fixed_size_list(dst):
         return (t.is_list(src) or t.is_large_list(src) or t.is_fixed_size_list(src)) and _family_fits(
