@@ -217,3 +217,28 @@ def test_the_summary_counts_what_a_killed_child_did(tmp_path: Path) -> None:
     assert report["completed"] == 12, report
     assert report["claimed"] >= 13, report  # the 12, the doomed job (and its second run)
     assert report["rescued"] == 1 and report["restarts"] == 1, report
+
+
+def test_a_pool_of_absurd_size_is_a_one_line_error_and_starts_nothing(tmp_path: Path) -> None:
+    """`--processes 100000` was accepted: the supervisor spawned children for minutes, past
+    two SIGTERMs, leaving hundreds of orphans when it was finally killed."""
+    root = tmp_path / "spool"
+    make_spool(root).close()
+    bad = run_jobspool("worker", "--app", "tests.apps.runtime:app", "--processes", "100000",
+                       root=root, timeout=60)
+    assert bad.returncode == 1 and "at most 1024" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_a_pool_stopped_before_it_spawned_everything_spawns_no_more(tmp_path: Path) -> None:
+    """A SIGTERM arriving while the children were still being started did not stop the
+    starting: every one of N was spawned first (200: 22 s to shut down)."""
+    from jobspool.queue.pool import WorkerPool, child_command
+
+    root = tmp_path / "spool"
+    with make_spool(root) as spool:
+        pool = WorkerPool(spool, child_command(root, "tests.apps.runtime:app"),
+                          8, handle_signals=False)
+        pool.stop()  # as a signal that arrived before the spawning was done
+        report = pool.run()
+    assert report.started == 0

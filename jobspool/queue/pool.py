@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from jobspool.errors import JobspoolError, LeaseLost, TimeLimitExceeded
+from jobspool.errors import InvalidJob, JobspoolError, LeaseLost, TimeLimitExceeded
 from jobspool.errors import PoolFailed as PoolFailed
 from jobspool.queue.job import Job, Lease, clip_error, validate_int, validate_seconds
 from jobspool.queue.machine import Failure, RetryPolicy
@@ -61,6 +61,7 @@ log = logging.getLogger("jobspool.queue.pool")
 # A child that lived less than this long counts towards the restart backoff.
 _STABLE_SECONDS = 10.0
 _MAX_BACKOFF = 10.0
+MAX_PROCESSES = 1024
 # How long past a hung handler's time limit the child gets to exit on its own.
 _KILL_MARGIN = 2.0
 # Children dying this many times in a row within _BOOT_SECONDS of starting: give up (as
@@ -131,6 +132,10 @@ class WorkerPool:
         self.spool = spool
         self.command = list(command)
         self.processes = validate_int("processes", processes, minimum=1)
+        if self.processes > MAX_PROCESSES:
+            raise InvalidJob(f"processes must be at most {MAX_PROCESSES}, got {processes} "
+                             "(one Python process each; a pool that large is a typo)",
+                             field="processes")
         self.grace_seconds = validate_seconds("grace_seconds", grace_seconds)
         self.env = dict(os.environ if env is None else env)
         self.handle_signals = handle_signals
@@ -167,6 +172,8 @@ class WorkerPool:
         settler.start()
         try:
             for slot in range(self.processes):
+                if self._signals:
+                    break  # stopping: no more children (a SIGTERM amid 200 spawns started all)
                 self._spawn(slot)
             while self.children or (not self._signals and self._restart_at):
                 self._step()
