@@ -7,6 +7,7 @@ user meets them; these pin the HTTP contract down case by case.
 from __future__ import annotations
 
 import re
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -581,3 +582,34 @@ def test_a_spool_deleted_under_the_dashboard_gives_one_line_503s_then_recovers(
         assert client.get("/api/job/a").status_code == 404
         spool.enqueue("k", {}, job_id="b")
         assert client.get("/api/job/b").json()["state"] == "ready"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_the_dashboard_stopped_by_a_signal_exits_0(tmp_path: Path, sig: int) -> None:
+    """A normal stop (systemd and docker send SIGTERM) exited 143, a death by signal:
+    uvicorn raises the signal again after its shutdown, with the default handler."""
+    import urllib.request
+
+    root = tmp_path / "spool"
+    make_spool(root).close()
+    proc = start_jobspool("dashboard", "--port", "0", root=root)
+    try:
+        line = LineReader(proc.stdout).wait_for("http://", 120, "the dashboard's URL")
+        url = next(w for w in line.split() if w.startswith("http://"))
+        direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+        def answers() -> bool:
+            try:
+                with direct.open(url + "api/overview", timeout=5) as r:
+                    return bool(r.status == 200)
+            except OSError:
+                return False
+
+        wait_until(answers, 60, "the dashboard to serve")  # its signal handling set up
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err

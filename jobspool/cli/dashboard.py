@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import os
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -135,7 +136,16 @@ def serve(root: Path | str, *, host: str = DEFAULT_HOST, port: int = DEFAULT_POR
         # `--log-format json` they are JSON lines too) instead of handlers of its own.
         config = uvicorn.Config(app, log_config=None, log_level="warning", access_log=False,
                                 lifespan="on", server_header=False, timeout_graceful_shutdown=2)
-        uvicorn.Server(config).run(sockets=[sock])
+        # uvicorn raises the signal that stopped it again once it is done, with the handler
+        # it found: SIG_DFL for SIGTERM, so a normal stop (systemd, docker stop) showed as
+        # a death by signal (143). Handlers of ours are found instead: a stop is success.
+        stopped = {sig: signal.signal(sig, lambda *_: None)
+                   for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            uvicorn.Server(config).run(sockets=[sock])
+        finally:
+            for sig, previous in stopped.items():
+                signal.signal(sig, previous)
     return EXIT_OK
 
 
