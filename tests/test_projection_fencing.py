@@ -11,6 +11,7 @@ from jobspool.projection.handler import LIVE_FILTER, make_delete, make_upsert
 from jobspool.projection.lance import ProjectionStore
 from tests.s3server import S3Server
 from tests.spools import make_spool
+from datetime import UTC
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -244,7 +245,7 @@ def test_a_datetime_whose_zone_does_not_match_its_column_fails_its_own_job(
         result = store.apply([make_upsert("j3", table, {"id": "b", "at": value}, 1, 3)])
         assert isinstance(result.rejected.get("j3"), ProjectionError), result
         assert "'at'" in str(result.rejected["j3"])
-    upsert(store, "j4", {"id": "c", "at": datetime(2024, 1, 1, 7, tzinfo=timezone.utc)},
+    upsert(store, "j4", {"id": "c", "at": datetime(2024, 1, 1, 7, tzinfo=UTC)},
            1, 4, "tz")
     got = store.table("tz").get("c")["at"]  # type: ignore[index]
     assert got == datetime(2024, 1, 1, 12, tzinfo=plus5)  # the same instant
