@@ -7,7 +7,9 @@ spool is unhealthy or an operation was refused.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 
 import orjson
@@ -56,7 +58,26 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised the way Ctrl-C is: what runs unwinds, and a batch of renames in
+    flight lands whole first (`queue/interrupts.py`), instead of the process dying in it."""
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise _Terminated
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminated) if in_main else None
+    try:
+        return _main(argv)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _ARGV[:] = argv
     import warnings
@@ -85,8 +106,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         where = f": {exc.filename}" if exc.filename else ""
         return _fail(f"{exc.strerror or exc}{where}", EXIT_UNHEALTHY, as_json)
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt as exc:
+        # One line, not a silent exit: changes already made stand, each one whole.
+        term = isinstance(exc, _Terminated)
+        return _fail(f"interrupted by {'SIGTERM' if term else 'SIGINT'}; what was done "
+                     "before it stands", 143 if term else 130, as_json)
 
 
 def _fail(message: str, code: int, as_json: bool) -> int:

@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 
 from jobspool.errors import JobNotFound, JobspoolError, JobTooLarge, SpoolError
-from jobspool.queue import machine
+from jobspool.queue import interrupts, machine
 from jobspool.queue.fence import FENCE_FILE, FenceCounter, decode_fence, encode_fence
 from jobspool.queue.groupflush import GroupFlush
 from jobspool.queue.index import SLOT, ClaimIndex
@@ -263,8 +263,15 @@ class Journal:
         """Persist a batch of (old, new) snapshots as one store batch (call under the lock).
 
         Encoding happens first, so a job that is too large or not serializable
-        raises before any file is touched.
+        raises before any file is touched. A Ctrl-C or SIGTERM arrives after the
+        batch, not inside it (`interrupts.py`).
         """
+        with interrupts.deferred():
+            self._commit_changes(pairs, extra, staged=staged, encoded=encoded, group=group)
+
+    def _commit_changes(self, pairs: Sequence[tuple[Job | None, Job | None]],
+                        extra: Sequence[Change], *, staged: dict[str, str] | None,
+                        encoded: dict[str, bytes] | None, group: bool) -> None:
         self.check_writable("write")
         # Root files (the fence) go first: see `claim`.
         changes: list[Change] = [ch for ch in extra if ch.dst == ""]
