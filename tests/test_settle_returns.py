@@ -95,3 +95,24 @@ def test_a_completion_batch_refuses_what_it_must_and_writes_the_rest(
     assert spool.get(b.job_id).state is JobState.LEASED  # still the new holder's
     assert spool.get(c.job_id).state is JobState.DEAD_LETTER  # that job alone (DESIGN §9)
     assert spool.complete(b2, "mine").result == "mine"
+
+
+def test_a_job_failed_under_its_kinds_policy_shows_the_limit_applied(
+        make_any_spool: Callable[..., Spool]) -> None:
+    """A kind's `Policy(max_attempts=2)` dead-lettered the job after 2 attempts while the job
+    still said `max_attempts: 5` (`list`: attempts=2/5): the limit applied is now recorded,
+    on both stores, and what the settle returned is what `get` reads."""
+    from jobspool import Policy, Worker
+
+    def boom(job: object, ctx: object) -> None:
+        raise RuntimeError("boom")
+
+    spool = make_any_spool(lease_seconds=30.0, retry_base_seconds=0.01,
+                           retry_max_seconds=0.01)
+    job = spool.enqueue("boom", {})
+    assert job.max_attempts == 5
+    worker = Worker(spool, handlers={"boom": boom}, policies={"boom": Policy(max_attempts=2)})
+    worker.run_until_idle(wait_for_retries=5.0)
+    done = spool.get(job.id)
+    assert done.state is JobState.DEAD_LETTER
+    assert (done.attempts, done.max_attempts) == (2, 2)

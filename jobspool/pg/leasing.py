@@ -253,6 +253,7 @@ def _settle_params(spool: PgSpool, chosen: list[tuple[Lease, Job, float | None]]
         "results": results,
         "errors": [text(new.last_error) for _, new, _ in chosen],
         "tracebacks": [text(new.traceback) for _, new, _ in chosen],
+        "max_attempts": [new.max_attempts for _, new, _ in chosen],
     }
     return sql.SETTLE, params
 

@@ -174,12 +174,13 @@ SETTLE = f"""
 UPDATE jobspool_jobs j
 SET state = u.state, attempts = u.attempts, rescues = u.rescues, revision = j.revision + 1,
     updated_at = {NOW}, run_at = CASE WHEN u.delay IS NULL THEN j.run_at ELSE {NOW} + u.delay END,
-    owner = NULL, expires_at = NULL, proc = NULL,
+    owner = NULL, expires_at = NULL, proc = NULL, max_attempts = u.max_attempts,
     result = u.result::json, last_error = u.last_error, traceback = u.traceback
 FROM unnest(%(ids)b::text[], %(tokens)b::int8[], %(states)b::text[], %(attempts)b::int8[],
             %(rescues)b::int8[], %(delays)b::float8[], %(results)b::text[],
-            %(errors)b::text[], %(tracebacks)b::text[])
-     AS u(id, token, state, attempts, rescues, delay, result, last_error, traceback)
+            %(errors)b::text[], %(tracebacks)b::text[], %(max_attempts)b::int8[])
+     AS u(id, token, state, attempts, rescues, delay, result, last_error, traceback,
+          max_attempts)
 WHERE j.id = u.id AND j.token = u.token AND j.state = 'leased' AND j.expires_at > {NOW}
 RETURNING j.id, j.revision, j.updated_at, j.run_at
 """

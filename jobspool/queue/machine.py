@@ -292,12 +292,14 @@ def fail(job: Job, lease: Lease, *, now: float, error: object, retryable: bool,
                          last_error=clip_error(error.error), traceback=tb)
         error = error.error
     message = clip_error(error)
+    # The limit applied is the one the job shows (a kind's Policy(max_attempts=2) over the
+    # spool's 5 showed "attempts 2/5" on a job dead-lettered after 2).
     if not retryable or job.attempts >= limit:
         return _move(job, "fail", JobState.DEAD_LETTER, now, lease=None, last_error=message,
-                     traceback=tb, rescues=rescues)
+                     traceback=tb, rescues=rescues, max_attempts=limit)
     wait = policy.delay(job.attempts, rng) if delay is None else delay
     return _move(job, "fail", JobState.RETRYABLE, now, lease=None, last_error=message,
-                 run_at=now + wait, traceback=tb, rescues=rescues)
+                 run_at=now + wait, traceback=tb, rescues=rescues, max_attempts=limit)
 
 
 def settle(job: Job, lease: Lease, action: str, arg: Any, *, now: float, policy: RetryPolicy,

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.to_thread
 
-from jobspool.errors import JobspoolError, LeaseLost, WriteFailed
+from jobspool.errors import JobspoolError, JobTooLarge, LeaseLost, WriteFailed
 from jobspool.queue.context import (
     Completed,
     Context,
@@ -160,8 +160,14 @@ class Settler:
                 elif isinstance(res, WriteFailed):
                     refused = refused or res  # still leased: released below, or it expires
                     continue
+                elif isinstance(res, JobTooLarge):
+                    # Dead-lettered by the store itself: its result does not fit (DESIGN §9).
+                    self.counters.dead_lettered += 1
+                    log.warning("job %s (%s) dead-lettered: %s", c.job_id, c.job.kind, res,
+                                extra={"job_id": c.job_id, "kind": c.job.kind,
+                                       "state": "dead_letter"})
                 elif isinstance(res, JobspoolError):
-                    # The result cannot be stored (not JSON, too large): that will not change.
+                    # The result cannot be stored (not JSON): that will not change.
                     fails.append((c, self._failure(c, f"handler result refused: {res}"),
                                   False, None))
                     continue
