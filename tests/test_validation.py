@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from jobspool import Spool
+from jobspool import JobState, Spool
 from jobspool.errors import InvalidJob, JobNotFound, JobspoolError, JobTooLarge, SpoolError
 from tests.helpers_spool import all_files, assert_disk_consistent, tmp_leftovers
 from tests.spools import make_spool
@@ -130,19 +130,19 @@ def test_enqueue_many_with_one_bad_item_writes_none_of_them(spool: Spool,
     assert all_files(spool_root) == before
 
 
-def test_complete_with_a_result_over_max_job_bytes_is_refused_and_changes_nothing(
+def test_complete_with_a_result_over_max_job_bytes_dead_letters_the_job_whole(
     spool: Spool, spool_root: Path
 ) -> None:
-    from tests.helpers_spool import file_bytes
-
+    """DESIGN §9 (sizes, over §2's "refused"): a result that does not fit dead-letters that
+    job; its file stays within the limit, without the result, and nothing is left in tmp/."""
     spool.enqueue("note", job_id="j")
     (lease,) = spool.claim()
-    before = file_bytes(spool_root, "j")
-    with pytest.raises(JobTooLarge):
+    with pytest.raises(JobTooLarge, match="dead-lettered"):
         spool.complete(lease, {"r": "x" * 70_000})
-    assert file_bytes(spool_root, "j") == before
+    dead = spool.get("j")
+    assert dead.state is JobState.DEAD_LETTER and dead.result is None
+    assert (spool_root / "dead_letter" / "j.json").stat().st_size <= 65536
     assert tmp_leftovers(spool_root) == []
-    assert spool.complete(lease, {"r": 1}).result == {"r": 1}
 
 
 def test_complete_with_a_result_that_is_not_json_is_refused(spool: Spool,
