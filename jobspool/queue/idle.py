@@ -8,6 +8,7 @@ out; it never wakes on a fixed short timer where something can wake it.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,10 @@ if TYPE_CHECKING:
 
 # No next-due time read beside the last claim (`_claim_or_due`).
 NO_HINT: Any = object()
+# How often an idle `run_forever` looks for leases of dead worker processes.
+DEAD_CHECK_SECONDS = 2.0
+
+log = logging.getLogger("jobspool.queue.worker")
 
 
 class IdleWaits:
@@ -38,6 +43,7 @@ class IdleWaits:
     arrived: anyio.Event
     stop_poked: anyio.Event
     next_claim_at: float
+    next_dead_check: float
     idle: float
     until_idle: bool
     wait_for_retries: float
@@ -96,6 +102,21 @@ class IdleWaits:
         if leases or self.until_idle:
             return leases, NO_HINT
         return leases, self.spool.next_due_at(self.config.kinds)
+
+    async def _took_back_dead(self, *, now_or_never: bool = False) -> bool:
+        """Idle: whether leases of dead worker processes were just taken back (the store's
+        `reclaim_dead`; a store without liveness marks has none). At most every
+        `DEAD_CHECK_SECONDS`, unless `now_or_never` (the last look of `run_until_idle`)."""
+        reclaim = getattr(self.spool, "reclaim_dead", None)
+        now = time.monotonic()
+        if reclaim is None or (not now_or_never and now < self.next_dead_check):
+            return False
+        self.next_dead_check = now + DEAD_CHECK_SECONDS
+        try:
+            return bool(await anyio.to_thread.run_sync(reclaim))
+        except Exception as exc:  # a look that failed: the leases expire as they would have
+            log.debug("could not look for leases of dead workers: %s", exc)
+            return False
 
     async def _claim_when_due(self) -> None:
         """Idle: claim again when the next delayed job or expiring lease comes due, if that

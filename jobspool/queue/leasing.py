@@ -213,6 +213,44 @@ class Leasing:
         running = self._dead_holder_running(job)
         return running is not None and job.lease is not None and job.lease.token not in running
 
+    def reclaim_dead(self) -> int:
+        """Take back now, not when they expire, the leases whose holder is provably dead
+        (its liveness lock is free), as `recover` does: a job its handler was running on
+        counts a rescue, one never started (or already returned) goes back uncounted. An
+        idle worker calls this, so `run-until-idle` after a `kill -9` drains those jobs too
+        instead of leaving them leased (to a dead process) for `lease_seconds`."""
+        names = self.journal.store.names(JobState.LEASED.value)
+        if not names:
+            return 0
+        verdicts: dict[str, tuple[str, dict[str, object] | None]] = {}
+        with self.journal.lock.hold():
+            now = self.journal.now()
+            pairs: list[tuple[Job | None, Job | None]] = []
+            for job_id in names:
+                job = self.journal.read_job(JobState.LEASED, job_id)
+                if job is None or job.lease is None or job.lease.proc is None:
+                    continue
+                proc = job.lease.proc
+                if proc not in verdicts:
+                    verdicts[proc] = liveness.probe(self.journal.root, proc)
+                verdict, doc = verdicts[proc]
+                if verdict != liveness.Verdict.DEAD or self._newer_copy(job) is not None:
+                    continue  # alive, unknown, or a crash leftover for `recover`
+                running = liveness.running_tokens(doc)
+                if running is not None and job.lease.token not in running:
+                    new = machine.return_unstarted(job, now=now)
+                else:
+                    new = machine.reclaim(job, now=now, policy=self.journal.policy,
+                                          max_rescues=self.journal.max_rescues,
+                                          rng=self.journal.rng)
+                pairs.append((job, new))
+            if pairs:
+                self.journal.commit_changes(pairs)
+        if pairs:
+            log.warning("took back %d lease(s) of dead worker process(es): %s", len(pairs),
+                        ", ".join(sorted(old.id for old, _ in pairs if old is not None)))
+        return len(pairs)
+
     def died_running(self, job: Job) -> bool:
         """Whether the lease's holder is provably dead while its mark said this lease's
         handler had started and not settled (running, or its writes being merged)."""

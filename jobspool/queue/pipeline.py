@@ -98,6 +98,7 @@ class Pipeline(IdleWaits):
         self.scopes: set[anyio.CancelScope] = set()
         self.crashed: WorkerCrashed | None = None
         self.next_claim_at = 0.0
+        self.next_dead_check = 0.0
         self._due_hint: Any = NO_HINT  # next_due_at, read beside the last empty claim
         self.idle = 0.01
         self.arrived = anyio.Event()
@@ -193,6 +194,9 @@ class Pipeline(IdleWaits):
                 self.next_claim_at = time.monotonic() + self.idle
                 self.idle = min(self.poll_seconds, self.idle * 2)
                 if not self.until_idle:
+                    if await self._took_back_dead():
+                        self.next_claim_at = 0.0
+                        continue
                     await self._claim_when_due()
             if self.settling and len(self.in_hand) <= self.settling:
                 # Only the group settling beside the loop is in hand (or a failed one is
@@ -206,6 +210,9 @@ class Pipeline(IdleWaits):
                     if self._budget_spent() or not self.config.kinds:
                         return
                     if tried_claim and not await self._wait_for_due():
+                        if await self._took_back_dead(now_or_never=True):
+                            self.next_claim_at = 0.0
+                            continue  # jobs a dead worker held: drained too
                         return
                     if not tried_claim:
                         await self._sleep(max(0.0, self.next_claim_at - time.monotonic()))

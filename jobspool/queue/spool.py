@@ -334,6 +334,11 @@ class Spool(EnqueueForms):
         """This process's liveness mark in this spool (`liveness.py`)."""
         return self.leasing.process_mark()
 
+    def reclaim_dead(self) -> int:
+        """Take back the leases of provably dead holders now (see `Leasing.reclaim_dead`)."""
+        self.lock.check_open()
+        return self.leasing.reclaim_dead()
+
     def died_running(self, job: Job) -> bool:
         """Whether a leased job's holder died with its handler started and not settled."""
         return self.leasing.died_running(job)

@@ -1,0 +1,57 @@
+"""Leases held by a worker process that died (SIGKILL, a crash) are taken back by the next
+idle worker at once, as `recover` does, not when they expire: `run-until-idle` after a
+crash, without `recover`, drains those jobs too. Found by trying it: it exited 0 with the
+jobs still leased to the dead process, for `lease_seconds`."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from jobspool import JobState
+from tests.cli_harness import run_jobspool, start_jobspool
+from tests.spools import make_spool
+
+APP = "tests.apps.crashy:app"
+
+
+def test_run_until_idle_after_a_crash_drains_what_the_dead_worker_held(tmp_path: Path) -> None:
+    root = tmp_path / "spool"
+    with make_spool(root, lease_seconds=600.0) as spool:
+        spool.enqueue("crash", job_id="bomb")
+        for i in range(3):
+            spool.enqueue("work", job_id=f"w{i}")
+    first = run_jobspool("run-until-idle", "--app", APP, "--concurrency", "1", root=root)
+    assert first.returncode == 70  # the handler took its process down, leases held
+    with make_spool(root) as spool:
+        assert spool.get("bomb").state is JobState.LEASED
+    second = run_jobspool("run-until-idle", "--app", APP, root=root)
+    assert second.returncode == 0, second.stderr
+    with make_spool(root) as spool:
+        assert [spool.get(f"w{i}").state for i in range(3)] == [JobState.COMPLETED] * 3
+        bomb = spool.get("bomb")
+    assert bomb.state is JobState.RETRYABLE and bomb.rescues == 1  # charged: it was running
+    assert "dead worker" in second.stderr
+
+
+def test_an_idle_worker_takes_back_a_dead_siblings_leases_long_before_they_expire(
+        tmp_path: Path) -> None:
+    root = tmp_path / "spool"
+    with make_spool(root, lease_seconds=600.0) as spool:
+        spool.enqueue("crash", job_id="bomb", max_attempts=1)
+        spool.enqueue("work", job_id="mate")
+    first = run_jobspool("run-until-idle", "--app", APP, "--concurrency", "1", root=root)
+    assert first.returncode == 70
+    serving = start_jobspool("worker", "--app", APP, root=root)
+    try:
+        deadline = time.monotonic() + 120  # a hang guard; the leases run for 600 s
+        while time.monotonic() < deadline:
+            with make_spool(root) as spool:
+                states = (spool.get("bomb").state, spool.get("mate").state)
+            if states == (JobState.DEAD_LETTER, JobState.COMPLETED):
+                break
+            time.sleep(0.1)
+    finally:
+        serving.terminate()
+        serving.communicate(timeout=60)
+    assert states == (JobState.DEAD_LETTER, JobState.COMPLETED)  # out of its one attempt
