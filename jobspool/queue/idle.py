@@ -107,7 +107,10 @@ class IdleWaits:
         """Idle: whether leases of dead worker processes were just taken back (the store's
         `reclaim_dead`; a store without liveness marks has none). At most every
         `DEAD_CHECK_SECONDS`, unless `now_or_never` (the last look of `run_until_idle`)."""
-        reclaim = getattr(self.spool, "reclaim_dead", None)
+        # A pool's child leaves that to its supervisor, which knows why a sibling died (a
+        # hung handler it killed is a time limit, not a rescue) and settles it at once.
+        reclaim = (getattr(self.spool, "reclaim_dead", None)
+                   if getattr(self.life, "reclaims_dead", True) else None)
         now = time.monotonic()
         if reclaim is None or (not now_or_never and now < self.next_dead_check):
             return False

@@ -79,6 +79,7 @@ def attach_child(worker: Worker) -> Callable[[RunReport], None] | None:
         worker.stop()
 
     worker.on_start, worker.on_end, worker.on_hung = on_start, on_end, on_hung
+    worker.reclaims_dead = False  # the supervisor settles a dead sibling's jobs, knowing why
 
     def watch_parent() -> None:
         # start_new_session cut us off from the terminal: notice an orphaning ourselves.

@@ -128,6 +128,9 @@ class Worker:
                                      stopping=self._stop.is_set)
         # Hooks a process pool's child sets to tell its supervisor what runs (see pool.py).
         self.on_start: Callable[[Context], None] | None = None
+        # Idle, take back the leases of dead worker processes (a pool's child leaves that
+        # to its supervisor: `poolchild.attach_child`).
+        self.reclaims_dead = True
         self.on_end: Callable[[Context], None] | None = None
         self.on_hung: Callable[[Context], None] | None = None
         self._live: Counters | None = None
