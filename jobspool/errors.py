@@ -201,6 +201,15 @@ class WorkerCrashed(JobspoolError):
     """Raised when the worker's own machinery failed repeatedly in a short time."""
 
 
+class WorkerSpoolClosed(WorkerCrashed, SpoolClosed):
+    """A worker stopped because its spool was closed under it: both a `WorkerCrashed` and a
+    `SpoolClosed`, so `except SpoolClosed` around `run_forever` catches it too."""
+
+    def __init__(self, closed: SpoolClosed) -> None:
+        JobspoolError.__init__(self, f"worker stopped: {closed}")
+        self.path = getattr(closed, "path", None)
+
+
 class PoolFailed(JobspoolError):
     """Raised when the pool's worker processes keep dying right after they start."""
 
@@ -245,6 +254,7 @@ __all__ = [
     "TimeLimitExceeded",
     "WaitTimeout",
     "WorkerCrashed",
+    "WorkerSpoolClosed",
     "WriteFailed",
 ]
 

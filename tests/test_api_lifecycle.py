@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -161,6 +162,18 @@ def test_a_worker_on_a_closed_spool_stops_at_once(tmp_path: Path) -> None:
     with pytest.raises(WorkerCrashed, match="was closed") as info:
         Worker(spool, {"k": lambda job, ctx: None}, maintenance=False).run_until_idle()
     assert "5 times" not in str(info.value)
+    # The README's "every call raises SpoolClosed": `except SpoolClosed` catches it too.
+    assert isinstance(info.value, SpoolClosed)
+
+
+def test_a_spool_closed_under_a_running_worker_is_caught_as_spool_closed(
+        tmp_path: Path) -> None:
+    spool = make_spool(tmp_path / "spool")
+    threading.Timer(0.5, spool.close).start()
+    started = time.monotonic()
+    with pytest.raises(SpoolClosed, match="was closed"):
+        Worker(spool, {"k": lambda job, ctx: None}, maintenance=False).run_forever()
+    assert time.monotonic() - started < 60  # a hang guard only: it stops at once
 
 
 def test_readers_of_a_closed_spool_say_so(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import anyio
 
-from jobspool.errors import JobspoolError, SpoolClosed, WorkerCrashed
+from jobspool.errors import JobspoolError, SpoolClosed, WorkerCrashed, WorkerSpoolClosed
 from jobspool.queue.report import Counters
 
 log = logging.getLogger("jobspool.queue.worker")
@@ -53,7 +53,7 @@ class Supervisor:
         counters.crashes += 1
         if isinstance(exc, SpoolClosed):
             # A closed spool never reopens: retrying five times only delayed this verdict.
-            return WorkerCrashed(f"worker stopped: {exc}")
+            return WorkerSpoolClosed(exc)
         now = self._clock()
         self._crash_times = [t for t in self._crash_times if now - t < self.crash_window_seconds]
         self._crash_times.append(now)
