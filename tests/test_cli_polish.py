@@ -256,3 +256,19 @@ def test_enqueue_reads_stdin_after_its_options(tmp_path: Path) -> None:
     assert res.code == 0, res.err
     with make_spool(root) as spool:
         assert spool.get("n2").payload == {"b": 2}
+
+
+def test_worker_takes_poll_for_its_idle_safety_poll(tmp_path: Path) -> None:
+    """README and issue 14: `--poll` sets an idle worker's safety poll; it was refused as
+    an unrecognized argument. A pool hands it to every child."""
+    from jobspool.cli.pool import _child_options
+
+    args = build_parser().parse_args(["worker", "--app", "m:app", "--poll", "2.5"])
+    assert args.poll == 2.5
+    assert ["--poll", "2.5"] == _child_options(args)[6:8]
+    assert build_parser().parse_args(["worker", "--app", "m:app"]).poll == 0.5
+    root = tmp_path / "s"
+    make_spool(root).close()
+    for bad in ("0", "-1", "soon"):
+        res = run_cli("--root", root, "worker", "--app", "m:app", "--poll", bad)
+        assert res.code == 1 and "--poll" in res.err

@@ -213,7 +213,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
                                  f"({exc.strerror})") from None
         try:
             with handlers_print_to_stderr(args):
-                report = worker.run_forever(progress=to_supervisor)
+                report = worker.run_forever(poll_seconds=args.poll, progress=to_supervisor)
         except WorkerCrashed as exc:
             raise Refused(str(exc)) from None
         finally:

@@ -125,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
                            help="supervise N worker processes, restarted when they die; a "
                            "sync handler past its time limit has its process replaced "
                            "(default: run in this process, no supervisor)")
+            c.add_argument("--poll", type=_positive_float, default=0.5, metavar="SECONDS",
+                           help="safety poll of an idle worker: claim again at least every "
+                           "SECONDS even when no arrival woke it (default: 0.5)")
             c.add_argument("--metrics-port", type=_port,
                            help="serve Prometheus metrics on 127.0.0.1:PORT")
             c.add_argument("--metrics-host", default="127.0.0.1", metavar="ADDRESS",

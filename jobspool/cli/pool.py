@@ -12,7 +12,7 @@ from jobspool.cli.render import _emit, children_print_to_stderr
 def _child_options(args: argparse.Namespace) -> list[str]:
     """The worker options every child gets: the parent's, minus what only the parent does."""
     opts = ["--concurrency", str(args.concurrency), "--batch-size", str(args.batch_size),
-            "--grace", repr(args.grace), "--log-level", args.log_level,
+            "--grace", repr(args.grace), "--poll", repr(args.poll), "--log-level", args.log_level,
             "--log-format", args.log_format]
     if args.kinds:
         opts += ["--kinds", args.kinds]
