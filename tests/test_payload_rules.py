@@ -281,3 +281,16 @@ def test_subclasses_json_cannot_carry_are_refused_naming_the_place(spool: Spool)
     with pytest.raises(InvalidJob, match=r"^payload\[0\] is a Celsius \(a float subclass"):
         spool.enqueue("k", [Celsius(1.5)])
     assert list(spool.jobs()) == []
+
+
+def test_a_refusal_names_the_type_with_its_article() -> None:
+    """'payload['o'] is a object' read wrong; CommitRetry is importable where the README
+    points (`jobspool.projection`)."""
+    from jobspool.projection import CommitRetry
+    from jobspool.queue.payload import check_json
+
+    with pytest.raises(InvalidJob, match=r"is an object, which JSON cannot carry"):
+        check_json({"o": object()}, "payload")
+    with pytest.raises(InvalidJob, match=r"is a set, which JSON"):
+        check_json({"o": set()}, "payload")
+    assert CommitRetry().attempts >= 1

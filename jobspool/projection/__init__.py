@@ -26,11 +26,13 @@ if TYPE_CHECKING:
         TableOutcome,
         read_maintenance_state,
     )
+    from jobspool.projection.objectstore import CommitRetry
 
 _LAZY = {
     "ApplyResult": "jobspool.projection.lance",
     "LanceProjection": "jobspool.projection.lance",
     "ProjectionStore": "jobspool.projection.lance",
+    "CommitRetry": "jobspool.projection.objectstore",
     "MaintenanceBeat": "jobspool.projection.maintenance",
     # the records and the state file load neither LanceDB nor pyarrow
     "MaintenanceReport": "jobspool.projection.maintenance_state",
@@ -63,6 +65,7 @@ __all__ = [  # noqa: RUF022 - grouped by weight: the first group never loads Lan
     "ApplyResult",
     "LanceProjection",
     "ProjectionStore",
+    "CommitRetry",
     # maintenance
     "MaintenanceBeat",
     "MaintenanceReport",

@@ -115,7 +115,9 @@ def _check(value: object, path: list[object]) -> None:
     # Qualified when the bare name is a type JSON carries: numpy.bool_ calls itself "bool".
     shown = (f"{kind.__module__}.{kind.__qualname__}" if name in _JSON_NAMES
              and kind.__module__ != "builtins" else name)
-    raise _NotJson(path, f"a {shown}, which JSON cannot carry" + (f" ({hint})" if hint else ""))
+    article = "an" if shown[:1].lower() in "aeiou" else "a"
+    raise _NotJson(path, f"{article} {shown}, which JSON cannot carry"
+                         + (f" ({hint})" if hint else ""))
 
 
 def validate_run_at(run_at: object, now: float) -> float:
