@@ -115,7 +115,8 @@ def _check(value: object, path: list[object]) -> None:
     # Qualified when the bare name is a type JSON carries: numpy.bool_ calls itself "bool".
     shown = (f"{kind.__module__}.{kind.__qualname__}" if name in _JSON_NAMES
              and kind.__module__ != "builtins" else name)
-    article = "an" if shown[:1].lower() in "aeiou" else "a"
+    # "an object", but "a UUID" (an acronym said letter by letter, from "you").
+    article = "an" if shown[:1] in "aeiouAEIO" else "a"
     raise _NotJson(path, f"{article} {shown}, which JSON cannot carry"
                          + (f" ({hint})" if hint else ""))
 
