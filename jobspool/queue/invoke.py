@@ -152,7 +152,8 @@ def _timed_out(ctx: Context, timeout: float, *, sync: bool, stack: str | None = 
     # Where it was: the thread's stack now, or the cancelled coroutine's frames.
     stack = thread_stack(ctx.thread_ident) if sync else stack
     detail = ("a sync handler's thread cannot be stopped: it is abandoned, still "
-              "running" if sync else "it returned only then, having blocked the event "
+              "running (under `worker --processes`, its process is replaced, which "
+              "stops it)" if sync else "it returned only then, having blocked the event "
               "loop, so it could not be cancelled; its result is discarded" if late else
               "the handler was cancelled")
     exc = TimeLimitExceeded(ctx.job_id, ctx.job.kind, timeout, detail)
