@@ -166,7 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=commands.cmd_cancel)
 
     c = sub.add_parser("requeue", parents=[common],
-                       help="run a dead or canceled job again, or every one matching the filters")
+                       help="run a dead-lettered, canceled or completed job again, or every "
+                       "one matching the filters")
     c.add_argument("job_id", nargs="?", metavar="ID", help="the job to requeue")
     c.add_argument("--all-dead", action="store_true", help="requeue every dead letter")
     _bulk_filters(c, "requeue", ("dead_letter", "canceled", "completed"), "dead_letter")
