@@ -71,7 +71,7 @@ class AsyncRunners:
                             while self._queue and (first or not self.slots.contended()):
                                 first = False
                                 current = self._queue.popleft()
-                                if not current.lost and not self.life.stopping:
+                                if not self.life.stopping and current.runnable():
                                     await self.call(current)
                                 self.finished(current)
                                 current = None

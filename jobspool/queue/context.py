@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -12,6 +13,8 @@ from jobspool.errors import LeaseLost
 from jobspool.queue.job import Job, Lease
 from jobspool.queue.jobprogress import Progress, make_progress, remove_progress, write_progress
 from jobspool.queue.signals import Retry
+
+log = logging.getLogger("jobspool.queue.worker")
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +120,21 @@ class Context:
         lease = self.spool.heartbeat(self.lease)
         self.set_lease(lease)
         return lease
+
+    def runnable(self) -> bool:
+        """Whether its handler may start: not lost, and its lease not run out while it
+        waited (a worker paused past it, by SIGSTOP, swap or a long stall, resumes with
+        leases another worker may have taken and finished meanwhile; running them would
+        only repeat side effects outside the projection). A lapsed one is marked lost."""
+        if self.lost:
+            return False
+        if self.lease.expires_at <= self.spool.now():
+            self.lost = True
+            log.warning("not starting job %s: its lease (token %d) ran out before its "
+                        "handler could start; it goes to whoever claims it next", self.job_id,
+                        self.token, extra={"job_id": self.job_id, "token": self.token})
+            return False
+        return True
 
     def set_lease(self, lease: Lease) -> None:
         """Adopt an extended lease (from the heartbeat thread or the handler's own beat)."""

@@ -392,7 +392,7 @@ class Pipeline(IdleWaits):
         self.rescue_waiting = False
 
     async def _call_unless_dropped(self, ctx: Context) -> None:
-        if not ctx.lost and not self.life.stopping:
+        if not self.life.stopping and ctx.runnable():
             await self._call(ctx)
 
     async def _call(self, ctx: Context) -> None:

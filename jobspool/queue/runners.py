@@ -184,7 +184,7 @@ class Runners:
                     return True
                 first = False
                 ctx = run.current = self._queue.popleft()
-            if not ctx.lost and not self.life.stopping:
+            if not self.life.stopping and ctx.runnable():
                 self._call(ctx)
             with self._lock:
                 if run.abandoned:

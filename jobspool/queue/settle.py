@@ -130,8 +130,10 @@ class Settler:
         for c in group:
             if c.lost:
                 self.counters.lease_lost += 1
-                log.warning("discarding the result of job %s: its lease (token %d) was lost",
-                            c.job_id, c.token, extra={"job_id": c.job_id, "token": c.token})
+                if c.started:  # else `Context.runnable` said why it never started
+                    log.warning("discarding the result of job %s: its lease (token %d) was "
+                                "lost", c.job_id, c.token,
+                                extra={"job_id": c.job_id, "token": c.token})
                 self._forget(c)
                 continue
             match c.outcome:
