@@ -255,9 +255,14 @@ def health(spool: PgSpool, *, max_due_age: float = 300.0, lease_grace: float = 0
     if stale:
         reasons.append(Reason("stale_prepared", f"{stale} prepared job(s) past the grace "
                               "period (run `jobspool recover --app ...` to replay them)", stale))
-    return Health(reasons=reasons, root=spool.display, checked_at=now,
-                  figures={"counts": dict(st.counts), "due": st.due,
-                           "oldest_due_age": st.oldest_due_age, "fence": st.fence})
+    # The file spool's keys, so one consumer reads both: what has no meaning on a database
+    # (files, disk space, the local projection) is zero or None, as the README says.
+    figures = {"counts": dict(st.counts), "due": st.due, "oldest_due_age": st.oldest_due_age,
+               "fence": st.fence, "quarantined": 0, "expired_leases": expired,
+               "stale_prepared": stale, "projection": None, "unreadable_files": 0,
+               "no_read_access": 0, "ready_not_claimed": 0, "stale_workers": 0,
+               "free_bytes": None, "free_percent": None}
+    return Health(reasons=reasons, root=spool.display, checked_at=now, figures=figures)
 
 
 def iter_jobs(spool: PgSpool, states: Sequence[JobState], kind: str | None) -> Iterator[Job]:

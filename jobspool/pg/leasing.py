@@ -198,8 +198,16 @@ def settle(spool: PgSpool, leases: Sequence[Lease], actions: Sequence[tuple[str,
                 if new.last_error or new.traceback:
                     # Cut to fit as the file spool cuts its file (DESIGN §9, sizes).
                     new = fitted(new, max_bytes=spool.max_job_bytes)[0]
-        except JobspoolError as exc:
+        except LeaseLost as exc:
             out.append(exc)
+            continue
+        except JobspoolError as exc:
+            # A result refused before anything is sent (not JSON): a lease no longer
+            # current is what the caller hears first, as from the file spool, whose lease
+            # check comes before the result's.
+            current = check_leases(spool, [lease], margin=0.0,
+                                   lease_seconds=spool.lease_seconds)[0]
+            out.append(current if isinstance(current, LeaseLost) else exc)
             continue
         seen.add(lease.job_id)
         moved = new.run_at != lease.job.run_at

@@ -401,7 +401,10 @@ class PgSpool(EnqueueForms):
             "lease_seconds", lease_seconds, positive=True)
         who = self._owner if owner is None else validate_owner(owner)
         if kinds is not None:
-            for k in ([kinds] if isinstance(kinds, str) else kinds):
+            # Listed once: a generator or map() checked here was spent, and the claim then
+            # saw no kind at all and claimed nothing, for ever (the file spool takes them).
+            kinds = [kinds] if isinstance(kinds, str) else list(kinds)
+            for k in kinds:
                 validate_kind(k)
         return leasing.claim(self, kinds=kinds, limit=limit, owner=who, lease_seconds=seconds,
                              exclude=exclude, starts_noted=starts_noted)

@@ -221,11 +221,15 @@ JOIN unnest(%(ids)s::text[], %(tokens)s::int8[]) AS u(id, token) ON j.id = u.id
 WHERE j.token = u.token AND j.state = 'leased' AND j.expires_at > {NOW}
 """
 
+# When the next job not yet due becomes claimable (a retry, a scheduled job, an expiring
+# lease), as the file spool answers: jobs due already do not count (they made an idle
+# worker claim again at once, in a loop, when a claim could not take them).
 NEXT_DUE = f"""
 SELECT least(
   (SELECT min(run_at) FROM jobspool_jobs WHERE state IN ('ready', 'retryable')
+     AND run_at > {NOW}
      AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))),
-  (SELECT min(expires_at) FROM jobspool_jobs WHERE state = 'leased'
+  (SELECT min(expires_at) FROM jobspool_jobs WHERE state = 'leased' AND expires_at > {NOW}
      AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))),
   NULL), {NOW}
 """

@@ -1,0 +1,59 @@
+"""The same answers from both stores, where a parity pass (one script, file spool and
+PostgreSQL side by side) found them apart: each failed on PostgreSQL before its fix."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+
+from jobspool import Spool
+from jobspool.errors import LeaseLost
+from tests.store_params import sleep_past
+
+
+def test_claim_takes_kinds_from_a_generator(any_spool: Spool) -> None:
+    """PostgreSQL checked the kinds by looping over them, spending a generator: the claim
+    then saw no kind and claimed nothing, for ever."""
+    any_spool.enqueue("c", job_id="c1")
+    any_spool.enqueue("k", job_id="k1")
+    assert [x.job_id for x in any_spool.claim(kinds=(k for k in ["c"]))] == ["c1"]
+    assert [x.job_id for x in any_spool.claim(kinds=map(str, ["k"]))] == ["k1"]
+
+
+def test_completing_a_lost_lease_with_a_non_json_result_is_lease_lost(
+        make_any_spool: Callable[..., Spool]) -> None:
+    """PostgreSQL checked the result before the lease: InvalidJob, where the file spool (and
+    DESIGN §4) says LeaseLost for a lease that is not current."""
+    spool = make_any_spool(lease_seconds=0.2)
+    spool.enqueue("k", job_id="j")
+    (lease,) = spool.claim()
+    sleep_past(lease.expires_at)
+    with pytest.raises(LeaseLost):
+        spool.complete(lease, {1, 2})
+    (current,) = spool.claim(kinds="k", lease_seconds=30.0)  # taken over: current again
+    assert current.job_id == "j" and current.token > lease.token
+    from jobspool.errors import InvalidJob
+
+    with pytest.raises(InvalidJob, match="not JSON"):  # a current lease: the result's fault
+        spool.complete(current, {1, 2})
+
+
+def test_next_due_at_is_when_a_job_not_yet_due_becomes_claimable(any_spool: Spool) -> None:
+    """PostgreSQL counted jobs due already (answering 'now', or a time in the past), so an
+    idle worker that could not claim them was told to claim again at once."""
+    any_spool.enqueue("k", job_id="due")
+    assert any_spool.next_due_at() is None
+    any_spool.enqueue("k", job_id="later", delay=100.0)
+    due = any_spool.next_due_at()
+    assert due is not None and 90.0 < due - time.time() < 110.0
+
+
+def test_health_figures_have_the_same_keys(any_spool: Spool) -> None:
+    """PostgreSQL's health figures lacked most of the file spool's keys (KeyError for a
+    consumer of both); the README says those are zero there."""
+    keys = {"counts", "due", "oldest_due_age", "fence", "quarantined", "expired_leases",
+            "stale_prepared", "projection", "unreadable_files", "no_read_access",
+            "ready_not_claimed", "stale_workers", "free_bytes", "free_percent"}
+    assert keys <= set(any_spool.health().figures)
