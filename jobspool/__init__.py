@@ -32,6 +32,7 @@ from jobspool.errors import (
     TimeLimitExceeded,
     WaitTimeout,
     WorkerCrashed,
+    WorkerSpoolClosed,
     WriteFailed,
 )
 
@@ -91,6 +92,7 @@ __all__ += [
     "TimeLimitExceeded",
     "WaitTimeout",
     "WorkerCrashed",
+    "WorkerSpoolClosed",
     "WriteFailed",
 ]
 

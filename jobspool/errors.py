@@ -202,8 +202,8 @@ class WorkerCrashed(JobspoolError):
 
 
 class WorkerSpoolClosed(WorkerCrashed, SpoolClosed):
-    """A worker stopped because its spool was closed under it: both a `WorkerCrashed` and a
-    `SpoolClosed`, so `except SpoolClosed` around `run_forever` catches it too."""
+    """Raised when a worker stops because its spool was closed under it: both a
+    `WorkerCrashed` and a `SpoolClosed`, so `except SpoolClosed` catches it too."""
 
     def __init__(self, closed: SpoolClosed) -> None:
         JobspoolError.__init__(self, f"worker stopped: {closed}")
