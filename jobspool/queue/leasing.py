@@ -236,14 +236,10 @@ class Leasing:
                 verdict, doc = verdicts[proc]
                 if verdict != liveness.Verdict.DEAD or self._newer_copy(job) is not None:
                     continue  # alive, unknown, or a crash leftover for `recover`
-                running = liveness.running_tokens(doc)
-                if running is not None and job.lease.token not in running:
-                    new = machine.return_unstarted(job, now=now)
-                else:
-                    new = machine.reclaim(job, now=now, policy=self.journal.policy,
-                                          max_rescues=self.journal.max_rescues,
-                                          rng=self.journal.rng)
-                pairs.append((job, new))
+                pairs.append((job, machine.take_back(
+                    job, now=now, running=liveness.running_tokens(doc),
+                    policy=self.journal.policy, max_rescues=self.journal.max_rescues,
+                    rng=self.journal.rng)))
             if pairs:
                 self.journal.commit_changes(pairs)
         if pairs:

@@ -222,6 +222,17 @@ def return_unstarted(job: Job, *, now: float) -> Job:
                  attempts=max(0, job.attempts - 1), run_at=now)
 
 
+def take_back(job: Job, *, now: float, running: set[int] | None, policy: RetryPolicy,
+              max_rescues: int | None, rng: random.Random | None = None) -> Job:
+    """A lease taken from a holder that died or let it expire: back uncounted when the
+    holder's liveness mark says its handler never started (`running`: the tokens it was
+    running, None when unknown), else reclaimed, a rescue counted."""
+    assert job.lease is not None
+    if running is not None and job.lease.token not in running:
+        return return_unstarted(job, now=now)
+    return reclaim(job, now=now, policy=policy, max_rescues=max_rescues, rng=rng)
+
+
 def reclaim(job: Job, *, now: float, policy: RetryPolicy, max_rescues: int | None,
             rng: random.Random | None = None) -> Job:
     """An expired lease given back: retryable, or dead letter when attempts (or rescues) run out."""

@@ -321,18 +321,16 @@ def _reclaim(spool: Journal, scan: Scan) -> tuple[list[str], list[str], list[str
                 gone = verdict == liveness.Verdict.DEAD
                 if not gone and not machine.lease_expired(job, now):
                     continue
-                running = liveness.running_tokens(doc) if gone else None
-                if running is not None and job.lease.token not in running:
-                    new = machine.return_unstarted(job, now=now)
+                new = machine.take_back(
+                    job, now=now, running=liveness.running_tokens(doc) if gone else None,
+                    policy=spool.policy, max_rescues=spool.max_rescues, rng=spool.rng)
+                if new.state is JobState.READY:  # never started: back uncounted
                     returned.append(job_id)
+                elif new.state is JobState.DEAD_LETTER:
+                    _warn_dead(new, "on reclaim by recovery")
+                    dead.append(job_id)
                 else:
-                    new = machine.reclaim(job, now=now, policy=spool.policy,
-                                          max_rescues=spool.max_rescues, rng=spool.rng)
-                    if new.state is JobState.DEAD_LETTER:
-                        _warn_dead(new, "on reclaim by recovery")
-                        dead.append(job_id)
-                    else:
-                        reclaimed.append(job_id)
+                    reclaimed.append(job_id)
                 pairs.append((job, new))
                 extra.extend(spool.stale_removals(job_id, stale))
             spool.commit_changes(pairs, extra)
