@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -55,6 +56,12 @@ def attach_child(worker: Worker) -> Callable[[RunReport], None] | None:
         return None
     fd = int(fd_text)
     worker.owner = os.environ.get(POOL_OWNER_ENV) or worker.owner
+    # The children share the pool's stdout: block-buffered, one child's 8 KiB write cut
+    # another's line in two. A line at a time, each reaches the output whole.
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(line_buffering=True)
     parent = int(os.environ.get(POOL_PARENT_ENV) or 0)
 
     def send(line: str) -> None:
