@@ -180,36 +180,23 @@ class Journal:
 
     def read_job(self, state: JobState, job_id: str) -> Job | None:
         """One job file, or None when absent; a corrupt file is logged and treated as absent."""
+        return self.examine(state, job_id)[0]
+
+    def examine(self, state: JobState, job_id: str) -> tuple[Job | None, bool]:
+        """One job file and whether it is there but cannot be read as that job (logged). A
+        file gone since a listing is not unreadable: a concurrent move took it."""
         try:
             data = self.store.read(state.value, job_id + JOB_SUFFIX)
         except FileNotFoundError:
-            return None
+            return None, False
         except OSError as exc:  # a directory in its place, no permission, EIO: unreadable
             report_unreadable(state.value, job_id, exc.strerror or str(exc))
-            return None
+            return None, True
         try:
-            return decode_job(data, expect_id=job_id, expect_state=state)
+            return decode_job(data, expect_id=job_id, expect_state=state), False
         except CorruptJob as exc:
             report_unreadable(state.value, job_id, exc.reason)
-            return None
-
-    def unreadable(self, state: JobState, job_id: str) -> bool:
-        """Whether the file of `job_id` in `state` is there but cannot be read as that job
-        (logged, as `read_job` does). A file gone since its listing is not unreadable: a
-        concurrent move took it, and the listing's snapshot still counts it."""
-        try:
-            data = self.store.read(state.value, job_id + JOB_SUFFIX)
-        except FileNotFoundError:
-            return False
-        except OSError as exc:
-            report_unreadable(state.value, job_id, exc.strerror or str(exc))
-            return True
-        try:
-            decode_job(data, expect_id=job_id, expect_state=state)
-        except CorruptJob as exc:
-            report_unreadable(state.value, job_id, exc.reason)
-            return True
-        return False
+            return None, True
 
     def unreadable_file(self, job_id: str) -> str | None:
         """`<state>/<id>.json` when a file of this id exists though `locate` found no

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from jobspool.queue.states import ALL_STATES, JobState
 
 if TYPE_CHECKING:
+    from jobspool.queue.job import Job
     from jobspool.queue.journal import Journal
 
 # Reading every retryable file to find the oldest due one is O(retryable): cap it.
@@ -91,24 +92,35 @@ def collect_stats(spool: Journal, *, by_kind: bool = False) -> Stats:
         names = {s: store.names(s.value) for s in ALL_STATES}
         fence = spool.fence_value()
     names = spool.without_stale(names)
+    read: dict[tuple[JobState, str], Job | None] = {}  # each file read once, at most
     for s, n in names.items():
         if len(n) <= _EXACT_COUNT:
             # DESIGN §2: an unreadable file is skipped (with a warning), not counted as a
             # job. Reading is the only way to know; past this size a state is counted by
             # its names (one listing, whatever the depth) and `fsck` finds such files.
-            names[s] = [i for i in n if not spool.unreadable(s, i)]
+            kept = []
+            for i in n:
+                job, unreadable = spool.examine(s, i)
+                if not unreadable:
+                    kept.append(i)
+                    read[s, i] = job
+            names[s] = kept
+
+    def job_of(s: JobState, job_id: str) -> Job | None:
+        return read[s, job_id] if (s, job_id) in read else spool.read_job(s, job_id)
+
     counts = {s.value: len(n) for s, n in names.items()}
     oldest: float | None = None
     due = counts[JobState.READY.value]
     for job_id in sorted(names[JobState.READY])[:_READY_SAMPLE]:
-        job = spool.read_job(JobState.READY, job_id)
+        job = job_of(JobState.READY, job_id)
         if job is not None:
             age = max(0.0, now - job.run_at)
             oldest = age if oldest is None else max(oldest, age)
     scheduled = 0
     if counts[JobState.RETRYABLE.value] <= _MAX_RETRYABLE_SCAN:
         for job_id in names[JobState.RETRYABLE]:
-            job = spool.read_job(JobState.RETRYABLE, job_id)
+            job = job_of(JobState.RETRYABLE, job_id)
             if job is not None and job.attempts == 0:
                 scheduled += 1
             if job is not None and job.run_at <= now:
@@ -119,7 +131,7 @@ def collect_stats(spool: Journal, *, by_kind: bool = False) -> Stats:
     if by_kind:
         for s in ALL_STATES:
             for job_id in names[s]:
-                job = spool.read_job(s, job_id)
+                job = job_of(s, job_id)
                 if job is not None:
                     per = kinds.setdefault(job.kind, {})
                     per[s.value] = per.get(s.value, 0) + 1
