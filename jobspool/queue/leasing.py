@@ -23,6 +23,7 @@ from jobspool.queue.job import (
     Job,
     Lease,
     encode_completed,
+    survivor_key,
     validate_delay,
     validate_int,
     validate_kind,
@@ -31,7 +32,7 @@ from jobspool.queue.job import (
 )
 from jobspool.queue.journal import Journal
 from jobspool.queue.states import ALL_STATES, JobState
-from jobspool.queue.store import Change, write_failed
+from jobspool.queue.store import JOB_SUFFIX, Change, write_failed
 
 log = logging.getLogger("jobspool.queue.spool")
 
@@ -118,12 +119,13 @@ class Leasing:
                     if not machine.is_due(job, now):
                         self.journal.index.learn(job)  # the cache was behind; keep the true key
                         continue
-                    # Only after a writer died mid-batch (and until recovery ran) can a job have
-                    # a stale copy here; checking always would cost six opens per claimed job.
-                    newer = self._newer_copy(job) if self.journal.lock.suspect() else None
+                    # A crash between publishing a job's new file and retiring the old one, or
+                    # a hand (an old backup restored into ready/), can leave a stale copy
+                    # here: running it would redo or undo finished work, or take a live
+                    # lease. A copy restored while no process watched raises no suspicion
+                    # (`lock.suspect`), so every claimed job is checked: six failed lstats.
+                    newer = self._newer_copy(job)
                     if newer is not None:
-                        # A crash between publishing a job's new file and retiring the old one
-                        # left this stale copy; running it would redo or undo finished work.
                         log.warning("job %s: dropping stale %s copy (revision %d) behind %s "
                                     "(revision %d)", job.id, job.state.value, job.revision,
                                     newer.state.value, newer.revision, extra={"job_id": job.id})
@@ -193,19 +195,22 @@ class Leasing:
         return keep
 
     def _newer_copy(self, job: Job) -> Job | None:
-        """A copy of `job` with a higher revision in another state directory, if any.
+        """The copy of `job` in another state directory that readers show and recovery
+        keeps instead of this one (`survivor_key`: the higher revision), if any.
 
-        Six failed opens (a few microseconds each) per claimed job buy the
-        guarantee that a crash leftover is never claimed before recovery ran.
+        An lstat per other directory (~1 µs each, measured: 7 µs per claimed job,
+        under 3 % of a batched claim + complete without flushes) finds none in the
+        common case; only a copy that is there gets read.
         """
-        best: Job | None = None
+        best = job
         for state in ALL_STATES:
-            if state is not job.state:
-                other = self.journal.read_job(state, job.id)
-                if other is not None and other.revision > job.revision and (
-                        best is None or other.revision > best.revision):
-                    best = other
-        return best
+            if state is job.state or not self.journal.store.present(state.value,
+                                                                   job.id + JOB_SUFFIX):
+                continue
+            other = self.journal.read_job(state, job.id)
+            if other is not None and survivor_key(other) > survivor_key(best):
+                best = other
+        return None if best is job else best
 
     def _unstarted(self, job: Job) -> bool:
         """Whether an expired lease's holder is provably dead and never started its handler

@@ -135,6 +135,17 @@ class Store:
     def path(self, directory: str, name: str) -> Path:
         return self.root / directory / name
 
+    def present(self, directory: str, name: str) -> bool:
+        """Whether anything is at that name (not followed: a symlink counts). An error
+        other than absence (no permission) counts as present: the reader says why."""
+        try:
+            os.lstat(f"{self._root_s}/{directory}/{name}")
+        except FileNotFoundError:
+            return False
+        except OSError:
+            return True
+        return True
+
     def read(self, directory: str, name: str) -> bytes:
         """The bytes of one file; raises FileNotFoundError when it is not there."""
         path = f"{self._root_s}/{directory}/{name}"
