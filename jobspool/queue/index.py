@@ -103,6 +103,10 @@ class ClaimIndex:
         # is a lower bound and "not expired" from the cache is always true
         self._leased: dict[str, tuple[float, str, int, float]] = {}
         self._bad: set[tuple[str, str]] = set()
+        # Ids first met in a directory listing, not through a writer of this spool (its
+        # ring entry, or our own write): such a file may have been put there by a hand, an
+        # old backup of a job that has moved on since, so a claim checks it (`listed`).
+        self._listed: set[str] = set()
         # Directory stamps for changes made behind the spool's back (see the module docstring).
         self.check_seconds = CHECK_SECONDS
         self._next_check = time.monotonic() + self.check_seconds
@@ -180,6 +184,7 @@ class ClaimIndex:
         if changes is None:
             return False
         for op, job_id in changes:
+            self._listed.discard(job_id)  # a writer of this spool put it there (or took it)
             if op == ADD:
                 key = self._peek_key(JobState.READY, job_id)
                 if key is not None:
@@ -230,11 +235,13 @@ class ClaimIndex:
             names = set(self._store.names(state.value))
             for gone in self._ready.keys() - names:
                 del self._ready[gone]
+                self._listed.discard(gone)
             heaps = self._ready_heaps
             for job_id in names - self._ready.keys():
                 key = self._peek_key(state, job_id)
                 if key is not None:
                     self._ready[job_id] = key
+                    self._listed.add(job_id)
                     heaps.setdefault(key[2], []).append((key[0], key[1], job_id))
                 else:
                     missed = True
@@ -244,20 +251,24 @@ class ClaimIndex:
             listing = dict(self._store.scan(state.value))
             for gone in [k for k, (_, ino) in self._retry.items() if listing.get(k) != ino]:
                 del self._retry[gone]
+                self._listed.discard(gone)
             for job_id in listing.keys() - self._retry.keys():
                 job = self._read(state, job_id)
                 if job is not None:
                     self.learn(job, inode=listing[job_id])
+                    self._listed.add(job_id)
                 else:
                     missed = True
         else:
             names = set(self._store.names(state.value))
             for gone in self._leased.keys() - names:
                 del self._leased[gone]
+                self._listed.discard(gone)
             for job_id in names - self._leased.keys():
                 job = self._read(state, job_id)
                 if job is not None:
                     self.learn(job)
+                    self._listed.add(job_id)
                 else:
                     missed = True
         # A file that could not be read may be a copy still being written: its completion
@@ -267,7 +278,9 @@ class ClaimIndex:
     # ------------------------------------------------------------ updates
 
     def learn(self, job: Job, *, inode: int = -1) -> None:
-        """Record a job now sitting in one of the claimable directories."""
+        """Record a job now sitting in one of the claimable directories (written there by
+        this spool: no longer `listed`)."""
+        self._listed.discard(job.id)
         if job.state is JobState.READY:
             self._ready[job.id] = (job.priority, job.run_at, job.kind)
             heapq.heappush(self._ready_heaps.setdefault(job.kind, []),
@@ -281,7 +294,12 @@ class ClaimIndex:
         elif job.state is JobState.LEASED and job.lease is not None:
             self._leased[job.id] = (job.lease.expires_at, job.kind, job.priority, job.run_at)
 
+    def listed(self, job_id: str) -> bool:
+        """Whether the index met this job only in a directory listing (see `_listed`)."""
+        return job_id in self._listed
+
     def forget(self, state: JobState, job_id: str) -> None:
+        self._listed.discard(job_id)
         if state is JobState.READY:
             self._ready.pop(job_id, None)
         elif state is JobState.RETRYABLE:
