@@ -120,6 +120,12 @@ class SpoolError(JobspoolError):
         self.path = path
 
 
+class StoreUnavailable(SpoolError):
+    """Raised when the store cannot be reached for now (a PostgreSQL server down,
+    restarting or unreachable), as opposed to refusing: it may come back, and a worker
+    waits for it (backing off, for as long as it takes) instead of giving up."""
+
+
 class SpoolClosed(SpoolError):
     """Raised when a `Spool` is used after `close()` (a worker gives up on it at once)."""
 
@@ -251,6 +257,7 @@ __all__ = [
     "ScheduleError",
     "SpoolClosed",
     "SpoolError",
+    "StoreUnavailable",
     "TimeLimitExceeded",
     "WaitTimeout",
     "WorkerCrashed",

@@ -324,7 +324,11 @@ def test_sigterm_stops_a_worker_whose_database_is_down(pg_server: PgServer, pg_u
     finally:
         _kill(proc)
         pg_server.start_again()
-    assert "Traceback" not in err.decode(errors="replace")
+    text = err.decode(errors="replace")
+    assert "Traceback" not in text
+    # Leases it could not give back: not a clean stop (exit 2), and it says why.
+    assert proc.returncode == 2, text
+    assert "could not be given back" in text
     time.sleep(2.1)  # what it held when it stopped is up for takeover: nothing is lost
     _ok(pg_url, "run-until-idle", "--app", APP, "--wait-retries", "60")
     assert _completed(pg_url) == len(ids)

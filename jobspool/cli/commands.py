@@ -15,6 +15,7 @@ from jobspool.cli.common import (
     _load_app,
     _make_worker,
     _open,
+    _open_waiting,
     _root_spec,
 )
 from jobspool.cli.render import (
@@ -182,8 +183,9 @@ def cmd_run_until_idle(args: argparse.Namespace) -> int:
         return "\n".join(lines)
 
     _emit(args, doc, text)
-    _exit_past_abandoned_handlers()
-    return EXIT_OK
+    code = _unreleased_verdict(report)
+    _exit_past_abandoned_handlers(code)
+    return code
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -194,7 +196,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         return cmd_worker_pool(args)
     from jobspool.queue.worker import WorkerCrashed
 
-    with _open(args, create=args.create) as spool:
+    with _open_waiting(args, create=args.create) as spool:
         worker = _make_worker(args, spool)
         worker.grace_seconds = args.grace
         from jobspool.queue.poolchild import attach_child, report_to_supervisor
@@ -224,11 +226,22 @@ def cmd_worker(args: argparse.Namespace) -> int:
         _emit(args, report.to_dict(), f"worker stopped: completed {report.completed}, "
                                       f"retried {report.retried}, dead-lettered "
                                       f"{report.dead_lettered}, released {report.released}")
-    _exit_past_abandoned_handlers()
-    return EXIT_OK
+    code = _unreleased_verdict(report)
+    _exit_past_abandoned_handlers(code)
+    return code
 
 
-def _exit_past_abandoned_handlers() -> None:
+def _unreleased_verdict(report: Any) -> int:
+    """Exit 2 when leases could not be given back (a supervisor must not read it as a
+    clean stop): those jobs wait for their leases to expire."""
+    if not report.unreleased:
+        return EXIT_OK
+    print(f"jobspool: error: {report.unreleased} lease(s) could not be given back (the store "
+          f"was unreachable); their jobs run again once the leases expire", file=sys.stderr)
+    return EXIT_UNHEALTHY
+
+
+def _exit_past_abandoned_handlers(code: int = EXIT_OK) -> None:
     """Exit now if sync handlers cut off by the grace period are still running.
 
     Their leases were released (another worker may be running those jobs
@@ -243,7 +256,7 @@ def _exit_past_abandoned_handlers() -> None:
     if handler_threads_running():
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(EXIT_OK)
+        os._exit(code)
 
 
 def cmd_recover(args: argparse.Namespace) -> int:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
@@ -91,6 +93,33 @@ def _open(args: argparse.Namespace, *, create: bool = False, **kwargs: Any) -> A
     from jobspool.queue.spool import Spool
 
     return Spool(_root_spec(args), create=create, **kwargs)
+
+
+def _open_waiting(args: argparse.Namespace, *, create: bool = False) -> Any:
+    """`_open` for a long-running service (`worker`): a store that cannot be reached yet
+    (a database still starting, down, failing over) is waited for, as an outage of a
+    running worker is (supervisor.py), instead of exiting at once; a signal ends the wait.
+    A store that refuses (a wrong password, no such database) is an error at once."""
+    from jobspool.errors import StoreUnavailable
+    from jobspool.queue.supervisor import OUTAGE_LOG_SECONDS
+
+    log = logging.getLogger("jobspool.queue.worker")
+    since = logged = 0.0
+    delay = 0.5
+    while True:
+        try:
+            return _open(args, create=create)
+        except StoreUnavailable as exc:
+            now = time.monotonic()
+            if not since:
+                since = logged = now
+                log.warning("store unavailable (%s); waiting for it", exc)
+            elif now - logged >= OUTAGE_LOG_SECONDS:
+                logged = now
+                log.warning("store still unavailable after %.0f s (%s); waiting for it",
+                            now - since, exc)
+        time.sleep(delay)
+        delay = min(5.0, delay * 2)
 
 
 def _load_app(spec: str | None) -> Any:

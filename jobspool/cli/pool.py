@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from jobspool.cli.common import EXIT_OK, Refused, UsageError, _open
+from jobspool.cli.common import EXIT_OK, Refused, UsageError, _open_waiting
 from jobspool.cli.objectstore import child_options
 from jobspool.cli.render import _emit, children_print_to_stderr
 
@@ -33,7 +33,7 @@ def cmd_worker_pool(args: argparse.Namespace) -> int:
     if getattr(args, "metrics_port", None) is not None:
         raise UsageError("--metrics-port is not supported with --processes yet; "
                          "run `jobspool stats --prometheus` for the spool's metrics")
-    with _open(args, create=getattr(args, "create", True)) as spool:
+    with _open_waiting(args, create=getattr(args, "create", True)) as spool:
         # Load the app here first: a bad --app, policy or kind is one line at start-up,
         # not N children failing in a restart loop.
         worker = _make_worker(args, spool)

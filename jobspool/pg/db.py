@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from jobspool.errors import SpoolError, one_line
+from jobspool.errors import SpoolError, StoreUnavailable, one_line
 from jobspool.urls import redact_url
 
 try:
@@ -52,6 +52,36 @@ def display_url(url: str) -> str:
 
 
 _IDLE = psycopg.pq.TransactionStatus.IDLE
+
+
+# Failures that mean "not reachable for now", which a worker waits out (StoreUnavailable):
+# no SQLSTATE (refused, reset, timed out), a connection exception (class 08), too many
+# connections (53300), a server shutting down or starting up (57P0x). Other failures to
+# connect (a wrong password, a database that does not exist) are refusals: waiting does
+# not cure them.
+_NOT_SERVING = frozenset({"57P01", "57P02", "57P03"})
+_NOT_SERVING_WORDS = ("starting up", "shutting down", "in recovery", "too many clients",
+                      "terminating connection")
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether a database error means "unreachable for now", not "refused"."""
+    if isinstance(exc, PoolExhausted):
+        return True
+    if isinstance(exc, psycopg.errors.QueryCanceled) or not isinstance(
+            exc, psycopg.OperationalError):
+        return False
+    state = exc.sqlstate
+    if state is None:
+        # A failed connect carries no SQLSTATE: a server that answered with FATAL refused
+        # us (no such database or role, a password), unless it is starting or stopping.
+        text = str(exc)
+        return "FATAL:" not in text or any(w in text for w in _NOT_SERVING_WORDS)
+    return state.startswith("08") or state in _NOT_SERVING or state == "53300"
+
+
+def _connect_error(exc: BaseException, message: str) -> SpoolError:
+    return StoreUnavailable(message) if transient(exc) else SpoolError(message)
 
 
 class Pool:
@@ -174,7 +204,8 @@ class Database:
             return psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT,
                                    **kwargs)
         except psycopg.Error as exc:
-            raise SpoolError(f"cannot connect to {self.display}: {one_line(exc)}") from None
+            raise _connect_error(exc, f"cannot connect to {self.display}: {one_line(exc)}"
+                                 ) from None
 
     def _get_pool(self) -> Pool:
         pool = self._pool
@@ -224,8 +255,8 @@ class Database:
                     self._down_since = time.monotonic()
                 if isinstance(exc, psycopg.errors.QueryCanceled) or self.stop_retrying.is_set() \
                         or time.monotonic() + delay > deadline:
-                    raise SpoolError(f"database {self.display} unavailable during {what}: "
-                                     f"{one_line(exc)}") from None
+                    raise _connect_error(exc, f"database {self.display} unavailable during "
+                                              f"{what}: {one_line(exc)}") from None
                 log.warning("database %s: %s; retrying %s in %.2fs", self.display,
                             one_line(exc), what, delay)
                 if self.stop_retrying.wait(delay):

@@ -45,7 +45,7 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
-from jobspool.errors import TimeLimitExceeded, WorkerCrashed
+from jobspool.errors import StoreUnavailable, TimeLimitExceeded, WorkerCrashed
 from jobspool.queue.async_runners import AsyncRunners
 from jobspool.queue.context import Context, Raised
 from jobspool.queue.idle import NO_HINT, IdleWaits
@@ -185,6 +185,7 @@ class Pipeline(IdleWaits):
                     if not await self._supervise(exc):
                         return
                     continue
+                self.supervisor.reached()
                 # Empty, but a settle ran meanwhile: what it gave back (a retry due now, a
                 # release) may not have been there to see; not a proof of idleness yet.
                 tried_claim = not self.settling and settles == self.settles
@@ -239,7 +240,13 @@ class Pipeline(IdleWaits):
         except Exception as exc:  # our machinery: give the group back, carry on
             self.settle_failing = True  # no claims while the supervisor backs off
             try:
-                await anyio.to_thread.run_sync(self.settler.release_unsettled, group)
+                if isinstance(exc, StoreUnavailable) and not self.life.stopping:
+                    # The store is away for now: the results are kept and settled when it
+                    # answers again, those whose leases still hold then. Releasing them
+                    # (it fails too) threw finished work away.
+                    self._settle_later([c for c in group if not c.settled])
+                else:
+                    await anyio.to_thread.run_sync(self.settler.release_unsettled, group)
                 await self._supervise(exc)
             finally:
                 self.settle_failing = False
@@ -248,6 +255,12 @@ class Pipeline(IdleWaits):
             self.settles += 1
             self._report_progress()
             self.wake.set()
+
+    def _settle_later(self, group: list[Context]) -> None:
+        if group:
+            if not self.done:
+                self.first_done_at = time.monotonic()
+            self.done[:0] = group
 
     def _budget_spent(self) -> bool:
         return self.max_jobs is not None and self.counters.claimed >= self.max_jobs

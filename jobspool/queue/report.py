@@ -22,6 +22,9 @@ class RunReport:
     projected_rows: int = 0
     crashes: int = 0
     timed_out: int = 0  # runs past their kind's time limit (DESIGN §9, Policy.timeout)
+    # Leases the run could not give back on its way out (the store unreachable): their
+    # jobs wait for the leases to expire, then run again.
+    unreleased: int = 0
     unhandled: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -97,6 +100,7 @@ class Counters:
     projected_rows: int
     crashes: int
     timed_out: int
+    unreleased: int
 
     def freeze(self, unhandled: dict[str, int] | None = None) -> RunReport:
         counts = {name: getattr(self, name) for name in _COUNTED}

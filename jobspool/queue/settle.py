@@ -280,4 +280,5 @@ class Settler:
                         self._release(c)
                 except (OSError, JobspoolError) as exc:
                     log.warning("could not release job %s: %s", c.job_id, exc)
+                    self.counters.unreleased += 1
                     self._forget(c)

@@ -7,6 +7,14 @@ doubling, at most 5 s, cut short by a stop) before the loop carries on. When
 gives up with `WorkerCrashed`: restarting forever would hide a spool that
 cannot work. Its memory of recent failures outlives one run, so a worker
 restarted by a loop around `run_until_idle` still gives up.
+
+A store that cannot be reached for now (`StoreUnavailable`: a PostgreSQL
+server restarting, failing over, down for minutes) is an outage, not a
+failure of ours: it is waited out, backing off to `MAX_BACKOFF_SECONDS`,
+for as long as it lasts, logged when it starts, every minute while it
+lasts, and when it ends. Giving up after five tries took every worker of
+every host down in the first 30 s of an outage, with a batch of handlers
+run for nothing.
 """
 
 from __future__ import annotations
@@ -17,13 +25,21 @@ from collections.abc import Callable
 
 import anyio
 
-from jobspool.errors import JobspoolError, SpoolClosed, WorkerCrashed, WorkerSpoolClosed
+from jobspool.errors import (
+    JobspoolError,
+    SpoolClosed,
+    StoreUnavailable,
+    WorkerCrashed,
+    WorkerSpoolClosed,
+)
 from jobspool.queue.report import Counters
 
 log = logging.getLogger("jobspool.queue.worker")
 
 # The backoff after the n-th failure within the window: 0.1 s doubling, at most this.
 MAX_BACKOFF_SECONDS = 5.0
+# How often a store outage that goes on is logged again.
+OUTAGE_LOG_SECONDS = 60.0
 
 
 class Supervisor:
@@ -37,6 +53,9 @@ class Supervisor:
         self._stopping = stopping  # a stop cuts the backoff short
         self._clock = clock
         self._crash_times: list[float] = []
+        self.outage_since: float | None = None  # the store unreachable since (monotonic)
+        self._outage_tries = 0
+        self._outage_logged = 0.0
 
     @property
     def recent(self) -> int:
@@ -50,6 +69,9 @@ class Supervisor:
 
     def record(self, exc: BaseException, counters: Counters) -> WorkerCrashed | None:
         """Log and count a failure; the `WorkerCrashed` to raise when it is time to give up."""
+        if isinstance(exc, StoreUnavailable):
+            self._outage(exc)
+            return None
         counters.crashes += 1
         if isinstance(exc, SpoolClosed):
             # A closed spool never reopens: retrying five times only delayed this verdict.
@@ -68,6 +90,24 @@ class Supervisor:
                                  f"{type(exc).__name__}: {exc}")
         return None
 
+    def _outage(self, exc: StoreUnavailable) -> None:
+        now = self._clock()
+        self._outage_tries += 1
+        if self.outage_since is None:
+            self.outage_since = self._outage_logged = now
+            log.warning("store unavailable (%s); waiting for it", exc)
+        elif now - self._outage_logged >= OUTAGE_LOG_SECONDS:
+            self._outage_logged = now
+            log.warning("store still unavailable after %.0f s (%s); waiting for it",
+                        now - self.outage_since, exc)
+
+    def reached(self) -> None:
+        """The store answered: an outage, if one was going on, is over."""
+        if self.outage_since is not None:
+            log.warning("store reachable again after %.0f s", self._clock() - self.outage_since)
+            self.outage_since = None
+            self._outage_tries = 0
+
     async def failed(self, exc: BaseException, counters: Counters) -> WorkerCrashed | None:
         """Record a failure and back off; the `WorkerCrashed` verdict instead when giving up.
 
@@ -76,7 +116,8 @@ class Supervisor:
         """
         gave_up = self.record(exc, counters)
         if gave_up is None:
-            await self._sleep_unless_stopped(self.backoff_seconds(self.recent))
+            tries = self._outage_tries if isinstance(exc, StoreUnavailable) else self.recent
+            await self._sleep_unless_stopped(self.backoff_seconds(tries))
         return gave_up
 
     async def _sleep_unless_stopped(self, seconds: float) -> None:

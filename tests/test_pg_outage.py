@@ -1,0 +1,126 @@
+"""A PostgreSQL outage longer than the reconnect budget is waited out (issue 16: "a database
+that goes away is survived: workers reconnect with backoff").
+
+Before: past `reconnect_seconds` (30 s by default) each failed claim counted as a crash of
+the worker's own machinery, and five of them within a minute ended every worker (and, their
+children dying at start, every `--processes` pool) with the results of the handlers that
+had finished meanwhile thrown away. Now an outage is waited for as long as it lasts, the
+finished results are settled when the database answers again, and `worker` started while
+the database is down waits for it. Deadlines only guard against hangs.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from jobspool import JobState, Worker
+from jobspool.errors import SpoolError, StoreUnavailable
+from tests.cli_harness import reap, start_jobspool
+from tests.helpers_spool import stat_counts
+from tests.pgserver import PgServer
+from tests.spools import make_spool
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.slow
+APP = "tests.apps.simple:app"
+GUARD = 120.0
+
+
+def _completed(url: str) -> int:
+    with make_spool(url) as spool:
+        return stat_counts(spool.stats())["completed"]
+
+
+def test_a_worker_waits_out_an_outage_past_its_reconnect_budget_and_loses_no_result(
+        pg_server: PgServer, pg_url: str) -> None:
+    runs: Counter[str] = Counter()
+    gate = threading.Event()  # handlers of the first batch finish only during the outage
+
+    def work(job, ctx):  # type: ignore[no-untyped-def]
+        runs[job.id] += 1
+        if job.payload.get("hold"):
+            gate.wait(GUARD)
+        return {"ok": True}
+
+    with make_spool(pg_url, keep_terminal=10_000) as setup:
+        first = [j.id for j in setup.enqueue_many("work", [{"hold": True}] * 4)]
+    # A budget of 1 s: the outage below lasts several of them.
+    spool = make_spool(pg_url, reconnect_seconds=1.0)
+    worker = Worker(spool, handlers={"work": work}, concurrency=4, batch_size=4,
+                    lease_seconds=120)
+    result: list[object] = []
+    thread = threading.Thread(target=lambda: result.append(
+        _run(worker)), daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: sum(runs.values()) == 4, GUARD, "the handlers to start")
+        pg_server.kill()
+        try:
+            gate.set()  # they finish while the database is away: their settle fails
+            time.sleep(8.0)  # eight budgets, and many failed claims and settles
+            assert thread.is_alive(), f"the worker gave up during the outage: {result}"
+        finally:
+            pg_server.start_again()
+        with make_spool(pg_url) as producer:
+            later = [j.id for j in producer.enqueue_many("work", [{}] * 20)]
+        wait_until(lambda: _completed(pg_url) == 24, GUARD,
+                   "the worker to settle the held results and run the new jobs")
+    finally:
+        worker.stop()
+        thread.join(GUARD)
+        spool.close()
+    assert not thread.is_alive()
+    report = result[0]
+    assert not isinstance(report, BaseException), report
+    assert runs == Counter(dict.fromkeys(first + later, 1))  # nothing ran twice
+    with make_spool(pg_url) as spool2:
+        assert {spool2.get(j).state for j in first} == {JobState.COMPLETED}
+        assert {spool2.get(j).attempts for j in first} == {1}
+
+
+def _run(worker: Worker) -> object:
+    try:
+        return worker.run_forever(poll_seconds=0.2)
+    except BaseException as exc:  # the test reports it
+        return exc
+
+
+def test_worker_started_while_the_database_is_down_waits_for_it(
+        pg_server: PgServer, pg_url: str, tmp_path: Path) -> None:
+    with make_spool(pg_url) as spool:
+        spool.enqueue("work", {}, job_id="before")
+    pg_server.kill()
+    try:
+        proc = start_jobspool("worker", "--app", APP, "--poll", "0.2", root=pg_url)
+        time.sleep(3.0)
+        alive = proc.poll() is None
+    finally:
+        pg_server.start_again()
+    try:
+        assert alive, "worker exited while the database was down"
+        wait_until(lambda: _completed(pg_url) == 1, GUARD, "the worker to run the job",
+                   proc=proc)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=GUARD)
+    finally:
+        reap(proc)
+    text = err.decode(errors="replace")
+    assert proc.returncode == 0, text
+    assert "store unavailable" in text and "Traceback" not in text
+
+
+def test_a_database_that_refuses_is_not_waited_for(pg_url: str) -> None:
+    """A wrong database name is a refusal, not an outage: an error at once, and not the
+    kind a worker waits out."""
+    bad = pg_url.replace("/postgres?", "/no_such_database_here?", 1)
+    assert bad != pg_url
+    with pytest.raises(SpoolError) as caught:
+        make_spool(bad)
+    assert not isinstance(caught.value, StoreUnavailable)
+    assert "no_such_database_here" in str(caught.value)
