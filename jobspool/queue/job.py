@@ -193,7 +193,21 @@ def validate_kind(kind: object) -> str:
 
 def clip_error(error: object) -> str:
     text = error if isinstance(error, str) else f"{type(error).__name__}: {safe_str(error)}"
+    text = storable_text(text)
     return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
+
+
+def storable_text(text: str) -> str:
+    """`text` with lone surrogates (a file name `os.fsdecode` made of non-UTF-8 bytes, put
+    in an exception's message) written as `\\udcff`: a job's error and traceback are
+    diagnostics, and one that JSON cannot hold made the failure impossible to record."""
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 def safe_str(value: object) -> str:

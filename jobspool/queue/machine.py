@@ -22,6 +22,7 @@ from jobspool.queue.job import (
     clip_error,
     encode_admitted,
     evolve,
+    storable_text,
     validate_delay,
 )
 from jobspool.queue.states import JobState, check_transition
@@ -73,6 +74,7 @@ def clip_traceback(text: str | None) -> str | None:
     """Keep a traceback's end (where it was raised) within `MAX_TRACEBACK_BYTES` of JSON."""
     if text is None:
         return None
+    text = storable_text(text)
     # JSON escapes newlines and quotes, so measure the escaped form, not the characters.
     import orjson
 
