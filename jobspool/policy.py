@@ -45,8 +45,11 @@ class Policy:
     def __post_init__(self) -> None:
         if self.max_attempts is not None:
             v = self.max_attempts
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise PolicyError(f"Policy max_attempts must be an integer >= 1, got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v < (1 << 63):
+                # Recorded on the job when it fails (JSON, a bigint column): 64 bits at most,
+                # or no failure of the kind could ever be recorded.
+                raise PolicyError(f"Policy max_attempts must be an integer from 1 to 2**63-1, "
+                                  f"got {v!r}")
         for name in ("timeout", "retry_base_seconds", "retry_max_seconds"):
             value = getattr(self, name)
             if value is not None:
@@ -74,6 +77,9 @@ def _positive_seconds(name: str, value: object) -> float:
 
 def _exception_classes(value: object) -> tuple[type[BaseException], ...]:
     items: Any = (value,) if isinstance(value, type) else value
+    if isinstance(value, str | bytes):  # a name, not classes (iterating it named a letter)
+        raise PolicyError(f"Policy retry_on must be an exception class or a tuple of them "
+                          f"(the class itself, not its name), got {value!r}")
     try:
         classes = tuple(items)
     except TypeError:

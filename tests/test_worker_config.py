@@ -139,3 +139,24 @@ def test_a_worker_or_spool_built_from_the_wrong_objects_says_what_it_needs(
     with pytest.raises(InvalidJob, match="clock"):
         Spool(tmp_path / "s", clock=5)  # type: ignore[arg-type]
     spool.close()
+
+
+def test_a_policys_base_above_the_spools_cap_is_capped_by_it() -> None:
+    """DESIGN §3: backoff is capped at retry_max_seconds; a policy that leaves the cap to
+    the spool (None) is capped by the spool's, as the spool caps its own base."""
+    config = make(policies={"a": Policy(retry_base_seconds=500.0)}, retry_max_seconds=300.0)
+    policy = config.retry_policy("a")
+    assert policy == RetryPolicy(300.0, 300.0)
+    assert max(policy.delay(n) for n in range(1, 8)) <= 300.0
+
+
+@pytest.mark.parametrize(("kwargs", "named"), [
+    ({"max_attempts": 10**20}, str(10**20)), ({"max_attempts": 1 << 63}, str(1 << 63)),
+    ({"retry_on": "OSError"}, "'OSError'")])
+def test_a_policy_value_that_could_never_be_used_is_refused_naming_it(
+        kwargs: dict[str, Any], named: str) -> None:
+    with pytest.raises(PolicyError) as caught:
+        Policy(**kwargs)
+    text = str(caught.value)
+    assert "\n" not in text
+    assert named in text

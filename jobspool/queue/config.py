@@ -97,12 +97,13 @@ class WorkerConfig:
                 raise ConfigError(f"kinds without a handler in this worker: "
                                   f"{', '.join(map(repr, missing))}")
         checked = check_policies(policies, table)
+        # A field left None is the spool's: a policy's base above the spool's cap is capped
+        # by it (DESIGN §3: backoff "capped at retry_max_seconds"), as the spool caps its own.
         retry_policies = {
-            kind: RetryPolicy(p.retry_base_seconds or retry_base_seconds,
-                              max(p.retry_max_seconds or retry_max_seconds,
-                                  p.retry_base_seconds or 0.0))
+            kind: RetryPolicy(min(p.retry_base_seconds or retry_base_seconds, cap), cap)
             for kind, p in checked.items()
-            if p.retry_base_seconds is not None or p.retry_max_seconds is not None}
+            if p.retry_base_seconds is not None or p.retry_max_seconds is not None
+            for cap in [p.retry_max_seconds or retry_max_seconds]}
         return cls(
             handlers=MappingProxyType(table),
             kinds=frozenset(table if kinds is None else kinds),
