@@ -56,6 +56,9 @@ def cmd_init(args: argparse.Namespace) -> int:
                 print(f"jobspool: note: schema upgraded from version {upgraded} to "
                       f"{SCHEMA_VERSION}", file=sys.stderr)
     else:
+        from jobspool.cli.owner import act_as_owner
+
+        act_as_owner(root)
         existed = (root / "spool.json").exists()
         if args.access is not None:
             opts["access"] = args.access

@@ -92,7 +92,12 @@ def _root_spec(args: argparse.Namespace) -> str | Path:
 def _open(args: argparse.Namespace, *, create: bool = False, **kwargs: Any) -> Any:
     from jobspool.queue.spool import Spool
 
-    return Spool(_root_spec(args), create=create, **kwargs)
+    root = _root_spec(args)
+    if isinstance(root, Path):
+        from jobspool.cli.owner import act_as_owner
+
+        act_as_owner(root)
+    return Spool(root, create=create, **kwargs)
 
 
 def _open_waiting(args: argparse.Namespace, *, create: bool = False) -> Any:

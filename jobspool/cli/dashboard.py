@@ -89,6 +89,10 @@ def _need_web_extra() -> None:
 def _open_spool(root: Path | str, read_only: bool) -> Any:
     from jobspool.queue.spool import Spool
 
+    if isinstance(root, Path):
+        from jobspool.cli.owner import act_as_owner
+
+        act_as_owner(root)
     options: dict[str, Any] = {"create": False}
     # A read-only dashboard opens the spool read-only where this version can, so it works
     # for a user who may read the spool but not write it.

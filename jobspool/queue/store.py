@@ -352,6 +352,11 @@ class Store:
                     continue  # another process took it
                 try:
                     fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+                except PermissionError:
+                    # Another user's file (one root's command recycled): not ours to
+                    # reuse, and failing on it stopped this user's worker for good.
+                    _quiet_unlink(path)
+                    continue
                 except OSError:
                     _quiet_unlink(path)
                     raise
