@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 import anyio.abc
+import anyio.to_thread
 
 from jobspool.queue.context import Context
 
@@ -71,6 +72,8 @@ class AsyncRunners:
                             while self._queue and (first or not self.slots.contended()):
                                 first = False
                                 current = self._queue.popleft()
+                                if current.unconfirmed():
+                                    await anyio.to_thread.run_sync(current.confirm)
                                 if not self.life.stopping and current.runnable():
                                     await self.call(current)
                                 self.finished(current)

@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from jobspool.errors import LeaseLost
+from jobspool.errors import JobspoolError, LeaseLost
 from jobspool.queue.job import Job, Lease
 from jobspool.queue.jobprogress import Progress, make_progress, remove_progress, write_progress
 from jobspool.queue.signals import Retry
 
 log = logging.getLogger("jobspool.queue.worker")
+
+# A job that waited in hand longer than this since its lease was last confirmed (its claim,
+# a heartbeat) is asked about before its handler starts: a cancel meanwhile stops it.
+RECHECK_SECONDS = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +110,7 @@ class Context:
         self._progress_file = False
         self._key_for = dict(key_for or {})
         self._mutex = threading.Lock()
+        self.confirmed = time.monotonic()  # when the store last said the lease holds
 
     @property
     def token(self) -> int:
@@ -139,8 +145,31 @@ class Context:
     def set_lease(self, lease: Lease) -> None:
         """Adopt an extended lease (from the heartbeat thread or the handler's own beat)."""
         with self._mutex:
+            self.confirmed = time.monotonic()
             if lease.expires_at >= self.lease.expires_at:
                 self.lease = lease
+
+    def unconfirmed(self) -> bool:
+        """Whether it waited long enough since its lease was last confirmed to be asked
+        about before it starts (`confirm`): a quick batch is never asked."""
+        return not self.lost and time.monotonic() - self.confirmed > RECHECK_SECONDS
+
+    def confirm(self) -> None:
+        """Before a handler starts after a wait: ask the store whether the lease still
+        holds. A job canceled (or requeued, or taken over) while it waited in this worker's
+        hand is marked lost and never started: before, its handler ran anyway (its side
+        effects with it) and only its result was discarded. The store out of reach says
+        nothing: the lease's own expiry still decides (`runnable`)."""
+        try:
+            [found] = self.spool.check_leases([self.lease])
+        except (OSError, JobspoolError):
+            return
+        if isinstance(found, LeaseLost):
+            self.lost = True
+            log.warning("not starting job %s: %s", self.job_id, found.reason,
+                        extra={"job_id": self.job_id, "token": self.token})
+        else:
+            self.set_lease(found)
 
     def progress(self, done: float, total: float | None = None, note: str | None = None
                  ) -> None:

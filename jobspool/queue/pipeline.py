@@ -405,6 +405,8 @@ class Pipeline(IdleWaits):
         self.rescue_waiting = False
 
     async def _call_unless_dropped(self, ctx: Context) -> None:
+        if ctx.unconfirmed():
+            await anyio.to_thread.run_sync(ctx.confirm)
         if not self.life.stopping and ctx.runnable():
             await self._call(ctx)
 

@@ -184,6 +184,8 @@ class Runners:
                     return True
                 first = False
                 ctx = run.current = self._queue.popleft()
+            if ctx.unconfirmed():
+                ctx.confirm()
             if not self.life.stopping and ctx.runnable():
                 self._call(ctx)
             with self._lock:
