@@ -145,6 +145,6 @@ def collect_stats(spool: Journal, *, by_kind: bool = False) -> Stats:
 def _count(path: os.PathLike[str] | str, *, suffix: str) -> int:
     try:
         return sum(1 for n in os.listdir(path) if not n.endswith(".reason") and
-                   (suffix == ".json" or n.endswith(suffix)))
+                   not n.startswith(".") and (suffix == ".json" or n.endswith(suffix)))
     except FileNotFoundError:
         return 0

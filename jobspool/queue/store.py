@@ -65,6 +65,13 @@ os_unlink = os.unlink
 os_write = os.write
 
 JOB_SUFFIX = ".json"
+
+
+def ignored_name(name: str) -> bool:
+    """Hidden files (an editor's swap file, `.DS_Store`, rsync's temporaries) and editor
+    backups (`x.json~`) in a state directory are never jobs (an id starts with a letter
+    or digit): left alone by every reader, `fsck` and `recover`, as Maildir does."""
+    return name.startswith(".") or name.endswith("~")
 TMP_DIR = "tmp"
 STAGE_SUFFIX = ".stage"
 POOL_DIR = "tmp/pool"

@@ -152,7 +152,7 @@ def quarantined_files(spool: Journal) -> list[str]:
     """Names of the quarantined files (their reason files excluded)."""
     try:
         return sorted(n for n in os.listdir(spool.root / QUARANTINE_DIR)
-                      if not n.endswith(REASON_SUFFIX))
+                      if not n.endswith(REASON_SUFFIX) and not n.startswith("."))
     except FileNotFoundError:
         return []
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from jobspool.queue.job import CorruptJob, Job, decode_job
 from jobspool.queue.states import ALL_STATES, JobState
-from jobspool.queue.store import JOB_SUFFIX
+from jobspool.queue.store import JOB_SUFFIX, ignored_name
 
 if TYPE_CHECKING:
     from jobspool.queue.journal import Journal
@@ -117,6 +117,8 @@ def scan_state(spool: Journal, state: JobState, out: Scan) -> None:
     with os.scandir(spool.root / directory) as it:
         listing = [(e.name, e.is_file(follow_symlinks=False)) for e in it]
     for name, regular in listing:
+        if ignored_name(name):
+            continue
         if name.endswith(JOB_SUFFIX):
             out.where.setdefault(name[: -len(JOB_SUFFIX)], []).append(state)
         if not regular:
