@@ -310,3 +310,13 @@ def test_unique_states_naming_no_state_is_refused(root: Path, states: str) -> No
             "--on-conflict", "replace", "--unique-states", states, mentions=("--unique-states",))
     with make_spool(root) as spool:
         assert spool.get("j").payload == {"v": 1}
+
+
+def test_a_malformed_postgresql_url_is_bad_input_exit_1() -> None:
+    """DESIGN §8: 1 is usage or bad input, 2 a spool that refuses or is unhealthy: a typo in
+    the URL must not read as a database that is down."""
+    from tests.cli_harness import run_cli
+
+    got = run_cli("stats", root="postgresql://[garbage")
+    assert got.code == 1, got
+    assert got.err.count("\n") == 1 and "bad PostgreSQL URL" in got.err

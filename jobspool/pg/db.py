@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from jobspool.errors import SpoolError, StoreUnavailable, one_line
+from jobspool.errors import ConfigError, SpoolError, StoreUnavailable, one_line
 from jobspool.urls import redact_url
 
 try:
@@ -47,7 +47,8 @@ def display_url(url: str) -> str:
     try:
         _conninfo.conninfo_to_dict(url)
     except psycopg.Error as exc:
-        raise SpoolError(f"bad PostgreSQL URL: {one_line(exc)}") from None
+        # Bad input, not a spool that refuses: the CLI exits 1 for it (DESIGN §8).
+        raise ConfigError(f"bad PostgreSQL URL: {one_line(exc)}") from None
     return redact_url(url)
 
 
