@@ -36,6 +36,8 @@ from jobspool.queue.context import (
 from jobspool.queue.job import clip_error, validate_delay
 from jobspool.queue.machine import clip_traceback
 from jobspool.queue.runtime import (
+    ABANDON_SECONDS,
+    Abandoned,
     Monitor,
     Tracked,
     cancel_requested,
@@ -81,6 +83,15 @@ async def invoke(ctx: Context, fn: Callable[..., Any], *, is_async: bool,
             _timed_out(ctx, timeout or 0.0, sync=False, late=True)
         else:
             ctx.outcome = Completed(result)
+    except Abandoned:
+        if limit.cancel_called:
+            _timed_out(ctx, timeout or 0.0, sync=False, abandoned=True)
+        else:  # a shutdown's cancellation, swallowed: the run was cut off all the same
+            log.warning("job %s (%s, token %d): its handler went on through the shutdown's "
+                        "cancellation for %g s; abandoned", ctx.job_id, ctx.job.kind,
+                        ctx.token, ABANDON_SECONDS,
+                        extra={"job_id": ctx.job_id, "kind": ctx.job.kind, "token": ctx.token})
+            ctx.outcome = Interrupted()
     except _Raised as carried:
         _handler_raised(ctx, carried.exc)
     except anyio.get_cancelled_exc_class() as exc:
@@ -148,14 +159,15 @@ def _handler_raised(ctx: Context, exc: BaseException) -> None:
 
 
 def _timed_out(ctx: Context, timeout: float, *, sync: bool, stack: str | None = None,
-               late: bool = False) -> None:
+               late: bool = False, abandoned: bool = False) -> None:
     # Where it was: the thread's stack now, or the cancelled coroutine's frames.
     stack = thread_stack(ctx.thread_ident) if sync else stack
     detail = ("a sync handler's thread cannot be stopped: it is abandoned, still "
               "running (under `worker --processes`, its process is replaced, which "
               "stops it)" if sync else "it returned only then, having blocked the event "
               "loop, so it could not be cancelled; its result is discarded" if late else
-              "the handler was cancelled")
+              f"the handler went on through its cancellation for {ABANDON_SECONDS:g} s "
+              "and is no longer run" if abandoned else "the handler was cancelled")
     exc = TimeLimitExceeded(ctx.job_id, ctx.job.kind, timeout, detail)
     ctx.traceback = stack or format_traceback(exc)
     ctx.outcome = Raised(exc)

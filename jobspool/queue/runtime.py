@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import threading
@@ -86,14 +87,27 @@ def cancel_requested() -> bool:
     return task is None or task.cancelling() > 0
 
 
+# How long a handler may go on after swallowing a cancellation (a time limit's, or a
+# shutdown's past its grace) before it is no longer driven: time to clean up, not forever.
+ABANDON_SECONDS = 2.0
+
+
+class Abandoned(Exception):
+    """A handler kept running through its cancellation for `ABANDON_SECONDS`: no longer
+    driven. Before, one that caught every cancellation in a loop held its job leased (and
+    a core busy) for ever, past its time limit and both SIGTERMs."""
+
+
 class Tracked:
-    """Awaits a coroutine while telling the monitor whose code is on the loop at each step."""
+    """Awaits a coroutine while telling the monitor whose code is on the loop at each step;
+    stops driving it when it goes on past a swallowed cancellation (`Abandoned`)."""
 
     def __init__(self, coro: Coroutine[Any, Any, Any], monitor: Monitor, label: str) -> None:
         self.coro = coro
         self.monitor = monitor
         self.label = label
         self.raised: BaseException | None = None  # what left the handler, with its frames
+        self.swallowed_at: float | None = None  # when it first went on past a cancellation
 
     def stack(self) -> str | None:
         """Where the handler was when it was cancelled (its frames down to the await), or
@@ -124,6 +138,14 @@ class Tracked:
                 raise
             finally:
                 self.monitor.on_loop = None
+            if error is not None and self.swallowed_at is None and _is_cancel(error):
+                self.swallowed_at = time.monotonic()
+            if (self.swallowed_at is not None
+                    and time.monotonic() - self.swallowed_at > ABANDON_SECONDS):
+                # Its last step is never handed to the loop: nothing wakes it any more.
+                with contextlib.suppress(BaseException):  # it may ignore GeneratorExit too
+                    self.coro.close()
+                raise Abandoned(self.label)
             try:
                 value = yield step
                 error = None
@@ -132,6 +154,12 @@ class Tracked:
                 raise
             except BaseException as exc:  # delivered into the handler, as await would
                 value, error = None, exc
+
+
+def _is_cancel(exc: BaseException) -> bool:
+    import anyio
+
+    return isinstance(exc, anyio.get_cancelled_exc_class())
 
 
 class Monitor:
