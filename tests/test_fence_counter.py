@@ -97,3 +97,22 @@ def test_tokens_keep_increasing_after_a_claimer_is_sigkilled(tmp_path: Path) -> 
     assert seen == sorted(set(seen))  # strictly increasing within the child
     assert nxt > max(seen) and nxt > max(on_disk)
     assert _disk_fence(root) >= max(on_disk)
+
+
+def test_a_counter_set_back_under_a_live_spool_does_not_hand_its_tokens_out_again(
+        tmp_path: Path) -> None:
+    """A backup of `.lock` and `fence` restored over a spool in use sets the shared counter
+    back; the process that handed tokens out goes on above them (it reissued 52..732)."""
+    root = tmp_path / "spool"
+    with make_spool(root) as s:
+        s.enqueue_many("k", list(range(2 * BLOCK)))
+        early = s.claim(limit=3)[-1].token
+        before = [lease.token for lease in s.claim(limit=BLOCK + 5)]
+        # The restore: the shared counter and its cached ceiling back to the early values,
+        # the file too.
+        s.lock.put(s.lock.FENCE_NEXT_SLOT, early)
+        s.lock.put(s.lock.FENCE_CEILING_SLOT, early + 10)
+        (root / "fence").write_bytes(b'{"v":1,"fence":%d}' % (early + 10))
+        after = [lease.token for lease in s.claim(limit=20)]
+        assert min(after) > max(before)
+        assert _disk_fence(root) >= max(after)

@@ -13,6 +13,7 @@ What it does not protect against: someone editing or deleting the file.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -20,6 +21,8 @@ import orjson
 
 if TYPE_CHECKING:
     from jobspool.queue.lock import SpoolLock
+
+log = logging.getLogger("jobspool.queue")
 
 FENCE_FILE = "fence"
 FENCE_FORMAT = 1
@@ -72,6 +75,11 @@ class FenceCounter:
         self._lock = lock
         self._read_disk = read_disk
         self._write_disk = write_disk
+        # The highest token this process has seen handed out. The shared counter never goes
+        # back, unless its files are overwritten under a live spool (a backup restored over
+        # it: `.lock` and `fence` with them); then this process goes on above what it saw
+        # instead of handing its own tokens out again.
+        self._seen = 0
 
     def _ceiling(self) -> int:
         ceiling = self._lock.generation(self._lock.FENCE_CEILING_SLOT)
@@ -90,13 +98,20 @@ class FenceCounter:
     def take(self, n: int) -> int:
         """Hand out `n` tokens (call under the lock); returns the first of them."""
         ceiling = self._ceiling()
-        first = self._lock.generation(self._lock.FENCE_NEXT_SLOT) + 1
+        nxt = self._lock.generation(self._lock.FENCE_NEXT_SLOT)
+        if nxt < self._seen:
+            log.error("the fencing counter went back from %d to %d (were the spool's .lock "
+                      "and fence files overwritten while it was in use?); going on above %d",
+                      self._seen, nxt, self._seen)
+            nxt = self._seen
+        first = nxt + 1
         last = first + n - 1
         if last > ceiling:
             ceiling = last + BLOCK
             self._write_disk(ceiling)  # flushed before any of these tokens is written
             self._lock.put(self._lock.FENCE_CEILING_SLOT, ceiling)
         self._lock.put(self._lock.FENCE_NEXT_SLOT, last)
+        self._seen = last
         return first
 
     def last(self) -> int:
