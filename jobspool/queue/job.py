@@ -387,6 +387,15 @@ def _need(d: dict[str, Any], key: str, types: type | tuple[type, ...]) -> Any:
 _NUM = (int, float)
 
 
+def _time(d: dict[str, Any], key: str) -> float:
+    """An epoch time field: a number within the years jobspool writes (up to 9999). A hand's
+    1e300 made `stats` print a 300-digit age and `list --json` a non-ISO date."""
+    value = float(_need(d, key, _NUM))
+    if not -MAX_RUN_AT <= value <= MAX_RUN_AT:  # NaN fails too
+        raise CorruptJob(f"field {key!r} is not a time jobspool writes: {value!r}")
+    return value
+
+
 def _optional_str(d: dict[str, Any], key: str) -> str | None:
     value = d.get(key)
     if value is not None and not isinstance(value, str):
@@ -429,7 +438,7 @@ def decode_job(data: bytes, *, expect_id: str | None = None,
         lease = LeaseInfo(
             token=_need(lease_raw, "token", int),
             owner=_need(lease_raw, "owner", str),
-            expires_at=float(_need(lease_raw, "expires_at", _NUM)),
+            expires_at=_time(lease_raw, "expires_at"),
             proc=_optional_str(lease_raw, "proc"),
         )
     if state is JobState.LEASED and lease is None:
@@ -455,9 +464,9 @@ def decode_job(data: bytes, *, expect_id: str | None = None,
         attempts=_need(d, "attempts", int),
         max_attempts=_need(d, "max_attempts", int),
         revision=_need(d, "revision", int),
-        created_at=float(_need(d, "created_at", _NUM)),
-        updated_at=float(_need(d, "updated_at", _NUM)),
-        run_at=float(_need(d, "run_at", _NUM)),
+        created_at=_time(d, "created_at"),
+        updated_at=_time(d, "updated_at"),
+        run_at=_time(d, "run_at"),
         lease=lease,
         last_error=last_error,
         result=d.get("result"),
