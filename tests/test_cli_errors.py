@@ -320,3 +320,18 @@ def test_a_malformed_postgresql_url_is_bad_input_exit_1() -> None:
     got = run_cli("stats", root="postgresql://[garbage")
     assert got.code == 1, got
     assert got.err.count("\n") == 1 and "bad PostgreSQL URL" in got.err
+
+
+def test_show_of_an_unreadable_job_file_says_so_once(tmp_path: Path) -> None:
+    from tests.cli_harness import run_cli
+
+    root = tmp_path / "spool"
+    assert run_cli("init", root=root).code == 0
+    assert run_cli("enqueue", "k", "--id", "a1", root=root).code == 0
+    (root / "ready" / "a1.json").write_text("garbage")
+    from tests.cli_harness import run_jobspool
+
+    got = run_jobspool("show", "a1", root=root)  # a process of its own: its log is stderr
+    assert got.code == 2
+    assert got.err.count("ready/a1.json") <= 2  # the skipped file's warning, the error
+    assert got.err.count("skipping unreadable job file") <= 1, got.err

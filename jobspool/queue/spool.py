@@ -418,9 +418,10 @@ class Spool(EnqueueForms):
         validate_job_id(job_id)
         self.lock.check_open()
         job, _ = self.journal.locate(job_id)
-        if job is None:
+        if job is None and self.journal.unreadable_file(job_id) is None:
             # Lock-free probing can miss a job moving between two directories we probe
-            # in the wrong order; the lock makes the second look exact.
+            # in the wrong order; the lock makes the second look exact. (Not when its
+            # file is there but unreadable: a second look only said so twice.)
             with self.lock.hold():
                 job, _ = self.journal.locate(job_id)
         if job is None:
