@@ -252,6 +252,11 @@ class Database:
                 self._down_since = None
                 return out
             except (psycopg.OperationalError, PoolExhausted) as exc:
+                if not transient(exc):
+                    # The server answered and refused (out of memory or locks, a limit):
+                    # retrying it for reconnect_seconds only delayed the same error.
+                    raise SpoolError(f"database {self.display} refused {what}: "
+                                     f"{one_line(exc)}") from None
                 if self._down_since is None and not isinstance(exc, PoolExhausted):
                     self._down_since = time.monotonic()
                 if isinstance(exc, psycopg.errors.QueryCanceled) or self.stop_retrying.is_set() \

@@ -64,6 +64,11 @@ def _written_by_this_call(old: Job, job: Job, reservation: str | None) -> bool:
             and (reservation is None or reservation in old.reservations))
 
 
+# Advisory lock keys for caller-given ids (`insert_given`): a batch takes at most this many,
+# whatever its size; two producers of ids in one bucket wait for each other's transaction.
+ID_LOCK_BUCKETS = 1024
+
+
 def insert_given(spool: PgSpool, fresh: list[Job], *, on_conflict: str,
                  unique_states: frozenset[JobState] | None,
                  reservation: str | None = None) -> list[EnqueueResult]:
@@ -72,10 +77,14 @@ def insert_given(spool: PgSpool, fresh: list[Job], *, on_conflict: str,
 
     def go(conn: psycopg.Connection[Any]) -> list[EnqueueResult]:
         with conn.transaction():
-            # Lock the ids first (an advisory lock per id also covers ids with no row
-            # yet, so two producers of one new id cannot both insert it).
-            conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(x, 7)) "
-                         "FROM unnest(%s::text[]) AS x ORDER BY x", (ids,))
+            # Lock the ids first (an advisory lock also covers ids with no row yet, so two
+            # producers of one new id cannot both insert it): one lock per bucket of ids,
+            # in bucket order. A lock per id put 15,000 entries into the server's shared
+            # lock table (max_locks_per_transaction x max_connections, ~6,400 by default)
+            # and a batch of them failed with "out of shared memory", for ever.
+            conn.execute(f"SELECT pg_advisory_xact_lock(b) FROM (SELECT DISTINCT "
+                         f"hashtextextended(x, 7) %% {ID_LOCK_BUCKETS} AS b "
+                         f"FROM unnest(%s::text[]) AS x) k ORDER BY b", (ids,))
             existing = lock_rows(conn, ids)
             now = spool.now()
             out: list[EnqueueResult] = []

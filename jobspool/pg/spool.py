@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from jobspool.errors import (
-    InvalidTransition,
     JobNotFound,
     JobspoolError,
     LeaseLost,
@@ -286,13 +285,7 @@ class PgSpool(EnqueueForms):
         check_reservation(reservation)
 
         def decide(job: Job, now: float) -> Job:
-            if job.state is not JobState.PREPARED:
-                if job.state is JobState.CANCELED:
-                    raise InvalidTransition(job.id, job.state.value, "commit")
-                return job
-            if reservation.reservation_id not in job.reservations:
-                raise InvalidTransition(job.id, "prepared (reservation released)", "commit")
-            return machine.commit(job, now=now)
+            return machine.commit_reserved(job, reservation.reservation_id, now=now)
 
         result: Job = self.mutate_job(reservation.job_id, decide, what="commit")
         return result

@@ -13,7 +13,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from jobspool.errors import DuplicateJob, JobTooLarge, LeaseLost
+from jobspool.errors import DuplicateJob, InvalidTransition, JobTooLarge, LeaseLost
 from jobspool.queue.job import (
     MAX_TRACEBACK_BYTES,
     Job,
@@ -367,6 +367,28 @@ def commit(job: Job, *, now: float) -> Job:
     return _move(job, "commit", dst, now, reservations=())
 
 
+# How `replay` words the dead letter of a job whose hook never resolved it.
+REPLAY_GAVE_UP = "replay unresolved after"
+
+
+def commit_reserved(job: Job, reservation_id: str, *, now: float) -> Job:
+    """What `commit(reservation)` makes of `job` (both stores): a prepared job published; a
+    job recovery dead-lettered because its replay hook kept saying "unknown" published as
+    well, its replays forgotten (its producer was slow, not dead, and now says its change
+    happened: the job must run, not be handed back dead); a canceled one refused
+    (`InvalidTransition`); any other returned as it is (a commit is idempotent)."""
+    if job.state is JobState.PREPARED:
+        if reservation_id not in job.reservations:
+            raise InvalidTransition(job.id, "prepared (reservation released)", "commit")
+        return commit(job, now=now)
+    if job.state is JobState.CANCELED:
+        raise InvalidTransition(job.id, job.state.value, "commit")
+    if job.state is JobState.DEAD_LETTER and (job.last_error or "").startswith(REPLAY_GAVE_UP):
+        dst = JobState.RETRYABLE if job.run_at > now else JobState.READY
+        return _move(job, "commit", dst, now, attempts=0, last_error=None, reservations=())
+    return job
+
+
 def _check_reservation_fits(job: Job, max_bytes: int) -> None:
     """Each producer's reservation grows the job: past what a new job may use, the next
     `prepare` is refused (`JobTooLarge`), never written beyond `max_job_bytes`."""
@@ -396,7 +418,9 @@ def abort(job: Job, reservation_id: str, *, now: float) -> Job:
 def replay(job: Job, outcome: str, *, now: float, error: str | None = None) -> Job:
     """Apply a replay hook's verdict to a prepared job left behind by a dead producer."""
     if outcome == "committed":
-        return _move(job, "replay", JobState.READY, now, reservations=(), run_at=now)
+        # Published as its producer's commit would have: a delayed job waits for its time.
+        dst = JobState.RETRYABLE if job.run_at > now else JobState.READY
+        return _move(job, "replay", dst, now, reservations=())
     if outcome == "aborted":
         return _move(job, "replay", JobState.CANCELED, now, reservations=(),
                      last_error="aborted by replay")
@@ -404,6 +428,6 @@ def replay(job: Job, outcome: str, *, now: float, error: str | None = None) -> J
     message = clip_error(error or "replay outcome unknown")
     if attempts >= job.max_attempts:
         return _move(job, "replay", JobState.DEAD_LETTER, now, attempts=attempts, reservations=(),
-                     last_error=clip_error(f"replay unresolved after {attempts} attempts; "
+                     last_error=clip_error(f"{REPLAY_GAVE_UP} {attempts} attempts; "
                                            f"last: {message}"))
     return _move(job, "replay", JobState.PREPARED, now, attempts=attempts, last_error=message)

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from jobspool.errors import InvalidTransition, JobNotFound, SpoolError
+from jobspool.errors import JobNotFound, SpoolError
 from jobspool.queue import machine
 from jobspool.queue.arguments import naming_item, new_batch, new_reservation
 from jobspool.queue.job import (
@@ -166,14 +166,11 @@ class Producer:
             job, stale = self.journal.locate(reservation.job_id)
             if job is None:
                 raise JobNotFound(reservation.job_id)
-            if job.state is not JobState.PREPARED:
-                if job.state is JobState.CANCELED:
-                    raise InvalidTransition(job.id, job.state.value, "commit")
-                return job
-            if reservation.reservation_id not in job.reservations:
-                raise InvalidTransition(job.id, "prepared (reservation released)", "commit")
-            new = machine.commit(job, now=self.journal.now())
-            self.journal.commit_changes([(job, new)], self.journal.stale_removals(job.id, stale))
+            new = machine.commit_reserved(job, reservation.reservation_id,
+                                          now=self.journal.now())
+            if new is not job:
+                self.journal.commit_changes([(job, new)],
+                                            self.journal.stale_removals(job.id, stale))
             return new
 
     def abort(self, reservation: Reservation) -> Job | None:

@@ -32,7 +32,10 @@ REQUEUEABLE: frozenset[JobState] = frozenset(
 
 # Every allowed (action -> from-states -> to-states). Nothing else may move a job.
 ALLOWED: dict[str, dict[JobState, frozenset[JobState]]] = {
-    "commit": {JobState.PREPARED: frozenset({JobState.READY, JobState.RETRYABLE})},
+    # A commit also publishes a job the replay dead-lettered unresolved: its producer was
+    # late, not dead (`machine.commit_reserved`).
+    "commit": {s: frozenset({JobState.READY, JobState.RETRYABLE})
+               for s in (JobState.PREPARED, JobState.DEAD_LETTER)},
     "abort": {JobState.PREPARED: frozenset({JobState.CANCELED, JobState.PREPARED})},
     "claim": {s: frozenset({JobState.LEASED}) for s in CLAIMABLE},
     "heartbeat": {JobState.LEASED: frozenset({JobState.LEASED})},
@@ -50,8 +53,8 @@ ALLOWED: dict[str, dict[JobState, frozenset[JobState]]] = {
     },
     "reclaim": {JobState.LEASED: frozenset({JobState.RETRYABLE, JobState.DEAD_LETTER})},
     "replay": {
-        JobState.PREPARED: frozenset({JobState.READY, JobState.CANCELED, JobState.PREPARED,
-                                      JobState.DEAD_LETTER})
+        JobState.PREPARED: frozenset({JobState.READY, JobState.RETRYABLE, JobState.CANCELED,
+                                      JobState.PREPARED, JobState.DEAD_LETTER})
     },
 }
 
