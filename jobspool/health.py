@@ -186,22 +186,11 @@ def check_health(
     spool's filesystem; `worker_stale` is the age in seconds past which a
     worker's metrics file means a stuck or vanished worker.
     """
-    if not max_due_age > 0:
-        raise ValueError(f"max_due_age must be a positive number, not {max_due_age!r}")
-    if not maintenance_cadence > 0:
-        raise ValueError(f"maintenance_cadence must be a positive number, not "
-                         f"{maintenance_cadence!r}")
-    if lease_grace < 0:
-        raise ValueError(f"lease_grace must not be negative, not {lease_grace!r}")
-    if max_maintenance_failures < 1:
-        raise ValueError(f"max_maintenance_failures must be at least 1, not "
-                         f"{max_maintenance_failures!r}")
-    if not min_free_bytes >= 0:
-        raise ValueError(f"min_free_bytes must not be negative, not {min_free_bytes!r}")
-    if not 0 <= min_free_percent <= 100:
-        raise ValueError(f"min_free_percent must be between 0 and 100, not {min_free_percent!r}")
-    if not worker_stale > 0:
-        raise ValueError(f"worker_stale must be a positive number, not {worker_stale!r}")
+    check_options(max_due_age=max_due_age, lease_grace=lease_grace,
+                  maintenance_cadence=maintenance_cadence,
+                  max_maintenance_failures=max_maintenance_failures,
+                  min_free_bytes=min_free_bytes, min_free_percent=min_free_percent,
+                  worker_stale=worker_stale)
     stats = spool.stats()
     now = stats.now
     reasons = queue_reasons(stats, max_due_age)
@@ -263,6 +252,52 @@ def check_health(
             f"kind? (a file placed by hand is noticed by workers within seconds)",
             len(waiting)))
 
+    local, local_figures = host_reasons(
+        spool, now=now, projection=projection, maintenance_cadence=maintenance_cadence,
+        max_maintenance_failures=max_maintenance_failures, min_free_bytes=min_free_bytes,
+        min_free_percent=min_free_percent, worker_stale=worker_stale)
+    reasons.extend(local)
+    figures = {"counts": dict(stats.counts), "due": stats.due,
+               "oldest_due_age": stats.oldest_due_age, "fence": stats.fence,
+               "quarantined": stats.quarantined, "expired_leases": len(expired),
+               "stale_prepared": len(stuck), "unreadable_files": len(unreadable),
+               "no_read_access": len(denied), "ready_not_claimed": len(waiting),
+               **local_figures}
+    return Health(reasons=reasons, root=str(spool.root), checked_at=now, figures=figures)
+
+
+def check_options(*, max_due_age: float, lease_grace: float, maintenance_cadence: float,
+                  max_maintenance_failures: int, min_free_bytes: int, min_free_percent: float,
+                  worker_stale: float) -> None:
+    """Refuse a bad threshold (`ValueError`, one line naming it), whatever the store."""
+    if not max_due_age > 0:
+        raise ValueError(f"max_due_age must be a positive number, not {max_due_age!r}")
+    if not maintenance_cadence > 0:
+        raise ValueError(f"maintenance_cadence must be a positive number, not "
+                         f"{maintenance_cadence!r}")
+    if lease_grace < 0:
+        raise ValueError(f"lease_grace must not be negative, not {lease_grace!r}")
+    if max_maintenance_failures < 1:
+        raise ValueError(f"max_maintenance_failures must be at least 1, not "
+                         f"{max_maintenance_failures!r}")
+    if not min_free_bytes >= 0:
+        raise ValueError(f"min_free_bytes must not be negative, not {min_free_bytes!r}")
+    if not 0 <= min_free_percent <= 100:
+        raise ValueError(f"min_free_percent must be between 0 and 100, not {min_free_percent!r}")
+    if not worker_stale > 0:
+        raise ValueError(f"worker_stale must be a positive number, not {worker_stale!r}")
+
+
+def host_reasons(spool: Any, *, now: float, projection: str | os.PathLike[str] | None,
+                 maintenance_cadence: float, max_maintenance_failures: int,
+                 min_free_bytes: int, min_free_percent: float, worker_stale: float
+                 ) -> tuple[list[Reason], dict[str, Any]]:
+    """What is checked on this machine, whatever the store: the free space where the spool's
+    local files live (a file spool's root; a database spool's local directory: metrics, the
+    default projection), workers that stopped refreshing their metrics files, and the
+    projection's maintenance. A database spool ignored all of these (health said ok with a
+    worker dead or a projection path that did not exist)."""
+    reasons: list[Reason] = []
     disk = _disk_reason(spool, min_free_bytes, min_free_percent)
     if disk is not None:
         reasons.append(disk)
@@ -286,15 +321,8 @@ def check_health(
     if uri is not None:
         reasons.extend(_maintenance_reasons(uri, now, maintenance_cadence,
                                             max_maintenance_failures))
-
-    figures = {"counts": dict(stats.counts), "due": stats.due,
-               "oldest_due_age": stats.oldest_due_age, "fence": stats.fence,
-               "quarantined": stats.quarantined, "expired_leases": len(expired),
-               "stale_prepared": len(stuck), "projection": uri,
-               "unreadable_files": len(unreadable), "no_read_access": len(denied),
-               "ready_not_claimed": len(waiting),
-               "stale_workers": len(stale_workers), **_disk_figures(spool)}
-    return Health(reasons=reasons, root=str(spool.root), checked_at=now, figures=figures)
+    return reasons, {"projection": uri, "stale_workers": len(stale_workers),
+                     **_disk_figures(spool)}
 
 
 def _local_dir_exists(uri: str) -> bool:

@@ -10,10 +10,19 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from jobspool.errors import JobspoolError
+from jobspool.health import (
+    DEFAULT_MAINTENANCE_CADENCE,
+    DEFAULT_MAX_DUE_AGE,
+    DEFAULT_MAX_MAINTENANCE_FAILURES,
+    DEFAULT_MIN_FREE_BYTES,
+    DEFAULT_MIN_FREE_PERCENT,
+    DEFAULT_WORKER_STALE,
+)
 from jobspool.pg.leasing import sweep
 from jobspool.pg.rows import COLUMNS, to_job
 from jobspool.queue import machine
@@ -230,16 +239,22 @@ def fsck(spool: PgSpool) -> FsckReport:
                       max_token=max_token)
 
 
-def health(spool: PgSpool, *, max_due_age: float = 300.0, lease_grace: float = 0.0,
-           **_ignored: Any) -> Health:
+def health(spool: PgSpool, *, max_due_age: float = DEFAULT_MAX_DUE_AGE,
+           projection: str | os.PathLike[str] | None = None, lease_grace: float = 0.0,
+           maintenance_cadence: float = DEFAULT_MAINTENANCE_CADENCE,
+           max_maintenance_failures: int = DEFAULT_MAX_MAINTENANCE_FAILURES,
+           min_free_bytes: int = DEFAULT_MIN_FREE_BYTES,
+           min_free_percent: float = DEFAULT_MIN_FREE_PERCENT,
+           worker_stale: float = DEFAULT_WORKER_STALE) -> Health:
     """`ok` / `degraded` with reasons: dead letters, stuck due jobs, unswept leases, stale
-    prepared jobs."""
-    from jobspool.health import Health, Reason, queue_reasons
+    prepared jobs; and, as on the file spool, what this machine holds (`host_reasons`)."""
+    from jobspool.health import Health, Reason, check_options, host_reasons, queue_reasons
 
-    if not max_due_age > 0:
-        raise ValueError(f"max_due_age must be a positive number, not {max_due_age!r}")
-    if lease_grace < 0:
-        raise ValueError(f"lease_grace must not be negative, not {lease_grace!r}")
+    check_options(max_due_age=max_due_age, lease_grace=lease_grace,
+                  maintenance_cadence=maintenance_cadence,
+                  max_maintenance_failures=max_maintenance_failures,
+                  min_free_bytes=min_free_bytes, min_free_percent=min_free_percent,
+                  worker_stale=worker_stale)
     now = spool.now()
     st = stats(spool)
     # The same reasons, codes and texts as the file spool's, so one alert rule serves both.
@@ -255,13 +270,17 @@ def health(spool: PgSpool, *, max_due_age: float = 300.0, lease_grace: float = 0
     if stale:
         reasons.append(Reason("stale_prepared", f"{stale} prepared job(s) past the grace "
                               "period (run `jobspool recover --app ...` to replay them)", stale))
+    local, local_figures = host_reasons(
+        spool, now=now, projection=projection, maintenance_cadence=maintenance_cadence,
+        max_maintenance_failures=max_maintenance_failures, min_free_bytes=min_free_bytes,
+        min_free_percent=min_free_percent, worker_stale=worker_stale)
+    reasons.extend(local)
     # The file spool's keys, so one consumer reads both: what has no meaning on a database
-    # (files, disk space, the local projection) is zero or None, as the README says.
+    # (job files) is zero, as the README says.
     figures = {"counts": dict(st.counts), "due": st.due, "oldest_due_age": st.oldest_due_age,
                "fence": st.fence, "quarantined": 0, "expired_leases": expired,
-               "stale_prepared": stale, "projection": None, "unreadable_files": 0,
-               "no_read_access": 0, "ready_not_claimed": 0, "stale_workers": 0,
-               "free_bytes": None, "free_percent": None}
+               "stale_prepared": stale, "unreadable_files": 0, "no_read_access": 0,
+               "ready_not_claimed": 0, **local_figures}
     return Health(reasons=reasons, root=spool.display, checked_at=now, figures=figures)
 
 

@@ -1,0 +1,47 @@
+"""`health` checks what lives on this machine for a database spool too (its local directory:
+worker metrics, the default projection, the disk they are on), and refuses a bad threshold
+on both stores. Before, a PostgreSQL spool ignored `--projection`, `--worker-stale`, the
+disk bounds and their validation: ok with a dead worker or a projection path that did not
+exist, exit 0 for `--min-free-percent 101`."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+from jobspool.metrics import METRICS_DIR
+from tests.spools import make_spool
+
+
+def test_a_projection_path_that_does_not_exist_is_reported(store_root: str | Path,
+                                                           tmp_path: Path) -> None:
+    with make_spool(store_root) as spool:
+        health = spool.health(projection=tmp_path / "no-such-projection")
+    assert "projection_not_found" in health.codes()
+    assert not health.ok
+
+
+def test_a_worker_whose_metrics_file_went_stale_is_reported(store_root: str | Path) -> None:
+    with make_spool(store_root) as spool:
+        metrics = Path(spool.root) / METRICS_DIR
+        metrics.mkdir(parents=True, exist_ok=True)
+        written = time.time() - 600
+        (metrics / "dead-worker.json").write_bytes(orjson.dumps(
+            {"owner": "dead-worker", "written_at": written}))
+        os.utime(metrics / "dead-worker.json", (written, written))
+        health = spool.health(worker_stale=60)
+    assert "worker_stale" in health.codes()
+    assert health.to_dict()["figures"]["stale_workers"] == 1
+
+
+@pytest.mark.parametrize("options", [{"min_free_percent": 101}, {"worker_stale": 0},
+                                     {"min_free_bytes": -1}, {"max_maintenance_failures": 0}])
+def test_a_bad_threshold_is_refused_on_every_store(store_root: str | Path,
+                                                   options: dict[str, float]) -> None:
+    with make_spool(store_root) as spool, pytest.raises(ValueError) as caught:
+        spool.health(**options)
+    assert next(iter(options)) in str(caught.value)
