@@ -335,3 +335,45 @@ def test_show_of_an_unreadable_job_file_says_so_once(tmp_path: Path) -> None:
     assert got.code == 2
     assert got.err.count("ready/a1.json") <= 2  # the skipped file's warning, the error
     assert got.err.count("skipping unreadable job file") <= 1, got.err
+
+
+def test_an_empty_kinds_list_is_bad_input_not_every_kind(tmp_path: Path) -> None:
+    """`--kinds "$KINDS"` with the variable empty ran every kind."""
+    from tests.cli_harness import run_cli
+
+    root = tmp_path / "spool"
+    assert run_cli("init", root=root).code == 0
+    assert run_cli("enqueue", "work", root=root).code == 0
+    for value in ("", ",", " , "):
+        got = run_cli("run-until-idle", "--app", "tests.apps.simple:app", "--kinds", value,
+                      root=root)
+        assert got.code == 1, got
+        assert "names no kind" in got.err
+    assert "ready" in run_cli("list", root=root).out  # nothing ran
+
+
+def test_a_kind_left_out_by_kinds_is_not_called_unhandled(tmp_path: Path) -> None:
+    from tests.cli_harness import run_cli
+
+    root = tmp_path / "spool"
+    assert run_cli("init", root=root).code == 0
+    assert run_cli("enqueue", "flaky", root=root).code == 0
+    got = run_cli("run-until-idle", "--app", "tests.apps.simple:app", "--kinds", "work",
+                  root=root)
+    assert got.code == 0
+    assert "kind 'flaky': not in --kinds" in got.out
+    assert "no handler" not in got.out
+
+
+def test_show_indents_the_line_breaks_of_a_value(tmp_path: Path) -> None:
+    """A handler's error cannot print lines of `show` that read as more fields."""
+    from tests.cli_harness import run_cli
+    from tests.spools import make_spool
+
+    root = tmp_path / "spool"
+    with make_spool(root) as spool:
+        spool.enqueue("k", {}, job_id="ev1")
+        spool.fail(spool.claim()[0], "line1\nstate: completed", retryable=False)
+    out = run_cli("show", "ev1", root=root).out
+    assert "\nstate: completed" not in out
+    assert "   last_error: line1\n               state: completed" in out

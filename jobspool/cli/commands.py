@@ -181,8 +181,9 @@ def cmd_run_until_idle(args: argparse.Namespace) -> int:
         if report.projected_rows:
             lines.append(f"projected {report.projected_rows} rows")
         for kind, n in sorted(report.unhandled.items()):
-            lines.append(f"left {n} due job(s) of kind {kind!r}: no handler in --app "
-                         f"{args.app}")
+            why = ("not in --kinds" if kind in worker.handlers
+                   else f"no handler in --app {args.app}")
+            lines.append(f"left {n} due job(s) of kind {kind!r}: {why}")
         return "\n".join(lines)
 
     _emit(args, doc, text)

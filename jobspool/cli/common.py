@@ -147,8 +147,12 @@ def _make_worker(args: argparse.Namespace, spool: Any) -> Any:
 
     app = _load_app(args.app)
     kinds = None
-    if args.kinds:
+    if args.kinds is not None:
         kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+        if not kinds:
+            # An empty `--kinds "$KINDS"` ran every kind: a worker meant for some ran all.
+            raise UsageError(f"--kinds {args.kinds!r} names no kind (it handles: "
+                             f"{', '.join(sorted(app.handlers))})")
         missing = [k for k in kinds if k not in app.handlers]
         if missing:
             raise UsageError(f"--kinds names kinds --app {args.app} has no handler for: "

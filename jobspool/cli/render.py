@@ -118,5 +118,7 @@ def _job_text(job: Any) -> str:
                     f"{iso_time(v['expires_at'])} ({v['expires_at']})")
         else:
             text = printable(v) if isinstance(v, str) else orjson.dumps(v).decode()
-        lines.append(f"{k:>13}: {text}")
+        # A value's own line breaks are indented under it: a handler's error must not be
+        # able to print lines that read as more fields ("FAKE: ...").
+        lines.append(f"{k:>13}: " + text.replace("\n", "\n" + " " * 15))
     return "\n".join(lines)
