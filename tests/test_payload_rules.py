@@ -295,3 +295,24 @@ def test_a_refusal_names_the_type_with_its_article() -> None:
     with pytest.raises(InvalidJob, match=r"is a set, which JSON"):
         check_json({"o": set()}, "payload")
     assert CommitRetry().attempts >= 1
+
+
+def test_the_deepest_payload_refused_is_refused_with_its_path_and_one_less_is_stored(
+        tmp_path: Path) -> None:
+    """A payload sits one level down in its job's document: 254 levels passed the check
+    and then failed at the write with orjson's bare 'Recursion limit reached'."""
+    from jobspool.errors import InvalidJob
+    from jobspool.queue.payload import MAX_JSON_DEPTH
+
+    def nest(n: int) -> object:
+        x: object = 1
+        for _ in range(n):
+            x = [x]
+        return x
+
+    with make_spool(tmp_path / "s") as spool:
+        job = spool.enqueue("k", nest(MAX_JSON_DEPTH))
+        assert spool.get(job.id).payload == nest(MAX_JSON_DEPTH)
+        with pytest.raises(InvalidJob) as caught:
+            spool.enqueue("k", nest(MAX_JSON_DEPTH + 1))
+        assert "nested deeper than" in str(caught.value) and "[0][0]" in str(caught.value)

@@ -26,7 +26,10 @@ from jobspool.errors import InvalidJob
 
 _INT_MIN = -(2**63)
 _INT_MAX = 2**64 - 1
-MAX_JSON_DEPTH = 254  # orjson refuses deeper nesting
+# orjson refuses nesting deeper than 254 levels, and a payload or result sits one level
+# down in its job's document: 253 is as deep as a value can go (254 failed later, at the
+# write, with orjson's own message and no path).
+MAX_JSON_DEPTH = 253
 _JSON_NAMES = frozenset({"bool", "int", "float", "str", "list", "dict", "tuple"})
 _HINTS = {
     "datetime": "use .isoformat() or a timestamp",
