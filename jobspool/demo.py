@@ -69,7 +69,8 @@ def _child_env() -> dict[str, str]:
     return env
 
 
-def run_demo(*, root: str | None, jobs: int, workers: int, as_json: bool) -> int:
+def run_demo(*, root: str | None, jobs: int, workers: int, as_json: bool,
+             log_json: bool = False) -> int:
     from jobspool.pg import is_url
     from jobspool.queue.spool import Spool
 
@@ -77,7 +78,9 @@ def run_demo(*, root: str | None, jobs: int, workers: int, as_json: bool) -> int
     # the spool's local directory); otherwise a directory, temporary by default.
     base: Path | str = (str(root) if is_url(root) else Path(root) if root
                         else Path(tempfile.mkdtemp(prefix="jobspool-demo-")) / "spool")
-    say = (lambda *_: None) if as_json else print
+    # Logging JSON (`--log-format json`), the summary is one JSON line on stderr, as for
+    # `worker` and `run-until-idle` (README), not text on stdout.
+    say = (lambda *_: None) if as_json or log_json else print
     started = time.monotonic()
     # keep_terminal above the batch: the final counts then show every job (by default a
     # spool keeps the newest 1,000 of each terminal state and prunes older ones).
@@ -132,8 +135,14 @@ def run_demo(*, root: str | None, jobs: int, workers: int, as_json: bool) -> int
            "dead_letters": [{"id": j.id, "error": j.last_error} for j in dead],
            "table_rows": rows, "rows_with_over_100_words": long_docs, "sample_row": sample,
            "seconds": round(time.monotonic() - started, 2)}
+    if log_json:
+        from jobspool.logs import summary
+
+        summary("demo", doc)
     if as_json:
         sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2, default=str).decode() + "\n")
+        return 0
+    if log_json:
         return 0
     say("")
     for i, r in enumerate(reports, 1):

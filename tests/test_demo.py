@@ -125,3 +125,17 @@ def test_demo_text_output_in_a_fresh_temporary_spool(tmp_path: Path) -> None:
         counts = spool.stats().counts
     assert counts["completed"] == 59
     assert counts["dead_letter"] == 1
+
+
+def test_demo_logging_json_ends_with_a_summary_event_not_text(tmp_path: Path) -> None:
+    """README: with --log-format json the final summary is an "event": "summary" line on
+    stderr, not text on stdout (as for worker and run-until-idle)."""
+    import orjson
+
+    done = run_jobspool("--root", tmp_path / "spool", "demo", "--jobs", "20",
+                        "--log-format", "json")
+    assert done.code == 0, done.err
+    assert done.out == ""
+    events = [orjson.loads(line) for line in done.err.splitlines() if line.startswith("{")]
+    summaries = [e for e in events if e.get("event") == "summary"]
+    assert len(summaries) == 1 and summaries[0]["summary"]["jobs"] == 20

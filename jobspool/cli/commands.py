@@ -487,5 +487,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from jobspool.demo import run_demo
 
     return run_demo(root=args.root or os.environ.get("JOBSPOOL_ROOT"), jobs=args.jobs,
-                    workers=args.workers, as_json=args.json)
+                    workers=args.workers, as_json=args.json,
+                    log_json=getattr(args, "log_format", "text") == "json")
 
