@@ -57,3 +57,15 @@ def test_health_figures_have_the_same_keys(any_spool: Spool) -> None:
             "stale_prepared", "projection", "unreadable_files", "no_read_access",
             "ready_not_claimed", "stale_workers", "free_bytes", "free_percent"}
     assert keys <= set(any_spool.health().figures)
+
+
+def test_recover_says_why_an_expired_lease_waits_again(any_spool: Spool) -> None:
+    """A job reclaimed from a worker that died is retryable with a reason, on both stores
+    (the file spool recorded none)."""
+    any_spool.enqueue("k", {}, job_id="r1")
+    [_lease] = any_spool.claim(kinds="k", lease_seconds=0.05)
+    time.sleep(0.15)
+    any_spool.recover()
+    job = any_spool.get("r1")
+    assert job.state.value == "retryable"
+    assert job.last_error == "lease expired (worker died or stalled)"

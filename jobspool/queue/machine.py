@@ -246,8 +246,10 @@ def reclaim(job: Job, *, now: float, policy: RetryPolicy, max_rescues: int | Non
     if max_rescues is not None and rescues > max_rescues:
         return _move(job, "reclaim", JobState.DEAD_LETTER, now, lease=None, rescues=rescues,
                      last_error=clip_error(f"poison pill: lease expired {rescues} times"))
+    # Why it is waiting again, as the PostgreSQL store records it: a job reclaimed from a
+    # dead worker showed no error at all.
     return _move(job, "reclaim", JobState.RETRYABLE, now, lease=None, rescues=rescues,
-                 run_at=now + policy.delay(job.attempts, rng))
+                 run_at=now + policy.delay(job.attempts, rng), last_error=clip_error(error))
 
 
 def check_lease(job: Job, lease: Lease, now: float) -> None:
