@@ -24,9 +24,10 @@ from jobspool.queue.fence import FENCE_FILE, decode_fence
 from jobspool.queue.job import Job
 from jobspool.queue.layout import ADMIN_BATCH as BATCH
 from jobspool.queue.states import ALL_STATES, TERMINAL, JobState
-from jobspool.queue.store import JOB_SUFFIX, TMP_DIR, stray_tmp_files
+from jobspool.queue.store import JOB_SUFFIX, TMP_DIR
 from jobspool.recovery.quarantine import confirm, quarantined_files
 from jobspool.recovery.scan import Scan, implausible, probe, read_job, scan_spool
+from jobspool.recovery.strays import stray_tmp_files
 
 if TYPE_CHECKING:
     from jobspool.queue.journal import Journal

@@ -17,7 +17,7 @@ The steps, in order (each idempotent: a second run finds nothing to do):
 2. quarantine — files in state directories that are not readable jobs go
    to `quarantine/` with a reason file (`quarantine.py`), never deleted;
 3. temp files — everything in `tmp/` that no live writer will publish is
-   removed (`store.stray_tmp_files`): staging files are created and consumed
+   removed (`strays.stray_tmp_files`): staging files are created and consumed
    within one lock hold, so under the lock any `.tmp` belongs to a writer
    that died; a producer's `.stage` file goes once its writer's liveness
    lock is free; anything else is a stray. `tmp/pool/` (recycled files) is
@@ -58,6 +58,7 @@ from jobspool.recovery.prune import prune
 from jobspool.recovery.quarantine import quarantine, quarantine_root_file
 from jobspool.recovery.replay import ReplayHook, ReplayHooks, Verdict, ask, hook_for
 from jobspool.recovery.scan import Bad, Scan, probe, scan_spool
+from jobspool.recovery.strays import stray_tmp_files
 
 if TYPE_CHECKING:
     from jobspool.queue.job import Job
@@ -187,7 +188,7 @@ def _clean_tmp(spool: Journal) -> tuple[list[str], list[str]]:
     with spool.lock.hold():
         # Under the lock no writer is between staging and publishing: what is left is a
         # dead writer's, a person's or an older version's (see `stray_tmp_files`).
-        for name in store_mod.stray_tmp_files(tmp):
+        for name in stray_tmp_files(tmp):
             if _remove_stray(tmp / name):
                 removed.append(f"{TMP_DIR}/{name}")
         for name in liveness.stale_new_files(spool.root):
