@@ -377,3 +377,23 @@ def test_show_indents_the_line_breaks_of_a_value(tmp_path: Path) -> None:
     out = run_cli("show", "ev1", root=root).out
     assert "\nstate: completed" not in out
     assert "   last_error: line1\n               state: completed" in out
+
+
+def test_a_command_run_with_stdout_and_stderr_closed_does_its_work(tmp_path: Path) -> None:
+    """`jobspool ... >&- 2>&-` (a daemon manager that closes them): the command did its
+    work, then died on its first print with a traceback nobody could read, exit 1."""
+    import shlex
+    import subprocess
+
+    from tests.cli_harness import command, environment
+
+    root = tmp_path / "spool"
+    for args in (("init",), ("enqueue", "k", "{}", "--id", "j1"), ("stats",)):
+        line = " ".join(shlex.quote(a) for a in command(*args, root=root))
+        done = subprocess.run(["sh", "-c", f"exec {line} >&- 2>&-"], env=environment(),
+                              timeout=120, check=False)
+        assert done.returncode == 0, args
+    from tests.spools import make_spool
+
+    with make_spool(root) as spool:
+        assert spool.get("j1").kind == "k"

@@ -7,6 +7,7 @@ spool is unhealthy or an operation was refused.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -68,6 +69,7 @@ def _terminated(signum: int, frame: object) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    _closed_streams_to_devnull()
     in_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminated) if in_main else None
     try:
@@ -75,6 +77,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _closed_streams_to_devnull() -> None:
+    """A command started with stdout or stderr closed (`>&-`, a daemon manager that closes
+    them) has `sys.stdout` None: its first print raised AttributeError with a traceback
+    nobody could read, after the work was done. What it would print goes nowhere instead."""
+    for name in ("stdout", "stderr"):
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(os.devnull, "w"))  # noqa: SIM115 (for the process's life)
 
 
 def _main(argv: Sequence[str] | None) -> int:
