@@ -30,4 +30,14 @@ def deferred() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-__all__ = ["deferred"]
+__all__ = ["deferred", "stop_signals"]
+
+
+def stop_signals() -> tuple[signal.Signals, ...]:
+    """SIGTERM and SIGINT; and SIGHUP (the terminal it ran in closed: an ssh session that
+    dropped) when nothing else claimed it: by default it killed the worker mid-handler, its
+    leases left to expire. Ignored (`nohup`) or handled by the application, it is left so."""
+    hup = getattr(signal, "SIGHUP", None)
+    if hup is not None and signal.getsignal(hup) == signal.SIG_DFL:
+        return (signal.SIGTERM, signal.SIGINT, hup)
+    return (signal.SIGTERM, signal.SIGINT)

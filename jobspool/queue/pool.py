@@ -44,6 +44,7 @@ import orjson
 
 from jobspool.errors import InvalidJob, JobspoolError, LeaseLost, TimeLimitExceeded
 from jobspool.errors import PoolFailed as PoolFailed
+from jobspool.queue.interrupts import stop_signals
 from jobspool.queue.job import Job, Lease, clip_error, validate_int, validate_seconds
 from jobspool.queue.machine import Failure, RetryPolicy
 
@@ -145,6 +146,7 @@ class WorkerPool:
         self._failures: dict[int, int] = {}
         self._generation = 0
         self._signals = 0
+        self._last_signal = "stop"  # the name of the last signal received, for the log
         self._stop_forwarded = 0
         self._sel = selectors.DefaultSelector()
         self._totals: dict[str, int] = {}
@@ -218,8 +220,8 @@ class WorkerPool:
         new = min(2, self._signals) - min(2, self._stop_forwarded)
         self._stop_forwarded = self._signals
         self._restart_at.clear()
-        log.warning("pool: stopping %d worker process(es)%s", len(self.children),
-                    "" if self._signals == 1 else " now (second signal)")
+        log.warning("pool: stopping %d worker process(es) on %s%s", len(self.children),
+                    self._last_signal, "" if self._signals == 1 else " now (second signal)")
         for i in range(new):
             if i:
                 # Two signals pending at once merge into one: let the first be delivered.
@@ -460,8 +462,9 @@ class WorkerPool:
 
         def on_signal(signum: int, frame: object) -> None:
             self._signals += 1
+            self._last_signal = signal.Signals(signum).name
 
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in stop_signals():
             previous[sig] = signal.signal(sig, on_signal)
         return previous
 

@@ -36,6 +36,7 @@ from jobspool.policy import Policy
 from jobspool.queue.config import Handler as Handler
 from jobspool.queue.config import WorkerConfig
 from jobspool.queue.context import Context as Context
+from jobspool.queue.interrupts import stop_signals
 from jobspool.queue.job import validate_int, validate_seconds
 from jobspool.queue.layout import default_projection_uri, projection_inside_spool
 from jobspool.queue.pipeline import Pipeline
@@ -412,7 +413,7 @@ class Worker:
         # The event loop puts SIG_DFL back when the receiver closes, not what the process
         # had: an application embedding a worker lost its own handlers (a later SIGTERM
         # killed it outright). Restored here, whatever ends the run.
-        before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+        before = {s: signal.getsignal(s) for s in stop_signals()}
         try:
             await self._receive_signals()
         finally:
@@ -421,7 +422,7 @@ class Worker:
                     signal.signal(signum, handler)
 
     async def _receive_signals(self) -> None:
-        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        with anyio.open_signal_receiver(*stop_signals()) as signals:
             async for signum in signals:
                 name = signal.Signals(signum).name
                 if self.stopping:
@@ -464,6 +465,3 @@ def _in_event_loop() -> bool:
     except sniffio.AsyncLibraryNotFoundError:
         return False
     return True
-
-
-
