@@ -173,8 +173,44 @@ def _check_row(row: object, *, table: str, key: str) -> dict[str, Any]:
                 table=table,
                 field=name,
             )
-    # A shallow copy: the handler may reuse or mutate its dict after the call.
-    return dict(row)
+        bad = _lance_refuses(name)
+        if bad:
+            # Found at the merge instead, it failed every job of the batch writing this
+            # table (a backtick even made the table refuse every later merge).
+            raise ProjectionError(
+                f"field {name!r} of table {table!r} {bad}; rename it", table=table, field=name
+            )
+    # The row as it is now: the handler may reuse or mutate its dict, or a list or array in
+    # it (an embedding buffer refilled in a loop wrote the last vector into every row).
+    return {name: _snapshot(value) for name, value in row.items()}
+
+
+# Column names LanceDB keeps for itself (lance's reserved row metadata).
+LANCE_RESERVED = frozenset({"_rowid", "_rowaddr", "_rowoffset", "_row_created_at_version",
+                            "_row_last_updated_at_version"})
+
+
+def _lance_refuses(name: str) -> str | None:
+    """Why LanceDB would refuse `name` as a column (None when it takes it)."""
+    if name in LANCE_RESERVED:
+        return "is reserved by LanceDB"
+    for char, what in ((".", "a dot"), ("`", "a backtick"), ("\x00", "a NUL character")):
+        if char in name:
+            return f"holds {what}, which LanceDB refuses in a column name"
+    return None
+
+
+def _snapshot(value: Any) -> Any:
+    """A copy of the containers in a row's value (lists, tuples, dicts, arrays); scalars as
+    they are."""
+    if isinstance(value, list | tuple):
+        return [_snapshot(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _snapshot(v) for k, v in value.items()}
+    copy = getattr(value, "copy", None)
+    if copy is not None and hasattr(value, "__array__"):  # numpy arrays and the like
+        return copy()
+    return value
 
 
 def make_upsert(

@@ -1,0 +1,74 @@
+"""Rows a handler writes: a column name LanceDB refuses fails that job alone, at the
+`ctx.upsert` call, and a row is taken as it was at the call.
+
+Before: a name with a dot, a backtick or NUL, or one of LanceDB's reserved columns
+(`_rowid`...) passed the checks and failed at the merge, as "commit outcome unknown",
+every job of the batch writing that table (6 of 6 dead-lettered for one bad row); a
+backtick column even made the table refuse every later merge. And rows kept references to
+the handler's lists and arrays until the batch committed: a buffer refilled in a loop wrote
+its last value into every row.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lancedb
+import numpy as np
+import pytest
+
+from jobspool import App, JobState, Worker
+from jobspool.errors import ProjectionError
+from jobspool.projection.handler import make_upsert
+from tests.spools import make_spool
+
+
+@pytest.mark.parametrize("name", ["a.b", "`q`", "a\x00b", "_rowid", "_row_last_updated_at_version"])
+def test_a_name_lancedb_refuses_fails_its_own_job_only(tmp_path: Path, name: str) -> None:
+    root, index = tmp_path / "spool", tmp_path / "index"
+
+    def handler(job, ctx):  # type: ignore[no-untyped-def]
+        row = {"id": job.id, "title": "t"}
+        if job.payload.get("bad"):
+            row[name] = 1
+        ctx.upsert("docs", row)
+
+    with make_spool(root) as spool:
+        spool.enqueue("h", {"bad": True}, job_id="bad")
+        for i in range(5):
+            spool.enqueue("h", {}, job_id=f"good{i}")
+        Worker(spool, App(handlers={"h": handler}, projection=str(index))).run_until_idle()
+        bad = spool.get("bad")
+        assert bad.state is JobState.DEAD_LETTER
+        assert repr(name) in (bad.last_error or "")
+        assert {spool.get(f"good{i}").state for i in range(5)} == {JobState.COMPLETED}
+    table = lancedb.connect(str(index)).open_table("docs")
+    assert table.count_rows() == 5
+    with make_spool(root) as spool:  # the table still takes later writes
+        spool.enqueue("h", {}, job_id="later")
+        Worker(spool, App(handlers={"h": handler}, projection=str(index))).run_until_idle()
+        assert spool.get("later").state is JobState.COMPLETED
+    assert lancedb.connect(str(index)).open_table("docs").count_rows() == 6
+
+
+def test_a_name_lancedb_refuses_is_refused_at_the_call_naming_it() -> None:
+    with pytest.raises(ProjectionError) as caught:
+        make_upsert("j1", "docs", {"id": "a", "a.b": 1}, None, 1)
+    assert "'a.b'" in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_row_is_taken_as_it_was_at_the_call() -> None:
+    buf = np.zeros(3, dtype=np.float32)
+    tags: list[str] = []
+    meta: dict[str, list[int]] = {"seen": []}
+    writes = []
+    for i in range(3):
+        buf[:] = i
+        tags.append(f"t{i}")
+        meta["seen"].append(i)
+        writes.append(make_upsert("j1", "t", {"id": f"k{i}", "vector": buf, "tags": tags,
+                                              "meta": meta}, None, 1))
+    rows = [w.rows[0] for w in writes]
+    assert [list(r["vector"]) for r in rows] == [[0.0] * 3, [1.0] * 3, [2.0] * 3]
+    assert [r["tags"] for r in rows] == [["t0"], ["t0", "t1"], ["t0", "t1", "t2"]]
+    assert [r["meta"]["seen"] for r in rows] == [[0], [0, 1], [0, 1, 2]]
