@@ -422,21 +422,34 @@ def cmd_fsck(args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_UNHEALTHY
 
 
-def _projection_uri(args: argparse.Namespace, spool: Any) -> tuple[str, dict[str, str] | None]:
-    """The projection a command works on: its URI and its storage options."""
-    from jobspool.cli.objectstore import storage_options
+def _app_projection(args: argparse.Namespace, spool: Any) -> tuple[str, Any, Any]:
+    """The projection `maintain` works on: its URI, the store to maintain (None: open one on
+    the URI) and the app (for its keys and storage options). An app's projection given as a
+    `ProjectionStore` or a LanceDB connection is used as such: its `str()` was taken for a
+    path ("no tables", exit 0), and an app's `keys` were left out (no key index built)."""
+    from jobspool.projection.lance import ProjectionStore, uri_of
     from jobspool.queue.layout import default_projection_uri
 
     app = _load_app(getattr(args, "app", None))
-    uri = str(args.projection or (app.projection if app and app.projection else None)
-              or default_projection_uri(spool.root))
-    return uri, storage_options(args, dict(app.storage_options or {}) if app else None)
+    given = app.projection if app and app.projection else None
+    if args.projection or given is None:
+        return str(args.projection or default_projection_uri(spool.root)), None, app
+    if isinstance(given, str | os.PathLike):
+        return os.fspath(given), None, app
+    uri = uri_of(given)
+    if uri is None:
+        raise UsageError(f"--app {args.app}: its projection does not say where it is; give "
+                         "--projection")
+    return uri, given if isinstance(given, ProjectionStore) else None, app
 
 
 def cmd_maintain(args: argparse.Namespace) -> int:
     _setup_logging(args)
     with _open(args) as spool:
-        uri, options = _projection_uri(args, spool)
+        from jobspool.cli.objectstore import storage_options
+
+        uri, given, app = _app_projection(args, spool)
+        options = storage_options(args, dict(app.storage_options or {}) if app else None)
         tables = [t for t in (args.tables or "").split(",") if t] or None
         from jobspool.projection.lance import ProjectionStore
         from jobspool.projection.maintenance import check_table_names, maintain
@@ -455,8 +468,10 @@ def cmd_maintain(args: argparse.Namespace) -> int:
             check_table_names(tables or [])
         except ValueError as exc:
             raise UsageError(f"--tables: {exc}") from None
-        report = maintain(ProjectionStore(uri, storage_options=options), tables=tables,
-                          budget_seconds=args.budget, min_live_token=spool.min_live_token())
+        store = given or ProjectionStore(uri, storage_options=options,
+                                         keys=dict(app.keys) if app else None)
+        report = maintain(store, tables=tables, budget_seconds=args.budget,
+                          min_live_token=spool.min_live_token())
     d = report.to_dict() if hasattr(report, "to_dict") else {"report": str(report)}
     _emit(args, d, lambda: _maintain_text(report))
     return EXIT_OK if report.ok else EXIT_UNHEALTHY
