@@ -45,10 +45,14 @@ class App:
         else:
             raise AppError(f"App replay must be a mapping of kind -> hook, or one hook for every "
                            f"kind, got {type(self.replay).__name__}")
-        for kind, fn in {**self.handlers, **hooks}.items():
-            validate_kind(kind)
-            if not callable(fn):
-                raise AppError(f"handler for kind {kind!r} is not callable")
+        for what, table in (("handler", self.handlers), ("replay hook", hooks)):
+            for kind, fn in table.items():
+                validate_kind(kind)
+                if not callable(fn):
+                    raise AppError(f"{what} for kind {kind!r} is not callable: {fn!r:.80}")
+        if not isinstance(self.keys, Mapping):
+            raise AppError(f"App keys must be a mapping of table -> key column, got "
+                           f"{self.keys!r:.80}")
         object.__setattr__(self, "policies", check_policies(self.policies, self.handlers))
         object.__setattr__(self, "schedules", check_schedules(self.schedules, self.handlers))
         from jobspool.projection.objectstore import check_storage_options

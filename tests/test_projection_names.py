@@ -72,3 +72,15 @@ def test_a_row_is_taken_as_it_was_at_the_call() -> None:
     assert [list(r["vector"]) for r in rows] == [[0.0] * 3, [1.0] * 3, [2.0] * 3]
     assert [r["tags"] for r in rows] == [["t0"], ["t0", "t1"], ["t0", "t1", "t2"]]
     assert [r["meta"]["seen"] for r in rows] == [[0], [0, 1], [0, 1, 2]]
+
+
+@pytest.mark.parametrize(("options", "named"), [
+    ({"keys": "path"}, "'path'"), ({"keys": [("t", "path")]}, "[('t', 'path')]"),
+    ({"keys": {"../t": "path"}}, "'../t'"), ({"replay": {"h": 5}}, "replay hook")])
+def test_an_app_built_wrong_says_what_in_one_line(options: dict[str, object],
+                                                  named: str) -> None:
+    from jobspool.errors import AppError
+
+    with pytest.raises(AppError) as caught:
+        App(handlers={"h": lambda job, ctx: None}, **options)  # type: ignore[arg-type]
+    assert named in str(caught.value) and "\n" not in str(caught.value)

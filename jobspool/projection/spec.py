@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from jobspool.errors import ConfigError
+from jobspool.projection.handler import TABLE_NAME_RE
 from jobspool.projection.objectstore import is_object_store, scheme_of
 from jobspool.projection.schema import check_key_name
 
@@ -21,8 +22,9 @@ def check_projection(spec: Any, keys: Mapping[str, str] | None = None) -> None:
     `ProjectionStore` or a LanceDB connection; an object-storage URI without a bucket;
     a local path that is a file; a key column that cannot name one."""
     for table, key in (keys or {}).items():
-        if not isinstance(table, str) or not table:
-            raise ConfigError(f"projection keys: table name {table!r} must be a non-empty string")
+        if not isinstance(table, str) or not TABLE_NAME_RE.fullmatch(table):
+            raise ConfigError(f"projection keys: table name {table!r} must be letters, digits, "
+                              "'_', '-' or '.' (not starting with '.' or '-')")
         try:
             check_key_name(key)
         except ValueError as exc:
