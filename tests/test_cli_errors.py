@@ -397,3 +397,16 @@ def test_a_command_run_with_stdout_and_stderr_closed_does_its_work(tmp_path: Pat
 
     with make_spool(root) as spool:
         assert spool.get("j1").kind == "k"
+
+
+def test_an_empty_projection_is_bad_input(tmp_path: Path) -> None:
+    """`--projection ""` fell back to the default projection without a word."""
+    from tests.cli_harness import run_cli
+
+    root = tmp_path / "spool"
+    assert run_cli("init", root=root).code == 0
+    for args in (("maintain",), ("health",),
+                 ("run-until-idle", "--app", "tests.apps.simple:app")):
+        got = run_cli(*args, "--projection", "", root=root)
+        assert got.code == 1, (args, got)
+        assert "--projection" in got.err and "empty" in got.err

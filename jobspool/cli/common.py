@@ -54,6 +54,14 @@ _positive_int = _number(int, "an integer", strictly_positive=True)
 _nonneg_int = _number(int, "an integer", strictly_positive=False)
 
 
+def _projection_arg(text: str) -> str:
+    """`--projection`: a URI or directory, never empty (an empty one fell back to the
+    default projection without a word, where `App(projection="")` is refused)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty (give a LanceDB URI or directory)")
+    return text
+
+
 def _port(text: str) -> int:
     value = int(_nonneg_int(text))
     if value > 65535:

@@ -12,6 +12,7 @@ from jobspool.cli.common import (
     _port,
     _positive_float,
     _positive_int,
+    _projection_arg,
     _state_names,
     _version,
 )
@@ -106,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
         c.add_argument("--lease-seconds", type=_positive_float, metavar="SECONDS",
                        help="lease length in seconds, renewed every third of it while a "
                        "handler runs (default: the spool's)")
-        c.add_argument("--projection", help="LanceDB URI for ctx.upsert/delete "
+        c.add_argument("--projection", type=_projection_arg,
+                       help="LanceDB URI for ctx.upsert/delete "
                        "(default: the app's, else <root>/index)")
         add_projection_option(c)  # object storage settings (jobspool/cli/objectstore.py)
         c.add_argument("--no-maintenance", action="store_true",
@@ -190,7 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("maintain", parents=[common, logging_opts],
                        help="compact and clean the projection tables")
-    c.add_argument("--projection", help="LanceDB URI (default: the app's, else <root>/index)")
+    c.add_argument("--projection", type=_projection_arg,
+                   help="LanceDB URI (default: the app's, else <root>/index)")
     add_projection_option(c)
     c.add_argument("--app", help="MODULE:ATTR (for its projection URI)")
     c.add_argument("--budget", type=_positive_float, default=60.0, metavar="SECONDS",
@@ -202,7 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("health", parents=[common], help="ok / degraded, with reasons")
     c.add_argument("--max-due-age", type=_positive_float, default=300.0, metavar="SECONDS",
                    help="degraded when a due job has waited longer than SECONDS (default: 300)")
-    c.add_argument("--projection", help="LanceDB URI whose maintenance state to check")
+    c.add_argument("--projection", type=_projection_arg,
+                   help="LanceDB URI whose maintenance state to check")
     c.add_argument("--lease-grace", type=_nonneg_float, default=0.0, metavar="SECONDS",
                    help="tolerate leases expired up to SECONDS ago before calling them "
                    "unreclaimed (default: 0)")
