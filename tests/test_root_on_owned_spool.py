@@ -56,15 +56,21 @@ def _warm(base: Path) -> None:
         assert code == 0, err
 
 
-def _forked(argv: list[str], *, as_nobody: bool) -> dict[str, Any]:
+def _forked(argv: list[str], *, as_nobody: bool,
+            code_dirs: list[str] | None = None) -> dict[str, Any]:
     """Run the CLI in a forked child (as `nobody` when asked and we are root): its exit code,
-    output, and the uid it ended as."""
+    output, and the uid it ended as. `code_dirs`: where the child is to believe its Python
+    lives (the owner's access to it decides whether root may switch to the owner)."""
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never return into pytest
         code, out, err = 99, io.StringIO(), io.StringIO()
         try:
             os.close(read_fd)
+            if code_dirs is not None:
+                from jobspool.cli import owner
+
+                owner._code_dirs = lambda: code_dirs  # type: ignore[assignment]  # noqa: SLF001
             if as_nobody and AS_ROOT:
                 os.setgroups([])
                 os.setgid(NOBODY.pw_gid)
@@ -110,10 +116,11 @@ def test_root_commands_on_a_users_spool_leave_every_file_to_that_user(base: Path
         assert _forked(["--root", str(root), "enqueue", "work", "{}", "--id", f"j{i}"],
                        as_nobody=True)["code"] == 0
     # The operator, as root: bulk cancel and requeue (retired files recycled, new ones
-    # written) and a new job.
+    # written) and a new job; with a Python the owner may read (a system install: no
+    # directory of it is out of the owner's reach).
     for argv in (["cancel", "--state", "ready"], ["requeue", "--state", "canceled"],
                  ["enqueue", "work", "{}", "--id", "by-root"]):
-        done = _forked(["--root", str(root), *argv], as_nobody=False)
+        done = _forked(["--root", str(root), *argv], as_nobody=False, code_dirs=[])
         assert done["code"] == 0, done
         assert done["uid"] == (NOBODY.pw_uid if AS_ROOT else os.geteuid())
     assert _owners(root) == {NOBODY.pw_uid if AS_ROOT else os.geteuid()}
@@ -143,3 +150,32 @@ def test_a_recycled_file_the_user_cannot_open_is_skipped_not_fatal(base: Path) -
     assert orjson.loads(ran["out"])["completed"] == 3
     with make_spool(root) as spool:
         assert {j.state for j in spool.jobs()} == {JobState.COMPLETED}
+
+
+def test_root_is_refused_in_one_line_when_the_owner_cannot_read_this_python(
+        base: Path) -> None:
+    """Switching to an owner who cannot read the interpreter (one under root's private home,
+    `/root/.pyenv`) made the command die at its next import with a traceback; it is
+    refused before anything is written. Commands that only read stay root and work."""
+    root = _users_dir(base / "spool")
+    assert _forked(["--root", str(root), "init"], as_nobody=True)["code"] == 0
+    assert _forked(["--root", str(root), "enqueue", "work", "{}", "--id", "j1"],
+                   as_nobody=True)["code"] == 0
+    private = base / "private-python"
+    private.mkdir(mode=0o700)
+    before = _owners(root)
+    done = _forked(["--root", str(root), "cancel", "j1"], as_nobody=False,
+                   code_dirs=[str(private)])
+    if AS_ROOT:
+        assert done["code"] == 2, done
+        assert done["err"].count("\n") == 1 and "run this command as nobody" in done["err"]
+        assert "Traceback" not in done["err"]
+        assert _owners(root) == before
+        with make_spool(root) as spool:
+            assert spool.get("j1").state is JobState.READY  # nothing was done
+    else:
+        assert done["code"] == 0  # no root to switch from: the owner's own command
+    listed = _forked(["--root", str(root), "list", "--json"], as_nobody=False,
+                     code_dirs=[str(private)])
+    assert listed["code"] == 0, listed
+    assert [j["id"] for j in orjson.loads(listed["out"])] == ["j1"]

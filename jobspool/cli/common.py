@@ -101,7 +101,7 @@ def _open(args: argparse.Namespace, *, create: bool = False, **kwargs: Any) -> A
     from jobspool.queue.spool import Spool
 
     root = _root_spec(args)
-    if isinstance(root, Path):
+    if isinstance(root, Path) and not kwargs.get("read_only"):
         from jobspool.cli.owner import act_as_owner
 
         act_as_owner(root)

@@ -89,7 +89,7 @@ def _need_web_extra() -> None:
 def _open_spool(root: Path | str, read_only: bool) -> Any:
     from jobspool.queue.spool import Spool
 
-    if isinstance(root, Path):
+    if isinstance(root, Path) and not read_only:
         from jobspool.cli.owner import act_as_owner
 
         act_as_owner(root)
