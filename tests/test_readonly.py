@@ -13,9 +13,7 @@ explicitly (new spools are private to their owner).
 
 from __future__ import annotations
 
-import io
 import os
-import pwd
 import shutil
 import stat
 import tempfile
@@ -29,6 +27,7 @@ import pytest
 from jobspool import JobState
 from jobspool.errors import SpoolError
 from tests.cli_harness import run_cli
+from tests.forked_cli import forked_cli
 from tests.spools import make_spool
 
 READ_COMMANDS = (
@@ -97,36 +96,7 @@ def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
 
 def _as_reader(argv: list[str]) -> dict[str, Any]:
     """Run the CLI in a forked child that cannot write the spool; its exit code and output."""
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never return into pytest
-        code = 99
-        out, err = io.StringIO(), io.StringIO()
-        try:
-            os.close(read_fd)
-            if os.geteuid() == 0:
-                nobody = pwd.getpwnam("nobody")
-                os.setgroups([])
-                os.setgid(nobody.pw_gid)
-                os.setuid(nobody.pw_uid)
-            code, printed, complained = run_cli(*argv)
-            out.write(printed)
-            err.write(complained)
-        except BaseException as exc:  # report, do not hang the parent
-            err.write(f"child raised {exc!r}")
-        finally:
-            os.write(write_fd, orjson.dumps({"code": code, "out": out.getvalue(),
-                                             "err": err.getvalue()}))
-            os._exit(0)
-    os.close(write_fd)
-    chunks = []
-    while chunk := os.read(read_fd, 1 << 16):
-        chunks.append(chunk)
-    os.close(read_fd)
-    os.waitpid(pid, 0)
-    doc = orjson.loads(b"".join(chunks))
-    assert isinstance(doc, dict)
-    return doc
+    return forked_cli(argv, as_nobody=True)
 
 
 def _as_owner(argv: list[str]) -> dict[str, Any]:

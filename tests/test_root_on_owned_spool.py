@@ -14,7 +14,6 @@ test, so the owner-side half runs alone.
 
 from __future__ import annotations
 
-import io
 import os
 import pwd
 import shutil
@@ -28,6 +27,7 @@ import pytest
 
 from jobspool import JobState
 from tests.cli_harness import run_cli
+from tests.forked_cli import forked_cli
 from tests.spools import make_spool
 
 AS_ROOT = os.geteuid() == 0
@@ -58,41 +58,16 @@ def _warm(base: Path) -> None:
 
 def _forked(argv: list[str], *, as_nobody: bool,
             code_dirs: list[str] | None = None) -> dict[str, Any]:
-    """Run the CLI in a forked child (as `nobody` when asked and we are root): its exit code,
-    output, and the uid it ended as. `code_dirs`: where the child is to believe its Python
-    lives (the owner's access to it decides whether root may switch to the owner)."""
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never return into pytest
-        code, out, err = 99, io.StringIO(), io.StringIO()
-        try:
-            os.close(read_fd)
-            if code_dirs is not None:
-                from jobspool.cli import owner
+    """The CLI in a forked child (as `nobody` when asked and we are root). `code_dirs`:
+    where the child is to believe its Python lives (the owner's access to it decides
+    whether root may switch to the owner)."""
+    def believe() -> None:
+        from jobspool.cli import owner
 
-                owner._code_dirs = lambda: code_dirs  # type: ignore[assignment]  # noqa: SLF001
-            if as_nobody and AS_ROOT:
-                os.setgroups([])
-                os.setgid(NOBODY.pw_gid)
-                os.setuid(NOBODY.pw_uid)
-            code, printed, complained = run_cli(*argv)
-            out.write(printed)
-            err.write(complained)
-        except BaseException as exc:  # report, do not hang the parent
-            err.write(f"child raised {exc!r}")
-        finally:
-            os.write(write_fd, orjson.dumps({"code": code, "out": out.getvalue(),
-                                             "err": err.getvalue(), "uid": os.geteuid()}))
-            os._exit(0)
-    os.close(write_fd)
-    chunks = []
-    while chunk := os.read(read_fd, 1 << 16):
-        chunks.append(chunk)
-    os.close(read_fd)
-    os.waitpid(pid, 0)
-    doc = orjson.loads(b"".join(chunks))
-    assert isinstance(doc, dict)
-    return doc
+        owner._code_dirs = lambda: code_dirs  # type: ignore[assignment]  # noqa: SLF001
+
+    return forked_cli(argv, as_nobody=as_nobody,
+                      before=None if code_dirs is None else believe)
 
 
 def _users_dir(path: Path) -> Path:
