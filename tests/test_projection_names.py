@@ -84,3 +84,14 @@ def test_an_app_built_wrong_says_what_in_one_line(options: dict[str, object],
     with pytest.raises(AppError) as caught:
         App(handlers={"h": lambda job, ctx: None}, **options)  # type: ignore[arg-type]
     assert named in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_reading_a_projection_that_is_not_there_creates_nothing(tmp_path: Path) -> None:
+    """A reader with a mistyped path made an empty database there."""
+    from jobspool.projection import LanceProjection, ProjectionStore
+
+    where = tmp_path / "typo"
+    table = LanceProjection(where, "docs")
+    assert (table.get("a"), table.count(), table.raw) == (None, 0, None)
+    assert ProjectionStore(where).table_names() == []
+    assert not where.exists()

@@ -201,6 +201,7 @@ def test_an_error_opening_a_table_fails_its_jobs(store: ProjectionStore, monkeyp
     def broken(conn: Any, name: str) -> Any:
         raise RuntimeError("object store unreachable")
 
+    store.connection  # noqa: B018  # the database exists (a missing one has nothing to open)
     monkeypatch.setattr(lance_mod, "_open_table", broken)
     result = store.apply([make_upsert("j", "notes", {"id": "x"}, None, 1)])
     assert set(result.failed) == {"j"} and result.tables == {}

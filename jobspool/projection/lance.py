@@ -197,6 +197,8 @@ class ProjectionStore:
         """Return the LanceDB table `name`, or None when it does not exist yet."""
         with self._lock:
             tbl = self._tables.get(name)
+            if tbl is None and self._absent():
+                return None  # a read must not create the directory (a typo became one)
             if tbl is None:
                 tbl = _open_table(self.connection, name)
                 if tbl is not None:
@@ -225,8 +227,17 @@ class ProjectionStore:
         # cleanup removed; the next use opens the table afresh.
         self._tables.pop(name, None)
 
+    def _absent(self) -> bool:
+        """A local database whose directory does not exist (and no connection yet)."""
+        if self._conn is not None or self._uri is None:
+            return False
+        local = obj.local_path(self._uri)
+        return local is not None and "://" not in local and not os.path.exists(local)
+
     def table_names(self) -> list[str]:
         """The names of the tables in the database, sorted."""
+        if self._absent():
+            return []
         conn = self.connection
         names: list[str] = []
         token: str | None = None
