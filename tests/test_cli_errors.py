@@ -410,3 +410,18 @@ def test_an_empty_projection_is_bad_input(tmp_path: Path) -> None:
         got = run_cli(*args, "--projection", "", root=root)
         assert got.code == 1, (args, got)
         assert "--projection" in got.err and "empty" in got.err
+
+
+def test_init_refuses_an_absurd_max_job_bytes_and_list_a_zero_limit(tmp_path: Path) -> None:
+    """A 1 TB `--max-job-bytes` was accepted and saved; `list --limit 0` printed "no jobs"
+    for a spool holding jobs."""
+    from tests.cli_harness import run_cli
+
+    root = tmp_path / "spool"
+    got = run_cli("init", "--max-job-bytes", "999999999999", root=root)
+    assert got.code == 1 and "max_job_bytes" in got.err
+    assert not (root / "spool.json").exists()
+    assert run_cli("init", root=root).code == 0
+    assert run_cli("enqueue", "k", root=root).code == 0
+    got = run_cli("list", "--limit", "0", root=root)
+    assert got.code == 1 and "--limit" in got.err

@@ -152,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only jobs in this state (scheduled: delayed jobs not run yet, a part "
                    "of retryable)")
     c.add_argument("--kind", help="only jobs of this kind")
-    c.add_argument("--limit", type=_nonneg_int, default=None, metavar="N",
+    c.add_argument("--limit", type=_positive_int, default=None, metavar="N",
                    help="print at most N jobs (default: all)")
     c.set_defaults(func=commands.cmd_list)
 

@@ -22,6 +22,7 @@ from jobspool.errors import InvalidJob, SpoolError, one_line
 from jobspool.pg.schema import SCHEMA_VERSION, check, load_settings, migrate, schema_problem
 from jobspool.queue.job import MAX_JOB_BYTES, validate_int, validate_seconds
 from jobspool.queue.layout import SpoolSettings
+from jobspool.queue.payload import MAX_JOB_BYTES_LIMIT
 
 if TYPE_CHECKING:
     import psycopg
@@ -163,7 +164,8 @@ def validated(s: dict[str, Any]) -> SpoolSettings:
                                                s["prepare_grace_seconds"]),
         keep_terminal_seconds=None if kts is None else validate_seconds(
             "keep_terminal_seconds", kts),
-        max_job_bytes=validate_int("max_job_bytes", s["max_job_bytes"], minimum=1024))
+        max_job_bytes=validate_int("max_job_bytes", s["max_job_bytes"], minimum=1024,
+                                   maximum=MAX_JOB_BYTES_LIMIT))
 
 
 def check_process_options(*, pool_size: object, reconnect_seconds: object, max_due: object,

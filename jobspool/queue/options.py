@@ -21,6 +21,7 @@ from typing import Any
 from jobspool.errors import InvalidJob
 from jobspool.queue.job import MAX_JOB_BYTES, validate_int, validate_seconds
 from jobspool.queue.layout import SpoolSettings
+from jobspool.queue.payload import MAX_JOB_BYTES_LIMIT
 
 
 class Unset:
@@ -84,7 +85,8 @@ def check_given(options: dict[str, Any]) -> None:
             validate_seconds(name, options[name], positive=name == "lease_seconds")
     for name, low in (("max_attempts", 1), ("keep_terminal", 0), ("max_job_bytes", 1024)):
         if given(options.get(name)):
-            validate_int(name, options[name], minimum=low)
+            validate_int(name, options[name], minimum=low,
+                         maximum=MAX_JOB_BYTES_LIMIT if name == "max_job_bytes" else None)
 
 
 def resolve_settings(options: dict[str, Any], stored: dict[str, Any], access: str

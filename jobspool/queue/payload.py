@@ -156,6 +156,9 @@ def validate_run_at(run_at: object, now: float) -> float:
     return value
 
 
+# A job file is read whole into memory by every reader, and its JSON parsed at once: a
+# setting of a terabyte was accepted and saved. 64 MiB is far past any job worth queuing.
+MAX_JOB_BYTES_LIMIT = 64 * 1024 * 1024
 MAX_RUN_AT = 253402300799.0  # 9999-12-31T23:59:59Z
 MAX_RUN_AT_PAST = 7 * 86400.0
 
@@ -164,11 +167,14 @@ MAX_RUN_AT_PAST = 7 * 86400.0
 # (re-exported by job.py, where callers import them from)
 
 
-def validate_int(name: str, value: object, *, minimum: int | None = None) -> int:
+def validate_int(name: str, value: object, *, minimum: int | None = None,
+                 maximum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidJob(f"{name} must be an integer, got {value!r}", field=name)
     if minimum is not None and value < minimum:
         raise InvalidJob(f"{name} must be >= {minimum}, got {value!r}", field=name)
+    if maximum is not None and value > maximum:
+        raise InvalidJob(f"{name} must be <= {maximum}, got {value!r}", field=name)
     if not -(1 << 63) <= value < (1 << 63):
         # Stored as JSON for orjson and as bigint in PostgreSQL: both stop at 64 bits.
         raise InvalidJob(f"{name} must fit in a signed 64-bit integer, got {value!r}",
