@@ -315,6 +315,16 @@ def test_a_non_loopback_host_without_a_token_is_refused_in_one_line(tmp_path: Pa
     assert "'0.0.0.0'" in lines[0] and "--token" in lines[0]
 
 
+def test_a_host_that_does_not_resolve_is_bad_input_in_one_line(tmp_path: Path) -> None:
+    """It exited 2 with the resolver's code as "Unknown error -2"."""
+    make_spool(tmp_path / "spool").close()
+    done = run_jobspool("dashboard", "--host", "not a host", "--token", "abc", "--port", "0",
+                        root=tmp_path / "spool", timeout=60)
+    assert done.returncode == 1
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and "'not a host'" in lines[0] and "Unknown error" not in lines[0]
+
+
 def test_the_api_lists_a_page_as_json(spool: Spool) -> None:
     _dead(spool, "mail", 3)
     with _client(spool) as client:

@@ -106,6 +106,11 @@ def _listen(host: str, port: int) -> socket.socket:
     try:
         return socket.create_server((host.strip("[]"), port), family=family, backlog=64)
     except OSError as exc:
+        if isinstance(exc, socket.gaierror) or (exc.errno or 0) < 0:
+            # The name did not resolve (create_server rewraps getaddrinfo's negative EAI_*
+            # code in a plain OSError, printed as "Unknown error -2"): bad input, exit 1.
+            raise UsageError(f"--host {host!r} is not an address or a name this machine "
+                             "resolves") from None
         why = os.strerror(exc.errno) if exc.errno else str(exc)
         raise Refused(f"cannot listen on {host}:{port}: {why}") from None
 
