@@ -42,6 +42,7 @@ import errno
 import itertools
 import logging
 import os
+import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -224,6 +225,8 @@ class Store:
         use_syncfs = self.durable and (
             self.sync_mode == "syncfs" or (self.sync_mode == "auto" and len(changes) >= 8)
         )
+        self._check_real_dirs({ch.dst for ch in changes if ch.dst is not None}
+                              | {ch.src for ch in changes if ch.src is not None})
         staged: list[tuple[Change, str]] = []
         self._check_fork()
         fresh = 0
@@ -262,6 +265,21 @@ class Store:
                 self._retire(os.path.join(self.root, ch.src, ch.name))
         return dst_dirs
 
+    def _check_real_dirs(self, dirs: set[str]) -> None:
+        """Refuse to write while one of the spool's directories is a symlink (DESIGN §2): it
+        is checked at open, but one swapped in under an open spool took a long-lived
+        worker's or producer's job files outside the spool. An lstat per directory a batch
+        touches, before anything is written."""
+        for d in (TMP_DIR, POOL_DIR, *sorted(dirs)):
+            path = f"{self._root_s}/{d}"
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                continue  # named by the write that needs it (`_gone`, the OS error)
+            if stat.S_ISLNK(st.st_mode):
+                raise SpoolError(f"{path} is a symlink; the spool's directories must be real "
+                                 "directories inside it (nothing was written)", path=path)
+
     def prestage(self, datas: Sequence[bytes]) -> list[str]:
         """Write and flush new files *outside* the spool lock; `apply` publishes them later.
 
@@ -276,6 +294,7 @@ class Store:
         not publish.
         """
         self._check_fork()
+        self._check_real_dirs(set())
         try:
             liveness.mark_for(self.root, self.file_mode)
         except OSError as exc:
