@@ -38,6 +38,7 @@ def cmd_init(args: argparse.Namespace) -> int:
                               ("max_attempts", args.max_attempts),
                               ("keep_terminal", args.keep_terminal),
                               ("keep_terminal_seconds", args.keep_terminal_seconds),
+                              ("keep_dead", args.keep_dead),
                               ("max_job_bytes", args.max_job_bytes))
             if v is not None}
     if isinstance(root, str):  # a PostgreSQL URL: init creates (or migrates) the schema

@@ -52,8 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--max-attempts", type=_positive_int, metavar="N",
                    help="default attempts before a job is dead-lettered (default: 5)")
     c.add_argument("--keep-terminal", type=_nonneg_int, metavar="N",
-                   help="completed/dead/canceled jobs kept per state by retention "
+                   help="completed and canceled jobs kept per state by retention "
                    "(default: 1000)")
+    c.add_argument("--keep-dead", type=_nonneg_int, metavar="N",
+                   help="dead letters kept by retention, their own limit (default: "
+                   "--keep-terminal or 10000, whichever is larger)")
     c.add_argument("--keep-terminal-seconds", type=_nonneg_float, metavar="SECONDS",
                    help="retention also keeps every finished job younger than SECONDS, "
                    "beyond --keep-terminal (default: none, by count only)")

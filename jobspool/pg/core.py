@@ -39,6 +39,9 @@ class PgCore(Protocol):
     def keep_terminal(self) -> int: ...
 
     @property
+    def keep_dead(self) -> int: ...
+
+    @property
     def keep_terminal_seconds(self) -> float | None: ...
 
     @property

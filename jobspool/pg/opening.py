@@ -34,6 +34,7 @@ DEFAULTS: dict[str, Any] = {
     "lease_seconds": 60.0, "max_attempts": 5, "retry_base_seconds": 1.0,
     "retry_max_seconds": 300.0, "keep_terminal": 1000, "keep_terminal_seconds": None,
     "max_rescues": 10, "prepare_grace_seconds": 300.0, "max_job_bytes": MAX_JOB_BYTES,
+    "keep_dead": None,
 }
 
 
@@ -165,7 +166,9 @@ def validated(s: dict[str, Any]) -> SpoolSettings:
         keep_terminal_seconds=None if kts is None else validate_seconds(
             "keep_terminal_seconds", kts),
         max_job_bytes=validate_int("max_job_bytes", s["max_job_bytes"], minimum=1024,
-                                   maximum=MAX_JOB_BYTES_LIMIT))
+                                   maximum=MAX_JOB_BYTES_LIMIT),
+        keep_dead=None if s.get("keep_dead") is None else validate_int(
+            "keep_dead", s["keep_dead"], minimum=0))
 
 
 def check_process_options(*, pool_size: object, reconnect_seconds: object, max_due: object,

@@ -63,6 +63,7 @@ from jobspool.queue.job import (
     validate_owner,
     validate_seconds,
 )
+from jobspool.queue.layout import effective_keep_dead
 from jobspool.queue.producing import EnqueueForms
 from jobspool.queue.states import JobState, check_source
 
@@ -133,6 +134,7 @@ class PgSpool(EnqueueForms):
         self.retry_base_seconds, self.retry_max_seconds = (st.retry_base_seconds,
                                                            st.retry_max_seconds)
         self.keep_terminal, self.keep_terminal_seconds = st.keep_terminal, st.keep_terminal_seconds
+        self.keep_dead = effective_keep_dead(st)
         self.max_rescues, self.max_job_bytes = st.max_rescues, st.max_job_bytes
         self.prepare_grace_seconds = st.prepare_grace_seconds
         self.policy = machine.RetryPolicy(st.retry_base_seconds, st.retry_max_seconds)

@@ -64,6 +64,9 @@ class SpoolAPI(Protocol):
     def keep_terminal(self) -> int: ...
 
     @property
+    def keep_dead(self) -> int: ...
+
+    @property
     def prepare_grace_seconds(self) -> float: ...
 
     @property

@@ -35,7 +35,7 @@ from jobspool.queue.job import (
     report_unreadable,
     survivor_key,
 )
-from jobspool.queue.layout import Layout, SpoolSettings
+from jobspool.queue.layout import Layout, SpoolSettings, effective_keep_dead
 from jobspool.queue.lock import SpoolLock
 from jobspool.queue.options import ProcessOptions
 from jobspool.queue.perms import file_mode
@@ -138,6 +138,10 @@ class Journal:
     @property
     def keep_terminal_seconds(self) -> float | None:
         return self.settings.keep_terminal_seconds
+
+    @property
+    def keep_dead(self) -> int:
+        return effective_keep_dead(self.settings)
 
     @property
     def max_rescues(self) -> int | None:

@@ -85,6 +85,20 @@ class SpoolSettings:
     max_job_bytes: int = MAX_JOB_BYTES
     access: str = DEFAULT_ACCESS
     keep_terminal_seconds: float | None = None  # retention by age (None: by count only)
+    # Dead letters' own count (DESIGN §3): None keeps max(keep_terminal, DEFAULT_KEEP_DEAD).
+    keep_dead: int | None = None
+
+
+# Dead letters are evidence an operator may still need: by default a spool keeps at least
+# this many of them, however few completed jobs it keeps (Sidekiq's dead set keeps 10,000).
+DEFAULT_KEEP_DEAD = 10_000
+
+
+def effective_keep_dead(settings: SpoolSettings) -> int:
+    """How many dead letters retention keeps (see `SpoolSettings.keep_dead`)."""
+    if settings.keep_dead is not None:
+        return settings.keep_dead
+    return max(settings.keep_terminal, DEFAULT_KEEP_DEAD)
 
 
 @dataclass

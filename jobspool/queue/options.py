@@ -83,7 +83,8 @@ def check_given(options: dict[str, Any]) -> None:
                  "prepare_grace_seconds"):
         if given(options.get(name)):
             validate_seconds(name, options[name], positive=name == "lease_seconds")
-    for name, low in (("max_attempts", 1), ("keep_terminal", 0), ("max_job_bytes", 1024)):
+    for name, low in (("max_attempts", 1), ("keep_terminal", 0), ("max_job_bytes", 1024),
+                      ("keep_dead", 0)):
         if given(options.get(name)):
             validate_int(name, options[name], minimum=low,
                          maximum=MAX_JOB_BYTES_LIMIT if name == "max_job_bytes" else None)
@@ -104,6 +105,7 @@ def resolve_settings(options: dict[str, Any], stored: dict[str, Any], access: st
         return stored.get(name, default) if isinstance(value, Unset) else value
 
     kts = nullable("keep_terminal_seconds", None)
+    kd = nullable("keep_dead", None)
     rescues = nullable("max_rescues", 10)
     return SpoolSettings(
         lease_seconds=validate_seconds("lease_seconds", pick("lease_seconds", 60.0),
@@ -125,4 +127,5 @@ def resolve_settings(options: dict[str, Any], stored: dict[str, Any], access: st
         # the newest `keep_terminal`, so a result stays readable for a known time.
         keep_terminal_seconds=None if kts is None else validate_seconds(
             "keep_terminal_seconds", kts),
+        keep_dead=None if kd is None else validate_int("keep_dead", kd, minimum=0),
     )

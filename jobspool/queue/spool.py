@@ -45,7 +45,7 @@ from jobspool.queue.job import (
     validate_kind,
 )
 from jobspool.queue.journal import Journal
-from jobspool.queue.layout import SPOOL_FILE, open_layout
+from jobspool.queue.layout import SPOOL_FILE, effective_keep_dead, open_layout
 from jobspool.queue.leasing import Leasing
 from jobspool.queue.marks import read_marks, write_marks
 from jobspool.queue.options import (
@@ -120,6 +120,7 @@ class Spool(EnqueueForms):
         retry_max_seconds: float = DefaultFloat(300.0),
         keep_terminal: int = DefaultInt(1000),
         keep_terminal_seconds: float | None = UNSET,
+        keep_dead: int | None = UNSET,
         durable: bool = True,
         clock: Callable[[], float] = time.time,
         max_job_bytes: int = DefaultInt(MAX_JOB_BYTES),
@@ -138,7 +139,7 @@ class Spool(EnqueueForms):
         persisted = {"lease_seconds": lease_seconds, "max_attempts": max_attempts,
                      "retry_base_seconds": retry_base_seconds,
                      "retry_max_seconds": retry_max_seconds, "keep_terminal": keep_terminal,
-                     "keep_terminal_seconds": keep_terminal_seconds,
+                     "keep_terminal_seconds": keep_terminal_seconds, "keep_dead": keep_dead,
                      "max_job_bytes": max_job_bytes, "max_rescues": max_rescues,
                      "prepare_grace_seconds": prepare_grace_seconds}
         check_given(persisted)
@@ -170,6 +171,7 @@ class Spool(EnqueueForms):
         self.retry_max_seconds = settings.retry_max_seconds
         self.keep_terminal = settings.keep_terminal
         self.keep_terminal_seconds = settings.keep_terminal_seconds
+        self.keep_dead = effective_keep_dead(settings)
         self.max_rescues, self.max_job_bytes = settings.max_rescues, settings.max_job_bytes
         self.prepare_grace_seconds = settings.prepare_grace_seconds
         self.max_due, self.max_lag_seconds = max_due, max_lag_seconds

@@ -7,8 +7,9 @@ Either bound alone is the whole rule (`keep` alone: count only; `older_than`
 alone: age only, `keep` 0). Without either, the spool's retention applies:
 `keep_terminal` and `keep_terminal_seconds` (None: count only), so a result
 stays readable for at least `keep_terminal_seconds` however busy the spool
-is. Dead letters have their own limit,
-`keep_dead` (default: `keep`), because they are evidence an operator may
+is. Dead letters have their own limit (DESIGN §3): the spool's `keep_dead`
+(default: at least 10,000) under its retention, else `keep_dead` (default:
+`keep`) in an explicit prune, because they are evidence an operator may
 still need. Removing a job removes every readable file of it in every state
 directory, so a stale copy left by a crash can never bring it back; an
 unreadable copy is left for recovery to quarantine (never delete what could
@@ -91,6 +92,7 @@ def prune(spool: Journal, *, keep: int | None = None, older_than: float | None =
     """
     if keep is None and older_than is None:
         keep, older_than = spool.keep_terminal, spool.keep_terminal_seconds
+        keep_dead = spool.keep_dead if keep_dead is None else keep_dead
     keep = 0 if keep is None else validate_int("keep", keep, minimum=0)
     keep_dead = keep if keep_dead is None else validate_int("keep_dead", keep_dead, minimum=0)
     if older_than is not None:
@@ -127,8 +129,8 @@ def prune_if_over(spool: Journal) -> PruneReport | None:
 
     Three directory listings when nothing is over; None then.
     """
-    keep = spool.keep_terminal
-    over = tuple(s for s in TERMINAL_ORDER if len(os.listdir(spool.root / s.value)) > keep)
+    over = tuple(s for s in TERMINAL_ORDER if len(os.listdir(spool.root / s.value)) > (
+        spool.keep_dead if s is JobState.DEAD_LETTER else spool.keep_terminal))
     if not over:
         return None
     return prune(spool, states=over)
