@@ -95,3 +95,11 @@ def test_reading_a_projection_that_is_not_there_creates_nothing(tmp_path: Path) 
     assert (table.get("a"), table.count(), table.raw) == (None, 0, None)
     assert ProjectionStore(where).table_names() == []
     assert not where.exists()
+
+
+def test_a_numpy_float32_version_is_a_number_like_the_others() -> None:
+    """np.float32 was refused ("must be a number") while numpy ints and float64 passed."""
+    write = make_upsert("j1", "t", {"id": "a"}, np.float32(3.5), 1)
+    assert write.version == 3.5
+    with pytest.raises(ProjectionError):
+        make_upsert("j1", "t", {"id": "a"}, np.float32("nan"), 1)

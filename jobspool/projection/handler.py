@@ -110,6 +110,8 @@ def _check_common(job_id: object, table: object, version: object, fence: object)
         return float(fence)
     if isinstance(version, numbers.Integral) and not isinstance(version, bool):
         version = int(version)  # numpy's integers (a stat array's st_mtime_ns // 1000)
+    elif isinstance(version, numbers.Real) and not isinstance(version, bool | float):
+        version = float(version)  # numpy's float32 and the like (float64 is a float already)
     if isinstance(version, bool) or not isinstance(version, int | float):
         raise ProjectionError(
             f"field 'version' must be a number (an mtime, a revision), got {version!r}",
