@@ -103,3 +103,11 @@ def test_a_numpy_float32_version_is_a_number_like_the_others() -> None:
     assert write.version == 3.5
     with pytest.raises(ProjectionError):
         make_upsert("j1", "t", {"id": "a"}, np.float32("nan"), 1)
+
+
+def test_a_table_name_lancedb_refuses_is_a_projection_error() -> None:
+    from jobspool.projection import LanceProjection
+
+    with pytest.raises(ProjectionError) as caught:
+        LanceProjection("memory://", "é")
+    assert "'é'" in str(caught.value)

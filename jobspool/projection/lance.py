@@ -51,6 +51,7 @@ from jobspool.projection import objectstore as obj
 from jobspool.projection.handler import (
     HIDDEN_COLUMNS,
     LIVE_FILTER,
+    TABLE_NAME_RE,
     PendingWrite,
     _one_line,
     live_filter,
@@ -393,6 +394,10 @@ class LanceProjection:
         key: str | None = None,
         storage_options: Mapping[str, str] | None = None,
     ) -> None:
+        if not isinstance(table, str) or not TABLE_NAME_RE.fullmatch(table):
+            # LanceDB's own refusal came out as a raw ValueError from deep in a read.
+            raise ProjectionError(f"table name {table!r} must match "
+                                  "[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", table=str(table))
         if isinstance(uri, ProjectionStore):
             self._store = uri
         else:
