@@ -124,3 +124,23 @@ def test_a_database_that_refuses_is_not_waited_for(pg_url: str) -> None:
         make_spool(bad)
     assert not isinstance(caught.value, StoreUnavailable)
     assert "no_such_database_here" in str(caught.value)
+
+
+def test_worker_gives_up_at_start_after_wait_for_store(tmp_path: Path) -> None:
+    """A URL that names no server (a typo) is not waited for for ever: past --wait-for-store,
+    exit 2 with one line."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = start_jobspool("worker", "--app", APP, "--wait-for-store", "1",
+                          root=f"postgresql://postgres@127.0.0.1:{port}/postgres")
+    try:
+        _, err = proc.communicate(timeout=GUARD)
+    finally:
+        reap(proc)
+    lines = [line for line in err.decode(errors="replace").splitlines()
+             if line.startswith("jobspool: error:")]
+    assert proc.returncode == 2
+    assert len(lines) == 1 and "cannot connect" in lines[0]

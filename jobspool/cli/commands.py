@@ -201,7 +201,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         return cmd_worker_pool(args)
     from jobspool.queue.worker import WorkerCrashed
 
-    with _open_waiting(args, create=args.create) as spool:
+    with _open_waiting(args, create=args.create, patience=args.wait_for_store) as spool:
         worker = _make_worker(args, spool)
         worker.grace_seconds = args.grace
         from jobspool.queue.poolchild import attach_child, report_to_supervisor

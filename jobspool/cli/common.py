@@ -108,30 +108,35 @@ def _open(args: argparse.Namespace, *, create: bool = False, **kwargs: Any) -> A
     return Spool(root, create=create, **kwargs)
 
 
-def _open_waiting(args: argparse.Namespace, *, create: bool = False) -> Any:
-    """`_open` for a long-running service (`worker`): a store that cannot be reached yet
-    (a database still starting, down, failing over) is waited for, as an outage of a
-    running worker is (supervisor.py), instead of exiting at once; a signal ends the wait.
-    A store that refuses (a wrong password, no such database) is an error at once."""
+# How long `worker` waits at start for a store it cannot reach before it exits 2: a
+# database still starting (or failing over) is waited for; a URL that names no server
+# (a typo) is not waited for for ever. A running worker's outage is waited out however
+# long it lasts (supervisor.py): its store answered once.
+START_PATIENCE_SECONDS = 30.0
+
+
+def _open_waiting(args: argparse.Namespace, *, create: bool = False,
+                  patience: float = START_PATIENCE_SECONDS) -> Any:
+    """`_open` for a long-running service (`worker`): a store that cannot be reached yet is
+    waited for up to `patience` seconds, backing off, instead of exiting at once (a
+    signal ends the wait); past that, the last error (exit 2). A store that refuses (a
+    wrong password, no such database) is an error at once."""
     from jobspool.errors import StoreUnavailable
-    from jobspool.queue.supervisor import OUTAGE_LOG_SECONDS
 
     log = logging.getLogger("jobspool.queue.worker")
-    since = logged = 0.0
+    deadline = time.monotonic() + patience
     delay = 0.5
     while True:
         try:
             return _open(args, create=create)
         except StoreUnavailable as exc:
-            now = time.monotonic()
-            if not since:
-                since = logged = now
-                log.warning("store unavailable (%s); waiting for it", exc)
-            elif now - logged >= OUTAGE_LOG_SECONDS:
-                logged = now
-                log.warning("store still unavailable after %.0f s (%s); waiting for it",
-                            now - since, exc)
-        time.sleep(delay)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise
+            if delay == 0.5:
+                log.warning("store unavailable (%s); waiting up to %.0f s for it", exc,
+                            patience)
+        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
         delay = min(5.0, delay * 2)
 
 

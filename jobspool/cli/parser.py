@@ -133,6 +133,11 @@ def build_parser() -> argparse.ArgumentParser:
             c.add_argument("--poll", type=_positive_float, default=0.5, metavar="SECONDS",
                            help="safety poll of an idle worker: claim again at least every "
                            "SECONDS even when no arrival woke it (default: 0.5)")
+            c.add_argument("--wait-for-store", type=_nonneg_float, default=30.0,
+                           metavar="SECONDS",
+                           help="at start, wait up to SECONDS for a database that cannot be "
+                           "reached yet, then exit 2 (default: 30; an outage once running "
+                           "is waited out however long it lasts)")
             c.add_argument("--metrics-port", type=_port,
                            help="serve Prometheus metrics on 127.0.0.1:PORT")
             c.add_argument("--metrics-host", default="127.0.0.1", metavar="ADDRESS",

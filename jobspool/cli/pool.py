@@ -13,7 +13,7 @@ def _child_options(args: argparse.Namespace) -> list[str]:
     """The worker options every child gets: the parent's, minus what only the parent does."""
     opts = ["--concurrency", str(args.concurrency), "--batch-size", str(args.batch_size),
             "--grace", repr(args.grace), "--poll", repr(args.poll), "--log-level", args.log_level,
-            "--log-format", args.log_format]
+            "--log-format", args.log_format, "--wait-for-store", repr(args.wait_for_store)]
     if args.kinds:
         opts += ["--kinds", args.kinds]
     if args.lease_seconds is not None:
@@ -33,7 +33,8 @@ def cmd_worker_pool(args: argparse.Namespace) -> int:
     if getattr(args, "metrics_port", None) is not None:
         raise UsageError("--metrics-port is not supported with --processes yet; "
                          "run `jobspool stats --prometheus` for the spool's metrics")
-    with _open_waiting(args, create=getattr(args, "create", True)) as spool:
+    with _open_waiting(args, create=getattr(args, "create", True),
+                       patience=args.wait_for_store) as spool:
         # Load the app here first: a bad --app, policy or kind is one line at start-up,
         # not N children failing in a restart loop.
         worker = _make_worker(args, spool)
