@@ -316,3 +316,17 @@ def test_the_deepest_payload_refused_is_refused_with_its_path_and_one_less_is_st
         with pytest.raises(InvalidJob) as caught:
             spool.enqueue("k", nest(MAX_JSON_DEPTH + 1))
         assert "nested deeper than" in str(caught.value) and "[0][0]" in str(caught.value)
+
+
+def test_a_str_subclass_key_is_refused_naming_where(tmp_path: Path) -> None:
+    """orjson refuses a str subclass as a key with its bare "Dict key must be str"."""
+    from jobspool.errors import InvalidJob
+
+    class Name(str):
+        pass
+
+    with make_spool(tmp_path / "s") as spool:
+        spool.enqueue("k", Name("a str subclass value is fine"))
+        with pytest.raises(InvalidJob) as caught:
+            spool.enqueue("k", {"outer": {Name("k"): 1}})
+    assert "outer" in str(caught.value) and "str(key)" in str(caught.value)

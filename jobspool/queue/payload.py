@@ -107,6 +107,10 @@ def _check(value: object, path: list[object]) -> None:
             if not isinstance(key, str):
                 raise _NotJson(path, f"an object with a non-string key {key!r}, which JSON "
                                      "cannot carry")
+            if type(key) is not str:  # a str subclass as a value is fine; orjson refuses keys
+                raise _NotJson(path, f"an object with a key of type {type(key).__name__} (a "
+                                     f"str subclass), which JSON cannot carry as a key "
+                                     f"(use str(key))")
             path.append(key)
             _check(key, path)
             _check(item, path)
