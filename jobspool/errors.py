@@ -62,9 +62,10 @@ class JobNotFound(JobspoolError):
 class DuplicateJob(JobspoolError):
     """Raised when enqueue finds the job id taken and its `on_conflict` policy refuses it."""
 
-    def __init__(self, job_id: str, state: str, reason: str = "") -> None:
-        super().__init__(f"job {job_id!r} already exists (state {state!r})"
-                         + (f": {reason}" if reason else ""))
+    def __init__(self, job_id: str, state: str | None, reason: str = "") -> None:
+        # `state` None: the id is not in the spool, but given twice in one batch.
+        where = f"already exists (state {state!r})" if state is not None else "is given twice"
+        super().__init__(f"job {job_id!r} {where}" + (f": {reason}" if reason else ""))
         self.job_id = job_id
         self.state = state
 

@@ -180,9 +180,9 @@ def _one_job_per_id(fresh: list[Job], policy: str) -> None:
         if job.id not in first:
             first[job.id] = i
         elif policy == "error":
-            # As the second of two enqueues would: the id is taken (by the first).
-            raise DuplicateJob(job.id, fresh[first[job.id]].state.value,
-                               "given twice in one batch; on_conflict='error' refuses the "
+            # As the second of two enqueues would be, but the id is not in the spool: no
+            # state to name (it named the state the first would have had).
+            raise DuplicateJob(job.id, None, "in one batch; on_conflict='error' refuses the "
                                "whole batch")
         elif policy == "replace":
             fresh[first[job.id]] = job
