@@ -425,3 +425,25 @@ def test_init_refuses_an_absurd_max_job_bytes_and_list_a_zero_limit(tmp_path: Pa
     assert run_cli("enqueue", "k", root=root).code == 0
     got = run_cli("list", "--limit", "0", root=root)
     assert got.code == 1 and "--limit" in got.err
+
+
+def test_a_raw_disk_full_error_gets_the_usual_hint(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """`recover` on a full disk printed only "No space left on device", unlike every other
+    write failure, which says to free space and run recover."""
+    import errno
+
+    from jobspool.queue.spool import Spool
+    from tests.cli_harness import run_cli
+
+    root = tmp_path / "spool"
+    assert run_cli("init", root=root).code == 0
+
+    def full(self, *args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(root / "quarantine"))
+
+    monkeypatch.setattr(Spool, "recover", full)
+    got = run_cli("recover", root=root)
+    assert got.code == 2
+    assert got.err.count("\n") == 1
+    assert "No space left on device" in got.err and "free space" in got.err

@@ -115,8 +115,13 @@ def _main(argv: Sequence[str] | None) -> int:
     except ValueError as exc:
         return _fail(str(exc), EXIT_USAGE, as_json)
     except OSError as exc:
+        from jobspool.queue.store import os_hint
+
         where = f": {exc.filename}" if exc.filename else ""
-        return _fail(f"{exc.strerror or exc}{where}", EXIT_UNHEALTHY, as_json)
+        hint = os_hint(exc.errno)
+        # The hint every other write failure gives (a full disk: free space, then recover).
+        return _fail(f"{exc.strerror or exc}{where}" + (f"; {hint}" if hint else ""),
+                     EXIT_UNHEALTHY, as_json)
     except KeyboardInterrupt as exc:
         # One line, not a silent exit: changes already made stand, each one whole.
         term = isinstance(exc, _Terminated)

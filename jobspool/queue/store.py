@@ -469,6 +469,11 @@ _HINTS = {
 }
 
 
+def os_hint(errno_: int | None) -> str | None:
+    """What to do about an OS error writing a spool (ENOSPC: free space...), if known."""
+    return _HINTS.get(errno_ or 0)
+
+
 def write_failed(exc: OSError, root: Path, landed: frozenset[str] = frozenset()) -> WriteFailed:
     """A one-line `WriteFailed` for an OSError met while writing the spool at `root`."""
     where = exc.filename or root
