@@ -31,6 +31,8 @@ tripped it.
 |                         | its loop runs: the worker is stuck, or died without cleanup)   |
 | `projection_not_found`  | `projection=` names a local directory that does not exist (a   |
 |                         | typo would otherwise read as "nothing to report")              |
+| `state_dir_not_writable`| a directory of the spool is not writable by its owner (asked   |
+|                         | by the owner: a mode changed by hand)                          |
 
 Cost: one listing of every state directory (`Spool.stats`), plus one
 lock-free read of every job file to find unreadable ones (as `stats
@@ -252,6 +254,14 @@ def check_health(
             f"kind? (a file placed by hand is noticed by workers within seconds)",
             len(waiting)))
 
+    locked = _unwritable_dirs(spool)
+    if locked:
+        reasons.append(Reason(
+            "state_dir_not_writable",
+            f"{_plural(len(locked), 'directory')} of the spool its owner may not write "
+            f"({', '.join(locked)}): workers fail every change there; restore the mode "
+            f"(`chmod u+w`)", len(locked)))
+
     local, local_figures = host_reasons(
         spool, now=now, projection=projection, maintenance_cadence=maintenance_cadence,
         max_maintenance_failures=max_maintenance_failures, min_free_bytes=min_free_bytes,
@@ -323,6 +333,25 @@ def host_reasons(spool: Any, *, now: float, projection: str | os.PathLike[str] |
                                             max_maintenance_failures))
     return reasons, {"projection": uri, "stale_workers": len(stale_workers),
                      **_disk_figures(spool)}
+
+
+def _unwritable_dirs(spool: Spool) -> list[str]:
+    """The spool's directories its owner may not write, when the owner is asking (a reader
+    of a read-only spool is not told about its own access: that is how it should be). A
+    state directory made read-only by hand made every worker fail its loop while `health`
+    said ok."""
+    from jobspool.queue.states import ALL_STATES
+
+    out = []
+    for name in (*(s.value for s in ALL_STATES), "tmp"):
+        path = Path(spool.root) / name
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        if st.st_uid == os.geteuid() and not os.access(path, os.W_OK | os.X_OK):
+            out.append(f"{name}/")
+    return out
 
 
 def _local_dir_exists(uri: str) -> bool:
