@@ -111,3 +111,18 @@ def test_a_table_name_lancedb_refuses_is_a_projection_error() -> None:
     with pytest.raises(ProjectionError) as caught:
         LanceProjection("memory://", "é")
     assert "'é'" in str(caught.value)
+
+
+def test_a_decimal_column_takes_larger_values_of_its_scale(tmp_path: Path) -> None:
+    """Decimal("1.10") first made decimal128(3, 2): 10.50 and 123.45 were refused for good."""
+    from decimal import Decimal
+
+    from jobspool.projection import ProjectionStore
+
+    store = ProjectionStore(tmp_path / "db")
+    assert store.apply([make_upsert("j1", "prices", {"id": "a", "price": Decimal("1.10")},
+                                    None, 1)]).ok
+    later = store.apply([make_upsert("j2", "prices", {"id": "b", "price": Decimal("123.45")},
+                                     None, 2)])
+    assert later.ok, later
+    assert store.table("prices").get("b")["price"] == Decimal("123.45")  # type: ignore[index]

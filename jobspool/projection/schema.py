@@ -153,7 +153,8 @@ def infer_schema(rows: Sequence[dict[str, Any]], key: str) -> pa.Schema:
     with mixed types takes the type of its first value; rows that disagree
     then fail their own job. Lists of numbers in a column whose name contains
     `vector` or `embedding` become fixed-size float32 lists of the most common
-    length, as LanceDB does, so vector search works.
+    length, as LanceDB does, so vector search works. A `Decimal` column takes the
+    scale of its first values and the widest precision (38 digits).
     """
     names: dict[str, None] = {key: None}
     for row in rows:
@@ -197,6 +198,10 @@ def infer_schema(rows: Sequence[dict[str, Any]], key: str) -> pa.Schema:
             if lengths:
                 dim = max(lengths, key=lambda n: lengths[n])
                 typ = pa.list_(pa.float32(), dim)
+        if pa.types.is_decimal128(typ):
+            # Arrow takes the first values' precision: Decimal("1.10") made decimal128(3, 2),
+            # refusing 10.50 for good. The widest precision, their scale.
+            typ = pa.decimal128(38, typ.scale)
         fields.append(pa.field(name, typ, nullable=True))
     return pa.schema(fields)
 
