@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import os
 import stat
-import sys
 from pathlib import Path
 
 from jobspool.errors import SpoolError
@@ -76,7 +75,7 @@ def _code_dirs() -> list[str]:
     dynload = os.path.join(os.path.dirname(os.__file__), "lib-dynload")
     if os.path.isdir(dynload):
         dirs.append(dynload)
-    return [d for d in dict.fromkeys(dirs) if d and d != sys.prefix + "/"]
+    return [d for d in dict.fromkeys(dirs) if d]
 
 
 def _reachable(path: str, uid: int, gids: set[int]) -> bool:

@@ -206,7 +206,7 @@ class Journal:
         """`<state>/<id>.json` when a file of this id exists though `locate` found no
         readable copy (no permission, garbage): the id is not free, nor the job missing."""
         for state in ALL_STATES:
-            if os.path.lexists(self.root / state.value / (job_id + JOB_SUFFIX)):
+            if self.store.present(state.value, job_id + JOB_SUFFIX):
                 return f"{state.value}/{job_id}{JOB_SUFFIX}"
         return None
 
