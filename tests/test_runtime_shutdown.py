@@ -161,7 +161,9 @@ def test_an_async_handler_blocking_the_loop_keeps_its_lease_and_is_named_in_the_
     assert "'hog'" in blocked[0] and "hog" in blocked[0] and job.id in blocked[0]
 
 
-def test_run_until_idle_inside_a_running_loop_names_arun_until_idle(spool: Spool) -> None:
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_run_until_idle_inside_a_running_loop_names_arun_until_idle(
+        spool: Spool, backend: str) -> None:
     worker = Worker(spool, {"t": lambda job, ctx: None}, maintenance=False)
     spool.enqueue("t")
 
@@ -171,7 +173,7 @@ def test_run_until_idle_inside_a_running_loop_names_arun_until_idle(spool: Spool
         assert isinstance(err.value, JobspoolError) and isinstance(err.value, RuntimeError)
         return await worker.arun_until_idle()
 
-    report = anyio.run(main)
+    report = anyio.run(main, backend=backend)
     assert report.completed == 1
 
 

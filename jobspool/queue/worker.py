@@ -22,6 +22,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -457,11 +458,24 @@ class Worker:
 
 
 def _in_event_loop() -> bool:
-    """Whether this thread is running an async event loop (asyncio or trio)."""
-    import sniffio
+    """Whether this thread is running an async event loop (asyncio or trio).
+
+    Asked of the loops themselves, not through `sniffio`: anyio no longer depends on it,
+    so a plain `pip install jobspool` has no sniffio and `run_until_idle` died importing
+    it. A trio run has imported trio already, so trio is looked for only when loaded.
+    """
+    import asyncio
 
     try:
-        sniffio.current_async_library()
-    except sniffio.AsyncLibraryNotFoundError:
+        asyncio.get_running_loop()
+        return True
+    except RuntimeError:
+        pass
+    trio = sys.modules.get("trio")
+    if trio is None:
+        return False
+    try:
+        trio.lowlevel.current_trio_token()
+    except RuntimeError:
         return False
     return True
