@@ -85,3 +85,18 @@ def test_maintain_refuses_a_missing_or_misplaced_projection_and_a_bad_table_name
     code, _out, _err = run_cli("health", root=root)
     assert code == 0  # nothing was recorded as failing
     assert sorted(p.name for p in (root / "completed").iterdir()) == []
+
+
+def test_keys_that_disagree_with_the_projection_stores_own_are_refused(tmp_path: Path) -> None:
+    from jobspool.projection.lance import ProjectionStore
+
+    store = ProjectionStore(str(tmp_path / "proj"), keys={"docs": "doc_id"})
+    with pytest.raises(AppError, match=r"keys\['docs'\] is 'id'.*'doc_id'"):
+        App(handlers={"k": _noop}, projection=store, keys={"docs": "id"})
+    spool = make_spool(tmp_path / "s")
+    with pytest.raises(ConfigError, match=r"keys\['docs'\] is 'url'.*'doc_id'"):
+        Worker(spool, {"k": _noop}, projection=store, keys={"docs": "url"})
+    # the same keys on both sides, or keys given to the store alone, are fine
+    App(handlers={"k": _noop}, projection=store, keys={"docs": "doc_id"})
+    Worker(spool, {"k": _noop}, projection=store)
+    spool.close()

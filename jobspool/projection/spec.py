@@ -29,6 +29,15 @@ def check_projection(spec: Any, keys: Mapping[str, str] | None = None) -> None:
             check_key_name(key)
         except ValueError as exc:
             raise ConfigError(f"projection keys[{table!r}]: {exc}") from None
+    key_of = getattr(spec, "key_of", None)
+    if callable(key_of):
+        # A ProjectionStore merges on its own keys; the worker's would be ignored silently,
+        # each side then keyed differently (rows duplicated under another column).
+        for table, key in (keys or {}).items():
+            if key_of(table) != key:
+                raise ConfigError(f"projection keys[{table!r}] is {key!r} but the "
+                                  f"ProjectionStore given keys that table on "
+                                  f"{key_of(table)!r}: give the keys to one of them")
     if spec is None or hasattr(spec, "open_table") or hasattr(spec, "apply"):
         return  # the default, a LanceDB connection, or a ProjectionStore
     if not isinstance(spec, str | os.PathLike):
