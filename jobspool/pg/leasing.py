@@ -23,7 +23,7 @@ from jobspool.errors import JobspoolError, JobTooLarge, LeaseLost
 from jobspool.pg import sql
 from jobspool.pg.rows import COLUMNS, dump, text, to_job
 from jobspool.queue import machine
-from jobspool.queue.job import Job, Lease, LeaseInfo, encode_completed, evolve, fill_in, fitted
+from jobspool.queue.job import Job, Lease, LeaseInfo, encode_completed, evolve, fill_in, fitted_anyway
 from jobspool.queue.states import JobState
 
 if TYPE_CHECKING:
@@ -190,14 +190,14 @@ def settle(spool: PgSpool, leases: Sequence[Lease], actions: Sequence[tuple[str,
                     except JobTooLarge as exc:
                         new, told = machine.result_refused(_as_holder(lease), lease, exc,
                                                            now=now, policy=spool.policy)
-                        new = fitted(new, max_bytes=spool.max_job_bytes)[0]
+                        new = fitted_anyway(new, max_bytes=spool.max_job_bytes)[0]
                         refused[lease.job_id] = told
             else:
                 new = machine.settle(_as_holder(lease), lease, action, arg, now=now,
                                      policy=spool.policy, rng=spool.rng)
                 if new.last_error or new.traceback:
                     # Cut to fit as the file spool cuts its file (DESIGN §9, sizes).
-                    new = fitted(new, max_bytes=spool.max_job_bytes)[0]
+                    new = fitted_anyway(new, max_bytes=spool.max_job_bytes)[0]
         except LeaseLost as exc:
             out.append(exc)
             continue

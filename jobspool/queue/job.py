@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import re
+import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
@@ -314,28 +315,43 @@ def encode_admitted(job: Job, *, max_bytes: int) -> bytes:
 
 def encode_completed(job: Job, *, max_bytes: int) -> bytes:
     """A completed job's file: `JobTooLarge` when its result does not fit, `InvalidJob`
-    naming the result when it is not JSON (the only new data a completion brings)."""
+    naming the result when it is not JSON (the only new data a completion brings).
+
+    A job admitted under a looser limit (an older `max_job_bytes`, a migrated spool) is
+    over the limit before any result: it gets the room a new job keeps for its
+    transitions on top of its own size, instead of having every result refused."""
     try:
         return encode_job(job, max_bytes=max_bytes)
-    except JobTooLarge:
-        raise
+    except JobTooLarge as exc:
+        base = len(encode_job(replace(job, result=None), max_bytes=sys.maxsize))
+        if base <= admission_limit(max_bytes) or exc.size > base + transition_reserve(max_bytes):
+            raise
+        return encode_job(job, max_bytes=exc.size)
     except InvalidJob as exc:
         raise InvalidJob(f"result of job {job.id!r} is not JSON-serializable: "
                          f"{exc.message.rpartition(': ')[2]}", field="result") from None
 
 
-def encode_fitting(job: Job, *, max_bytes: int) -> bytes:
-    """Encode a job, cutting its stored error and traceback until the file fits `max_bytes`.
-
-    Raises `JobTooLarge` only when the job is too large without any of that text (a
-    result that does not fit, or a job admitted under an older, looser rule).
-    """
-    return fitted(job, max_bytes=max_bytes)[1]
+def fitted_anyway(job: Job, *, max_bytes: int) -> tuple[Job, bytes]:
+    """`fitted` for a transition the spool itself makes (claim, fail, release, reclaim...):
+    never refused for its size. Only a job admitted under an older, looser rule can still
+    be over once its texts are cut: it is written whole (logged), because refusing would
+    wedge it, leased, and run it again at every expiry."""
+    try:
+        return fitted(job, max_bytes=max_bytes)
+    except JobTooLarge as exc:
+        _log.warning("job %s is %d bytes serialized, over max_job_bytes=%d; written anyway "
+                     "so that it can move on", job.id, exc.size, max_bytes,
+                     extra={"job_id": job.id})
+        return job, encode_job(job, max_bytes=sys.maxsize)
 
 
 def fitted(job: Job, *, max_bytes: int) -> tuple[Job, bytes]:
-    """`encode_fitting`, with the job as cut (a store keeping columns, not files, writes
-    that job: the same texts a file spool would keep)."""
+    """Encode a job, cutting its stored error and traceback until it fits `max_bytes`;
+    the job as cut comes back too (a store keeping columns, not files, writes that job:
+    the same texts a file spool would keep). Raises `JobTooLarge` only when the job is
+    too large without any of that text (a result that does not fit, or a job admitted
+    under an older, looser rule)."""
     try:
         return job, encode_job(job, max_bytes=max_bytes)
     except JobTooLarge as exc:

@@ -16,11 +16,10 @@ import contextlib
 import logging
 import os
 import random
-import sys
 import threading
 from collections.abc import Callable, Iterable, Sequence
 
-from jobspool.errors import JobNotFound, JobspoolError, JobTooLarge, SpoolError
+from jobspool.errors import JobNotFound, JobspoolError, SpoolError
 from jobspool.queue import interrupts, machine
 from jobspool.queue.fence import FENCE_FILE, FenceCounter, decode_fence, encode_fence
 from jobspool.queue.groupflush import GroupFlush
@@ -30,8 +29,7 @@ from jobspool.queue.job import (
     Job,
     admission_limit,
     decode_job,
-    encode_fitting,
-    encode_job,
+    fitted_anyway,
     report_unreadable,
     survivor_key,
 )
@@ -377,18 +375,12 @@ class Journal:
         """Encode the result of a transition the spool itself makes (claim, heartbeat, fail,
         release, cancel, requeue, reclaim, replay): never refused for its size.
 
-        Admission (`encode_admitted`) kept room for what these add and `encode_fitting`
+        Admission (`encode_admitted`) kept room for what these add and `fitted_anyway`
         cuts errors and tracebacks to the room left, so the file fits `max_job_bytes`.
         Only a job admitted under an older, looser rule can still be over: it is written
         anyway (logged), because refusing would wedge it — and every batch it is in.
         """
-        try:
-            return encode_fitting(job, max_bytes=self.max_job_bytes)
-        except JobTooLarge as exc:
-            log.warning("job %s is %d bytes serialized, over max_job_bytes=%d; written anyway "
-                        "so that it can move on", job.id, exc.size, self.max_job_bytes,
-                        extra={"job_id": job.id})
-            return encode_job(job, max_bytes=sys.maxsize)
+        return fitted_anyway(job, max_bytes=self.max_job_bytes)[1]
 
     @property
     def admission_bytes(self) -> int:
