@@ -2,32 +2,79 @@
 
 A Ctrl-C (KeyboardInterrupt, raised at any bytecode) or a SIGTERM in the middle of a
 store batch left a job in two directories or a staged temp file behind: nothing lost,
-but `fsck` failed until `recover` ran. While the calling thread is the main thread (the
-only one Python delivers signals to), both are blocked for the batch and arrive right
-after it, between two batches. Other threads need nothing: a signal never interrupts them.
+but `fsck` failed until `recover` ran. Python runs signal handlers in the main thread
+only, so a batch in any other thread is never interrupted. In the main thread, the
+handlers are swapped for one that only records the signal, for the batch; the signal is
+delivered to the handler it was meant for right after. Blocking the signals in the main
+thread (`pthread_sigmask`, as this did first) was not enough: the kernel hands a
+process-wide signal to any thread not blocking it, whose C handler still makes Python
+raise in the main thread at its next bytecode — any program with a second thread (a
+pool, a logging thread) had its batches cut in half by Ctrl-C.
+
+Nested sections defer to the outermost, which delivers. `deferred()` yields a probe
+saying whether a signal came meanwhile: a claim that took leases then gives them back
+before the KeyboardInterrupt leaves it, instead of leaving them to nobody until expiry.
 """
 
 from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from types import FrameType
 
-_DEFERRED = {signal.SIGINT, signal.SIGTERM}
+_DEFERRED = (signal.SIGINT, signal.SIGTERM)
 _MAIN = threading.main_thread()
+_caught: list[int] = []  # main thread only: signals held by the open section
+_depth = 0
+
+
+def _hold(signum: int, frame: FrameType | None) -> None:
+    _caught.append(signum)
+
+
+def _none() -> bool:
+    return False
+
+
+def _pending() -> bool:
+    return bool(_caught)
 
 
 @contextmanager
-def deferred() -> Iterator[None]:
+def deferred() -> Iterator[Callable[[], bool]]:
+    global _depth
     if threading.current_thread() is not _MAIN:
-        yield
+        yield _none
         return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _DEFERRED)
+    if _depth:
+        _depth += 1
+        try:
+            yield _pending
+        finally:
+            _depth -= 1
+        return
+    saved = []
+    for sig in _DEFERRED:
+        old = signal.getsignal(sig)
+        # A handler not installed from Python (None) cannot be put back; ignored is ignored.
+        if old is not None and old != signal.SIG_IGN:
+            saved.append((sig, old))
+    _caught.clear()
+    _depth = 1
     try:
-        yield
+        for sig, _ in saved:
+            signal.signal(sig, _hold)
+        yield _pending
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        _depth = 0
+        for sig, old in saved:
+            signal.signal(sig, old)
+        held = list(dict.fromkeys(_caught))
+        _caught.clear()
+        for signum in held:
+            signal.raise_signal(signum)
 
 
 __all__ = ["deferred", "stop_signals"]

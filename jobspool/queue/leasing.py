@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from jobspool.errors import JobspoolError, JobTooLarge, LeaseLost, WriteFailed
-from jobspool.queue import liveness, machine
+from jobspool.queue import interrupts, liveness, machine
 from jobspool.queue.job import (
     Job,
     Lease,
@@ -72,14 +72,31 @@ class Leasing:
             for k in kind_set:
                 validate_kind(k)
         who = self.owner if owner is None else validate_owner(owner)
-        with self.journal.lock.hold():
+        with self.journal.lock.hold(), interrupts.deferred() as interrupted:
             try:
-                return self._claim_locked(kind_set, limit, who, seconds, frozenset(exclude))
+                leases = self._claim_locked(kind_set, limit, who, seconds, frozenset(exclude))
             except BaseException:
                 # The index already forgot the candidates it handed out; a failure before
                 # the write must not hide those jobs from this process's later claims.
                 self.journal.index.invalidate()
                 raise
+            if leases and interrupted():
+                # Ctrl-C or SIGTERM came during the claim and leaves it as an exception:
+                # nobody would hold these leases until they expired.
+                self._give_back(leases)
+            return leases
+
+    def _give_back(self, leases: list[Lease]) -> None:
+        now = self.journal.now()
+        try:
+            pairs = []
+            for lease in leases:
+                job = self._leased_job(lease)
+                pairs.append((job, machine.release(job, lease, now=now, delay=0.0)))
+            self.journal.commit_changes(pairs)
+        except Exception as exc:  # they expire as any lease of a dead claimer does
+            log.warning("could not give back %d leases of an interrupted claim: %s",
+                        len(leases), exc)
 
     def _claim_locked(self, kind_set: frozenset[str] | None, limit: int, who: str,
                       seconds: float, exclude: frozenset[str]) -> list[Lease]:
