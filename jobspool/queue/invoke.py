@@ -42,6 +42,7 @@ from jobspool.queue.runtime import (
     Tracked,
     cancel_requested,
     format_traceback,
+    in_own_task,
     thread_stack,
 )
 from jobspool.queue.signals import Fail, Retry
@@ -66,7 +67,7 @@ async def invoke(ctx: Context, fn: Callable[..., Any], *, is_async: bool,
                 tracked = Tracked(fn(ctx.job, ctx), monitor,
                                   f"the handler of kind {kind!r} "
                                   f"({_name(fn)}, job {ctx.job_id})")
-                result = await tracked
+                result = await in_own_task(tracked)
             else:
                 result = await anyio.to_thread.run_sync(
                     _in_thread, fn, ctx, limiter=threads, abandon_on_cancel=True)

@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Coroutine, Generator
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from typing import TYPE_CHECKING, Any
 
 from jobspool.errors import JobspoolError, LeaseLost
@@ -96,6 +96,29 @@ class Abandoned(Exception):
     """A handler kept running through its cancellation for `ABANDON_SECONDS`: no longer
     driven. Before, one that caught every cancellation in a loop held its job leased (and
     a core busy) for ever, past its time limit and both SIGTERMs."""
+
+
+async def in_own_task(awaitable: Awaitable[Any]) -> Any:
+    """Await `awaitable` in an asyncio task of its own.
+
+    A handler that cancels "its" task (`asyncio.current_task().cancel()`, a pattern of
+    code written for a task of its own) cancelled the runner carrying it: the whole worker
+    unwound as if shut down, batch mates charged, exit 0. In a task of its own it cancels
+    only itself, and the runner sees a handler that raised a cancellation (a failure).
+    Ours still reach it: cancelling a task that awaits another cancels that one. On trio
+    nothing can cancel a task from inside it that way: awaited as it is.
+    """
+    import asyncio
+
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return await awaitable
+
+    async def body() -> Any:
+        return await awaitable
+
+    return await loop.create_task(body())
 
 
 class Tracked:
