@@ -56,7 +56,7 @@ from jobspool.errors import SpoolClosed, SpoolError
 from jobspool.queue.changelog import RING_BYTES, ChangeRing
 from jobspool.queue.perms import set_fd_mode
 from jobspool.queue.procid import current_pid
-from jobspool.queue.store import spool_missing
+from jobspool.queue.store import os_hint, spool_missing
 
 # Generations and flags in the first page, the ready/ change ring after it.
 _MAP_SIZE = 4096 + (-(-RING_BYTES // 4096)) * 4096
@@ -142,6 +142,8 @@ class SpoolLock:
             # shrink, which keeps other processes' maps valid (shrinking would SIGBUS them).
             if st.st_size < _MAP_SIZE:
                 os.ftruncate(fd, _MAP_SIZE)
+            if st.st_blocks * 512 < _MAP_SIZE:
+                _allocate(fd, self._path)
             self._map = mmap.mmap(fd, _MAP_SIZE, mmap.MAP_SHARED,
                                   mmap.PROT_READ | mmap.PROT_WRITE)
         if hasattr(self, "ring"):
@@ -378,3 +380,19 @@ class SpoolLock:
             self._map.close()
         finally:
             self._close_fds()
+
+
+def _allocate(fd: int, path: Path) -> None:
+    """Give the mapped lock file its disk blocks now. `ftruncate` makes a sparse file;
+    its pages got blocks only when first written through the map, and on a full disk
+    that write is a SIGBUS: producers and workers died (exit 135, no message), one after
+    publishing its job. Allocated at open, a full disk is an error here instead."""
+    try:
+        os.posix_fallocate(fd, 0, _MAP_SIZE)
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            return  # a filesystem without it: as sparse as before
+        hint = os_hint(exc.errno)
+        raise SpoolError(f"cannot allocate the spool lock {path}: {exc.strerror or exc}"
+                         + (f"; {hint}" if hint else ""), path=str(path)) from None
+

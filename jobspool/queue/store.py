@@ -460,7 +460,8 @@ class Store:
 
 
 _HINTS = {
-    errno.ENOSPC: "the disk is full: free space on it, then run `jobspool recover`",
+    errno.ENOSPC: "the disk is full (no space or no inodes left: see df -h and df -i): "
+                  "free some, then run `jobspool recover`",
     errno.EDQUOT: "the disk quota is used up: raise it or free space, then run `jobspool recover`",
     errno.EIO: "the disk reported an I/O error: check it (dmesg), then run `jobspool recover`",
     errno.EROFS: "the filesystem is read-only: remount it read-write",

@@ -1,0 +1,77 @@
+"""A full disk is an error, never a SIGBUS.
+
+The lock file is memory-mapped; made with `ftruncate` alone it was sparse, its pages
+given disk blocks only when first written through the map — on a full disk, a SIGBUS:
+producers and workers died with exit 135 and no message, one of them after publishing
+its job (a retry without an id then made a duplicate). The file is allocated at open.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from jobspool import Spool
+from jobspool.queue.lock import _MAP_SIZE
+
+REPO = str(Path(__file__).resolve().parents[1])
+
+
+def test_the_lock_file_has_its_blocks_from_the_start(tmp_path: Path) -> None:
+    Spool(tmp_path / "s").close()
+    st = os.stat(tmp_path / "s" / ".lock")
+    assert st.st_size >= _MAP_SIZE and st.st_blocks * 512 >= _MAP_SIZE
+
+
+def test_a_sparse_lock_file_of_an_older_spool_is_allocated_at_open(tmp_path: Path) -> None:
+    Spool(tmp_path / "s").close()
+    lock = tmp_path / "s" / ".lock"
+    lock.unlink()
+    with open(lock, "wb") as f:
+        f.truncate(_MAP_SIZE)  # sparse, as releases before this one made it
+    assert os.stat(lock).st_blocks * 512 < _MAP_SIZE
+    Spool(tmp_path / "s").close()
+    assert os.stat(lock).st_blocks * 512 >= _MAP_SIZE
+
+
+SCENARIO = textwrap.dedent('''
+    set -u
+    mount -t tmpfs -o size=2m tmpfs "$DIR"
+    py() {{ PYTHONPATH={repo} {python} "$@"; }}
+    py -m jobspool --root "$DIR/s" init >/dev/null
+    py -c "
+    import sys; from jobspool import Spool
+    s = Spool(sys.argv[1])
+    for i in range(51): s.enqueue('note', {{'i': i}}, job_id=f'a{{i}}')
+    " "$DIR/s"
+    dd if=/dev/zero of="$DIR/filler" bs=4k 2>/dev/null
+    truncate -s -8192 "$DIR/filler"   # two pages left
+    for i in 51 52 53 54 55 56 57 58; do
+      py -m jobspool --root "$DIR/s" enqueue note "{{\\"i\\": $i}}" --id a$i >/dev/null 2>>"$DIR/../err"
+      echo "a$i $?"
+    done
+    ls "$DIR/s/ready" | sed 's/.json$//' | sort > "$DIR/../ready"
+''')
+
+
+def test_enqueues_on_a_full_disk_exit_with_an_error_or_publish(tmp_path: Path) -> None:
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    script = SCENARIO.format(repo=REPO, python=sys.executable)
+    # A mount namespace of its own: the tmpfs goes away with it, whatever happens.
+    done = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+                          env={**os.environ, "DIR": str(mnt)}, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    codes = dict(line.split() for line in done.stdout.splitlines())
+    ready = set((tmp_path / "ready").read_text().split())
+    assert len(codes) == 8
+    for job_id, code in codes.items():
+        assert code in ("0", "2"), (job_id, code)  # 135: SIGBUS
+        assert (job_id in ready) == (code == "0"), (job_id, code)
+    assert "2" in codes.values()  # the disk did fill
+    errors = (tmp_path / "err").read_text().splitlines()
+    assert errors and all(e.startswith("jobspool: error:") for e in errors), errors
