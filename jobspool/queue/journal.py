@@ -354,11 +354,28 @@ class Journal:
     def _landed(self, pairs: Sequence[tuple[Job | None, Job | None]]) -> frozenset[str]:
         """Ids whose new version is on disk, re-read after a failed write."""
         out = set()
-        for _old, new in pairs:
-            if new is not None:
-                found = self.read_job(new.state, new.id)
-                if found is not None and found.revision == new.revision:
+        for old, new in pairs:
+            if new is None:
+                continue
+            name = new.id + JOB_SUFFIX
+            try:
+                data = self.store.read(new.state.value, name)
+            except FileNotFoundError:
+                continue
+            except OSError:
+                # Could not look (out of file descriptors, as the write may have been): a
+                # file in a state it moved into is its new version. Said "not landed", the
+                # caller settled the old copy again: two copies of one revision.
+                if (old is None or old.state is not new.state) and \
+                        self.store.present(new.state.value, name):
                     out.add(new.id)
+                continue
+            try:
+                found = decode_job(data, expect_id=new.id, expect_state=new.state)
+            except CorruptJob:
+                continue
+            if found.revision == new.revision:
+                out.add(new.id)
         return frozenset(out)
 
     def _retire_superseded(self, pairs: Sequence[tuple[Job | None, Job | None]],

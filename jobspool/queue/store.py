@@ -465,6 +465,10 @@ _HINTS = {
     errno.EDQUOT: "the disk quota is used up: raise it or free space, then run `jobspool recover`",
     errno.EIO: "the disk reported an I/O error: check it (dmesg), then run `jobspool recover`",
     errno.EROFS: "the filesystem is read-only: remount it read-write",
+    errno.EMFILE: "this process ran out of file descriptors: raise its limit (ulimit -n, "
+                  "systemd LimitNOFILE=) or lower --concurrency",
+    errno.ENFILE: "the system ran out of file descriptors: raise fs.file-max or stop "
+                  "what holds them",
     errno.EACCES: "permission denied: run as the spool's owner or fix its permissions",
     errno.EPERM: "operation not permitted: run as the spool's owner or fix its permissions",
 }
