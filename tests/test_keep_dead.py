@@ -55,3 +55,27 @@ def test_init_takes_keep_dead(tmp_path: Path) -> None:
     assert run_cli("init", "--keep-terminal", "5", "--keep-dead", "7", root=root).code == 0
     with make_spool(root) as spool:
         assert (spool.keep_terminal, spool.keep_dead) == (5, 7)
+
+
+def test_a_prune_by_keep_or_age_leaves_dead_letters_to_their_own_limit(
+        store_root: str | Path) -> None:
+    # `prune --keep 1000` is the README's example: it cut dead letters to 1000 as well, and
+    # `--older-than 0` removed every one of them, with keep_dead set at init.
+    root = str(store_root)
+    assert run_cli("init", "--keep-dead", "100", root=root).code == 0
+    with make_spool(root) as spool:
+        _dead(spool, 5)
+        for i in range(5):
+            spool.enqueue("k", {}, job_id=f"c{i}")
+            [lease] = spool.claim(kinds="k")
+            spool.complete(lease, None)
+    for args in (["prune", "--keep", "2"], ["prune", "--older-than", "0"]):
+        assert run_cli(*args, root=root).code == 0
+    with make_spool(root) as spool:
+        assert len(list(spool.jobs(state=JobState.DEAD_LETTER))) == 5
+        assert list(spool.jobs(state=JobState.COMPLETED)) == []
+        spool.prune(keep=0)  # the API the same way
+        assert len(list(spool.jobs(state=JobState.DEAD_LETTER))) == 5
+    assert run_cli("prune", "--keep-dead", "1", root=root).code == 0
+    with make_spool(root) as spool:
+        assert [j.id for j in spool.jobs(state=JobState.DEAD_LETTER)] == ["d4"]

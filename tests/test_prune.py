@@ -100,7 +100,7 @@ def test_each_terminal_state_keeps_its_own_newest(spool: Spool, spool_root: Path
         clock.advance(1)
         (lease,) = spool.claim()
         spool.complete(lease)
-    report = spool.prune(keep=1)
+    report = spool.prune(keep=1, keep_dead=1)
     assert report.counts == {"completed": 2, "dead_letter": 2, "canceled": 2, "stale_copies": 0}
     assert assert_disk_consistent(spool_root) == {"j2": "canceled", "j5": "dead_letter",
                                                   "j8": "completed"}

@@ -192,7 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="remove only jobs finished more than SECONDS ago (alone: whatever "
                    "their number)")
     c.add_argument("--keep-dead", type=_nonneg_int, metavar="N",
-                   help="dead letters to keep (default: --keep)")
+                   help="dead letters to keep (default: the spool's keep_dead, whatever "
+                   "--keep and --older-than say; they are evidence, pruned only when asked)")
     c.set_defaults(func=commands.cmd_prune)
 
     c = sub.add_parser("fsck", parents=[common], help="check the spool's invariants")

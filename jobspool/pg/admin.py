@@ -82,9 +82,11 @@ def prune(spool: PgSpool, *, keep: int | None = None, older_than: float | None =
 
     if keep is None and older_than is None:
         keep, older_than = spool.keep_terminal, spool.keep_terminal_seconds
-        keep_dead = spool.keep_dead if keep_dead is None else keep_dead
     keep = 0 if keep is None else validate_int("keep", keep, minimum=0)
-    keep_dead = keep if keep_dead is None else validate_int("keep_dead", keep_dead, minimum=0)
+    # Dead letters keep their own limit unless one is given for them: `prune --keep 1000`
+    # (or `--older-than`) is about finished work, and cut the evidence to 1000 with it.
+    keep_dead = spool.keep_dead if keep_dead is None else validate_int("keep_dead", keep_dead,
+                                                                       minimum=0)
     if older_than is not None:
         older_than = validate_seconds("older_than", older_than)
     cutoff = None if older_than is None else spool.now() - older_than

@@ -8,12 +8,11 @@ alone: age only, `keep` 0). Without either, the spool's retention applies:
 `keep_terminal` and `keep_terminal_seconds` (None: count only), so a result
 stays readable for at least `keep_terminal_seconds` however busy the spool
 is. Dead letters have their own limit (DESIGN §3): the spool's `keep_dead`
-(default: at least 10,000) under its retention, else `keep_dead` (default:
-`keep`) in an explicit prune, because they are evidence an operator may
-still need. Removing a job removes every readable file of it in every state
-directory, so a stale copy left by a crash can never bring it back; an
-unreadable copy is left for recovery to quarantine (never delete what could
-not be read).
+(default: at least 10,000), in an explicit prune too unless `keep_dead` is
+given, because they are evidence an operator may still need. Removing a job
+removes every readable file of it in every state directory, so a stale copy
+left by a crash can never bring it back; an unreadable copy is left for
+recovery to quarantine (never delete what could not be read).
 
 Cost: one listing per terminal directory, then, only for a directory over
 its limit (or when `older_than` is given), one lock-free read per file of it
@@ -92,9 +91,11 @@ def prune(spool: Journal, *, keep: int | None = None, older_than: float | None =
     """
     if keep is None and older_than is None:
         keep, older_than = spool.keep_terminal, spool.keep_terminal_seconds
-        keep_dead = spool.keep_dead if keep_dead is None else keep_dead
     keep = 0 if keep is None else validate_int("keep", keep, minimum=0)
-    keep_dead = keep if keep_dead is None else validate_int("keep_dead", keep_dead, minimum=0)
+    # Dead letters keep their own limit unless one is given for them: `prune --keep 1000`
+    # (or `--older-than`) is about finished work, and cut the evidence to 1000 with it.
+    keep_dead = spool.keep_dead if keep_dead is None else validate_int("keep_dead", keep_dead,
+                                                                       minimum=0)
     if older_than is not None:
         older_than = validate_seconds("older_than", older_than)
     removed: dict[JobState, list[str]] = {s: [] for s in TERMINAL_ORDER}
