@@ -125,8 +125,9 @@ def test_the_server_stopped_mid_run_fails_and_retries_writes_which_land_after_re
             try:
                 for i in range(10):
                     spool.enqueue("note", {"key": f"b{i}", "text": "during"}, job_id=f"b{i}")
-                # Every write during the outage fails and is retried; none completes.
-                wait_until(lambda: (worker.live_report() or reports[0]).retried >= 10,
+                # Every write during the outage fails; its jobs are given back uncounted,
+                # deferred (the projection's storage failing is not theirs); none completes.
+                wait_until(lambda: (worker.live_report() or reports[0]).released >= 10,
                            120.0, "the writes during the outage to fail")
                 completed_in_outage = spool.stats().counts.get("completed", 0)
             finally:
@@ -138,7 +139,8 @@ def test_the_server_stopped_mid_run_fails_and_retries_writes_which_land_after_re
         assert not runner.is_alive()
         assert completed_in_outage == 10
         assert reports[0].completed == 20 and reports[0].dead_lettered == 0
-        assert all(j.state.value == "completed" for j in spool.jobs())
+        assert reports[0].retried == 0  # no attempt charged for the outage
+        assert all(j.state.value == "completed" and j.attempts == 1 for j in spool.jobs())
     rows = LanceProjection(uri, "notes", storage_options=options).to_arrow().to_pylist()
     assert {r["id"]: r["text"] for r in rows} == (
         {f"a{i}": "before" for i in range(10)} | {f"b{i}": "during" for i in range(10)})
@@ -255,9 +257,11 @@ def test_an_unreachable_endpoint_is_an_outage_not_a_verdict_so_jobs_are_retried(
         spool.enqueue("note", {"key": "a", "text": "x"}, job_id="j1")
         worker = Worker(spool, {"note": _note}, projection="s3://down/db",
                         storage_options=_stub_options(closed), maintenance=False)
-        report = worker.run_until_idle()  # starts (a warning), then the write fails and is retried
-        assert report.retried == 1 and report.completed == 0 and report.dead_lettered == 0
-        assert spool.get("j1").state.value == "retryable"
+        report = worker.run_until_idle()  # starts (a warning), then the write fails: deferred
+        assert report.released == 1 and report.completed == 0 and report.dead_lettered == 0
+        assert report.retried == 0  # the endpoint's outage is not the job's: no attempt charged
+        got = spool.get("j1")
+        assert (got.state.value, got.attempts) == ("retryable", 0)
 
 
 def test_the_check_can_be_turned_off_explicitly(stub_endpoint: str, monkeypatch: Any) -> None:

@@ -64,7 +64,9 @@ Op = Literal["upsert", "delete"]
 def _one_line(exc: BaseException) -> str:
     # How the store and maintenance report a LanceDB error: one bounded line.
     # Here because this module loads neither LanceDB nor pyarrow.
-    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300]
+    from jobspool.projection.faults import plain
+
+    return f"{type(exc).__name__}: {' '.join(plain(str(exc)).split())}"[:300]
 
 
 def live_filter(where: str | None = None) -> str:

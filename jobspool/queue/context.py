@@ -54,6 +54,15 @@ class Errored:
 
 
 @dataclass(frozen=True, slots=True)
+class Deferred:
+    """The projection's storage refused the batch's rows (read-only, full, not permitted,
+    damaged, unreachable): nothing the job did. Given back uncounted, due after `delay`."""
+
+    error: str
+    delay: float
+
+
+@dataclass(frozen=True, slots=True)
 class Raised:
     """The handler's own exception (`TimeLimitExceeded` included): its kind's policy decides
     whether it is retried."""
@@ -68,7 +77,7 @@ class Interrupted:
 
 # How one run ended, as the pipeline settles it; `None` on a `Context` means it never
 # started (or was cut off before it could), and its lease is released uncounted.
-Outcome: TypeAlias = Completed | Retried | Failed | Errored | Raised | Interrupted
+Outcome: TypeAlias = Completed | Retried | Failed | Errored | Raised | Interrupted | Deferred
 
 if TYPE_CHECKING:
     from jobspool.projection.handler import PendingWrite

@@ -27,9 +27,11 @@ import anyio
 import anyio.to_thread
 
 from jobspool.errors import JobspoolError, JobTooLarge, LeaseLost, WriteFailed
+from jobspool.projection.faults import plain, storage_fault
 from jobspool.queue.context import (
     Completed,
     Context,
+    Deferred,
     Errored,
     Failed,
     Interrupted,
@@ -48,6 +50,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("jobspool.queue.worker")
 
+# The longest a batch whose projection storage failed waits before it is due again.
+DEFER_MAX_SECONDS = 60.0
+
 
 class Settler:
     """Settles the finished runs of one pipeline; `in_hand` is the pipeline's own dict."""
@@ -60,6 +65,7 @@ class Settler:
         self.sink = sink
         self.in_hand = in_hand
         self.shunned: dict[str, float] = {}  # job id -> when this run may claim it again
+        self.storage_faults = 0  # projection storage failures in a row (`_defer`)
 
     async def settle(self, group: list[Context]) -> None:
         """Project the group's writes (fenced), then settle every run in it."""
@@ -108,8 +114,11 @@ class Settler:
         try:
             result = await anyio.to_thread.run_sync(self.sink.apply, writes)
         except Exception as exc:  # outcome unknown: retry all; the fenced merge is idempotent
+            if storage_fault(exc):
+                self._defer(done, exc)
+                return
             log.warning("projection commit failed (%s: %s); retrying its %d jobs",
-                        type(exc).__name__, exc, len(done))
+                        type(exc).__name__, plain(str(exc)), len(done))
             for c in done:
                 c.outcome = Errored(exc)
             return
@@ -117,16 +126,35 @@ class Settler:
         for job_id, err in result.rejected.items():
             if job_id in by_id:
                 by_id[job_id].outcome = Failed(str(err))
+        faulty = {job_id: e for job_id, e in result.failed.items() if storage_fault(e)}
         for job_id, error in result.failed.items():
-            if job_id in by_id:
-                by_id[job_id].outcome = Errored(error)
+            if job_id in by_id and job_id not in faulty:
+                by_id[job_id].outcome = Errored(plain(f"{type(error).__name__}: {error}"))
+        if faulty:
+            self._defer([by_id[j] for j in faulty if j in by_id], next(iter(faulty.values())))
+        else:
+            self.storage_faults = 0
         self.counters.projected_rows += sum(result.tables.values())
+
+    def _defer(self, runs: list[Context], exc: BaseException) -> None:
+        """The projection's storage failed: give the runs back uncounted, due after a delay
+        that doubles while it goes on failing (1 s to a minute), and say so in one line."""
+        self.storage_faults += 1
+        delay = min(DEFER_MAX_SECONDS, 2.0 ** (self.storage_faults - 1))
+        error = plain(f"{type(exc).__name__}: {exc}")
+        log.error("the projection could not be written, for its storage (%s): %d jobs given "
+                  "back uncounted, due again in %g s; fix its storage (space, permissions, "
+                  "a damaged table: `jobspool maintain`), nothing is lost meanwhile",
+                  " ".join(error.split())[:300], len(runs), delay)
+        for c in runs:
+            c.outcome = Deferred(clip_error(error), delay)
 
     def _settle_sync(self, group: list[Context]) -> None:
         refused: WriteFailed | None = None
         completes: list[tuple[Context, Any]] = []
         fails: list[tuple[Context, Failure, bool, float | None]] = []
         releases: list[Context] = []
+        deferred: list[tuple[Context, float]] = []
         for c in group:
             if c.lost:
                 self.counters.lease_lost += 1
@@ -153,6 +181,8 @@ class Settler:
                                   None))
                 case Errored(error=error):
                     fails.append((c, self._failure(c, error), True, None))
+                case Deferred(delay=delay):
+                    deferred.append((c, delay))
         if completes:
             info = log.isEnabledFor(logging.INFO)
             results = self.spool.complete_many([(c.lease, result) for c, result in completes])
@@ -184,6 +214,8 @@ class Settler:
             refused = self._record_failures(fails, refused)
         for c in releases:
             self._release(c)
+        for c, delay in deferred:
+            self._release(c, delay=delay)
         if refused is not None:
             # The disk refused part of the settle: the loop releases what is unsettled and
             # backs off (WriteFailed says what to fix).
@@ -261,9 +293,9 @@ class Settler:
             del self.shunned[job_id]
         return frozenset(self.shunned)
 
-    def _release(self, c: Context) -> None:
+    def _release(self, c: Context, *, delay: float = 0.0) -> None:
         try:
-            self.spool.release(c.lease)
+            self.spool.release(c.lease, delay=delay)
             self.counters.released += 1
         except LeaseLost:
             self.counters.lease_lost += 1

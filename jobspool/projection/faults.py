@@ -1,0 +1,47 @@
+"""Whether a projection write failed for its storage or for its rows.
+
+Storage: the table's directory read-only, full, not permitted, an I/O error, a damaged
+data or manifest file, an object store that did not answer. None of it is the job's
+doing, and retrying it on the job's attempts dead-lettered every job that wrote the
+projection within seconds (about fifteen, on the default backoff) while the spool was
+fine. Rows: a schema or type LanceDB refuses — the job's own, on its attempts.
+
+LanceDB raises its storage errors as `RuntimeError("lance error: LanceError(IO): ...
+(os error 30) ..., /root/.cargo/registry/...")`: told apart by that text. `plain` drops
+the Rust source paths such messages end with, which say nothing to an operator.
+"""
+
+from __future__ import annotations
+
+import re
+
+_RUST_PATH = re.compile(r",?\s*(?:/[^\s,]*?)?/(?:\.cargo/registry|rustc)/[^\s,)]*")
+_OS_ERROR = re.compile(r"\(os error \d+\)")
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    out: list[BaseException] = []
+    seen: BaseException | None = exc
+    while seen is not None and seen not in out and len(out) < 8:
+        out.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    return out
+
+
+def storage_fault(exc: BaseException | str) -> bool:
+    """Whether `exc` (or what caused it) is the projection's storage failing."""
+    for e in ([exc] if isinstance(exc, str) else _chain(exc)):
+        if isinstance(e, OSError):
+            return True
+        text = e if isinstance(e, str) else str(e)
+        if "LanceError(IO)" in text or _OS_ERROR.search(text):
+            return True
+    return False
+
+
+def plain(text: str) -> str:
+    """`text` without the Rust source locations LanceDB appends to its errors."""
+    return _RUST_PATH.sub("", text)
+
+
+__all__ = ["plain", "storage_fault"]

@@ -1,0 +1,66 @@
+"""A projection that cannot be written for its storage (read-only, full, a damaged file)
+is not the jobs' fault: they are given back uncounted with a growing delay and run once
+the storage is fixed. Retried on their attempts, every job that wrote the projection was
+dead-lettered within about fifteen seconds, each with a raw LanceDB message and the Rust
+source path of its author's machine, and nothing was said until then."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from jobspool import App, Context, Job, JobState, Spool, Worker
+from jobspool.projection.faults import plain, storage_fault
+from jobspool.projection.lance import LanceProjection
+
+
+def _project(job: Job, ctx: Context) -> None:
+    ctx.upsert("t", {"id": job.id, "n": job.payload["n"]}, version=job.payload["n"])
+
+
+def test_a_damaged_table_defers_its_jobs_uncounted_and_they_run_once_it_is_fixed(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    proj = tmp_path / "proj"
+    app = App(handlers={"p": _project}, projection=str(proj))
+    with Spool(tmp_path / "spool") as spool:
+        spool.enqueue("p", {"n": 0}, job_id="j0")
+        assert Worker(spool, app, maintenance=False).run_until_idle().completed == 1
+        manifests = sorted((proj / "t.lance" / "_versions").glob("*.manifest"),
+                           key=lambda p: p.stat().st_mtime_ns)
+        newest = manifests[-1]
+        kept = tmp_path / "manifest.bak"
+        shutil.copy2(newest, kept)
+        with open(newest, "r+b") as f:
+            f.truncate(100)  # a damaged manifest: every commit to the table fails
+        jobs = [spool.enqueue("p", {"n": n}, job_id=f"j{n}") for n in range(1, 6)]
+        caplog.set_level(logging.WARNING, logger="jobspool")
+        report = Worker(spool, app, maintenance=False).run_until_idle(wait_for_retries=0)
+        assert report.completed == 0 and report.dead_lettered == 0 and report.retried == 0
+        for job in jobs:
+            got = spool.get(job.id)
+            assert (got.state, got.attempts) == (JobState.RETRYABLE, 0), got
+            assert got.run_at > time.time()  # deferred, not hammered
+        lines = [r.getMessage() for r in caplog.records if "for its storage" in r.getMessage()]
+        assert lines and ".cargo" not in lines[0] and "5 jobs given back" in lines[0]
+
+        shutil.copy2(kept, newest)  # the operator repairs the table
+        deadline = max(spool.get(j.id).run_at for j in jobs)
+        while time.time() <= deadline:
+            time.sleep(0.05)
+        report = Worker(spool, app, maintenance=False).run_until_idle(wait_for_retries=0)
+        assert report.completed == 5
+    rows = LanceProjection(str(proj), "t")
+    assert sorted(rows.to_arrow().column("id").to_pylist()) == [f"j{n}" for n in range(6)]
+
+
+def test_storage_faults_are_told_from_row_faults() -> None:
+    io = RuntimeError('lance error: LanceError(IO): Read-only file system (os error 30) at '
+                      'path "/p/t.lance/data/x", /root/.cargo/registry/src/i/lance-io-13/src/'
+                      'object_store.rs:1006:34')
+    assert storage_fault(io) and storage_fault(PermissionError(13, "denied"))
+    assert not storage_fault(ValueError("Arrow error: Column 'x' is declared as non-nullable"))
+    assert ".cargo" not in plain(str(io)) and "Read-only file system" in plain(str(io))
