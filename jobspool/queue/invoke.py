@@ -12,10 +12,14 @@ its job's failure: only a real signal stops a worker.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import math
+import os
+import sys
 import threading
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +39,7 @@ from jobspool.queue.context import (
 )
 from jobspool.queue.job import clip_error, validate_delay
 from jobspool.queue.machine import clip_traceback
+from jobspool.queue.procid import current_pid
 from jobspool.queue.runtime import (
     ABANDON_SECONDS,
     Abandoned,
@@ -112,13 +117,16 @@ def call_sync(ctx: Context, fn: Callable[..., Any]) -> None:
     how it ended in `ctx.outcome`, as `invoke` does."""
     ident = ctx.thread_ident = threading.get_ident()
     _handler_threads.add(ident)
+    pid = current_pid()
     try:
         result = fn(ctx.job, ctx)
+        _child_ends(pid)
         # (None, the common result, skips isawaitable's protocol checks: ~1 µs per job)
         if result is not None and inspect.isawaitable(result):
             result = anyio.from_thread.run(_awaited, result)
         ctx.outcome = Completed(result)
     except BaseException as exc:  # as in invoke: whatever it raises is its job's failure
+        _child_ends(pid, exc)
         record_raised(ctx, exc)
     finally:
         _handler_threads.discard(ident)
@@ -192,14 +200,36 @@ def _in_thread(fn: Callable[..., Any], ctx: Context) -> Any:
     """Call a sync handler in a worker thread, leaving where to find its stack."""
     ctx.thread_ident = threading.get_ident()
     _handler_threads.add(ctx.thread_ident)
+    pid = current_pid()
     try:
         return fn(ctx.job, ctx)
     except Exception:
+        _child_ends(pid)
         raise
     except BaseException as exc:
+        _child_ends(pid, exc)
         raise _Raised(exc) from None
     finally:
+        _child_ends(pid)
         _handler_threads.discard(threading.get_ident())
+
+
+def _child_ends(pid: int, exc: BaseException | None = None) -> None:
+    """A process the handler forked came back out of it (`sys.exit()` in the child, a
+    return, an exception): it ends here. Caught as the job's failure, such a child went on
+    running the worker's code — with a copy of its leases — and never exited."""
+    if current_pid() == pid:
+        return
+    code = 0
+    if isinstance(exc, SystemExit):
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    elif sys.exc_info()[1] is not None:
+        traceback.print_exc()
+        code = 1
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
 
 
 # Threads inside a sync handler right now (set operations are atomic under the GIL). A
