@@ -32,6 +32,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     with _open(args, read_only=True) as source:
         if is_url(getattr(source, "url", None)):
             raise UsageError("migrate copies a file spool: --root must be a directory")
+        _refuse_live_processes(source)
         _refuse_live_leases(source)
         # The source's settings, stored if this creates the target (a file spool's
         # retention of 50,000 must not become the default 1,000 at the next prune).
@@ -48,6 +49,28 @@ def cmd_migrate(args: argparse.Namespace) -> int:
                    f"({report.unleased} leased ones as ready); {len(report.skipped)} already "
                    f"there left alone; token sequence at {report.fence}")
     return EXIT_OK
+
+
+def _refuse_live_processes(source: Any) -> None:
+    """Refuse (exit 2) while a worker runs on the spool (its metrics snapshot is fresh): an
+    idle one holds no lease, yet would run on the file spool every job copied, which then
+    ran twice. Other processes with the spool open (a producer) are named in a warning:
+    what they add after the copy stays behind."""
+    from jobspool import metrics
+    from jobspool.queue import liveness
+
+    workers = metrics.read_worker_reports(source)
+    if workers:
+        shown = ", ".join(sorted(workers)[:5])
+        raise Refused(f"{len(workers)} worker(s) are running on this spool ({shown}"
+                      f"{', ...' if len(workers) > 5 else ''}): stop them first, then "
+                      "migrate; every job copied would run twice, there and on PostgreSQL")
+    others = liveness.alive_others(source.root)
+    if others:
+        shown = ", ".join(f"pid {d.get('pid', '?')} on {d.get('host', '?')}" for d in others[:5])
+        print(f"jobspool: warning: {len(others)} other process(es) have this spool open for "
+              f"writing ({shown}): jobs they add after this copy stay behind",
+              file=sys.stderr)
 
 
 def _refuse_live_leases(source: Any) -> None:
@@ -71,5 +94,4 @@ def _refuse_live_leases(source: Any) -> None:
         first = live[0]
         raise Refused(f"{len(live)} job(s) are leased by a worker that may still be running "
                       f"them (e.g. {first.id}, held by {first.lease.owner if first.lease else '?'}"
-                      "); stop the spool's workers first (or wait for their leases to "
-                      "expire), then migrate")
+                      "); stop the spool's workers first, then migrate")

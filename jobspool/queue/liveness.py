@@ -252,6 +252,26 @@ def dead_marks(root: Path) -> list[str]:
     return sorted(out)
 
 
+def alive_others(root: Path) -> list[dict[str, object]]:
+    """What the live liveness files of other processes say (pid, host, started): every
+    process that has this spool open for writing right now, this one excepted."""
+    try:
+        names = os.listdir(root / LIVE_DIR)
+    except OSError:
+        return []
+    out: list[dict[str, object]] = []
+    for name in sorted(names):
+        ident = name[: -len(LIVE_SUFFIX)] if name.endswith(LIVE_SUFFIX) else None
+        if ident is None or ident == _ident or probe(root, ident)[0] != Verdict.ALIVE:
+            continue
+        try:
+            doc = orjson.loads((root / LIVE_DIR / name).read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            doc = None
+        out.append(doc if isinstance(doc, dict) else {})
+    return out
+
+
 def remove_dead(root: Path, ident: str) -> bool:
     """Delete a dead process's file, only while holding its lock (never a live one's)."""
     path = root / LIVE_DIR / f"{ident}{LIVE_SUFFIX}"
