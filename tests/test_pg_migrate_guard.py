@@ -7,6 +7,7 @@ writers (what they add after the copy stays behind)."""
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 
@@ -36,3 +37,29 @@ def test_migrate_refuses_while_an_idle_worker_runs_on_the_spool(
     done = run_jobspool("--root", str(root), "migrate", "--to", pg_url, "--json")
     assert done.returncode == 0, done.stderr
     assert '"copied": 1' in done.stdout
+
+
+def test_migrate_carries_schedule_marks_and_says_what_it_did_not_copy(
+        tmp_path: Path, pg_url: str) -> None:
+    root = tmp_path / "s"
+    with make_spool(root) as spool:
+        spool.enqueue("charge", {"mine": 1}, job_id="order-42")
+        spool.enqueue("note", {"n": 1}, job_id="same")
+        with spool.hold_schedule_marks() as marks:
+            marks["hourly"] = 1_796_299_200  # fired and pruned on the file spool
+    (root / "ready" / "garbled.json").write_bytes(b"{not json")
+    (root / "index").mkdir()
+    (root / "index" / "t.lance").mkdir()
+    with make_spool(pg_url) as target:
+        target.enqueue("other", {"theirs": 1}, job_id="order-42")  # another job, same id
+        target.enqueue("note", {"n": 1}, job_id="same")  # the same job: a repeat
+    out = run_jobspool("--root", str(root), "migrate", "--to", pg_url, "--json")
+    assert out.returncode == 2, out.stderr  # not everything came over
+    doc = json.loads(out.stdout)
+    assert doc["conflicts"] == 1 and doc["conflict_ids"] == ["order-42"]
+    assert doc["skipped"] == 2 and doc["unreadable"] == 1 and doc["schedule_marks"] == 1
+    assert "NOT copied" in out.stderr and "could not be read" in out.stderr
+    assert "--projection" in out.stderr  # the projection stays where it was
+    with make_spool(pg_url) as target:
+        assert target.schedule_marks() == {"hourly": 1_796_299_200}
+        assert target.get("order-42").kind == "other"

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterator
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
-from jobspool.cli.common import EXIT_OK, Refused, UsageError, _open
+from jobspool.cli.common import EXIT_OK, EXIT_UNHEALTHY, Refused, UsageError, _open
 from jobspool.cli.render import _emit
 
 
@@ -26,7 +28,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
     if not is_url(args.to):
         raise UsageError(f"--to {args.to!r} is not a postgresql:// URL")
-    from jobspool.pg.migrate import copy_jobs
+    from jobspool.pg.migrate import copy_jobs, copy_marks
     from jobspool.queue.spool import Spool
 
     with _open(args, read_only=True) as source:
@@ -37,18 +39,62 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         # The source's settings, stored if this creates the target (a file spool's
         # retention of 50,000 must not become the default 1,000 at the next prune).
         settings = {k: v for k, v in asdict(source.settings).items() if k != "access"}
+        listed = _listed(source)
+        read = 0
+
+        def counted() -> Iterator[Any]:
+            nonlocal read
+            for job in source.jobs():
+                read += 1
+                yield job
+
         with Spool(args.to, create=True, **settings) as target:
-            report = copy_jobs(source.jobs(), target,  # type: ignore[arg-type]
+            report = copy_jobs(counted(), target,  # type: ignore[arg-type]
                                source_fence=source.fence_value())
+            report.marks = copy_marks(source.schedule_marks(), target)  # type: ignore[arg-type]
             created = bool(getattr(target, "created", False))
-    d = {**report.to_dict(), "settings": "copied" if created else "kept (the target existed)"}
+    unreadable, quarantined = max(0, listed[0] - read), listed[1]
+    d = {**report.to_dict(), "unreadable": unreadable, "quarantined": quarantined,
+         "settings": "copied" if created else "kept (the target existed)"}
     if not created:
-        print("jobspool: note: the target spool existed, so its own settings stay; the "
-              "source's were not copied", file=sys.stderr)
+        print("jobspool: note: the target spool's own settings stay (a spool's settings are "
+              "fixed when it is created); the source's were not copied", file=sys.stderr)
+    _notes(args, report, unreadable, quarantined, source.root)
     _emit(args, d, f"copied {report.copied} job(s) to {args.to.split('@')[-1]} "
                    f"({report.unleased} leased ones as ready); {len(report.skipped)} already "
                    f"there left alone; token sequence at {report.fence}")
-    return EXIT_OK
+    # Something was not copied that the user would lose by retiring the directory.
+    return EXIT_UNHEALTHY if report.conflicts or unreadable else EXIT_OK
+
+
+def _listed(source: Any) -> tuple[int, int]:
+    """Job files the source lists (stale copies of a crash counted once) and files in its
+    quarantine: what `jobs()` yields fewer of than the first is what it could not read."""
+    from jobspool.queue.states import ALL_STATES
+    from jobspool.recovery.quarantine import quarantined_files
+
+    names = source.journal.without_stale({s: source.store.names(s.value) for s in ALL_STATES})
+    return sum(len(n) for n in names.values()), len(quarantined_files(source.journal))
+
+
+def _notes(args: argparse.Namespace, report: Any, unreadable: int, quarantined: int,
+           root: Any) -> None:
+    if report.conflicts:
+        print(f"jobspool: warning: {len(report.conflicts)} job(s) were NOT copied: the target "
+              f"holds another job under the same id (another kind or payload), e.g. "
+              f"{report.conflicts[0]!r}; `--json` lists them", file=sys.stderr)
+    if unreadable:
+        print(f"jobspool: warning: {unreadable} job file(s) could not be read and were NOT "
+              f"copied (see the warnings above; `jobspool recover` moves them to "
+              f"quarantine/ for a look)", file=sys.stderr)
+    if quarantined:
+        print(f"jobspool: note: {quarantined} file(s) in {root}/quarantine were not copied "
+              "(`jobspool quarantine list`)", file=sys.stderr)
+    index = Path(root) / "index"
+    if index.is_dir() and any(index.iterdir()):
+        print(f"jobspool: note: the projection stays where it is ({index}): give workers on "
+              f"PostgreSQL `--projection {index}` (or an s3:// copy of it), or they write a "
+              "new one of their own", file=sys.stderr)
 
 
 def _refuse_live_processes(source: Any) -> None:
