@@ -264,9 +264,18 @@ def health(spool: PgSpool, *, max_due_age: float = DEFAULT_MAX_DUE_AGE,
     reasons = queue_reasons(st, max_due_age)
     row = spool.db.run(lambda c: c.execute(
         "SELECT count(*) FILTER (WHERE state = 'leased' AND expires_at <= %s), "
-        "count(*) FILTER (WHERE state = 'prepared' AND updated_at <= %s) FROM jobspool_jobs",
+        "count(*) FILTER (WHERE state = 'prepared' AND updated_at <= %s), "
+        # What a worker's transactions would be: a read-only database (a standby, or
+        # default_transaction_read_only) fails every claim while the counts look fine.
+        "current_setting('transaction_read_only') = 'on' OR pg_is_in_recovery() "
+        "FROM jobspool_jobs",
         (now - lease_grace, now - spool.prepare_grace_seconds)).fetchone(), what="health")
     expired, stale = (int(row[0]), int(row[1])) if row else (0, 0)
+    read_only = bool(row[2]) if row else False
+    if read_only:
+        reasons.append(Reason("database_read_only", "the database takes no writes (a standby, "
+                              "or default_transaction_read_only is on): every claim, enqueue "
+                              "and settle fails", 1))
     if expired:
         reasons.append(Reason("expired_leases", f"{expired} expired lease(s) not reclaimed "
                               "yet (run `jobspool recover` or a worker)", expired))
@@ -283,7 +292,7 @@ def health(spool: PgSpool, *, max_due_age: float = DEFAULT_MAX_DUE_AGE,
     figures = {"counts": dict(st.counts), "due": st.due, "oldest_due_age": st.oldest_due_age,
                "fence": st.fence, "quarantined": 0, "expired_leases": expired,
                "stale_prepared": stale, "unreadable_files": 0, "no_read_access": 0,
-               "ready_not_claimed": 0, **local_figures}
+               "ready_not_claimed": 0, "database_read_only": read_only, **local_figures}
     return Health(reasons=reasons, root=spool.display, checked_at=now, figures=figures)
 
 
