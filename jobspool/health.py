@@ -255,7 +255,12 @@ def check_health(
             len(waiting)))
 
     locked = _unwritable_dirs(spool)
-    if locked:
+    if _disk_figures(spool).get("read_only_fs"):
+        reasons.append(Reason(
+            "state_dir_not_writable",
+            f"the filesystem holding {spool.root} is mounted read-only: workers fail every "
+            f"change; remount it read-write", 1))
+    elif locked:
         reasons.append(Reason(
             "state_dir_not_writable",
             f"{_plural(len(locked), 'directory')} of the spool its owner may not write "
@@ -430,7 +435,13 @@ def _disk_figures(spool: Spool) -> dict[str, Any]:
         return {"free_bytes": None, "free_percent": None}
     free = st.f_bavail * st.f_frsize
     percent = 100.0 * st.f_bavail / st.f_blocks if st.f_blocks else 100.0
-    return {"free_bytes": free, "free_percent": round(percent, 3)}
+    # Inodes too: every job file is one; a filesystem out of them refuses every new job
+    # file however many bytes are free (f_files is 0 where there is no fixed count).
+    inodes = 100.0 * st.f_favail / st.f_files if st.f_files else 100.0
+    return {"free_bytes": free, "free_percent": round(percent, 3),
+            "free_inodes": st.f_favail if st.f_files else None,
+            "free_inodes_percent": round(inodes, 3),
+            "read_only_fs": bool(st.f_flag & os.ST_RDONLY)}
 
 
 def _disk_reason(spool: Spool, min_bytes: int, min_percent: float) -> Reason | None:
@@ -438,6 +449,13 @@ def _disk_reason(spool: Spool, min_bytes: int, min_percent: float) -> Reason | N
     free, percent = figures["free_bytes"], figures["free_percent"]
     if free is None or percent is None:
         return None
+    inodes = figures["free_inodes_percent"]
+    if inodes < min_percent:
+        return Reason(
+            "low_disk_space",
+            f"the filesystem holding {spool.root} has {figures['free_inodes']} inodes free "
+            f"({inodes:.2f} %; bound {min_percent:g} %): every new job file will fail (df -i); "
+            f"prune (`jobspool prune`) or free files", figures["free_inodes"])
     if free >= min_bytes and percent >= min_percent:
         return None
     return Reason(

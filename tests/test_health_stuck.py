@@ -80,8 +80,11 @@ def test_a_file_placed_in_ready_by_hand_degrades_until_a_running_worker_claims_i
     assert check_health(spool, max_due_age=60.0).ok
 
 
-def _statvfs(free_blocks: int, blocks: int = 1_000_000, frsize: int = 4096) -> SimpleNamespace:
-    return SimpleNamespace(f_bavail=free_blocks, f_blocks=blocks, f_frsize=frsize)
+def _statvfs(free_blocks: int, blocks: int = 1_000_000, frsize: int = 4096, *,
+             free_inodes: int = 500_000, inodes: int = 1_000_000,
+             flag: int = 0) -> SimpleNamespace:
+    return SimpleNamespace(f_bavail=free_blocks, f_blocks=blocks, f_frsize=frsize,
+                           f_favail=free_inodes, f_files=inodes, f_flag=flag)
 
 
 def test_free_disk_below_either_bound_degrades_and_clears_when_space_returns(
@@ -175,3 +178,18 @@ def test_an_idle_worker_keeps_its_metrics_file_fresh_and_a_finished_run_leaves_n
             thread.join(GUARD_SECONDS)
         assert not thread.is_alive()
         assert _written_at(root) == []  # a clean exit removes the file
+
+
+def test_a_filesystem_out_of_inodes_or_read_only_degrades(
+        spool: Spool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Gigabytes free but no inodes: every enqueue failed while health said ok.
+    monkeypatch.setattr(health_mod, "os_statvfs",
+                        lambda path: _statvfs(900_000, free_inodes=2, inodes=300))
+    health = check_health(spool)
+    assert health.codes() == ["low_disk_space"] and "inodes" in health.reasons[0].message
+    # A read-only mount: the reason names it, not a mode to chmod.
+    monkeypatch.setattr(health_mod, "os_statvfs",
+                        lambda path: _statvfs(900_000, flag=os.ST_RDONLY))
+    health = check_health(spool)
+    assert health.codes() == ["state_dir_not_writable"]
+    assert "read-only" in health.reasons[0].message

@@ -108,7 +108,8 @@ def _drop_volatile(doc: Any) -> Any:
     if isinstance(doc, dict):
         return {k: _drop_volatile(v) for k, v in doc.items()
                 if k not in ("now", "checked_at", "oldest_due_age", "oldest_ready_age",
-                             "free_bytes", "free_percent")}
+                             "free_bytes", "free_percent", "free_inodes",
+                             "free_inodes_percent")}
     if isinstance(doc, list):
         return [_drop_volatile(v) for v in doc]
     return doc
