@@ -297,10 +297,14 @@ def test_a_vector_with_nan_or_the_wrong_length_is_rejected(tmp_path: Path) -> No
             make_upsert("nan", "docs", {"id": "a", "vector": [float("nan"), 1.0]}, None, 1),
             make_upsert("short", "docs", {"id": "b", "vector": [1.0]}, None, 2),
             make_upsert("ok", "docs", {"id": "c", "vector": [1.0, 2.0]}, None, 3),
+            # a hole was stored and ranked as if it were 0; an infinity as a distance of inf
+            make_upsert("hole", "docs", {"id": "d", "vector": [1.0, None]}, None, 4),
+            make_upsert("inf", "docs", {"id": "e", "vector": [float("inf"), 1.0]}, None, 5),
         ]
     )
-    assert set(result.rejected) == {"nan", "short"}
+    assert set(result.rejected) == {"nan", "short", "hole", "inf"}
     assert result.rejected["nan"].field == "vector"
+    assert "None" in str(result.rejected["hole"]) and "infinity" in str(result.rejected["inf"])
     assert store.table("docs").to_arrow(columns=["id"]).to_pylist() == [{"id": "c"}]
 
 

@@ -252,10 +252,15 @@ def strict_array(values: list[Any], field: pa.Field) -> pa.Array:
             raise ValueError(f"expected {field.type}, got {arr.type}")
         arr = arr.cast(field.type)  # safe=True: no truncation, no overflow
     if pa.types.is_fixed_size_list(field.type) and pa.types.is_floating(field.type.value_type):
-        # LanceDB would drop or null a vector holding NaN; refuse it instead.
-        nan = pc.any(pc.is_nan(arr.flatten())).as_py()
-        if nan:
+        # LanceDB would drop or null a vector holding NaN; refuse it instead. A hole (None)
+        # or an infinity was stored and ranked as if it were a number (a None as 0).
+        flat = arr.flatten()
+        if flat.null_count:
+            raise ValueError("vector contains None")
+        if pc.any(pc.is_nan(flat)).as_py():
             raise ValueError("vector contains NaN")
+        if len(flat) and not pc.all(pc.is_finite(flat)).as_py():
+            raise ValueError("vector contains an infinity")
     return arr
 
 
