@@ -75,3 +75,45 @@ def test_enqueues_on_a_full_disk_exit_with_an_error_or_publish(tmp_path: Path) -
     assert "2" in codes.values()  # the disk did fill
     errors = (tmp_path / "err").read_text().splitlines()
     assert errors and all(e.startswith("jobspool: error:") for e in errors), errors
+
+
+DRAIN = textwrap.dedent('''
+    set -u
+    mount -t tmpfs -o size=2m tmpfs "$DIR"
+    py() {{ PYTHONPATH={repo} {python} "$@"; }}
+    py -m jobspool --root "$DIR/s" init >/dev/null
+    head -c 131072 /dev/zero > "$DIR/filler"
+    py -c "
+    import sys; from jobspool import Spool
+    from jobspool.errors import WriteFailed
+    s = Spool(sys.argv[1])
+    n = 0
+    try:
+        while True:
+            s.enqueue('work', {{'i': n, 'pad': 'x' * 600}}); n += 1
+    except WriteFailed:
+        print(n)
+    " "$DIR/s" > "$DIR/../enqueued"
+    truncate -s 0 "$DIR/filler"  # 32 pages back: room for a few new files, not 50
+    py -m jobspool --root "$DIR/s" run-until-idle --app tests.apps.simple:app \\
+        >/dev/null 2>"$DIR/../err"
+    echo $? > "$DIR/../rc"
+    ls "$DIR/s/completed" | wc -l > "$DIR/../completed"
+''')
+
+
+def test_a_nearly_full_disk_drains_in_smaller_claims(tmp_path: Path) -> None:
+    # A claim writes all of its batch before retiring the old files: freeing less than a
+    # batch's worth of space left a worker failing every claim of 50 (exit 2 after five)
+    # while one at a time would drain the spool.
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    script = DRAIN.format(repo=REPO, python=sys.executable)
+    done = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+                          env={**os.environ, "DIR": str(mnt)}, capture_output=True,
+                          text=True, timeout=600, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    enqueued = int((tmp_path / "enqueued").read_text())
+    assert enqueued > 100
+    assert (tmp_path / "rc").read_text().strip() == "0", (tmp_path / "err").read_text()
+    assert int((tmp_path / "completed").read_text()) == enqueued

@@ -13,13 +13,14 @@ composes them.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import random
 import threading
 from collections.abc import Callable, Iterable, Sequence
 
-from jobspool.errors import JobNotFound, JobspoolError, SpoolError
+from jobspool.errors import JobNotFound, JobspoolError, SpoolError, WriteFailed
 from jobspool.queue import interrupts, machine
 from jobspool.queue.fence import FENCE_FILE, FenceCounter, decode_fence, encode_fence
 from jobspool.queue.groupflush import GroupFlush
@@ -48,6 +49,8 @@ from jobspool.queue.store import (
 )
 
 log = logging.getLogger("jobspool.queue.spool")
+
+FULL_DISK = (errno.ENOSPC, errno.EDQUOT)  # what a smaller batch may get through
 
 # Where new jobs land: the directories whose flush producers may share (groupflush.py).
 _GROUP_DIRS = frozenset({JobState.READY.value, JobState.RETRYABLE.value,
@@ -257,6 +260,26 @@ class Journal:
         """
         with interrupts.deferred():
             self._commit_changes(pairs, extra, staged=staged, encoded=encoded, group=group)
+
+    def commit_in_parts(self, pairs: list[tuple[Job | None, Job | None]],
+                         encoded: dict[str, bytes]) -> tuple[set[str], WriteFailed | None]:
+        """Commit `pairs`; on a full disk, in smaller parts (a batch writes every new file
+        before it retires an old one: a disk with room for a few refused all of a batch
+        of 50, for ever). What settled, and the error the rest got."""
+        try:
+            self.commit_changes(pairs, encoded=encoded)
+            return {new.id for _, new in pairs if new is not None}, None
+        except WriteFailed as exc:
+            if not (exc.errno in FULL_DISK and len(pairs) > 1 and not exc.landed):
+                return set(exc.landed), exc
+        settled: set[str] = set()
+        step = max(1, len(pairs) // 4)
+        for start in range(0, len(pairs), step):
+            done, failed = self.commit_in_parts(pairs[start:start + step], encoded)
+            settled |= done
+            if failed is not None:
+                return settled, failed
+        return settled, None
 
     def _commit_changes(self, pairs: Sequence[tuple[Job | None, Job | None]],
                         extra: Sequence[Change], *, staged: dict[str, str] | None,

@@ -30,7 +30,7 @@ from jobspool.queue.job import (
     validate_owner,
     validate_seconds,
 )
-from jobspool.queue.journal import Journal
+from jobspool.queue.journal import FULL_DISK, Journal
 from jobspool.queue.states import ALL_STATES, JobState
 from jobspool.queue.store import JOB_SUFFIX, Change, write_failed
 
@@ -73,13 +73,22 @@ class Leasing:
                 validate_kind(k)
         who = self.owner if owner is None else validate_owner(owner)
         with self.journal.lock.hold(), interrupts.deferred() as interrupted:
-            try:
-                leases = self._claim_locked(kind_set, limit, who, seconds, frozenset(exclude))
-            except BaseException:
-                # The index already forgot the candidates it handed out; a failure before
-                # the write must not hide those jobs from this process's later claims.
-                self.journal.index.invalidate()
-                raise
+            while True:
+                try:
+                    leases = self._claim_locked(kind_set, limit, who, seconds,
+                                                frozenset(exclude))
+                    break
+                except BaseException as exc:
+                    # The index already forgot the candidates it handed out; a failure
+                    # before the write must not hide those jobs from later claims.
+                    self.journal.index.invalidate()
+                    if not (isinstance(exc, WriteFailed) and exc.errno in FULL_DISK
+                            and limit > 1 and not exc.landed):
+                        raise
+                # A batch writes all its new files before it retires the old ones: on a
+                # disk with room for a few, a batch of 50 failed for ever (a worker gave
+                # up after five) while one at a time drained it. Smaller, then.
+                limit = max(1, limit // 4)
             if leases and interrupted():
                 # Ctrl-C or SIGTERM came during the claim and leaves it as an exception:
                 # nobody would hold these leases until they expired.
@@ -474,14 +483,13 @@ class Leasing:
                     continue
                 out.append(new if told is None else told)
                 pairs.append((job, new))
-            try:
-                self.journal.commit_changes(pairs, encoded=encoded)
-            except WriteFailed as exc:
+            settled, failed = self.journal.commit_in_parts(pairs, encoded)
+            if failed is not None:
                 # Settled where the new version reached the disk; the others stay leased
                 # under their current lease and get this error.
-                log.warning("settle: %s (%d of %d settled anyway)", exc, len(exc.landed),
+                log.warning("settle: %s (%d of %d settled anyway)", failed, len(settled),
                             len(pairs))
-                out = [o if not isinstance(o, Job) or o.id in exc.landed else exc for o in out]
+                out = [o if not isinstance(o, Job) or o.id in settled else failed for o in out]
         self.journal.maybe_autoprune()
         return out
 
