@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from jobspool.queue.backpressure import waiting_since
 from jobspool.queue.states import ALL_STATES, JobState
 
 if TYPE_CHECKING:
@@ -115,7 +116,9 @@ def collect_stats(spool: Journal, *, by_kind: bool = False) -> Stats:
     for job_id in sorted(names[JobState.READY])[:_READY_SAMPLE]:
         job = job_of(JobState.READY, job_id)
         if job is not None:
-            age = max(0.0, now - job.run_at)
+            # Since it came due or arrived, whichever is later: a backfill with an old
+            # `run_at` has waited no time (health called the queue not draining).
+            age = max(0.0, now - waiting_since(job.run_at, job.updated_at))
             oldest = age if oldest is None else max(oldest, age)
     scheduled = 0
     if counts[JobState.RETRYABLE.value] <= _MAX_RETRYABLE_SCAN:
@@ -125,7 +128,7 @@ def collect_stats(spool: Journal, *, by_kind: bool = False) -> Stats:
                 scheduled += 1
             if job is not None and job.run_at <= now:
                 due += 1
-                age = now - job.run_at
+                age = max(0.0, now - waiting_since(job.run_at, job.updated_at))
                 oldest = age if oldest is None else max(oldest, age)
     kinds: dict[str, dict[str, int]] = {}
     if by_kind:
