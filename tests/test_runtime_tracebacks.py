@@ -71,6 +71,8 @@ def test_a_huge_traceback_keeps_its_end_within_the_bound(spool: Spool) -> None:
     failed = spool.get(job.id)
     tb = failed.traceback or ""
     assert len(orjson.dumps(tb)) <= MAX_TRACEBACK_BYTES
+    # its last 8 KiB, as the README says: the cut kept about 4 KiB of it
+    assert len(orjson.dumps(tb)) > MAX_TRACEBACK_BYTES * 0.9
     assert tb.startswith("... (earlier lines cut)")
     assert tb.rstrip().endswith("the end")
     assert len(failed.last_error or "") <= 1024
@@ -79,7 +81,9 @@ def test_a_huge_traceback_keeps_its_end_within_the_bound(spool: Spool) -> None:
 def test_clip_traceback_measures_json_escapes_not_characters() -> None:
     quoted = '"\n' * 10_000  # every character doubles when escaped
     out = clip_traceback(quoted) or ""
-    assert len(orjson.dumps(out)) <= MAX_TRACEBACK_BYTES
+    assert MAX_TRACEBACK_BYTES * 0.9 < len(orjson.dumps(out)) <= MAX_TRACEBACK_BYTES
+    nul = clip_traceback("\x00" * 9000) or ""  # six bytes each, escaped
+    assert MAX_TRACEBACK_BYTES * 0.9 < len(orjson.dumps(nul)) <= MAX_TRACEBACK_BYTES
     assert clip_traceback(None) is None
     assert clip_traceback("short") == "short"
 

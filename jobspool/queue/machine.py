@@ -80,12 +80,13 @@ def clip_traceback(text: str | None) -> str | None:
 
     if len(orjson.dumps(text)) <= MAX_TRACEBACK_BYTES:
         return text
-    keep = MAX_TRACEBACK_BYTES // 2
+    keep = MAX_TRACEBACK_BYTES  # characters: at least as many bytes once escaped
     while True:
         tail = "... (earlier lines cut)\n" + text[-keep:]
-        if len(orjson.dumps(tail)) <= MAX_TRACEBACK_BYTES or keep <= 64:
-            return tail
-        keep //= 2
+        size = len(orjson.dumps(tail))
+        if size <= MAX_TRACEBACK_BYTES or keep <= 64:
+            return tail  # as much of the end as fits (halving kept about 4 KiB of 8)
+        keep = max(64, min(keep - 16, keep * MAX_TRACEBACK_BYTES // size))
 
 
 def _move(job: Job, action: str, dst: JobState, now: float, **changes: Any) -> Job:

@@ -116,9 +116,25 @@ async def in_own_task(awaitable: Awaitable[Any]) -> Any:
         return await awaitable
 
     async def body() -> Any:
-        return await awaitable
+        try:
+            return await awaitable
+        except (Exception, asyncio.CancelledError):
+            raise
+        except BaseException as exc:
+            # A task lets KeyboardInterrupt and SystemExit out of the event loop itself, and
+            # a GeneratorExit out of a task ends its awaiter oddly: carried to the runner
+            # instead, where each is the job's failure like any exception.
+            return _Carried(exc)
 
-    return await loop.create_task(body())
+    result = await loop.create_task(body())
+    if isinstance(result, _Carried):
+        raise result.exc
+    return result
+
+
+class _Carried:
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
 
 
 class Tracked:
