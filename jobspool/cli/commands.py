@@ -144,8 +144,11 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     job = result.job
     if not result.created:
         # stdout stays `ID STATE` (scripts parse it); whether anything was written goes here.
+        # A leased job cannot be replaced (it is running): that hint led to an exit 2.
+        hint = ("it is running: cancel it first to replace it" if job.state.value == "leased"
+                else "--on-conflict replace rewrites it")
         sys.stderr.write(f"jobspool: note: job {job.id!r} already exists ({job.status}); kept "
-                         "unchanged (--on-conflict replace rewrites it)\n")
+                         f"unchanged ({hint})\n")
     _emit(args, _job_doc(job), f"{job.id} {job.status}")
     return EXIT_OK
 

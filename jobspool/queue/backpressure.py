@@ -113,10 +113,10 @@ class Limited(Protocol):
     def now(self) -> float: ...
 
 
-def _over(spool: Limited, backlog: Backlog, n: int, now: float) -> tuple[str, float, float] | None:
+def _over(spool: Limited, backlog: Backlog, n: int, now: float) -> tuple[Any, ...] | None:
     """The limit the admission of `n` jobs would break, as (name, value, limit), or None."""
     if spool.max_due is not None and backlog.due > 0 and backlog.due + n > spool.max_due:
-        return ("max_due", float(backlog.due), float(spool.max_due))
+        return ("max_due", float(backlog.due), float(spool.max_due), n)
     lag = backlog.lag(now)
     if spool.max_lag_seconds is not None and lag > spool.max_lag_seconds:
         return ("max_lag_seconds", lag, spool.max_lag_seconds)
@@ -133,17 +133,19 @@ def _still_high(spool: Limited, backlog: Backlog, now: float) -> tuple[str, floa
     return None
 
 
-def _refuse(limit: tuple[str, float, float], *, releasing: bool) -> Backpressure:
-    name, value, bound = limit
+def _refuse(limit: tuple[Any, ...], *, releasing: bool) -> Backpressure:
+    name, value, bound = limit[:3]
     if name == "max_due":
-        what = f"{int(value)} ready jobs"
+        adding = limit[3] if len(limit) > 3 else 0
+        # `due + n > max_due` refuses at the limit: "4 ready jobs, over max_due=4" read wrong.
+        what = f"{int(value)} ready jobs" + (f" and {adding} more" if adding else "")
         shown = f"max_due={int(bound)}"
         back = f"under {bound / 2:g} ready jobs"
     else:
         what = f"the oldest ready job has waited {value:.1f} s"
         shown = f"max_lag_seconds={bound:g}"
         back = f"under {bound / 2:g} s of lag"
-    state = "still over half of" if releasing else "over"
+    state = "still over half of" if releasing else ("would be over" if name == "max_due" else "over")
     return Backpressure(f"backpressure: {what}, {state} the limit {shown}; nothing was "
                         f"written, retry later (enqueues are admitted again {back})",
                         limit=name, value=value)

@@ -214,6 +214,7 @@ class Spool(EnqueueForms):
         self.journal.close()
 
     def __enter__(self) -> Self:
+        self.lock.check_open()  # a closed spool said nothing here, then failed inside
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -1,0 +1,41 @@
+"""Small contract slips a new user met, each pinned: the backpressure message at the
+limit, the CLI's hint for a kept leased job, `with` on a closed spool."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from jobspool import Spool
+from jobspool.errors import Backpressure, SpoolClosed
+from tests.cli_harness import run_cli
+from tests.spools import make_spool
+
+
+def test_backpressure_at_the_limit_says_what_admitting_would_do(tmp_path: Path) -> None:
+    with make_spool(tmp_path / "s", max_due=4) as spool:
+        for _ in range(4):
+            spool.enqueue("k", {})
+        with pytest.raises(Backpressure) as refused:
+            spool.enqueue("k", {})
+    # It said "4 ready jobs, over the limit max_due=4": 4 is not over 4.
+    assert "4 ready jobs and 1 more, would be over the limit max_due=4" in str(refused.value)
+
+
+def test_the_note_for_a_kept_leased_job_does_not_suggest_replace(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    with make_spool(root) as spool:
+        spool.enqueue("k", {}, job_id="j")
+        spool.claim()
+        done = run_cli("enqueue", "k", "{}", "--id", "j", root=root)
+    assert done.code == 0 and "cancel it first" in done.err and "replace" in done.err
+    assert "--on-conflict replace rewrites it" not in done.err
+
+
+def test_entering_a_closed_spool_says_it_is_closed(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "s")
+    spool.close()
+    with pytest.raises(SpoolClosed):
+        with spool:
+            pass
