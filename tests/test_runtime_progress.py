@@ -118,3 +118,25 @@ def test_a_worker_removes_progress_files_no_current_run_owns(spool: Spool) -> No
     spool.enqueue("work")
     Worker(spool, {"work": lambda job, ctx: None}, maintenance=False).run_until_idle()
     assert list(orphan_dir.iterdir()) == []
+
+
+def test_a_dead_workers_progress_is_not_shown(tmp_path: Path) -> None:
+    # The README: "A file left by a worker that died is never shown". Killed, the worker
+    # left its report naming the lease's token, shown until the lease expired.
+    import signal
+
+    root = tmp_path / "spool"
+    with make_spool(root) as spool:
+        job = spool.enqueue("progressing", {"releasefile": str(tmp_path / "never")})
+    proc = start_jobspool("run-until-idle", "--app", "tests.apps.runtime:app",
+                          "--no-maintenance", root=root)
+    try:
+        wait_until(lambda: (root / PROGRESS_DIR / f"{job.id}.json").exists(), GUARD,
+                   "the worker's first progress file", proc=proc)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=GUARD)
+    shown = run_jobspool("show", job.id, root=root, timeout=GUARD)
+    assert shown.code == 0 and "leased" in shown.out, shown.err
+    assert "progress:" not in shown.out
+    assert "progress=" not in run_jobspool("list", root=root, timeout=GUARD).out

@@ -135,4 +135,14 @@ def read_progress(root: Path, job: Job) -> Progress | None:
                             at=float(doc["at"]))
     except (OSError, ValueError, TypeError, KeyError, orjson.JSONDecodeError):
         return None
-    return progress if progress.token == job.lease.token else None
+    if progress.token != job.lease.token:
+        return None
+    proc = job.lease.proc
+    if proc:
+        # A worker that died (SIGKILL) left its last report behind, still naming the
+        # lease's token until the lease expires: "40% resizing" of a run that is gone.
+        from jobspool.queue import liveness
+
+        if liveness.probe(root, proc)[0] == liveness.Verdict.DEAD:
+            return None
+    return progress
