@@ -117,3 +117,24 @@ def test_a_nearly_full_disk_drains_in_smaller_claims(tmp_path: Path) -> None:
     assert enqueued > 100
     assert (tmp_path / "rc").read_text().strip() == "0", (tmp_path / "err").read_text()
     assert int((tmp_path / "completed").read_text()) == enqueued
+
+
+def test_a_file_size_limit_under_the_lock_file_is_one_line(tmp_path: Path) -> None:
+    # RLIMIT_FSIZE under 88 KiB: `Spool(new_root)` raised a bare OSError from ftruncate,
+    # and the CLI said only "File too large", naming nothing.
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192))
+
+    done = subprocess.run([sys.executable, "-m", "jobspool", "--root", str(tmp_path / "s"),
+                           "init"], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          preexec_fn=limit)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and ".lock" in done.stderr, done.stderr
+    probe = subprocess.run([sys.executable, "-c", "import sys; from jobspool import Spool\n"
+                            "try:\n Spool(sys.argv[1])\nexcept Exception as e:\n"
+                            " print(type(e).__name__)", str(tmp_path / "t")],
+                           cwd=REPO, capture_output=True, text=True, timeout=120,
+                           preexec_fn=limit)
+    assert probe.stdout.strip() == "SpoolError", probe.stdout + probe.stderr

@@ -140,9 +140,7 @@ class SpoolLock:
         else:
             # Growing to a fixed size is idempotent, so racing openers agree; we never
             # shrink, which keeps other processes' maps valid (shrinking would SIGBUS them).
-            if st.st_size < _MAP_SIZE:
-                os.ftruncate(fd, _MAP_SIZE)
-            if st.st_blocks * 512 < _MAP_SIZE:
+            if st.st_size < _MAP_SIZE or st.st_blocks * 512 < _MAP_SIZE:
                 _allocate(fd, self._path)
             self._map = mmap.mmap(fd, _MAP_SIZE, mmap.MAP_SHARED,
                                   mmap.PROT_READ | mmap.PROT_WRITE)
@@ -386,8 +384,11 @@ def _allocate(fd: int, path: Path) -> None:
     """Give the mapped lock file its disk blocks now. `ftruncate` makes a sparse file;
     its pages got blocks only when first written through the map, and on a full disk
     that write is a SIGBUS: producers and workers died (exit 135, no message), one after
-    publishing its job. Allocated at open, a full disk is an error here instead."""
+    publishing its job. Allocated at open, a full disk is an error here instead (and a
+    file size limit under 88 KiB, RLIMIT_FSIZE, a one-line one, not an OSError)."""
     try:
+        if os.fstat(fd).st_size < _MAP_SIZE:
+            os.ftruncate(fd, _MAP_SIZE)
         os.posix_fallocate(fd, 0, _MAP_SIZE)
     except OSError as exc:
         if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
