@@ -39,3 +39,16 @@ def test_entering_a_closed_spool_says_it_is_closed(tmp_path: Path) -> None:
     with pytest.raises(SpoolClosed):
         with spool:
             pass
+
+
+def test_a_root_too_long_for_its_job_files_is_refused_when_created(tmp_path: Path) -> None:
+    # At ~4000 bytes `init` made the spool, then every enqueue failed (ENAMETOOLONG,
+    # reported as "an unreadable file takes the id; run recover", which did nothing).
+    deep = tmp_path.joinpath(*["d" * 200] * 19)
+    done = run_cli("init", root=deep)
+    assert done.code == 2 and "too long" in done.err and done.err.count("\n") == 1, done.err
+    assert not deep.exists()
+    fits = tmp_path.joinpath(*["d" * 200] * 17)  # ~3,500 bytes: the longest id still fits
+    with make_spool(fits) as spool:
+        job = spool.enqueue("k", {}, job_id="x" * 128)
+        assert spool.get(job.id).id == "x" * 128

@@ -220,6 +220,8 @@ def open_layout(root: Path, *, create: bool, durable: bool, read_only: bool = Fa
         raise SpoolError(f"spool {root} was created with access={chosen!r}; access={access!r} "
                          "applies only when a spool is created (it is kept in "
                          f"{SPOOL_FILE})", path=str(root))
+    if st is None or (doc is None and create):
+        _refuse_too_long(root)
     if st is None:
         try:
             root.parent.mkdir(parents=True, exist_ok=True)
@@ -324,3 +326,21 @@ def _ensure_dir(root: Path, name: str, *, create: bool, mode: int) -> None:
         raise SpoolError(f"{path} is not a directory", path=str(path))
     refuse_foreign_writers(path, st)
     return None
+
+
+# What a spool writes below its root at most: a state or quarantine directory, a job id
+# of 128 characters, a temporary or quarantine suffix (bytes, with room to spare).
+_BELOW_ROOT_BYTES = 320
+
+
+def _refuse_too_long(root: Path) -> None:
+    """A root too long for the job files under it (PATH_MAX) is refused when created: it
+    was made, then every enqueue failed (ENAMETOOLONG, reported as an unreadable file
+    taking the id)."""
+    limit = os.pathconf("/", "PC_PATH_MAX") if hasattr(os, "pathconf") else 4096
+    size = len(os.fsencode(os.path.abspath(root)))
+    if size + _BELOW_ROOT_BYTES >= limit:
+        raise SpoolError(f"spool root is {size} bytes long: too long for the job files under "
+                         f"it (the system's paths stop at {limit}; keep the root under "
+                         f"{limit - _BELOW_ROOT_BYTES})", path=str(root))
+
