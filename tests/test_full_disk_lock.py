@@ -57,15 +57,21 @@ SCENARIO = textwrap.dedent('''
 ''')
 
 
-def test_enqueues_on_a_full_disk_exit_with_an_error_or_publish(tmp_path: Path) -> None:
+def _on_a_small_tmpfs(scenario: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """Run a shell scenario with a 2 MiB tmpfs at $DIR, in a mount namespace of its own:
+    the tmpfs goes away with it, whatever happens."""
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    script = SCENARIO.format(repo=REPO, python=sys.executable)
-    # A mount namespace of its own: the tmpfs goes away with it, whatever happens.
+    script = scenario.format(repo=REPO, python=sys.executable)
     done = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
                           env={**os.environ, "DIR": str(mnt)}, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=600, cwd=REPO)
     assert done.returncode == 0, done.stderr
+    return done
+
+
+def test_enqueues_on_a_full_disk_exit_with_an_error_or_publish(tmp_path: Path) -> None:
+    done = _on_a_small_tmpfs(SCENARIO, tmp_path)
     codes = dict(line.split() for line in done.stdout.splitlines())
     ready = set((tmp_path / "ready").read_text().split())
     assert len(codes) == 8
@@ -106,13 +112,7 @@ def test_a_nearly_full_disk_drains_in_smaller_claims(tmp_path: Path) -> None:
     # A claim writes all of its batch before retiring the old files: freeing less than a
     # batch's worth of space left a worker failing every claim of 50 (exit 2 after five)
     # while one at a time would drain the spool.
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    script = DRAIN.format(repo=REPO, python=sys.executable)
-    done = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
-                          env={**os.environ, "DIR": str(mnt)}, capture_output=True,
-                          text=True, timeout=600, cwd=REPO)
-    assert done.returncode == 0, done.stderr
+    _on_a_small_tmpfs(DRAIN, tmp_path)
     enqueued = int((tmp_path / "enqueued").read_text())
     assert enqueued > 100
     assert (tmp_path / "rc").read_text().strip() == "0", (tmp_path / "err").read_text()
