@@ -14,6 +14,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from jobspool import Spool
 from jobspool.queue.lock import _MAP_SIZE
 
@@ -138,3 +140,31 @@ def test_a_file_size_limit_under_the_lock_file_is_one_line(tmp_path: Path) -> No
                            cwd=REPO, capture_output=True, text=True, timeout=120,
                            preexec_fn=limit)
     assert probe.stdout.strip() == "SpoolError", probe.stdout + probe.stderr
+
+
+def test_recover_on_a_full_disk_prunes_then_goes_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Its writing steps failed (ENOSPC) before the one that frees space, pruning, and it
+    # told the operator to free space and run recover: the same failure again.
+    import errno
+
+    import jobspool.recovery.recover as recover_mod
+    from jobspool.errors import WriteFailed
+
+    with Spool(tmp_path / "s", keep_terminal=2) as spool:
+        for _ in range(10):
+            spool.enqueue("k", {})
+            (lease,) = spool.claim()
+            spool.complete(lease, {"ok": True})
+        real = recover_mod._reclaim
+        calls: list[int] = []
+
+        def full_once(*args: object, **kwargs: object) -> object:
+            calls.append(1)
+            if len(calls) == 1:
+                raise WriteFailed("No space left on device", errno=errno.ENOSPC)
+            return real(*args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(recover_mod, "_reclaim", full_once)
+        spool.recover()
+        assert len(calls) == 2 and spool.stats()["completed"] == 2

@@ -47,10 +47,12 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from jobspool.errors import WriteFailed
 from jobspool.queue import liveness, machine
 from jobspool.queue import store as store_mod
 from jobspool.queue.fence import FENCE_FILE, decode_fence, encode_fence
 from jobspool.queue.job import survivor_key
+from jobspool.queue.journal import FULL_DISK
 from jobspool.queue.layout import ADMIN_BATCH as BATCH
 from jobspool.queue.states import CLAIMABLE, JobState
 from jobspool.queue.store import JOB_SUFFIX, TMP_DIR, Change
@@ -120,9 +122,18 @@ def recover(spool: Journal, replay: ReplayHooks | None = None) -> RecoveryReport
     scan = scan_spool(spool)
     dups, stale, moved = _repair(spool, scan)
     temps, trimmed = _clean_tmp(spool)
-    fence_ids, before, after = _raise_fence(spool, scan)
-    reclaimed, returned, dead = _reclaim(spool, scan)
-    committed, aborted, unknown, dead_replay, pending = _replay(spool, scan, replay)
+    try:
+        fence_ids, before, after = _raise_fence(spool, scan)
+        reclaimed, returned, dead = _reclaim(spool, scan)
+        committed, aborted, unknown, dead_replay, pending = _replay(spool, scan, replay)
+    except WriteFailed as exc:
+        # On a full disk the steps that write failed before the one that frees space:
+        # retention's pruning (removals only). Pruned, the whole recovery goes again.
+        if exc.errno not in FULL_DISK or not prune(spool, scan=scan).pruned:
+            raise
+        log.warning("recovery of %s: the disk was full; pruned old finished jobs by the "
+                    "spool's retention and went again", spool.root)
+        return recover(spool, replay)
     pruned = prune(spool, scan=scan).pruned
     report = RecoveryReport(
         duplicates_resolved=tuple(dups), stale_copies_removed=tuple(stale),
