@@ -461,7 +461,7 @@ class Store:
 
 _HINTS = {
     errno.ENOSPC: "the disk is full (no space or no inodes left: see df -h and df -i): "
-                  "free some, then run `jobspool recover`",
+                  "free space on it, then run `jobspool recover`",
     errno.EDQUOT: "the disk quota is used up: raise it or free space, then run `jobspool recover`",
     errno.EIO: "the disk reported an I/O error: check it (dmesg), then run `jobspool recover`",
     errno.EROFS: "the filesystem is read-only: remount it read-write",
