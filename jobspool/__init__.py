@@ -111,11 +111,17 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    # The worker pulls in anyio; keep `import jobspool` light for scripts that only enqueue.
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'jobspool' has no attribute {name!r}")
-    import importlib
+if not TYPE_CHECKING:  # a checker sees the names imported above, never an Any for a typo
 
-    return getattr(importlib.import_module(module), name)
+    def __getattr__(name: str) -> Any:
+        # The worker pulls in anyio; keep `import jobspool` light for scripts that only enqueue.
+        module = _LAZY.get(name)
+        if module is None:
+            raise AttributeError(f"module 'jobspool' has no attribute {name!r}")
+        import importlib
+
+        return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ from typing import Any
 from jobspool.errors import AppError as AppError
 from jobspool.errors import ConfigError
 from jobspool.policy import Policy, check_policies
+from jobspool.queue.config import Handler
 from jobspool.queue.job import Job, validate_kind
 from jobspool.schedules import Schedule, check_schedules
 
@@ -25,10 +27,10 @@ class App:
     endpoint, keys, region, `allow_http`), passed to `lancedb.connect`.
     """
 
-    handlers: Mapping[str, Callable[..., Any]]
+    handlers: Mapping[str, Handler]
     # Replay hooks by kind, or one hook for every kind (DESIGN §6).
     replay: Mapping[str, Callable[[Job], str]] | Callable[[Job], str] = field(default_factory=dict)
-    projection: str | None = None
+    projection: str | os.PathLike[str] | Any = None  # a URI, a path, a ProjectionStore
     keys: Mapping[str, str] = field(default_factory=dict)
     policies: Mapping[str, Policy] = field(default_factory=dict)  # kind -> Policy (DESIGN §9)
     schedules: Sequence[Schedule] = ()  # periodic jobs, fired by `worker` (jobspool.schedules)

@@ -10,7 +10,7 @@ them; everything is checked when the app or worker is built, never mid-run.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +40,7 @@ class Policy:
     timeout: float | None = None
     retry_base_seconds: float | None = None
     retry_max_seconds: float | None = None
-    retry_on: tuple[type[BaseException], ...] | None = None
+    retry_on: type[BaseException] | Sequence[type[BaseException]] | None = None
 
     def __post_init__(self) -> None:
         if self.max_attempts is not None:
@@ -63,7 +63,10 @@ class Policy:
 
     def retries(self, exc: BaseException) -> bool:
         """Whether a run that raised `exc` may be retried under this policy."""
-        return self.retry_on is None or isinstance(exc, self.retry_on)
+        # normalized to a tuple in __post_init__ (`_exception_classes`)
+        return self.retry_on is None or isinstance(exc, tuple(self.retry_on)
+                                                  if not isinstance(self.retry_on, type)
+                                                  else self.retry_on)
 
 
 def _positive_seconds(name: str, value: object) -> float:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import inspect
 import os
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -465,7 +465,7 @@ class Spool(EnqueueForms):
 
     # ------------------------------------------------------------ recovery (jobspool.recovery)
 
-    def recover(self, replay: ReplayHook | dict[str, ReplayHook] | None = None) -> RecoveryReport:
+    def recover(self, replay: ReplayHook | Mapping[str, ReplayHook] | None = None) -> RecoveryReport:
         """Repair what a crash left, reclaim expired leases, replay prepared jobs, prune."""
         from jobspool.recovery.recover import recover
 
