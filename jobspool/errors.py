@@ -45,8 +45,9 @@ class InvalidType(InvalidJob, TypeError):
 class JobTooLarge(InvalidJob):
     """Raised when a serialized job (or a stored result) exceeds `max_job_bytes`."""
 
-    def __init__(self, message: str, *, size: int = 0, limit: int = 0) -> None:
-        super().__init__(message, field="payload")
+    def __init__(self, message: str, *, size: int = 0, limit: int = 0,
+                 field: str = "payload") -> None:
+        super().__init__(message, field=field)
         self.size = size
         self.limit = limit
 

@@ -52,3 +52,14 @@ def test_a_root_too_long_for_its_job_files_is_refused_when_created(tmp_path: Pat
     with make_spool(fits) as spool:
         job = spool.enqueue("k", {}, job_id="x" * 128)
         assert spool.get(job.id).id == "x" * 128
+
+
+def test_a_result_too_large_names_the_result(tmp_path: Path) -> None:
+    from jobspool.errors import JobTooLarge
+
+    with make_spool(tmp_path / "s", max_job_bytes=4096) as spool:
+        spool.enqueue("k", {})
+        (lease,) = spool.claim()
+        with pytest.raises(JobTooLarge) as told:
+            spool.complete(lease, "r" * 10_000)
+    assert told.value.field == "result"  # it said "payload"

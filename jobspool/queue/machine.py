@@ -342,7 +342,7 @@ def result_refused(job: Job, lease: Lease, exc: JobTooLarge, *, now: float,
     dead = fail(job, lease, now=now, error=f"result refused: {exc.message}", retryable=False,
                 delay=None, policy=policy)
     told = JobTooLarge(f"{exc.message}; job {job.id!r} was dead-lettered",
-                       size=exc.size, limit=exc.limit)
+                       size=exc.size, limit=exc.limit, field="result")
     return dead, told
 
 
