@@ -116,3 +116,25 @@ def test_a_counter_set_back_under_a_live_spool_does_not_hand_its_tokens_out_agai
         after = [lease.token for lease in s.claim(limit=20)]
         assert min(after) > max(before)
         assert _disk_fence(root) >= max(after)
+
+
+def test_a_fence_file_an_older_release_advanced_is_taken_in(tmp_path: Path) -> None:
+    # Releases before the shared-memory counter hand tokens out from the file itself,
+    # writing each one there (a new file per claim). Alternating with one, this counter
+    # went on from its cached ceiling: 3 after the old release's 1027, and 1027 would be
+    # handed out a second time; the projection dropped the new run's writes.
+    from jobspool.queue.fence import encode_fence
+
+    root = tmp_path / "s"
+    with make_spool(root) as spool:
+        spool.enqueue_many("k", [{}] * 3)
+        first = spool.claim()[0].token
+        old_release_token = _disk_fence(root) + 1  # what the old code hands out next
+        tmp = root / "fence.old-release"
+        tmp.write_bytes(encode_fence(old_release_token))
+        os.replace(tmp, root / "fence")  # as it wrote it, after its claim
+        second = spool.claim()[0].token
+        assert second > old_release_token > first
+        third = spool.claim()[0].token
+        assert third == second + 1  # no block wasted when nothing changed on disk
+        assert _disk_fence(root) >= third

@@ -66,26 +66,49 @@ class FenceCounter:
     (a new boot or a new `.lock` zeroes the cached ceiling: the next claim
     restarts from the ceiling on disk, above every token ever handed out).
     What it does not survive: someone lowering the file by hand (`recover`
-    raises it to the largest token on disk), or a jobspool from before this
-    scheme claiming on the same spool at the same time.
+    raises it to the largest token on disk). A jobspool from before this scheme
+    writes its last token to the file at each claim: every claim here stats the
+    file and takes in a change it did not make (`_moved_on_disk`).
     """
 
     def __init__(self, lock: SpoolLock, read_disk: Callable[[], int],
-                 write_disk: Callable[[int], None]) -> None:
+                 write_disk: Callable[[int], None], disk_ident: Callable[[], int]) -> None:
         self._lock = lock
         self._read_disk = read_disk
-        self._write_disk = write_disk
+        self._write = write_disk
+        self._disk_ident = disk_ident
         # The highest token this process has seen handed out. The shared counter never goes
         # back, unless its files are overwritten under a live spool (a backup restored over
         # it: `.lock` and `fence` with them); then this process goes on above what it saw
         # instead of handing its own tokens out again.
         self._seen = 0
 
+    def _write_disk(self, value: int) -> None:
+        self._write(value)
+        self._lock.put(self._lock.FENCE_FILE_SLOT, self._disk_ident())
+
+    def _moved_on_disk(self) -> None:
+        """Take in a fence file rewritten by someone else than this scheme: a release from
+        before it writes each token it hands out there (last token, not a ceiling), and
+        alternating with one, this counter went on from its cached ceiling — tokens went
+        back (3 after 1027) and were handed out twice. One stat per claim tells."""
+        ident = self._disk_ident()
+        if ident == self._lock.generation(self._lock.FENCE_FILE_SLOT):
+            return
+        disk = self._read_disk()
+        nxt = self._lock.generation(self._lock.FENCE_NEXT_SLOT)
+        if disk > nxt:
+            self._lock.put(self._lock.FENCE_NEXT_SLOT, disk)
+        if disk >= self._lock.generation(self._lock.FENCE_CEILING_SLOT):
+            self._lock.put(self._lock.FENCE_CEILING_SLOT, disk)  # the next take raises it
+        self._lock.put(self._lock.FENCE_FILE_SLOT, ident)
+
     def _ceiling(self) -> int:
         ceiling = self._lock.generation(self._lock.FENCE_CEILING_SLOT)
         if ceiling == 0:
             # Nothing cached since the boot (or the map is new): restart above the disk.
             ceiling = self._read_disk()
+            self._lock.put(self._lock.FENCE_FILE_SLOT, self._disk_ident())
             nxt = max(self._lock.generation(self._lock.FENCE_NEXT_SLOT), ceiling)
             self._lock.put(self._lock.FENCE_NEXT_SLOT, nxt)
             if ceiling == 0:
@@ -97,6 +120,8 @@ class FenceCounter:
 
     def take(self, n: int) -> int:
         """Hand out `n` tokens (call under the lock); returns the first of them."""
+        self._ceiling()
+        self._moved_on_disk()
         ceiling = self._ceiling()
         nxt = self._lock.generation(self._lock.FENCE_NEXT_SLOT)
         if nxt < self._seen:

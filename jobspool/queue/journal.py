@@ -103,7 +103,9 @@ class Journal:
             # A file placed by hand may be a stale copy: claims check for newer copies of
             # what they take until `recover` has settled the spool (`SpoolLock.suspect`).
             self.index.on_foreign = self._suspect_copies
-        self.fence = FenceCounter(self.lock, self._read_fence, self._write_fence)
+        self._fence_path = os.path.join(self.root, FENCE_FILE)  # stat'ed at every claim
+        self.fence = FenceCounter(self.lock, self._read_fence, self._write_fence,
+                                  self._fence_ident)
         self._group = GroupFlush(self.root, self.lock, fsync_dir)
         self._tls = threading.local()
         if options.read_only:
@@ -459,6 +461,14 @@ class Journal:
             raise SpoolError(f"{self.root / FENCE_FILE}: {exc}; run `jobspool recover` to "
                              "rebuild it from the tokens on disk",
                              path=str(self.root / FENCE_FILE)) from None
+
+    def _fence_ident(self) -> int:
+        """The fence file's identity (inode and change time): 0 when there is none."""
+        try:
+            st = os.stat(self._fence_path)
+        except OSError:
+            return 0
+        return (st.st_ino * 1_000_003 + st.st_ctime_ns) & 0xFFFFFFFFFFFFFFFF or 1
 
     def _write_fence(self, value: int) -> None:
         """Flush a new token ceiling (under the lock; see `FenceCounter`)."""

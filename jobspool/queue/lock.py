@@ -338,6 +338,8 @@ class SpoolLock:
     # Terminal writes by every process since the last automatic prune (journal.py); 17..31
     # are the group flush's (groupflush.py).
     TERMINAL_SLOT = 32
+    # The fence file as this scheme last wrote or read it (fence.py: `_moved_on_disk`).
+    FENCE_FILE_SLOT = 33
 
     def begin_write(self) -> None:
         """Mark a batch of renames in flight (under the lock). A mark found still set is
