@@ -37,3 +37,23 @@ def test_list_holds_one_job_at_a_time_in_text_and_json(tmp_path: Path) -> None:
     docs = json.loads(out)
     assert len(docs) == N and docs[0]["payload"]["n"] == 0
     assert peak < len(out) * 4 + N * 400, (peak, len(out))
+
+
+def test_a_reader_that_stops_early_gets_no_traceback(tmp_path: Path) -> None:
+    # `jobspool list --json | head` printed two chained BrokenPipeError tracebacks (its
+    # error line went to the same closed pipe).
+    import subprocess
+    import sys
+
+    root = tmp_path / "spool"
+    with make_spool(root) as spool:
+        spool.enqueue_many("k", [{"n": i} for i in range(3000)])
+    for args in (["list"], ["list", "--json"]):
+        proc = subprocess.Popen([sys.executable, "-m", "jobspool", "--root", str(root), *args],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.read(10)
+        proc.stdout.close()  # the reader goes away
+        err = proc.stderr.read().decode()
+        proc.stderr.close()
+        assert proc.wait(timeout=120) == 141 and "Traceback" not in err, err

@@ -114,6 +114,13 @@ def _main(argv: Sequence[str] | None) -> int:
         return _fail(str(exc), _exit_code_for(exc), as_json)
     except ValueError as exc:
         return _fail(str(exc), EXIT_USAGE, as_json)
+    except BrokenPipeError:
+        # The reader went away (`jobspool list | head`): nothing to say to it, and writing
+        # the error to the same pipe raised again (two chained tracebacks with --json).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 128 + 13  # as a command killed by SIGPIPE
     except OSError as exc:
         from jobspool.queue.store import os_hint
 
