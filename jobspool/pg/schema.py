@@ -23,7 +23,7 @@ import psycopg
 
 from jobspool.errors import SpoolError
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 _LOCK_KEY = 0x6A6F6273  # "jobs": the advisory lock migrations hold
 
 _V1 = """
@@ -93,7 +93,24 @@ _V4 = """
 ALTER TABLE jobspool_jobs ADD COLUMN IF NOT EXISTS started boolean;
 """
 
-MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2, 3: _V3, 4: _V4}
+# v5: the counters as bigint in databases made before v1's text said so (it was changed
+# in place): there, a priority past 2**31 was refused ("integer out of range") after the
+# upgrade while a new database took it. A table already right is not rewritten.
+_V5 = """
+DO $$
+DECLARE c text;
+BEGIN
+  FOR c IN SELECT column_name FROM information_schema.columns
+           WHERE table_schema = current_schema() AND table_name = 'jobspool_jobs'
+             AND data_type = 'integer'
+             AND column_name IN ('priority', 'attempts', 'max_attempts', 'revision', 'rescues')
+  LOOP
+    EXECUTE format('ALTER TABLE jobspool_jobs ALTER COLUMN %I TYPE bigint', c);
+  END LOOP;
+END $$;
+"""
+
+MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2, 3: _V3, 4: _V4, 5: _V5}
 
 
 def _current(conn: psycopg.Connection[Any]) -> int | None:
