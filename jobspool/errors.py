@@ -225,10 +225,13 @@ class PoolFailed(JobspoolError):
 class NotQuarantined(JobspoolError):
     """Raised when a name given to a quarantine command matches no quarantined file."""
 
-    def __init__(self, ident: str, detail: str = "") -> None:
-        super().__init__(f"no quarantined file {ident!r}{detail} (see `jobspool quarantine "
-                         "list`)")
+    def __init__(self, ident: str, matches: int = 0) -> None:
+        # Several matching is not "no file": it said "no quarantined file 'x': 3 files match".
+        what = (f"{matches} quarantined files match {ident!r}; give more of the name"
+                if matches > 1 else f"no quarantined file {ident!r}")
+        super().__init__(f"{what} (see `jobspool quarantine list`)")
         self.ident = ident
+        self.matches = matches
 
 
 class CorruptFileWarning(UserWarning):

@@ -27,7 +27,7 @@ _ARGS: dict[str, tuple[object, ...]] = {
     "InvalidTransition": ("j1", "done", "cancel"),
     "WaitTimeout": ("j1", 1.5),
     "TimeLimitExceeded": ("j1", "tasks.add", 2.0, "cut off"),
-    "NotQuarantined": ("x.json", ": 2 files match"),
+    "NotQuarantined": ("x.json", 2),
 }
 
 

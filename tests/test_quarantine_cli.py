@@ -137,3 +137,13 @@ def test_a_quarantined_directory_is_shown_refused_on_restore_and_purged(root: Pa
     code, out, _ = run_cli("quarantine", "purge", root=root)
     assert code == 0 and out.strip() == "purged 2 quarantined file(s)"
     assert list((root / "quarantine").iterdir()) == []
+
+
+def test_an_ambiguous_prefix_says_how_many_match_not_that_none_does(root: Path) -> None:
+    # It said "no quarantined file '1796': 3 files match".
+    _quarantine(root, {"ready/a1.json": b"{bad", "ready/a2.json": b"{bad"})
+    listed = run_json(root, "quarantine", "list")
+    assert isinstance(listed, dict) and listed["count"] == 2
+    common = listed["files"][0]["name"][:2]
+    code, _, err = run_cli("quarantine", "show", common, root=root)
+    assert code == 1 and "2 quarantined files match" in err and "no quarantined" not in err

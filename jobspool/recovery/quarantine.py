@@ -232,7 +232,7 @@ def resolve(spool: Journal, ident: str) -> str:
         if len(found) == 1:
             return found[0]
         if len(found) > 1:
-            raise NotQuarantined(ident, f": {len(found)} files match; give the full name")
+            raise NotQuarantined(ident, len(found))
     raise NotQuarantined(ident)
 
 
