@@ -63,3 +63,23 @@ def test_a_result_too_large_names_the_result(tmp_path: Path) -> None:
         with pytest.raises(JobTooLarge) as told:
             spool.complete(lease, "r" * 10_000)
     assert told.value.field == "result"  # it said "payload"
+
+
+def test_the_spools_own_index_named_explicitly_is_private_too(tmp_path: Path) -> None:
+    # Left to the default it was made 0700 whatever the umask; named with --projection
+    # (the same path), LanceDB made it with the umask's modes (0777 under umask 000).
+    import os
+    import stat
+
+    from jobspool import Worker
+
+    root = tmp_path / "s"
+    with make_spool(root) as spool:
+        spool.enqueue("p", {})
+        old = os.umask(0)
+        try:
+            Worker(spool, {"p": lambda job, ctx: ctx.upsert("t", {"id": "a"})},
+                   projection=str(root / "index"), maintenance=False).run_until_idle()
+        finally:
+            os.umask(old)
+    assert stat.S_IMODE((root / "index").stat().st_mode) & 0o077 == 0

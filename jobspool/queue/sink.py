@@ -102,7 +102,8 @@ class LanceSink:
             if isinstance(spec, ProjectionStore):
                 self._store = spec
             else:
-                if spec is None:
+                if spec is None or _same_path(spec, self._default_uri):
+                    # The spool's own index/, named or not: private whatever the umask.
                     _make_private_dir(self._default_uri)
                 # `keys` (App.keys): a table keyed on another column than `id` is merged on it.
                 self._store = ProjectionStore(
@@ -162,3 +163,12 @@ class LanceSink:
         if self._beat is not None:
             self._beat.close()
             self._beat = None
+
+
+def _same_path(spec: Any, default: str | os.PathLike[str]) -> bool:
+    if not isinstance(spec, str | os.PathLike):
+        return False
+    text = os.fspath(spec)
+    text = text[len("file://"):] if text.startswith("file://") else text
+    return "://" not in text and os.path.abspath(text) == os.path.abspath(default)
+
