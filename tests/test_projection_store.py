@@ -313,3 +313,16 @@ def test_an_upsert_of_no_rows_commits_nothing(store: ProjectionStore) -> None:
     result = store.apply([make_upsert("empty", "notes", [], None, 5)])
     assert result.ok and result.tables == {"notes": 0}
     assert store.table("notes").version() == before
+
+
+def test_a_not_null_column_added_by_hand_is_refused_at_planning(tmp_path: Path) -> None:
+    # `add_columns({"extra": "'x'"})` makes a NOT NULL column: every merge after it failed
+    # at LanceDB ("declared as non-nullable but contains null values"), retried four times
+    # per job, then dead-lettered with Arrow's message.
+    store = ProjectionStore(tmp_path / "db")
+    assert store.apply([make_upsert("j1", "t", {"id": "a", "n": 1}, None, 1)]).ok
+    store.connection.open_table("t").add_columns({"extra": "'x'"})
+    result = ProjectionStore(tmp_path / "db").apply(
+        [make_upsert("j2", "t", {"id": "b", "n": 2}, None, 2)])
+    assert set(result.rejected) == {"j2"} and not result.failed
+    assert "'extra' is NOT NULL" in str(result.rejected["j2"])

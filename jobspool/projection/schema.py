@@ -101,6 +101,15 @@ def foreign_table_problem(schema: pa.Schema, key: str) -> str | None:
     typ = schema.field(key).type
     if not (pa.types.is_string(typ) or pa.types.is_large_string(typ)):
         return f"its key column {key!r} is {typ}, not a string"
+    reserved = {f.name for f in RESERVED_FIELDS}
+    strict = [f.name for f in schema if not f.nullable and f.name != key
+              and f.name not in reserved]
+    if strict:
+        # A column added NOT NULL by hand (`add_columns` with a default): a tombstone, or a
+        # row without it, is refused by LanceDB at the merge — retried, then dead-lettered
+        # with Arrow's message, every job writing the table.
+        return (f"its column {strict[0]!r} is NOT NULL (a tombstone holds nulls there); "
+                "make it nullable or drop it")
     return None
 
 
