@@ -326,3 +326,19 @@ def test_a_not_null_column_added_by_hand_is_refused_at_planning(tmp_path: Path) 
         [make_upsert("j2", "t", {"id": "b", "n": 2}, None, 2)])
     assert set(result.rejected) == {"j2"} and not result.failed
     assert "'extra' is NOT NULL" in str(result.rejected["j2"])
+
+
+def test_a_table_deleted_under_a_store_is_made_anew_with_a_warning(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+    import shutil
+
+    store = ProjectionStore(tmp_path / "db")
+    assert store.apply([make_upsert("j1", "t", {"id": "a", "n": 1}, None, 1)]).ok
+    shutil.rmtree(tmp_path / "db" / "t.lance")  # an operator's slip
+    caplog.set_level(logging.WARNING, logger="jobspool")
+    for attempt in range(3):  # the cached handle fails once, then the table is made anew
+        if store.apply([make_upsert("j2", "t", {"id": "b", "n": 2}, None, 2)]).ok:
+            break
+    assert attempt <= 1
+    assert any("was there and is gone" in r.getMessage() for r in caplog.records)

@@ -37,6 +37,7 @@ projection is first used, never when this module is imported.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -60,6 +61,8 @@ from jobspool.projection.handler import (
 )
 from jobspool.projection.plan import ApplyResult, TablePlan, decide, plan_table
 from jobspool.projection.schema import PK_METADATA_KEY, check_key_name, primary_key_of, table_schema
+
+log = logging.getLogger("jobspool.projection")
 
 #: The fence, as LanceDB evaluates it inside the merge: the incoming (source)
 #: row replaces the stored (target) one only when its (version, fence) pair is
@@ -157,6 +160,7 @@ class ProjectionStore:
         self._commit_timeout = commit_timeout
         self._clock = clock
         self._tables: dict[str, Any] = {}
+        self._opened: set[str] = set()  # tables this store saw existing (see `_create`)
         self._lock = threading.RLock()
         self._exclusive: dict[str, threading.Lock] = {}
         self._closed = False
@@ -204,6 +208,7 @@ class ProjectionStore:
                 tbl = _open_table(self.connection, name)
                 if tbl is not None:
                     self._tables[name] = tbl
+                    self._opened.add(name)
             return tbl
 
     def exclusive(self, name: str) -> threading.Lock:
@@ -350,7 +355,13 @@ class ProjectionStore:
         return int(result.num_inserted_rows) + int(result.num_updated_rows)
 
     def _create(self, name: str, schema: pa.Schema) -> Any:
+        if name in self._opened:
+            # It was there and is gone (deleted or moved by hand): made anew, it holds none of
+            # the rows written before — said once, not left for readers to find out.
+            log.warning("projection table %r was there and is gone (deleted or moved?); "
+                        "creating it anew: rows written before are not in it", name)
         tbl = _create_table(self.connection, name, schema)
+        self._opened.add(name)
         key = self.key_of(name)
         field = tbl.schema.field(key)
         if PK_METADATA_KEY not in (field.metadata or {}):
