@@ -213,6 +213,17 @@ class Journal:
                 return f"{state.value}/{job_id}{JOB_SUFFIX}"
         return None
 
+    def readable_now(self, job_id: str) -> bool:
+        """Whether some file of this id decodes as that job now (quietly: no warning)."""
+        for state in ALL_STATES:
+            try:
+                data = self.store.read(state.value, job_id + JOB_SUFFIX)
+                decode_job(data, expect_id=job_id, expect_state=state)
+                return True
+            except (OSError, CorruptJob):
+                continue
+        return False
+
     def missing(self, job_id: str) -> JobspoolError:
         """What to raise for a job `locate` did not find: `JobNotFound`, or a `SpoolError`
         naming its unreadable file (it said "not found", exit 1, for a file it could not

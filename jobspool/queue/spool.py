@@ -26,7 +26,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self, cast
 
-from jobspool.errors import InvalidJob, JobspoolError, LeaseLost, SpoolError
+from jobspool.errors import InvalidJob, JobNotFound, JobspoolError, LeaseLost, SpoolError
 from jobspool.queue import bulk, liveness, machine
 from jobspool.queue.arguments import (
     check_lease,
@@ -421,14 +421,20 @@ class Spool(EnqueueForms):
         validate_job_id(job_id)
         self.lock.check_open()
         job, _ = self.journal.locate(job_id)
-        if job is None and self.journal.unreadable_file(job_id) is None:
-            # Lock-free probing can miss a job moving between two directories we probe
-            # in the wrong order; the lock makes the second look exact. (Not when its
-            # file is there but unreadable: a second look only said so twice.)
-            with self.lock.hold():
+        if job is not None:
+            return job
+        # Lock-free probing can miss a job moving between two directories we probe in the
+        # wrong order, or one published since; under the lock the second look is exact.
+        # (A file that is there but unreadable is not read again: it only said so twice.)
+        with self.lock.hold():
+            if self.journal.unreadable_file(job_id) is None:
+                raise JobNotFound(job_id)
+            if self.journal.readable_now(job_id):
                 job, _ = self.journal.locate(job_id)
-        if job is None:
-            raise self.journal.missing(job_id)
+            if job is None:
+                # Decided under the lock: an enqueue publishing the id meanwhile made this
+                # "its file cannot be read; run recover" for a file that read fine.
+                raise self.journal.missing(job_id)
         return job
 
     def jobs(self, state: JobState | str | None = None, kind: str | None = None) -> Iterator[Job]:
