@@ -60,7 +60,10 @@ class AsyncSpool:
             self._owned = True
 
     async def _run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        result = await anyio.to_thread.run_sync(partial(fn, *args, **kwargs))
+        call = partial(fn, *args, **kwargs)
+        if _on_asyncio():
+            return await _finished_then_cancelled(call)
+        result = await anyio.to_thread.run_sync(call)
         # A cancellation that came while the thread ran is raised here, once the operation
         # is done (the module docstring's promise): without this checkpoint, a caller whose
         # scope was cancelled meanwhile got the result as if nothing had happened.
@@ -201,3 +204,44 @@ class AsyncSpool:
 
 
 __all__ = ["AsyncSpool"]
+
+
+def _on_asyncio() -> bool:
+    import asyncio
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+async def _finished_then_cancelled(call: Callable[[], T]) -> T:
+    """Run `call` in a worker thread; a cancellation meanwhile is raised once it is done.
+
+    anyio shields the thread's call from its own cancel scopes, not from asyncio's
+    `task.cancel()` (`asyncio.wait_for`, `asyncio.timeout`, a server cancelling a request
+    at shutdown): the caller got `CancelledError` at once while the enqueue went on in its
+    thread and landed later — told "failed", it retried, and the job ran twice.
+    """
+    import asyncio
+
+    task = asyncio.ensure_future(anyio.to_thread.run_sync(call))
+    cancelled: asyncio.CancelledError | None = None
+    while True:
+        try:
+            result = await asyncio.shield(task)
+            break
+        except asyncio.CancelledError as exc:
+            if task.done() and task.cancelled():
+                raise  # the thread's own task was cancelled (the loop is closing)
+            cancelled = exc  # the operation goes on in its thread: wait for it first
+        except BaseException:
+            if cancelled is not None:
+                raise cancelled from None  # done (refused): the caller was cancelled
+            raise
+    if cancelled is not None:
+        raise cancelled
+    await anyio.lowlevel.checkpoint()
+    return result
+

@@ -158,3 +158,42 @@ def test_a_call_cancelled_while_its_thread_runs_finishes_then_raises_the_cancell
             assert (await spool.get("e2")).state.value == "ready"  # done, not half-done
 
     anyio.run(main, backend=backend)
+
+
+@pytest.mark.parametrize("cancel", ["task.cancel", "wait_for"])
+def test_an_asyncio_cancellation_also_waits_for_the_operation(tmp_path: Path,
+                                                               cancel: str) -> None:
+    """anyio shields the thread's call from its own cancel scopes, not from asyncio's
+    `task.cancel()` / `wait_for`: `CancelledError` came at once, the enqueue landed later
+    (a server cancelling requests at shutdown told 100 clients 'failed', 40 jobs landed)."""
+    import asyncio
+    import os
+    import threading
+
+    async def main() -> None:
+        async with AsyncSpool(tmp_path / "s") as spool:
+            held, release = threading.Event(), threading.Event()
+
+            def hold_lock() -> None:  # another process's claim, say
+                with spool.spool.lock.hold():
+                    held.set()
+                    release.wait(10)
+
+            holder = threading.Thread(target=hold_lock)
+            holder.start()
+            held.wait(10)
+            threading.Timer(0.4, release.set).start()
+            call = spool.enqueue("email", {"to": "a"}, job_id="order-1")
+            with pytest.raises((asyncio.CancelledError, TimeoutError)):  # wait_for: Timeout
+                if cancel == "wait_for":
+                    await asyncio.wait_for(call, 0.05)
+                else:
+                    task = asyncio.ensure_future(call)
+                    await asyncio.sleep(0.05)
+                    task.cancel()
+                    await task
+            # raised only once the operation was done: the caller can trust what it sees
+            assert os.listdir(tmp_path / "s" / "ready") == ["order-1.json"]
+            holder.join(10)
+
+    asyncio.run(main())
