@@ -81,7 +81,9 @@ class AsyncSpool:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        self.close()
+        # In a thread: closing waits for a call still in flight (one queued for a lock held
+        # elsewhere), and a lifespan handler's exit froze every request on the loop meanwhile.
+        await anyio.to_thread.run_sync(self.close)
 
     def __repr__(self) -> str:
         return f"AsyncSpool({str(self.spool.root)!r})"
