@@ -104,13 +104,107 @@ def test_a_signal_during_a_batch_still_reaches_the_handler_it_was_meant_for() ->
     seen: list[int] = []
     before = signal.signal(signal.SIGINT, lambda n, f: seen.append(n))
     try:
-        with interrupts.deferred() as interrupted:
-            assert not interrupted()
+        with interrupts.deferred() as section:
+            assert not section.pending()
             signal.raise_signal(signal.SIGINT)
-            assert seen == [] and interrupted()
+            assert seen == [] and section.pending()
             with interrupts.deferred() as inner:  # nested: the outermost delivers
-                assert inner()
+                assert not inner.pending()
             assert seen == []
         assert seen == [signal.SIGINT]
     finally:
         signal.signal(signal.SIGINT, before)
+
+
+def test_both_signals_held_in_one_batch_are_delivered() -> None:
+    # The first handler raising (Ctrl-C) stopped the delivery of the second (SIGTERM).
+    from jobspool.queue import interrupts
+
+    seen: list[str] = []
+    before_int = signal.getsignal(signal.SIGINT)
+    before_term = signal.signal(signal.SIGTERM, lambda n, f: seen.append("term"))
+    try:
+        with pytest.raises(KeyboardInterrupt), interrupts.deferred():
+            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signal.SIGTERM)
+        assert seen == ["term"]
+    finally:
+        signal.signal(signal.SIGINT, before_int)
+        signal.signal(signal.SIGTERM, before_term)
+
+
+FLAG_CHILD = textwrap.dedent('''
+    import json, os, signal, sys, threading
+    sys.path.insert(0, {repo!r})
+    from jobspool import Spool
+    stop = []
+    signal.signal(signal.SIGTERM, lambda n, f: stop.append(n))  # a graceful-stop flag
+    s = Spool(sys.argv[1], durable=False)
+    s.enqueue_many("k", [{{}}] * 3000)
+    done = threading.Event()
+
+    def pester():
+        while not done.is_set():
+            os.kill(os.getpid(), signal.SIGTERM)
+            done.wait(0.001)
+
+    threading.Thread(target=pester, daemon=True).start()
+    lost = 0
+    while True:
+        leases = s.claim(limit=20)
+        if not leases:
+            break
+        for lease in leases:
+            try:
+                s.complete(lease)
+            except Exception:
+                lost += 1
+    done.set()
+    print(json.dumps({{"lost": lost, "signals": len(stop)}}))
+''')
+
+
+def test_a_claim_whose_signal_handler_returns_keeps_its_leases(tmp_path: Path) -> None:
+    # With a handler that only sets a flag, the claim gave its leases back and returned
+    # them all the same: 4,000-6,000 LeaseLost over 3,000 jobs, each job run twice.
+    script = tmp_path / "child.py"
+    script.write_text(FLAG_CHILD.format(repo=str(Path(__file__).resolve().parents[1])))
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "s")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["signals"] > 0 and out["lost"] == 0, out
+
+
+def test_an_asyncio_signal_callback_runs_once_for_a_signal_during_a_batch(
+        tmp_path: Path) -> None:
+    # asyncio's handlers learn of the signal from the wakeup fd, which the C handler writes
+    # during the batch: delivering it again after ran the callback twice (a Worker read
+    # one SIGTERM as two and released every lease at once).
+    import asyncio
+    import os
+
+    from tests.spools import make_spool
+
+    calls: list[int] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, lambda: calls.append(1))
+        try:
+            with make_spool(tmp_path / "s") as spool:
+                real = spool.journal._commit_changes  # noqa: SLF001 - the batch itself
+
+                def commit(*args: object, **kwargs: object) -> None:
+                    os.kill(os.getpid(), signal.SIGTERM)  # arrives mid-batch
+                    real(*args, **kwargs)  # type: ignore[arg-type]
+
+                spool.journal._commit_changes = commit  # type: ignore[method-assign]  # noqa: SLF001
+                spool.enqueue("k", {})
+            for _ in range(20):
+                await asyncio.sleep(0.01)
+        finally:
+            loop.remove_signal_handler(signal.SIGTERM)
+
+    asyncio.run(main())
+    assert calls == [1]

@@ -22,7 +22,7 @@ import contextlib
 import importlib
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 from typing import Any
@@ -43,50 +43,82 @@ def _hold(signum: int, frame: FrameType | None) -> None:
     _caught.append(signum)
 
 
-def _none() -> bool:
-    return False
+def _loop_handled(handler: object) -> bool:
+    """asyncio's `add_signal_handler` (anyio's signal receivers, a Worker's own): its
+    Python handler does nothing, the loop learns of the signal from the wakeup fd, which
+    the C handler writes whatever Python handler is in place — so it is never raised in a
+    batch, and delivering it again after the batch ran its callback twice (one SIGTERM
+    read as two: a worker released every lease at once instead of finishing)."""
+    return getattr(handler, "__name__", "") == "_sighandler_noop"
 
 
-def _pending() -> bool:
-    return bool(_caught)
+class Section:
+    """What `deferred()` yields: whether a signal came meanwhile, and its delivery."""
 
+    def __init__(self, saved: list[tuple[int, Any]] | None) -> None:
+        self._saved = saved  # None: not the outermost section (that one delivers)
 
-@contextmanager
-def deferred() -> Iterator[Callable[[], bool]]:
-    global _depth
-    if threading.current_thread() is not _MAIN:
-        yield _none
-        return
-    if _depth:
-        _depth += 1
-        try:
-            yield _pending
-        finally:
-            _depth -= 1
-        return
-    saved = []
-    for sig in _DEFERRED:
-        old = _raw.getsignal(sig)
-        # A handler not installed from Python (None) cannot be put back; ignored is ignored.
-        if old is not None and old != signal.SIG_IGN:
-            saved.append((sig, old))
-    _caught.clear()
-    _depth = 1
-    try:
-        for sig, _ in saved:
-            _raw.signal(sig, _hold)
-        yield _pending
-    finally:
+    def pending(self) -> bool:
+        return self._saved is not None and bool(_caught)
+
+    def deliver(self) -> None:
+        """Put the handlers back and deliver what came meanwhile, now (the outermost
+        section only; later it does nothing). Every signal is delivered even when a
+        handler raises (the first exception is raised after the others ran): a SIGTERM
+        and a Ctrl-C in one batch lost the second."""
+        global _depth
+        saved, self._saved = self._saved, None
+        if saved is None:
+            return
         _depth = 0
         for sig, old in saved:
             _raw.signal(sig, old)
         held = list(dict.fromkeys(_caught))
         _caught.clear()
+        first: BaseException | None = None
         for signum in held:
-            signal.raise_signal(signum)
+            try:
+                signal.raise_signal(signum)
+            except BaseException as exc:
+                first = first or exc
+        if first is not None:
+            raise first
 
 
-__all__ = ["deferred", "stop_signals"]
+_INNER = Section(None)
+
+
+@contextmanager
+def deferred() -> Iterator[Section]:
+    global _depth
+    if threading.current_thread() is not _MAIN:
+        yield _INNER
+        return
+    if _depth:
+        _depth += 1
+        try:
+            yield _INNER
+        finally:
+            _depth = max(0, _depth - 1)
+        return
+    saved: list[tuple[int, Any]] = []
+    for sig in _DEFERRED:
+        old = _raw.getsignal(sig)
+        # A handler not installed from Python (None) cannot be put back; ignored is ignored.
+        if old is not None and old != signal.SIG_IGN and not _loop_handled(old):
+            saved.append((sig, old))
+    _caught.clear()
+    _depth = 1
+    section = Section(saved)
+    try:
+        for signum, _ in saved:
+            _raw.signal(signum, _hold)
+        yield section
+    finally:
+        section.deliver()
+
+
+__all__ = ["Section", "deferred", "stop_signals"]
 
 
 def stop_signals() -> tuple[signal.Signals, ...]:

@@ -72,7 +72,7 @@ class Leasing:
             for k in kind_set:
                 validate_kind(k)
         who = self.owner if owner is None else validate_owner(owner)
-        with self.journal.lock.hold(), interrupts.deferred() as interrupted:
+        with self.journal.lock.hold(), interrupts.deferred() as section:
             while True:
                 try:
                     leases = self._claim_locked(kind_set, limit, who, seconds,
@@ -89,10 +89,16 @@ class Leasing:
                 # disk with room for a few, a batch of 50 failed for ever (a worker gave
                 # up after five) while one at a time drained it. Smaller, then.
                 limit = max(1, limit // 4)
-            if leases and interrupted():
-                # Ctrl-C or SIGTERM came during the claim and leaves it as an exception:
-                # nobody would hold these leases until they expired.
-                self._give_back(leases)
+            if leases and section.pending():
+                try:
+                    section.deliver()  # now, while the leases can still be given back
+                except BaseException:
+                    # Ctrl-C or SIGTERM came during the claim and leaves it as an
+                    # exception: nobody would hold these leases until they expired. A
+                    # handler that returns (a graceful-stop flag) keeps them: given back,
+                    # they were returned all the same and the jobs ran twice.
+                    self._give_back(leases)
+                    raise
             return leases
 
     def _give_back(self, leases: list[Lease]) -> None:
