@@ -138,3 +138,18 @@ def test_a_fence_file_an_older_release_advanced_is_taken_in(tmp_path: Path) -> N
         third = spool.claim()[0].token
         assert third == second + 1  # no block wasted when nothing changed on disk
         assert _disk_fence(root) >= third
+
+
+def test_a_damaged_fence_file_under_a_live_spool_does_not_stop_claims(tmp_path: Path) -> None:
+    # Every claim stat's the fence file: emptied, it made every claim in every process
+    # fail ("fence file is not JSON"); a chmod (ctime) jumped tokens to the ceiling.
+    root = tmp_path / "s"
+    with make_spool(root) as spool:
+        spool.enqueue_many("k", [{}] * 4)
+        first = spool.claim()[0].token
+        os.chmod(root / "fence", 0o600)
+        second = spool.claim()[0].token
+        assert second == first + 1
+        (root / "fence").write_bytes(b"")
+        third = spool.claim()[0].token
+        assert third == second + 1

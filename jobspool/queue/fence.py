@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 
 import orjson
 
+from jobspool.errors import JobspoolError
+
 if TYPE_CHECKING:
     from jobspool.queue.lock import SpoolLock
 
@@ -95,7 +97,15 @@ class FenceCounter:
         ident = self._disk_ident()
         if ident == self._lock.generation(self._lock.FENCE_FILE_SLOT):
             return
-        disk = self._read_disk()
+        try:
+            disk = self._read_disk()
+        except (OSError, ValueError, JobspoolError) as exc:
+            # Damaged under a live spool (emptied, a directory in its place): the cached
+            # counter is still right; claims go on, and the next ceiling write repairs it.
+            log.warning("the fence file changed and cannot be read (%s); going on from the "
+                        "counter in shared memory", exc)
+            self._lock.put(self._lock.FENCE_FILE_SLOT, ident)
+            return
         nxt = self._lock.generation(self._lock.FENCE_NEXT_SLOT)
         if disk > nxt:
             self._lock.put(self._lock.FENCE_NEXT_SLOT, disk)

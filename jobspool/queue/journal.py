@@ -474,12 +474,13 @@ class Journal:
                              path=str(self.root / FENCE_FILE)) from None
 
     def _fence_ident(self) -> int:
-        """The fence file's identity (inode and change time): 0 when there is none."""
+        """The fence file's identity (inode and modification time): 0 when there is none."""
         try:
             st = os.stat(self._fence_path)
         except OSError:
             return 0
-        return (st.st_ino * 1_000_003 + st.st_ctime_ns) & 0xFFFFFFFFFFFFFFFF or 1
+        # Not the ctime: a chmod or a backup tool's attribute change is not a new value.
+        return (st.st_ino * 1_000_003 + st.st_mtime_ns) & 0xFFFFFFFFFFFFFFFF or 1
 
     def _write_fence(self, value: int) -> None:
         """Flush a new token ceiling (under the lock; see `FenceCounter`)."""
