@@ -40,6 +40,7 @@ def test_a_damaged_table_defers_its_jobs_uncounted_and_they_run_once_it_is_fixed
         caplog.set_level(logging.WARNING, logger="jobspool")
         report = Worker(spool, app, maintenance=False).run_until_idle(wait_for_retries=0)
         assert report.completed == 0 and report.dead_lettered == 0 and report.retried == 0
+        assert report.deferred == 5
         for job in jobs:
             got = spool.get(job.id)
             assert (got.state, got.attempts) == (JobState.RETRYABLE, 0), got
@@ -64,3 +65,26 @@ def test_storage_faults_are_told_from_row_faults() -> None:
     assert storage_fault(io) and storage_fault(PermissionError(13, "denied"))
     assert not storage_fault(ValueError("Arrow error: Column 'x' is declared as non-nullable"))
     assert ".cargo" not in plain(str(io)) and "Read-only file system" in plain(str(io))
+
+
+def test_run_until_idle_exits_2_when_the_projection_could_not_be_written(
+        tmp_path: Path) -> None:
+    # It printed "completed 0 ... released 5" and exited 0: a script read it as drained.
+    from tests.cli_harness import run_jobspool
+
+    proj = tmp_path / "proj"
+    root = tmp_path / "spool"
+    env = {"JOBSPOOL_TEST_PROJECTION": str(proj)}
+    with Spool(root) as spool:
+        spool.enqueue("doc", {}, job_id="first")
+    assert run_jobspool("run-until-idle", "--app", "tests.apps.store_projection:app",
+                        root=root, env=env).code == 0
+    newest = sorted((proj / "docs.lance" / "_versions").glob("*.manifest"),
+                    key=lambda p: p.stat().st_mtime_ns)[-1]
+    with open(newest, "r+b") as f:
+        f.truncate(100)
+    with Spool(root) as spool:
+        spool.enqueue("doc", {}, job_id="second")
+    done = run_jobspool("run-until-idle", "--app", "tests.apps.store_projection:app",
+                        root=root, env=env)
+    assert done.code == 2 and "deferred" in done.err, (done.code, done.err)

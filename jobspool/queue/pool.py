@@ -361,7 +361,7 @@ class WorkerPool:
         if not isinstance(doc, dict):
             return
         for key in ("claimed", "completed", "retried", "dead_lettered", "lease_lost",
-                    "released", "projected_rows", "timed_out"):
+                    "released", "projected_rows", "timed_out", "deferred"):
             value = doc.get(key)
             if isinstance(value, int):
                 self._count(key, value)

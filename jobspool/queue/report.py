@@ -25,6 +25,9 @@ class RunReport:
     # Leases the run could not give back on its way out (the store unreachable): their
     # jobs wait for the leases to expire, then run again.
     unreleased: int = 0
+    # Given back uncounted because the projection's storage failed (read-only, full,
+    # damaged): they run again once it is fixed; `run-until-idle` exits 2 on any.
+    deferred: int = 0
     unhandled: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -101,6 +104,7 @@ class Counters:
     crashes: int
     timed_out: int
     unreleased: int
+    deferred: int
 
     def freeze(self, unhandled: dict[str, int] | None = None) -> RunReport:
         counts = {name: getattr(self, name) for name in _COUNTED}

@@ -146,6 +146,7 @@ class Settler:
                   "back uncounted, due again in %g s; fix its storage (space, permissions, "
                   "a damaged table: `jobspool maintain`), nothing is lost meanwhile",
                   " ".join(error.split())[:300], len(runs), delay)
+        self.counters.deferred += len(runs)
         for c in runs:
             c.outcome = Deferred(clip_error(error), delay)
 
