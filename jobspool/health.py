@@ -327,6 +327,14 @@ def host_reasons(spool: Any, *, now: float, projection: str | os.PathLike[str] |
             f"it is gone, delete its file under {spool.root / 'metrics'}",
             len(stale_workers)))
 
+    failing = _failing_projections(spool, worker_stale)
+    if failing:
+        reasons.append(Reason(
+            "projection_unwritable",
+            f"{_plural(len(failing), 'worker')} cannot write the projection for its storage "
+            f"right now ({_ids(failing)}): their jobs are deferred, not run; see the worker's "
+            f"log (read-only, full, damaged table, object store down)", len(failing)))
+
     uri = os.fspath(projection) if projection is not None else default_projection(spool)
     if projection is not None and uri is not None and not _local_dir_exists(uri):
         reasons.append(Reason(
@@ -552,3 +560,13 @@ def _maintenance_reasons(uri: str, now: float, cadence: float, max_failures: int
 
 
 __all__ = ["Health", "Reason", "check_health", "default_projection"]
+
+
+def _failing_projections(spool: Any, stale_after: float) -> list[str]:
+    from jobspool.metrics import failing_projections
+
+    try:
+        return failing_projections(spool, stale_after=stale_after)
+    except OSError:
+        return []
+

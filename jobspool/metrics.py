@@ -167,6 +167,29 @@ def _worker_families(reports: dict[str, dict[str, Any]]) -> Iterator[Metric]:
         yield c
 
 
+def failing_projections(spool: Spool, *, stale_after: float = WORKER_STALE_SECONDS
+                        ) -> list[str]:
+    """Owners of fresh worker snapshots whose projection commits are failing for the
+    projection's storage right now (`RunReport.projection_failing`)."""
+    directory = Path(spool.root) / METRICS_DIR
+    try:
+        names = sorted(n for n in os.listdir(directory) if n.endswith(".json"))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    out = []
+    for name in names:
+        try:
+            doc = orjson.loads((directory / name).read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            continue
+        if (isinstance(doc, dict) and isinstance(doc.get("written_at"), int | float)
+                and time.time() - doc["written_at"] <= stale_after
+                and isinstance(doc.get("projection_failing"), int)
+                and doc["projection_failing"] > 0):
+            out.append(str(doc.get("owner", name)))
+    return out
+
+
 def _report_counters(report: RunReport | dict[str, Any]) -> dict[str, Any]:
     d = report if isinstance(report, dict) else asdict(report)
     return {k: d.get(k, 0) for k in WORKER_COUNTERS}
@@ -211,7 +234,8 @@ def publish_worker_report(spool: Spool, owner: str, report: RunReport) -> None:
         with contextlib.suppress(FileExistsError):
             make_dir(path.parent, dir_mode(access))
     doc = {"format": 1, "owner": owner, "pid": os.getpid(), "host": socket.gethostname(),
-           "boot": boot_id(), "written_at": time.time(), **_report_counters(report)}
+           "boot": boot_id(), "written_at": time.time(), **_report_counters(report),
+           "projection_failing": int(getattr(report, "projection_failing", 0) or 0)}
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, file_mode(access))
     try:
@@ -386,6 +410,7 @@ __all__ = [
     "WORKER_COUNTERS",
     "MetricsServer",
     "SpoolCollector",
+    "failing_projections",
     "publish_worker_report",
     "read_worker_reports",
     "registry_for",

@@ -88,3 +88,16 @@ def test_run_until_idle_exits_2_when_the_projection_could_not_be_written(
     done = run_jobspool("run-until-idle", "--app", "tests.apps.store_projection:app",
                         root=root, env=env)
     assert done.code == 2 and "deferred" in done.err, (done.code, done.err)
+
+
+def test_health_names_a_worker_whose_projection_cannot_be_written(tmp_path: Path) -> None:
+    # health said ok while every commit failed and the jobs came back deferred each minute.
+    from jobspool.metrics import publish_worker_report
+    from jobspool.queue.report import RunReport
+
+    with Spool(tmp_path / "spool") as spool:
+        publish_worker_report(spool, "w1", RunReport(claimed=5, projection_failing=3))
+        health = spool.health()
+        assert "projection_unwritable" in health.codes() and "w1" in str(health.to_dict())
+        publish_worker_report(spool, "w1", RunReport(claimed=5, projection_failing=0))
+        assert "projection_unwritable" not in spool.health().codes()

@@ -28,6 +28,9 @@ class RunReport:
     # Given back uncounted because the projection's storage failed (read-only, full,
     # damaged): they run again once it is fixed; `run-until-idle` exits 2 on any.
     deferred: int = 0
+    # Projection storage failures in a row right now (0 once a commit lands): health reads
+    # it from the worker's metrics file (`projection_unwritable`).
+    projection_failing: int = 0
     unhandled: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -105,6 +108,7 @@ class Counters:
     timed_out: int
     unreleased: int
     deferred: int
+    projection_failing: int
 
     def freeze(self, unhandled: dict[str, int] | None = None) -> RunReport:
         counts = {name: getattr(self, name) for name in _COUNTED}

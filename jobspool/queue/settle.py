@@ -133,13 +133,14 @@ class Settler:
         if faulty:
             self._defer([by_id[j] for j in faulty if j in by_id], next(iter(faulty.values())))
         else:
-            self.storage_faults = 0
+            self.storage_faults = self.counters.projection_failing = 0
         self.counters.projected_rows += sum(result.tables.values())
 
     def _defer(self, runs: list[Context], exc: BaseException) -> None:
         """The projection's storage failed: give the runs back uncounted, due after a delay
         that doubles while it goes on failing (1 s to a minute), and say so in one line."""
         self.storage_faults += 1
+        self.counters.projection_failing = self.storage_faults
         delay = min(DEFER_MAX_SECONDS, 2.0 ** (self.storage_faults - 1))
         error = plain(f"{type(exc).__name__}: {exc}")
         log.error("the projection could not be written, for its storage (%s): %d jobs given "
