@@ -44,6 +44,9 @@ def test_a_damaged_table_defers_its_jobs_uncounted_and_they_run_once_it_is_fixed
         for job in jobs:
             got = spool.get(job.id)
             assert (got.state, got.attempts) == (JobState.RETRYABLE, 0), got
+            # why it waits, for `show` (it said nothing: last_error null)
+            assert (got.last_error or "").startswith("deferred: ") and ".cargo" not in (
+                got.last_error or "")
             assert got.run_at > time.time()  # deferred, not hammered
         lines = [r.getMessage() for r in caplog.records if "for its storage" in r.getMessage()]
         assert lines and ".cargo" not in lines[0] and "5 jobs given back" in lines[0]

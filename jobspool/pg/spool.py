@@ -442,11 +442,12 @@ class PgSpool(EnqueueForms):
         return leasing.settle(self, [x[0] for x in items],
                               [("fail", (e, r, d)) for _, e, r, d in items])
 
-    def release(self, lease: Lease, *, delay: float = 0.0) -> Job:
-        """Give a leased job back without counting the attempt (fenced)."""
+    def release(self, lease: Lease, *, delay: float = 0.0, reason: str | None = None) -> Job:
+        """Give a leased job back without counting the attempt (fenced); `reason`, when
+        given, is kept as its `last_error`."""
         check_lease(lease)
         delay = validate_delay(delay)
-        return _one(leasing.settle(self, [lease], [("release", delay)])[0])
+        return _one(leasing.settle(self, [lease], [("release", (delay, reason))])[0])
 
     def fenced(self, lease: Lease) -> AbstractContextManager[Lease]:
         """Run a block while `lease` is current, holding its row lock (no sweep or cancel

@@ -505,12 +505,13 @@ class Leasing:
             return self.journal.encode_internal(job)
         return encode_completed(job, max_bytes=self.journal.max_job_bytes)
 
-    def release(self, lease: Lease, *, delay: float = 0.0) -> Job:
+    def release(self, lease: Lease, *, delay: float = 0.0, reason: str | None = None) -> Job:
         """Give a leased job back without counting the attempt (fenced)."""
         delay = validate_delay(delay)
         with self.journal.lock.hold():
             job = self._leased_job(lease)
-            new = machine.release(job, lease, now=self.journal.now(), delay=delay)
+            new = machine.release(job, lease, now=self.journal.now(), delay=delay,
+                                  error=reason)
             self.journal.commit_changes([(job, new)])
             return new
 

@@ -325,7 +325,8 @@ def settle(job: Job, lease: Lease, action: str, arg: Any, *, now: float, policy:
     if action == "complete":
         return complete(job, lease, now=now, result=arg)
     if action == "release":
-        return release(job, lease, now=now, delay=arg)
+        delay, why = arg if isinstance(arg, tuple) else (arg, None)
+        return release(job, lease, now=now, delay=delay, error=why)
     err, retryable, delay = arg
     if delay is not None:
         delay = validate_delay(delay)
@@ -346,12 +347,15 @@ def result_refused(job: Job, lease: Lease, exc: JobTooLarge, *, now: float,
     return dead, told
 
 
-def release(job: Job, lease: Lease, *, now: float, delay: float) -> Job:
-    """Give a job back without counting the attempt (shutdown, handler not ready)."""
+def release(job: Job, lease: Lease, *, now: float, delay: float,
+            error: str | None = None) -> Job:
+    """Give a job back without counting the attempt (shutdown, handler not ready); `error`
+    says why it waits (a projection whose storage failed), else its last error stays."""
     check_lease(job, lease, now)
     dst = JobState.RETRYABLE if delay > 0 else JobState.READY
+    extra = {} if error is None else {"last_error": clip_error(error)}
     return _move(job, "release", dst, now, lease=None, attempts=max(0, job.attempts - 1),
-                 run_at=now + delay)
+                 run_at=now + delay, **extra)
 
 
 def cancel(job: Job, *, now: float) -> Job:

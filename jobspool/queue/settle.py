@@ -156,7 +156,7 @@ class Settler:
         completes: list[tuple[Context, Any]] = []
         fails: list[tuple[Context, Failure, bool, float | None]] = []
         releases: list[Context] = []
-        deferred: list[tuple[Context, float]] = []
+        deferred: list[tuple[Context, float, str]] = []
         for c in group:
             if c.lost:
                 self.counters.lease_lost += 1
@@ -183,8 +183,8 @@ class Settler:
                                   None))
                 case Errored(error=error):
                     fails.append((c, self._failure(c, error), True, None))
-                case Deferred(delay=delay):
-                    deferred.append((c, delay))
+                case Deferred(error=why, delay=delay):
+                    deferred.append((c, delay, f"deferred: {why}"))
         if completes:
             info = log.isEnabledFor(logging.INFO)
             results = self.spool.complete_many([(c.lease, result) for c, result in completes])
@@ -216,8 +216,8 @@ class Settler:
             refused = self._record_failures(fails, refused)
         for c in releases:
             self._release(c)
-        for c, delay in deferred:
-            self._release(c, delay=delay)
+        for c, delay, why in deferred:
+            self._release(c, delay=delay, reason=why)
         if refused is not None:
             # The disk refused part of the settle: the loop releases what is unsettled and
             # backs off (WriteFailed says what to fix).
@@ -295,9 +295,9 @@ class Settler:
             del self.shunned[job_id]
         return frozenset(self.shunned)
 
-    def _release(self, c: Context, *, delay: float = 0.0) -> None:
+    def _release(self, c: Context, *, delay: float = 0.0, reason: str | None = None) -> None:
         try:
-            self.spool.release(c.lease, delay=delay)
+            self.spool.release(c.lease, delay=delay, reason=reason)
             self.counters.released += 1
         except LeaseLost:
             self.counters.lease_lost += 1

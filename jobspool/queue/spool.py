@@ -307,10 +307,11 @@ class Spool(EnqueueForms):
         check_leases(items, pairs=True)
         return self.leasing.fail_many(items)
 
-    def release(self, lease: Lease, *, delay: float = 0.0) -> Job:
-        """Give a leased job back without counting the attempt (fenced)."""
+    def release(self, lease: Lease, *, delay: float = 0.0, reason: str | None = None) -> Job:
+        """Give a leased job back without counting the attempt (fenced); `reason`, when
+        given, is kept as its `last_error` (why it waits)."""
         check_lease(lease)
-        return self.leasing.release(lease, delay=delay)
+        return self.leasing.release(lease, delay=delay, reason=reason)
 
     def fenced(self, lease: Lease) -> AbstractContextManager[Lease]:
         """Run a block under the spool lock, only while `lease` is current (`Leasing.fenced`)."""
