@@ -171,23 +171,8 @@ def failing_projections(spool: Spool, *, stale_after: float = WORKER_STALE_SECON
                         ) -> list[str]:
     """Owners of fresh worker snapshots whose projection commits are failing for the
     projection's storage right now (`RunReport.projection_failing`)."""
-    directory = Path(spool.root) / METRICS_DIR
-    try:
-        names = sorted(n for n in os.listdir(directory) if n.endswith(".json"))
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    out = []
-    for name in names:
-        try:
-            doc = orjson.loads((directory / name).read_bytes())
-        except (OSError, orjson.JSONDecodeError):
-            continue
-        if (isinstance(doc, dict) and isinstance(doc.get("written_at"), int | float)
-                and time.time() - doc["written_at"] <= stale_after
-                and isinstance(doc.get("projection_failing"), int)
-                and doc["projection_failing"] > 0):
-            out.append(str(doc.get("owner", name)))
-    return out
+    return [doc["owner"] for doc in _fresh_snapshots(spool, stale_after, None)
+            if isinstance(doc.get("projection_failing"), int) and doc["projection_failing"] > 0]
 
 
 def _report_counters(report: RunReport | dict[str, Any]) -> dict[str, Any]:
@@ -305,13 +290,19 @@ def remove_worker_report(spool: Spool, owner: str) -> None:
 def read_worker_reports(spool: Spool, *, stale_after: float = WORKER_STALE_SECONDS,
                         now: float | None = None) -> dict[str, dict[str, Any]]:
     """Fresh worker snapshots under `<root>/metrics/`, by owner; bad or stale files are skipped."""
+    return {doc["owner"]: _report_counters(doc)
+            for doc in _fresh_snapshots(spool, stale_after, now)}
+
+
+def _fresh_snapshots(spool: Spool, stale_after: float,
+                     now: float | None) -> Iterator[dict[str, Any]]:
+    """The worker snapshots written within `stale_after` seconds (with an owner)."""
     directory = Path(spool.root) / METRICS_DIR
     try:
         names = sorted(n for n in os.listdir(directory) if n.endswith(".json"))
     except (FileNotFoundError, NotADirectoryError):
-        return {}
+        return
     wall = time.time() if now is None else now
-    out: dict[str, dict[str, Any]] = {}
     for name in names:
         try:
             doc = orjson.loads((directory / name).read_bytes())
@@ -320,13 +311,10 @@ def read_worker_reports(spool: Spool, *, stale_after: float = WORKER_STALE_SECON
         if not isinstance(doc, dict):
             continue
         written = doc.get("written_at")
-        owner = doc.get("owner")
-        if not isinstance(written, int | float) or not isinstance(owner, str):
+        if not isinstance(written, int | float) or not isinstance(doc.get("owner"), str):
             continue
-        if wall - written > stale_after:
-            continue
-        out[owner] = _report_counters(doc)
-    return out
+        if wall - written <= stale_after:
+            yield doc
 
 
 # ---------------------------------------------------------------- serving
