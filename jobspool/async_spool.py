@@ -60,10 +60,13 @@ class AsyncSpool:
             self._owned = True
 
     async def _run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        call = partial(fn, *args, **kwargs)
+        return await self._in_thread(partial(fn, *args, **kwargs), None)
+
+    async def _in_thread(self, call: Callable[[], T],
+                         limiter: anyio.CapacityLimiter | None) -> T:
         if _on_asyncio():
-            return await _finished_then_cancelled(call)
-        result = await anyio.to_thread.run_sync(call)
+            return await _finished_then_cancelled(call, limiter)
+        result = await anyio.to_thread.run_sync(call, limiter=limiter)
         # A cancellation that came while the thread ran is raised here, once the operation
         # is done (the module docstring's promise): without this checkpoint, a caller whose
         # scope was cancelled meanwhile got the result as if nothing had happened.
@@ -168,7 +171,9 @@ class AsyncSpool:
 
     async def get(self, job_id: str) -> Job:
         """`Spool.get` (`JobNotFound`)."""
-        return await self._run(self.spool.get, job_id)
+        # Readers have threads of their own: with anyio's 40 all taken by enqueues queued
+        # for a lock held elsewhere, `wait(timeout=0.5)` returned after 2.9 s.
+        return await self._in_thread(partial(self.spool.get, job_id), _readers())
 
     async def stats(self, *, by_kind: bool = False) -> Stats:
         """`Spool.stats`."""
@@ -218,7 +223,8 @@ def _on_asyncio() -> bool:
     return True
 
 
-async def _finished_then_cancelled(call: Callable[[], T]) -> T:
+async def _finished_then_cancelled(call: Callable[[], T],
+                                   limiter: anyio.CapacityLimiter | None) -> T:
     """Run `call` in a worker thread; a cancellation meanwhile is raised once it is done.
 
     anyio shields the thread's call from its own cancel scopes, not from asyncio's
@@ -228,7 +234,7 @@ async def _finished_then_cancelled(call: Callable[[], T]) -> T:
     """
     import asyncio
 
-    task = asyncio.ensure_future(anyio.to_thread.run_sync(call))
+    task = asyncio.ensure_future(anyio.to_thread.run_sync(call, limiter=limiter))
     cancelled: asyncio.CancelledError | None = None
     while True:
         try:
@@ -246,4 +252,19 @@ async def _finished_then_cancelled(call: Callable[[], T]) -> T:
         raise cancelled
     await anyio.lowlevel.checkpoint()
     return result
+
+
+_READERS: anyio.lowlevel.RunVar[anyio.CapacityLimiter] = anyio.lowlevel.RunVar("jobspool_readers")
+READER_THREADS = 8
+
+
+def _readers() -> anyio.CapacityLimiter:
+    """This event loop's limiter for reads (`get`, `wait`'s polls), apart from the
+    default one every `to_thread` call shares."""
+    try:
+        return _READERS.get()
+    except LookupError:
+        limiter = anyio.CapacityLimiter(READER_THREADS)
+        _READERS.set(limiter)
+        return limiter
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -197,3 +198,40 @@ def test_an_asyncio_cancellation_also_waits_for_the_operation(tmp_path: Path,
             holder.join(10)
 
     asyncio.run(main())
+
+
+def test_reads_are_not_starved_by_enqueues_queued_for_the_lock(tmp_path: Path) -> None:
+    """anyio's 40 default threads all taken by enqueues waiting on a lock held elsewhere
+    (another process's long batch): `get` waited behind them, `wait(timeout=0.5)` came back
+    after 2.9 s. Reads have a limiter of their own."""
+    import threading
+
+    async def main() -> None:
+        async with AsyncSpool(tmp_path / "s") as spool:
+            job = await spool.enqueue("k", job_id="there")
+            held, release = threading.Event(), threading.Event()
+
+            def hold_lock() -> None:
+                with spool.spool.lock.hold():
+                    held.set()
+                    release.wait(60)
+
+            holder = threading.Thread(target=hold_lock)
+            holder.start()
+            held.wait(10)
+            default = anyio.to_thread.current_default_thread_limiter()
+            try:
+                async with anyio.create_task_group() as tg:
+                    for i in range(int(default.total_tokens) + 5):
+                        tg.start_soon(partial(spool.enqueue, "k", job_id=f"q{i}"))
+                    while default.borrowed_tokens < default.total_tokens:
+                        await anyio.sleep(0.01)
+                    with anyio.fail_after(30):  # a hang guard: it waited for the lock
+                        got = await spool.get(job.id)
+                    assert got.id == "there"
+                    release.set()
+            finally:
+                release.set()
+                holder.join(10)
+
+    anyio.run(main)
