@@ -73,3 +73,30 @@ def test_an_async_run_that_blocks_the_loop_past_its_limit_fails_and_its_result_i
     assert (done.last_error or "").startswith("TimeLimitExceeded: ")
     assert "blocked the event loop" in (done.last_error or "")
     assert report.timed_out == 1 and report.projected_rows == 0
+
+
+@pytest.mark.timeout(120)  # the bug: the worker spun for ever
+def test_a_handler_swallowing_its_cancellation_in_a_loop_times_out_on_trio(
+        spool: Spool) -> None:
+    # Trio raises its cancellation inside the handler's frames, never through the
+    # runtime's driver: a handler swallowing it in a loop was never abandoned, and trio's
+    # scheduler spun at 100 % until the process was killed.
+    async def stubborn(job: Job, ctx: Context) -> None:
+        while True:
+            try:
+                await anyio.sleep(0.05)
+            except anyio.get_cancelled_exc_class():
+                continue
+
+    job = spool.enqueue("stubborn", max_attempts=1)
+
+    async def main() -> None:
+        worker = Worker(spool, {"stubborn": stubborn},
+                        policies={"stubborn": Policy(timeout=0.2)}, maintenance=False)
+        report = await worker.arun_until_idle()
+        assert report.timed_out == 1
+
+    anyio.run(main, backend="trio")
+    done = spool.get(job.id)
+    assert done.state is JobState.DEAD_LETTER
+    assert "TimeLimitExceeded" in (done.last_error or "")

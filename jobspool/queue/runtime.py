@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import sys
 import threading
 import time
@@ -177,7 +178,11 @@ class Tracked:
                 raise
             finally:
                 self.monitor.on_loop = None
-            if error is not None and self.swallowed_at is None and _is_cancel(error):
+            if self.swallowed_at is None and (
+                    (error is not None and _is_cancel(error)) or _cancelled_here()):
+                # Trio raises its cancellation inside the handler's frames (the trap's
+                # outcome), never through this generator: only the cancelled scope tells.
+                # Unseen, a handler swallowing it in a loop spun trio's scheduler for ever.
                 self.swallowed_at = time.monotonic()
             if (self.swallowed_at is not None
                     and time.monotonic() - self.swallowed_at > ABANDON_SECONDS):
@@ -193,6 +198,16 @@ class Tracked:
                 raise
             except BaseException as exc:  # delivered into the handler, as await would
                 value, error = None, exc
+
+
+def _cancelled_here() -> bool:
+    """Whether the running task sits in a cancelled scope (anyio: deadline -inf)."""
+    import anyio
+
+    try:
+        return anyio.current_effective_deadline() == -math.inf
+    except Exception:  # not in a task anyio knows
+        return False
 
 
 def _is_cancel(exc: BaseException) -> bool:
