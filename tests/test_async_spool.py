@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -135,26 +138,14 @@ def test_a_call_cancelled_while_its_thread_runs_finishes_then_raises_the_cancell
         tmp_path: Path, backend: str) -> None:
     """The operation completes (no half-enqueued job), and the cancellation is raised after
     it, as documented: the caller's scope sees it (it returned as if nothing happened)."""
-    import threading
-
     async def main() -> None:
         async with AsyncSpool(tmp_path / "s") as spool:
-            held, release = threading.Event(), threading.Event()
-
-            def hold_lock() -> None:
-                with spool.spool.lock.hold():
-                    held.set()
-                    release.wait(10)
-
-            t = threading.Thread(target=hold_lock)
-            t.start()
-            held.wait(10)
-            with anyio.move_on_after(0.1) as scope:
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(anyio.to_thread.run_sync, lambda: (
-                        __import__("time").sleep(0.4), release.set()))
-                    await spool.enqueue("k", job_id="e2")
-            t.join(10)
+            with _lock_held_elsewhere(spool) as release:
+                with anyio.move_on_after(0.1) as scope:
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(anyio.to_thread.run_sync, lambda: (
+                            __import__("time").sleep(0.4), release.set()))
+                        await spool.enqueue("k", job_id="e2")
             assert scope.cancelled_caught
             assert (await spool.get("e2")).state.value == "ready"  # done, not half-done
 
@@ -173,29 +164,19 @@ def test_an_asyncio_cancellation_also_waits_for_the_operation(tmp_path: Path,
 
     async def main() -> None:
         async with AsyncSpool(tmp_path / "s") as spool:
-            held, release = threading.Event(), threading.Event()
-
-            def hold_lock() -> None:  # another process's claim, say
-                with spool.spool.lock.hold():
-                    held.set()
-                    release.wait(10)
-
-            holder = threading.Thread(target=hold_lock)
-            holder.start()
-            held.wait(10)
-            threading.Timer(0.4, release.set).start()
-            call = spool.enqueue("email", {"to": "a"}, job_id="order-1")
-            with pytest.raises((asyncio.CancelledError, TimeoutError)):  # wait_for: Timeout
-                if cancel == "wait_for":
-                    await asyncio.wait_for(call, 0.05)
-                else:
-                    task = asyncio.ensure_future(call)
-                    await asyncio.sleep(0.05)
-                    task.cancel()
-                    await task
-            # raised only once the operation was done: the caller can trust what it sees
-            assert os.listdir(tmp_path / "s" / "ready") == ["order-1.json"]
-            holder.join(10)
+            with _lock_held_elsewhere(spool) as release:  # another process's claim, say
+                threading.Timer(0.4, release.set).start()
+                call = spool.enqueue("email", {"to": "a"}, job_id="order-1")
+                with pytest.raises((asyncio.CancelledError, TimeoutError)):  # wait_for
+                    if cancel == "wait_for":
+                        await asyncio.wait_for(call, 0.05)
+                    else:
+                        task = asyncio.ensure_future(call)
+                        await asyncio.sleep(0.05)
+                        task.cancel()
+                        await task
+                # raised only once the operation was done: the caller can trust what it sees
+                assert os.listdir(tmp_path / "s" / "ready") == ["order-1.json"]
 
     asyncio.run(main())
 
@@ -204,23 +185,11 @@ def test_reads_are_not_starved_by_enqueues_queued_for_the_lock(tmp_path: Path) -
     """anyio's 40 default threads all taken by enqueues waiting on a lock held elsewhere
     (another process's long batch): `get` waited behind them, `wait(timeout=0.5)` came back
     after 2.9 s. Reads have a limiter of their own."""
-    import threading
-
     async def main() -> None:
         async with AsyncSpool(tmp_path / "s") as spool:
             job = await spool.enqueue("k", job_id="there")
-            held, release = threading.Event(), threading.Event()
-
-            def hold_lock() -> None:
-                with spool.spool.lock.hold():
-                    held.set()
-                    release.wait(60)
-
-            holder = threading.Thread(target=hold_lock)
-            holder.start()
-            held.wait(10)
             default = anyio.to_thread.current_default_thread_limiter()
-            try:
+            with _lock_held_elsewhere(spool) as release:
                 async with anyio.create_task_group() as tg:
                     for i in range(int(default.total_tokens) + 5):
                         tg.start_soon(partial(spool.enqueue, "k", job_id=f"q{i}"))
@@ -230,8 +199,27 @@ def test_reads_are_not_starved_by_enqueues_queued_for_the_lock(tmp_path: Path) -
                         got = await spool.get(job.id)
                     assert got.id == "there"
                     release.set()
-            finally:
-                release.set()
-                holder.join(10)
 
     anyio.run(main)
+
+
+@contextlib.contextmanager
+def _lock_held_elsewhere(spool: AsyncSpool) -> Iterator[threading.Event]:
+    """The spool lock held by another thread (another process's batch, say) until the
+    yielded event is set (at the latest when the block ends)."""
+    held, release = threading.Event(), threading.Event()
+
+    def hold_lock() -> None:
+        with spool.spool.lock.hold():  # type: ignore[attr-defined]
+            held.set()
+            release.wait(60)
+
+    holder = threading.Thread(target=hold_lock)
+    holder.start()
+    held.wait(10)
+    try:
+        yield release
+    finally:
+        release.set()
+        holder.join(10)
+
