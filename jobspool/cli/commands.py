@@ -346,9 +346,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def _stream_list(args: argparse.Namespace, spool: Any, jobs: Iterable[Any]) -> None:
     """`list` one job at a time: the text lines, or the same JSON array `_emit` writes."""
-    import orjson
-
-    from jobspool.errors import json_safe
+    from jobspool.cli.render import json_text
     from jobspool.queue.jobprogress import read_progress
 
     out = sys.stdout
@@ -359,12 +357,8 @@ def _stream_list(args: argparse.Namespace, spool: Any, jobs: Iterable[Any]) -> N
             doc = _job_doc(job)
             if progress is not None:
                 doc["progress"] = progress.to_dict()
-            try:
-                data = orjson.dumps(doc, option=orjson.OPT_INDENT_2, default=str)
-            except TypeError:  # a file name that is not UTF-8 (`json_safe` spells its bytes)
-                data = orjson.dumps(json_safe(doc), option=orjson.OPT_INDENT_2, default=str)
             out.write(("[\n" if first else ",\n")
-                      + "\n".join("  " + line for line in data.decode().split("\n")))
+                      + "\n".join("  " + line for line in json_text(doc).split("\n")))
         else:
             out.write(_job_line(job) + (f"  progress={progress.text()}" if progress else "")
                       + "\n")

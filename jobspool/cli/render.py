@@ -21,6 +21,15 @@ import orjson
 from jobspool.errors import json_safe
 
 
+def json_text(doc: Any) -> str:
+    """`doc` as the CLI's indented JSON."""
+    try:
+        out = orjson.dumps(doc, option=orjson.OPT_INDENT_2, default=str)
+    except TypeError:  # a file name that is not UTF-8 (`json_safe` spells its bytes)
+        out = orjson.dumps(json_safe(doc), option=orjson.OPT_INDENT_2, default=str)
+    return out.decode()
+
+
 def _emit(args: argparse.Namespace, doc: Any, text: str | Callable[[], str]) -> None:
     if getattr(args, "log_format", "text") == "json":
         # A long-running command logging JSON: its summary is one more JSON line on stderr,
@@ -29,11 +38,7 @@ def _emit(args: argparse.Namespace, doc: Any, text: str | Callable[[], str]) -> 
 
         summary(str(getattr(args, "command", "jobspool")), doc)
     if args.json:
-        try:
-            out = orjson.dumps(doc, option=orjson.OPT_INDENT_2, default=str)
-        except TypeError:  # a file name that is not UTF-8 (`json_safe` spells its bytes)
-            out = orjson.dumps(json_safe(doc), option=orjson.OPT_INDENT_2, default=str)
-        sys.stdout.write(out.decode() + "\n")
+        sys.stdout.write(json_text(doc) + "\n")
     elif getattr(args, "log_format", "text") != "json":
         sys.stdout.write((text() if callable(text) else text).rstrip("\n") + "\n")
 
