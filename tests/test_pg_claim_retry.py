@@ -118,3 +118,34 @@ def test_an_enqueue_meeting_another_producers_job_of_the_same_id_still_conflicts
     with pytest.raises(DuplicateJob):
         spool.enqueue("k", {"n": 1}, job_id="a", on_conflict="error")
     spool.close()
+
+
+@pytest.mark.parametrize("count", [1, 3])
+def test_an_enqueue_of_generated_ids_sent_again_after_a_lost_reply_reports_them_created(
+        pg_url: str, monkeypatch: pytest.MonkeyPatch, count: int) -> None:
+    # The fast insert of generated ids has no ON CONFLICT clause: sent again, it meets the
+    # rows its first try committed and must fall back, not fail, and not call its own
+    # jobs "existing" (it did, before the fast form).
+    spool = make_spool(pg_url)
+    lost = _lose_the_first_reply(spool, monkeypatch, "enqueue")
+    results = spool.enqueue_many_results("k", [{"n": n} for n in range(count)])
+    assert len(lost) == 1
+    assert [r.outcome for r in results] == ["created"] * count
+    stored = sorted((j.id, j.revision, j.payload["n"]) for j in spool.jobs())
+    assert stored == sorted((r.job.id, 1, n) for n, r in enumerate(results))
+    spool.close()
+
+
+def test_a_generated_id_meeting_another_job_is_reported_existing_not_created(
+        pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Ids are random (80 bits): a collision is all but impossible, but if one happens the
+    # job already there is someone else's and is left alone, as before the fast insert.
+    import jobspool.queue.arguments as arguments
+
+    spool = make_spool(pg_url)
+    spool.enqueue("k", {"n": 1}, job_id="taken")
+    monkeypatch.setattr(arguments, "job_ids_for", lambda n, ids: ["taken"] * n)
+    result = spool.enqueue_result("k", {"n": 2})
+    assert (result.outcome, result.job.payload) == ("existing", {"n": 1})
+    assert [(j.id, j.payload) for j in spool.jobs()] == [("taken", {"n": 1})]
+    spool.close()

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import psycopg.errors
+
 from jobspool.pg import sql
 from jobspool.pg.rows import COLUMNS, INSERT_SQL, UPDATE_SQL, dump, to_job, write_values
 from jobspool.queue import machine
@@ -18,8 +20,6 @@ from jobspool.queue.job import EnqueueResult, Job
 from jobspool.queue.states import JobState
 
 if TYPE_CHECKING:
-    import psycopg
-
     from jobspool.pg.core import PgCore as PgSpool
 
 
@@ -29,17 +29,29 @@ def insert_fresh(spool: PgSpool, fresh: list[Job]) -> set[str]:
     params = {"kind": first.kind, "priority": first.priority,
               "max_attempts": first.max_attempts, "created": first.created_at,
               "timeout": first.timeout, "channel": spool.channel}
-    if len(fresh) == 1:
+    one = len(fresh) == 1
+    if one:
         params.update(id=first.id, state=first.state.value, run_at=first.run_at,
                       payload=dump(first.payload))
-        row = spool.db.run(lambda c: c.execute(sql.INSERT_ONE, params).fetchone(),
-                           what="enqueue")
-        return {row[0]} if row is not None else set()
-    params.update(ids=[j.id for j in fresh], states=[j.state.value for j in fresh],
-                  run_ats=[j.run_at for j in fresh], payloads=[dump(j.payload) for j in fresh])
-    row = spool.db.run(lambda c: c.execute(sql.INSERT_FRESH, params).fetchone(),
-                       what="enqueue")
-    return set(row[0]) if row is not None else set()
+    else:
+        params.update(ids=[j.id for j in fresh], states=[j.state.value for j in fresh],
+                      run_ats=[j.run_at for j in fresh],
+                      payloads=[dump(j.payload) for j in fresh])
+    fast, safe = (sql.INSERT_ONE, sql.INSERT_ONE_SAFE) if one else \
+        (sql.INSERT_FRESH, sql.INSERT_FRESH_SAFE)
+
+    def go(c: psycopg.Connection[Any]) -> Any:
+        try:
+            return c.execute(fast, params).fetchone()
+        except psycopg.errors.UniqueViolation:
+            # Sent again after a lost reply (see sql.INSERT_FRESH): autocommit, so the
+            # failed statement left the connection idle for the form that skips them.
+            return c.execute(safe, params).fetchone()
+
+    row = spool.db.run(go, what="enqueue")
+    if row is None:
+        return set()
+    return {row[0]} if one else set(row[0])
 
 
 def lock_rows(conn: psycopg.Connection[Any], ids: list[str]) -> dict[str, Job]:

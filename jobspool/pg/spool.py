@@ -238,9 +238,17 @@ class PgSpool(EnqueueForms):
             missing = [j for j in fresh if j.id not in inserted]
             if not missing:
                 return [EnqueueResult(j, "created") for j in fresh]
-            # A reply lost to a dropped connection, the insert sent again: ours already.
-            return [EnqueueResult(j, "created") if j.id in inserted
-                    else EnqueueResult(self.get(j.id), "existing") for j in fresh]
+            # A reply lost to a dropped connection, the insert sent again: the rows are
+            # this call's own (created by it), unless a generated id met another job's.
+            out = []
+            for j in fresh:
+                if j.id in inserted:
+                    out.append(EnqueueResult(j, "created"))
+                    continue
+                there = self.get(j.id)
+                ours = there.created_at == j.created_at and there.kind == j.kind
+                out.append(EnqueueResult(there, "created" if ours else "existing"))
+            return out
         return produce.insert_given(self, fresh, on_conflict=batch.on_conflict,
                                     unique_states=batch.unique_states)
 

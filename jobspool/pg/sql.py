@@ -13,9 +13,12 @@ from jobspool.pg.rows import J_COLUMNS
 NOW = "COALESCE(%(now)s::float8, extract(epoch from now()))"
 
 # Fresh jobs of one kind (the common enqueue): one statement and one NOTIFY per batch.
-# An id already taken is left alone here (ON CONFLICT DO NOTHING) and decided by the
-# caller under a row lock (keep / replace / error), so the fast path never waits.
-INSERT_FRESH = """
+# Generated ids are new, so the fast form is a plain INSERT: `ON CONFLICT DO NOTHING` is a
+# speculative insertion (the statement alone, one job per call: 466 → 432 µs, 9
+# interleaved rounds on a loaded machine). Only a statement sent again
+# after its reply was lost meets its own rows; the caller then runs the `_SAFE` form, which
+# leaves rows already there alone (the statement is atomic: the first try wrote all or none).
+_INSERT_FRESH = """
 WITH ins AS (
   INSERT INTO jobspool_jobs (id, kind, state, priority, attempts, max_attempts, revision,
                              created_at, updated_at, run_at, payload, timeout)
@@ -23,22 +26,26 @@ WITH ins AS (
          %(created)s, %(created)s, u.run_at, u.payload::json, %(timeout)s
   FROM unnest(%(ids)b::text[], %(states)b::text[], %(run_ats)b::float8[],
               %(payloads)b::text[]) AS u(id, state, run_at, payload)
-  ON CONFLICT (id) DO NOTHING
+  {conflict}
   RETURNING id)
-SELECT coalesce(array_agg(id), '{}'::text[]), pg_notify(%(channel)s, '') FROM ins
+SELECT coalesce(array_agg(id), '{{}}'::text[]), pg_notify(%(channel)s, '') FROM ins
 """
+INSERT_FRESH = _INSERT_FRESH.format(conflict="")
+INSERT_FRESH_SAFE = _INSERT_FRESH.format(conflict="ON CONFLICT (id) DO NOTHING")
 
 # The same for one job (the common one-per-call enqueue): a plain VALUES row, which the
 # server plans and runs cheaper than unpacking arrays, and the NOTIFY in RETURNING (sent
 # only when the row was inserted), without a CTE and an aggregate around it.
-INSERT_ONE = """
+_INSERT_ONE = """
 INSERT INTO jobspool_jobs (id, kind, state, priority, attempts, max_attempts, revision,
                            created_at, updated_at, run_at, payload, timeout)
 VALUES (%(id)s, %(kind)s, %(state)s, %(priority)s, 0, %(max_attempts)s, 1,
         %(created)s, %(created)s, %(run_at)s, %(payload)s::json, %(timeout)s)
-ON CONFLICT (id) DO NOTHING
+{conflict}
 RETURNING id, pg_notify(%(channel)s, '')
 """
+INSERT_ONE = _INSERT_ONE.format(conflict="")
+INSERT_ONE_SAFE = _INSERT_ONE.format(conflict="ON CONFLICT (id) DO NOTHING")
 
 # Charging an expired lease (a claim taking it over, or the sweep). As a rule its run is
 # charged: the attempt stays counted and a rescue is added (the poison-pill count). The
