@@ -8,6 +8,7 @@ processes; guards only bound hangs.
 
 from __future__ import annotations
 
+import re
 import signal
 from pathlib import Path
 
@@ -149,11 +150,13 @@ def test_a_dead_childs_jobs_are_settled_while_a_frozen_child_holds_the_spool_loc
     assert report["rescued"] == 1 and report["killed_hung"] == 1
 
 
+@pytest.mark.parametrize("unbuffered", [False, True], ids=["buffered", "unbuffered"])
 @pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
 def test_handlers_that_print_a_lot_run_to_the_end_and_their_output_is_passed_on(
-        tmp_path: Path, as_json: bool) -> None:
+        tmp_path: Path, as_json: bool, unbuffered: bool) -> None:
     """What handlers print reaches the pool's stdout, as an in-process worker's would; with
-    `--json` it goes to stderr instead, so that stdout holds one JSON document."""
+    `--json` it goes to stderr instead, so that stdout holds one JSON document. Lines stay
+    whole under PYTHONUNBUFFERED too (CI sets it), where print() is two writes."""
     root = tmp_path / "spool"
     with make_spool(root) as spool:
         ids = [j.id for j in spool.enqueue_many("chatty", [{"n": n} for n in range(5)])]
@@ -162,7 +165,8 @@ def test_handlers_that_print_a_lot_run_to_the_end_and_their_output_is_passed_on(
     with stdout.open("wb") as out, stderr.open("wb") as err_sink:  # read as they come
         proc = start_jobspool("worker", "--app", "tests.apps.audit11:app", *flags,
                               "--no-maintenance", "--processes", "2", root=root, stdout=out,
-                              stderr=err_sink)
+                              stderr=err_sink,
+                              env={"PYTHONUNBUFFERED": "1" if unbuffered else None})
 
     def all_completed() -> bool:
         with make_spool(root) as spool:
@@ -182,6 +186,8 @@ def test_handlers_that_print_a_lot_run_to_the_end_and_their_output_is_passed_on(
     for n in range(5):
         assert f"\n{n}:1999 " in printed  # every line of every job, passed on
     assert printed.count("x" * 96) == 5 * 2000
+    whole = re.compile(r"^[0-4]:\d+ x{96}$", re.MULTILINE)
+    assert len(whole.findall(printed)) == 5 * 2000  # no line cut by another child's
     if as_json:
         summary = orjson.loads(stdout.read_text())  # nothing else on stdout
         assert summary["completed"] == 5 and summary["processes"] == 2

@@ -57,11 +57,13 @@ def attach_child(worker: Worker) -> Callable[[RunReport], None] | None:
     fd = int(fd_text)
     worker.owner = os.environ.get(POOL_OWNER_ENV) or worker.owner
     # The children share the pool's stdout: block-buffered, one child's 8 KiB write cut
-    # another's line in two. A line at a time, each reaches the output whole.
+    # another's line in two; unbuffered (PYTHONUNBUFFERED, `-u`: write-through), print()'s
+    # text and its newline are two writes, and another child's line lands between them.
+    # A line at a time, in one write, each reaches the output whole.
     for stream in (sys.stdout, sys.stderr):
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:
-            reconfigure(line_buffering=True)
+            reconfigure(line_buffering=True, write_through=False)
     parent = int(os.environ.get(POOL_PARENT_ENV) or 0)
 
     def send(line: str) -> None:
