@@ -137,7 +137,13 @@ def test_an_unknown_command_exits_1(root: Path) -> None:
 
 
 def test_no_command_exits_1() -> None:
-    refused(1)
+    r = refused(1, mentions=("COMMAND",))
+    assert not r.err.startswith("jobspool: error: jobspool"), r.err  # named once
+
+
+def test_a_subcommand_usage_error_names_the_subcommand_once(root: Path) -> None:
+    r = refused(1, "--root", root, "worker", mentions=("worker", "--app"))
+    assert r.err.count("jobspool") == 1, r.err
 
 
 def test_an_unknown_option_exits_1(root: Path) -> None:

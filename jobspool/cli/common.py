@@ -27,7 +27,10 @@ class Refused(Exception):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{self.prog}: {message}")
+        # A subcommand's parser names itself (`jobspool worker: ...`); the top level's name
+        # is already the line's prefix (`jobspool: error: ...`).
+        where = self.prog.partition(" ")[2]
+        raise UsageError(f"{where}: {message}" if where else message)
 
 
 def _number(cast: Callable[[str], float], noun: str, *, strictly_positive: bool
