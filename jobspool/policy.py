@@ -10,6 +10,7 @@ them; everything is checked when the app or worker is built, never mid-run.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -75,7 +76,14 @@ def _positive_seconds(name: str, value: object) -> float:
     v = float(value)
     if not math.isfinite(v) or v <= 0:
         raise PolicyError(f"Policy {name} must be a positive finite number, got {value!r}")
+    if name != "timeout" and time.time() + v > _YEAR_9999:
+        # The backoff lands in the job as its due time, which no reader takes past 9999.
+        raise PolicyError(f"Policy {name} {value!r} would retry a job after the year 9999 "
+                          "(was it given in milliseconds?)")
     return v
+
+
+_YEAR_9999 = 253402300799.0  # jobspool.queue.payload.MAX_RUN_AT: this module stays a leaf
 
 
 def _exception_classes(value: object) -> tuple[type[BaseException], ...]:

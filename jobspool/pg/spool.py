@@ -64,6 +64,7 @@ from jobspool.queue.job import (
     validate_seconds,
 )
 from jobspool.queue.layout import effective_keep_dead
+from jobspool.queue.options import checked_clock
 from jobspool.queue.producing import EnqueueForms
 from jobspool.queue.states import JobState, check_source
 
@@ -120,7 +121,8 @@ class PgSpool(EnqueueForms):
         validated({**DEFAULTS, **given})
         check_process_options(pool_size=pool_size, reconnect_seconds=reconnect_seconds,
                               max_due=max_due, max_lag_seconds=max_lag_seconds, clock=clock)
-        self.url, self.read_only, self.clock = root, read_only, clock
+        self.url, self.read_only = root, read_only
+        self.clock = None if clock is None else checked_clock(clock)
         self.db = Database(root, pool_size=pool_size, reconnect_seconds=reconnect_seconds)
         self.display, self.max_due, self.max_lag_seconds = self.db.display, max_due, max_lag_seconds
         opened = open_database(self.db, create=create, read_only=read_only, given=given)

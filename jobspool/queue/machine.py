@@ -15,6 +15,7 @@ from typing import Any
 
 from jobspool.errors import DuplicateJob, InvalidTransition, JobTooLarge, LeaseLost
 from jobspool.queue.job import (
+    MAX_RUN_AT,
     MAX_TRACEBACK_BYTES,
     Job,
     Lease,
@@ -47,6 +48,13 @@ class RetryPolicy:
         d = min(self.max_seconds, self.base_seconds * (2.0 ** min(n - 1, 62)))
         r = (rng or random).random()
         return d / 2.0 + r * d / 2.0
+
+
+def _due(now: float, wait: float) -> float:
+    """When a retry comes due: never past the year 9999, beyond which no reader takes a
+    job file (settings are checked against it, but against the machine's clock, not the
+    spool's, and a backoff doubles from them)."""
+    return min(now + wait, MAX_RUN_AT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,7 +258,7 @@ def reclaim(job: Job, *, now: float, policy: RetryPolicy, max_rescues: int | Non
     # Why it is waiting again, as the PostgreSQL store records it: a job reclaimed from a
     # dead worker showed no error at all.
     return _move(job, "reclaim", JobState.RETRYABLE, now, lease=None, rescues=rescues,
-                 run_at=now + policy.delay(job.attempts, rng), last_error=clip_error(error))
+                 run_at=_due(now, policy.delay(job.attempts, rng)), last_error=clip_error(error))
 
 
 def check_lease(job: Job, lease: Lease, now: float) -> None:
@@ -315,7 +323,7 @@ def fail(job: Job, lease: Lease, *, now: float, error: object, retryable: bool,
                      traceback=tb, rescues=rescues, max_attempts=limit)
     wait = policy.delay(job.attempts, rng) if delay is None else delay
     return _move(job, "fail", JobState.RETRYABLE, now, lease=None, last_error=message,
-                 run_at=now + wait, traceback=tb, rescues=rescues, max_attempts=limit)
+                 run_at=_due(now, wait), traceback=tb, rescues=rescues, max_attempts=limit)
 
 
 def settle(job: Job, lease: Lease, action: str, arg: Any, *, now: float, policy: RetryPolicy,

@@ -13,6 +13,7 @@ value but mean "not given", so the value saved in `spool.json` wins.
 
 from __future__ import annotations
 
+import numbers
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from typing import Any
 from jobspool.errors import InvalidJob
 from jobspool.queue.job import MAX_JOB_BYTES, validate_int, validate_seconds
 from jobspool.queue.layout import SpoolSettings
-from jobspool.queue.payload import MAX_JOB_BYTES_LIMIT
+from jobspool.queue.payload import MAX_JOB_BYTES_LIMIT, MAX_RUN_AT
 
 
 class Unset:
@@ -63,13 +64,46 @@ class ProcessOptions:
     max_lag_seconds: float | None = None
 
     def __post_init__(self) -> None:
-        if not callable(self.clock):
-            raise InvalidJob(f"clock must be a callable returning epoch seconds, got "
-                             f"{self.clock!r}", field="clock")
+        object.__setattr__(self, "clock", checked_clock(self.clock))
         if self.max_due is not None:
             validate_int("max_due", self.max_due, minimum=1)
         if self.max_lag_seconds is not None:
             validate_seconds("max_lag_seconds", self.max_lag_seconds, positive=True)
+
+
+def checked_clock(clock: object) -> Callable[[], float]:
+    """An injected clock whose every reading is checked: a time jobspool can write.
+
+    Its readings become the jobs' times, and readers refuse a job whose times are not
+    finite epoch seconds up to the year 9999: a clock returning NaN or milliseconds had
+    every write succeed and the jobs it touched (a claimed one included) turn unreadable
+    and be quarantined. A bad reading is refused before anything is written.
+    """
+    if not callable(clock):
+        raise InvalidJob(f"clock must be a callable returning epoch seconds, got {clock!r}",
+                         field="clock")
+    if clock is time.time:
+        return time.time
+
+    def now() -> float:
+        try:
+            value = clock()
+        except Exception as exc:
+            raise InvalidJob(f"the spool's clock ({name}) raised {type(exc).__name__}: {exc}",
+                             field="clock") from exc
+        hint = ""
+        if not isinstance(value, bool) and isinstance(value, numbers.Real):
+            reading = float(value)
+            if 0.0 <= reading < MAX_RUN_AT:  # NaN fails too
+                return reading
+            hint = " (milliseconds?)" if MAX_RUN_AT <= reading < 1e300 else ""
+        raise InvalidJob(f"the spool's clock ({name}) returned {value!r}: it must return epoch seconds, a "
+                         f"finite number from 0 to the year 9999{hint}", field="clock")
+
+    name = getattr(clock, "__qualname__", None) or repr(clock)
+
+    now.__wrapped__ = clock  # type: ignore[attr-defined]
+    return now
 
 
 def given(value: Any) -> bool:

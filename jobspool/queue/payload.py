@@ -207,11 +207,16 @@ def validate_seconds(name: str, value: object, *, positive: bool = False) -> flo
     if not math.isfinite(v) or v < 0 or (positive and v == 0):
         need = "a positive" if positive else "a non-negative"
         raise InvalidJob(f"{name} must be {need} finite number, got {value!r}", field=name)
-    if name == "lease_seconds" and time.time() + v > MAX_RUN_AT:
-        # Its expiry is written into the job: past the year 9999 no reader would take it.
-        raise InvalidJob(f"lease_seconds {value!r} would end the lease after the year 9999 "
-                         "(was it given in milliseconds?)", field=name)
+    if name in _WRITTEN_AS_TIMES and time.time() + v > MAX_RUN_AT:
+        # A lease's expiry and a retry's due time are written into the job: past the year
+        # 9999 no reader would take it (a backoff of 1e12 s made every failed job unreadable).
+        raise InvalidJob(f"{name} {value!r} would {_WRITTEN_AS_TIMES[name]} after the year "
+                         "9999 (was it given in milliseconds?)", field=name)
     return v
+
+
+_WRITTEN_AS_TIMES = {"lease_seconds": "end the lease", "retry_base_seconds": "retry a job",
+                     "retry_max_seconds": "retry a job"}
 
 
 def iso_time(epoch: float) -> str:
