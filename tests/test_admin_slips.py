@@ -194,3 +194,29 @@ def test_stats_skips_an_unreadable_file_instead_of_counting_it(root: Path) -> No
     doc = _one_document(res.stdout)
     assert doc["counts"]["ready"] == 1 and doc["total"] == 1
     assert "bad.json" in res.stderr  # the warning names the file
+
+
+@pytest.mark.parametrize("removed", ["tmp/pool", "tmp"])
+def test_deleting_the_recycling_pool_under_an_open_spool_leaves_no_stale_copies(
+        tmp_path: Path, removed: str) -> None:
+    """`rm -rf tmp/pool` under a live worker: each superseded file was left in place (the
+    failed recycle taken for "already gone"), a stale copy of every job it touched; with
+    `tmp/` gone too, every write failed until the spool was opened again."""
+    import shutil
+
+    root = tmp_path / "s"
+    with make_spool(root, durable=True) as spool:
+        ids = [j.id for j in spool.enqueue_many("k", [{"n": n} for n in range(30)])]
+        for lease in spool.claim(limit=10):
+            spool.complete(lease)
+        shutil.rmtree(root / removed)
+        for lease in spool.claim(limit=20):
+            spool.complete(lease)
+        assert all(spool.get(i).state is JobState.COMPLETED for i in ids)
+        copies = {p.name for d in ("ready", "leased") for p in (root / d).glob("*.json")}
+        assert copies == set()  # no superseded file left behind
+        assert spool.fsck().ok
+    # Remade at once (not at the next open), with the mode the spool's directories have.
+    assert (root / "tmp" / "pool").is_dir()
+    assert (root / "tmp/pool").stat().st_mode == (root / "ready").stat().st_mode
+    assert (root / "tmp").stat().st_mode == (root / "ready").stat().st_mode

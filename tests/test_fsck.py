@@ -10,6 +10,7 @@ import orjson
 import pytest
 
 from jobspool import Spool
+from jobspool.errors import CorruptFileWarning
 from jobspool.queue.fence import encode_fence
 from jobspool.recovery.fsck import FsckReport
 from tests.helpers_spool import all_files, read_raw
@@ -160,3 +161,9 @@ def test_values_no_writer_writes_are_problems_naming_the_file(
     assert not report.ok
     assert len(report.problems) == 1, report.problems
     assert report.problems[0].startswith(f"ready/j.json: {says}"), report.problems
+    # One verdict everywhere: the file is unreadable, as a damaged one is. A negative
+    # revision was flagged by fsck but claimed, run, counted healthy and never cleared.
+    with pytest.warns(CorruptFileWarning, match=says.split(" (")[0]):
+        assert spool.claim() == []
+    assert spool.recover().quarantined == ("ready/j.json",)
+    assert spool.fsck().ok

@@ -471,7 +471,7 @@ def decode_job(data: bytes, *, expect_id: str | None = None,
     tb = d.get("traceback")
     if tb is not None and not isinstance(tb, str):
         raise CorruptJob("field 'traceback' is not a string")
-    return Job(
+    job = Job(
         id=job_id,
         kind=kind,
         payload=d.get("payload"),
@@ -491,6 +491,28 @@ def decode_job(data: bytes, *, expect_id: str | None = None,
         traceback=tb,
         timeout=_timeout(d),
     )
+    why = implausible(job)
+    if why is not None:
+        raise CorruptJob(why)
+    return job
+
+
+def implausible(job: Job) -> str | None:
+    """What is out of range in a well-typed job (a hand edit, a foreign writer): values no
+    transition writes, which would make it run more or fewer times than it should. Such a
+    file is unreadable like any other damaged one: `fsck` flagged a negative revision that
+    claims, `health` and `recover` all accepted, so nothing ever cleared it."""
+    if job.attempts < 0:
+        return f"attempts is {job.attempts} (negative)"
+    if job.revision < 1:
+        return f"revision is {job.revision} (every write counts from 1)"
+    if job.max_attempts < 1:
+        return f"max_attempts is {job.max_attempts} (at least 1)"
+    if job.lease is not None and job.state is not JobState.LEASED:
+        return f"a {job.state.value} job carries a lease (token {job.lease.token})"
+    if job.rescues < 0:
+        return f"rescues is {job.rescues} (negative)"
+    return None
 
 
 def _timeout(d: dict[str, Any]) -> float | None:

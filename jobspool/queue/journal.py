@@ -37,7 +37,7 @@ from jobspool.queue.job import (
 from jobspool.queue.layout import Layout, SpoolSettings, effective_keep_dead
 from jobspool.queue.lock import SpoolLock
 from jobspool.queue.options import ProcessOptions
-from jobspool.queue.perms import file_mode
+from jobspool.queue.perms import dir_mode, file_mode
 from jobspool.queue.states import ALL_STATES, CLAIMABLE, TERMINAL, JobState
 from jobspool.queue.store import (
     JOB_SUFFIX,
@@ -96,7 +96,7 @@ class Journal:
         self.lock = SpoolLock(self.root / ".lock", read_only=options.read_only,
                               mode=file_mode(self.access))
         self.store = Store(self.root, durable=options.durable, sync_mode=options.sync_mode,
-                           file_mode=file_mode(self.access))
+                           file_mode=file_mode(self.access), dir_mode=dir_mode(self.access))
         self.index = ClaimIndex(self.store, self.lock.generation, self.lock.ring)
         self.lock.on_reopen = self.index.invalidate
         if not options.read_only:

@@ -50,7 +50,7 @@ from pathlib import Path
 from jobspool.errors import SpoolError, WriteFailed
 from jobspool.queue import liveness
 from jobspool.queue.liveness import LIVE_DIR as LIVE_DIR
-from jobspool.queue.perms import set_fd_mode
+from jobspool.queue.perms import make_dir, set_fd_mode
 from jobspool.queue.procid import current_pid
 
 log = logging.getLogger(__name__)
@@ -121,7 +121,7 @@ class Store:
     """Atomic file placement inside one spool root."""
 
     def __init__(self, root: Path, *, durable: bool = True, sync_mode: str = "auto",
-                 pool_size: int = 256, file_mode: int = 0o600) -> None:
+                 pool_size: int = 256, file_mode: int = 0o600, dir_mode: int = 0o700) -> None:
         if sync_mode not in ("auto", "fsync", "syncfs"):
             raise ValueError(f"sync_mode must be auto, fsync or syncfs, not {sync_mode!r}")
         self.root = root
@@ -130,6 +130,7 @@ class Store:
         self.sync_mode = sync_mode
         self.pool_size = pool_size
         self.file_mode = file_mode
+        self.dir_mode = dir_mode
         self._tmp = root / TMP_DIR
         self._pool_dir = root / POOL_DIR
         self._pid = os.getpid()
@@ -389,7 +390,13 @@ class Store:
             if not self._refill_pool():
                 break
         path = os.path.join(self._tmp, staging_name(suffix))
-        fd = os_open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, self.file_mode)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        try:
+            fd = os_open(path, flags, self.file_mode)
+        except FileNotFoundError:
+            if not self._remake_scratch():
+                raise
+            fd = os_open(path, flags, self.file_mode)
         try:
             set_fd_mode(fd, self.file_mode)
         except BaseException:
@@ -420,9 +427,27 @@ class Store:
                 self._pool.append(name)
                 return
             except FileNotFoundError:
-                return
+                # The file is gone, or the pool is (an operator's `rm -rf tmp/pool` under a
+                # live worker): returning here left every superseded copy in place, a
+                # stale duplicate of each job until `recover`. Unlink it; remake the pool.
+                self._remake_scratch()
         with contextlib.suppress(FileNotFoundError):
             os_unlink(path)
+
+    def _remake_scratch(self) -> bool:
+        """Recreate a deleted `tmp/` or `tmp/pool/` (they hold nothing a job depends on; an
+        open spool remade them only when next opened, and every write failed meanwhile).
+        True when one was missing and is back."""
+        remade = False
+        for d in (self._tmp, self._pool_dir):
+            try:
+                make_dir(d, self.dir_mode)
+                remade = True
+            except FileExistsError:
+                continue
+            except OSError:  # the spool itself is gone, or not ours to write: say so later
+                break
+        return remade
 
     def _check_fork(self) -> None:
         if not self._pool_loaded or self._pid != current_pid():

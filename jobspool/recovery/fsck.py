@@ -21,12 +21,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from jobspool.queue.fence import FENCE_FILE, decode_fence
-from jobspool.queue.job import Job
 from jobspool.queue.layout import ADMIN_BATCH as BATCH
 from jobspool.queue.states import ALL_STATES, TERMINAL, JobState
 from jobspool.queue.store import JOB_SUFFIX, TMP_DIR
 from jobspool.recovery.quarantine import confirm, quarantined_files
-from jobspool.recovery.scan import Scan, implausible, probe, read_job, scan_spool
+from jobspool.recovery.scan import Scan, probe, scan_spool
 from jobspool.recovery.strays import stray_tmp_files
 
 if TYPE_CHECKING:
@@ -74,13 +73,6 @@ def fsck(spool: Journal) -> FsckReport:
                 bad = confirm(spool, stray)
                 if bad is not None:
                     problems.append(f"{bad.path}: {bad.reason}")
-
-    for odd in scan.odd:  # re-read under the lock: a live writer may have moved it on
-        with spool.lock.hold():
-            got = read_job(spool, odd.directory, odd.name)
-        why = implausible(got) if isinstance(got, Job) else None
-        if why is not None:
-            problems.append(f"{odd.path}: {why}")
 
     top, _ = scan.max_token()
     with spool.lock.hold():

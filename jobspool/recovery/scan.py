@@ -63,7 +63,6 @@ class Scan:
 
     entries: list[Entry] = field(default_factory=list)
     bad: list[Bad] = field(default_factory=list)
-    odd: list[Bad] = field(default_factory=list)  # readable, but values no writer writes
     # job id -> state directories holding a `<id>.json` (readable or not)
     where: dict[str, list[JobState]] = field(default_factory=dict)
 
@@ -134,25 +133,6 @@ def scan_state(spool: Journal, state: JobState, out: Scan) -> None:
             out.bad.append(got)
         else:
             out.entries.append(entry_of(got))
-            why = implausible(got)
-            if why is not None:
-                out.odd.append(Bad(directory, name, why))
-
-
-def implausible(job: Job) -> str | None:
-    """What is out of range in a well-typed job (a hand edit, a foreign writer): values no
-    transition writes, which would make it run more or fewer times than it should."""
-    if job.attempts < 0:
-        return f"attempts is {job.attempts} (negative)"
-    if job.revision < 1:
-        return f"revision is {job.revision} (every write counts from 1)"
-    if job.max_attempts < 1:
-        return f"max_attempts is {job.max_attempts} (at least 1)"
-    if job.lease is not None and job.state is not JobState.LEASED:
-        return f"a {job.state.value} job carries a lease (token {job.lease.token})"
-    if job.rescues < 0:
-        return f"rescues is {job.rescues} (negative)"
-    return None
 
 
 def scan_spool(spool: Journal, states: tuple[JobState, ...] = ALL_STATES) -> Scan:
