@@ -6,14 +6,16 @@ handed out (see `FenceCounter`), so a token is never written into a job
 without a durable ceiling above it, and tokens are strictly increasing across
 processes, crashes and reboots.
 
-What it does not protect against: someone editing or deleting the file.
-`fsck` checks that the ceiling is at or above every token found on disk and
-`recover` raises it if not.
+What it does not protect against: someone editing the file. `fsck` checks
+that the ceiling is at or above every token found on disk and `recover` raises
+it if not; a deleted or unreadable file restarts the counter above
+`restart_floor()`.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -46,6 +48,21 @@ def decode_fence(data: bytes) -> int:
         if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
             return value
     raise ValueError("fence file has no non-negative integer 'fence'")
+
+
+def restart_floor() -> int:
+    """Where tokens restart when the fence file is lost and nothing else can say how far the
+    counter went: the wall clock in microseconds.
+
+    Terminal jobs keep no token and pruned ones are gone, so the tokens left on disk may be
+    far below what was handed out; restarting from them handed tokens out again (a new
+    claim's projection writes were then dropped as stale, its job reported completed). A
+    counter grows by one per claim and a block per ceiling write: passing 1.7e15 would
+    take a spool 18,000 years at 3,000 claims a second, so the clock is above every token
+    any spool has handed out, and tokens stay below 2**53 (a projection's float64 version)
+    for centuries more.
+    """
+    return int(time.time() * 1_000_000)
 
 
 # Tokens per ceiling write: the counter on disk is rewritten (and flushed) once per

@@ -22,7 +22,13 @@ from collections.abc import Callable, Iterable, Sequence
 
 from jobspool.errors import JobNotFound, JobspoolError, SpoolError, WriteFailed
 from jobspool.queue import interrupts, machine
-from jobspool.queue.fence import FENCE_FILE, FenceCounter, decode_fence, encode_fence
+from jobspool.queue.fence import (
+    FENCE_FILE,
+    FenceCounter,
+    decode_fence,
+    encode_fence,
+    restart_floor,
+)
 from jobspool.queue.groupflush import GroupFlush
 from jobspool.queue.index import SLOT, ClaimIndex
 from jobspool.queue.job import (
@@ -120,6 +126,8 @@ class Journal:
                         # ceiling (0 for a new spool): never write the floor back as 0.
                         known = max(self.lock.generation(self.lock.FENCE_CEILING_SLOT),
                                     self.lock.generation(self.lock.FENCE_NEXT_SLOT))
+                        if not layout.created:
+                            known = max(known, self._lost_fence())
                         write_atomic(self.root / FENCE_FILE, encode_fence(known),
                                      durable=self.durable, mode=file_mode(self.access))
         except OSError as exc:
@@ -467,11 +475,19 @@ class Journal:
         try:
             return decode_fence(self.store.read("", FENCE_FILE))
         except FileNotFoundError:
-            return 0
+            return self._lost_fence()  # deleted under an open spool
         except ValueError as exc:
             raise SpoolError(f"{self.root / FENCE_FILE}: {exc}; run `jobspool recover` to "
                              "rebuild it from the tokens on disk",
                              path=str(self.root / FENCE_FILE)) from None
+
+    def _lost_fence(self) -> int:
+        """The ceiling to go on from when an existing spool's fence file is gone."""
+        floor = restart_floor()
+        log.warning("%s is missing: fencing tokens restart above %d (the clock in "
+                    "microseconds, past any token handed out) so that none is handed out "
+                    "twice", self.root / FENCE_FILE, floor)
+        return floor
 
     def _fence_ident(self) -> int:
         """The fence file's identity (inode and modification time): 0 when there is none."""

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 from jobspool.errors import WriteFailed
 from jobspool.queue import liveness, machine
 from jobspool.queue import store as store_mod
-from jobspool.queue.fence import FENCE_FILE, decode_fence, encode_fence
+from jobspool.queue.fence import FENCE_FILE, decode_fence, encode_fence, restart_floor
 from jobspool.queue.job import survivor_key
 from jobspool.queue.journal import FULL_DISK
 from jobspool.queue.layout import ADMIN_BATCH as BATCH
@@ -289,8 +289,9 @@ def _raise_fence(spool: Journal, scan: Scan) -> tuple[list[str], int | None, int
             # Pruned jobs took their tokens with them: the scan alone may be far below what
             # was handed out. The lock's shared counter knows (unless `.lock` went too);
             # any value it holds was a real token or ceiling, so raising to it is safe.
+            # And the tokens of terminal jobs are gone from disk: above them all, the clock.
             value = max(top, spool.lock.generation(spool.lock.FENCE_NEXT_SLOT),
-                        spool.lock.generation(spool.lock.FENCE_CEILING_SLOT))
+                        spool.lock.generation(spool.lock.FENCE_CEILING_SLOT), restart_floor())
             spool.commit_changes([], [Change(name=FENCE_FILE, dst="",
                                              data=encode_fence(value))])
             spool.fence.raised(value)
