@@ -220,3 +220,13 @@ def test_deleting_the_recycling_pool_under_an_open_spool_leaves_no_stale_copies(
     assert (root / "tmp" / "pool").is_dir()
     assert (root / "tmp/pool").stat().st_mode == (root / "ready").stat().st_mode
     assert (root / "tmp").stat().st_mode == (root / "ready").stat().st_mode
+
+
+def test_a_reader_on_a_spool_whose_lock_file_was_deleted_says_how_to_bring_it_back(
+        root: Path) -> None:
+    (root / ".lock").unlink()
+    r = run_jobspool("--root", root, "stats")
+    assert r.code == 2 and "Traceback" not in r.err
+    assert "missing" in r.err and "jobspool recover" in r.err and len(r.err.splitlines()) == 1
+    assert run_jobspool("--root", root, "recover").code == 0
+    assert run_jobspool("--root", root, "stats").code == 0

@@ -126,6 +126,11 @@ class SpoolLock:
         except OSError as exc:
             if not self._root.is_dir():
                 raise spool_missing(self._root) from None
+            if self.read_only and isinstance(exc, FileNotFoundError):
+                # A reader cannot make it; any writer does (the probe's `rm .lock`).
+                raise SpoolError(f"the spool lock {self._path} is missing (deleted?); any "
+                                 "command that writes, e.g. `jobspool recover`, recreates it",
+                                 path=str(self._path)) from None
             raise SpoolError(f"cannot open the spool lock {self._path}: "
                              f"{exc.strerror or exc}", path=str(self._path)) from None
         self._fd, self._dir_fd = fd, dir_fd
