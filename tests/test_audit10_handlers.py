@@ -53,3 +53,38 @@ def test_a_handler_exception_whose_str_raises_fails_only_its_job(tmp_path: Path)
         assert failed.state is JobState.DEAD_LETTER and failed.attempts == 2
         assert failed.last_error is not None and failed.last_error.startswith("Mute")
         assert spool.get("a-mute-fail").state is JobState.DEAD_LETTER
+
+
+class ExitingStr(Exception):
+    def __str__(self) -> str:
+        raise SystemExit(9)
+
+
+class InterruptingStr(Exception):
+    def __str__(self) -> str:
+        raise KeyboardInterrupt
+
+
+def test_an_exception_whose_str_raises_systemexit_or_keyboardinterrupt_fails_only_its_job(
+        tmp_path: Path) -> None:
+    """Only a real signal stops the worker: a __str__ raising SystemExit stopped the run,
+    the job back to ready with its attempt counted, on every run until it ran out."""
+    with make_spool(tmp_path / "spool", clock=FakeClock(), max_attempts=1) as spool:
+        spool.enqueue("exits", job_id="a-exits", priority=-1)
+        spool.enqueue("interrupts", job_id="a-interrupts", priority=-1)
+        ok = [spool.enqueue("ok", {"i": i}).id for i in range(3)]
+
+        def exits(job: Any, ctx: Any) -> None:
+            raise ExitingStr
+
+        def interrupts(job: Any, ctx: Any) -> None:
+            raise InterruptingStr
+
+        handlers = {"exits": exits, "interrupts": interrupts, "ok": lambda job, ctx: 1}
+        report = Worker(spool, handlers, concurrency=2, batch_size=10).run_until_idle()
+        assert report.crashes == 0 and report.completed == 3, report
+        assert {j.id for j in spool.jobs(state="completed")} == set(ok)
+        for job_id, name in (("a-exits", "ExitingStr"), ("a-interrupts", "InterruptingStr")):
+            job = spool.get(job_id)
+            assert job.state is JobState.DEAD_LETTER, job
+            assert job.last_error == f"{name}: <{name}: str() failed>"

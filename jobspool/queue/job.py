@@ -216,7 +216,7 @@ def safe_str(value: object) -> str:
     cannot describe itself is still that job's failure, never the worker's."""
     try:
         return str(value)
-    except Exception:
+    except BaseException:  # a __str__ raising SystemExit stopped the worker
         return f"<{type(value).__name__}: str() failed>"
 
 
