@@ -23,7 +23,8 @@ from jobspool.projection.handler import make_upsert
 from tests.spools import make_spool
 
 
-@pytest.mark.parametrize("name", ["a.b", "`q`", "a\x00b", "_rowid", "_row_last_updated_at_version"])
+@pytest.mark.parametrize("name", ["a.b", "`q`", "a\x00b", "_rowid", "_row_last_updated_at_version",
+                                  "a\ud800"])
 def test_a_name_lancedb_refuses_fails_its_own_job_only(tmp_path: Path, name: str) -> None:
     root, index = tmp_path / "spool", tmp_path / "index"
 
@@ -126,3 +127,29 @@ def test_a_decimal_column_takes_larger_values_of_its_scale(tmp_path: Path) -> No
                                      None, 2)])
     assert later.ok, later
     assert store.table("prices").get("b")["price"] == Decimal("123.45")  # type: ignore[index]
+
+
+@pytest.mark.parametrize("write", ["upsert", "delete"])
+def test_a_key_with_a_lone_surrogate_fails_its_own_job_only(tmp_path: Path, write: str) -> None:
+    """A key that cannot be written as UTF-8 failed the merge of every job in the batch
+    (4 of 4 dead-lettered for one bad key), a UnicodeEncodeError naming no field."""
+    root, index = tmp_path / "spool", tmp_path / "index"
+
+    def handler(job, ctx):  # type: ignore[no-untyped-def]
+        if not job.payload.get("bad"):
+            ctx.upsert("docs", {"id": job.id, "title": "t"})
+        elif write == "upsert":
+            ctx.upsert("docs", {"id": "x\udc80", "title": "t"})
+        else:
+            ctx.delete("docs", ["x\udc80"])
+
+    with make_spool(root) as spool:
+        for i in range(3):
+            spool.enqueue("h", {}, job_id=f"good{i}")
+        spool.enqueue("h", {"bad": True}, job_id="bad")
+        Worker(spool, App(handlers={"h": handler}, projection=str(index))).run_until_idle()
+        bad = spool.get("bad")
+        assert bad.state is JobState.DEAD_LETTER and bad.attempts == 1
+        assert "key field 'id'" in (bad.last_error or "") and "surrogate" in (bad.last_error or "")
+        assert {spool.get(f"good{i}").state for i in range(3)} == {JobState.COMPLETED}
+    assert lancedb.connect(str(index)).open_table("docs").count_rows() == 3

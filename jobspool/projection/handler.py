@@ -144,14 +144,26 @@ def check_key(value: object, *, table: str, key: str) -> str:
             table=table,
             field=key,
         )
-    if not value or len(value) > MAX_KEY_CHARS or "\x00" in value:
+    if not value or len(value) > MAX_KEY_CHARS or "\x00" in value or not _utf8(value):
         raise ProjectionError(
             f"key field {key!r} of table {table!r} must be 1-{MAX_KEY_CHARS} characters "
-            f"without NUL, got {value!r:.80}",
+            f"without NUL or lone surrogates, got {value!r:.80}",
             table=table,
             field=key,
         )
     return value
+
+
+def _utf8(text: str) -> bool:
+    """Whether `text` can be written as UTF-8 (no lone surrogate): a key or column name that
+    cannot failed the merge of every job in the batch, not the one job that wrote it."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _check_row(row: object, *, table: str, key: str) -> dict[str, Any]:
@@ -201,6 +213,8 @@ def _lance_refuses(name: str) -> str | None:
     for char, what in ((".", "a dot"), ("`", "a backtick"), ("\x00", "a NUL character")):
         if char in name:
             return f"holds {what}, which LanceDB refuses in a column name"
+    if not _utf8(name):
+        return "holds a lone surrogate, which cannot be written as UTF-8"
     return None
 
 
