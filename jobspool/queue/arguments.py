@@ -19,6 +19,7 @@ from jobspool.queue.job import (
     Lease,
     Reservation,
     check_json,
+    json_snapshot,
     validate_delay,
     validate_int,
     validate_job_id,
@@ -154,6 +155,7 @@ def new_batch(kind: str, payloads: Iterable[Any], *, job_ids: Sequence[str | Non
     for i, p in enumerate(payload_list):
         with naming_item(i, len(payload_list)):
             check_json(p, "payload")
+        payload_list[i] = json_snapshot(p)
     policy = check_on_conflict(on_conflict)
     unique = check_unique_states(unique_states)
     delay = validate_delay(delay)
@@ -201,7 +203,8 @@ def new_reservation(kind: str, payload: Any, *, job_id: str | None, delay: float
         "max_attempts", max_attempts, minimum=1)
     check_json(payload, "payload")
     at = check_run_at(run_at, delay, now)
-    return machine.new_job(job_id=jid, kind=kind, payload=payload, now=now, delay=delay,
+    return machine.new_job(job_id=jid, kind=kind, payload=json_snapshot(payload), now=now,
+                           delay=delay,
                            run_at=at, priority=priority, max_attempts=attempts,
                            state=JobState.PREPARED, reservations=(new_token_id(),),
                            timeout=check_timeout(timeout))

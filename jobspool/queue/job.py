@@ -29,6 +29,7 @@ from jobspool.queue.payload import MAX_RUN_AT as MAX_RUN_AT
 from jobspool.queue.payload import MAX_RUN_AT_PAST as MAX_RUN_AT_PAST
 from jobspool.queue.payload import check_json as check_json
 from jobspool.queue.payload import iso_time as iso_time
+from jobspool.queue.payload import json_snapshot as json_snapshot
 from jobspool.queue.payload import validate_delay as validate_delay
 from jobspool.queue.payload import validate_int as validate_int
 from jobspool.queue.payload import validate_run_at as validate_run_at

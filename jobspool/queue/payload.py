@@ -9,6 +9,9 @@ from __future__ import annotations
 import math
 import numbers
 import time
+from typing import Any
+
+import orjson
 
 from jobspool.errors import InvalidJob
 
@@ -66,6 +69,18 @@ def check_json(value: object, where: str = "payload") -> None:
         raise InvalidJob(f"{place} is {exc.what}", field=where) from None
     except RecursionError:
         raise InvalidJob(f"{where} is nested too deeply for JSON", field=where) from None
+
+
+def json_snapshot(value: Any) -> Any:
+    """A checked payload as every reader of the job file gets it: the returned `Job` kept
+    the caller's own dict (so it changed when the caller reused it) and its tuples, and
+    did not equal `get()` of the same job. A scalar is its own snapshot."""
+    if value is None or type(value) in _SCALARS:
+        return value
+    return orjson.loads(orjson.dumps(value))
+
+
+_SCALARS = (str, int, float, bool)
 
 
 def _check(value: object, path: list[object]) -> None:
