@@ -153,3 +153,22 @@ def test_a_key_with_a_lone_surrogate_fails_its_own_job_only(tmp_path: Path, writ
         assert "key field 'id'" in (bad.last_error or "") and "surrogate" in (bad.last_error or "")
         assert {spool.get(f"good{i}").state for i in range(3)} == {JobState.COMPLETED}
     assert lancedb.connect(str(index)).open_table("docs").count_rows() == 3
+
+
+@pytest.mark.parametrize(("value", "says"), [([2**70], "too large"), ({1: "a"}, "dict key"),
+                                             (object(), "did not recognize")],
+                         ids=["int-past-64-bits", "int-keys", "object"])
+def test_a_value_arrow_cannot_store_is_named_not_blamed_on_the_schema(
+        tmp_path: Path, value: object, says: str) -> None:
+    """A table's first write infers its schema and leaves out a column Arrow cannot store:
+    the job failed with "field 'x' is not in the schema" alone, blaming the schema."""
+    root, index = tmp_path / "spool", tmp_path / "index"
+    with make_spool(root, max_attempts=1) as spool:
+        spool.enqueue("h", job_id="bad")
+        handlers = {"h": lambda job, ctx: ctx.upsert("docs", {"id": "a", "x": value})}
+        Worker(spool, App(handlers=handlers, projection=str(index))).run_until_idle()
+        bad = spool.get("bad")
+    error = bad.last_error or ""
+    assert bad.state is JobState.DEAD_LETTER
+    assert "field 'x'" in error and "cannot be stored" in error and says in error, error
+    assert "\n" not in error

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 
@@ -170,13 +171,25 @@ def check_write(w: PendingWrite, allowed: frozenset[str], key: str) -> Projectio
                 if field not in allowed and value is not None:
                     return ProjectionError(
                         f"field {field!r} is not in the schema of table {w.table!r} "
-                        f"(columns: {', '.join(sorted(allowed))})",
+                        f"(columns: {', '.join(sorted(allowed))}){_unstorable(value)}",
                         table=w.table,
                         field=field,
                     )
     except ProjectionError as exc:
         return exc
     return None
+
+
+def _unstorable(value: Any) -> str:
+    """Why Arrow cannot store `value`, when it cannot: a table's first write leaves such a
+    column out of the schema it infers, and "not in the schema" alone blamed the schema
+    for a value (an int past 64 bits, an object, a dict with int keys)."""
+    try:
+        pa.array([value])
+    except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+        why = " ".join(str(exc).split())[:160]
+        return f"; its value {value!r:.60} cannot be stored: {why}"
+    return ""
 
 
 def dedup(writes: Iterable[PendingWrite], key: str) -> list[Entry]:
