@@ -452,8 +452,13 @@ class Journal:
                    extra: Sequence[Change]) -> None:
         """Tell other processes' claim indexes what this batch did to `ready/` (changelog.py)."""
         ready = JobState.READY
+        # A rewrite in place that changes the claim key (a replace: kind, priority, time)
+        # counts as added: the other processes' indexes re-read its key.
         added = [new.id for old, new in pairs
-                 if new is not None and new.state is ready and (old is None or old.state is not ready)]
+                 if new is not None and new.state is ready
+                 and (old is None or old.state is not ready
+                      or (old.priority, old.run_at, old.kind) != (new.priority, new.run_at,
+                                                                  new.kind))]
         removed = [old.id for old, new in pairs
                    if old is not None and old.state is ready and (new is None or new.state is not ready)]
         removed += [ch.name[: -len(JOB_SUFFIX)] for ch in extra

@@ -149,8 +149,13 @@ class Leasing:
                     self.journal.index.forget(c.state, c.job_id)
                     if job is None:
                         continue
-                    if not machine.is_due(job, now):
-                        self.journal.index.learn(job)  # the cache was behind; keep the true key
+                    if not machine.is_due(job, now) or (job.priority, job.run_at) != c.order[:2] \
+                            or (kind_set is not None and job.kind not in kind_set):
+                        # The cache was behind (another process's replace rewrote the job
+                        # with a new kind, priority or time): keep the true key and look
+                        # again, in order. Taken as cached, an img worker claimed an email
+                        # job and crashed on its missing handler.
+                        self.journal.index.learn(job)
                         continue
                     # A crash between publishing a job's new file and retiring the old one, or
                     # a hand (an old backup restored into ready/), can leave a stale copy

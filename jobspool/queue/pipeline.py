@@ -35,6 +35,7 @@ decides what a failure of our own machinery costs, and the worker's
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import time
@@ -45,7 +46,7 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
-from jobspool.errors import StoreUnavailable, TimeLimitExceeded, WorkerCrashed
+from jobspool.errors import JobspoolError, StoreUnavailable, TimeLimitExceeded, WorkerCrashed
 from jobspool.queue.async_runners import AsyncRunners
 from jobspool.queue.context import Context, Raised
 from jobspool.queue.idle import NO_HINT, IdleWaits
@@ -60,6 +61,7 @@ if TYPE_CHECKING:
     from jobspool.queue.api import SpoolAPI
     from jobspool.queue.config import WorkerConfig
     from jobspool.queue.host import Lifecycle
+    from jobspool.queue.job import Lease
     from jobspool.queue.sink import ProjectionSink
     from jobspool.queue.supervisor import Supervisor
 
@@ -100,6 +102,7 @@ class Pipeline(IdleWaits):
         self.next_claim_at = 0.0
         self.next_dead_check = 0.0
         self._due_hint: Any = NO_HINT  # next_due_at, read beside the last empty claim
+        self._strays: set[str] = set()  # given back for want of a handler: never claimed again
         self.idle = 0.01
         self.arrived = anyio.Event()
         self.stop_poked = anyio.Event()  # set by `_poke`: a stop or hurry was asked
@@ -287,9 +290,14 @@ class Pipeline(IdleWaits):
             return 0
         claim = functools.partial(
             self.spool.claim, kinds=self.config.kinds, limit=want, owner=self.config.owner,
-            lease_seconds=self.config.lease_seconds, exclude=frozenset(self.in_hand) | self.settler.avoided(),
+            lease_seconds=self.config.lease_seconds,
+            exclude=frozenset(self.in_hand) | self.settler.avoided() | self._strays,
             **self._claim_options)
         leases, self._due_hint = await anyio.to_thread.run_sync(self._claim_or_due, claim)
+        strays = 0
+        if any(lease.job.kind not in self.config.handlers for lease in leases):
+            kept = await anyio.to_thread.run_sync(self._give_back_strays, leases)
+            strays, leases = len(leases) - len(kept), kept
         self.counters.claimed += len(leases)
         queued: list[Context] = []
         awaited: list[Context] = []
@@ -307,7 +315,24 @@ class Pipeline(IdleWaits):
         if self.runners is not None:
             self.runners.submit(tg, queued)
         self.async_runners.submit(tg, awaited)
-        return len(leases)
+        return len(leases) + strays  # strays count: claim again (without them), not idle
+
+    def _give_back_strays(self, leases: list[Lease]) -> list[Lease]:
+        """Release, uncounted, claimed jobs of a kind this worker has no handler for (a
+        claim must never return them; one did from a stale cache, and the missing handler
+        crashed the worker); the rest run."""
+        keep: list[Lease] = []
+        for lease in leases:
+            if lease.job.kind in self.config.handlers:
+                keep.append(lease)
+                continue
+            log.error("job %s: claimed with kind %r, which this worker has no handler for; "
+                      "released for a worker that has", lease.job_id, lease.job.kind,
+                      extra={"job_id": lease.job_id, "kind": lease.job.kind})
+            self._strays.add(lease.job_id)
+            with contextlib.suppress(JobspoolError):
+                self.spool.release(lease, reason="claimed by a worker without its handler")
+        return keep
 
     def _runs_async_queued(self, ctx: Context) -> bool:
         """Whether an async runner (`async_runners.py`) takes this job: an async handler,
