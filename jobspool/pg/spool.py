@@ -513,6 +513,9 @@ class PgSpool(EnqueueForms):
 
     def recover(self, replay: ReplayHooks | None = None) -> RecoveryReport:
         """Reclaim expired leases, replay prepared jobs past the grace period, prune."""
+        from jobspool.recovery.replay import check_hooks
+
+        check_hooks(replay)
         self.check_writable("recover")
         return admin.recover(self, replay)
 

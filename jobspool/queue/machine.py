@@ -376,10 +376,16 @@ def requeue(job: Job, *, now: float) -> Job:
                  rescues=0, result=None)
 
 
-def commit(job: Job, *, now: float) -> Job:
-    """Publish a prepared job: ready, or retryable until its `run_at` when it was delayed."""
+def commit(job: Job, *, now: float, why: str = "commit") -> Job:
+    """Publish a prepared job: ready, or retryable until its `run_at` when it was delayed.
+
+    A prepared job never ran: its attempts count only the replays that could not tell
+    whether its producer committed ("unknown"). Published, it gets its full attempts to
+    run: two "unknown" replays of a slow producer's job left it one run of three."""
     dst = JobState.RETRYABLE if job.run_at > now else JobState.READY
-    return _move(job, "commit", dst, now, reservations=())
+    if job.attempts:
+        return _move(job, why, dst, now, reservations=(), attempts=0, last_error=None)
+    return _move(job, why, dst, now, reservations=())
 
 
 # How `replay` words the dead letter of a job whose hook never resolved it.
@@ -434,8 +440,7 @@ def replay(job: Job, outcome: str, *, now: float, error: str | None = None) -> J
     """Apply a replay hook's verdict to a prepared job left behind by a dead producer."""
     if outcome == "committed":
         # Published as its producer's commit would have: a delayed job waits for its time.
-        dst = JobState.RETRYABLE if job.run_at > now else JobState.READY
-        return _move(job, "replay", dst, now, reservations=())
+        return commit(job, now=now, why="replay")
     if outcome == "aborted":
         return _move(job, "replay", JobState.CANCELED, now, reservations=(),
                      last_error="aborted by replay")

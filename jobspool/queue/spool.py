@@ -475,7 +475,9 @@ class Spool(EnqueueForms):
     def recover(self, replay: ReplayHook | Mapping[str, ReplayHook] | None = None) -> RecoveryReport:
         """Repair what a crash left, reclaim expired leases, replay prepared jobs, prune."""
         from jobspool.recovery.recover import recover
+        from jobspool.recovery.replay import check_hooks
 
+        check_hooks(replay)
         with self.lock.hold():
             suspect = self.lock.suspect()
         report = recover(self.journal, replay)

@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from jobspool.errors import InvalidType
 from jobspool.queue.job import Job, clip_error
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,23 @@ class Verdict:
     job: Job
     outcome: Outcome
     error: str | None = None
+
+
+def check_hooks(replay: object) -> None:
+    """Refuse (`InvalidType`, one line) replay hooks that are not a callable or a mapping of
+    kind -> callable: each recovery counted the TypeError as an "unknown" verdict, and the
+    prepared jobs were dead-lettered for a typo (`App(replay=...)` refused it already)."""
+    if replay is None or callable(replay):
+        return
+    if isinstance(replay, Mapping):
+        for kind, hook in replay.items():
+            if not isinstance(kind, str) or not callable(hook):
+                raise InvalidType(f"replay hook for {kind!r} must be a callable (job -> "
+                                  f"'committed' | 'aborted' | 'unknown'), got {hook!r:.80}",
+                                  field="replay")
+        return
+    raise InvalidType(f"replay must be a callable or a mapping of kind -> callable, got "
+                      f"{type(replay).__name__} {replay!r:.80}", field="replay")
 
 
 def hook_for(replay: ReplayHooks | None, kind: str) -> ReplayHook | None:
