@@ -163,7 +163,9 @@ class ProjectionError(JobspoolError):
     """Raised when a projection write is malformed (a permanent, per-job failure)."""
 
     def __init__(self, message: str, *, table: str = "", field: str | None = None) -> None:
-        super().__init__(message)
+        # One line, whatever it quotes (a 2-D array's repr, Arrow's own message): it is the
+        # job's last_error and a log line.
+        super().__init__(" ".join(message.split()) if "\n" in message else message)
         self.table = table
         self.field = field
 

@@ -71,15 +71,24 @@ def populated(root: Path) -> Path:
     (("enqueue", "work", "--priority", "high"), ("high",)),
     (("enqueue", "work", "--max-attempts", "0"), ("0",)),
     (("enqueue", "work", '"' + "x" * 70_000 + '"'), ("65536",)),
+    (("enqueue", "work", "9" * 5000), ("PAYLOAD_JSON", "64-bit")),
+    (("enqueue", "work", "[" * 10_000 + "]" * 10_000), ("PAYLOAD_JSON", "deeper than 253")),
+    (("enqueue", "work", "[" * 300 + "]" * 300), ("levels)...", "deeper than 253")),
     (("enqueue",), ("kind",)),
 ], ids=["kind-space", "kind-digit", "id-dotdot", "id-slash", "id-dot", "bad-json",
         "delay-word", "delay-negative", "delay-nan", "priority-word", "attempts-zero",
-        "payload-too-large", "no-kind"])
+        "payload-too-large", "int-past-4300-digits", "nested-10000", "nested-300", "no-kind"])
 def test_enqueue_bad_input_exits_1_and_writes_nothing(
         root: Path, args: tuple[str, ...], mentions: tuple[str, ...]) -> None:
     refused(1, "--root", root, *args, mentions=mentions)
     assert job_files(root) == {}
     assert not (root.parent / "x.json").exists()
+
+
+def test_enqueue_bytes_that_are_not_utf8_are_named_so(root: Path) -> None:
+    # The argument reaches the child as the byte 0xff (os.fsencode), not as text.
+    refused(1, "--root", root, "enqueue", "work", '"\udcff"',
+            mentions=("PAYLOAD_JSON", "not valid UTF-8"))
 
 
 def test_enqueue_bad_json_on_stdin_exits_1(root: Path) -> None:

@@ -172,3 +172,20 @@ def test_a_value_arrow_cannot_store_is_named_not_blamed_on_the_schema(
     assert bad.state is JobState.DEAD_LETTER
     assert "field 'x'" in error and "cannot be stored" in error and says in error, error
     assert "\n" not in error
+
+
+def test_a_row_error_quoting_a_multi_line_value_is_one_line(tmp_path: Path) -> None:
+    """A 2-D array's repr put newlines into the job's last_error and the log line."""
+    root, index = tmp_path / "spool", tmp_path / "index"
+    handlers = {
+        "good": lambda job, ctx: ctx.upsert("t", {"id": "a", "vector": [1.0, 2.0]}),
+        "bad": lambda job, ctx: ctx.upsert("t", {"id": "b", "vector": np.ones((2, 2))}),
+    }
+    with make_spool(root, max_attempts=1) as spool:
+        spool.enqueue("good", job_id="good")
+        Worker(spool, App(handlers=handlers, projection=str(index))).run_until_idle()
+        spool.enqueue("bad", job_id="bad")
+        Worker(spool, App(handlers=handlers, projection=str(index))).run_until_idle()
+        bad = spool.get("bad")
+    assert bad.state is JobState.DEAD_LETTER
+    assert "field 'vector'" in (bad.last_error or "") and "\n" not in (bad.last_error or "")

@@ -96,14 +96,27 @@ def _read_payload(text: str | None) -> Any:
     the very message `Spool.enqueue` gives: one rule for API and CLI (DESIGN §9)."""
     import json
 
+    from jobspool.queue.payload import MAX_JSON_DEPTH
+
     if text is None:
         return None
     raw = sys.stdin.read() if text == "-" else text
+    where = "stdin" if text == "-" else "PAYLOAD_JSON"
+    if not raw.isascii():
+        try:
+            raw.encode("utf-8")
+        except UnicodeEncodeError:  # bytes that are not UTF-8, kept as lone surrogates
+            raise UsageError(f"payload from {where} is not valid UTF-8") from None
     try:
         return json.loads(raw)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        where = "stdin" if text == "-" else "PAYLOAD_JSON"
+    except json.JSONDecodeError as exc:
         raise UsageError(f"payload from {where} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise UsageError(f"payload from {where} is nested deeper than {MAX_JSON_DEPTH} "
+                         "levels, which JSON readers refuse") from None
+    except ValueError:  # Python's limit on integer digits (4300): far past 64 bits
+        raise UsageError(f"payload from {where} holds an integer outside the 64-bit range "
+                         "JSON readers support") from None
 
 
 def _run_at(text: str | None) -> Any:

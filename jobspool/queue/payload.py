@@ -65,8 +65,10 @@ def check_json(value: object, where: str = "payload") -> None:
     try:
         _check(value, path)
     except _NotJson as exc:
-        place = where + "".join(f"[{p!r}]" for p in exc.path)
-        raise InvalidJob(f"{place} is {exc.what}", field=where) from None
+        steps = [f"[{p!r:.40}]" for p in exc.path]
+        if len(steps) > 8:  # 253 levels of [0] made an 830-character line
+            steps[4:-3] = [f"...({len(steps) - 7} levels)..."]
+        raise InvalidJob(f"{where}{''.join(steps)} is {exc.what}", field=where) from None
     except RecursionError:
         raise InvalidJob(f"{where} is nested too deeply for JSON", field=where) from None
 
