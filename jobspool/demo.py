@@ -92,11 +92,13 @@ def run_demo(*, root: str | None, jobs: int, workers: int, as_json: bool,
             raise SpoolError(f"spool {getattr(spool, 'display', base)} already holds jobs; the "
                              "demo needs a new or empty one: give another --root, or leave "
                              "--root and JOBSPOOL_ROOT unset for a temporary one")
+        # What is printed names the spool without its password (`PgSpool.display`).
+        shown = str(getattr(spool, "display", base))
         docs = make_docs(jobs)
         t0 = time.monotonic()
         spool.enqueue_many("doc", docs)
         enqueue_s = time.monotonic() - t0
-        say(f"enqueued {jobs} documents into {base} in {enqueue_s:.2f} s "
+        say(f"enqueued {jobs} documents into {shown} in {enqueue_s:.2f} s "
             f"({jobs / enqueue_s:,.0f} jobs/s, durable)")
         say(f"running {workers} worker processes: jobspool run-until-idle --app jobspool.demo:app")
         cmd = [sys.executable, "-m", "jobspool", "--root", str(base), "run-until-idle",
@@ -127,7 +129,7 @@ def run_demo(*, root: str | None, jobs: int, workers: int, as_json: bool,
         sample = table.get("doc-00042")
     total = {k: sum(r[k] for r in reports) for k in
              ("claimed", "completed", "retried", "dead_lettered", "lease_lost", "projected_rows")}
-    doc = {"root": str(base), "projection": uri, "jobs": jobs, "workers": workers,
+    doc = {"root": shown, "projection": uri, "jobs": jobs, "workers": workers,
            "enqueue_seconds": round(enqueue_s, 3), "run_seconds": round(run_s, 3),
            "rate": round(total["completed"] / run_s, 1) if run_s else None,
            "per_worker": reports, "totals": total, "counts": stats.counts,
@@ -157,8 +159,8 @@ def run_demo(*, root: str | None, jobs: int, workers: int, as_json: bool,
         say(f"  flaky job {j.id} ({j.payload['doc_id']}) completed on attempt {j.attempts}")
     for j in dead:
         say(f"  dead letter {j.id} ({j.payload['doc_id']}): {j.last_error}")
-        say(f"    inspect: jobspool --root {base} show {j.id}")
-        say(f"    retry:   jobspool --root {base} requeue {j.id}")
+        say(f"    inspect: jobspool --root {shown} show {j.id}")
+        say(f"    retry:   jobspool --root {shown} requeue {j.id}")
     say(f"LanceDB table {TABLE!r} at {uri}: {rows} live rows, {long_docs} with over 100 words")
     if sample is not None:
         say(f"  get('doc-00042') -> title={sample['title']!r}, words={sample['words']}, "

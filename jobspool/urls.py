@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from urllib.parse import unquote
 
 # Up to the authority's *last* '@': a password with an unencoded '@' ("Tops@cret") was
 # cut at the first, and half of it shown.
@@ -21,6 +22,29 @@ def redact_url(url: str) -> str:
     return _QUERY_PASSWORD.sub(r"\1***", _USERINFO_PASSWORD.sub(r"\1:***@", url))
 
 
+def scrub_password(text: str, url: str) -> str:
+    """`text` (a driver's error about `url`) without `url`'s password or any piece of it:
+    psycopg quotes what it could not parse (`invalid percent-encoded token: "s3cr%t"`) and
+    a password holding an unencoded '@' ends up in the host it names."""
+    secrets: set[str] = set()
+    for pattern in (_USERINFO_SECRET, _QUERY_SECRET, _KEYWORD_SECRET):
+        for found in pattern.findall(url):
+            secret = found.strip("'")
+            secrets.add(secret)
+            secrets.add(unquote(secret))
+            # A password cut by a misparse shows in pieces: each piece long enough to
+            # tell goes too (short ones would blank out ordinary words).
+            secrets.update(p for p in re.split(r"[@%:/]", secret) if len(p) >= 4)
+    for secret in sorted((x for x in secrets if x), key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
+
+
+_USERINFO_SECRET = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^:@/?#]*:([^/?#]*)@")
+_QUERY_SECRET = re.compile(r"[?&]password=([^&#]*)", re.IGNORECASE)
+_KEYWORD_SECRET = re.compile(r"\bpassword\s*=\s*('(?:[^'\\]|\\.)*'|\S*)", re.IGNORECASE)
+
+
 _LIBPQ_KEYWORDS = re.compile(
     r"(^|\s)(host|hostaddr|port|dbname|user|password|sslmode|service|passfile)\s*=",
     re.IGNORECASE)
@@ -31,4 +55,4 @@ def looks_like_libpq_dsn(text: str) -> bool:
     return _LIBPQ_KEYWORDS.search(text) is not None
 
 
-__all__ = ["looks_like_libpq_dsn", "redact_url"]
+__all__ = ["looks_like_libpq_dsn", "redact_url", "scrub_password"]

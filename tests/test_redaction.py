@@ -75,3 +75,21 @@ def test_a_root_that_is_no_spool_is_refused_without_its_password(
     finally:
         os.chdir(cwd)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("password", "leaked"), [
+    ("s3cr%tPassw0rd", "s3cr%tPassw0rd"),  # psycopg quoted the token it could not decode
+    ("s3cr@tPassw0rd", "tPassw0rd"),  # libpq cut at the first '@': the rest became the host
+])
+def test_a_misformed_password_is_not_echoed_by_the_drivers_error(
+        password: str, leaked: str) -> None:
+    code, out, err = run_cli("stats", root=f"postgresql://alice:{password}@127.0.0.1:1/db")
+    assert code in (1, 2) and len(err.strip().splitlines()) == 1, err
+    assert leaked not in out + err and "***" in err, err
+
+
+def test_demo_on_postgresql_prints_no_password(pg_url: str) -> None:
+    url = pg_url + "&password=S3CRET-VALUE"
+    code, out, err = run_cli("demo", "--jobs", "60", root=url)
+    assert code == 0, err
+    assert "S3CRET" not in out + err and "password=***" in out

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from jobspool.errors import ConfigError, SpoolError, StoreUnavailable, one_line
-from jobspool.urls import redact_url
+from jobspool.urls import redact_url, scrub_password
 
 try:
     import psycopg
@@ -48,7 +48,7 @@ def display_url(url: str) -> str:
         _conninfo.conninfo_to_dict(url)
     except psycopg.Error as exc:
         # Bad input, not a spool that refuses: the CLI exits 1 for it (DESIGN §8).
-        raise ConfigError(f"bad PostgreSQL URL: {one_line(exc)}") from None
+        raise ConfigError(f"bad PostgreSQL URL: {scrub_password(one_line(exc), url)}") from None
     return redact_url(url)
 
 
@@ -199,13 +199,18 @@ class Database:
         finally:
             self._pinned.conn = None
 
+    def _line(self, exc: BaseException) -> str:
+        """A driver error as one line, without the URL's password (a misparsed one shows
+        up in the host it names)."""
+        return scrub_password(one_line(exc), self.url)
+
     def connect(self, **kwargs: Any) -> psycopg.Connection[Any]:
         """A connection of its own (LISTEN, migrations), outside the pool."""
         try:
             return psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT,
                                    **kwargs)
         except psycopg.Error as exc:
-            raise _connect_error(exc, f"cannot connect to {self.display}: {one_line(exc)}"
+            raise _connect_error(exc, f"cannot connect to {self.display}: {self._line(exc)}"
                                  ) from None
 
     def _get_pool(self) -> Pool:
@@ -234,7 +239,7 @@ class Database:
                 return fn(pinned)
             except psycopg.Error as exc:
                 raise SpoolError(f"database {self.display} refused {what}: "
-                                 f"{one_line(exc)}") from None
+                                 f"{self._line(exc)}") from None
         # One outage, one budget: once it has lasted `reconnect_seconds`, every statement
         # gets a single try (which also notices the server is back) instead of its own wait.
         deadline = (self._down_since or time.monotonic()) + self.reconnect_seconds
@@ -256,21 +261,21 @@ class Database:
                     # The server answered and refused (out of memory or locks, a limit):
                     # retrying it for reconnect_seconds only delayed the same error.
                     raise SpoolError(f"database {self.display} refused {what}: "
-                                     f"{one_line(exc)}") from None
+                                     f"{self._line(exc)}") from None
                 if self._down_since is None and not isinstance(exc, PoolExhausted):
                     self._down_since = time.monotonic()
                 if isinstance(exc, psycopg.errors.QueryCanceled) or self.stop_retrying.is_set() \
                         or time.monotonic() + delay > deadline:
                     raise _connect_error(exc, f"database {self.display} unavailable during "
-                                              f"{what}: {one_line(exc)}") from None
+                                              f"{what}: {self._line(exc)}") from None
                 log.warning("database %s: %s; retrying %s in %.2fs", self.display,
-                            one_line(exc), what, delay)
+                            self._line(exc), what, delay)
                 if self.stop_retrying.wait(delay):
                     continue  # asked to stop meanwhile: one last try, then give up
                 delay = min(2.0, delay * 2)
             except psycopg.Error as exc:
                 raise SpoolError(f"database {self.display} refused {what}: "
-                                 f"{one_line(exc)}") from None
+                                 f"{self._line(exc)}") from None
 
     def close(self) -> None:
         with self._mutex:
