@@ -307,10 +307,14 @@ def test_a_long_job_keeps_its_lease_by_heartbeat_across_a_server_restart(
     assert orjson.loads(out)["completed"] == 1
 
 
+@pytest.mark.parametrize("command", [("run-until-idle",), ("worker", "--processes", "2")],
+                         ids=["run-until-idle", "worker-pool"])
 def test_sigterm_stops_a_worker_whose_database_is_down(pg_server: PgServer, pg_url: str,
-                                                       tmp_path: Path) -> None:
+                                                       tmp_path: Path,
+                                                       command: tuple[str, ...]) -> None:
+    """The pool exited 0 with leases its children could not give back."""
     ids = _enqueue(pg_url, 200, kind="slow", payload={"sleep": 0.1})
-    proc = start_jobspool("run-until-idle", "--app", APP, "--concurrency", "2",
+    proc = start_jobspool(*command, "--app", APP, "--concurrency", "2",
                           "--grace", "5", "--lease-seconds", "2", root=pg_url)
     try:
         wait_until(lambda: _completed(pg_url) >= 4, timeout=60, what="the worker to get going")

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
-from jobspool.cli.common import EXIT_OK, Refused, UsageError, _open_waiting
+from jobspool.cli.common import EXIT_OK, EXIT_UNHEALTHY, Refused, UsageError, _open_waiting
 from jobspool.cli.objectstore import child_options
 from jobspool.cli.render import _emit, children_print_to_stderr
 
@@ -51,4 +52,13 @@ def cmd_worker_pool(args: argparse.Namespace) -> int:
                    f"{report.restarts} restart(s), {report.killed_hung} killed for a hung "
                    f"handler; completed {d.get('completed', 0)}, retried "
                    f"{d.get('retried', 0)}, dead-lettered {d.get('dead_lettered', 0)}")
-    return EXIT_OK
+    # As a single worker does: held leases left behind are not a clean stop (a supervisor
+    # restarting on failure must see it); their jobs run again once the leases expire.
+    held = [f"{n} {what}" for n, what in (
+        (d.get("unreleased", 0), "lease(s) could not be given back"),
+        (d.get("unsettled_deaths", 0), "dead worker process(es) left leases unsettled")) if n]
+    if not held:
+        return EXIT_OK
+    print(f"jobspool: error: {'; '.join(held)} (the store was unreachable); their jobs run "
+          "again once the leases expire", file=sys.stderr)
+    return EXIT_UNHEALTHY

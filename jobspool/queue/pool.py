@@ -90,7 +90,9 @@ class _Child:
 
 @dataclass(frozen=True)
 class PoolReport:
-    """What a pool run did: the children's reports summed, and the supervisor's own work."""
+    """What a pool run did: the children's reports summed, and the supervisor's own work.
+    `children["unreleased"]` counts leases children could not give back at their stop,
+    `children["unsettled_deaths"]` dead children whose leases could not be settled."""
 
     processes: int
     started: int
@@ -361,7 +363,7 @@ class WorkerPool:
         if not isinstance(doc, dict):
             return
         for key in ("claimed", "completed", "retried", "dead_lettered", "lease_lost",
-                    "released", "projected_rows", "timed_out", "deferred"):
+                    "released", "projected_rows", "timed_out", "deferred", "unreleased"):
             value = doc.get(key)
             if isinstance(value, int):
                 self._count(key, value)
@@ -382,6 +384,8 @@ class WorkerPool:
                     if j.lease is not None and j.lease.owner == child.owner]
         except (OSError, JobspoolError) as exc:
             log.warning("pool: could not list the leases of a dead worker process: %s", exc)
+            # Its leases stay held until they expire: the pool's exit says so (exit 2).
+            self._count("unsettled_deaths")
             return
         for job in held:
             assert job.lease is not None
