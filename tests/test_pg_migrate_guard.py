@@ -39,6 +39,26 @@ def test_migrate_refuses_while_an_idle_worker_runs_on_the_spool(
     assert '"copied": 1' in done.stdout
 
 
+def test_migrate_is_not_refused_by_a_killed_workers_snapshot(tmp_path: Path, pg_url: str) -> None:
+    """A worker killed with SIGKILL left its metrics snapshot fresh: migrate refused for
+    five minutes, naming a dead process as running, and `recover` did not clear it."""
+    root = tmp_path / "s"
+    make_spool(root).close()
+    worker = start_jobspool("worker", "--app", "tests.apps.simple:app", "--poll", "0.2",
+                            root=root)
+    try:
+        wait_until(lambda: list((root / "metrics").glob("*.json")), 60.0,
+                   "the worker's metrics snapshot", proc=worker)
+    finally:
+        worker.send_signal(signal.SIGKILL)
+        worker.communicate(timeout=60)
+    with make_spool(root) as spool:
+        spool.enqueue("work", {}, job_id="after-the-kill")
+    done = run_jobspool("--root", str(root), "migrate", "--to", pg_url, "--json")
+    assert done.returncode == 0, done.stderr
+    assert '"copied": 1' in done.stdout
+
+
 def test_migrate_carries_schedule_marks_and_says_what_it_did_not_copy(
         tmp_path: Path, pg_url: str) -> None:
     root = tmp_path / "s"

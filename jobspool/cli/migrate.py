@@ -105,6 +105,9 @@ def _refuse_live_processes(source: Any) -> None:
     from jobspool import metrics
     from jobspool.queue import liveness
 
+    # A worker killed (SIGKILL, a crash) leaves its snapshot fresh for minutes: one whose
+    # process is gone from this host is no worker (migrate refused for five minutes).
+    metrics.remove_dead_worker_reports(source)
     workers = metrics.read_worker_reports(source)
     if workers:
         shown = ", ".join(sorted(workers)[:5])
