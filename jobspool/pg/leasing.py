@@ -364,11 +364,24 @@ def fenced(spool: PgSpool, lease: Lease) -> Iterator[Lease]:
 
 
 def fence_value(spool: PgSpool) -> int:
-    """The last token handed out (0 before the first claim)."""
-    row = spool.db.run(lambda c: c.execute(
-        "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM jobspool_fence"
-    ).fetchone(), what="reading the fence")
+    """The last token handed out (0 before the first claim).
+
+    A role granted SELECT on the tables alone may not read the sequence: `stats`, `fsck`
+    and `health` failed for it ("reading commands work with SELECT alone"). It gets the
+    highest token the jobs still hold, a lower bound (GRANT SELECT ON SEQUENCE
+    jobspool_fence for the exact value)."""
+    row = spool.db.run(lambda c: c.execute(_FENCE_VALUE).fetchone(), what="reading the fence")
     return int(row[0]) if row else 0
+
+
+# pg_sequence_last_value is called only when the role may read the sequence: a plain
+# SELECT from it is checked before anything runs, whatever the CASE around it says.
+_FENCE_VALUE = """
+SELECT COALESCE(
+  CASE WHEN has_sequence_privilege('jobspool_fence', 'SELECT')
+       THEN COALESCE(pg_sequence_last_value('jobspool_fence'), 0) END,
+  (SELECT COALESCE(max(token), 0) FROM jobspool_jobs))
+"""
 
 
 def live_tokens(spool: PgSpool) -> list[int]:
