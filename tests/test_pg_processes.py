@@ -411,3 +411,16 @@ def test_a_server_that_is_down_is_a_one_line_error_and_nothing_more(pg_server: P
     finally:
         pg_server.start_again()
     assert _json(pg_url, "stats")["counts"]["ready"] == 0
+
+
+def test_a_producer_needs_no_writable_home_a_worker_says_it_does(pg_url: str) -> None:
+    """This machine's directory for the spool (metrics, progress, the default projection)
+    is written by workers only: an enqueue from a container with a read-only $HOME was
+    refused for it. A worker still is, in one line naming the directory."""
+    make_spool(pg_url).close()
+    env = {"HOME": "/proc/nohome", "JOBSPOOL_STATE_DIR": None, "XDG_STATE_HOME": None}
+    made = run_jobspool("enqueue", "work", "{}", root=pg_url, env=env)
+    assert made.returncode == 0, made.stderr
+    worker = run_jobspool("run-until-idle", "--app", APP, root=pg_url, env=env)
+    assert worker.returncode == 2 and "/proc/nohome" in worker.stderr, worker.stderr
+    assert len(worker.stderr.strip().splitlines()) == 1 and "Traceback" not in worker.stderr

@@ -142,8 +142,15 @@ class PgSpool(EnqueueForms):
         self.policy = machine.RetryPolicy(st.retry_base_seconds, st.retry_max_seconds)
         self.rng, self.lock = random.Random(seed), LocalLock()
         self.root = Path(local_dir) if local_dir is not None else default_local_dir(self.display)
+        self._local_dir_error: SpoolError | None = None
         if not read_only and local_dir is None:
-            private_local_dir(self.root)
+            try:
+                private_local_dir(self.root)
+            except SpoolError as exc:
+                # Only workers write there (metrics, progress, the default projection): a
+                # producer in a container with a read-only $HOME was refused an enqueue
+                # that writes nothing locally. A worker is refused at its start instead.
+                self._local_dir_error = exc
         self.next_sweep, self.sweep_enabled = 0.0, not read_only
         # A process's first terminal write prunes: a short-lived one (a `run-until-idle`
         # settling a few jobs per cron run) would otherwise never reach the interval.
@@ -153,6 +160,13 @@ class PgSpool(EnqueueForms):
         self._terminal_writes = max(64, st.keep_terminal // 4)
 
     # ------------------------------------------------------------ plumbing
+
+    def ensure_local_dir(self) -> None:
+        """Make this machine's directory for the spool, or raise why it cannot be made (a
+        worker needs it; see `__init__`)."""
+        if self._local_dir_error is not None:
+            private_local_dir(self.root)
+            self._local_dir_error = None
 
     def __repr__(self) -> str:
         return f"Spool({self.display!r})"

@@ -96,6 +96,9 @@ class Worker:
         if isinstance(spool, str | os.PathLike) or not hasattr(spool, "claim"):
             raise TypeError(f"Worker needs an open Spool, got {spool!r:.80}: "
                             "Worker(Spool(root), handlers)")
+        ensure_local_dir = getattr(spool, "ensure_local_dir", None)
+        if ensure_local_dir is not None:  # a database's spool: its machine-local directory
+            ensure_local_dir()
         if handlers is not None and not isinstance(handlers, Mapping):
             raise TypeError(f"handlers must map job kinds to functions (a dict or an App), "
                             f"got {type(handlers).__name__}: {{'kind': handler}}")
