@@ -424,3 +424,13 @@ def test_a_producer_needs_no_writable_home_a_worker_says_it_does(pg_url: str) ->
     worker = run_jobspool("run-until-idle", "--app", APP, root=pg_url, env=env)
     assert worker.returncode == 2 and "/proc/nohome" in worker.stderr, worker.stderr
     assert len(worker.stderr.strip().splitlines()) == 1 and "Traceback" not in worker.stderr
+
+
+@pytest.mark.parametrize("args", [("stats",), ("list",), ("fsck",), ("health",),
+                                  ("enqueue", "work", "{}")], ids=lambda a: a[0])
+def test_a_database_without_the_schema_names_init_and_no_option_the_command_lacks(
+        pg_url: str, args: tuple[str, ...]) -> None:
+    """It suggested `--create`, which the reading commands refuse as unrecognized."""
+    out = run_jobspool(*args, root=pg_url)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "jobspool init" in out.stderr and "--create" not in out.stderr

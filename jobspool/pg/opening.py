@@ -97,7 +97,7 @@ def open_database(db: Database, *, create: bool, read_only: bool,
             if problem is not None:
                 raise SpoolError(f"{db.display}: {problem}")
             raise SpoolError(f"{db.display} holds no jobspool schema; run `jobspool init "
-                             f"--root {db.display}` (or pass --create) first")
+                             f"--root {db.display}` first")
         if read_only and version is not None and version < SCHEMA_VERSION:
             raise SpoolError(f"{db.display} has jobspool schema version {version}, older than "
                              f"this release's {SCHEMA_VERSION}: run `jobspool init --root "
