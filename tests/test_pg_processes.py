@@ -434,3 +434,15 @@ def test_a_database_without_the_schema_names_init_and_no_option_the_command_lack
     out = run_jobspool(*args, root=pg_url)
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "jobspool init" in out.stderr and "--create" not in out.stderr
+
+
+@pytest.mark.parametrize("table", ["jobspool_jobs", "jobspool_schema", "jobspool_settings"])
+def test_init_over_a_foreign_table_with_our_name_says_so(pg_url: str, table: str) -> None:
+    """It printed only the raw `column "state" does not exist`."""
+    import psycopg
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {table} (something text)")
+    out = run_jobspool("init", root=pg_url)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "not jobspool's" in out.stderr and "search_path" in out.stderr, out.stderr

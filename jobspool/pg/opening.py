@@ -127,6 +127,13 @@ def open_database(db: Database, *, create: bool, read_only: bool,
             raise SpoolError(f"database {db.display}: {one_line(exc)}; creating or upgrading "
                              "the schema needs a role that may create tables in it: run "
                              "`jobspool init` as that role once") from None
+        if isinstance(exc, psycopg.errors.UndefinedColumn | psycopg.errors.WrongObjectType):
+            # CREATE ... IF NOT EXISTS kept a table of someone else's under one of our names,
+            # and the next statement failed on it ('column "state" does not exist').
+            raise SpoolError(f"database {db.display}: {one_line(exc)}: a table named like "
+                             "jobspool's (jobspool_*) is there and is not jobspool's; rename "
+                             "it, or give jobspool a schema of its own "
+                             "(?options=-csearch_path%3Dmyschema)") from None
         if isinstance(exc, psycopg.Error):
             raise SpoolError(f"database {db.display}: {one_line(exc)}") from None
         raise
