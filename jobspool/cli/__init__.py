@@ -7,6 +7,7 @@ spool is unhealthy or an operation was refused.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -73,10 +74,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     in_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminated) if in_main else None
     try:
-        return _main(argv)
+        code = _main(argv)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+    if argv is None and in_main:  # the process's own command line, not a caller's call
+        _exit_past_leftover_threads(code)
+    return code
+
+
+def _exit_past_leftover_threads(code: int) -> None:
+    """Exit now when threads a handler started (not daemons) are still running: the
+    interpreter would wait for them at exit, and a worker stopped within its grace stayed
+    up for ever (a pool's child too). Its work is done and settled by now."""
+    import time
+
+    # The run's own threads (anyio's idle workers) end within moments of the loop: give
+    # them a second, so that only what a handler left is named (and nothing on a plain run).
+    deadline = time.monotonic() + 1.0
+    left = []
+    for t in threading.enumerate():
+        if t is threading.main_thread() or t.daemon:
+            continue
+        t.join(max(0.0, deadline - time.monotonic()))
+        if t.is_alive():
+            left.append(t.name)
+    if not left:
+        return
+    import logging
+
+    logging.getLogger("jobspool").warning(
+        "exiting without waiting for %d thread(s) a handler left running (%s)", len(left),
+        ", ".join(left[:5]))
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    logging.shutdown()
+    os._exit(code)
 
 
 def _closed_streams_to_devnull() -> None:

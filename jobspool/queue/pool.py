@@ -65,6 +65,8 @@ _MAX_BACKOFF = 10.0
 MAX_PROCESSES = 1024
 # How long past a hung handler's time limit the child gets to exit on its own.
 _KILL_MARGIN = 2.0
+# After --grace, how long a stopping child gets to give its leases back and exit.
+_STOP_MARGIN = 10.0
 # Children dying this many times in a row within _BOOT_SECONDS of starting: give up (as
 # gunicorn does when workers cannot boot) rather than restart forever.
 _MAX_BOOT_FAILURES = 5
@@ -84,6 +86,7 @@ class _Child:
     hung: dict[str, tuple[int, float, float]] = field(default_factory=dict)  # as `running`
     hung_at: float | None = None
     killed_for: str | None = None  # job id whose hung handler made us kill this child
+    stop_killed: bool = False  # killed for outliving its grace on shutdown
     served: bool = False  # it started a job: it booted, so its death is no boot failure
     report: bytes = b""  # its counts as it last sent them (after each settle, and at exit)
 
@@ -150,6 +153,7 @@ class WorkerPool:
         self._signals = 0
         self._last_signal = "stop"  # the name of the last signal received, for the log
         self._stop_forwarded = 0
+        self._stop_deadline: float | None = None  # children still up past it are killed
         self._sel = selectors.DefaultSelector()
         self._totals: dict[str, int] = {}
         self._started = self._restarts = self._killed = 0
@@ -211,6 +215,13 @@ class WorkerPool:
                 self._reap(child)
                 continue
             self._check_hung(child, now)
+            if self._stop_deadline is not None and now > self._stop_deadline \
+                    and not child.stop_killed:
+                log.warning("pool: worker process %d (slot %d) is still running past --grace; "
+                            "killing it", child.proc.pid, child.slot)
+                child.stop_killed = True
+                with contextlib.suppress(OSError):
+                    child.proc.kill()
         if not self._signals:
             for slot, at in list(self._restart_at.items()):
                 if now >= at:
@@ -221,6 +232,12 @@ class WorkerPool:
         """Forward one SIGTERM per signal we got: children stop gracefully, then at once."""
         new = min(2, self._signals) - min(2, self._stop_forwarded)
         self._stop_forwarded = self._signals
+        # A child that outlives its grace (a handler that ignores SIGTERM, a thread the
+        # interpreter waits for) held the pool up for ever: past the grace and a margin
+        # (a margin alone after a second signal), it is killed; its leases are settled
+        # as any dead child's.
+        grace = self.grace_seconds if self._signals == 1 else 0.0
+        self._stop_deadline = time.monotonic() + grace + _STOP_MARGIN
         self._restart_at.clear()
         log.warning("pool: stopping %d worker process(es) on %s%s", len(self.children),
                     self._last_signal, "" if self._signals == 1 else " now (second signal)")

@@ -1,0 +1,66 @@
+"""A worker stops within its grace whatever its handlers left behind (README, Shutdown:
+after --grace the worker exits, "never held up" by a handler).
+
+Found by a probe of the process pool: a handler that started a non-daemon thread kept
+`worker` (and a pool's child, and so the pool) up for ever after SIGTERM: the interpreter
+waited for the thread at exit. A handler that set SIGTERM to SIG_IGN left the pool no way
+to stop its child but SIGKILL by hand."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from jobspool import JobState
+from tests.cli_harness import reap, run_jobspool, start_jobspool
+from tests.spools import make_spool
+from tests.waiting import wait_until
+
+APP = "tests.apps.leaky:app"
+GUARD = 120.0
+
+
+def test_run_until_idle_exits_past_a_thread_its_handler_left_running(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    with make_spool(root) as spool:
+        job = spool.enqueue("leak")
+    done = run_jobspool("run-until-idle", "--app", APP, root=root, timeout=GUARD)
+    assert done.returncode == 0, done.stderr
+    assert "a handler left running" in done.stderr and "left-behind" in done.stderr
+    with make_spool(root) as spool:
+        assert spool.get(job.id).state is JobState.COMPLETED
+
+
+@pytest.mark.parametrize(("kind", "processes"), [("leak", "1"), ("leak", "0"), ("deaf", "1")],
+                         ids=["thread-pool", "thread-single", "sigterm-ignored-pool"])
+def test_a_stopped_worker_exits_whatever_its_handler_left(tmp_path: Path, kind: str,
+                                                          processes: str) -> None:
+    root = tmp_path / "s"
+    with make_spool(root) as spool:
+        job = spool.enqueue(kind)
+    flags = ["--processes", processes] if processes != "0" else []
+    proc = start_jobspool("worker", "--app", APP, *flags, "--grace", "1", "--no-maintenance",
+                          root=root, stdout=subprocess.DEVNULL)
+    try:
+        def started() -> bool:
+            with make_spool(root) as spool:
+                return spool.get(job.id).attempts == 1
+        wait_until(started, GUARD, "the handler to start", proc=proc)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=GUARD)  # held up for ever before: the
+        # interpreter waiting for the thread, or SIG_IGN
+    finally:
+        reap(proc)
+    with make_spool(root) as spool:
+        after = spool.get(job.id)
+    assert b"Traceback" not in err, err
+    if kind == "leak":
+        assert proc.returncode == 0 and after.state is JobState.COMPLETED, err
+    else:  # killed past its grace: its job is back for another run, not lost
+        assert after.state in (JobState.READY, JobState.RETRYABLE), after
+        assert after.lease is None
