@@ -462,3 +462,22 @@ def test_a_raw_disk_full_error_gets_the_usual_hint(tmp_path: Path,
     assert got.code == 2
     assert got.err.count("\n") == 1
     assert "No space left on device" in got.err and "free space" in got.err
+
+
+@pytest.mark.parametrize("flags", [(), ("--json",)], ids=["text", "json"])
+def test_a_stdout_that_cannot_be_written_is_named_not_the_spools_disk(
+        root: Path, flags: tuple[str, ...]) -> None:
+    """`> /dev/full`: with --json two chained tracebacks (the error JSON written to the same
+    stdout again); without, "the disk is full ... run jobspool recover", blaming the spool."""
+    import subprocess
+
+    from tests.cli_harness import command, environment
+
+    with open("/dev/full", "wb") as full:
+        done = subprocess.run(command("--root", root, "stats", *flags), stdout=full,
+                              stderr=subprocess.PIPE, env=environment(), timeout=120)
+    err = done.stderr.decode()
+    assert done.returncode == 2 and "Traceback" not in err, err
+    assert err.strip().splitlines() == [
+        "jobspool: error: cannot write the output to stdout: No space left on device (what "
+        "the command did stands)"]

@@ -18,6 +18,7 @@ import orjson
 
 from jobspool.cli.common import EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE, Refused, UsageError
 from jobspool.cli.parser import build_parser
+from jobspool.cli.render import StdoutFailed
 from jobspool.errors import (
     Backpressure,
     DuplicateJob,
@@ -148,12 +149,14 @@ def _main(argv: Sequence[str] | None) -> int:
         return _fail(str(exc), _exit_code_for(exc), as_json)
     except ValueError as exc:
         return _fail(str(exc), EXIT_USAGE, as_json)
+    except StdoutFailed as exc:
+        _stdout_to_devnull()  # the exit's own flush must not fail on it again
+        return _fail(f"cannot write the output to stdout: {exc} (what the command did "
+                     "stands)", EXIT_UNHEALTHY, False)
     except BrokenPipeError:
         # The reader went away (`jobspool list | head`): nothing to say to it, and writing
         # the error to the same pipe raised again (two chained tracebacks with --json).
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
+        _stdout_to_devnull()
         return 128 + 13  # as a command killed by SIGPIPE
     except OSError as exc:
         from jobspool.queue.store import os_hint
@@ -170,10 +173,25 @@ def _main(argv: Sequence[str] | None) -> int:
                      "before it stands", 143 if term else 130, as_json)
 
 
+def _stdout_to_devnull() -> None:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    finally:
+        os.close(devnull)
+
+
 def _fail(message: str, code: int, as_json: bool) -> int:
     line = undecodable_escaped(" ".join(message.split()))
     if as_json:
-        sys.stdout.write(orjson.dumps({"ok": False, "error": line, "exit": code}).decode() + "\n")
+        try:
+            sys.stdout.write(orjson.dumps({"ok": False, "error": line, "exit": code}).decode()
+                             + "\n")
+            sys.stdout.flush()
+        except OSError:  # stdout is what failed: the line below on stderr still says why
+            _stdout_to_devnull()
     from jobspool.logs import error_line, json_lines
 
     if json_lines(_ARGV):

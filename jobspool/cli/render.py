@@ -37,10 +37,22 @@ def _emit(args: argparse.Namespace, doc: Any, text: str | Callable[[], str]) -> 
         from jobspool.logs import summary
 
         summary(str(getattr(args, "command", "jobspool")), doc)
-    if args.json:
-        sys.stdout.write(json_text(doc) + "\n")
-    elif getattr(args, "log_format", "text") != "json":
-        sys.stdout.write((text() if callable(text) else text).rstrip("\n") + "\n")
+    try:
+        if args.json:
+            sys.stdout.write(json_text(doc) + "\n")
+        elif getattr(args, "log_format", "text") != "json":
+            sys.stdout.write((text() if callable(text) else text).rstrip("\n") + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        # stdout itself (`> /dev/full`): not the spool's disk, which the generic OSError
+        # hint would blame, sending the user to `jobspool recover`.
+        raise StdoutFailed(exc.strerror or str(exc)) from None
+
+
+class StdoutFailed(Exception):
+    """The command's output could not be written to stdout (its work is done)."""
 
 
 @contextlib.contextmanager
