@@ -64,3 +64,28 @@ def test_a_stopped_worker_exits_whatever_its_handler_left(tmp_path: Path, kind: 
     else:  # killed past its grace: its job is back for another run, not lost
         assert after.state in (JobState.READY, JobState.RETRYABLE), after
         assert after.lease is None
+
+
+def test_pool_children_claim_only_what_they_can_start(tmp_path: Path) -> None:
+    """`--processes 2 --concurrency 1`: one child claimed both waiting jobs (a batch of 50)
+    and ran them one after the other while its sibling sat idle."""
+    root = tmp_path / "s"
+    with make_spool(root) as spool:
+        ids = [spool.enqueue("nap", 30).id for _ in range(2)]
+    proc = start_jobspool("worker", "--app", APP, "--processes", "2", "--concurrency", "1",
+                          "--grace", "0", "--no-maintenance", root=root,
+                          stdout=subprocess.DEVNULL)
+    owners: set[str] = set()
+    try:
+        def both_running() -> bool:
+            with make_spool(root) as spool:
+                jobs = [spool.get(i) for i in ids]
+            owners.clear()
+            owners.update(j.lease.owner for j in jobs if j.lease is not None)
+            return len(owners) == 2
+        wait_until(both_running, GUARD, "both jobs to run at once, one per child", proc=proc)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=GUARD)
+        reap(proc)
+    assert len(owners) == 2

@@ -174,7 +174,8 @@ def _make_worker(args: argparse.Namespace, spool: Any) -> Any:
             raise UsageError(f"--kinds names kinds --app {args.app} has no handler for: "
                              f"{', '.join(missing)} (it handles: "
                              f"{', '.join(sorted(app.handlers))})")
-    return Worker(spool, app, concurrency=args.concurrency, batch_size=args.batch_size,
+    return Worker(spool, app, concurrency=args.concurrency,
+                  batch_size=50 if args.batch_size is None else args.batch_size,
                   kinds=kinds, lease_seconds=args.lease_seconds,
                   projection=args.projection or app.projection,
                   storage_options=storage_options(args, app.storage_options),

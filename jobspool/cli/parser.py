@@ -104,8 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
         c.add_argument("--app", required=True, help="MODULE:ATTR naming the handlers")
         c.add_argument("--concurrency", type=_positive_int, default=4, metavar="N",
                        help="handlers running at once in this worker (default: 4)")
-        c.add_argument("--batch-size", type=_positive_int, default=50, metavar="N",
-                       help="jobs claimed per claim, at most (default: 50)")
+        c.add_argument("--batch-size", type=_positive_int, default=None, metavar="N",
+                       help="jobs claimed per claim, at most (default: 50; with --processes, "
+                       "--concurrency: a child claims only what it can start)")
         c.add_argument("--kinds", help="comma-separated kinds to handle (default: all the app has)")
         c.add_argument("--lease-seconds", type=_positive_float, metavar="SECONDS",
                        help="lease length in seconds, renewed every third of it while a "

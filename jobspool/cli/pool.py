@@ -12,7 +12,11 @@ from jobspool.cli.render import _emit, children_print_to_stderr
 
 def _child_options(args: argparse.Namespace) -> list[str]:
     """The worker options every child gets: the parent's, minus what only the parent does."""
-    opts = ["--concurrency", str(args.concurrency), "--batch-size", str(args.batch_size),
+    # A child claims only what it can start unless told otherwise: 50 ahead let one child
+    # take every waiting job and run them one after another while its siblings sat idle
+    # (and a child stuck on a hung handler kept 49 jobs leased and unstarted).
+    batch = args.concurrency if args.batch_size is None else args.batch_size
+    opts = ["--concurrency", str(args.concurrency), "--batch-size", str(batch),
             "--grace", repr(args.grace), "--poll", repr(args.poll), "--log-level", args.log_level,
             "--log-format", args.log_format, "--wait-for-store", repr(args.wait_for_store)]
     if args.kinds:

@@ -1,4 +1,5 @@
-"""Handlers that outlive their own stop: a thread left running, SIGTERM ignored."""
+"""Handlers that outlive their own stop (a thread left running, SIGTERM ignored), and one
+that naps for its payload's seconds."""
 
 from __future__ import annotations
 
@@ -22,4 +23,9 @@ async def deaf(job: Job, ctx: Context) -> None:
     await anyio.sleep(3600)
 
 
-app = {"leak": leak, "deaf": deaf}
+def nap(job: Job, ctx: Context) -> str:
+    time.sleep(float(job.payload))
+    return "ok"
+
+
+app = {"leak": leak, "deaf": deaf, "nap": nap}
