@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 from pathlib import Path
 
 from tests.cli_harness import run_jobspool, start_jobspool
@@ -16,15 +17,27 @@ from tests.spools import make_spool
 from tests.waiting import wait_until
 
 
-def test_migrate_refuses_while_an_idle_worker_runs_on_the_spool(
-        tmp_path: Path, pg_url: str) -> None:
-    root = tmp_path / "s"
+def _worker_with_a_snapshot(root: Path) -> subprocess.Popen[bytes]:
+    """A new spool at `root` and an idle `jobspool worker` on it, once its metrics snapshot
+    is written (what migrate's guard reads)."""
     make_spool(root).close()
     worker = start_jobspool("worker", "--app", "tests.apps.simple:app", "--poll", "0.2",
                             root=root)
     try:
         wait_until(lambda: list((root / "metrics").glob("*.json")), 60.0,
                    "the worker's metrics snapshot", proc=worker)
+    except BaseException:
+        worker.kill()
+        worker.communicate(timeout=60)
+        raise
+    return worker
+
+
+def test_migrate_refuses_while_an_idle_worker_runs_on_the_spool(
+        tmp_path: Path, pg_url: str) -> None:
+    root = tmp_path / "s"
+    worker = _worker_with_a_snapshot(root)
+    try:
         with make_spool(root) as spool:
             spool.enqueue("work", {}, job_id="later", delay=30)
         refused = run_jobspool("--root", str(root), "migrate", "--to", pg_url)
@@ -43,15 +56,9 @@ def test_migrate_is_not_refused_by_a_killed_workers_snapshot(tmp_path: Path, pg_
     """A worker killed with SIGKILL left its metrics snapshot fresh: migrate refused for
     five minutes, naming a dead process as running, and `recover` did not clear it."""
     root = tmp_path / "s"
-    make_spool(root).close()
-    worker = start_jobspool("worker", "--app", "tests.apps.simple:app", "--poll", "0.2",
-                            root=root)
-    try:
-        wait_until(lambda: list((root / "metrics").glob("*.json")), 60.0,
-                   "the worker's metrics snapshot", proc=worker)
-    finally:
-        worker.send_signal(signal.SIGKILL)
-        worker.communicate(timeout=60)
+    worker = _worker_with_a_snapshot(root)
+    worker.send_signal(signal.SIGKILL)
+    worker.communicate(timeout=60)
     with make_spool(root) as spool:
         spool.enqueue("work", {}, job_id="after-the-kill")
     done = run_jobspool("--root", str(root), "migrate", "--to", pg_url, "--json")

@@ -84,6 +84,7 @@ def checked_clock(clock: object) -> Callable[[], float]:
                          field="clock")
     if clock is time.time:
         return time.time
+    name = getattr(clock, "__qualname__", None) or repr(clock)
 
     def now() -> float:
         try:
@@ -99,8 +100,6 @@ def checked_clock(clock: object) -> Callable[[], float]:
             hint = " (milliseconds?)" if MAX_RUN_AT <= reading < 1e300 else ""
         raise InvalidJob(f"the spool's clock ({name}) returned {value!r}: it must return epoch seconds, a "
                          f"finite number from 0 to the year 9999{hint}", field="clock")
-
-    name = getattr(clock, "__qualname__", None) or repr(clock)
 
     now.__wrapped__ = clock  # type: ignore[attr-defined]
     return now
