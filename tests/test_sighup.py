@@ -22,20 +22,15 @@ APP = "tests.apps.simple:app"
 GUARD = 60.0
 
 
-def _leased(root: Path) -> bool:
-    with make_spool(root) as spool:
-        return spool.get("s1").state is JobState.LEASED
-
-
 @pytest.mark.parametrize("processes", [None, "1"])
 def test_sighup_stops_a_worker_gracefully(tmp_path: Path, processes: str | None) -> None:
     root = tmp_path / "spool"
     with make_spool(root) as spool:
-        spool.enqueue("slow", {"sleep": 1.0}, job_id="s1")
+        spool.enqueue("slow", {"sleep": 1.0, "started": str(tmp_path / "started")}, job_id="s1")
     extra = ["--processes", processes] if processes else []
     proc = start_jobspool("worker", "--app", APP, *extra, root=root)
     try:
-        wait_until(lambda: _leased(root), GUARD, "the handler to start", proc=proc)
+        wait_until((tmp_path / "started").exists, GUARD, "the handler to start", proc=proc)
         proc.send_signal(signal.SIGHUP)
         _, err = proc.communicate(timeout=GUARD)
     finally:

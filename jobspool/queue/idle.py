@@ -47,6 +47,7 @@ class IdleWaits:
     idle: float
     until_idle: bool
     wait_for_retries: float
+    looked_past_claim: bool
     _pokeless: bool
     _due_hint: Any
 
@@ -136,11 +137,17 @@ class IdleWaits:
         if self.wait_for_retries <= 0:
             return False
         nxt = await anyio.to_thread.run_sync(self.spool.next_due_at, self.config.kinds)
-        if nxt is None:
-            return False
-        wait = nxt - self.spool.now()
-        if wait > self.wait_for_retries:
-            return False
+        wait = None if nxt is None else nxt - self.spool.now()
+        if wait is None or wait > self.wait_for_retries:
+            # `next_due_at` names only what comes due later than now: a retry that came due
+            # between the empty claim and this look is in neither, and the run ended with it
+            # still waiting. One more claim sees it; an empty one after this look is idle.
+            if self.looked_past_claim:
+                return False
+            self.looked_past_claim = True
+            self.next_claim_at = 0.0
+            return True
+        self.looked_past_claim = False
         await self._sleep(max(0.0, wait) + 0.01)
         self.next_claim_at = 0.0
         return not self.life.stopping

@@ -104,6 +104,7 @@ class Pipeline(IdleWaits):
         self._due_hint: Any = NO_HINT  # next_due_at, read beside the last empty claim
         self._strays: set[str] = set()  # given back for want of a handler: never claimed again
         self.idle = 0.01
+        self.looked_past_claim = False  # idle.py `_wait_for_due`
         self.arrived = anyio.Event()
         self.stop_poked = anyio.Event()  # set by `_poke`: a stop or hurry was asked
         self.monitor = Monitor(self.spool, lambda: list(self.in_hand.values()),
@@ -194,6 +195,7 @@ class Pipeline(IdleWaits):
                 tried_claim = not self.settling and settles == self.settles
                 if n:
                     self.idle = 0.01
+                    self.looked_past_claim = False
                     continue
                 self.next_claim_at = time.monotonic() + self.idle
                 self.idle = min(self.poll_seconds, self.idle * 2)

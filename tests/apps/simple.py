@@ -35,8 +35,12 @@ def work(job: Job, ctx: Context) -> dict[str, Any]:
 
 
 def slow(job: Job, ctx: Context) -> dict[str, Any]:
-    """Sleep `payload["sleep"]` seconds (default 0.3), then log and complete."""
+    """Touch `payload["started"]` if given, sleep `payload["sleep"]` seconds (default 0.3),
+    then log and complete."""
     payload = job.payload if isinstance(job.payload, dict) else {}
+    if payload.get("started"):
+        # Leased is not started: a worker told to stop gives back what it has not begun.
+        open(payload["started"], "a").close()
     time.sleep(float(payload.get("sleep", 0.3)))
     _log(job, ctx)
     return {"pid": os.getpid(), "slept": payload.get("sleep", 0.3)}
