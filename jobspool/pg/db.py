@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from jobspool.errors import ConfigError, SpoolError, StoreUnavailable, one_line
+from jobspool.errors import ConfigError, SpoolClosed, SpoolError, StoreUnavailable, one_line
 from jobspool.urls import redact_url, scrub_password
 
 try:
@@ -219,7 +219,7 @@ class Database:
             return pool
         with self._mutex:
             if self.closed:
-                raise SpoolError(f"spool {self.display} is closed")
+                raise SpoolClosed(self.display)
             if self._pool is None or self._pid != os.getpid():
                 # A pool inherited through fork() shares sockets with the parent: never use it.
                 self._pool = Pool(self.url, self.pool_size)

@@ -66,6 +66,7 @@ from jobspool.queue.job import (
 from jobspool.queue.layout import effective_keep_dead
 from jobspool.queue.options import checked_clock
 from jobspool.queue.producing import EnqueueForms
+from jobspool.queue.runs import Runs
 from jobspool.queue.states import JobState, check_source
 
 if TYPE_CHECKING:
@@ -108,6 +109,7 @@ class PgSpool(EnqueueForms):
                  local_dir: str | os.PathLike[str] | None = None, seed: int | None = None,
                  max_due: int | None = None, max_lag_seconds: float | None = None,
                  **options: Any) -> None:
+        self.runs = Runs()  # the workers serving on it: `close` stops them first
         # File-spool options that mean nothing here are accepted and ignored, so one
         # configuration serves both stores.
         for name in ("durable", "sync_mode", "access"):
@@ -178,6 +180,8 @@ class PgSpool(EnqueueForms):
         self.close()
 
     def close(self) -> None:
+        """Stop the workers running on this spool (see `Spool.close`), then disconnect."""
+        self.runs.stop_all()
         self.db.close()
 
     def now(self) -> float:

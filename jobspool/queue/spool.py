@@ -61,6 +61,7 @@ from jobspool.queue.options import (
 from jobspool.queue.perms import file_mode
 from jobspool.queue.producer import Producer
 from jobspool.queue.producing import EnqueueForms
+from jobspool.queue.runs import Runs
 from jobspool.queue.states import ALL_STATES, JobState
 from jobspool.queue.stats import Stats, collect_stats
 from jobspool.queue.wakeup import DirWatcher
@@ -136,6 +137,7 @@ class Spool(EnqueueForms):
         """Open (with `create`, make) the spool at `root`. Options saved in `spool.json`
         when it is created (`SpoolSettings`) default every later opener; the rest
         (`ProcessOptions`) are this process's alone (see `options.py`)."""
+        self.runs = Runs()  # the workers serving on it: `close` stops them first
         persisted = {"lease_seconds": lease_seconds, "max_attempts": max_attempts,
                      "retry_base_seconds": retry_base_seconds,
                      "retry_max_seconds": retry_max_seconds, "keep_terminal": keep_terminal,
@@ -211,6 +213,9 @@ class Spool(EnqueueForms):
         return self.journal.fence_value()
 
     def close(self) -> None:
+        """Stop the workers running on this spool (as `Worker.stop()`: handlers finish within
+        their grace, jobs not begun go back), then release its files and locks."""
+        self.runs.stop_all()
         self.journal.close()
 
     def __enter__(self) -> Self:

@@ -43,6 +43,7 @@ from jobspool.queue.layout import default_projection_uri, projection_inside_spoo
 from jobspool.queue.pipeline import Pipeline
 from jobspool.queue.report import Counters, FinishedRun
 from jobspool.queue.report import RunReport as RunReport
+from jobspool.queue.runs import Runs
 from jobspool.queue.sink import LanceSink
 from jobspool.queue.states import JobState
 from jobspool.queue.supervisor import Supervisor
@@ -124,6 +125,9 @@ class Worker:
                               keys=self.config.keys,
                               storage_options=check_storage_options(storage_options),
                               maintenance=maintenance, min_live_token=spool.min_live_token)
+        # The spool's register of runs (`close` stops them first); a store of an earlier
+        # shape has none.
+        self._runs: Runs = getattr(spool, "runs", None) or Runs()
         self._stop = threading.Event()
         self._hurry = threading.Event()
         self._waker: Callable[[], None] | None = None  # wakes the running pipeline (on_stop)
@@ -260,6 +264,7 @@ class Worker:
         self._begin_run()
         counters = Counters()
         self._live = counters
+        self._runs.begin(self)
         try:
             await Pipeline(self.spool, self.config, counters, self.sink, self.supervisor, self,
                            until_idle=True, max_jobs=max_jobs,
@@ -269,6 +274,7 @@ class Worker:
             self.publish(counters, final=True)  # a finished run is no stale worker
             self._live = None
             self._stop_honored()
+            self._runs.end(self)
         return counters.freeze(await anyio.to_thread.run_sync(self._unhandled))
 
     def run_forever(self, *, poll_seconds: float = 0.5, handle_signals: bool = True,
@@ -306,6 +312,21 @@ class Worker:
         counters = Counters()
         self._live = counters
         crashed: WorkerCrashed | None = None
+        self._runs.begin(self)
+        try:
+            await self._serve(counters, poll_seconds, handle_signals, progress)
+        except WorkerCrashed as gave_up:
+            crashed = gave_up
+        finally:
+            self._stop_honored()
+            self._runs.end(self)
+        if crashed is not None:
+            raise crashed
+        return counters.freeze()
+
+    async def _serve(self, counters: Counters, poll_seconds: float, handle_signals: bool,
+                     progress: Callable[[RunReport], None] | None) -> None:
+        crashed: WorkerCrashed | None = None
         async with anyio.create_task_group() as tg:
             if handle_signals and threading.current_thread() is threading.main_thread():
                 tg.start_soon(self._watch_signals)
@@ -324,10 +345,8 @@ class Worker:
                 self.publish(counters, final=True)
                 self._live = None
                 tg.cancel_scope.cancel()
-        self._stop_honored()
         if crashed is not None:
             raise crashed
-        return counters.freeze()
 
     def live_report(self) -> RunReport | None:
         """The counters of the run in progress (None between runs), for metrics."""
