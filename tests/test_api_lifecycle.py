@@ -165,18 +165,21 @@ def test_a_worker_on_a_closed_spool_stops_at_once(tmp_path: Path) -> None:
     assert isinstance(info.value, SpoolClosed)
 
 
-def test_a_spool_closed_under_a_running_worker_is_caught_as_spool_closed(
-        tmp_path: Path) -> None:
+def test_a_spool_closed_under_an_idle_worker_stops_it_then_closes(tmp_path: Path) -> None:
+    # It raised SpoolClosed out of the run; closing now stops the run first (see
+    # tests/test_close_under_worker.py for runs holding jobs).
     spool = make_spool(tmp_path / "spool")
     worker = Worker(spool, {"k": lambda job, ctx: None}, maintenance=False)
     threading.Timer(0.5, spool.close).start()
-    guard = threading.Timer(120, worker.stop)  # a hang guard: a plain stop raises nothing
+    guard = threading.Timer(120, worker.stop)  # a hang guard
     guard.start()
     try:
-        with pytest.raises(SpoolClosed, match="was closed"):
-            worker.run_forever(handle_signals=False)
+        report = worker.run_forever(handle_signals=False)
     finally:
         guard.cancel()
+    assert report.claimed == 0 and worker.stopping
+    with pytest.raises(SpoolClosed, match="was closed"):
+        spool.enqueue("k")
 
 
 def test_readers_of_a_closed_spool_say_so(tmp_path: Path) -> None:
@@ -187,6 +190,18 @@ def test_readers_of_a_closed_spool_say_so(tmp_path: Path) -> None:
     for call in (lambda: spool.get(job.id), lambda: list(spool.jobs()),
                  lambda: spool.wait(job.id, timeout=None)):
         with pytest.raises(SpoolClosed):
+            call()
+
+
+def test_bulk_and_maintenance_calls_on_a_closed_spool_say_so(tmp_path: Path) -> None:
+    # With nothing to move they answered [] (cancel_matching: "mmap closed or invalid"),
+    # as if the closed spool were empty.
+    spool = make_spool(tmp_path / "spool")
+    spool.close()
+    for call in (lambda: spool.cancel_matching(kind="k"),
+                 lambda: spool.requeue_matching(kind="k"), spool.requeue_all,
+                 spool.prune, spool.live_tokens, spool.min_live_token, spool.fsck):
+        with pytest.raises(SpoolClosed, match="was closed"):
             call()
 
 

@@ -331,7 +331,7 @@ def test_only_a_thread_inside_a_sync_handler_counts_as_a_running_handler(spool: 
     # stopped), and only past those: it once counted every live non-daemon thread, and a
     # runner left parked by a finished run made an in-process `run-until-idle` call
     # os._exit(0) under its caller.
-    from jobspool.queue.invoke import handler_threads_running
+    from jobspool.queue.runs import handler_threads_running
 
     spool.enqueue_many("quick", list(range(30)))
     Worker(spool, {"quick": lambda job, ctx: None}, concurrency=3,

@@ -276,7 +276,7 @@ def _exit_past_abandoned_handlers(code: int = EXIT_OK) -> None:
     already) and Python cannot stop a thread; waiting for them at
     interpreter exit would make `worker` ignore its own grace period.
     """
-    from jobspool.queue.invoke import handler_threads_running
+    from jobspool.queue.runs import handler_threads_running
 
     # Only handler threads: a runner parked between jobs or an idle pool thread of the
     # finished run ends by itself, and exiting for one would cut short whatever called

@@ -181,8 +181,7 @@ class PgSpool(EnqueueForms):
 
     def close(self) -> None:
         """Stop the workers running on this spool (see `Spool.close`), then disconnect."""
-        self.runs.stop_all()
-        self.db.close()
+        self.runs.close_after(self.db.close)
 
     def now(self) -> float:
         """Seconds since the epoch on the database's clock (or the clock given)."""

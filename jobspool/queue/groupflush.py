@@ -30,6 +30,7 @@ change that retires an old file must flush before retiring it (store.py).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import threading
@@ -106,7 +107,16 @@ class GroupFlush:
             self._fd = os.open(self._root / "tmp", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         return self._fd
 
+    def __del__(self) -> None:
+        # Dropped without close() (a Spool never closed): the descriptor goes with it.
+        fd = getattr(self, "_fd", -1)
+        if fd >= 0 and self._pid == current_pid():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
     def close(self) -> None:
+        if self._pid != current_pid():
+            self._thread_lock = threading.Lock()  # as in SpoolLock.close: held at the fork
         with self._thread_lock:  # a flush in flight in another thread finishes first
             self._closed = True
             if self._fd >= 0 and self._pid == current_pid():

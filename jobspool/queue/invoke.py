@@ -40,6 +40,7 @@ from jobspool.queue.context import (
 from jobspool.queue.job import clip_error, validate_delay
 from jobspool.queue.machine import clip_traceback
 from jobspool.queue.procid import current_pid
+from jobspool.queue.runs import HANDLER_THREADS
 from jobspool.queue.runtime import (
     ABANDON_SECONDS,
     Abandoned,
@@ -116,7 +117,7 @@ def call_sync(ctx: Context, fn: Callable[..., Any]) -> None:
     """In a worker thread: call a sync handler with no time limit (`runners.py`) and record
     how it ended in `ctx.outcome`, as `invoke` does."""
     ident = ctx.thread_ident = threading.get_ident()
-    _handler_threads.add(ident)
+    HANDLER_THREADS.add(ident)
     pid = current_pid()
     try:
         result = fn(ctx.job, ctx)
@@ -129,7 +130,7 @@ def call_sync(ctx: Context, fn: Callable[..., Any]) -> None:
         _child_ends(pid, exc)
         record_raised(ctx, exc)
     finally:
-        _handler_threads.discard(ident)
+        HANDLER_THREADS.discard(ident)
         ctx.thread_ident = None
 
 
@@ -199,7 +200,7 @@ class _Raised(Exception):
 def _in_thread(fn: Callable[..., Any], ctx: Context) -> Any:
     """Call a sync handler in a worker thread, leaving where to find its stack."""
     ctx.thread_ident = threading.get_ident()
-    _handler_threads.add(ctx.thread_ident)
+    HANDLER_THREADS.add(ctx.thread_ident)
     pid = current_pid()
     try:
         return fn(ctx.job, ctx)
@@ -211,7 +212,7 @@ def _in_thread(fn: Callable[..., Any], ctx: Context) -> Any:
         raise _Raised(exc) from None
     finally:
         _child_ends(pid)
-        _handler_threads.discard(threading.get_ident())
+        HANDLER_THREADS.discard(threading.get_ident())
 
 
 def _child_ends(pid: int, exc: BaseException | None = None) -> None:
@@ -230,19 +231,6 @@ def _child_ends(pid: int, exc: BaseException | None = None) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
     os._exit(code)
-
-
-# Threads inside a sync handler right now (set operations are atomic under the GIL). A
-# handler cut off by the grace period keeps its thread (Python cannot stop one): the CLI
-# exits past it rather than wait (`handler_threads_running`), but only for those; other
-# threads of the worker (runners between jobs, idle pool threads) end on their own.
-_handler_threads: set[int] = set()
-
-
-def handler_threads_running() -> bool:
-    """Whether some thread of this process is still inside a sync handler."""
-    alive = {t.ident for t in threading.enumerate()}
-    return bool(_handler_threads & alive)
 
 
 def _name(fn: Callable[..., Any]) -> str:

@@ -161,6 +161,12 @@ class SpoolLock:
                     os.close(fd)
         self._fd = self._dir_fd = -1
 
+    def __del__(self) -> None:
+        # A spool dropped without close() kept its two descriptors for the life of the
+        # process: a service opening a Spool per request ran out of them.
+        if getattr(self, "_fd", -1) >= 0 or getattr(self, "_dir_fd", -1) >= 0:
+            self._close_fds()
+
     def _reopen_after_fork(self) -> None:
         # The parent's descriptors stay open in the parent; the child drops its copies.
         old = self._map
@@ -370,6 +376,11 @@ class SpoolLock:
         """Close, after the operations other threads have in flight here: closing under
         them dropped their flock mid-change (another process then moved a job inside a
         fenced block) and left them a map and descriptors that were gone."""
+        if self._pid != current_pid():
+            # A forked child closing its copy: a parent thread may have held the thread
+            # lock at the fork, and it stays held in the child for ever (the close hung).
+            self._thread_lock = threading.RLock()
+            self._depth = 0
         with self._thread_lock:
             if self._closed:
                 return

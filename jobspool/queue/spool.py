@@ -214,9 +214,11 @@ class Spool(EnqueueForms):
 
     def close(self) -> None:
         """Stop the workers running on this spool (as `Worker.stop()`: handlers finish within
-        their grace, jobs not begun go back), then release its files and locks."""
-        self.runs.stop_all()
-        self.journal.close()
+        their grace, jobs not begun go back), then release its files and locks.
+
+        Called from inside a run (a handler, a worker's callback), it cannot wait for that
+        run: it asks the runs to stop and returns, and the last to end closes the spool."""
+        self.runs.close_after(self.journal.close)
 
     def __enter__(self) -> Self:
         self.lock.check_open()  # a closed spool said nothing here, then failed inside
@@ -333,10 +335,12 @@ class Spool(EnqueueForms):
 
     def live_tokens(self) -> list[int]:
         """Tokens of every unexpired lease."""
+        self.lock.check_open()
         return self.leasing.live_tokens()
 
     def min_live_token(self) -> int:
         """The smallest token a live lease holds, or the next token when none is live."""
+        self.lock.check_open()
         return self.leasing.min_live_token()
 
     def process_mark(self) -> liveness.ProcessMark:
@@ -402,6 +406,9 @@ class Spool(EnqueueForms):
 
     def requeue_all(self, state: JobState | str = JobState.DEAD_LETTER) -> list[Job]:
         """Requeue every job in `state` (dead letters by default) in one batch."""
+        # Bulk moves take the lock only for what matched: a closed spool with nothing
+        # to move answered [] (or, from cancel's autoprune, "mmap closed or invalid").
+        self.lock.check_open()
         return bulk.requeue_all(self.journal, state)
 
     def cancel_matching(self, *, kind: str | None = None,
@@ -409,6 +416,7 @@ class Spool(EnqueueForms):
                         older_than: float | None = None) -> list[Job]:
         """Cancel every unfinished job of `kind`, in `states` (all cancelable ones by
         default), last changed more than `older_than` seconds ago; returns them."""
+        self.lock.check_open()
         moved = bulk.cancel_matching(self.journal, kind=kind, states=states,
                                      older_than=older_than)
         self.journal.maybe_autoprune()
@@ -419,6 +427,7 @@ class Spool(EnqueueForms):
                          older_than: float | None = None) -> list[Job]:
         """Requeue every job of `kind`, in `states` (dead letters by default; canceled on
         request), last changed more than `older_than` seconds ago; returns them."""
+        self.lock.check_open()
         return bulk.requeue_matching(self.journal, kind=kind, states=states,
                                      older_than=older_than)
 
@@ -497,6 +506,7 @@ class Spool(EnqueueForms):
         the whole rule; neither: the spool's `keep_terminal` and `keep_terminal_seconds`."""
         from jobspool.recovery.prune import prune
 
+        self.lock.check_open()
         return prune(self.journal, keep=keep, older_than=older_than, keep_dead=keep_dead)
 
     def health(self, **options: Any) -> Health:
@@ -509,6 +519,7 @@ class Spool(EnqueueForms):
         """Check every invariant of the spool without changing anything."""
         from jobspool.recovery.fsck import fsck
 
+        self.lock.check_open()
         return fsck(self.journal)
 
 

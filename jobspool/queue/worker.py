@@ -264,18 +264,22 @@ class Worker:
         self._begin_run()
         counters = Counters()
         self._live = counters
-        self._runs.begin(self)
+        run = self._runs.begin(self)
         try:
-            await Pipeline(self.spool, self.config, counters, self.sink, self.supervisor, self,
-                           until_idle=True, max_jobs=max_jobs,
-                           wait_for_retries=wait_for_retries, progress=progress).run()
+            try:
+                await Pipeline(self.spool, self.config, counters, self.sink, self.supervisor,
+                               self, until_idle=True, max_jobs=max_jobs,
+                               wait_for_retries=wait_for_retries, progress=progress).run()
+            finally:
+                self.sink.close()
+                self.publish(counters, final=True)  # a finished run is no stale worker
+                self._live = None
+                self._stop_honored()
+            # Before the run ends: a close() waiting for it (or left to it) closes the spool.
+            unhandled = await anyio.to_thread.run_sync(self._unhandled)
         finally:
-            self.sink.close()
-            self.publish(counters, final=True)  # a finished run is no stale worker
-            self._live = None
-            self._stop_honored()
-            self._runs.end(self)
-        return counters.freeze(await anyio.to_thread.run_sync(self._unhandled))
+            self._runs.end(run)
+        return counters.freeze(unhandled)
 
     def run_forever(self, *, poll_seconds: float = 0.5, handle_signals: bool = True,
                     progress: Callable[[RunReport], None] | None = None) -> Any:
@@ -312,14 +316,14 @@ class Worker:
         counters = Counters()
         self._live = counters
         crashed: WorkerCrashed | None = None
-        self._runs.begin(self)
+        run = self._runs.begin(self)
         try:
             await self._serve(counters, poll_seconds, handle_signals, progress)
         except WorkerCrashed as gave_up:
             crashed = gave_up
         finally:
             self._stop_honored()
-            self._runs.end(self)
+            self._runs.end(run)
         if crashed is not None:
             raise crashed
         return counters.freeze()
