@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import orjson
 
@@ -140,7 +140,7 @@ def _main(argv: Sequence[str] | None) -> int:
         if not hasattr(args, "json") or args.json is None:
             args.json = False
         as_json = bool(args.json)
-        return int(args.func(args))
+        return _ungrouped(args.func, args)
     except UsageError as exc:
         return _fail(str(exc), EXIT_USAGE, as_json)
     except Refused as exc:
@@ -171,6 +171,21 @@ def _main(argv: Sequence[str] | None) -> int:
         term = isinstance(exc, _Terminated)
         return _fail(f"interrupted by {'SIGTERM' if term else 'SIGINT'}; what was done "
                      "before it stands", 143 if term else 130, as_json)
+
+
+def _ungrouped(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    try:
+        return int(func(args))
+    except BaseExceptionGroup as group:
+        # A task group's wrapping of what one task raised (EMFILE importing a module at
+        # `ulimit -n 10`) printed 108 lines of traceback, exit 1: its first cause is the
+        # one line the handlers below know how to say.
+        raise _first_leaf(group) from None
+
+
+def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
 
 
 def _stdout_to_devnull() -> None:

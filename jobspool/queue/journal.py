@@ -47,9 +47,11 @@ from jobspool.queue.perms import dir_mode, file_mode
 from jobspool.queue.states import ALL_STATES, CLAIMABLE, TERMINAL, JobState
 from jobspool.queue.store import (
     JOB_SUFFIX,
+    SHORT_OF_RESOURCES,
     Change,
     Store,
     fsync_dir,
+    read_failed,
     write_atomic,
     write_failed,
 )
@@ -205,6 +207,8 @@ class Journal:
         except FileNotFoundError:
             return None, False
         except OSError as exc:  # a directory in its place, no permission, EIO: unreadable
+            if exc.errno in SHORT_OF_RESOURCES:  # out of descriptors: the file is fine
+                raise read_failed(exc, self.root) from None
             report_unreadable(state.value, job_id, exc.strerror or str(exc))
             return None, True
         try:

@@ -47,7 +47,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from jobspool.errors import SpoolError, WriteFailed
+from jobspool.errors import SpoolError, StoreUnavailable, WriteFailed
 from jobspool.queue import liveness
 from jobspool.queue.liveness import LIVE_DIR as LIVE_DIR
 from jobspool.queue.perms import make_dir, set_fd_mode
@@ -189,6 +189,10 @@ class Store:
             return [f[:-n] for f in os.listdir(self.root / directory) if f.endswith(JOB_SUFFIX)]
         except (FileNotFoundError, NotADirectoryError):
             raise self._gone(directory) from None
+        except OSError as exc:
+            if exc.errno in SHORT_OF_RESOURCES:
+                raise read_failed(exc, self.root) from None
+            raise
 
     def scan(self, directory: str) -> list[tuple[str, int]]:
         """(job id, inode) for each job file in `directory` (inodes come free with the listing)."""
@@ -198,6 +202,10 @@ class Store:
                 return [(e.name[:-n], e.inode()) for e in it if e.name.endswith(JOB_SUFFIX)]
         except (FileNotFoundError, NotADirectoryError):
             raise self._gone(directory) from None
+        except OSError as exc:
+            if exc.errno in SHORT_OF_RESOURCES:
+                raise read_failed(exc, self.root) from None
+            raise
 
     def _gone(self, directory: str) -> SpoolError:
         """A state directory vanished under an open spool (`rm -rf`, a move, an unmount):
@@ -515,6 +523,21 @@ def write_failed(exc: OSError, root: Path, landed: frozenset[str] = frozenset())
         message += (f"; published though not confirmed durable: {', '.join(shown[:3])}"
                     + (f" and {len(shown) - 3} more" if len(shown) > 3 else ""))
     return WriteFailed(message, path=str(where), errno=exc.errno, landed=landed)
+
+
+# Read errors that say nothing of the file: the process or the machine is short of
+# something for now. A job file met with one is not unreadable (quarantined, its lease
+# taken for lost), and the reader must not go on as if it were absent.
+SHORT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN,
+                                errno.EINTR, errno.ENOBUFS})
+
+
+def read_failed(exc: OSError, root: Path) -> StoreUnavailable:
+    """A one-line `StoreUnavailable` for a read that failed for want of resources."""
+    where = exc.filename or root
+    hint = _HINTS.get(exc.errno or 0, "try again once the machine has recovered")
+    return StoreUnavailable(f"cannot read spool {root}: {exc.strerror or exc} ({where}); "
+                            f"{hint}", path=str(where))
 
 
 def spool_missing(root: Path) -> SpoolError:
