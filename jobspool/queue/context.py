@@ -108,6 +108,9 @@ class Context:
         self.lost = False
         self.outcome: Outcome | None = None
         self.settled = False
+        # Handed to the settle, whose moves may take the job out of `leased/` before
+        # `settled` is set: a heartbeat then finds it gone, which is no lost lease.
+        self.settling = False
         self.finished = False  # its run ended (or never started): handed to the settler
         # The run's runtime state, shared with the heartbeat thread (plain attribute writes).
         self.started = False  # the handler was called: a cut-off run counts as an attempt

@@ -318,7 +318,9 @@ class Monitor:
             return
         for ctx, res in zip(live, results, strict=True):
             if isinstance(res, LeaseLost):
-                if not ctx.settled:
+                # Settled (or settling) meanwhile: gone from `leased/` by our own settle,
+                # which knows whether the lease held; a warning here was a false alarm.
+                if not (ctx.settled or ctx.settling):
                     ctx.lost = True
                     log.warning("lease lost on job %s (token %d): %s; its result will be "
                                 "discarded", ctx.job_id, ctx.token, res.reason,

@@ -69,6 +69,8 @@ class Settler:
 
     async def settle(self, group: list[Context]) -> None:
         """Project the group's writes (fenced), then settle every run in it."""
+        for c in group:
+            c.settling = True
         done = [c for c in group if isinstance(c.outcome, Completed) and not c.lost]
         if any(c.writes for c in done):
             done = self._refuse_unstorable(done)
