@@ -116,3 +116,26 @@ def test_an_unknown_setting_in_spool_json_is_named_in_a_warning(
         make_spool(root).close()
     assert any("'max_attemps'" in r.getMessage() and "ignored" in r.getMessage()
                for r in caplog.records)
+
+
+@pytest.mark.parametrize("inside", ["tmp/inner", "ready/inner", "leased/deep/inner",
+                                    "quarantine/inner"])
+def test_a_new_spool_inside_another_spools_own_directories_is_refused(
+        tmp_path: Path, inside: str) -> None:
+    # It was made; the outer spool's recover then deleted it (tmp/) or quarantined it.
+    outer = tmp_path / "outer"
+    with make_spool(outer) as spool:
+        spool.recover()  # makes the lazy directories (quarantine/) as a user's boot would
+    top = outer / inside.split("/")[0]
+    before = sorted(p.name for p in top.iterdir())
+    with pytest.raises(SpoolError, match=f"inside the spool .*own {top.name}/"):
+        make_spool(outer / inside)
+    assert sorted(p.name for p in top.iterdir()) == before  # nothing made
+
+
+def test_a_new_spool_beside_the_state_directories_of_another_is_fine(tmp_path: Path) -> None:
+    outer = tmp_path / "outer"
+    make_spool(outer).close()
+    for inner in (outer / "index" / "spool", outer / "spools" / "b"):
+        with make_spool(inner) as spool:
+            assert spool.enqueue("k", {}).id

@@ -196,6 +196,8 @@ def open_layout(root: Path, *, create: bool, durable: bool, read_only: bool = Fa
     doc = read_spool_file(root) if st is not None else None
     if st is not None and doc is None and create:
         _refuse_foreign_directory(root)
+    if doc is None and create:
+        _refuse_inside_another_spool(root)
     if st is not None and doc is None and not create:
         # Before any directory is made: a mistyped root must be left exactly as it was.
         raise SpoolError(f"{root} is not a spool (no {SPOOL_FILE}; run `jobspool init`)",
@@ -285,6 +287,20 @@ _SPOOL_ENTRIES = frozenset({*(s.value for s in ALL_STATES), TMP_DIR, QUARANTINE_
                             # marks.py, the default projection): `init` after an operator
                             # deleted spool.json must not take the spool for a stranger's.
                             "metrics", "progress", "schedules.json", INDEX_DIR})
+
+
+def _refuse_inside_another_spool(root: Path) -> None:
+    """Refuse a new spool inside another spool's own directories: the outer one's `recover`
+    deleted it from `tmp/` or quarantined it from a state directory (`<outer>/index` and
+    other new names are the outer spool's to leave alone, and fine)."""
+    here = Path(os.path.abspath(root))
+    for outer in here.parents:
+        if (outer / SPOOL_FILE).is_file():
+            first = here.relative_to(outer).parts[0]
+            if first != INDEX_DIR and (first in _SPOOL_ENTRIES or first in _LAZY_DIRS):
+                raise SpoolError(f"{root} is inside the spool {outer}'s own {first}/, where "
+                                 "that spool's recover would delete or quarantine it; put "
+                                 "the new spool elsewhere", path=str(root))
 
 
 def _refuse_foreign_directory(root: Path) -> None:
