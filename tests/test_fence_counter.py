@@ -153,3 +153,29 @@ def test_a_damaged_fence_file_under_a_live_spool_does_not_stop_claims(tmp_path: 
         (root / "fence").write_bytes(b"")
         third = spool.claim()[0].token
         assert third == second + 1
+
+
+def test_reading_a_new_spool_writes_no_fence_block(tmp_path: Path) -> None:
+    # stats() (and fence_value) reserved the first block of a new spool: a write, so a
+    # full disk refused `stats` with WriteFailed. The first claim reserves it now.
+    root = tmp_path / "spool"
+    make_spool(root).close()
+    before = (root / "fence").read_bytes()
+    with make_spool(root) as s:
+        assert s.stats().counts["ready"] == 0
+        assert s.fence_value() == 0
+        assert (root / "fence").read_bytes() == before
+        s.enqueue("k", {})
+        (lease,) = s.claim()
+        assert lease.token > 0 and _disk_fence(root) >= lease.token
+        assert s.fence_value() == lease.token
+
+
+def test_reading_after_a_reboot_gives_no_token_below_those_handed_out(tmp_path: Path) -> None:
+    root = tmp_path / "spool"
+    with make_spool(root) as s:
+        s.enqueue_many("k", list(range(3)))
+        before = max(lease.token for lease in s.claim(limit=3))
+        s.lock.put(s.lock.BOOT_SLOT, 12345)  # a reboot, as in the test above
+        s.lock.put(s.lock.FENCE_NEXT_SLOT, 0)
+        assert s.fence_value() >= before

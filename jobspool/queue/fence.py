@@ -173,7 +173,10 @@ class FenceCounter:
             if self._lock.current_boot and self._lock.generation(self._lock.FENCE_CEILING_SLOT):
                 return self._lock.generation(self._lock.FENCE_NEXT_SLOT)
             return self._read_disk()
-        self._ceiling()
+        if self._lock.generation(self._lock.FENCE_CEILING_SLOT) == 0:
+            # Not cached yet: read, without `_ceiling`'s first reservation on a new spool
+            # (a write: `stats` on a full disk failed with WriteFailed). `take` reserves.
+            return max(self._lock.generation(self._lock.FENCE_NEXT_SLOT), self._read_disk())
         return self._lock.generation(self._lock.FENCE_NEXT_SLOT)
 
     def raised(self, value: int) -> None:
