@@ -50,3 +50,7 @@ def test_health_reports_a_state_directory_its_owner_may_not_write(base: Path) ->
     assert codes == ["state_dir_not_writable"]
     if AS_ROOT:  # another user's health: not about its own access
         assert forked_cli(["--root", str(root), "health"], as_nobody=False)["code"] == 0
+    os.chmod(root / "leased", 0o555)
+    got = forked_cli(["--root", str(root), "health", "--json"], as_nobody=True)
+    (reason,) = orjson.loads(got["out"])["reasons"]
+    assert reason["message"].startswith("2 directories of the spool"), reason  # "directorys"
