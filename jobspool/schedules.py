@@ -16,10 +16,11 @@ A crash between the enqueue and the record leaves the record behind; the next
 Ticks are absolute times (cron in the schedule's time zone, intervals aligned
 to the Unix epoch), so every worker computes the same ticks without talking to
 the others. After downtime, `catch_up` says what happens to the ticks missed:
-`"skip"` fires none of them (only a tick at most `grace_seconds` late counts
-as on time), `"once"` fires the latest one, `"all"` fires each, oldest first,
-up to `max_catch_up`. A schedule seen for the first time starts with its next
-tick: deploying a daily 03:00 job at 10:00 does not run it at once.
+`"skip"` fires none of them (only a tick at most `grace_seconds` late counts as
+on time; never less than `WAKE_SLACK_SECONDS`, what a worker's wake may lag),
+`"once"` fires the latest one, `"all"` fires each, oldest first, up to
+`max_catch_up`. A schedule seen for the first time starts with its next tick:
+deploying a daily 03:00 job at 10:00 does not run it at once.
 """
 
 from __future__ import annotations
@@ -55,6 +56,11 @@ _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 # How far ahead of the clock a schedule's last fired tick must be to count as a clock that
 # jumped ahead and came back, rather than the skew between machines sharing the marks.
 CLOCK_JUMP_SECONDS = 3600.0
+
+
+# How late a worker's wake for a tick may be and the tick still count as on time, whatever
+# a smaller `grace_seconds` says (a loaded machine wakes late by that much).
+WAKE_SLACK_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -164,6 +170,11 @@ class Schedule:
         digest = hashlib.sha256(self.key.encode()).hexdigest()[:12]
         return f"sched.{self.key[:80]}-{digest}.{tick}"
 
+    def _on_time(self, tick: int, now: float) -> bool:
+        # A worker wakes for a tick a little after it, never exactly at it: with a grace
+        # below that (0), a "skip" schedule never fired at all.
+        return now - tick <= max(self.grace_seconds, WAKE_SLACK_SECONDS)
+
     def plan(self, last: int | None, now: float) -> tuple[list[int], int]:
         """The ticks to fire at `now` given the last tick fired, and the new last tick."""
         latest = self.last_tick(now)
@@ -175,12 +186,12 @@ class Schedule:
             last = None
         if last is None:
             # First sight: the tick that is happening right now counts, older ones do not.
-            return ([latest] if now - latest <= self.grace_seconds else []), latest
+            return ([latest] if self._on_time(latest, now) else []), latest
         if latest <= last:
             return [], last
         if self.catch_up == "all":
             return self.ticks_between(last, now, limit=self.max_catch_up), latest
-        if self.catch_up == "once" or now - latest <= self.grace_seconds:
+        if self.catch_up == "once" or self._on_time(latest, now):
             return [latest], latest
         return [], latest  # skip: the latest tick is late too
 

@@ -429,3 +429,18 @@ def test_tick_refuses_a_time_that_is_not_epoch_seconds(spool: Spool, now: object
 def test_a_scheduler_takes_only_schedules(schedules: object) -> None:
     with pytest.raises(ScheduleError, match="Scheduler takes"):
         Scheduler(schedules)  # type: ignore[arg-type]
+
+
+def test_a_skip_schedule_with_no_grace_still_fires_on_a_worker_that_wakes_late(
+        spool: Spool) -> None:
+    # grace_seconds=0 with "skip": on time meant exactly at the tick, which a worker's
+    # wake never is, so it never fired. A wake a few seconds late is on time now.
+    tick = (int(T0) // 60 + 1) * 60
+    scheduler = Scheduler([Schedule("tick", every=60, catch_up="skip", grace_seconds=0)])
+    scheduler.tick(spool, tick - 30)
+    (fired,) = scheduler.tick(spool, tick + 0.8)
+    assert fired.created == (f"sched.tick.{tick}",)
+    (fired,) = scheduler.tick(spool, tick + 60 + 2)
+    assert fired.created == (f"sched.tick.{tick + 60}",)
+    # Later than the slack is late, as before.
+    assert scheduler.tick(spool, tick + 120 + 30) == []
