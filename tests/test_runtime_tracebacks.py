@@ -62,19 +62,27 @@ def test_the_traceback_is_logged_at_warning_with_job_id_kind_and_token(
     assert "Traceback (most recent call last):" in text and "_nested_failure" in text
 
 
-def test_a_huge_traceback_keeps_its_end_within_the_bound(spool: Spool) -> None:
+def _raise_a_long_message() -> None:
+    raise ValueError("many\nlines\n" * 5000 + "the end")
+
+
+def test_a_huge_traceback_keeps_its_frames_and_its_end_within_the_bound(spool: Spool) -> None:
+    # Only the end was kept: a long message took all 8 KiB and no frame said where it
+    # was raised.
     def handler(job: Job, ctx: Context) -> None:
-        raise ValueError("many\nlines\n" * 5000 + "the end")
+        _raise_a_long_message()
 
     job = spool.enqueue("t")
     Worker(spool, {"t": handler}, maintenance=False).run_until_idle()
     failed = spool.get(job.id)
     tb = failed.traceback or ""
     assert len(orjson.dumps(tb)) <= MAX_TRACEBACK_BYTES
-    # its last 8 KiB, as the README says: the cut kept about 4 KiB of it
+    # 8 KiB, as the README says: the cut kept about 4 KiB of it
     assert len(orjson.dumps(tb)) > MAX_TRACEBACK_BYTES * 0.9
-    assert tb.startswith("... (earlier lines cut)")
-    assert tb.rstrip().endswith("the end")
+    head, _, tail = tb.partition(" characters cut) ...")
+    assert head.startswith("Traceback (most recent call last):")
+    assert "in _raise_a_long_message" in head and "in handler" in head
+    assert tail.rstrip().endswith("the end")
     assert len(failed.last_error or "") <= 1024
 
 

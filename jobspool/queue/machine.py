@@ -79,7 +79,8 @@ class Failure:
 
 
 def clip_traceback(text: str | None) -> str | None:
-    """Keep a traceback's end (where it was raised) within `MAX_TRACEBACK_BYTES` of JSON."""
+    """Keep a traceback's start (its frames) and end (where and what was raised) within
+    `MAX_TRACEBACK_BYTES` of JSON, cutting the middle."""
     if text is None:
         return None
     text = storable_text(text)
@@ -88,13 +89,20 @@ def clip_traceback(text: str | None) -> str | None:
 
     if len(orjson.dumps(text)) <= MAX_TRACEBACK_BYTES:
         return text
+    # Half each side: a long exception message (at the end) took the whole budget when
+    # only the end was kept, and no frame was left to say where it came from.
     keep = MAX_TRACEBACK_BYTES  # characters: at least as many bytes once escaped
     while True:
-        tail = "... (earlier lines cut)\n" + text[-keep:]
-        size = len(orjson.dumps(tail))
-        if size <= MAX_TRACEBACK_BYTES or keep <= 64:
-            return tail  # as much of the end as fits (halving kept about 4 KiB of 8)
-        keep = max(64, min(keep - 16, keep * MAX_TRACEBACK_BYTES // size))
+        head = text[:keep // 2]
+        if "\n" in head[len(head) // 2:]:
+            head = head[:head.rindex("\n") + 1]  # whole lines at the cut
+        tail = text[len(text) - keep // 2:]
+        cut = len(text) - len(head) - len(tail)
+        clipped = f"{head}... ({cut} characters cut) ...\n{tail}"
+        size = len(orjson.dumps(clipped))
+        if size <= MAX_TRACEBACK_BYTES or keep <= 128:
+            return clipped
+        keep = max(128, min(keep - 32, keep * MAX_TRACEBACK_BYTES // size))
 
 
 def _move(job: Job, action: str, dst: JobState, now: float, **changes: Any) -> Job:
