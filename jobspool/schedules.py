@@ -121,6 +121,12 @@ class Schedule:
             object.__setattr__(self, "_expr", _cron_check(self.cron, label))
         else:
             object.__setattr__(self, "_every", _every_seconds(self.every, label))
+            if self.tz != "UTC":
+                # Interval ticks are aligned to the epoch, not to a zone's midnight: the
+                # zone was taken and silently had no effect.
+                raise ScheduleError(f"{label}: tz={self.tz!r} applies to cron schedules only "
+                                    "(every= ticks are aligned to the epoch); use a cron "
+                                    "expression for ticks at local times")
 
     # ------------------------------------------------------------ ticks
 
@@ -183,6 +189,11 @@ class Schedule:
             # back. Kept, it would silence the schedule until the clock caught up with it
             # (a year, after a one-year jump). Start over as at first sight; a tick
             # fired before is not fired twice (its job id is taken).
+            last = None
+        if last is not None and self.last_tick(last) != last:
+            # The mark is no tick of this rule: the rule changed under its name (every 3600
+            # s became every 60 s). Caught up from the old mark, the new rule fired each of
+            # its ticks since (100 jobs at once with "all"): start over as at first sight.
             last = None
         if last is None:
             # First sight: the tick that is happening right now counts, older ones do not.

@@ -444,3 +444,29 @@ def test_a_skip_schedule_with_no_grace_still_fires_on_a_worker_that_wakes_late(
     assert fired.created == (f"sched.tick.{tick + 60}",)
     # Later than the slack is late, as before.
     assert scheduler.tick(spool, tick + 120 + 30) == []
+
+
+def test_a_schedule_whose_rule_changed_starts_over_instead_of_catching_up(
+        spool: Spool) -> None:
+    # every 3600 s became every 420 s under one name: with catch_up="all", the new rule
+    # fired each of its ticks since the old mark (up to max_catch_up) at once. (A mark
+    # that is a tick of the new rule too, hourly to every minute, is caught up from.)
+    hour = (int(T0) // HOUR + 1) * HOUR
+    old = Schedule("tick", every=HOUR, catch_up="all")
+    Scheduler([old]).tick(spool, hour - 1)
+    (fired,) = Scheduler([old]).tick(spool, hour + 1)
+    assert fired.ticks == (hour,)
+    new = Schedule("tick", every=420, catch_up="all")
+    assert hour % 420  # the old mark is no tick of the new rule
+    later = new.last_tick(hour + 30 * 60) + 200  # its latest tick 200 s late
+    assert Scheduler([new]).tick(spool, later) == []  # first sight: its next tick
+    (fired,) = Scheduler([new]).tick(spool, later + 420)
+    assert fired.ticks == (new.last_tick(later + 420),)
+
+
+def test_a_time_zone_on_an_interval_schedule_is_refused() -> None:
+    # Taken and ignored: interval ticks are aligned to the epoch whatever the zone.
+    with pytest.raises(ScheduleError, match="tz='Europe/Paris' applies to cron schedules only"):
+        Schedule("tick", every=HOUR, tz="Europe/Paris")
+    assert Schedule("tick", every=HOUR, tz="UTC").describe() == "every 3600 s"
+    assert Schedule("tick", cron="0 3 * * *", tz="Europe/Paris").tz == "Europe/Paris"
