@@ -269,6 +269,19 @@ def test_worker_takes_poll_for_its_idle_safety_poll(tmp_path: Path) -> None:
     assert build_parser().parse_args(["worker", "--app", "m:app"]).poll == 0.5
     root = tmp_path / "s"
     make_spool(root).close()
-    for bad in ("0", "-1", "soon"):
+    for bad in ("0", "-1", "soon", "1e-9"):
         res = run_cli("--root", root, "worker", "--app", "m:app", "--poll", bad)
         assert res.code == 1 and "--poll" in res.err
+    # 1e-9 kept a core busy listing the directory: the floor is named.
+    assert "below 0.01 s" in run_cli("--root", root, "worker", "--app", "m:app", "--poll",
+                                     "0.001").err
+
+
+def test_run_forever_refuses_a_safety_poll_below_the_floor(tmp_path: Path) -> None:
+    from jobspool import Worker
+    from jobspool.errors import InvalidJob
+
+    with make_spool(tmp_path / "s") as spool:
+        worker = Worker(spool, {"k": lambda job, ctx: None})
+        with pytest.raises(InvalidJob, match="poll_seconds must be at least 0.01"):
+            worker.run_forever(poll_seconds=1e-9, handle_signals=False)

@@ -54,6 +54,18 @@ def _number(cast: Callable[[str], float], noun: str, *, strictly_positive: bool
 _positive_float = _number(float, "a number", strictly_positive=True)
 _nonneg_float = _number(float, "a number", strictly_positive=False)
 _positive_int = _number(int, "an integer", strictly_positive=True)
+
+
+def _poll_seconds(text: str) -> float:
+    """`--poll`: a positive number, at least the worker's floor (refused here, once, rather
+    than in each child of `--processes`)."""
+    from jobspool.queue.idle import MIN_POLL_SECONDS
+
+    value = float(_positive_float(text))
+    if value < MIN_POLL_SECONDS:
+        raise argparse.ArgumentTypeError(f"{text!r} is below {MIN_POLL_SECONDS:g} s (a safety "
+                                         "poll: new jobs wake an idle worker at once)")
+    return value
 _nonneg_int = _number(int, "an integer", strictly_positive=False)
 
 

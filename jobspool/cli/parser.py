@@ -9,6 +9,7 @@ from jobspool.cli.common import (
     _nonneg_float,
     _nonneg_int,
     _Parser,
+    _poll_seconds,
     _port,
     _positive_float,
     _positive_int,
@@ -131,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
                            help="supervise N worker processes, restarted when they die; a "
                            "sync handler past its time limit has its process replaced "
                            "(default: run in this process, no supervisor)")
-            c.add_argument("--poll", type=_positive_float, default=0.5, metavar="SECONDS",
+            c.add_argument("--poll", type=_poll_seconds, default=0.5, metavar="SECONDS",
                            help="safety poll of an idle worker: claim again at least every "
                            "SECONDS even when no arrival woke it (default: 0.5)")
             c.add_argument("--wait-for-store", type=_nonneg_float, default=30.0,

@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 NO_HINT: Any = object()
 # How often an idle `run_forever` looks for leases of dead worker processes.
 DEAD_CHECK_SECONDS = 2.0
+# The floor of a worker's safety poll: an arrival wakes an idle worker at once, and a poll
+# of 1e-9 s kept a core busy listing the directory for nothing.
+MIN_POLL_SECONDS = 0.01
 
 log = logging.getLogger("jobspool.queue.worker")
 

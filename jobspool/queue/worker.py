@@ -31,12 +31,13 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.to_thread
 
-from jobspool.errors import ConfigError, JobspoolError, RunningLoopError
+from jobspool.errors import ConfigError, InvalidJob, JobspoolError, RunningLoopError
 from jobspool.errors import WorkerCrashed as WorkerCrashed
 from jobspool.policy import Policy
 from jobspool.queue.config import Handler as Handler
 from jobspool.queue.config import WorkerConfig
 from jobspool.queue.context import Context as Context
+from jobspool.queue.idle import MIN_POLL_SECONDS
 from jobspool.queue.interrupts import stop_signals
 from jobspool.queue.job import validate_int, validate_seconds
 from jobspool.queue.layout import default_projection_uri, projection_inside_spool
@@ -311,6 +312,10 @@ class Worker:
         every run at once.
         """
         poll_seconds = validate_seconds("poll_seconds", poll_seconds, positive=True)
+        if poll_seconds < MIN_POLL_SECONDS:
+            raise InvalidJob(f"poll_seconds must be at least {MIN_POLL_SECONDS:g} (a safety "
+                             f"poll: new jobs wake an idle worker at once), got "
+                             f"{poll_seconds!r}", field="poll_seconds")
         await anyio.to_thread.run_sync(self.sink.check)
         self._begin_run()
         counters = Counters()
