@@ -141,13 +141,22 @@ def test_a_worker_or_spool_built_from_the_wrong_objects_says_what_it_needs(
     spool.close()
 
 
-def test_a_policys_base_above_the_spools_cap_is_capped_by_it() -> None:
+def test_a_policys_base_above_the_spools_cap_is_capped_by_it(
+        caplog: pytest.LogCaptureFixture) -> None:
     """DESIGN §3: backoff is capped at retry_max_seconds; a policy that leaves the cap to
-    the spool (None) is capped by the spool's, as the spool caps its own base."""
-    config = make(policies={"a": Policy(retry_base_seconds=500.0)}, retry_max_seconds=300.0)
+    the spool (None) is capped by the spool's, as the spool caps its own base. It was
+    silent: the start now says so, once, naming the kind and the way to wait longer."""
+    with caplog.at_level("WARNING", logger="jobspool"):
+        config = make({"a": sync_handler, "b": sync_handler},
+                      policies={"a": Policy(retry_base_seconds=500.0),
+                                "b": Policy(retry_base_seconds=500.0, retry_max_seconds=900.0)},
+                      retry_max_seconds=300.0)
     policy = config.retry_policy("a")
     assert policy == RetryPolicy(300.0, 300.0)
     assert max(policy.delay(n) for n in range(1, 8)) <= 300.0
+    assert config.retry_policy("b") == RetryPolicy(500.0, 900.0)
+    (warned,) = [r.getMessage() for r in caplog.records]
+    assert "kind 'a'" in warned and "500" in warned and "retry_max_seconds 300" in warned
 
 
 @pytest.mark.parametrize(("kwargs", "named"), [

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -22,6 +23,8 @@ from jobspool.errors import ConfigError
 from jobspool.policy import Policy, check_policies
 from jobspool.queue.job import Job, validate_int, validate_kind, validate_seconds
 from jobspool.queue.machine import RetryPolicy
+
+log = logging.getLogger("jobspool.queue.worker")
 
 if TYPE_CHECKING:
     from jobspool.queue.context import Context
@@ -99,6 +102,15 @@ class WorkerConfig:
         checked = check_policies(policies, table)
         # A field left None is the spool's: a policy's base above the spool's cap is capped
         # by it (DESIGN §3: backoff "capped at retry_max_seconds"), as the spool caps its own.
+        for kind, p in checked.items():
+            if p.retry_base_seconds is not None and p.retry_max_seconds is None \
+                    and p.retry_base_seconds > retry_max_seconds:
+                # Said once at start: a policy asking for 600 s retried after the spool's
+                # 300 without a word.
+                log.warning("kind %r: Policy retry_base_seconds %g is above the spool's "
+                            "retry_max_seconds %g, which caps it (give the Policy its own "
+                            "retry_max_seconds to wait longer)", kind, p.retry_base_seconds,
+                            retry_max_seconds)
         retry_policies = {
             kind: RetryPolicy(min(p.retry_base_seconds or retry_base_seconds, cap), cap)
             for kind, p in checked.items()
