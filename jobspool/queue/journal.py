@@ -50,6 +50,7 @@ from jobspool.queue.store import (
     SHORT_OF_RESOURCES,
     Change,
     Store,
+    Unflushed,
     fsync_dir,
     read_failed,
     write_atomic,
@@ -111,6 +112,7 @@ class Journal:
             # A file placed by hand may be a stale copy: claims check for newer copies of
             # what they take until `recover` has settled the spool (`SpoolLock.suspect`).
             self.index.on_foreign = self._suspect_copies
+            self.store.on_unretired = self._suspect_copies
         self._fence_path = os.path.join(self.root, FENCE_FILE)  # stat'ed at every claim
         self.fence = FenceCounter(self.lock, self._read_fence, self._write_fence,
                                   self._fence_ident)
@@ -352,7 +354,10 @@ class Journal:
                 # the caller adopts those (a claim keeps their leases, a settle counts
                 # them done) instead of believing nothing happened.
                 landed = self._landed(pairs)
-                self._retire_superseded(pairs, landed)
+                if not isinstance(exc, Unflushed):
+                    # Only once the new versions' directories are flushed may an old copy go
+                    # (store.py, step 3); else both stay, for recovery to settle by revision.
+                    self._retire_superseded(pairs, landed)
                 raise write_failed(exc, self.root, landed) from None
             raise
         self.lock.end_write(clean=True)

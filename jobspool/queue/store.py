@@ -43,7 +43,7 @@ import itertools
 import logging
 import os
 import stat
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,8 +117,17 @@ class Change:
     staged: str | None = None  # a file `prestage` already wrote and flushed with `data`
 
 
+class Unflushed(OSError):
+    """`apply` published its files but could not flush their directories: every new
+    version is visible, none confirmed durable, and no old copy was removed."""
+
+
 class Store:
     """Atomic file placement inside one spool root."""
+
+    # Called (under the spool lock) when a superseded copy could not be removed, so that
+    # claims check for stale copies until recovery runs (`SpoolLock.suspect`).
+    on_unretired: Callable[[], None] | None = None
 
     def __init__(self, root: Path, *, durable: bool = True, sync_mode: str = "auto",
                  pool_size: int = 256, file_mode: int = 0o600, dir_mode: int = 0o700) -> None:
@@ -268,10 +277,25 @@ class Store:
             raise
         dst_dirs = {ch.dst for ch, _ in staged if ch.dst is not None}
         if self.durable and dst_dirs and flush_dirs:
-            self._flush_dirs(dst_dirs, use_syncfs)
+            try:
+                self._flush_dirs(dst_dirs, use_syncfs)
+            except OSError as exc:
+                # Published, not flushed: the old copies must stay (step 3 waits for the
+                # flush), so a power loss finds the old version rather than neither.
+                raise Unflushed(exc.errno, exc.strerror, exc.filename) from exc
         for ch in changes:
             if ch.src is not None and (ch.src != ch.dst or ch.data is None):
-                self._retire(os.path.join(self.root, ch.src, ch.name))
+                path = os.path.join(self.root, ch.src, ch.name)
+                try:
+                    self._retire(path)
+                except OSError as exc:
+                    # The change is durable already: failing it here told the caller "not
+                    # confirmed durable" (false) and a settle was retried over itself. The
+                    # copy left behind is the two-copies case recovery settles.
+                    log.warning("could not remove superseded %s (%s); `jobspool recover` "
+                                "removes it", path, exc.strerror or exc)
+                    if self.on_unretired is not None:
+                        self.on_unretired()
         return dst_dirs
 
     def _check_real_dirs(self, dirs: set[str]) -> None:
