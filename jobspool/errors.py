@@ -6,6 +6,11 @@ Handler control-flow signals (`Retry`, `Fail`) are not faults and live in
 
 from __future__ import annotations
 
+import errno as _errno
+
+# What a full disk or quota answers a write with (WriteFailed.disk_full).
+FULL_DISK = frozenset({_errno.ENOSPC, _errno.EDQUOT})
+
 
 class JobspoolError(Exception):
     """Raised when jobspool refuses an operation or finds its spool unusable (the root)."""
@@ -148,6 +153,12 @@ class WriteFailed(SpoolError):
         super().__init__(message, path=path)
         self.errno = errno
         self.landed = landed
+
+    @property
+    def disk_full(self) -> bool:
+        """No space, no inodes or no quota left: a condition that passes when space is freed
+        (a worker waits it out), unlike an I/O error or a read-only filesystem."""
+        return self.errno in FULL_DISK
 
 
 class Backpressure(JobspoolError):

@@ -13,14 +13,13 @@ composes them.
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
 import random
 import threading
 from collections.abc import Callable, Iterable, Sequence
 
-from jobspool.errors import JobNotFound, JobspoolError, SpoolError, WriteFailed
+from jobspool.errors import FULL_DISK, JobNotFound, JobspoolError, SpoolError, WriteFailed
 from jobspool.queue import interrupts, machine
 from jobspool.queue.fence import (
     FENCE_FILE,
@@ -59,7 +58,6 @@ from jobspool.queue.store import (
 
 log = logging.getLogger("jobspool.queue.spool")
 
-FULL_DISK = (errno.ENOSPC, errno.EDQUOT)  # what a smaller batch may get through
 
 # Where new jobs land: the directories whose flush producers may share (groupflush.py).
 _GROUP_DIRS = frozenset({JobState.READY.value, JobState.RETRYABLE.value,
@@ -318,8 +316,10 @@ class Journal:
         for old, new in pairs:
             name = (new or old).id + JOB_SUFFIX  # type: ignore[union-attr]
             path = staged.get(new.id) if staged and new is not None and old is None else None
-            if path is not None:
-                data: bytes | None = b""  # written (and size-checked) by `prestage`
+            if path is not None and new is not None:
+                # Written (and size-checked) by `prestage`; the bytes, when the caller has
+                # them, only rewrite a staging file that vanished (`Store.apply`).
+                data: bytes | None = encoded.get(new.id, b"") if encoded else b""
             elif new is None:
                 data = None
             elif encoded is not None and new.id in encoded:

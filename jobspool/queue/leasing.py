@@ -17,7 +17,7 @@ from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from jobspool.errors import JobspoolError, JobTooLarge, LeaseLost, WriteFailed
+from jobspool.errors import FULL_DISK, JobspoolError, JobTooLarge, LeaseLost, WriteFailed
 from jobspool.queue import interrupts, liveness, machine
 from jobspool.queue.job import (
     Job,
@@ -30,7 +30,7 @@ from jobspool.queue.job import (
     validate_owner,
     validate_seconds,
 )
-from jobspool.queue.journal import FULL_DISK, Journal
+from jobspool.queue.journal import Journal
 from jobspool.queue.states import ALL_STATES, JobState
 from jobspool.queue.store import JOB_SUFFIX, Change, write_failed
 

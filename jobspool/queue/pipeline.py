@@ -46,7 +46,13 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
-from jobspool.errors import JobspoolError, StoreUnavailable, TimeLimitExceeded, WorkerCrashed
+from jobspool.errors import (
+    JobspoolError,
+    StoreUnavailable,
+    TimeLimitExceeded,
+    WorkerCrashed,
+    WriteFailed,
+)
 from jobspool.queue.async_runners import AsyncRunners
 from jobspool.queue.context import Context, Raised
 from jobspool.queue.idle import NO_HINT, IdleWaits
@@ -69,6 +75,9 @@ log = logging.getLogger("jobspool.queue.worker")
 
 # How long the first finished job of a group waits for its batch mates before settling.
 SETTLE_SECONDS = 0.05
+# On the way out, a settle refused (a full disk, an unreachable store) is tried again
+# after these pauses before what it held is released.
+_LAST_SETTLE_PAUSES = (0.2, 0.5, 1.0)
 
 
 class Pipeline(IdleWaits):
@@ -93,6 +102,7 @@ class Pipeline(IdleWaits):
         self.cap = max(config.batch_size, config.concurrency)
         self.in_hand: dict[str, Context] = {}
         self.done: list[Context] = []
+        self.refused_on_stop = False  # a settle refused while stopping: leave the loop
         self.first_done_at = 0.0
         self.wake = anyio.Event()
         self.slots = Slots(config.concurrency)
@@ -170,7 +180,7 @@ class Pipeline(IdleWaits):
             # Idle or busy with long handlers, the metrics file stays fresh while this loop
             # turns (at most one write per 5 s): `health` reads a stale one as a stuck worker.
             self.life.publish(self.counters)
-            if self.crashed is not None:
+            if self.crashed is not None or self.refused_on_stop:
                 return
             if self._settle_due():
                 group, self.done = self.done, []
@@ -245,11 +255,17 @@ class Pipeline(IdleWaits):
         except Exception as exc:  # our machinery: give the group back, carry on
             self.settle_failing = True  # no claims while the supervisor backs off
             try:
-                if isinstance(exc, StoreUnavailable) and not self.life.stopping:
-                    # The store is away for now: the results are kept and settled when it
-                    # answers again, those whose leases still hold then. Releasing them
-                    # (it fails too) threw finished work away.
+                if isinstance(exc, StoreUnavailable | WriteFailed):
+                    # The store is away or refused the write (a full disk, a deleted tmp/):
+                    # the results are kept, their leases still beaten, and settled again
+                    # after the backoff (or on the way out, `_give_back_everything`), those
+                    # whose leases still hold then. Releasing them threw finished work
+                    # away: it ran again, or (the release refused too) its lease expired
+                    # and the reclaim counted a succeeded run's attempt.
                     self._settle_later([c for c in group if not c.settled])
+                    # Stopping: the way out tries them again (a bounded number of times);
+                    # settled again here, in the loop, a lasting refusal never ended it.
+                    self.refused_on_stop = self.life.stopping
                 else:
                     await anyio.to_thread.run_sync(self.settler.release_unsettled, group)
                 await self._supervise(exc)
@@ -480,11 +496,21 @@ class Pipeline(IdleWaits):
             await anyio.sleep(0.005)
         if self.done:
             group, self.done = self.done, []
-            try:
-                await self.settler.settle(group)
-            except Exception as exc:
-                log.warning("settling on the way out failed (%s); releasing", exc)
-                await anyio.to_thread.run_sync(self.settler.release_unsettled, group)
+            for pause in (*_LAST_SETTLE_PAUSES, None):
+                try:
+                    await self.settler.settle([c for c in group if not c.settled])
+                    break
+                except Exception as exc:
+                    if pause is not None and isinstance(exc, StoreUnavailable | WriteFailed):
+                        # A moment's refusal (a full disk being freed, a deleted tmp/):
+                        # released, a finished run ran again; unreleased, its lease
+                        # expired and the reclaim charged it an attempt.
+                        log.warning("settling on the way out failed (%s); trying again in "
+                                    "%g s", exc, pause)
+                        await anyio.sleep(pause)
+                        continue
+                    log.warning("settling on the way out failed (%s); releasing", exc)
+                    await anyio.to_thread.run_sync(self.settler.release_unsettled, group)
         rest = [c for c in self.in_hand.values() if not c.settled]
         if rest:
             for scope in list(self.scopes):

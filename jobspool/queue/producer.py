@@ -65,7 +65,7 @@ class Producer:
                 out = self._insert(fresh, given=job_ids is not None, now=self.journal.now(),
                                    delay=batch.delay, run_at=at, on_conflict=batch.on_conflict,
                                    unique_states=batch.unique_states, staged=staged,
-                                   group=True)
+                                   encoded={fresh[i].id: datas[i] for i in order}, group=True)
         finally:
             self.journal.store.discard(list(staged.values()))  # whatever was not published
         # Published under the lock; durable once a flush shared with concurrent producers
@@ -87,6 +87,7 @@ class Producer:
                 unique_states: frozenset[JobState] | None = None,
                 reservation: str | None = None,
                 staged: dict[str, str] | None = None,
+                encoded: dict[str, bytes] | None = None,
                 group: bool = False) -> list[EnqueueResult]:
         """Publish new jobs; `staged` maps ids to files already written for them (those
         that get published are removed from it, the caller discards the rest). With
@@ -129,7 +130,9 @@ class Producer:
             # Backpressure counts only what this call adds to the backlog: an idempotent
             # re-enqueue of an existing job adds nothing and is never refused.
             self._admit(sum(1 for old, new in pairs if old is None or old.terminal))
-            self.journal.commit_changes(pairs, stale, staged=publish, group=group)
+            self.journal.commit_changes(pairs, stale, staged=publish, group=group,
+                                        encoded={i: encoded[i] for i in publish}
+                                        if encoded else None)
         except BaseException:
             # Not published: the caller discards them. (A refusal met after an earlier id
             # had taken its staged file left that file in tmp/ for good.)

@@ -117,6 +117,10 @@ class Change:
     staged: str | None = None  # a file `prestage` already wrote and flushed with `data`
 
 
+# How many times `apply` writes again a staging file that vanished before its rename.
+_RESTAGE_TRIES = 3
+
+
 class Unflushed(OSError):
     """`apply` published its files but could not flush their directories: every new
     version is visible, none confirmed durable, and no old copy was removed."""
@@ -264,9 +268,23 @@ class Store:
         try:
             if use_syncfs and fresh:
                 self._flush_fs()
-            for ch, tmp in staged:
+            for i, (ch, tmp) in enumerate(staged):
                 assert ch.dst is not None
-                os_replace(tmp, os.path.join(self.root, ch.dst, ch.name))
+                dst = os.path.join(self.root, ch.dst, ch.name)
+                for attempt in range(_RESTAGE_TRIES + 1):
+                    try:
+                        os_replace(tmp, dst)
+                        break
+                    except FileNotFoundError:
+                        if attempt == _RESTAGE_TRIES or not ch.data or os.path.lexists(tmp):
+                            raise
+                    # Its staging file vanished (an operator's `rm -rf tmp/` under a live
+                    # worker or producer): write it again from memory. Failing here threw
+                    # a finished run's result away, and the job ran a second time.
+                    log.warning("staging file %s vanished before it was published; "
+                                "writing it again", tmp)
+                    tmp = self._stage(ch.data, fsync=self.durable)
+                    staged[i] = (ch := Change(ch.name, ch.dst, ch.data, ch.src), tmp)
                 published += 1
         except BaseException:
             # Staged files that never got published are nobody's: remove them now rather

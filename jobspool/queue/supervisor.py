@@ -9,10 +9,11 @@ cannot work. Its memory of recent failures outlives one run, so a worker
 restarted by a loop around `run_until_idle` still gives up.
 
 A store that cannot be reached for now (`StoreUnavailable`: a PostgreSQL
-server restarting, failing over, down for minutes) is an outage, not a
-failure of ours: it is waited out, backing off to `MAX_BACKOFF_SECONDS`,
-for as long as it lasts, logged when it starts, every minute while it
-lasts, and when it ends. Giving up after five tries took every worker of
+server restarting, failing over, down for minutes), or a spool whose disk
+is full (`WriteFailed.disk_full`), is an outage, not a failure of ours:
+it is waited out, backing off to `MAX_BACKOFF_SECONDS`, for as long as it
+lasts, logged when it starts, every minute while it lasts, and when it
+ends. Giving up after five tries took every worker of
 every host down in the first 30 s of an outage, with a batch of handlers
 run for nothing.
 """
@@ -31,6 +32,7 @@ from jobspool.errors import (
     StoreUnavailable,
     WorkerCrashed,
     WorkerSpoolClosed,
+    WriteFailed,
 )
 from jobspool.queue.report import Counters
 
@@ -69,7 +71,7 @@ class Supervisor:
 
     def record(self, exc: BaseException, counters: Counters) -> WorkerCrashed | None:
         """Log and count a failure; the `WorkerCrashed` to raise when it is time to give up."""
-        if isinstance(exc, StoreUnavailable):
+        if isinstance(exc, JobspoolError) and _waited_out(exc):
             self._outage(exc)
             return None
         counters.crashes += 1
@@ -90,7 +92,7 @@ class Supervisor:
                                  f"{type(exc).__name__}: {exc}")
         return None
 
-    def _outage(self, exc: StoreUnavailable) -> None:
+    def _outage(self, exc: JobspoolError) -> None:
         now = self._clock()
         self._outage_tries += 1
         if self.outage_since is None:
@@ -116,7 +118,7 @@ class Supervisor:
         """
         gave_up = self.record(exc, counters)
         if gave_up is None:
-            tries = self._outage_tries if isinstance(exc, StoreUnavailable) else self.recent
+            tries = self._outage_tries if _waited_out(exc) else self.recent
             await self._sleep_unless_stopped(self.backoff_seconds(tries))
         return gave_up
 
@@ -127,3 +129,10 @@ class Supervisor:
             if left <= 0:
                 return
             await anyio.sleep(min(left, 0.05))
+
+
+def _waited_out(exc: BaseException) -> bool:
+    """An outage rather than a failure: the store unreachable, or its disk full. A full
+    disk made every worker give up within two seconds (five tries), with the results of
+    its finished runs thrown away; it passes once someone frees space."""
+    return isinstance(exc, StoreUnavailable) or (isinstance(exc, WriteFailed) and exc.disk_full)

@@ -47,12 +47,11 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jobspool.errors import WriteFailed
+from jobspool.errors import FULL_DISK, WriteFailed
 from jobspool.queue import liveness, machine
 from jobspool.queue import store as store_mod
 from jobspool.queue.fence import FENCE_FILE, decode_fence, encode_fence, restart_floor
 from jobspool.queue.job import survivor_key
-from jobspool.queue.journal import FULL_DISK
 from jobspool.queue.layout import ADMIN_BATCH as BATCH
 from jobspool.queue.states import CLAIMABLE, JobState
 from jobspool.queue.store import JOB_SUFFIX, TMP_DIR, Change
