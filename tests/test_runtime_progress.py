@@ -19,7 +19,7 @@ from jobspool.queue.jobprogress import (
     write_progress,
 )
 from tests.cli_harness import run_jobspool, start_jobspool
-from tests.spools import make_spool
+from tests.spools import SpoolFactory, make_spool
 from tests.waiting import wait_until
 
 GUARD = 60.0
@@ -140,3 +140,42 @@ def test_a_dead_workers_progress_is_not_shown(tmp_path: Path) -> None:
     assert shown.code == 0 and "leased" in shown.out, shown.err
     assert "progress:" not in shown.out
     assert "progress=" not in run_jobspool("list", root=root, timeout=GUARD).out
+
+
+def test_a_note_with_no_utf8_form_is_refused_at_the_call() -> None:
+    with pytest.raises(InvalidJob, match="note.*surrogate"):
+        make_progress(1, 1, None, "half \ud800 a pair")
+
+
+def test_the_heartbeats_go_on_when_writing_a_progress_fails_in_any_way(
+        make_spool: SpoolFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A progress write that raised something other than OSError ended the heartbeat
+    thread: no lease of the worker was extended again, and long jobs were taken over."""
+    from jobspool.queue import context as context_mod
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise TypeError("not what the writer expected")
+
+    monkeypatch.setattr(context_mod, "write_progress", broken)
+    spool = make_spool()  # the real clock: leases are extended in real time
+    release = threading.Event()
+
+    def work(job: Job, ctx: Context) -> str:
+        ctx.progress(1, 2, "half")
+        release.wait(GUARD)
+        return "ok"
+
+    job = spool.enqueue("work")
+    worker = Worker(spool, {"work": work}, maintenance=False, lease_seconds=1.5)
+    t = threading.Thread(target=worker.run_until_idle)
+    t.start()
+    try:
+        wait_until(lambda: spool.get(job.id).state is JobState.LEASED, GUARD, "the claim")
+        first = spool.get(job.id).lease
+        assert first is not None
+        wait_until(lambda: (spool.get(job.id).lease or first).expires_at > first.expires_at + 0.5,
+                   GUARD, "a heartbeat after the failed progress writes")
+    finally:
+        release.set()
+        t.join(GUARD)
+    assert spool.get(job.id).state is JobState.COMPLETED

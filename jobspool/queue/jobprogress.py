@@ -66,6 +66,15 @@ def make_progress(token: int, done: object, total: object, note: object) -> Prog
 
     if note is not None and not isinstance(note, str):
         raise InvalidJob(f"ctx.progress note must be a string, got {note!r}", field="note")
+    if note is not None:
+        try:
+            note.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            # Met at the flush instead, in the heartbeat thread, it ended that thread: no
+            # lease of the worker was extended again.
+            raise InvalidJob(f"ctx.progress note must be valid Unicode text: it holds "
+                             f"{note[exc.start:exc.end]!r} at {exc.start}, which has no UTF-8 "
+                             "form (a lone surrogate)", field="note") from None
     return Progress(token=token, done=number("done", done),
                     total=None if total is None else number("total", total),
                     note=None if note is None else note[:MAX_NOTE_CHARS], at=time.time())

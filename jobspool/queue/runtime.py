@@ -286,7 +286,7 @@ class Monitor:
         for c in self.contexts():
             try:
                 c.flush_progress()
-            except OSError as exc:  # advisory: never let it stop the heartbeats
+            except Exception as exc:  # advisory: never let it stop the heartbeats
                 log.debug("could not write the progress of job %s: %s", c.job_id, exc)
 
     def beat(self, now: float) -> None:
