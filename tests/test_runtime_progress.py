@@ -143,7 +143,7 @@ def test_a_dead_workers_progress_is_not_shown(tmp_path: Path) -> None:
 
 
 def test_a_note_with_no_utf8_form_is_refused_at_the_call() -> None:
-    with pytest.raises(InvalidJob, match="note.*surrogate"):
+    with pytest.raises(InvalidJob, match=r"note.*surrogate"):
         make_progress(1, 1, None, "half \ud800 a pair")
 
 
