@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from jobspool import JobState, Spool
+from jobspool.errors import WriteFailed
 from jobspool.queue import store as store_mod
 from tests.helpers_spool import FakeClock
 from tests.spools import make_spool
@@ -117,3 +118,42 @@ def test_a_change_whose_old_copy_cannot_be_removed_is_reported_done(
     durable.recover()
     assert [j.state for j in durable.jobs()] == [expected]
     assert sum(1 for _ in durable.root.glob("*/j0.json")) == 1
+
+
+def test_a_prepare_whose_flush_fails_returns_the_reservation_that_landed(
+        durable: Spool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Raised instead, the caller prepared again: a second reservation, and the first (its
+    id never returned) kept the job in `prepared` for good after the caller's abort."""
+    with monkeypatch.context() as m:
+        m.setattr(store_mod, "fsync_dir", _failing_nth(store_mod.fsync_dir, 1, errno.EIO))
+        reservation = durable.prepare("note", {"a": 1}, job_id="p1")
+    assert durable.get("p1").state is JobState.PREPARED
+    assert durable.get("p1").reservations == (reservation.reservation_id,)
+    canceled = durable.abort(reservation)
+    assert canceled is not None and canceled.state is JobState.CANCELED
+
+
+def test_a_heartbeat_the_disk_refuses_raises_instead_of_passing_for_extended(
+        durable: Spool, clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    durable.enqueue("note", job_id="j0")
+    (lease,) = durable.claim()
+    clock.advance(10)
+    with monkeypatch.context() as m, pytest.raises(WriteFailed) as caught:
+        m.setattr(store_mod, "os_replace", _failing_nth(store_mod.os_replace, 1, errno.ENOSPC))
+        durable.heartbeat(lease)
+    assert caught.value.errno == errno.ENOSPC and "\n" not in str(caught.value)
+    assert durable.get("j0").lease.expires_at == lease.expires_at  # type: ignore[union-attr]
+    assert durable.heartbeat(lease).expires_at == clock.now + 30  # the disk took it later
+
+
+def test_a_fenced_block_that_ran_is_not_reported_failed_when_its_extension_is_refused(
+        durable: Spool, monkeypatch: pytest.MonkeyPatch) -> None:
+    durable.enqueue("note", job_id="j0")
+    (lease,) = durable.claim()
+    effects = []
+    with monkeypatch.context() as m:
+        m.setattr(store_mod, "os_replace", _failing_nth(store_mod.os_replace, 1, errno.ENOSPC))
+        with durable.fenced(lease):
+            effects.append("sent")
+    assert effects == ["sent"]
+    assert durable.complete(lease).state is JobState.COMPLETED

@@ -343,9 +343,15 @@ class Leasing:
 
     def heartbeat(self, lease: Lease, *, lease_seconds: float | None = None) -> Lease:
         """Extend a lease; `LeaseLost` (and no change) unless it is current and unexpired."""
-        (out,) = self.heartbeat_many([lease], lease_seconds=lease_seconds)
+        (out,), refused = self._check_leases([lease], margin=math.inf,
+                                             lease_seconds=lease_seconds)
         if isinstance(out, LeaseLost):
             raise out
+        if refused is not None and lease.job_id not in refused.landed:
+            # Returned unextended, it passed for extended: the caller ran on, sure of a
+            # lease that expired under it. (The batch form returns it unextended: the
+            # worker's beat only needs to know it still holds.)
+            raise refused
         return out
 
     def heartbeat_many(self, leases: Sequence[Lease], *, lease_seconds: float | None = None
@@ -364,6 +370,13 @@ class Leasing:
         (written) in the same lock hold, so a caller about to do a side effect
         keeps it for at least that long.
         """
+        return self._check_leases(leases, margin=margin, lease_seconds=lease_seconds)[0]
+
+    def _check_leases(self, leases: Sequence[Lease], *, margin: float,
+                      lease_seconds: float | None) -> tuple[list[Lease | LeaseLost],
+                                                            WriteFailed | None]:
+        """`check_leases`, and the error that refused the extensions, if any."""
+        refused: WriteFailed | None = None
         seconds = self.journal.lease_seconds if lease_seconds is None else validate_seconds(
             "lease_seconds", lease_seconds, positive=True)
         out: list[Lease | LeaseLost] = []
@@ -391,11 +404,12 @@ class Leasing:
             except WriteFailed as exc:
                 # A lease whose extension did not land is still the current one, unextended.
                 log.warning("heartbeat: %s", exc)
+                refused = exc
                 given = {lease.job_id: lease for lease in leases}
                 tried = {new.id for _, new in pairs if new is not None}
                 out = [given[o.job_id] if not isinstance(o, LeaseLost) and o.job_id in tried
                        and o.job_id not in exc.landed else o for o in out]
-        return out
+        return out, refused
 
     def preload(self) -> None:
         """Read the claimable backlog into this process's claim index now.
@@ -539,4 +553,10 @@ class Leasing:
             job = self._leased_job(lease)
             new = machine.heartbeat(job, lease, now=self.journal.now(),
                                     lease_seconds=self.journal.lease_seconds, held=True)
-            self.journal.commit_changes([(job, new)])
+            try:
+                self.journal.commit_changes([(job, new)])
+            except WriteFailed as exc:
+                # The block is done, its side effect with it: raising here made the caller
+                # (or the job's retry) do it again. The lease stands, unextended.
+                log.warning("fenced block done, but its lease of job %s was not extended: "
+                            "%s", lease.job_id, exc)

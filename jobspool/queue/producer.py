@@ -9,11 +9,12 @@ batch of pure inserts shares its directory flush with concurrent producers
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from jobspool.errors import JobNotFound, SpoolError
+from jobspool.errors import JobNotFound, SpoolError, WriteFailed
 from jobspool.queue import machine
 from jobspool.queue.arguments import naming_item, new_batch, new_reservation
 from jobspool.queue.job import (
@@ -27,6 +28,8 @@ from jobspool.queue.job import (
 from jobspool.queue.journal import Journal
 from jobspool.queue.states import JobState
 from jobspool.queue.store import Change
+
+log = logging.getLogger(__name__)
 
 
 class Producer:
@@ -159,8 +162,22 @@ class Producer:
         delay = validate_delay(delay)
         encode_admitted(job, max_bytes=self.journal.max_job_bytes)
         with self.journal.lock.hold():
-            (stored,) = self._insert([job], given=job_id is not None, now=self.journal.now(),
-                                     delay=delay, run_at=at, reservation=rid)
+            try:
+                (stored,) = self._insert([job], given=job_id is not None,
+                                         now=self.journal.now(), delay=delay, run_at=at,
+                                         reservation=rid)
+            except WriteFailed as exc:
+                if jid not in exc.landed:
+                    raise
+                # Published, not confirmed durable: the reservation holds the job. Raised,
+                # the caller prepared again (a second reservation, under a new id) and the
+                # first, which no one could name, kept the job in `prepared` for good.
+                log.warning("prepare: %s; the reservation reached the disk and is returned",
+                            exc)
+                found, _ = self.journal.locate(jid)
+                if found is None or rid not in found.reservations:
+                    raise
+                return Reservation(job_id=jid, reservation_id=rid, job=found)
         return Reservation(job_id=jid, reservation_id=rid, job=stored.job)
 
     def commit(self, reservation: Reservation) -> Job:
