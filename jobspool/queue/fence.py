@@ -91,11 +91,16 @@ class FenceCounter:
     """
 
     def __init__(self, lock: SpoolLock, read_disk: Callable[[], int],
-                 write_disk: Callable[[int], None], disk_ident: Callable[[], int]) -> None:
+                 write_disk: Callable[[int], None], disk_ident: Callable[[], int],
+                 leased_top: Callable[[], int] | None = None) -> None:
         self._lock = lock
         self._read_disk = read_disk
         self._write = write_disk
         self._disk_ident = disk_ident
+        # The largest token in `leased/`, read at this process's first take: a backup of a
+        # live spool restored over it (`.lock` and `fence` with it) holds a counter below
+        # the leases it restored, and tokens 1, 2, 3 were handed out again until `recover`.
+        self._leased_top = leased_top
         # The highest token this process has seen handed out. The shared counter never goes
         # back, unless its files are overwritten under a live spool (a backup restored over
         # it: `.lock` and `fence` with them); then this process goes on above what it saw
@@ -150,6 +155,9 @@ class FenceCounter:
         self._ceiling()
         self._moved_on_disk()
         ceiling = self._ceiling()
+        if self._leased_top is not None:
+            self._seen = max(self._seen, self._leased_top())
+            self._leased_top = None
         nxt = self._lock.generation(self._lock.FENCE_NEXT_SLOT)
         if nxt < self._seen:
             log.error("the fencing counter went back from %d to %d (were the spool's .lock "

@@ -19,6 +19,8 @@ import random
 import threading
 from collections.abc import Callable, Iterable, Sequence
 
+import orjson
+
 from jobspool.errors import FULL_DISK, JobNotFound, JobspoolError, SpoolError, WriteFailed
 from jobspool.queue import interrupts, machine
 from jobspool.queue.fence import (
@@ -113,7 +115,7 @@ class Journal:
             self.store.on_unretired = self._suspect_copies
         self._fence_path = os.path.join(self.root, FENCE_FILE)  # stat'ed at every claim
         self.fence = FenceCounter(self.lock, self._read_fence, self._write_fence,
-                                  self._fence_ident)
+                                  self._fence_ident, self._leased_top)
         self._group = GroupFlush(self.root, self.lock, fsync_dir)
         self._tls = threading.local()
         if options.read_only:
@@ -502,6 +504,24 @@ class Journal:
                     "microseconds, past any token handed out) so that none is handed out "
                     "twice", self.root / FENCE_FILE, floor)
         return floor
+
+    def _leased_top(self) -> int:
+        """The largest lease token in `leased/` (0 if none can be read): one listing and
+        one small read per leased job, once per process (`FenceCounter`)."""
+        top = 0
+        try:
+            names = self.store.names(JobState.LEASED.value)
+        except (OSError, JobspoolError):
+            return 0
+        for job_id in names:
+            try:
+                doc = orjson.loads(self.store.read(JobState.LEASED.value, job_id + JOB_SUFFIX))
+                token = doc["lease"]["token"]
+            except (OSError, JobspoolError, ValueError, KeyError, TypeError):
+                continue  # gone meanwhile, or unreadable: recovery's to look at
+            if isinstance(token, int) and not isinstance(token, bool):
+                top = max(top, token)
+        return top
 
     def _fence_ident(self) -> int:
         """The fence file's identity (inode and modification time): 0 when there is none."""
