@@ -204,3 +204,32 @@ def test_a_file_that_heals_before_the_lock_is_taken_is_left_alone(spool: Spool,
         recover_mod.scan_spool = original
     assert report.quarantined == ()
     assert assert_disk_consistent(spool_root) == {"j": "ready"}
+
+
+def test_a_quarantine_move_the_disk_refuses_leaves_no_orphan_reason_and_says_so_in_a_line(
+        spool: Spool, spool_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: a bare OSError, and a `.reason` file with no quarantined file beside it,
+    invisible to `quarantine list` and never removed."""
+    import errno
+
+    from jobspool.errors import WriteFailed
+    from jobspool.queue import store as store_mod
+
+    spool.enqueue("k", job_id="good")
+    (spool_root / "ready" / "bad.json").write_bytes(b"{not json")
+
+    def refuse(src: Any, dst: Any) -> None:
+        if "quarantine" in str(dst):
+            raise OSError(errno.EIO, "injected I/O error", str(src))
+        os.replace(src, dst)
+
+    with monkeypatch.context() as m:
+        m.setattr(store_mod, "os_replace", refuse)
+        with pytest.raises(WriteFailed) as caught:
+            spool.recover()
+    assert "\n" not in str(caught.value) and "I/O error" in str(caught.value)
+    assert (spool_root / "ready" / "bad.json").exists()  # still where it was
+    assert os.listdir(spool_root / "quarantine") == []  # no orphan reason file
+    report = spool.recover()  # the disk takes it now
+    assert len(quarantined_files(spool)) == 1 and report.changed
+    assert not (spool_root / "ready" / "bad.json").exists()

@@ -47,7 +47,7 @@ from jobspool.queue.job import CorruptJob, Job, decode_job
 from jobspool.queue.layout import QUARANTINE_DIR
 from jobspool.queue.perms import set_fd_mode
 from jobspool.queue.states import JobState
-from jobspool.queue.store import JOB_SUFFIX
+from jobspool.queue.store import JOB_SUFFIX, write_failed
 from jobspool.recovery.scan import Bad, read_job
 
 if TYPE_CHECKING:
@@ -78,21 +78,25 @@ def quarantine(spool: Journal, suspects: Iterable[Bad]) -> list[tuple[str, str]]
     assert spool.lock.held, "quarantine() must run under the spool lock"
     moved: list[tuple[str, str]] = []
     dirs: set[str] = set()
-    for suspect in suspects:
-        bad = confirm(spool, suspect)
-        if bad is None:
-            continue
-        qname = _move(spool, bad)
-        if qname is not None:
-            moved.append((bad.path, qname))
-            dirs.add(bad.directory)
-            log.warning("quarantined %s as %s/%s: %s", bad.path, QUARANTINE_DIR, qname, bad.reason)
-    if moved:
-        if spool.durable:
-            store_mod.fsync_dir(spool.root / QUARANTINE_DIR)
-            for d in sorted(dirs):
-                store_mod.fsync_dir(spool.root / d)
-        spool.touch(JobState(d) for d in dirs)
+    try:
+        for suspect in suspects:
+            bad = confirm(spool, suspect)
+            if bad is None:
+                continue
+            qname = _move(spool, bad)
+            if qname is not None:
+                moved.append((bad.path, qname))
+                dirs.add(bad.directory)
+                log.warning("quarantined %s as %s/%s: %s", bad.path, QUARANTINE_DIR, qname,
+                            bad.reason)
+    finally:
+        # Also when a later move failed: the ones done are flushed and seen by claims.
+        if moved:
+            spool.touch(JobState(d) for d in dirs)
+            if spool.durable:
+                store_mod.fsync_dir(spool.root / QUARANTINE_DIR)
+                for d in sorted(dirs):
+                    store_mod.fsync_dir(spool.root / d)
     return moved
 
 
@@ -130,21 +134,28 @@ def _move(spool: Journal, bad: Bad) -> str | None:
                          os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, spool.store.file_mode)
         except FileExistsError:
             continue
-        set_fd_mode(fd, spool.store.file_mode)  # the spool's mode whatever the umask (issue 10)
         break
+    reason_path = qdir / (qname + REASON_SUFFIX)
     try:
-        view = memoryview(reason)
-        while view:
-            view = view[store_mod.os_write(fd, view):]
-        if spool.durable:
-            store_mod.os_fsync(fd)
-    finally:
-        os.close(fd)
-    try:
+        try:
+            set_fd_mode(fd, spool.store.file_mode)  # the spool's mode whatever the umask
+            view = memoryview(reason)
+            while view:
+                view = view[store_mod.os_write(fd, view):]
+            if spool.durable:
+                store_mod.os_fsync(fd)
+        finally:
+            os.close(fd)
         store_mod.os_replace(spool.root / bad.directory / bad.name, qdir / qname)
-    except FileNotFoundError:
-        os.unlink(qdir / (qname + REASON_SUFFIX))
-        return None
+    except OSError as exc:
+        # No reason file without its quarantined file: one left behind was invisible to
+        # `quarantine list` and stayed for good. The bad file stays where it was.
+        with contextlib.suppress(OSError):
+            os.unlink(reason_path)
+        if isinstance(exc, FileNotFoundError) and \
+                not os.path.lexists(spool.root / bad.directory / bad.name):
+            return None  # gone meanwhile: nothing to quarantine
+        raise write_failed(exc, spool.root) from None
     return qname
 
 
