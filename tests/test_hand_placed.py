@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from jobspool import JobState
-from jobspool.errors import CorruptFileWarning
+from jobspool.errors import CorruptFileWarning, LeaseLost
 from tests.cli_harness import start_jobspool
 from tests.spools import make_spool
 from tests.waiting import wait_until
@@ -89,3 +89,15 @@ def test_a_half_written_file_is_claimed_once_its_copy_completes(tmp_path: Path) 
         wait_until(lambda: bool(claimed.extend(lease.job_id for lease in spool.claim()))
                    or bool(claimed), GUARD_SECONDS)
         assert claimed == ["slow-copy"]
+
+
+def test_a_lease_on_a_hand_damaged_file_names_the_file_not_a_gone_job(tmp_path: Path) -> None:
+    with make_spool(tmp_path / "spool") as spool:
+        spool.enqueue("k", job_id="j1")
+        (lease,) = spool.claim()
+        path = spool.root / "leased" / "j1.json"
+        path.write_bytes(path.read_bytes()[:-20])  # a hand's edit gone wrong
+        with pytest.raises(LeaseLost) as caught:
+            spool.complete(lease)
+        assert str(path) in str(caught.value) and "recover" in str(caught.value)
+        assert "gone" not in str(caught.value)

@@ -337,8 +337,15 @@ class Leasing:
         job = self.journal.read_job(JobState.LEASED, lease.job_id)
         if job is None:
             found, _ = self.journal.locate(lease.job_id)
-            state = found.state.value if found is not None else "gone"
-            raise LeaseLost(lease.job_id, lease.token, f"job is {state}")
+            if found is not None:
+                raise LeaseLost(lease.job_id, lease.token, f"job is {found.state.value}")
+            where = self.journal.unreadable_file(lease.job_id)
+            if where is not None:
+                # "job is gone" sent the operator looking for a deleted file.
+                raise LeaseLost(lease.job_id, lease.token,
+                                f"its file {self.journal.root / where} cannot be read (edited "
+                                "or damaged; `jobspool recover` quarantines it)")
+            raise LeaseLost(lease.job_id, lease.token, "job is gone")
         return job
 
     def heartbeat(self, lease: Lease, *, lease_seconds: float | None = None) -> Lease:
