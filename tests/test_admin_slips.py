@@ -4,7 +4,9 @@ its fix: a traceback, a hang, a silent exit, a wrong answer."""
 
 from __future__ import annotations
 
+import logging
 import os
+import stat as stat_mod
 import time
 from pathlib import Path
 from typing import Any
@@ -230,3 +232,19 @@ def test_a_reader_on_a_spool_whose_lock_file_was_deleted_says_how_to_bring_it_ba
     assert "missing" in r.err and "jobspool recover" in r.err and len(r.err.splitlines()) == 1
     assert run_jobspool("--root", root, "recover").code == 0
     assert run_jobspool("--root", root, "stats").code == 0
+
+
+def test_a_spool_whose_spool_json_was_deleted_keeps_its_access_and_says_its_settings_reset(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Before: reopened (or `init` run again), it silently got default settings and its
+    directory was chmod'ed to 0700, locking out the group that shared it."""
+    root = tmp_path / "spool"
+    with make_spool(root, access="group", max_attempts=9) as spool:
+        spool.enqueue("k", job_id="j1")
+    (root / "spool.json").unlink()
+    with caplog.at_level(logging.WARNING), make_spool(root) as again:
+        assert again.settings.access == "group"
+        assert again.get("j1").state.value == "ready"
+    assert stat_mod.S_IMODE(root.stat().st_mode) == 0o2770
+    assert any("spool.json is missing" in r.getMessage() and "defaults" in r.getMessage()
+               for r in caplog.records)

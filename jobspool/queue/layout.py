@@ -22,6 +22,7 @@ import orjson
 from jobspool.errors import SpoolError
 from jobspool.queue.job import MAX_JOB_BYTES
 from jobspool.queue.perms import (
+    ACCESS_MODES,
     DEFAULT_ACCESS,
     dir_mode,
     file_mode,
@@ -215,7 +216,18 @@ def open_layout(root: Path, *, create: bool, durable: bool, read_only: bool = Fa
                     ", ".join(map(repr, unknown)),
                     ", ".join(f.name for f in fields(SpoolSettings)))
     saved = settings.get("access")
+    # A spool whose spool.json was deleted (it has jobs, a fence): its settings are gone,
+    # but its directory's mode still says who may use it; resetting that to `private`
+    # locked its group out, and defaults replaced its settings without a word.
+    orphaned = st is not None and doc is None and create and _used_spool(root)
+    if orphaned and saved is None and access is None:
+        saved = _access_of(st.st_mode) if st is not None else None
     chosen = validate_access(saved if saved is not None else (access or DEFAULT_ACCESS))
+    if orphaned:
+        log.warning("%s is missing from the spool %s (deleted?): its settings are back to "
+                    "their defaults or the ones given now (access %s kept from its mode); "
+                    "set them again with `jobspool init` options if they differed",
+                    SPOOL_FILE, root, chosen)
     if access is not None and saved is not None and access != chosen:
         # Silently keeping the saved modes would leave a service that asked for a group
         # spool with one its group cannot use (or widen nothing the caller expected).
@@ -234,7 +246,7 @@ def open_layout(root: Path, *, create: bool, durable: bool, read_only: bool = Fa
             raise SpoolError(f"cannot create spool {root}: {exc.strerror}",
                              path=str(root)) from None
         st = root.stat()
-    elif doc is None and create:
+    elif doc is None and create and not orphaned:
         os.chmod(root, dir_mode(chosen))  # an empty directory we are turning into a spool
         st = root.stat()
     refuse_foreign_writers(root, st)
@@ -301,6 +313,28 @@ def _refuse_inside_another_spool(root: Path) -> None:
                 raise SpoolError(f"{root} is inside the spool {outer}'s own {first}/, where "
                                  "that spool's recover would delete or quarantine it; put "
                                  "the new spool elsewhere", path=str(root))
+
+
+def _used_spool(root: Path) -> bool:
+    """Whether a directory without spool.json was a spool in use (a fence, or a job)."""
+    if os.path.lexists(root / "fence"):
+        return True
+    for state in ALL_STATES:
+        try:
+            with os.scandir(root / state.value) as it:
+                if any(e.name.endswith(".json") for e in it):
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def _access_of(mode: int) -> str | None:
+    """The access whose directory mode `mode` has, if any."""
+    for name, (dmode, _) in ACCESS_MODES.items():
+        if mode & 0o7777 == dmode:
+            return name
+    return None
 
 
 def _refuse_foreign_directory(root: Path) -> None:
