@@ -40,10 +40,13 @@ from jobspool.pg.opening import (
 from jobspool.pg.rows import COLUMNS, to_job
 from jobspool.queue import machine
 from jobspool.queue.arguments import (
+    check_fail_items,
+    check_flag,
     check_lease,
     check_leases,
     check_reservation,
     job_states,
+    listed,
     naming_item,
     new_batch,
     new_reservation,
@@ -425,7 +428,7 @@ class PgSpool(EnqueueForms):
         if kinds is not None:
             # Listed once: a generator or map() checked here was spent, and the claim then
             # saw no kind at all and claimed nothing, for ever (the file spool takes them).
-            kinds = [kinds] if isinstance(kinds, str) else list(kinds)
+            kinds = [kinds] if isinstance(kinds, str) else listed("kinds", kinds, "job kinds")
             for k in kinds:
                 validate_kind(k)
         return leasing.claim(self, kinds=kinds, limit=limit, owner=who, lease_seconds=seconds,
@@ -459,13 +462,14 @@ class PgSpool(EnqueueForms):
     def fail(self, lease: Lease, error: object, *, retryable: bool = True,
              delay: float | None = None) -> Job:
         check_lease(lease)
+        check_flag("retryable", retryable)
         if delay is not None:
             delay = validate_delay(delay)
         return _one(self.fail_many([(lease, error, retryable, delay)])[0])
 
     def fail_many(self, items: Sequence[tuple[Lease, object, bool, float | None]]
                   ) -> list[Job | JobspoolError]:
-        check_leases(items, pairs=True)
+        check_fail_items(items)
         return leasing.settle(self, [x[0] for x in items],
                               [("fail", (e, r, d)) for _, e, r, d in items])
 

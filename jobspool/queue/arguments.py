@@ -128,7 +128,7 @@ def list_payloads(payloads: Iterable[Any]) -> list[Any]:
     if isinstance(payloads, str | bytes | bytearray | dict):
         raise InvalidType(f"payloads must be a list of payloads, one per job, not a "
                           f"{type(payloads).__name__}", field="payloads")
-    return list(payloads)
+    return listed("payloads", payloads, "payloads, one per job")
 
 @contextlib.contextmanager
 def naming_item(index: int, count: int) -> Iterator[None]:
@@ -251,6 +251,33 @@ def check_leases(items: Iterable[object], *, pairs: bool) -> None:
         check_lease(item)
 
 
+def check_flag(name: str, value: object) -> bool:
+    """A True/False option: any other value refused (`retryable="false"` is truthy, and the
+    job was retried; `durable="false"` kept every flush)."""
+    if not isinstance(value, bool):
+        raise InvalidType(f"{name} must be True or False, got {_short(value)}", field=name)
+    return value
+
+
+def check_fail_items(items: Sequence[object]) -> None:
+    """`fail_many` items: (lease, error, retryable, delay), `retryable` a real bool."""
+    check_leases(items, pairs=True)
+    for item in items:
+        assert isinstance(item, tuple)
+        if len(item) != 4:
+            raise InvalidType(f"fail_many items are (lease, error, retryable, delay), got "
+                              f"{_short(item)}", field="items")
+        check_flag("retryable", item[2])
+
+
+def listed(name: str, value: object, what: str) -> list[Any]:
+    """An argument that takes a list (of kinds, states, ids): one line for a value that is
+    not iterable (it raised "'int' object is not iterable" from deep inside)."""
+    if isinstance(value, bytes | bytearray | dict) or not hasattr(value, "__iter__"):
+        raise InvalidType(f"{name} must be a list of {what}, got {_short(value)}", field=name)
+    return list(value)
+
+
 def check_reservation(value: object) -> None:
     if not isinstance(value, Reservation):
         raise InvalidType(f"expected a Reservation (as prepare returns), got {_short(value)}",
@@ -262,7 +289,23 @@ def _short(value: object) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-__all__ = ["Batch", "check_lease", "check_leases", "check_on_conflict", "check_reservation",
-           "check_run_at", "check_timeout", "check_unique_states", "job_ids_for", "job_states",
-           "list_payloads", "new_batch", "new_reservation", "validate_wait",
-           "wait_until_terminal"]
+__all__ = [
+    "Batch",
+    "check_fail_items",
+    "check_flag",
+    "check_lease",
+    "check_leases",
+    "check_on_conflict",
+    "check_reservation",
+    "check_run_at",
+    "check_timeout",
+    "check_unique_states",
+    "job_ids_for",
+    "job_states",
+    "list_payloads",
+    "listed",
+    "new_batch",
+    "new_reservation",
+    "validate_wait",
+    "wait_until_terminal",
+]

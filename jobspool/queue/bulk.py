@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from jobspool.errors import InvalidJob
 from jobspool.queue import machine
+from jobspool.queue.arguments import listed
 from jobspool.queue.job import Job, validate_job_id, validate_kind, validate_seconds
 from jobspool.queue.states import CANCELABLE, REQUEUEABLE, JobState, check_source
 
@@ -45,7 +46,7 @@ def _states(action: str, given: Iterable[JobState | str] | JobState | str | None
             allowed: frozenset[JobState], default: tuple[JobState, ...]) -> tuple[JobState, ...]:
     if given is None:
         return default
-    items = [given] if isinstance(given, str) else list(given)
+    items = [given] if isinstance(given, str) else listed("states", given, "job states")
     out: list[JobState] = []
     for item in items:
         try:

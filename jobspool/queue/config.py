@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from jobspool.errors import ConfigError
+from jobspool.errors import ConfigError, InvalidJob
 from jobspool.policy import Policy, check_policies
-from jobspool.queue.job import Job, validate_int, validate_kind, validate_seconds
+from jobspool.queue.arguments import listed
+from jobspool.queue.job import Job, validate_int, validate_kind, validate_owner, validate_seconds
 from jobspool.queue.machine import RetryPolicy
 
 log = logging.getLogger("jobspool.queue.worker")
@@ -88,7 +89,13 @@ class WorkerConfig:
             validate_kind(kind)
             if not callable(fn):
                 raise ConfigError(f"handler for kind {kind!r} is not callable: {fn!r}")
+            _check_arity(kind, fn)
         table = dict(handlers)
+        owner = _checked_owner(owner)
+        if kinds is not None:
+            kinds = [kinds] if isinstance(kinds, str) else listed("kinds", kinds, "job kinds")
+        if keys is not None and not isinstance(keys, Mapping):
+            raise ConfigError(f"keys must map table names to key columns, got {keys!r:.80}")
         concurrency = validate_int("concurrency", concurrency, minimum=1)
         batch_size = validate_int("batch_size", batch_size, minimum=1)
         lease = default_lease_seconds if lease_seconds is None else validate_seconds(
@@ -136,9 +143,7 @@ class WorkerConfig:
         after construction: the CLI's `--grace`, a pool child's owner name)."""
         changes: dict[str, Any] = {}
         if owner is not None:
-            if not isinstance(owner, str) or not owner:
-                raise ConfigError(f"owner must be a non-empty string, not {owner!r}")
-            changes["owner"] = owner
+            changes["owner"] = _checked_owner(owner)
         if grace_seconds is not None:
             changes["grace_seconds"] = validate_seconds("grace_seconds", grace_seconds)
         return dataclasses.replace(self, **changes)
@@ -167,3 +172,27 @@ class WorkerConfig:
         """The kind's attempt cap when its policy sets one (the job's own still applies)."""
         policy = self.policies.get(kind)
         return None if policy is None else policy.max_attempts
+
+
+def _checked_owner(owner: object) -> str:
+    """The lease owner a worker writes into every job it claims: checked at start, not at
+    the first claim (a newline or a surrogate failed there, or in the metrics file)."""
+    try:
+        return validate_owner(owner)
+    except InvalidJob as exc:
+        raise ConfigError(f"owner: {exc}") from None
+
+
+def _check_arity(kind: str, fn: Callable[..., Any]) -> None:
+    """A handler is called `fn(job, ctx)`: one that cannot take that is refused at start
+    (it failed every job of its kind, each attempt, with a TypeError)."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return  # no signature to read (a builtin, some C callables): it is called anyway
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        name = getattr(fn, "__qualname__", None) or repr(fn)
+        raise ConfigError(f"handler for kind {kind!r} must take (job, ctx), but "
+                          f"{name}{signature} cannot") from None

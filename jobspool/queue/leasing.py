@@ -19,6 +19,7 @@ from typing import Any
 
 from jobspool.errors import FULL_DISK, JobspoolError, JobTooLarge, LeaseLost, WriteFailed
 from jobspool.queue import interrupts, liveness, machine
+from jobspool.queue.arguments import listed
 from jobspool.queue.job import (
     Job,
     Lease,
@@ -68,7 +69,8 @@ class Leasing:
         if kinds is None:
             kind_set = None
         else:
-            kind_set = frozenset([kinds] if isinstance(kinds, str) else kinds)
+            kind_set = frozenset([kinds] if isinstance(kinds, str)
+                                 else listed("kinds", kinds, "job kinds"))
             for k in kind_set:
                 validate_kind(k)
         who = self.owner if owner is None else validate_owner(owner)

@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any, Self, cast
 from jobspool.errors import InvalidJob, JobNotFound, JobspoolError, LeaseLost, SpoolError
 from jobspool.queue import bulk, liveness, machine
 from jobspool.queue.arguments import (
+    check_fail_items,
+    check_flag,
     check_lease,
     check_leases,
     check_reservation,
@@ -145,6 +147,8 @@ class Spool(EnqueueForms):
                      "max_job_bytes": max_job_bytes, "max_rescues": max_rescues,
                      "prepare_grace_seconds": prepare_grace_seconds}
         check_given(persisted)
+        for name, flag in (("create", create), ("durable", durable), ("read_only", read_only)):
+            check_flag(name, flag)
         options = ProcessOptions(durable=durable, clock=clock, sync_mode=sync_mode, seed=seed,
                                  read_only=read_only, max_due=max_due,
                                  max_lag_seconds=max_lag_seconds)
@@ -306,12 +310,13 @@ class Spool(EnqueueForms):
              delay: float | None = None) -> Job:
         """Record a failed attempt: `retryable` with backoff, or `dead_letter` (fenced)."""
         check_lease(lease)
+        check_flag("retryable", retryable)
         return self.leasing.fail(lease, error, retryable=retryable, delay=delay)
 
     def fail_many(self, items: Sequence[tuple[Lease, object, bool, float | None]]
                   ) -> list[Job | JobspoolError]:
         """Fail many leases in one batch (see `complete_many`)."""
-        check_leases(items, pairs=True)
+        check_fail_items(items)
         return self.leasing.fail_many(items)
 
     def release(self, lease: Lease, *, delay: float = 0.0, reason: str | None = None) -> Job:

@@ -34,6 +34,7 @@ from jobspool.errors import (
     WorkerSpoolClosed,
     WriteFailed,
 )
+from jobspool.queue.job import validate_int, validate_seconds
 from jobspool.queue.report import Counters
 
 log = logging.getLogger("jobspool.queue.worker")
@@ -50,8 +51,11 @@ class Supervisor:
     def __init__(self, *, max_crashes: int = 5, crash_window_seconds: float = 60.0,
                  stopping: Callable[[], bool] = lambda: False,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.max_crashes = max_crashes
-        self.crash_window_seconds = crash_window_seconds
+        # Checked at the worker's construction: `nan` never gave up, "5" failed at the
+        # first failure (comparing a count with a str), 0 gave up at the first.
+        self.max_crashes = validate_int("max_crashes", max_crashes, minimum=1)
+        self.crash_window_seconds = validate_seconds("crash_window_seconds",
+                                                     crash_window_seconds, positive=True)
         self._stopping = stopping  # a stop cuts the backoff short
         self._clock = clock
         self._crash_times: list[float] = []

@@ -34,6 +34,7 @@ import anyio.to_thread
 from jobspool.errors import ConfigError, InvalidJob, JobspoolError, RunningLoopError
 from jobspool.errors import WorkerCrashed as WorkerCrashed
 from jobspool.policy import Policy
+from jobspool.queue.arguments import check_flag
 from jobspool.queue.config import Handler as Handler
 from jobspool.queue.config import WorkerConfig
 from jobspool.queue.context import Context as Context
@@ -104,6 +105,7 @@ class Worker:
         if handlers is not None and not isinstance(handlers, Mapping):
             raise TypeError(f"handlers must map job kinds to functions (a dict or an App), "
                             f"got {type(handlers).__name__}: {{'kind': handler}}")
+        check_flag("maintenance", maintenance)
         self.spool = spool
         self.config = WorkerConfig.create(
             handlers,
