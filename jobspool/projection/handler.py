@@ -34,7 +34,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from jobspool.errors import ProjectionError
+from jobspool.errors import InvalidType, ProjectionError
 
 # Reserved columns every projected table carries besides the user's columns.
 VERSION_COLUMN = "version"  # float64: the source version of the row
@@ -69,11 +69,69 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {' '.join(plain(str(exc)).split())}"[:300]
 
 
+# Quoted text in a LanceDB filter: 'string', "identifier", `identifier`. A doubled quote
+# is the quote itself; a backslash escapes nothing (checked against lancedb 0.40).
+_QUOTES = {"'": "string", '"': "quoted name", "`": "quoted name"}
+
+
+def check_filter(where: object, *, argument: str = "where") -> str:
+    """Return `where` when it is one self-contained filter expression, else raise.
+
+    `live_filter` pastes it inside parentheses ahead of the tombstone condition, so it
+    must not be able to close them: `where="true) OR (true"` returned deleted rows.
+    Refused (one line naming `argument`): a parenthesis closed before it was opened or
+    left open, an unterminated quote, a comment (`--` swallowed the tombstone condition,
+    `/* */` hides parentheses from this count), and `$` outside quotes (dollar-quoted
+    strings hide them too, and LanceDB panics on them). InvalidType when not a string.
+    """
+    if not isinstance(where, str):
+        raise InvalidType(f"argument {argument!r} must be a filter string (SQL), got "
+                          f"{type(where).__name__} {where!r:.80}", field=argument)
+    depth = 0
+    i, n = 0, len(where)
+    while i < n:
+        char = where[i]
+        if char in _QUOTES:
+            end = i + 1
+            while True:
+                end = where.find(char, end)
+                if end < 0:
+                    raise ProjectionError(f"argument {argument!r} has an unterminated "
+                                          f"{_QUOTES[char]} (a {char} opened at offset {i}): "
+                                          f"{where!r:.120}", field=argument)
+                if where.startswith(char * 2, end):
+                    end += 2  # a doubled quote stands for the quote, inside the text
+                    continue
+                break
+            i = end + 1
+            continue
+        if where.startswith(("--", "/*"), i) or char == "$":
+            what = "a comment" if char != "$" else "a '$' outside quotes"
+            raise ProjectionError(f"argument {argument!r} holds {what} at offset {i}, which a "
+                                  f"filter does not take: {where!r:.120}", field=argument)
+        if char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+            if depth < 0:
+                raise ProjectionError(f"argument {argument!r} closes a parenthesis it never "
+                                      f"opened (offset {i}): {where!r:.120}", field=argument)
+        i += 1
+    if depth:
+        raise ProjectionError(f"argument {argument!r} leaves {depth} parenthesis(es) open: "
+                              f"{where!r:.120}", field=argument)
+    return where
+
+
 def live_filter(where: str | None = None) -> str:
-    """Return a LanceDB filter that applies `where` to live rows only (tombstones excluded)."""
-    if where is None or not where.strip():
+    """Return a LanceDB filter that applies `where` to live rows only (tombstones excluded).
+
+    `where` must be one self-contained expression (see `check_filter`): raises
+    ProjectionError (one line) when it could reach past its parentheses.
+    """
+    if where is None or (isinstance(where, str) and not where.strip()):
         return LIVE_FILTER
-    return f"({where}) AND {LIVE_FILTER}"
+    return f"({check_filter(where)}) AND {LIVE_FILTER}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,6 +353,7 @@ __all__ = [
     "VERSION_COLUMN",
     "WRITTEN_AT_COLUMN",
     "PendingWrite",
+    "check_filter",
     "check_key",
     "live_filter",
     "make_delete",

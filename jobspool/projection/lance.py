@@ -47,7 +47,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from jobspool.errors import ProjectionError
+from jobspool.errors import InvalidType, ProjectionError
 from jobspool.projection import objectstore as obj
 from jobspool.projection.handler import (
     HIDDEN_COLUMNS,
@@ -191,8 +191,23 @@ class ProjectionStore:
             if self._conn is None:
                 assert self._uri is not None
                 self.check_endpoint()
-                self._conn = _connect(self._uri, self._storage_options)
+                self._check_local_directory()
+                try:
+                    self._conn = _connect(self._uri, self._storage_options)
+                except (FileExistsError, NotADirectoryError) as exc:
+                    # LanceDB makes the directory: a file in the way came out as a raw OSError.
+                    raise ProjectionError(f"projection database {self._uri!r} cannot be a "
+                                          f"directory: {_one_line(exc)}") from exc
             return self._conn
+
+    def _check_local_directory(self) -> None:
+        """Refuse a local database path that is an existing file (`/etc/passwd`): one line
+        naming it, where LanceDB raised a raw FileExistsError from its mkdir."""
+        local = obj.local_path(self._uri) if self._uri is not None else None
+        if local is not None and "://" not in local and os.path.exists(local) \
+                and not os.path.isdir(local):
+            raise ProjectionError(f"projection database {self._uri!r} is an existing file, "
+                                  "not a directory; give a directory path")
 
     def declared_schema(self, name: str) -> pa.Schema | None:
         """The stored schema declared for `name` at construction, if any."""
@@ -450,7 +465,14 @@ class LanceProjection:
         return _strip_hidden(schema.empty_table())
 
     def get(self, key: str) -> dict[str, Any] | None:
-        """Return the live row with this key (None if absent or deleted)."""
+        """Return the live row with this key (None if absent or deleted).
+
+        Raises InvalidType (a TypeError) when `key` is not a string: keys are strings,
+        and None or a number failed deep in the quoting with a raw AttributeError.
+        """
+        if not isinstance(key, str):
+            raise InvalidType(f"key of table {self.name!r} must be a string, got "
+                              f"{type(key).__name__} {key!r:.80}", field=self.key)
         tbl = self.raw
         if tbl is None:
             return None

@@ -1,0 +1,115 @@
+"""Misuse of the projection's read side: each refused with one line of the project's own errors.
+
+Before: a `where` filter could close the parentheses `live_filter` put it in, so
+`where="true) OR (true"` returned tombstoned (deleted) rows; a database path that is an
+existing file raised a raw FileExistsError from LanceDB's mkdir; and `get(None)` or
+`get(5)` raised a raw AttributeError from the quoting.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobspool.errors import InvalidType, ProjectionError
+from jobspool.projection.handler import LIVE_FILTER, live_filter
+from jobspool.projection.lance import LanceProjection
+
+
+@pytest.fixture
+def proj(tmp_path: Path) -> LanceProjection:
+    """A table with one live row `a` and one tombstone `b`."""
+    proj = LanceProjection(tmp_path / "db", "notes")
+    proj.upsert([{"id": "a", "n": 1, "text": "it's"}, {"id": "b", "n": 2, "text": "b"}], version=1)
+    proj.delete("b", version=2)
+    return proj
+
+
+# --- 1. a `where` filter cannot reach past its parentheses
+
+
+ESCAPES = [
+    "true) OR (true",
+    "n = 1) OR (_deleted = true",
+    "true) OR _deleted OR (true",
+    "true OR true --",
+    "true /* ( */ ) OR ( /* ) */ true",
+    "$$($$ = text) OR (true OR text = $$)$$",
+    "text = 'a') OR ('1' = '1",
+    "text = 'x''",
+    '"n" = 1) OR ("n" = 2',
+    "(true",
+]
+
+
+@pytest.mark.parametrize("where", ESCAPES)
+def test_a_where_filter_cannot_return_tombstones(proj: LanceProjection, where: str) -> None:
+    for read in (lambda: proj.to_arrow(where=where), lambda: proj.count(where),
+                 lambda: proj.search(where=where, limit=None)):
+        with pytest.raises(ProjectionError, match="argument 'where'") as info:
+            read()
+        assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("where", [
+    "n = 1",
+    "(n = 1) OR (n = 2 AND text = 'b')",
+    "text = 'it''s'",
+    "text = ')' OR text = '(' OR n = 1",
+    '"n" IN (1, 2)',
+    "`text` LIKE 'it%'",
+])
+def test_a_self_contained_where_filter_still_reads_live_rows_only(
+    proj: LanceProjection, where: str
+) -> None:
+    assert [r["id"] for r in proj.to_arrow(where=where).to_pylist()] == ["a"]
+    assert proj.count(where) == 1
+    assert [r["id"] for r in proj.search(where=where, limit=None).to_pylist()] == ["a"]
+
+
+def test_live_filter_refuses_an_escape_and_keeps_a_good_filter() -> None:
+    assert live_filter(None) == LIVE_FILTER and live_filter("  ") == LIVE_FILTER
+    assert live_filter("n = 1") == f"(n = 1) AND {LIVE_FILTER}"
+    with pytest.raises(ProjectionError, match="argument 'where'"):
+        live_filter("true) OR (true")
+    with pytest.raises(InvalidType, match="argument 'where'"):
+        live_filter(5)  # type: ignore[arg-type]
+
+
+# --- 2. a database path that is a file
+
+
+def test_a_database_path_that_is_a_file_is_refused_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "passwd"
+    path.write_text("root:x:0:0::/root:/bin/sh\n")
+    with pytest.raises(ProjectionError, match=r"passwd.*existing file, not a directory") as info:
+        LanceProjection(path, "notes")
+    assert "\n" not in str(info.value)
+    reader = LanceProjection(path, "notes", key="id")  # no read at construction
+    with pytest.raises(ProjectionError, match=r"passwd.*existing file"):
+        reader.get("a")
+    with pytest.raises(ProjectionError, match=r"passwd.*existing file"):
+        reader.upsert({"id": "a"})
+    assert path.read_text() == "root:x:0:0::/root:/bin/sh\n"
+
+
+def test_a_database_path_under_a_file_is_refused_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "passwd"
+    path.write_text("x")
+    proj = LanceProjection(path / "db", "notes")  # reads as absent: nothing there to read
+    with pytest.raises(ProjectionError, match=r"passwd/db.*cannot be a directory") as info:
+        proj.upsert({"id": "a"})
+    assert "\n" not in str(info.value)
+
+
+# --- 3. get() of something that is not a key
+
+
+@pytest.mark.parametrize("key", [None, 5, b"a", ["a"]])
+def test_get_refuses_a_key_that_is_not_a_string(proj: LanceProjection, key: Any) -> None:
+    with pytest.raises(InvalidType, match=f"must be a string, got {type(key).__name__}") as info:
+        proj.get(key)
+    assert isinstance(info.value, TypeError) and "\n" not in str(info.value)
+    assert proj.get("a") is not None and proj.get("b") is None
