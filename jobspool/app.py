@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
+import signal
 import sys
-from collections.abc import Callable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,6 +93,48 @@ def as_app(obj: Any, *, name: str = "app") -> App:
     return app
 
 
+def _described(exc: BaseException) -> str:
+    """`Type: message`, or the type alone for an exception without one (a bare
+    `raise KeyboardInterrupt` read `KeyboardInterrupt: `)."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+@contextlib.contextmanager
+def _signals_seen(seen: list[int]) -> Iterator[None]:
+    """Record in `seen` each SIGINT/SIGTERM arriving meanwhile, by wrapping the
+    Python handlers in place (the default Ctrl-C one, the CLI's SIGTERM one), which still
+    run and raise as before.
+
+    A KeyboardInterrupt is either a signal (an operator's Ctrl-C) or code raising it; only
+    this record tells them apart. Signals run their Python handlers in the main thread
+    only, so elsewhere nothing is wrapped and none is ever recorded; an ignored or
+    default (process-killing) disposition is left alone, since no exception comes of it.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    wrapped: list[tuple[signal.Signals, Any, Any]] = []  # (signal, wrapper, handler)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        previous = signal.getsignal(signum)
+        if not callable(previous):
+            continue
+
+        def record(num: int, frame: Any, previous: Callable[..., Any] = previous) -> Any:
+            seen.append(num)
+            return previous(num, frame)
+
+        signal.signal(signum, record)
+        wrapped.append((signum, record, previous))
+    try:
+        yield
+    finally:
+        for signum, record, previous in wrapped:
+            # A module that set its own handler as it imported keeps it.
+            if signal.getsignal(signum) is record:
+                signal.signal(signum, previous)
+
+
 def load_app(spec: str) -> App:
     """Import `MODULE:ATTR` (uvicorn/arq style) and normalize it to an `App`."""
     module_name, sep, attr = spec.partition(":")
@@ -99,8 +144,10 @@ def load_app(spec: str) -> App:
     cwd = str(Path.cwd())
     if cwd not in sys.path:
         sys.path.insert(0, cwd)
+    seen: list[int] = []  # signals that came while it imported
     try:
-        module = importlib.import_module(module_name)
+        with _signals_seen(seen):
+            module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         raise AppError(f"--app {spec!r}: cannot import module {module_name!r} ({exc})") from None
     except SystemExit as exc:
@@ -109,9 +156,18 @@ def load_app(spec: str) -> App:
         raise AppError(f"--app {spec!r}: importing {module_name!r} called sys.exit("
                        f"{exc.code!r}); is it a script rather than a module defining the "
                        "app?") from None
-    except Exception as exc:
+    except KeyboardInterrupt as exc:
+        if seen:  # a Ctrl-C (or the CLI's SIGTERM) while it imported: an interrupt, not a bug
+            raise
+        # No signal came: the module's own code raised it. Left to propagate, it read as
+        # "interrupted by SIGINT", exit 130, with nobody having pressed Ctrl-C.
+        raise AppError(f"--app {spec!r}: importing {module_name!r} failed: {_described(exc)} "
+                       "(raised by the module's code; no signal came)") from None
+    except BaseException as exc:
+        # Not an Exception (`class Boom(BaseException)`, GeneratorExit): still the module
+        # failing to import, which deserves the one line an Exception gets, not a traceback.
         raise AppError(f"--app {spec!r}: importing {module_name!r} failed: "
-                       f"{type(exc).__name__}: {exc}") from None
+                       f"{_described(exc)}") from None
     obj: Any = module
     for part in attr.split("."):
         try:

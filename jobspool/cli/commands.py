@@ -13,6 +13,7 @@ from jobspool.cli.common import (
     EXIT_UNHEALTHY,
     Refused,
     UsageError,
+    _given_root,
     _load_app,
     _make_worker,
     _open,
@@ -90,17 +91,39 @@ def _settings_dict(spool: Any) -> dict[str, Any]:
     return asdict(spool.settings)
 
 
-def _read_payload(text: str | None) -> Any:
-    """Parse PAYLOAD_JSON. The parser is lenient on purpose (NaN, Infinity, 1e999, huge
-    integers, lone surrogates are read), so that the API's payload rule refuses them with
-    the very message `Spool.enqueue` gives: one rule for API and CLI (DESIGN §9)."""
+def _read_stdin(limit: int) -> str:
+    """At most `limit` bytes of stdin, as text (bytes that are not UTF-8 kept as lone
+    surrogates, which `_read_payload` names); more than that is refused as soon as byte
+    `limit + 1` is read. Reading it all first held an endless or huge stream (`yes |`, a
+    log piped by mistake) in memory, only to refuse it as too large afterwards."""
+    buffer = getattr(sys.stdin, "buffer", None)
+    if buffer is not None:
+        data: bytes = buffer.read(limit + 1)
+        over = len(data) > limit
+        text = data.decode("utf-8", "surrogateescape")
+    else:  # a text-only stdin (an embedding caller's StringIO): count its UTF-8 bytes
+        text = sys.stdin.read(limit + 1)
+        over = len(text.encode("utf-8", "surrogateescape")) > limit
+    if over:
+        raise UsageError(f"payload from stdin is over the spool's max_job_bytes={limit} "
+                         f"bytes (stopped reading at {limit + 1})")
+    return text
+
+
+def _read_payload(text: str | None, *, stdin_limit: int | None = None) -> Any:
+    """Parse PAYLOAD_JSON, or stdin for `-` (read up to `stdin_limit` bytes). The parser is
+    lenient on purpose (NaN, Infinity, 1e999, huge integers, lone surrogates are read), so
+    that the API's payload rule refuses them with the very message `Spool.enqueue` gives:
+    one rule for API and CLI (DESIGN §9)."""
     import json
 
-    from jobspool.queue.payload import MAX_JSON_DEPTH
+    from jobspool.queue.payload import MAX_JOB_BYTES_LIMIT, MAX_JSON_DEPTH
 
     if text is None:
         return None
-    raw = sys.stdin.read() if text == "-" else text
+    # With no spool's limit given, the largest any spool may have.
+    limit = MAX_JOB_BYTES_LIMIT if stdin_limit is None else stdin_limit
+    raw = _read_stdin(limit) if text == "-" else text
     where = "stdin" if text == "-" else "PAYLOAD_JSON"
     if not raw.isascii():
         try:
@@ -142,13 +165,18 @@ def _run_at(text: str | None) -> Any:
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
-    payload = _read_payload(args.payload)
+    from_stdin = args.payload == "-"
+    # PAYLOAD_JSON is checked before the spool is opened; stdin only once the spool says
+    # how large a job may be, so that no more than that is read of it.
+    payload = None if from_stdin else _read_payload(args.payload)
     run_at = _run_at(args.run_at)
     unique = ([s.strip() for s in args.unique_states.split(",") if s.strip()]
               if args.unique_states is not None else None)
     if unique == []:  # "," or "": an empty set would make every existing job replaceable
         raise UsageError("--unique-states names no state (give e.g. ready,leased)")
     with _open(args, create=args.create) as spool:
+        if from_stdin:
+            payload = _read_payload("-", stdin_limit=spool.max_job_bytes)
         result = spool.enqueue_result(args.kind, payload, job_id=args.job_id, delay=args.delay,
                                       run_at=run_at, priority=args.priority,
                                       max_attempts=args.max_attempts,
@@ -170,7 +198,7 @@ def _setup_logging(args: argparse.Namespace) -> None:
     from jobspool.logs import setup_logging, startup
 
     setup_logging(getattr(args, "log_level", "warning"), getattr(args, "log_format", "text"))
-    startup(str(args.command), root=args.root or os.environ.get("JOBSPOOL_ROOT"),
+    startup(str(args.command), root=_given_root(args),
             **{k: getattr(args, k) for k in ("app", "concurrency", "batch_size", "kinds",
                                              "processes") if getattr(args, k, None) is not None})
 
@@ -555,7 +583,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     _setup_logging(args)
     from jobspool.demo import run_demo
 
-    return run_demo(root=args.root or os.environ.get("JOBSPOOL_ROOT"), jobs=args.jobs,
+    return run_demo(root=_given_root(args), jobs=args.jobs,
                     workers=args.workers, as_json=args.json,
                     log_json=getattr(args, "log_format", "text") == "json")
 

@@ -96,9 +96,39 @@ def _state_names() -> list[str]:
     return [s.value for s in JobState]
 
 
+def _given_root(args: argparse.Namespace) -> str | None:
+    """The root `--root` gives, else `JOBSPOOL_ROOT`, else None; refused when blank or
+    padded with whitespace. A blank one was taken as a name (`JOBSPOOL_ROOT=" "` made a
+    spool called " " in the working directory), and `--root ""` fell through to
+    `JOBSPOOL_ROOT` without a word: a script's unset variable, or a stray space in a
+    unit file, pointed commands at a spool nobody meant."""
+    root: str | None = getattr(args, "root", None)
+    where = "--root"
+    if root is None:
+        root, where = os.environ.get("JOBSPOOL_ROOT"), "JOBSPOOL_ROOT"
+        if not root:
+            return None  # set but empty is unset, as shells and most tools take it
+    stripped = root.strip()
+    if not stripped:
+        raise UsageError(f"{where} {root!r} is {'only whitespace' if root else 'empty'}: give "
+                         "a spool directory or a postgresql:// URL")
+    if root != stripped:
+        from jobspool.errors import SpoolError
+        from jobspool.urls import redact_url
+
+        # Redacted without the padding (the patterns are anchored), which is then shown:
+        # it is what is wrong. SpoolError (exit 2), as the spool layer refuses the same
+        # mistake before a URL (`queue/layout.py`).
+        lead = root[:len(root) - len(root.lstrip())]
+        shown = lead + redact_url(stripped) + root[len(root.rstrip()):]
+        raise SpoolError(f"{where} {shown!r} has leading or trailing whitespace: give the "
+                         "spool directory or URL without it", path=shown)
+    return root
+
+
 def _root(args: argparse.Namespace) -> Path:
-    root = args.root or os.environ.get("JOBSPOOL_ROOT")
-    if not root:
+    root = _given_root(args)
+    if root is None:
         raise UsageError("no spool given: pass --root DIR or set JOBSPOOL_ROOT")
     return Path(root)
 
@@ -108,7 +138,7 @@ def _root_spec(args: argparse.Namespace) -> str | Path:
     (a Path would fold its `//`)."""
     from jobspool.pg import is_url
 
-    root = args.root or os.environ.get("JOBSPOOL_ROOT")
+    root = _given_root(args)
     return str(root) if is_url(root) else _root(args)
 
 

@@ -1,0 +1,145 @@
+"""Misuse the command line survives with one line: an `--app` module raising what is not an
+Exception at import, an endless stdin payload, a blank or space-padded spool root.
+
+Each runs `python -m jobspool` as a real process: exit codes, one stderr line and no
+traceback are what only a real process shows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.cli_harness import one_error_line, reap, run_jobspool, start_jobspool
+from tests.spools import make_spool
+from tests.subproc import REPO
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    path = tmp_path / "spool"
+    make_spool(path).close()
+    return path
+
+
+def app_module(tmp_path: Path, name: str, source: str) -> dict[str, str | None]:
+    """Write `name.py` into a directory of its own; the environment that makes it importable."""
+    d = tmp_path / "apps"
+    d.mkdir(exist_ok=True)
+    (d / f"{name}.py").write_text(source)
+    return {"PYTHONPATH": os.pathsep.join([str(REPO), str(d)])}
+
+
+# ---------------------------------------------------------------- --app raising at import
+
+
+@pytest.mark.parametrize(("source", "names"), [
+    ("class Boom(BaseException):\n    pass\n\nraise Boom('kaboom')\n", ("Boom", "kaboom")),
+    ("raise GeneratorExit('not a generator')\n", ("GeneratorExit", "not a generator")),
+], ids=["custom-base-exception", "generator-exit"])
+def test_app_module_raising_a_base_exception_at_import_is_one_line(
+        tmp_path: Path, root: Path, source: str, names: tuple[str, ...]) -> None:
+    env = app_module(tmp_path, "boomapp", source)
+    with make_spool(root, create=False) as spool:
+        job = spool.enqueue("work")
+    res = run_jobspool("run-until-idle", "--app", "boomapp:app", root=root, env=env)
+    # Exit 1: what every other bad --app gets (a UsageError, jobspool.cli.common._load_app).
+    line = one_error_line(res, code=1)
+    for word in ("boomapp", *names):
+        assert word in line, line
+    with make_spool(root, create=False) as spool:
+        assert spool.get(job.id).state.value == "ready"
+
+
+def test_app_module_raising_keyboard_interrupt_at_import_is_its_failure_not_a_sigint(
+        tmp_path: Path, root: Path) -> None:
+    env = app_module(tmp_path, "kiapp", "raise KeyboardInterrupt\n")
+    res = run_jobspool("run-until-idle", "--app", "kiapp:app", root=root, env=env)
+    line = one_error_line(res, code=1)  # not 130: no signal came
+    assert "kiapp" in line and "KeyboardInterrupt" in line, line
+    assert "interrupted" not in line, line
+
+
+def test_a_real_sigint_while_the_app_module_imports_is_still_an_interrupt(
+        tmp_path: Path, root: Path) -> None:
+    # A guard for the fix above (this passed before it too): a Ctrl-C that actually came
+    # during a slow import is the operator's, exit 130 as anywhere else.
+    env = app_module(tmp_path, "slowapp", "import os, signal, time\n"
+                     "os.kill(os.getpid(), signal.SIGINT)\n"
+                     "time.sleep(30)\n")
+    res = run_jobspool("run-until-idle", "--app", "slowapp:app", root=root, env=env, timeout=60)
+    line = one_error_line(res, code=130)
+    assert "interrupted by SIGINT" in line, line
+
+
+# ---------------------------------------------------------------- enqueue KIND -
+
+
+def test_enqueue_stdin_over_the_limit_is_refused_without_reading_to_its_end(
+        tmp_path: Path) -> None:
+    root = tmp_path / "spool"
+    make_spool(root, max_job_bytes=1024).close()
+    proc = start_jobspool("--root", root, "enqueue", "work", "-", stdin=subprocess.PIPE)
+    try:
+        assert proc.stdin is not None
+        # More than the limit, and the pipe left open: a command reading stdin to its end
+        # would wait for ever (`yes | jobspool enqueue work -`).
+        proc.stdin.write(b"[" + b"1," * 2048)
+        proc.stdin.flush()
+        deadline = time.monotonic() + 30
+        while proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is not None, "enqueue kept reading stdin past the spool's limit"
+        assert proc.stderr is not None
+        err = proc.stderr.read().decode(errors="replace")
+    finally:
+        reap(proc)
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            with contextlib.suppress(BrokenPipeError):  # what was unread stays unread
+                if pipe is not None:
+                    pipe.close()
+    assert proc.returncode == 1, err
+    assert "Traceback" not in err, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("jobspool: error: "), lines
+    assert "stdin" in lines[0] and "1024" in lines[0], lines[0]
+    with make_spool(root, create=False) as spool:
+        assert spool.stats().total == 0
+
+
+# ---------------------------------------------------------------- blank or padded roots
+
+
+# Blank is bad input, exit 1 as "no spool given" is; padded is the root refused, exit 2 as the
+# spool layer already refused whitespace before a URL (tests/test_redaction.py).
+@pytest.mark.parametrize(("args", "env", "code", "shown"), [
+    ((), {"JOBSPOOL_ROOT": " "}, 1, "JOBSPOOL_ROOT ' '"),
+    # Set but empty is unset (as shells take it): "no spool given", nothing made here.
+    ((), {"JOBSPOOL_ROOT": ""}, 1, "no spool given"),
+    ((), {"JOBSPOOL_ROOT": "spool "}, 2, "JOBSPOOL_ROOT 'spool '"),
+    (("--root", ""), {}, 1, "--root ''"),
+    (("--root", "\t"), {}, 1, "--root '\\t'"),
+    (("--root", " spool"), {}, 2, "--root ' spool'"),
+    # An empty --root fell through to JOBSPOOL_ROOT without a word.
+    (("--root", ""), {"JOBSPOOL_ROOT": "envspool"}, 1, "--root ''"),
+    # Refused by the spool layer before, with the password shown (its redaction is
+    # anchored at the scheme, which the space hid).
+    (("--root", " postgresql://u:S3CRET@127.0.0.1:1/db"), {}, 2,
+     "--root ' postgresql://u:***@127.0.0.1:1/db'"),
+], ids=["env-space", "env-empty", "env-padded", "root-empty", "root-tab", "root-padded",
+        "root-empty-over-env", "root-padded-url"])
+def test_a_blank_or_padded_root_is_refused_naming_it_and_where_it_came_from(
+        tmp_path: Path, args: tuple[str, ...], env: dict[str, str | None], code: int,
+        shown: str) -> None:
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    res = run_jobspool(*args, "init", env=env, cwd=cwd)
+    line = one_error_line(res, code=code)
+    assert shown in line, line
+    assert "S3CRET" not in res.out + res.err
+    assert list(cwd.iterdir()) == [], "a spool was created in the working directory"
