@@ -116,3 +116,18 @@ def test_a_worker_given_one_kind_as_a_string_claims_that_kind(spool: Spool) -> N
     assert report.completed == 1
     assert {j.kind: j.state for j in spool.jobs()} == {"k": JobState.COMPLETED,
                                                        "other": JobState.READY}
+
+
+@pytest.mark.parametrize("root", ["", " ", "\t", " spool", "spool ",
+                                  " postgresql://u:S3CRET@127.0.0.1:1/db"])
+def test_a_blank_or_padded_spool_root_is_refused_and_nothing_is_made(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, root: str) -> None:
+    """`Spool("")` opened the working directory as a spool, `Spool(" ")` made one named " "."""
+    from jobspool.errors import SpoolError
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SpoolError) as caught:
+        Spool(root)
+    _one_line(caught.value, "spool root")
+    assert "S3CRET" not in str(caught.value)
+    assert list(tmp_path.iterdir()) == []

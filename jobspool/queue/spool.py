@@ -105,6 +105,18 @@ class Spool(EnqueueForms):
         if not isinstance(root, str | os.PathLike):
             raise TypeError(f"Spool root must be a directory path or a postgresql:// URL, "
                             f"got {root!r:.80}")
+        text = os.fspath(root)
+        if isinstance(text, str) and (not text.strip() or text != text.strip()):
+            # "" became Path("."), the working directory, and " " a spool named " " in it.
+            from jobspool.urls import redact_url
+
+            core = text.strip()
+            lead = text[:len(text) - len(text.lstrip())]
+            shown = lead + redact_url(core) + text[len(text.rstrip()):] if core else text
+            what = "is empty" if not text else ("is only whitespace" if not core
+                                               else "has leading or trailing whitespace")
+            raise SpoolError(f"spool root {shown!r} {what}: give a spool directory or a "
+                             "postgresql:// URL", path=shown)
         if is_url(root):
             from jobspool.pg.spool import PgSpool
 
