@@ -159,7 +159,7 @@ def _main(argv: Sequence[str] | None) -> int:
         _stdout_to_devnull()
         return 128 + 13  # as a command killed by SIGPIPE
     except OSError as exc:
-        from jobspool.queue.store import os_hint
+        from jobspool.queue.diskerrors import os_hint
 
         where = f": {exc.filename}" if exc.filename else ""
         hint = os_hint(exc.errno)

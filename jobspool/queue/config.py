@@ -89,7 +89,6 @@ class WorkerConfig:
             validate_kind(kind)
             if not callable(fn):
                 raise ConfigError(f"handler for kind {kind!r} is not callable: {fn!r}")
-            _check_arity(kind, fn)
         table = dict(handlers)
         owner = _checked_owner(owner)
         if kinds is not None:
@@ -106,6 +105,8 @@ class WorkerConfig:
             if missing:
                 raise ConfigError(f"kinds without a handler in this worker: "
                                   f"{', '.join(map(repr, missing))}")
+        for kind, fn in table.items():
+            _check_arity(kind, fn)
         checked = check_policies(policies, table)
         # A field left None is the spool's: a policy's base above the spool's cap is capped
         # by it (DESIGN §3: backoff "capped at retry_max_seconds"), as the spool caps its own.

@@ -23,6 +23,7 @@ import orjson
 
 from jobspool.errors import FULL_DISK, JobNotFound, JobspoolError, SpoolError, WriteFailed
 from jobspool.queue import interrupts, machine
+from jobspool.queue.diskerrors import SHORT_OF_RESOURCES, read_failed, write_failed
 from jobspool.queue.fence import (
     FENCE_FILE,
     FenceCounter,
@@ -48,14 +49,11 @@ from jobspool.queue.perms import dir_mode, file_mode
 from jobspool.queue.states import ALL_STATES, CLAIMABLE, TERMINAL, JobState
 from jobspool.queue.store import (
     JOB_SUFFIX,
-    SHORT_OF_RESOURCES,
     Change,
     Store,
     Unflushed,
     fsync_dir,
-    read_failed,
     write_atomic,
-    write_failed,
 )
 
 log = logging.getLogger("jobspool.queue.spool")

@@ -20,6 +20,7 @@ from typing import Any
 from jobspool.errors import FULL_DISK, JobspoolError, JobTooLarge, LeaseLost, WriteFailed
 from jobspool.queue import interrupts, liveness, machine
 from jobspool.queue.arguments import listed
+from jobspool.queue.diskerrors import write_failed
 from jobspool.queue.job import (
     Job,
     Lease,
@@ -33,7 +34,7 @@ from jobspool.queue.job import (
 )
 from jobspool.queue.journal import Journal
 from jobspool.queue.states import ALL_STATES, JobState
-from jobspool.queue.store import JOB_SUFFIX, Change, write_failed
+from jobspool.queue.store import JOB_SUFFIX, Change
 
 log = logging.getLogger("jobspool.queue.spool")
 

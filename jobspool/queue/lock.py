@@ -54,9 +54,9 @@ from pathlib import Path
 
 from jobspool.errors import SpoolClosed, SpoolError
 from jobspool.queue.changelog import RING_BYTES, ChangeRing
+from jobspool.queue.diskerrors import os_hint, spool_missing
 from jobspool.queue.perms import set_fd_mode
 from jobspool.queue.procid import current_pid
-from jobspool.queue.store import os_hint, spool_missing
 
 # Generations and flags in the first page, the ready/ change ring after it.
 _MAP_SIZE = 4096 + (-(-RING_BYTES // 4096)) * 4096

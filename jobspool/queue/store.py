@@ -47,8 +47,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from jobspool.errors import SpoolError, StoreUnavailable, WriteFailed
+from jobspool.errors import SpoolError
 from jobspool.queue import liveness
+from jobspool.queue.diskerrors import (
+    SHORT_OF_RESOURCES,
+    read_failed,
+    spool_missing,
+    write_failed,
+)
 from jobspool.queue.liveness import LIVE_DIR as LIVE_DIR
 from jobspool.queue.perms import make_dir, set_fd_mode
 from jobspool.queue.procid import current_pid
@@ -532,60 +538,6 @@ class Store:
         """Drop the in-memory pool list (after recovery trimmed or emptied the pool)."""
         self._pool = []
         self._pool_loaded = False
-
-
-_HINTS = {
-    errno.ENOSPC: "the disk is full (no space or no inodes left: see df -h and df -i): "
-                  "free space on it, then run `jobspool recover`",
-    errno.EDQUOT: "the disk quota is used up: raise it or free space, then run `jobspool recover`",
-    errno.EIO: "the disk reported an I/O error: check it (dmesg), then run `jobspool recover`",
-    errno.EROFS: "the filesystem is read-only: remount it read-write",
-    errno.EMFILE: "this process ran out of file descriptors: raise its limit (ulimit -n, "
-                  "systemd LimitNOFILE=) or lower --concurrency",
-    errno.ENFILE: "the system ran out of file descriptors: raise fs.file-max or stop "
-                  "what holds them",
-    errno.EACCES: "permission denied: run as the spool's owner or fix its permissions",
-    errno.EPERM: "operation not permitted: run as the spool's owner or fix its permissions",
-}
-
-
-def os_hint(errno_: int | None) -> str | None:
-    """What to do about an OS error writing a spool (ENOSPC: free space...), if known."""
-    return _HINTS.get(errno_ or 0)
-
-
-def write_failed(exc: OSError, root: Path, landed: frozenset[str] = frozenset()) -> WriteFailed:
-    """A one-line `WriteFailed` for an OSError met while writing the spool at `root`."""
-    where = exc.filename or root
-    hint = _HINTS.get(exc.errno or 0, "run `jobspool recover` once the cause is fixed")
-    message = f"cannot write to spool {root}: {exc.strerror or exc} ({where}); {hint}"
-    if landed:
-        # Said in the message too: a CLI user must not enqueue these again.
-        shown = sorted(landed)
-        message += (f"; published though not confirmed durable: {', '.join(shown[:3])}"
-                    + (f" and {len(shown) - 3} more" if len(shown) > 3 else ""))
-    return WriteFailed(message, path=str(where), errno=exc.errno, landed=landed)
-
-
-# Read errors that say nothing of the file: the process or the machine is short of
-# something for now. A job file met with one is not unreadable (quarantined, its lease
-# taken for lost), and the reader must not go on as if it were absent.
-SHORT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN,
-                                errno.EINTR, errno.ENOBUFS})
-
-
-def read_failed(exc: OSError, root: Path) -> StoreUnavailable:
-    """A one-line `StoreUnavailable` for a read that failed for want of resources."""
-    where = exc.filename or root
-    hint = _HINTS.get(exc.errno or 0, "try again once the machine has recovered")
-    return StoreUnavailable(f"cannot read spool {root}: {exc.strerror or exc} ({where}); "
-                            f"{hint}", path=str(where))
-
-
-def spool_missing(root: Path) -> SpoolError:
-    """The spool directory itself is gone under an open spool (readers and the lock)."""
-    return SpoolError(f"{root}: the spool directory is missing; was the spool deleted or "
-                      "moved while open? (`jobspool init` makes a new one)", path=str(root))
 
 
 def _naming(exc: OSError, path: Path | str) -> OSError:

@@ -42,12 +42,13 @@ import orjson
 from jobspool.errors import NotQuarantined as NotQuarantined
 from jobspool.errors import SpoolError, undecodable_escaped
 from jobspool.queue import store as store_mod
+from jobspool.queue.diskerrors import write_failed
 from jobspool.queue.fence import FENCE_FILE, decode_fence
 from jobspool.queue.job import CorruptJob, Job, decode_job
 from jobspool.queue.layout import QUARANTINE_DIR
 from jobspool.queue.perms import set_fd_mode
 from jobspool.queue.states import JobState
-from jobspool.queue.store import JOB_SUFFIX, write_failed
+from jobspool.queue.store import JOB_SUFFIX
 from jobspool.recovery.scan import Bad, read_job
 
 if TYPE_CHECKING:
