@@ -422,7 +422,7 @@ class Spool(EnqueueForms):
         return bulk.move_one(self.journal, job_id, "requeue", machine.requeue)
 
     def requeue_all(self, state: JobState | str = JobState.DEAD_LETTER) -> list[Job]:
-        """Requeue every job in `state` (dead letters by default) in one batch."""
+        """Requeue every job in `state` (dead letters by default), committed in chunks."""
         # Bulk moves take the lock only for what matched: a closed spool with nothing
         # to move answered [] (or, from cancel's autoprune, "mmap closed or invalid").
         self.lock.check_open()
