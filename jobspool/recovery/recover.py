@@ -346,10 +346,26 @@ def _reclaim(spool: Journal, scan: Scan) -> tuple[list[str], list[str], list[str
                 pairs.append((job, new))
                 extra.extend(spool.stale_removals(job_id, stale))
             spool.commit_changes(pairs, extra)
-    # Their leases are settled: the dead processes' liveness files have told all they know.
-    for ident in liveness.dead_marks(spool.root):
-        liveness.remove_dead(spool.root, ident)
+    # The dead processes' liveness files have told all they know, unless a lease still names
+    # one: a process that claimed after the scan and died during this recovery left leases
+    # this pass never saw, and removing its file hid them (from the next `recover` and from
+    # claims, which then waited out a full lease). Under the lock: no lease appears meanwhile.
+    with spool.lock.hold():
+        held = _holders(spool)
+        for ident in liveness.dead_marks(spool.root):
+            if ident not in held:
+                liveness.remove_dead(spool.root, ident)
     return reclaimed, returned, dead
+
+
+def _holders(spool: Journal) -> set[str]:
+    """The processes named by the leases in `leased/` now (one read per leased job)."""
+    out: set[str] = set()
+    for job_id in spool.store.names(JobState.LEASED.value):
+        job = spool.read_job(JobState.LEASED, job_id)
+        if job is not None and job.lease is not None and job.lease.proc is not None:
+            out.add(job.lease.proc)
+    return out
 
 
 # ---------------------------------------------------------------- 6: replay
