@@ -90,3 +90,42 @@ def test_migrate_carries_schedule_marks_and_says_what_it_did_not_copy(
     with make_spool(pg_url) as target:
         assert target.schedule_marks() == {"hourly": 1_796_299_200}
         assert target.get("order-42").kind == "other"
+
+
+def test_a_migration_run_again_after_the_source_ran_jobs_brings_them_up_to_date(
+        tmp_path: Path, pg_url: str) -> None:
+    """Interrupted, then the file spool's workers ran on, then migrate again: the jobs the
+    source finished meanwhile stayed `ready` on PostgreSQL (left alone as "already there")
+    and ran a second time there. Now a job no target worker touched takes the source's
+    newer version, and one changed on both sides is reported (exit 2)."""
+    root = tmp_path / "s"
+    with make_spool(root) as spool:
+        spool.enqueue_many("k", [{"i": 0}, {"i": 1}], job_ids=["a", "b"])
+        spool.enqueue_many("m", [{"i": 2}, {"i": 3}], job_ids=["c", "d"])
+    first = run_jobspool("--root", str(root), "migrate", "--to", pg_url, "--json")
+    assert first.returncode == 0, first.stderr
+    with make_spool(root) as spool:  # the file spool's workers ran on: all four
+        for lease in spool.claim(limit=2, kinds="k"):
+            spool.complete(lease, {"on": "file"})
+        for lease in spool.claim(limit=2, kinds="m"):
+            if lease.job_id == "c":
+                spool.fail(lease, "once more", delay=0)  # c: two runs on the file spool
+            else:
+                spool.complete(lease, {"on": "file"})
+        spool.complete(spool.claim(kinds="m")[0], {"on": "file"})
+    with make_spool(pg_url) as target:  # and a target worker ran c and d
+        for lease in target.claim(limit=2, kinds="m"):
+            target.complete(lease, {"on": "pg"})
+    again = run_jobspool("--root", str(root), "migrate", "--to", pg_url, "--json")
+    assert again.returncode == 2, again.stdout + again.stderr  # c changed on both
+    doc = json.loads(again.stdout)
+    assert doc["copied"] == 0 and doc["skipped"] == 4
+    # d ran once on each side: no newer on the source than on the target, left alone.
+    assert sorted(doc["updated_ids"]) == ["a", "b"] and doc["diverged_ids"] == ["c"]
+    assert "changed on both spools" in again.stderr
+    with make_spool(pg_url) as target:
+        states = {i: (target.get(i).state.value, target.get(i).result) for i in "abcd"}
+    assert states == {"a": ("completed", {"on": "file"}), "b": ("completed", {"on": "file"}),
+                      "c": ("completed", {"on": "pg"}), "d": ("completed", {"on": "pg"})}
+    third = run_jobspool("--root", str(root), "migrate", "--to", pg_url, "--json")
+    assert json.loads(third.stdout)["updated"] == 0  # nothing newer left to bring over

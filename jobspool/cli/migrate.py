@@ -62,9 +62,10 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     _notes(args, report, unreadable, quarantined, source.root)
     _emit(args, d, f"copied {report.copied} job(s) to {args.to.split('@')[-1]} "
                    f"({report.unleased} leased ones as ready); {len(report.skipped)} already "
-                   f"there left alone; token sequence at {report.fence}")
+                   f"there ({len(report.updated)} of them brought up to the source's newer "
+                   f"state); token sequence at {report.fence}")
     # Something was not copied that the user would lose by retiring the directory.
-    return EXIT_UNHEALTHY if report.conflicts or unreadable else EXIT_OK
+    return EXIT_UNHEALTHY if report.conflicts or report.diverged or unreadable else EXIT_OK
 
 
 def _listed(source: Any) -> tuple[int, int]:
@@ -83,6 +84,11 @@ def _notes(args: argparse.Namespace, report: Any, unreadable: int, quarantined: 
         print(f"jobspool: warning: {len(report.conflicts)} job(s) were NOT copied: the target "
               f"holds another job under the same id (another kind or payload), e.g. "
               f"{report.conflicts[0]!r}; `--json` lists them", file=sys.stderr)
+    if report.diverged:
+        print(f"jobspool: warning: {len(report.diverged)} job(s) changed on both spools since "
+              f"an earlier run of this migration (workers ran them on each), e.g. "
+              f"{report.diverged[0]!r}; they were left as the target has them: check them "
+              "(`--json` lists them)", file=sys.stderr)
     if unreadable:
         print(f"jobspool: warning: {unreadable} job file(s) could not be read and were NOT "
               f"copied (see the warnings above; `jobspool recover` moves them to "
