@@ -322,7 +322,10 @@ def restore_quarantined(spool: Journal, ident: str) -> Job:
         # The spool's mode, whatever a hand left (a 000 file came back unreadable to workers).
         with contextlib.suppress(OSError):
             os.chmod(qpath, spool.store.file_mode)
-        store_mod.os_replace(qpath, target)
+        try:
+            store_mod.os_replace(qpath, target)
+        except FileNotFoundError:
+            raise NotQuarantined(ident) from None  # purged by an older release's purge
         with contextlib.suppress(FileNotFoundError):
             os.unlink(qpath.with_name(name + REASON_SUFFIX))
         if spool.durable:
@@ -367,8 +370,11 @@ def purge_quarantined(spool: Journal, idents: Sequence[str] = (), *,
             if at is None or now - at <= older_than:
                 continue
         try:
-            for path in (qdir / name, qdir / (name + REASON_SUFFIX)):
-                _remove(path)
+            # Under the lock, as restore reads, checks and moves: purged between its read
+            # and its rename, a restore failed with a raw FileNotFoundError.
+            with spool.lock.hold():
+                for path in (qdir / name, qdir / (name + REASON_SUFFIX)):
+                    _remove(path)
         except OSError as exc:
             failed.append(f"{name}: {exc.strerror or exc}")  # the others are still purged
             continue
