@@ -179,13 +179,16 @@ def validated(s: dict[str, Any]) -> SpoolSettings:
 
 
 def check_process_options(*, pool_size: object, reconnect_seconds: object, max_due: object,
-                          max_lag_seconds: object, clock: object) -> None:
+                          max_lag_seconds: object, clock: object, durable: object = True,
+                          sync_mode: object = "auto", read_only: object = False) -> None:
     """This process's own options (not stored): the file spool's rules (`ProcessOptions`)
-    for the ones both stores take, and the pool's own."""
+    for the ones both stores take (`durable` and `sync_mode` too: ignored here, but one
+    configuration serves both stores, so a bad value is refused on both), and the pool's."""
     from jobspool.queue.options import ProcessOptions
 
     ProcessOptions(clock=time.time if clock is None else clock,  # type: ignore[arg-type]
-                   max_due=max_due, max_lag_seconds=max_lag_seconds)  # type: ignore[arg-type]
+                   max_due=max_due, max_lag_seconds=max_lag_seconds,  # type: ignore[arg-type]
+                   durable=durable, sync_mode=sync_mode, read_only=read_only)  # type: ignore[arg-type]
     validate_int("pool_size", pool_size, minimum=1)
     validate_seconds("reconnect_seconds", reconnect_seconds)
 

@@ -24,6 +24,7 @@ from jobspool.errors import (
     JobNotFound,
     JobspoolError,
     LeaseLost,
+    SpoolClosed,
     SpoolError,
 )
 from jobspool.pg import admin, leasing, marks, produce
@@ -68,6 +69,7 @@ from jobspool.queue.job import (
 )
 from jobspool.queue.layout import effective_keep_dead
 from jobspool.queue.options import checked_clock
+from jobspool.queue.perms import validate_access
 from jobspool.queue.producing import EnqueueForms
 from jobspool.queue.runs import Runs
 from jobspool.queue.states import JobState, check_source
@@ -113,10 +115,13 @@ class PgSpool(EnqueueForms):
                  max_due: int | None = None, max_lag_seconds: float | None = None,
                  **options: Any) -> None:
         self.runs = Runs()  # the workers serving on it: `close` stops them first
-        # File-spool options that mean nothing here are accepted and ignored, so one
-        # configuration serves both stores.
-        for name in ("durable", "sync_mode", "access"):
-            options.pop(name, None)
+        # File-spool options that mean nothing here are accepted (checked) and ignored, so
+        # one configuration serves both stores.
+        durable, sync_mode = options.pop("durable", True), options.pop("sync_mode", "auto")
+        access = options.pop("access", None)
+        check_flag("create", create)
+        if access is not None:
+            validate_access(access)
         unknown = set(options) - set(DEFAULTS)
         if unknown:
             raise TypeError(f"Spool() got unexpected keyword argument(s): {sorted(unknown)}")
@@ -125,7 +130,8 @@ class PgSpool(EnqueueForms):
         # stored as the schema's settings by the first open.
         validated({**DEFAULTS, **given})
         check_process_options(pool_size=pool_size, reconnect_seconds=reconnect_seconds,
-                              max_due=max_due, max_lag_seconds=max_lag_seconds, clock=clock)
+                              max_due=max_due, max_lag_seconds=max_lag_seconds, clock=clock,
+                              durable=durable, sync_mode=sync_mode, read_only=read_only)
         self.url, self.read_only = root, read_only
         self.clock = None if clock is None else checked_clock(clock)
         self.db = Database(root, pool_size=pool_size, reconnect_seconds=reconnect_seconds)
@@ -176,7 +182,16 @@ class PgSpool(EnqueueForms):
     def __repr__(self) -> str:
         return f"Spool({self.display!r})"
 
+    def __reduce__(self) -> Any:
+        # As the file spool's: "cannot pickle '_thread.lock' object" said nothing of what
+        # to do instead. The URL is shown without its password.
+        raise TypeError(f"a Spool cannot be pickled (it holds connections and locks): pass "
+                        f"its URL ({self.display!r}) to the other process and open a Spool "
+                        "there")
+
     def __enter__(self) -> PgSpool:
+        if self.db.closed:  # as the file spool: a closed spool said nothing here
+            raise SpoolClosed(self.display)
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -199,10 +199,18 @@ def clip_error(error: object) -> str:
     return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
 
 
+# How a NUL in an error or traceback is stored (SYMBOL FOR NULL).
+NUL_SHOWN = "\u2400"
+
+
 def storable_text(text: str) -> str:
     """`text` with lone surrogates (a file name `os.fsdecode` made of non-UTF-8 bytes, put
     in an exception's message) written as `\\udcff`: a job's error and traceback are
-    diagnostics, and one that JSON cannot hold made the failure impossible to record."""
+    diagnostics, and one that JSON cannot hold made the failure impossible to record.
+    A NUL is shown as U+2400 (one character, as on both stores: PostgreSQL's text cannot
+    hold NUL, and its 4-character escape took an error past `MAX_ERROR_CHARS`)."""
+    if "\x00" in text:
+        text = text.replace("\x00", NUL_SHOWN)
     if text.isascii():
         return text
     try:

@@ -450,7 +450,12 @@ class Journal:
         Only a job admitted under an older, looser rule can still be over: it is written
         anyway (logged), because refusing would wedge it — and every batch it is in.
         """
-        return fitted_anyway(job, max_bytes=self.max_job_bytes)[1]
+        return self.fit_internal(job)[1]
+
+    def fit_internal(self, job: Job) -> tuple[Job, bytes]:
+        """`encode_internal`, and the job as written (its texts cut to fit): a caller that
+        returns the job returns that one, not the uncut one `get` would not show."""
+        return fitted_anyway(job, max_bytes=self.max_job_bytes)
 
     @property
     def admission_bytes(self) -> int:

@@ -508,11 +508,11 @@ class Leasing:
                     told: JobspoolError | None = None
                     try:
                         # Encoded here, once, so one bad result refuses only its own item.
-                        encoded[new.id] = self._encode_settled(new, action)
+                        new, encoded[new.id] = self._encode_settled(new, action)
                     except JobTooLarge as exc:
                         new, told = machine.result_refused(job, lease, exc, now=now,
                                                            policy=self.journal.policy)
-                        encoded[new.id] = self.journal.encode_internal(new)
+                        new, encoded[new.id] = self.journal.fit_internal(new)
                 except JobspoolError as exc:
                     out.append(exc)
                     continue
@@ -528,11 +528,14 @@ class Leasing:
         self.journal.maybe_autoprune()
         return out
 
-    def _encode_settled(self, job: Job, action: str) -> bytes:
+    def _encode_settled(self, job: Job, action: str) -> tuple[Job, bytes]:
+        """The settled job as written, and its bytes."""
         if action != "complete":
             # A failure's error and traceback are cut to fit: recording it never fails.
-            return self.journal.encode_internal(job)
-        return encode_completed(job, max_bytes=self.journal.max_job_bytes)
+            # The job returned is the one cut (`fail` returned the whole error, which a
+            # `get` then did not show).
+            return self.journal.fit_internal(job)
+        return job, encode_completed(job, max_bytes=self.journal.max_job_bytes)
 
     def release(self, lease: Lease, *, delay: float = 0.0, reason: str | None = None) -> Job:
         """Give a leased job back without counting the attempt (fenced)."""

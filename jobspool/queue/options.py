@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jobspool.errors import InvalidJob
+from jobspool.queue.arguments import check_flag
 from jobspool.queue.job import MAX_JOB_BYTES, validate_int, validate_seconds
 from jobspool.queue.layout import SpoolSettings
 from jobspool.queue.payload import MAX_JOB_BYTES_LIMIT, MAX_RUN_AT
@@ -51,6 +52,10 @@ class DefaultInt(int):
     """The integer form of `DefaultFloat`."""
 
 
+# How a durable store flushes (store.py): per file, per filesystem, or chosen per batch.
+SYNC_MODES = ("auto", "fsync", "syncfs")
+
+
 @dataclass(frozen=True, slots=True)
 class ProcessOptions:
     """How this process uses a spool; never persisted (see the module docstring)."""
@@ -64,6 +69,11 @@ class ProcessOptions:
     max_lag_seconds: float | None = None
 
     def __post_init__(self) -> None:
+        check_flag("durable", self.durable)  # "false" is truthy: every flush was kept
+        check_flag("read_only", self.read_only)
+        if self.sync_mode not in SYNC_MODES:
+            raise InvalidJob(f"sync_mode must be one of {', '.join(SYNC_MODES)}, got "
+                             f"{self.sync_mode!r}", field="sync_mode")
         object.__setattr__(self, "clock", checked_clock(self.clock))
         if self.max_due is not None:
             validate_int("max_due", self.max_due, minimum=1)

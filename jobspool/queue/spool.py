@@ -159,8 +159,7 @@ class Spool(EnqueueForms):
                      "max_job_bytes": max_job_bytes, "max_rescues": max_rescues,
                      "prepare_grace_seconds": prepare_grace_seconds}
         check_given(persisted)
-        for name, flag in (("create", create), ("durable", durable), ("read_only", read_only)):
-            check_flag(name, flag)
+        check_flag("create", create)  # (durable and read_only: `ProcessOptions`)
         options = ProcessOptions(durable=durable, clock=clock, sync_mode=sync_mode, seed=seed,
                                  read_only=read_only, max_due=max_due,
                                  max_lag_seconds=max_lag_seconds)
