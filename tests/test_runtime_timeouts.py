@@ -223,3 +223,29 @@ def test_a_jobs_timeout_must_be_a_positive_finite_number(spool: Spool, bad: obje
     with pytest.raises(InvalidJob, match="timeout"):
         spool.enqueue("slow", timeout=bad)  # type: ignore[arg-type]
     assert list(spool.jobs()) == []
+
+
+def test_a_sync_job_whose_limit_passes_before_it_starts_is_given_back_not_failed(
+        tmp_path: Any) -> None:
+    """An async handler blocking the event loop (time.sleep) held back a sync job of a kind
+    with a time limit: the limit passed before its thread took it, and it was failed as
+    "abandoned, still running" (dead-lettered on its last attempt) though its handler was
+    never called. Now it goes back uncounted and runs once the loop is free."""
+    calls: list[str] = []
+
+    async def blocker(job: Job, ctx: Context) -> None:
+        time.sleep(0.8)  # blocks the loop: what the README tells handlers not to do
+
+    def fast(job: Job, ctx: Context) -> str:
+        calls.append(job.id)
+        return "ok"
+
+    with make_spool(tmp_path / "s") as spool:
+        spool.enqueue("blocker", job_id="blk")
+        spool.enqueue("fast", job_id="fast", max_attempts=1)
+        report = _worker(spool, {"blocker": blocker, "fast": fast},
+                         {"fast": Policy(timeout=0.3)}, concurrency=4,
+                         batch_size=4).run_until_idle()
+        assert calls == ["fast"]  # run once, when the loop was free
+        assert spool.get("fast").state is JobState.COMPLETED
+        assert report.timed_out == 0 and report.dead_lettered == 0

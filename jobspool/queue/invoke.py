@@ -19,6 +19,7 @@ import math
 import os
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -67,6 +68,7 @@ async def invoke(ctx: Context, fn: Callable[..., Any], *, is_async: bool,
     """
     kind = ctx.job.kind
     tracked: Tracked | None = None
+    gate = _StartGate()
     try:
         with anyio.move_on_after(math.inf if timeout is None else timeout) as limit:
             if is_async:
@@ -76,10 +78,30 @@ async def invoke(ctx: Context, fn: Callable[..., Any], *, is_async: bool,
                 result = await in_own_task(tracked)
             else:
                 result = await anyio.to_thread.run_sync(
-                    _in_thread, fn, ctx, limiter=threads, abandon_on_cancel=True)
+                    gate.run, fn, ctx, limiter=threads, abandon_on_cancel=True)
                 if inspect.isawaitable(result):
                     result = await result
-        if limit.cancel_called:  # the limit passed, even if the handler swallowed it
+        in_time = False
+        if limit.cancel_called and not is_async:
+            # An async handler blocking the event loop held this run back: the limit passed
+            # on the loop's clock, not necessarily in the handler. Charged as "abandoned,
+            # still running", a job whose handler never ran, or returned in time, was
+            # failed, then dead-lettered.
+            if gate.drop():
+                log.warning("job %s (%s, token %d): its time limit of %g s passed before "
+                            "its handler could start (was the event loop blocked?); given "
+                            "back uncounted", ctx.job_id, kind, ctx.token, timeout or 0.0,
+                            extra={"job_id": ctx.job_id, "kind": kind, "token": ctx.token})
+                ctx.outcome = None
+                return
+            in_time = gate.ended_within(timeout or 0.0)
+            if in_time:
+                if gate.error is not None:
+                    raise gate.error  # the handler's own failure, recorded below
+                result = gate.result
+        if in_time:
+            ctx.outcome = Completed(result)
+        elif limit.cancel_called:  # the limit passed, even if the handler swallowed it
             _timed_out(ctx, timeout or 0.0, sync=not is_async,
                        stack=tracked.stack() if tracked is not None else None)
             if not is_async:
@@ -195,6 +217,47 @@ class _Raised(Exception):
     def __init__(self, exc: BaseException) -> None:
         super().__init__(repr(exc))
         self.exc = exc
+
+
+class _StartGate:
+    """Decides, once, between a sync handler's thread starting it and the time limit
+    dropping it first: a run dropped before it began must never begin afterwards (its job
+    goes back to the queue, and another worker may take it)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._started = False
+        self._dropped = False
+        self._began = self._ended = 0.0
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def run(self, fn: Callable[..., Any], ctx: Context) -> Any:
+        with self._lock:
+            if self._dropped:
+                return None
+            self._started = True
+        self._began = time.monotonic()
+        try:
+            self.result = _in_thread(fn, ctx)
+        except BaseException as exc:
+            self.error = exc
+            raise
+        finally:
+            self._ended = time.monotonic()
+        return self.result
+
+    def ended_within(self, timeout: float) -> bool:
+        """Whether the handler returned (or raised) within `timeout` of its own start."""
+        return bool(self._ended) and self._ended - self._began <= timeout \
+            and not inspect.isawaitable(self.result)
+
+    def drop(self) -> bool:
+        """True when the handler had not started (and now never will)."""
+        with self._lock:
+            if not self._started:
+                self._dropped = True
+            return self._dropped
 
 
 def _in_thread(fn: Callable[..., Any], ctx: Context) -> Any:
