@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -242,3 +243,51 @@ def test_a_pool_stopped_before_it_spawned_everything_spawns_no_more(tmp_path: Pa
         pool.stop()  # as a signal that arrived before the spawning was done
         report = pool.run()
     assert report.started == 0
+
+
+def _children(pid: int) -> list[int]:
+    """The live child processes of `pid` (from /proc)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[1]) == pid and fields[0] != "Z":
+            out.append(int(entry))
+    return out
+
+
+def test_idle_children_killed_from_outside_are_replaced_not_taken_for_boot_failures(
+        tmp_path: Path) -> None:
+    """An operator SIGKILLing idle, healthy children (five times, each up a few seconds)
+    ended the pool: "worker processes died 5 times in a row right after starting". A
+    child that said it booted (app imported, spool open) is replaced, whatever kills it."""
+    root = tmp_path / "spool"
+    make_spool(root).close()
+    proc = _pool(root, "--processes", "2", "--poll", "0.2")
+    try:
+        killed: list[int] = []
+        for _ in range(5):
+            wait_until(lambda: [c for c in _children(proc.pid) if c not in killed], GUARD,
+                       "a child to kill", proc=proc)
+            victim = next(c for c in _children(proc.pid) if c not in killed)
+            # Booted and idle (a few seconds up, as in the report; well under the 5 s
+            # within which a death used to count as a failed start).
+            seen = time.monotonic()
+            wait_until(lambda seen=seen: time.monotonic() - seen > 1.5, GUARD, "a moment", proc=proc)
+            os.kill(victim, signal.SIGKILL)
+            killed.append(victim)
+        with make_spool(root) as spool:
+            spool.enqueue("quick", {}, job_id="after")
+        wait_until(lambda: _jobs(root, ["after"])[0].state is JobState.COMPLETED, GUARD,
+                   "the job enqueued after the kills", proc=proc)
+        assert proc.poll() is None  # still serving
+    finally:
+        if proc.poll() is None:
+            _stop(proc)
+        else:
+            reap(proc)

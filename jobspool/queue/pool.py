@@ -88,6 +88,7 @@ class _Child:
     killed_for: str | None = None  # job id whose hung handler made us kill this child
     stop_killed: bool = False  # killed for outliving its grace on shutdown
     served: bool = False  # it started a job: it booted, so its death is no boot failure
+    booted: bool = False  # it said its app and spool are ready (poolchild.py): no boot failure
     report: bytes = b""  # its counts as it last sent them (after each settle, and at exit)
 
 
@@ -315,7 +316,9 @@ class WorkerPool:
         if len(parts) < 3 or not parts[2].isdigit():
             return
         what, job_id, token = parts[0], parts[1], int(parts[2])
-        if what == "S":
+        if what == "B":
+            child.booted = True
+        elif what == "S":
             timeout = float(parts[3]) if len(parts) > 3 else 0.0
             child.running[job_id] = (token, time.monotonic(), timeout)
             child.served = True
@@ -347,7 +350,8 @@ class WorkerPool:
         lived = time.monotonic() - child.started
         # A child that started a job booted: dying in it is that job's doing (a rescue,
         # bounded by its attempts), not a reason to give up on the whole pool.
-        if not planned and code != 0 and lived < _BOOT_SECONDS and not child.served:
+        if not planned and code != 0 and lived < _BOOT_SECONDS and not child.served \
+                and not child.booted:
             self._boot_failures += 1
             if self._boot_failures >= _MAX_BOOT_FAILURES:
                 self._gave_up = (f"worker processes died {self._boot_failures} times in a row "

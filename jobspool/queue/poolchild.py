@@ -106,4 +106,8 @@ def attach_child(worker: Worker) -> Callable[[RunReport], None] | None:
         # per settled group).
         send("P " + orjson.dumps(report.to_dict()).decode())
 
+    # Booted: its app imported and its spool open. Killed from outside after this (an
+    # operator's SIGKILL of an idle child), it is no boot failure: five such deaths read
+    # "died right after starting" and the whole pool gave up.
+    send("B - 0")
     return progress
