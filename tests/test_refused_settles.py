@@ -82,34 +82,15 @@ def test_a_full_disk_is_waited_out_not_a_reason_to_give_up(
         spool.close()
 
 
-def test_a_settle_refused_on_the_way_out_is_tried_again_not_released(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _stopped_with_refusals(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                           refusals: int) -> tuple[Any, JobState, Any]:
+    """One job whose handler stops its worker (so its result is settled on the way out)
+    while the disk refuses that many settles: the run's report, the job's state, result."""
     spool = make_spool(tmp_path / "spool", max_attempts=1)
     try:
         spool.enqueue("work", {"i": 1}, job_id="j1")
         monkeypatch.setattr(spool, "complete_many",
-                            _refusing(spool.complete_many, 1, errno.ENOSPC, spool.root))
-        worker: Worker
-
-        def work(job: Any, ctx: Any) -> int:
-            worker.stop()  # the run's result is settled on the way out
-            return 7
-
-        worker = Worker(spool, handlers={"work": work}, lease_seconds=30)
-        report = worker.run_forever(handle_signals=False)
-        assert report.completed == 1 and report.released == 0
-        assert spool.get("j1").state is JobState.COMPLETED and spool.get("j1").result == 7
-    finally:
-        spool.close()
-
-
-def test_a_stop_ends_even_while_the_disk_keeps_refusing_the_settle(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    spool = make_spool(tmp_path / "spool", max_attempts=1)
-    try:
-        spool.enqueue("work", {"i": 1}, job_id="j1")
-        monkeypatch.setattr(spool, "complete_many",
-                            _refusing(spool.complete_many, 10**6, errno.ENOSPC, spool.root))
+                            _refusing(spool.complete_many, refusals, errno.ENOSPC, spool.root))
         worker: Worker
 
         def work(job: Any, ctx: Any) -> int:
@@ -117,11 +98,26 @@ def test_a_stop_ends_even_while_the_disk_keeps_refusing_the_settle(
             return 7
 
         worker = Worker(spool, handlers={"work": work}, lease_seconds=30)
-        report = worker.run_forever(handle_signals=False)  # returns: tried, then released
-        assert report.completed == 0 and report.released == 1
-        assert spool.get("j1").state is JobState.READY
+        report = worker.run_forever(handle_signals=False)
+        job = spool.get("j1")
+        return report, job.state, job.result
     finally:
         spool.close()
+
+
+def test_a_settle_refused_on_the_way_out_is_tried_again_not_released(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    report, state, result = _stopped_with_refusals(tmp_path, monkeypatch, 1)
+    assert report.completed == 1 and report.released == 0
+    assert state is JobState.COMPLETED and result == 7
+
+
+def test_a_stop_ends_even_while_the_disk_keeps_refusing_the_settle(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # run_forever returns: the settle tried again a bounded number of times, then released.
+    report, state, _ = _stopped_with_refusals(tmp_path, monkeypatch, 10**6)
+    assert report.completed == 0 and report.released == 1
+    assert state is JobState.READY
 
 
 def _removing_tmp_first(real: Callable[..., Any], root: Path) -> Callable[..., Any]:
