@@ -16,7 +16,13 @@ _KEYWORD_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S*)", re
 def redact_url(url: str) -> str:
     """`url` with its password replaced by `***`, in the `user:pw@` form, as a
     `password=` query parameter and in libpq's `password=...` keyword form; the rest is
-    kept, so the URL shown still names the spool. Anything else comes back unchanged."""
+    kept, so the URL shown still names the spool. Anything else comes back unchanged.
+    Whitespace around it is kept, and does not hide the password (the patterns are
+    anchored at the scheme: " postgresql://u:pw@h/db" was shown whole)."""
+    core = url.strip()
+    if core != url:
+        lead = url[:len(url) - len(url.lstrip())]
+        return lead + redact_url(core) + url[len(url.rstrip()):] if core else url
     if "://" not in url:
         return _KEYWORD_PASSWORD.sub(r"\1***", url)
     return _QUERY_PASSWORD.sub(r"\1***", _USERINFO_PASSWORD.sub(r"\1:***@", url))

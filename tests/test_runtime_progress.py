@@ -3,8 +3,11 @@ worker's heartbeat thread and shown by `jobspool show` and `list` while the job 
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -25,29 +28,38 @@ from tests.waiting import wait_until
 GUARD = 60.0
 
 
-def test_progress_is_readable_while_the_job_runs_and_gone_once_it_settles(
-        spool: Spool) -> None:
+@contextlib.contextmanager
+def _held_run(spool: Spool, progress: tuple[float, float, str],
+              **options: Any) -> Iterator[Job]:
+    """A worker running one `work` job whose handler reports `progress`, then waits until
+    the block ends (the run is joined on the way out)."""
     release = threading.Event()
 
     def work(job: Job, ctx: Context) -> str:
-        ctx.progress(3, 10, "step three")
+        ctx.progress(*progress)
         release.wait(GUARD)
         return "ok"
 
     job = spool.enqueue("work")
-    worker = Worker(spool, {"work": work}, maintenance=False)
+    worker = Worker(spool, {"work": work}, maintenance=False, **options)
     t = threading.Thread(target=worker.run_until_idle)
     t.start()
     try:
+        yield job
+    finally:
+        release.set()
+        t.join(GUARD)
+
+
+def test_progress_is_readable_while_the_job_runs_and_gone_once_it_settles(
+        spool: Spool) -> None:
+    with _held_run(spool, (3, 10, "step three")) as job:
         wait_until(lambda: read_progress(spool.root, spool.get(job.id)) is not None, GUARD,
                    "the handler's first progress")
         seen = read_progress(spool.root, spool.get(job.id))
         assert seen is not None
         assert (seen.done, seen.total, seen.note) == (3.0, 10.0, "step three")
         assert seen.text() == "3/10 (30%) step three"
-    finally:
-        release.set()
-        t.join(GUARD)
     assert spool.get(job.id).state is JobState.COMPLETED
     assert read_progress(spool.root, spool.get(job.id)) is None
     assert not (spool.root / PROGRESS_DIR / f"{job.id}.json").exists()
@@ -158,24 +170,10 @@ def test_the_heartbeats_go_on_when_writing_a_progress_fails_in_any_way(
 
     monkeypatch.setattr(context_mod, "write_progress", broken)
     spool = make_spool()  # the real clock: leases are extended in real time
-    release = threading.Event()
-
-    def work(job: Job, ctx: Context) -> str:
-        ctx.progress(1, 2, "half")
-        release.wait(GUARD)
-        return "ok"
-
-    job = spool.enqueue("work")
-    worker = Worker(spool, {"work": work}, maintenance=False, lease_seconds=1.5)
-    t = threading.Thread(target=worker.run_until_idle)
-    t.start()
-    try:
+    with _held_run(spool, (1, 2, "half"), lease_seconds=1.5) as job:
         wait_until(lambda: spool.get(job.id).state is JobState.LEASED, GUARD, "the claim")
         first = spool.get(job.id).lease
         assert first is not None
         wait_until(lambda: (spool.get(job.id).lease or first).expires_at > first.expires_at + 0.5,
                    GUARD, "a heartbeat after the failed progress writes")
-    finally:
-        release.set()
-        t.join(GUARD)
     assert spool.get(job.id).state is JobState.COMPLETED

@@ -116,11 +116,8 @@ def _given_root(args: argparse.Namespace) -> str | None:
         from jobspool.errors import SpoolError
         from jobspool.urls import redact_url
 
-        # Redacted without the padding (the patterns are anchored), which is then shown:
-        # it is what is wrong. SpoolError (exit 2), as the spool layer refuses the same
-        # mistake before a URL (`queue/layout.py`).
-        lead = root[:len(root) - len(root.lstrip())]
-        shown = lead + redact_url(stripped) + root[len(root.rstrip()):]
+        # SpoolError (exit 2), as the spool layer refuses the same mistake (`Spool()`).
+        shown = redact_url(root)  # the padding kept: it is what is wrong
         raise SpoolError(f"{where} {shown!r} has leading or trailing whitespace: give the "
                          "spool directory or URL without it", path=shown)
     return root

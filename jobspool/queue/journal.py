@@ -17,9 +17,7 @@ import logging
 import os
 import random
 import threading
-from collections.abc import Callable, Iterable, Sequence
-
-import orjson
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from jobspool.errors import FULL_DISK, JobNotFound, JobspoolError, SpoolError, WriteFailed
 from jobspool.queue import interrupts, machine
@@ -508,23 +506,22 @@ class Journal:
                     "twice", self.root / FENCE_FILE, floor)
         return floor
 
+    def leased_jobs(self) -> Iterator[Job]:
+        """The readable jobs in `leased/` now (one listing, one read each; an unreadable
+        file is recovery's to look at)."""
+        for job_id in self.store.names(JobState.LEASED.value):
+            job = self.read_job(JobState.LEASED, job_id)
+            if job is not None:
+                yield job
+
     def _leased_top(self) -> int:
-        """The largest lease token in `leased/` (0 if none can be read): one listing and
-        one small read per leased job, once per process (`FenceCounter`)."""
-        top = 0
+        """The largest lease token in `leased/` (0 if none can be read): read once per
+        process (`FenceCounter`)."""
         try:
-            names = self.store.names(JobState.LEASED.value)
+            return max((j.lease.token for j in self.leased_jobs() if j.lease is not None),
+                       default=0)
         except (OSError, JobspoolError):
-            return 0
-        for job_id in names:
-            try:
-                doc = orjson.loads(self.store.read(JobState.LEASED.value, job_id + JOB_SUFFIX))
-                token = doc["lease"]["token"]
-            except (OSError, JobspoolError, ValueError, KeyError, TypeError):
-                continue  # gone meanwhile, or unreadable: recovery's to look at
-            if isinstance(token, int) and not isinstance(token, bool):
-                top = max(top, token)
-        return top
+            return 0  # not even listed (out of descriptors): the shared counter stands
 
     def _fence_ident(self) -> int:
         """The fence file's identity (inode and modification time): 0 when there is none."""

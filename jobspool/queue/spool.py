@@ -110,10 +110,8 @@ class Spool(EnqueueForms):
             # "" became Path("."), the working directory, and " " a spool named " " in it.
             from jobspool.urls import redact_url
 
-            core = text.strip()
-            lead = text[:len(text) - len(text.lstrip())]
-            shown = lead + redact_url(core) + text[len(text.rstrip()):] if core else text
-            what = "is empty" if not text else ("is only whitespace" if not core
+            shown = redact_url(text)
+            what = "is empty" if not text else ("is only whitespace" if not text.strip()
                                                else "has leading or trailing whitespace")
             raise SpoolError(f"spool root {shown!r} {what}: give a spool directory or a "
                              "postgresql:// URL", path=shown)

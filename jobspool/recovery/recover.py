@@ -360,12 +360,8 @@ def _reclaim(spool: Journal, scan: Scan) -> tuple[list[str], list[str], list[str
 
 def _holders(spool: Journal) -> set[str]:
     """The processes named by the leases in `leased/` now (one read per leased job)."""
-    out: set[str] = set()
-    for job_id in spool.store.names(JobState.LEASED.value):
-        job = spool.read_job(JobState.LEASED, job_id)
-        if job is not None and job.lease is not None and job.lease.proc is not None:
-            out.add(job.lease.proc)
-    return out
+    return {j.lease.proc for j in spool.leased_jobs()
+            if j.lease is not None and j.lease.proc is not None}
 
 
 # ---------------------------------------------------------------- 6: replay
