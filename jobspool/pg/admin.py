@@ -321,6 +321,8 @@ def apply_matching(spool: PgSpool, action: str, which: Match, decide: Callable[.
                    ) -> list[Job]:
     """A bulk cancel or requeue: each job re-read under its row lock before it moves (one
     finished meanwhile is left alone); one transaction per job, so workers never wait."""
+    # Refused up front, as on the file store, even when nothing matches.
+    spool.check_writable(action)
     moved: list[Job] = []
     for job in list(iter_jobs(spool, which.states, which.kind)):
         def step(cur: Job, now: float, was: JobState = job.state) -> Job:

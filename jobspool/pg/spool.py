@@ -211,7 +211,8 @@ class PgSpool(EnqueueForms):
 
     def check_writable(self, action: str) -> None:
         if self.read_only:
-            raise SpoolError(f"cannot {action}: spool {self.display} is open read-only")
+            raise SpoolError(f"cannot {action}: spool {self.display} is open read-only "
+                             "(open it with read_only=False, as a role that may write it)")
 
     def log_swept(self, swept: list[tuple[str, str]]) -> None:
         log.warning("reclaimed %d expired lease(s): %s", len(swept),

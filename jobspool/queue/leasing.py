@@ -25,6 +25,8 @@ from jobspool.queue.job import (
     Job,
     Lease,
     encode_completed,
+    evolve,
+    json_snapshot,
     survivor_key,
     validate_delay,
     validate_int,
@@ -535,7 +537,12 @@ class Leasing:
             # The job returned is the one cut (`fail` returned the whole error, which a
             # `get` then did not show).
             return self.journal.fit_internal(job)
-        return job, encode_completed(job, max_bytes=self.journal.max_job_bytes)
+        data = encode_completed(job, max_bytes=self.journal.max_job_bytes)
+        if job.result is not None and not isinstance(job.result, (str, int, float)):
+            # The result as stored (and as `get` and the PostgreSQL store give it): lists
+            # for tuples, the caller's own dict not kept. Checked above, so the copy holds.
+            job = evolve(job, result=json_snapshot(job.result))
+        return job, data
 
     def release(self, lease: Lease, *, delay: float = 0.0, reason: str | None = None) -> Job:
         """Give a leased job back without counting the attempt (fenced)."""

@@ -107,7 +107,8 @@ def prune(spool: Journal, *, keep: int | None = None, older_than: float | None =
         limit = keep_dead if state is JobState.DEAD_LETTER else keep
         # The cheap test first: a directory within its count costs one listing (a job
         # must be beyond the count to go, whatever its age).
-        if scan is None and len(spool.store.names(state.value)) <= limit:
+        if scan is None and (n := len(spool.store.names(state.value))) <= limit:
+            kept[state.value] = n
             continue
         entries = scan.in_state(state) if scan is not None else _scan(spool, state)
         victims = _victims(entries, limit, older_than, spool.now())
@@ -116,10 +117,11 @@ def prune(spool: Journal, *, keep: int | None = None, older_than: float | None =
             removed[state].extend(gone)
             stale_removed.extend(stale)
         kept[state.value] = len(entries) - len(removed[state])
-    report = PruneReport(completed=tuple(removed[JobState.COMPLETED]),
-                         dead_letter=tuple(removed[JobState.DEAD_LETTER]),
-                         canceled=tuple(removed[JobState.CANCELED]),
-                         stale_copies=tuple(stale_removed), kept=kept)
+    # Ids in order (time-ordered ids: oldest first), as the PostgreSQL store reports them.
+    report = PruneReport(completed=tuple(sorted(removed[JobState.COMPLETED])),
+                         dead_letter=tuple(sorted(removed[JobState.DEAD_LETTER])),
+                         canceled=tuple(sorted(removed[JobState.CANCELED])),
+                         stale_copies=tuple(sorted(stale_removed)), kept=kept)
     if report.pruned:
         log.info("pruned %d terminal jobs (%s)", len(report.pruned), report.counts)
     return report
