@@ -5,14 +5,17 @@ found by trying it (a new-user pass) and failed before its fix."""
 
 from __future__ import annotations
 
+import gc
 import pickle
 import signal
 import subprocess
 import sys
 import textwrap
 import threading
+import warnings
 from pathlib import Path
 
+import anyio
 import pytest
 
 from jobspool import Context, Job, JobState, Spool, Worker
@@ -98,6 +101,25 @@ def test_run_forever_gives_the_process_its_signal_handlers_back(spool: Spool) ->
     finally:
         for s, handler in before.items():
             signal.signal(s, handler)
+
+
+def test_an_interrupt_before_run_forever_starts_leaves_no_unawaited_coroutine(
+        spool: Spool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Found in a signals pass: a Ctrl-C in the instant before the event loop ran the
+    # worker printed "coroutine 'Worker.arun_forever' was never awaited" after the
+    # one-line exit.
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(anyio, "run", interrupted)
+    worker = Worker(spool, {"k": lambda job, ctx: None}, maintenance=False)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with pytest.raises(KeyboardInterrupt):
+            worker.run_forever()
+        gc.collect()
+    assert not [w for w in seen if "never awaited" in str(w.message)], \
+        [str(w.message) for w in seen]
 
 
 def test_a_lease_of_another_spool_is_refused(tmp_path: Path) -> None:

@@ -301,7 +301,12 @@ class Worker:
         async def main() -> RunReport:
             return await coro
         # Awaitable too, so `asyncio.run(worker.run_forever())` (DESIGN §5's form) works.
-        return FinishedRun.of(anyio.run(main))
+        try:
+            return FinishedRun.of(anyio.run(main))
+        finally:
+            # A Ctrl-C before the loop first ran `main` left `coro` unstarted: closed, it
+            # adds no "coroutine ... was never awaited" warning to the one-line exit.
+            coro.close()
 
     async def arun_forever(self, *, poll_seconds: float = 0.5, handle_signals: bool = True,
                            progress: Callable[[RunReport], None] | None = None) -> RunReport:
