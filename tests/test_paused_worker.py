@@ -1,7 +1,8 @@
 """A worker paused (SIGSTOP) past its leases does not start, when it resumes, the handlers
 of jobs whose leases ran out meanwhile: another worker may have taken and finished them
 (found by a chaos run: the old run started 2 ms after SIGCONT and repeated side effects
-made outside the projection). Its result would be discarded anyway."""
+made outside the projection). Its result would be discarded anyway. It says it was paused, rather than blaming its event
+loop ("blocked ... by the worker's own code", as it did before 2026-12-04)."""
 
 from __future__ import annotations
 
@@ -37,14 +38,18 @@ def test_a_resumed_worker_does_not_start_jobs_whose_leases_ran_out(tmp_path: Pat
                     taken.append(lease.job_id)
                 time.sleep(0.1)
         assert sorted(taken) == ["j0", "j1", "j2"]
+        time.sleep(1.5)  # paused well past the 1 s a stall must last to be reported
         worker.send_signal(signal.SIGCONT)
         time.sleep(2.0)  # time to start the queued jobs, as it did
     finally:
         worker.send_signal(signal.SIGCONT)
         worker.terminate()
-        worker.communicate(timeout=60)
+        _, err = worker.communicate(timeout=60)
     started = [line.split()[0] for line in log.read_text().splitlines()]
     assert started == [first]  # nothing started after the pause
+    said = err.decode(errors="replace")
+    assert "this worker process did not run for" in said and "event loop blocked" not in said, \
+        said
     with make_spool(root) as spool:
         assert all(spool.get(f"j{i}").result == "taken over" for i in range(3))
         assert all(spool.get(f"j{i}").state is JobState.COMPLETED for i in range(3))

@@ -254,9 +254,14 @@ class Monitor:
             log.debug("could not prune stale progress files: %s", exc)
         next_beat = time.monotonic() + self.interval
         next_progress = 0.0
-        while not self._stop.wait(min(_TICK if self.contexts() else _IDLE_TICK,
-                                      max(0.005, next_beat - time.monotonic()))):
+        while True:
+            wait = min(_TICK if self.contexts() else _IDLE_TICK,
+                       max(0.005, next_beat - time.monotonic()))
+            asleep = time.monotonic()
+            if self._stop.wait(wait):
+                break
             now = time.monotonic()
+            self._watch_process(now - asleep - wait, now)
             self._watch_loop(now)
             if now >= next_progress:
                 next_progress = now + _PROGRESS_EVERY
@@ -268,6 +273,17 @@ class Monitor:
                 except Exception as exc:  # a beat failing must never end the heartbeats
                     log.warning("heartbeat failed (%s: %s); retrying at the next beat",
                                 type(exc).__name__, exc)
+
+    def _watch_process(self, late: float, now: float) -> None:
+        """This thread woke `late` seconds past its wait: when the loop stalled as long, the
+        whole process stood still (SIGSTOP, a suspended machine, swapping), not the loop
+        alone, and its leases may have run out meanwhile. Said so, not blamed on the loop
+        (the next turn of which takes the stall as its own)."""
+        if late > BLOCKED_SECONDS:
+            log.warning("this worker process did not run for %.1f s (stopped, suspended, "
+                        "swapping, or native code holding the GIL): leases that ran out "
+                        "meanwhile are lost, and their jobs go to other workers", late)
+            self.tick = max(self.tick, now)
 
     def _watch_loop(self, now: float) -> None:
         stalled = now - self.tick
