@@ -89,3 +89,29 @@ def test_pool_children_claim_only_what_they_can_start(tmp_path: Path) -> None:
         proc.communicate(timeout=GUARD)
         reap(proc)
     assert len(owners) == 2
+
+
+def test_a_child_killed_after_a_second_signal_is_not_said_to_be_past_its_grace(
+        tmp_path: Path) -> None:
+    # Found in a signals probe: a child killed after the second SIGTERM was reported as
+    # "still running past --grace" although --grace was 60 s and had not run out.
+    root = tmp_path / "s"
+    with make_spool(root) as spool:
+        job = spool.enqueue("deaf")
+    proc = start_jobspool("worker", "--app", APP, "--processes", "1", "--grace", "60",
+                          "--no-maintenance", root=root, stdout=subprocess.DEVNULL)
+    try:
+        def started() -> bool:
+            with make_spool(root) as spool:
+                return spool.get(job.id).attempts == 1
+        wait_until(started, GUARD, "the handler to start", proc=proc)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=GUARD)
+    finally:
+        reap(proc)
+    said = err.decode(errors="replace")
+    assert "still running after the second signal; killing it" in said, said
+    assert "past --grace" not in said, said

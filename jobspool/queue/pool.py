@@ -218,8 +218,10 @@ class WorkerPool:
             self._check_hung(child, now)
             if self._stop_deadline is not None and now > self._stop_deadline \
                     and not child.stop_killed:
-                log.warning("pool: worker process %d (slot %d) is still running past --grace; "
-                            "killing it", child.proc.pid, child.slot)
+                log.warning("pool: worker process %d (slot %d) is still running %s; killing "
+                            "it", child.proc.pid, child.slot,
+                            "past --grace" if self._signals == 1 else
+                            "after the second signal")
                 child.stop_killed = True
                 with contextlib.suppress(OSError):
                     child.proc.kill()
