@@ -5,12 +5,16 @@ jobs still leased to the dead process, for `lease_seconds`."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 from jobspool import JobState
+from jobspool.queue import liveness
 from tests.cli_harness import run_jobspool, start_jobspool
 from tests.spools import make_spool
+from tests.subproc import cli_env
 
 APP = "tests.apps.crashy:app"
 
@@ -55,3 +59,53 @@ def test_an_idle_worker_takes_back_a_dead_siblings_leases_long_before_they_expir
         serving.terminate()
         serving.communicate(timeout=60)
     assert states == (JobState.DEAD_LETTER, JobState.COMPLETED)  # out of its one attempt
+
+
+_CLAIM_THEN_RAISE = """
+import sys
+from jobspool import Spool
+spool = Spool(sys.argv[1])
+spool.claim(kinds="k")
+if sys.argv[2] == "settle":
+    spool.complete(spool.claim(kinds="k")[0])
+raise RuntimeError("consumer crashed")
+"""
+
+
+def test_a_process_that_exits_on_an_exception_holding_leases_is_seen_dead(
+        tmp_path: Path) -> None:
+    # Found in a README pass: the exit hook removed the process's liveness file however it
+    # exited, so an uncaught exception (or sys.exit) with leases held made it "unknown",
+    # not dead: its leases waited out lease_seconds, and `migrate` refused.
+    root = tmp_path / "spool"
+    with make_spool(root, lease_seconds=600.0) as spool:
+        spool.enqueue("k", job_id="held")
+        spool.enqueue("k", job_id="done")
+    crashed = subprocess.run([sys.executable, "-c", _CLAIM_THEN_RAISE, str(root), "settle"],
+                             env=cli_env(), capture_output=True, timeout=120, check=False)
+    assert crashed.returncode == 1 and b"consumer crashed" in crashed.stderr
+    with make_spool(root) as spool:
+        report = spool.recover()
+        assert report.leases_reclaimed == ("held",)
+        assert spool.get("held").state is JobState.RETRYABLE
+        assert spool.get("done").state is JobState.COMPLETED
+        spool.recover()
+    assert _others(root) == []  # recover removed the dead one's file
+
+
+def test_a_process_that_settled_everything_leaves_no_liveness_file(tmp_path: Path) -> None:
+    root = tmp_path / "spool"
+    with make_spool(root) as spool:
+        spool.enqueue("k", job_id="one")
+    script = ("import sys; from jobspool import Spool; s = Spool(sys.argv[1]); "
+              "s.complete(s.claim()[0])")
+    done = subprocess.run([sys.executable, "-c", script, str(root)], env=cli_env(),
+                          capture_output=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert _others(root) == []
+
+
+def _others(root: Path) -> list[str]:
+    """Liveness files of processes other than this test's own."""
+    own = liveness.process_ident() + liveness.LIVE_SUFFIX
+    return [p.name for p in (root / "live").iterdir() if p.name != own]

@@ -196,7 +196,11 @@ class Leasing:
         pairs: list[tuple[Job | None, Job | None]] = list(dead)
         leases: list[Lease] = []
         extra: list[Change] = []
-        proc = self.process_mark().ident if picked else None
+        proc = None
+        if picked:
+            mark = self.process_mark()
+            mark.claimed = True
+            proc = mark.ident
         # Tokens come from shared memory; a new ceiling, when one is due, is flushed to
         # disk here, before any of these tokens is written into a job (fence.py).
         first = self.journal.fence.take(len(picked)) if picked else 0

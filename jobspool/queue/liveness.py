@@ -93,15 +93,45 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 @atexit.register
 def _remove_own_marks() -> None:
-    # A clean exit leaves nothing to attribute; a crash skips this and leaves the
-    # unlocked file that tells recovery this process is gone.
+    # An exit that leaves nothing to attribute removes the file; a crash skips this and
+    # leaves the unlocked file that tells recovery this process is gone. So does an exit
+    # (an uncaught exception, sys.exit) that leaves leases naming this process: removed,
+    # its verdict was "unknown", and its leases waited out lease_seconds instead of being
+    # reclaimed at once (and `migrate` refused, taking it for a live worker).
     for mark in list(_marks.values()):
-        with contextlib.suppress(OSError):
-            os.unlink(mark.path)
+        if not (mark.claimed and _named_by_a_lease(mark)):
+            with contextlib.suppress(OSError):
+                os.unlink(mark.path)
         with contextlib.suppress(OSError):
             os.close(mark.fd)
     _marks.clear()
     _by_given.clear()
+
+
+def _named_by_a_lease(mark: ProcessMark) -> bool:
+    """Whether a job in `leased/` still holds a lease of this process (only asked, at exit,
+    of a process that claimed: a producer never reads the directory)."""
+    needle = mark.ident.encode()
+    try:
+        with os.scandir(mark.path.parent.parent / "leased") as entries:
+            for entry in entries:
+                try:
+                    with open(entry.path, "rb") as f:
+                        data = f.read()
+                except OSError:
+                    continue
+                if needle not in data:
+                    continue
+                try:
+                    doc = orjson.loads(data)
+                except orjson.JSONDecodeError:
+                    continue
+                lease = doc.get("lease") if isinstance(doc, dict) else None
+                if isinstance(lease, dict) and lease.get("proc") == mark.ident:
+                    return True
+    except OSError:
+        return False
+    return False
 
 
 _boot_id: str | None = None
@@ -135,6 +165,7 @@ class ProcessMark:
             self.fd = fd
             self._running: dict[int, int] = {}
             self._reports = False  # until `running` is first called: see the module docstring
+            self.claimed = False  # set by a claim: this process's exit then looks for its leases
             self._guard = threading.Lock()
             self._base = {"pid": os.getpid(), "host": socket.gethostname(), "boot": boot_id(),
                           "started": time.time()}
