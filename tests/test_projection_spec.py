@@ -100,3 +100,29 @@ def test_keys_that_disagree_with_the_projection_stores_own_are_refused(tmp_path:
     App(handlers={"k": _noop}, projection=store, keys={"docs": "doc_id"})
     Worker(spool, {"k": _noop}, projection=store)
     spool.close()
+
+
+@pytest.mark.parametrize("store_keys", [{"key": "path"}, {"keys": {"files": "path"}}],
+                         ids=["store-key", "store-keys"])
+def test_handlers_write_with_the_keys_of_the_projection_store_they_were_given(
+        tmp_path: Path, store_keys: dict[str, Any]) -> None:
+    # Found in a projection probe: the worker validated rows against its own keys ("id"),
+    # so every job writing a table the store keys on "path" was dead-lettered "row for
+    # table 'files' is missing its key field 'id'".
+    from jobspool.projection import LanceProjection
+    from jobspool.projection.lance import ProjectionStore
+
+    store = ProjectionStore(str(tmp_path / "proj"), **store_keys)
+
+    def index(job: Job, ctx: Any) -> None:
+        ctx.upsert("files", {"path": job.payload, "size": 1}, version=10)
+        ctx.delete("files", ["gone"], version=11)
+
+    with make_spool(tmp_path / "s") as spool:
+        spool.enqueue("k", "a.txt", job_id="a")
+        report = Worker(spool, {"k": index}, projection=store).run_until_idle()
+        assert report.completed == 1, spool.get("a").last_error
+    table = LanceProjection(str(tmp_path / "proj"), "files")
+    assert table.key == "path"
+    assert table.get("a.txt") == {"path": "a.txt", "size": 1, "version": 10.0, "fence": 1}
+    assert table.get("gone") is None

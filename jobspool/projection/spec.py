@@ -59,4 +59,30 @@ def check_projection(spec: Any, keys: Mapping[str, str] | None = None) -> None:
         raise ConfigError(f"projection {text!r} is a file, not a directory")
 
 
-__all__ = ["check_projection"]
+class StoreKeys(Mapping[str, str]):
+    """The key column of each table as a `ProjectionStore` merges it: its `keys`, and its
+    `key` for any other table (a mapping whose misses answer the store's default key)."""
+
+    def __init__(self, store: Any, given: Mapping[str, str]) -> None:
+        self._store = store
+        self._given = dict(given)
+
+    def __getitem__(self, table: str) -> str:
+        return self._given.get(table) or str(self._store.key_of(table))
+
+    def __iter__(self) -> Any:
+        return iter(self._given)
+
+    def __len__(self) -> int:
+        return len(self._given)
+
+
+def keys_of(spec: Any, keys: Mapping[str, str]) -> Mapping[str, str]:
+    """The keys a worker's handlers write with: a `ProjectionStore`'s own (its `keys` and
+    its `key`) when it is the projection; else those the worker was given (others: "id").
+    A worker given a store keyed on `path` validated rows against "id" and dead-lettered
+    every job that wrote one."""
+    return StoreKeys(spec, keys) if callable(getattr(spec, "key_of", None)) else keys
+
+
+__all__ = ["StoreKeys", "check_projection", "keys_of"]

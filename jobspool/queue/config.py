@@ -138,11 +138,14 @@ class WorkerConfig:
             async_kinds=frozenset(k for k, fn in table.items() if _is_async(fn)),
         )
 
-    def replace(self, *, owner: str | None = None, grace_seconds: float | None = None
-                ) -> WorkerConfig:
+    def replace(self, *, owner: str | None = None, grace_seconds: float | None = None,
+                keys: Mapping[str, str] | None = None) -> WorkerConfig:
         """This config with another owner or grace period (the two a worker lets be set
-        after construction: the CLI's `--grace`, a pool child's owner name)."""
+        after construction: the CLI's `--grace`, a pool child's owner name), or the keys
+        its projection store merges on (`projection.spec.keys_of`)."""
         changes: dict[str, Any] = {}
+        if keys is not None:
+            changes["keys"] = keys
         if owner is not None:
             changes["owner"] = _checked_owner(owner)
         if grace_seconds is not None:

@@ -122,7 +122,8 @@ class Context:
         self._progress: Progress | None = None
         self._progress_dirty = False
         self._progress_file = False
-        self._key_for = dict(key_for or {})
+        # Read-only views (a worker config's), not copied: a `StoreKeys` answers every table.
+        self._key_for: Mapping[str, str] = key_for if key_for is not None else {}
         self._mutex = threading.Lock()
         self.confirmed = time.monotonic()  # when the store last said the lease holds
 

@@ -116,9 +116,10 @@ class Worker:
             concurrency=concurrency, batch_size=batch_size, kinds=kinds,
             grace_seconds=grace_seconds, keys=keys, policies=policies)
         from jobspool.projection.objectstore import check_storage_options
-        from jobspool.projection.spec import check_projection
+        from jobspool.projection.spec import check_projection, keys_of
 
         check_projection(projection, self.config.keys)
+        self.config = self.config.replace(keys=keys_of(projection, self.config.keys))
         if isinstance(projection, str | os.PathLike):
             inside = projection_inside_spool(spool.root, os.fspath(projection))
             if inside is not None:
