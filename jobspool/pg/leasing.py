@@ -45,7 +45,8 @@ def sweep(spool: PgSpool, kinds: list[str] | None = None, *, exhausted_only: boo
           ) -> list[tuple[str, str]]:
     """Return expired leases to retryable (or dead_letter); (id, new state) per job."""
     params = {"now": spool.now_param(), "max_rescues": spool.max_rescues, "kinds": kinds,
-              "kind": kinds[0] if kinds else None}
+              "kind": kinds[0] if kinds else None,
+              "retry_base": spool.policy.base_seconds, "retry_max": spool.policy.max_seconds}
     statement = sql.sweep_sql(kinds, exhausted_only=exhausted_only)
     rows = spool.db.run(lambda c: c.execute(statement, params).fetchall(),
                         what="reclaiming expired leases")
@@ -91,7 +92,7 @@ def claim(spool: PgSpool, *, kinds: Iterable[str] | str | None, limit: int, owne
     for job in jobs:
         assert job.lease is not None
         out.append(Lease(job_id=job.id, token=job.lease.token, owner=job.lease.owner,
-                         expires_at=job.lease.expires_at, job=job))
+                         expires_at=job.lease.expires_at, job=job, seconds=lease_seconds))
         if starts_noted and job.rescues:
             spool.unnoted_starts.add(job.lease.token)  # `note_started` records it
     return out
@@ -135,6 +136,9 @@ def _refusal(conn: psycopg.Connection[Any], lease: Lease, resent: bool = False,
         return LeaseLost(lease.job_id, lease.token, "job is gone")
     job = to_job(row)
     token = row[10]
+    if job.created_at != lease.job.created_at:
+        return LeaseLost(lease.job_id, lease.token, "the lease is for another job of this id "
+                                                    "(issued by another spool?)")
     if job.state is not JobState.LEASED:
         if resent and token == lease.token and job.revision > lease.job.revision:
             return job
@@ -245,7 +249,7 @@ def _settle_params(spool: PgSpool, chosen: list[tuple[Lease, Job, float | None]]
     if (all(new.state is JobState.COMPLETED for _, new, _ in chosen)
             and not any(r is not None and "\\u0000" in r for r in results)):
         # Each result is already JSON text: embedded as it is (a Fragment), not re-encoded.
-        batch = [{"id": lease.job_id, "token": lease.token,
+        batch = [{"id": lease.job_id, "token": lease.token, "created": lease.job.created_at,
                   "result": None if r is None else orjson.Fragment(r)}
                  for (lease, _, _), r in zip(chosen, results, strict=True)]
         return sql.SETTLE_COMPLETE, {"now": spool.now_param(),
@@ -254,6 +258,7 @@ def _settle_params(spool: PgSpool, chosen: list[tuple[Lease, Job, float | None]]
         "now": spool.now_param(),
         "ids": [lease.job_id for lease, _, _ in chosen],
         "tokens": [lease.token for lease, _, _ in chosen],
+        "created": [lease.job.created_at for lease, _, _ in chosen],
         "states": [new.state.value for _, new, _ in chosen],
         "attempts": [new.attempts for _, new, _ in chosen],
         "rescues": [new.rescues for _, new, _ in chosen],
@@ -266,19 +271,23 @@ def _settle_params(spool: PgSpool, chosen: list[tuple[Lease, Job, float | None]]
     return sql.SETTLE, params
 
 
-def heartbeat_many(spool: PgSpool, leases: Sequence[Lease], lease_seconds: float
+def heartbeat_many(spool: PgSpool, leases: Sequence[Lease], lease_seconds: float | None
                    ) -> list[Lease | LeaseLost]:
+    """Extend each lease by `lease_seconds`, else by its own length (`Lease.seconds`), else
+    by the spool's default."""
     if not leases:
         return []
-    params = {"now": spool.now_param(), "lease": lease_seconds,
-              "ids": [x.job_id for x in leases], "tokens": [x.token for x in leases]}
+    lengths = [lease_seconds or x.seconds or spool.lease_seconds for x in leases]
+    params = {"now": spool.now_param(), "leases": lengths,
+              "ids": [x.job_id for x in leases], "tokens": [x.token for x in leases],
+              "created": [x.job.created_at for x in leases]}
     done = _apply(spool, sql.HEARTBEAT, leases, params, "heartbeat", locked_ok=True)
     out: list[Lease | LeaseLost] = []
-    for lease in leases:
+    for lease, seconds in zip(leases, lengths, strict=True):
         got = done[lease.job_id]
         if isinstance(got, Job) and got.lease is not None and got.lease.token == lease.token:
             out.append(Lease(job_id=lease.job_id, token=lease.token, owner=lease.owner,
-                             expires_at=got.lease.expires_at, job=got))
+                             expires_at=got.lease.expires_at, job=got, seconds=seconds))
         elif isinstance(got, LeaseLost):
             out.append(got)
         else:
@@ -287,7 +296,7 @@ def heartbeat_many(spool: PgSpool, leases: Sequence[Lease], lease_seconds: float
 
 
 def check_leases(spool: PgSpool, leases: Sequence[Lease], margin: float,
-                 lease_seconds: float) -> list[Lease | LeaseLost]:
+                 lease_seconds: float | None) -> list[Lease | LeaseLost]:
     """Which leases are current; those with less than `margin` seconds left are extended."""
     if not leases:
         return []
@@ -297,7 +306,7 @@ def check_leases(spool: PgSpool, leases: Sequence[Lease], margin: float,
                 if isinstance(x, Lease)} if short else {}
     rest = [x for x in leases if x.job_id not in extended]
     params = {"now": spool.now_param(), "ids": [x.job_id for x in rest],
-              "tokens": [x.token for x in rest]}
+              "tokens": [x.token for x in rest], "created": [x.job.created_at for x in rest]}
     live = ({r[0] for r in spool.db.run(lambda c: c.execute(sql.CHECK, params).fetchall(),
                                          what="checking leases")} if rest else set())
     out: list[Lease | LeaseLost] = []
@@ -351,7 +360,8 @@ def fenced(spool: PgSpool, lease: Lease) -> Iterator[Lease]:
             "UPDATE jobspool_jobs SET expires_at = greatest(expires_at, "
             "coalesce(%s, extract(epoch from clock_timestamp())::float8) + %s), "
             "revision = revision + 1 WHERE id = %s AND state = 'leased' AND token = %s "
-            "RETURNING 1", (end, spool.lease_seconds, lease.job_id, lease.token)).fetchone()
+            "RETURNING 1", (end, lease.seconds or spool.lease_seconds, lease.job_id,
+                            lease.token)).fetchone()
         if extended is None:
             now_row = conn.execute("SELECT state FROM jobspool_jobs WHERE id = %s",
                                    (lease.job_id,)).fetchone()

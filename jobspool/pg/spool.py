@@ -461,11 +461,13 @@ class PgSpool(EnqueueForms):
     def heartbeat_many(self, leases: Sequence[Lease], *, lease_seconds: float | None = None
                        ) -> list[Lease | LeaseLost]:
         check_leases(leases, pairs=False)
-        return leasing.heartbeat_many(self, leases, self._seconds(lease_seconds))
+        given = None if lease_seconds is None else self._seconds(lease_seconds)
+        return leasing.heartbeat_many(self, leases, given)
 
     def check_leases(self, leases: Sequence[Lease], *, margin: float = 0.0,
                      lease_seconds: float | None = None) -> list[Lease | LeaseLost]:
-        return leasing.check_leases(self, leases, margin, self._seconds(lease_seconds))
+        given = None if lease_seconds is None else self._seconds(lease_seconds)
+        return leasing.check_leases(self, leases, margin, given)
 
     def complete(self, lease: Lease, result: Any = None) -> Job:
         check_lease(lease)

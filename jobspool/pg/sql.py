@@ -9,6 +9,7 @@ clocks disagree cannot take each other's live leases.
 from __future__ import annotations
 
 from jobspool.pg.rows import J_COLUMNS
+from jobspool.queue.payload import MAX_RUN_AT
 
 NOW = "COALESCE(%(now)s::float8, extract(epoch from now()))"
 
@@ -128,22 +129,27 @@ def claim_sql(kinds: list[str] | None) -> str:
     return CLAIMS[0 if kinds is None else min(len(kinds), 2)]
 
 
-# Expired leases back to retryable (due at once), or dead_letter when out of attempts or
-# rescues (the poison-pill cap): all of them (`recover`), or only the exhausted ones of
-# the kinds a claim asks for (`sweep_sql`: the rest a claim takes over itself). The
-# token is cleared: only a settle keeps it, so a settle sent again after a lost reply can
-# tell its own work from a sweep's. Rows locked by a `fenced` block are skipped: their
-# holder is extending the lease right now.
+# Expired leases back to retryable, due after the spool's backoff for the attempts made
+# (as the file spool's `machine.reclaim`: a job that crashed its worker does not run again
+# at once), or dead_letter (its run_at kept) when out of attempts or rescues (the
+# poison-pill cap): all of them (`recover`), or only the exhausted ones of the kinds a
+# claim asks for (`sweep_sql`: the rest a claim takes over itself). The token is cleared:
+# only a settle keeps it, so a settle sent again after a lost reply can tell its own work
+# from a sweep's. Rows locked by a `fenced` block are skipped: their holder is extending
+# the lease right now.
 SWEEP = f"""
 WITH x AS MATERIALIZED (
-  SELECT id FROM jobspool_jobs
+  SELECT id,
+         ({_eff_attempts()} >= max_attempts OR (%(max_rescues)s::int IS NOT NULL
+          AND {_new_rescues()} > %(max_rescues)s::int)) AS dead,
+         least(%(retry_max)s::float8, %(retry_base)s::float8
+               * 2.0 ^ least(greatest({_eff_attempts()}, 1) - 1, 62)) AS backoff
+  FROM jobspool_jobs
   WHERE state = 'leased' AND expires_at <= {NOW}
   {{only}}
   FOR UPDATE SKIP LOCKED)
 UPDATE jobspool_jobs j
-SET state = CASE WHEN {_eff_attempts('j.')} >= j.max_attempts
-                   OR (%(max_rescues)s::int IS NOT NULL AND {_new_rescues('j.')} > %(max_rescues)s::int)
-                 THEN 'dead_letter' ELSE 'retryable' END,
+SET state = CASE WHEN x.dead THEN 'dead_letter' ELSE 'retryable' END,
     last_error = left(CASE
       WHEN {_eff_attempts('j.')} >= j.max_attempts THEN
         'attempts exhausted; last: ' || coalesce(j.last_error, 'lease expired (worker died or stalled)')
@@ -152,7 +158,10 @@ SET state = CASE WHEN {_eff_attempts('j.')} >= j.max_attempts
       WHEN {_uncounted('j.')} THEN j.last_error
       ELSE coalesce(j.last_error, 'lease expired (worker died or stalled)') END, 1024),
     attempts = {_eff_attempts('j.')}, rescues = {_new_rescues('j.')},
-    revision = j.revision + 1, updated_at = {NOW}, run_at = {NOW},
+    revision = j.revision + 1, updated_at = {NOW},
+    run_at = CASE WHEN x.dead THEN j.run_at
+                  ELSE least({NOW} + x.backoff / 2 + random() * x.backoff / 2,
+                             {MAX_RUN_AT}) END,
     token = NULL, owner = NULL, expires_at = NULL, proc = NULL, started = NULL
 FROM x WHERE j.id = x.id
 RETURNING j.id, j.state
@@ -174,7 +183,9 @@ def sweep_sql(kinds: list[str] | None, *, exhausted_only: bool) -> str:
 # ~5% of a raw claim + complete (bench/pg_jobspool raw_consume, two runs each way).
 
 # Complete, fail and release, many at once: each row written only while its lease is
-# current (same token, still leased, unexpired). A row left out was refused. Only what the
+# current (same token, still leased, unexpired) and for the job it was issued on (the same
+# creation time: tokens are unique per store only, and two stores' leases on jobs of one id
+# can carry the same token, as the file store checks it too). A row left out was refused. Only what the
 # database decides comes back (revision, clock, run_at): the caller built the rest of the
 # settled job already, and reading the payload back cost a parse per job.
 SETTLE = f"""
@@ -183,12 +194,14 @@ SET state = u.state, attempts = u.attempts, rescues = u.rescues, revision = j.re
     updated_at = {NOW}, run_at = CASE WHEN u.delay IS NULL THEN j.run_at ELSE {NOW} + u.delay END,
     owner = NULL, expires_at = NULL, proc = NULL, max_attempts = u.max_attempts,
     result = u.result::json, last_error = u.last_error, traceback = u.traceback
-FROM unnest(%(ids)b::text[], %(tokens)b::int8[], %(states)b::text[], %(attempts)b::int8[],
-            %(rescues)b::int8[], %(delays)b::float8[], %(results)b::text[],
-            %(errors)b::text[], %(tracebacks)b::text[], %(max_attempts)b::int8[])
-     AS u(id, token, state, attempts, rescues, delay, result, last_error, traceback,
+FROM unnest(%(ids)b::text[], %(tokens)b::int8[], %(created)b::float8[], %(states)b::text[],
+            %(attempts)b::int8[], %(rescues)b::int8[], %(delays)b::float8[],
+            %(results)b::text[], %(errors)b::text[], %(tracebacks)b::text[],
+            %(max_attempts)b::int8[])
+     AS u(id, token, created, state, attempts, rescues, delay, result, last_error, traceback,
           max_attempts)
-WHERE j.id = u.id AND j.token = u.token AND j.state = 'leased' AND j.expires_at > {NOW}
+WHERE j.id = u.id AND j.token = u.token AND j.created_at = u.created AND j.state = 'leased'
+  AND j.expires_at > {NOW}
 RETURNING j.id, j.revision, j.updated_at, j.run_at
 """
 
@@ -200,8 +213,9 @@ SETTLE_COMPLETE = f"""
 UPDATE jobspool_jobs j
 SET state = 'completed', revision = j.revision + 1, updated_at = {NOW},
     owner = NULL, expires_at = NULL, proc = NULL, result = u.result
-FROM json_to_recordset(%(batch)s::json) AS u(id text, token int8, result json)
-WHERE j.id = u.id AND j.token = u.token AND j.state = 'leased' AND j.expires_at > {NOW}
+FROM json_to_recordset(%(batch)s::json) AS u(id text, token int8, created float8, result json)
+WHERE j.id = u.id AND j.token = u.token AND j.created_at = u.created AND j.state = 'leased'
+  AND j.expires_at > {NOW}
 RETURNING j.id, j.revision, j.updated_at, j.run_at
 """
 
@@ -211,12 +225,15 @@ RETURNING j.id, j.revision, j.updated_at, j.run_at
 # every other lease in the batch.
 HEARTBEAT = f"""
 WITH x AS MATERIALIZED (
-  SELECT j.id FROM jobspool_jobs j
-  JOIN unnest(%(ids)b::text[], %(tokens)b::int8[]) AS u(id, token) ON j.id = u.id
-  WHERE j.token = u.token AND j.state = 'leased' AND j.expires_at > {NOW}
+  SELECT j.id, u.secs FROM jobspool_jobs j
+  JOIN unnest(%(ids)b::text[], %(tokens)b::int8[], %(created)b::float8[],
+              %(leases)b::float8[]) AS u(id, token, created, secs)
+    ON j.id = u.id
+  WHERE j.token = u.token AND j.created_at = u.created AND j.state = 'leased'
+    AND j.expires_at > {NOW}
   FOR UPDATE OF j SKIP LOCKED)
 UPDATE jobspool_jobs j
-SET expires_at = greatest(j.expires_at, {NOW} + %(lease)s), revision = j.revision + 1
+SET expires_at = greatest(j.expires_at, {NOW} + x.secs), revision = j.revision + 1
 FROM x WHERE j.id = x.id
 RETURNING {J_COLUMNS}
 """
@@ -224,8 +241,10 @@ RETURNING {J_COLUMNS}
 # Leases still current, read only (a worker checking before it publishes side effects).
 CHECK = f"""
 SELECT {J_COLUMNS} FROM jobspool_jobs j
-JOIN unnest(%(ids)s::text[], %(tokens)s::int8[]) AS u(id, token) ON j.id = u.id
-WHERE j.token = u.token AND j.state = 'leased' AND j.expires_at > {NOW}
+JOIN unnest(%(ids)s::text[], %(tokens)s::int8[], %(created)s::float8[]) AS u(id, token, created)
+  ON j.id = u.id
+WHERE j.token = u.token AND j.created_at = u.created AND j.state = 'leased'
+  AND j.expires_at > {NOW}
 """
 
 # When the next job not yet due becomes claimable (a retry, a scheduled job, an expiring
