@@ -4,7 +4,8 @@ Before: on the file store `complete(lease, (1, 2))` returned the caller's tuple 
 and the PostgreSQL store gave the stored `[1, 2]`; its `PruneReport` listed ids newest
 first and counted only the states it had to scan (PostgreSQL: ids in order, every terminal
 state counted); a read-only PostgreSQL spool answered `requeue_all()` with `[]` when no
-dead letter was there, where the file store refused, and its refusal gave no hint.
+dead letter was there, where the file store refused, and its refusal gave no hint; its
+`recover` made a reclaimed job due at once (the file store: after the backoff).
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from jobspool import Spool
+from jobspool import JobState, Spool, Worker
 from jobspool.errors import SpoolError
+from tests.store_params import sleep_past
 
 
 @pytest.mark.parametrize("result, stored", [
@@ -76,3 +78,57 @@ def test_a_read_only_spool_refuses_bulk_writes_even_when_nothing_matches(
                   lambda: ro.cancel_matching(kind="k")):
         with pytest.raises(SpoolError, match=r"read-only \(open it with read_only=False"):
             write()
+
+
+def test_recover_gives_an_expired_lease_back_after_the_backoff_on_both_stores(
+        make_any_spool: Callable[..., Spool]) -> None:
+    # Before: PostgreSQL's sweep made the job due at once (a job that crashed its worker
+    # ran again at once, again and again) and set a dead letter's run_at to the sweep's time.
+    spool = make_any_spool(lease_seconds=0.2, retry_base_seconds=40.0)
+    again = spool.enqueue("k", {}, job_id="again")
+    dead = spool.enqueue("k", {}, job_id="dead", max_attempts=1)
+    leases = spool.claim(limit=2)
+    assert len(leases) == 2
+    sleep_past(max(x.expires_at for x in leases))
+    spool.recover()
+    back, gone = spool.get("again"), spool.get("dead")
+    assert back.state is JobState.RETRYABLE and gone.state is JobState.DEAD_LETTER
+    # backoff(1) = 40 s, jittered into [20, 40]
+    assert back.run_at - back.updated_at >= 20.0 - 1e-6, (back.run_at, back.updated_at)
+    assert back.run_at - back.updated_at <= 40.0 + 1e-6
+    assert spool.claim() == []
+    assert gone.run_at == dead.run_at
+    assert again.run_at < back.run_at
+
+
+def test_a_lease_is_extended_by_its_own_length_unless_told_otherwise(
+        make_any_spool: Callable[..., Spool]) -> None:
+    # Before: heartbeat() and fenced() extended any lease by the spool's default (60 s): a
+    # worker's 3 s leases became 60 s at a handler's ctx.heartbeat(), and a worker that
+    # died then held its job twenty times as long as configured.
+    spool = make_any_spool(lease_seconds=60.0)
+    spool.enqueue("k", {})
+    (lease,) = spool.claim(lease_seconds=3.0)
+    left = spool.heartbeat(lease).expires_at - spool.now()
+    assert 1.0 < left <= 3.0 + 1e-6, left
+    with spool.fenced(lease):
+        pass
+    left = spool.get(lease.job_id).lease.expires_at - spool.now()
+    assert 1.0 < left <= 3.0 + 1e-6, left
+    longer = spool.heartbeat(lease, lease_seconds=30.0)
+    assert longer.expires_at - spool.now() > 20.0
+    assert spool.heartbeat_many([lease])[0].expires_at == longer.expires_at  # never shortened
+
+
+def test_a_handlers_heartbeat_keeps_its_workers_lease_length(
+        make_any_spool: Callable[..., Spool]) -> None:
+    spool = make_any_spool(lease_seconds=60.0)
+    seen: list[float] = []
+
+    def handler(job: Any, ctx: Any) -> None:
+        ctx.heartbeat()
+        seen.append(spool.get(job.id).lease.expires_at - spool.now())
+
+    spool.enqueue("k", {})
+    assert Worker(spool, {"k": handler}, lease_seconds=3.0).run_until_idle().completed == 1
+    assert len(seen) == 1 and 1.0 < seen[0] <= 3.0 + 1e-6, seen

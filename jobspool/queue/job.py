@@ -117,6 +117,10 @@ class Lease:
     owner: str
     expires_at: float
     job: Job = field(compare=False, repr=False)
+    # The length it was claimed (or last extended) for: a heartbeat or a fenced block that
+    # names none extends it by as much, not by the spool's default (a worker's 3 s leases
+    # became 60 s at a handler's `ctx.heartbeat()`). None: the spool's default.
+    seconds: float | None = field(default=None, compare=False, repr=False)
 
     def expired(self, now: float) -> bool:
         return now >= self.expires_at

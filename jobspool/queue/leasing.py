@@ -210,7 +210,7 @@ class Leasing:
             pairs.append((job, new))
             assert new.lease is not None
             leases.append(Lease(job_id=new.id, token=token, owner=who,
-                                expires_at=new.lease.expires_at, job=new))
+                                expires_at=new.lease.expires_at, job=new, seconds=seconds))
         if pairs or stale:
             try:
                 self.journal.commit_changes(pairs, extra + stale)
@@ -393,7 +393,7 @@ class Leasing:
                                                             WriteFailed | None]:
         """`check_leases`, and the error that refused the extensions, if any."""
         refused: WriteFailed | None = None
-        seconds = self.journal.lease_seconds if lease_seconds is None else validate_seconds(
+        given = None if lease_seconds is None else validate_seconds(
             "lease_seconds", lease_seconds, positive=True)
         out: list[Lease | LeaseLost] = []
         with self.journal.lock.hold():
@@ -410,20 +410,21 @@ class Leasing:
                 if job.lease.expires_at - now >= margin:
                     out.append(lease)
                     continue
+                seconds = given or lease.seconds or self.journal.lease_seconds
                 new = machine.heartbeat(job, lease, now=now, lease_seconds=seconds)
                 pairs.append((job, new))
                 assert new.lease is not None
                 out.append(Lease(job_id=lease.job_id, token=lease.token, owner=lease.owner,
-                                 expires_at=new.lease.expires_at, job=new))
+                                 expires_at=new.lease.expires_at, job=new, seconds=seconds))
             try:
                 self.journal.commit_changes(pairs)
             except WriteFailed as exc:
                 # A lease whose extension did not land is still the current one, unextended.
                 log.warning("heartbeat: %s", exc)
                 refused = exc
-                given = {lease.job_id: lease for lease in leases}
+                asked = {lease.job_id: lease for lease in leases}
                 tried = {new.id for _, new in pairs if new is not None}
-                out = [given[o.job_id] if not isinstance(o, LeaseLost) and o.job_id in tried
+                out = [asked[o.job_id] if not isinstance(o, LeaseLost) and o.job_id in tried
                        and o.job_id not in exc.landed else o for o in out]
         return out, refused
 
@@ -576,7 +577,8 @@ class Leasing:
             # effect already done, and the job ran again, side effect and all).
             job = self._leased_job(lease)
             new = machine.heartbeat(job, lease, now=self.journal.now(),
-                                    lease_seconds=self.journal.lease_seconds, held=True)
+                                    lease_seconds=lease.seconds or self.journal.lease_seconds,
+                                    held=True)
             try:
                 self.journal.commit_changes([(job, new)])
             except WriteFailed as exc:
