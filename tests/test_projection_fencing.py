@@ -265,6 +265,22 @@ def test_a_column_null_in_the_first_write_takes_later_text_and_refuses_other_typ
     assert not result.ok and "text" in str(result)
 
 
+@pytest.mark.parametrize(("bad", "good"), [(1j, "fine"), (2**64, 5), ("\udc80", "ok"),
+                                          ([1, "a"], [1, 2]), ({1: "x"}, {"a": "b"})],
+                         ids=["complex", "int-past-64-bits", "lone-surrogate", "mixed-list",
+                              "int-keys"])
+def test_one_jobs_unstorable_value_in_a_new_table_fails_that_job_alone(
+        tmp_path: Path, bad: object, good: object) -> None:
+    # Found in a projection probe: the bad value, first in the batch, dropped its column
+    # from the new table, and the good job writing that column was dead-lettered with it.
+    store = ProjectionStore(tmp_path / "db")
+    result = store.apply([make_upsert("bad", "t", {"id": "a", "v": bad}, 1.0, 1),
+                          make_upsert("good", "t", {"id": "b", "v": good}, 1.0, 2)])
+    assert set(result.rejected) == {"bad"} and not result.failed, result
+    assert "'v'" in str(result.rejected["bad"])
+    assert store.table("t").get("b")["v"] == good  # type: ignore[index]
+
+
 def test_a_table_not_made_by_jobspool_dead_letters_its_writers_saying_why(
         tmp_path: Path) -> None:
     """A table made by hand (no fencing columns) or keyed on a non-string column cannot

@@ -181,10 +181,10 @@ def infer_schema(rows: Sequence[dict[str, Any]], key: str) -> pa.Schema:
         try:
             typ = pa.array(values).type
         except _ARROW_ERRORS:
-            try:
-                typ = pa.array(values[:1]).type
-            except _ARROW_ERRORS:
+            found = _first_type(values)
+            if found is None:
                 continue
+            typ = found
         if pa.types.is_null(typ):
             continue
         if pa.types.is_list(typ) and pa.types.is_null(typ.value_type):
@@ -213,6 +213,18 @@ def infer_schema(rows: Sequence[dict[str, Any]], key: str) -> pa.Schema:
             typ = pa.decimal128(38, typ.scale)
         fields.append(pa.field(name, typ, nullable=True))
     return pa.schema(fields)
+
+
+def _first_type(values: Sequence[Any]) -> pa.DataType | None:
+    """The type of the first value Arrow can store alone: one job's value that nothing can
+    store (a complex number, an integer past 64 bits) dropped the column from a new table,
+    and every other job of the batch writing it was dead-lettered with it."""
+    for value in values:
+        try:
+            return pa.array([value]).type
+        except _ARROW_ERRORS:
+            continue
+    return None
 
 
 def _family_fits(src: pa.DataType, dst: pa.DataType) -> bool:
