@@ -127,6 +127,11 @@ class SpoolError(JobspoolError):
         self.path = path
 
 
+class UnreadableJob(SpoolError):
+    """Raised when a job's file is there but cannot be read: damaged (`recover` moves it to
+    quarantine/), or not readable by this user. Listings skip such a file with a warning."""
+
+
 class StoreUnavailable(SpoolError):
     """Raised when the store cannot be reached for now (a PostgreSQL server down,
     restarting or unreachable), as opposed to refusing: it may come back, and a worker

@@ -65,6 +65,20 @@ def test_overview_json_has_the_counts_of_stats(spool: Spool) -> None:
     assert "dead_letters" in [r["code"] for r in doc["health"]["reasons"]]
 
 
+def test_one_unreadable_file_does_not_hide_the_readable_jobs_of_its_state(
+        spool: Spool) -> None:
+    # Found in a CLI probe: the whole ready list answered 503 for one damaged file, where
+    # `jobspool list` skips it with a warning.
+    ids = [spool.enqueue("ok", {"i": i}).id for i in range(3)]
+    (spool.root / "ready" / "zzbad.json").write_text("{oops")
+    client = _client(spool)
+    got = client.get("/api/jobs/ready")
+    assert got.status_code == 200, got.text
+    assert [j["id"] for j in got.json()["jobs"]] == ids
+    html = client.get("/jobs/ready")
+    assert html.status_code == 200 and all(i in html.text for i in ids)
+
+
 def test_a_post_without_the_csrf_token_is_refused_and_changes_nothing(spool: Spool) -> None:
     (job_id,) = _dead(spool, "mail", 1)
     with _client(spool) as client:

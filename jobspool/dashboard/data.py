@@ -15,17 +15,20 @@ snapshots. Costs, because a dashboard left open polls all day:
 from __future__ import annotations
 
 import bisect
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from jobspool.errors import JobNotFound
+from jobspool.errors import JobNotFound, UnreadableJob
 from jobspool.queue.states import ALL_STATES, CANCELABLE, REQUEUEABLE, TERMINAL, JobState
 
 if TYPE_CHECKING:
     from jobspool.queue.job import Job
     from jobspool.queue.spool import Spool
+
+log = logging.getLogger("jobspool.dashboard")
 
 PAGE_SIZE = 50
 SCAN_BUDGET = 2000
@@ -90,7 +93,13 @@ def page(spool: Spool, state: JobState, *, kind: str | None = None, text: str | 
         job_id = ids[end]
         end += 1
         scanned += 1
-        job = _get(spool, job_id)
+        try:
+            job = _get(spool, job_id)
+        except UnreadableJob as exc:
+            # One damaged (or private) file must not hide the readable jobs of its state
+            # (a 503 for the whole list): skipped, as `list` skips it.
+            log.warning("%s", exc)
+            continue
         if job is None or job.state is not state or not _matches(job, kind, text):
             continue
         out.append(job)

@@ -19,7 +19,14 @@ import random
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
-from jobspool.errors import FULL_DISK, JobNotFound, JobspoolError, SpoolError, WriteFailed
+from jobspool.errors import (
+    FULL_DISK,
+    JobNotFound,
+    JobspoolError,
+    SpoolError,
+    UnreadableJob,
+    WriteFailed,
+)
 from jobspool.queue import interrupts, machine
 from jobspool.queue.diskerrors import SHORT_OF_RESOURCES, read_failed, write_failed
 from jobspool.queue.fence import (
@@ -241,9 +248,15 @@ class Journal:
         where = self.unreadable_file(job_id)
         if where is None:
             return JobNotFound(job_id)
-        return SpoolError(f"job {job_id!r}: its file {where} cannot be read; run `jobspool "
-                          "recover` (it moves the file to quarantine/)",
-                          path=str(self.root / where))
+        path = self.root / where
+        if not os.access(path, os.R_OK):
+            # A valid job this user may not read (a group-read spool's private file):
+            # `recover` would find nothing to quarantine there.
+            return UnreadableJob(f"job {job_id!r}: its file {where} cannot be read by this "
+                                 "user (permission denied); read it as the spool's owner",
+                                 path=str(path))
+        return UnreadableJob(f"job {job_id!r}: its file {where} cannot be read; run `jobspool "
+                             "recover` (it moves the file to quarantine/)", path=str(path))
 
     def locate(self, job_id: str) -> tuple[Job | None, list[JobState]]:
         """The newest copy of a job and the states holding stale copies (crash leftovers)."""
