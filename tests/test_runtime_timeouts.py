@@ -249,3 +249,31 @@ def test_a_sync_job_whose_limit_passes_before_it_starts_is_given_back_not_failed
         assert calls == ["fast"]  # run once, when the loop was free
         assert spool.get("fast").state is JobState.COMPLETED
         assert report.timed_out == 0 and report.dead_lettered == 0
+
+
+@pytest.mark.parametrize("first", ["fast", "blocker"])
+def test_an_async_job_held_back_by_another_blocking_the_loop_keeps_its_result(
+        tmp_path: Any, first: str) -> None:
+    """Found in a projection probe: an async job of a kind with a time limit that returned
+    at once (or only started after another async handler had blocked the loop for 1 s)
+    was failed as "having blocked the event loop" and dead-lettered, its writes discarded,
+    while the handler that blocked the loop was not charged. Now each is judged by its own
+    run: the one that blocked past its limit fails, the other completes."""
+    async def blocker(job: Job, ctx: Context) -> str:
+        time.sleep(1.0)  # blocks the loop: what the README tells handlers not to do
+        return "late"
+
+    async def fast(job: Job, ctx: Context) -> str:
+        return "ok"
+
+    order = [first, "fast" if first == "blocker" else "blocker"]
+    with make_spool(tmp_path / "s") as spool:
+        for kind in order:
+            spool.enqueue(kind, job_id=kind, max_attempts=1)
+        _worker(spool, {"blocker": blocker, "fast": fast},
+                {"fast": Policy(timeout=0.3), "blocker": Policy(timeout=0.3)},
+                concurrency=2, batch_size=2).run_until_idle()
+        done, blocked = spool.get("fast"), spool.get("blocker")
+    assert done.state is JobState.COMPLETED and done.result == "ok", done.last_error
+    assert blocked.state is JobState.DEAD_LETTER
+    assert "TimeLimitExceeded" in (blocked.last_error or "")

@@ -82,6 +82,22 @@ async def invoke(ctx: Context, fn: Callable[..., Any], *, is_async: bool,
                 if inspect.isawaitable(result):
                     result = await result
         in_time = False
+        if is_async and timeout is not None and tracked is not None \
+                and (limit.cancel_called or anyio.current_time() > limit.deadline):
+            # Past the limit on the loop's clock: another handler blocking the loop may
+            # have held this one back. Judged by its own run: one that returned within its
+            # limit keeps its result; one that never began goes back uncounted. Before,
+            # both were failed as having "blocked the event loop" and dead-lettered.
+            if tracked.returned_within(timeout):
+                ctx.outcome = Completed(tracked.value)
+                return
+            if tracked.started_at is None:
+                log.warning("job %s (%s, token %d): its time limit of %g s passed before "
+                            "its handler could start (was the event loop blocked?); given "
+                            "back uncounted", ctx.job_id, kind, ctx.token, timeout,
+                            extra={"job_id": ctx.job_id, "kind": kind, "token": ctx.token})
+                ctx.outcome = None
+                return
         if limit.cancel_called and not is_async:
             # An async handler blocking the event loop held this run back: the limit passed
             # on the loop's clock, not necessarily in the handler. Charged as "abandoned,

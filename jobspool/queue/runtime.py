@@ -148,6 +148,17 @@ class Tracked:
         self.label = label
         self.raised: BaseException | None = None  # what left the handler, with its frames
         self.swallowed_at: float | None = None  # when it first went on past a cancellation
+        # When its first step ran and when it returned (monotonic; None: not yet), and
+        # what it returned: a run the loop held back may have ended before we noticed.
+        self.started_at: float | None = None
+        self.returned_at: float | None = None
+        self.value: Any = None
+
+    def returned_within(self, seconds: float) -> bool:
+        """Whether the handler returned within `seconds` of its own start: in time, however
+        late the loop (held by another handler blocking it) let its runner see it."""
+        return (self.started_at is not None and self.returned_at is not None
+                and self.returned_at - self.started_at <= seconds)
 
     def stack(self) -> str | None:
         """Where the handler was when it was cancelled (its frames down to the await), or
@@ -169,9 +180,12 @@ class Tracked:
         error: BaseException | None = None
         while True:
             self.monitor.on_loop = self.label
+            if self.started_at is None:
+                self.started_at = time.monotonic()
             try:
                 step = it.send(value) if error is None else it.throw(error)
             except StopIteration as stop:
+                self.returned_at, self.value = time.monotonic(), stop.value
                 return stop.value
             except BaseException as exc:
                 self.raised = exc
