@@ -92,6 +92,34 @@ def test_budget_exhaustion_defers_the_remaining_tables_and_resumes_there(
     assert seen == ["a", "b", "c", "a"]
 
 
+def test_a_budget_shorter_than_one_tables_work_still_gets_somewhere_every_run(
+    store: ProjectionStore, monkeypatch: Any
+) -> None:
+    # Found in a projection probe: the budget was checked between the steps of the first
+    # table too, so with a budget shorter than one table's work the same table was
+    # deferred ("budget exhausted", nothing done) on every run.
+    clock = StepClock()
+    real_open, real_optimize = maint._open_table, maint._optimize
+    seen: list[str] = []
+
+    def slow_open(conn: Any, name: str) -> Any:
+        clock.now += 10.0  # opening a table "takes" 10 s of a 1 s budget
+        return real_open(conn, name)
+
+    def optimize(tbl: Any, cleanup: timedelta) -> None:
+        seen.append(tbl.name)
+        real_optimize(tbl, cleanup)
+
+    monkeypatch.setattr(maint, "_open_table", slow_open)
+    monkeypatch.setattr(maint, "_optimize", optimize)
+    for expected in ("a", "b", "c"):
+        report = maintain(store, budget_seconds=1.0, clock=clock)
+        assert report.tables[0].table == expected
+        assert report.tables[0].outcome == "optimized", report.tables[0]
+        assert all(t.outcome == "deferred" for t in report.tables[1:])
+    assert seen == ["a", "b", "c"]
+
+
 def test_a_failing_table_does_not_stop_the_others(
     store: ProjectionStore, monkeypatch: Any, tmp_path: Path
 ) -> None:
@@ -244,6 +272,19 @@ def test_a_key_index_is_built_once_the_table_is_large(tmp_path: Path) -> None:
     fill(store, "big", commits=1, start=40)
     assert not maintain(store, tables=["big"], index_threshold=5)["big"].indexed
     assert store.table("big").get("k0")["fence"] == 40  # type: ignore[index]
+
+
+def test_the_key_index_is_built_on_the_key_the_table_was_made_with(tmp_path: Path) -> None:
+    # Found in a projection probe: maintenance asked for the store's default key ("id"),
+    # so a table keyed on `path` never got an index, however large it grew.
+    writer = ProjectionStore(tmp_path / "db", keys={"files": "path"})
+    for i in range(6):
+        result = writer.apply([make_upsert(f"j{i}", "files", {"path": f"/p/{i}"}, 1.0, i + 1,
+                                           key="path")])
+        assert result.ok, result
+    plain = ProjectionStore(tmp_path / "db")  # as `jobspool maintain --projection` opens it
+    assert maintain(plain, index_threshold=5)["files"].indexed
+    assert [ix.columns for ix in plain.open("files").list_indices()] == [["path"]]  # type: ignore[union-attr]
 
 
 def test_maintain_refuses_a_zero_cleanup_window(store: ProjectionStore) -> None:

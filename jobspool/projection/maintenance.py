@@ -26,9 +26,10 @@ A run is bounded: it stops starting work once `budget_seconds` are spent
 starts), stops between steps when `cancel` is set, and cuts off any single
 LanceDB call after `call_timeout` seconds (the call is left to finish in a
 background thread and the table is `skipped` until it does). On object
-storage, where one call can be slow, a call is also cut off when the
-budget runs out (the table is `deferred`, "budget exhausted"), so a run
-returns about when its budget says. A lost commit
+storage, where one call can be slow, a call is also cut off when the budget
+runs out (the table is `deferred`, "budget exhausted"; the call finishes in
+its thread), so a run returns about when its budget says. Between steps the
+budget only stops a run past its first table, so every run gets somewhere. A lost commit
 race with a writer is benign: the table is `deferred`, not `failed`. One
 table failing never stops the others.
 
@@ -69,6 +70,7 @@ from jobspool.projection.maintenance_state import (
     state_path,
 )
 from jobspool.projection.objectstore import is_object_store, local_path
+from jobspool.projection.schema import primary_key_of
 
 log = logging.getLogger("jobspool.projection.maintenance")
 T = TypeVar("T")
@@ -117,6 +119,10 @@ class _Run:
     clock: Callable[[], float]
     wall: float
     state: dict[str, Any] = field(default_factory=dict)
+    # The run's first table goes through all its steps whatever the budget (only a cancel,
+    # or on object storage a call cut off at the budget, stops it): a budget shorter than
+    # one table's work deferred that table on every run, and runs never got anywhere.
+    carry: bool = False
 
     def call_limit(self) -> float:
         """How long the next LanceDB call may take: on object storage, no longer than the budget."""
@@ -127,7 +133,7 @@ class _Run:
     def stop_reason(self) -> str | None:
         if self.cancel is not None and self.cancel.is_set():
             return "canceled"
-        if self.clock() >= self.deadline:
+        if not self.carry and self.clock() >= self.deadline:
             return "budget exhausted"
         return None
 
@@ -210,11 +216,13 @@ def maintain(
     outcomes: list[TableOutcome] = []
     resume_at: str | None = None
     for i, name in enumerate(order):
+        run.carry = False
         stop = run.stop_reason()
         if stop is not None:
             resume_at = name
             outcomes.extend(TableOutcome(n, "deferred", stop) for n in order[i:])
             break
+        run.carry = i == 0  # started: the first table goes through (see `_Run.carry`)
         outcome = _maintain_table(run, name)
         outcomes.append(outcome)
         if outcome.outcome == "deferred" and outcome.reason in ("canceled", "budget exhausted"):
@@ -324,7 +332,9 @@ def _maintain_table(run: _Run, name: str) -> TableOutcome:
         if (stop := run.stop_reason()) is not None:
             return done("deferred", stop, int(tbl.version))
 
-        key = run.store.key_of(name)
+        # The key the table was made with (its schema's primary key): a table keyed on
+        # `path` never got its index when the store's default key ("id") was asked for.
+        key = primary_key_of(tbl.schema) or run.store.key_of(name)
         if key in schema_names and not call(lambda: _has_index_on(tbl, key)):
             rows = call(lambda: _count_rows(tbl, None))
             if rows >= run.index_threshold:
