@@ -526,3 +526,28 @@ def test_health_ok_then_degraded_by_a_dead_letter(spool_with_jobs: Path) -> None
     doc = bad.json()
     assert doc["status"] == "degraded"
     assert [r["code"] for r in doc["reasons"]] == ["dead_letters"]
+
+
+def test_every_command_that_prints_one_job_prints_the_same_document(tmp_path: Path) -> None:
+    # Found in a CLI probe: cancel, requeue and quarantine restore printed the bare job,
+    # without the `status` and `*_iso` fields that enqueue, show and list add.
+    from tests.cli_harness import run_cli
+
+    root = tmp_path / "spool"
+    make_spool(root).close()
+
+    def doc(*args: str) -> dict[str, Any]:
+        code, out, err = run_cli(*args, "--json", root=root)
+        assert code == 0, err
+        parsed = orjson.loads(out)
+        return parsed["job"] if "restored" in parsed else parsed
+
+    shown = doc("enqueue", "k", "{}", "--id", "j1")
+    docs = [shown, doc("show", "j1"), doc("cancel", "j1"), doc("requeue", "j1")]
+    (root / "ready" / "j1.json").rename(root / "ready" / "moved.json")  # a misnamed file
+    assert orjson.loads(run_cli("recover", "--json", root=root).out)["quarantined"]
+    name = orjson.loads(run_cli("quarantine", "list", "--json", root=root).out)["files"][0]["name"]
+    docs.append(doc("quarantine", "restore", name))
+    for d in docs:
+        assert set(d) == set(shown), sorted(set(d) ^ set(shown))
+        assert d["status"] == d["state"] and d["updated_at_iso"].endswith("Z")

@@ -463,7 +463,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
             _bulk_move(args, spool, "canceled")
             return EXIT_OK
         job = spool.cancel(args.job_id)
-    _emit(args, job.to_dict(), f"{job.id} canceled")
+    _emit(args, _job_doc(job), f"{job.id} canceled")
     return EXIT_OK
 
 
@@ -483,7 +483,7 @@ def cmd_requeue(args: argparse.Namespace) -> int:
                   f"requeued {len(jobs)} dead letter(s)")
         else:
             job = spool.requeue(args.job_id)
-            _emit(args, job.to_dict(), f"{job.id} requeued")
+            _emit(args, _job_doc(job), f"{job.id} requeued")
     return EXIT_OK
 
 

@@ -12,7 +12,7 @@ import datetime as dt
 from typing import Any
 
 from jobspool.cli.common import EXIT_OK, _nonneg_float, _open
-from jobspool.cli.render import _emit, printable
+from jobspool.cli.render import _emit, _job_doc, printable
 
 
 def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
@@ -100,7 +100,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
     with _open(args) as spool:
         name = resolve(_core(spool), args.ident)
         job = restore_quarantined(_core(spool), name)
-    _emit(args, {"restored": name, "job": job.to_dict()},
+    _emit(args, {"restored": name, "job": _job_doc(job)},
           f"restored {name} as {job.state.value}/{job.id}.json")
     return EXIT_OK
 
