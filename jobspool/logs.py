@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -57,6 +58,23 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(doc, default=str).decode()
 
 
+# Control characters but newline and tab (a traceback's lines stay lines).
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+class TextFormatter(logging.Formatter):
+    """Events as text, control characters (but newline and tab) shown as `\\xNN`: a handler's
+    error message holding terminal escapes reached the terminal raw (retitling it,
+    recoloring what followed), where `list` and `show` escape the same text."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
 class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """Writes to whatever `sys.stderr` is when a record is emitted, not when it was set up:
     `main()` may run several times in one process (tests, embedding) with stderr swapped."""
@@ -82,7 +100,7 @@ def setup_logging(level: str = "warning", fmt: str = "text") -> None:
         # A `warnings.warn` would otherwise print two lines of plain text on stderr.
         logging.captureWarnings(True)
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

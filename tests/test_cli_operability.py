@@ -167,3 +167,22 @@ def test_worker_serves_metrics_on_loopback_and_stops_on_sigterm(root: Path, app_
         reap(proc)
     assert proc.returncode == 0, err
     assert "worker stopped" in out
+
+
+def test_a_handlers_terminal_escapes_are_shown_escaped_in_text_log_lines(
+        root: Path, tmp_path: Path) -> None:
+    # Found in a CLI probe: a handler's error holding ESC sequences reached the terminal raw
+    # in the text log line (retitling it, recoloring what followed); `list` escapes it.
+    app_dir = tmp_path / "escapp"
+    app_dir.mkdir()
+    (app_dir / "escapp.py").write_text(
+        "from jobspool import Fail\n"
+        "def bad(job, ctx):\n"
+        "    raise Fail('bad \\x1b]0;PWNED\\x07 \\x1b[31mred\\x1b[0m')\n"
+        "handlers = {'esc': bad}\n")
+    assert run_jobspool("enqueue", "esc", "{}", root=root).code == 0
+    done = run_jobspool("run-until-idle", "--app", "escapp:handlers", root=root,
+                        env=app_env(app_dir))
+    assert done.code == 0, done.err
+    assert "\x1b" not in done.err and "\x07" not in done.err
+    assert "bad \\x1b]0;PWNED\\x07 \\x1b[31mred" in done.err, done.err
