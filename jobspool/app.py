@@ -9,7 +9,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,9 @@ class App:
     # Replay hooks by kind, or one hook for every kind (DESIGN §6).
     replay: Mapping[str, Callable[[Job], str]] | Callable[[Job], str] = field(default_factory=dict)
     projection: str | os.PathLike[str] | Any = None  # a URI, a path, a ProjectionStore
+    # The rest by name only (DESIGN §9 names them so): `App(h, r, p, policies, schedules)`
+    # filed the policies under `keys` and failed saying "policies ... got list".
+    _: KW_ONLY
     keys: Mapping[str, str] = field(default_factory=dict)
     policies: Mapping[str, Policy] = field(default_factory=dict)  # kind -> Policy (DESIGN §9)
     schedules: Sequence[Schedule] = ()  # periodic jobs, fired by `worker` (jobspool.schedules)

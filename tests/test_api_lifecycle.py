@@ -240,3 +240,18 @@ def test_pickling_a_spool_says_what_to_do_instead(spool: Spool) -> None:
         pickle.dumps(spool)
     with pytest.raises(TypeError, match="pass its root"):
         pickle.dumps(Worker(spool, {"k": lambda job, ctx: None}, maintenance=False))
+
+
+def test_app_takes_handlers_replay_and_projection_by_position_and_the_rest_by_name() -> None:
+    # Found in a projection probe: App(h, r, p, policies, schedules) filed the policies under
+    # `keys` and the schedules under `policies`, failing with "policies ... got list".
+    from jobspool import App, Policy, Schedule
+
+    def h(job: Job, ctx: Context) -> None:
+        return None
+
+    policies, schedules = {"k": Policy(timeout=1.0)}, [Schedule("k", every=60)]
+    with pytest.raises(TypeError, match="positional"):
+        App({"k": h}, {}, None, policies, schedules)  # type: ignore[misc]
+    app = App({"k": h}, {}, None, policies=policies, schedules=schedules)
+    assert app.policies["k"].timeout == 1.0 and len(app.schedules) == 1 and app.keys == {}
