@@ -189,3 +189,29 @@ def test_a_row_error_quoting_a_multi_line_value_is_one_line(tmp_path: Path) -> N
         bad = spool.get("bad")
     assert bad.state is JobState.DEAD_LETTER
     assert "field 'vector'" in (bad.last_error or "") and "\n" not in (bad.last_error or "")
+
+
+def test_a_readers_misuse_is_a_one_line_projection_error(tmp_path: Path) -> None:
+    # Found in a projection probe: each came out as a raw error from LanceDB or pyarrow
+    # (AttributeError, ValueError listing internal columns), or as a row of nothing.
+    import pyarrow as pa
+
+    from jobspool.errors import InvalidType
+    from jobspool.projection import LanceProjection
+
+    db = str(tmp_path / "db")
+    with pytest.raises(InvalidType, match="must be a pyarrow.Schema"):
+        LanceProjection(db, "d", schema={"id": "string"})  # type: ignore[arg-type]
+    files = LanceProjection(db, "files", key="path")
+    files.upsert({"path": "p1", "n": 1})
+    for read, says in [
+        (lambda: LanceProjection(db, "files", key="id").get("p1"), "No field named id"),
+        (lambda: files.to_arrow(columns=["nope"]), "No field named nope"),
+        (lambda: files.count("nope = 1"), "No field named nope"),
+        (lambda: files.search("p1", query_type="fts"), "full text search"),
+        (lambda: files.to_arrow(columns=["_deleted"]), "'_deleted' of table 'files' is internal"),
+    ]:
+        with pytest.raises(ProjectionError, match=says) as caught:
+            read()
+        assert "\n" not in str(caught.value) and "_rowid" not in str(caught.value)
+    assert files.to_arrow(columns=["n"]).to_pylist() == [{"n": 1}]

@@ -41,7 +41,8 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -424,6 +425,11 @@ class LanceProjection:
             # LanceDB's own refusal came out as a raw ValueError from deep in a read.
             raise ProjectionError(f"table name {table!r} must match "
                                   "[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", table=str(table))
+        if schema is not None and not isinstance(schema, pa.Schema):
+            # A dict of names to type names failed at the first write with AttributeError.
+            raise InvalidType(f"schema of table {table!r} must be a pyarrow.Schema "
+                              f"(pa.schema([...])), got {type(schema).__name__}",
+                              field="schema")
         if isinstance(uri, ProjectionStore):
             self._store = uri
         else:
@@ -476,24 +482,56 @@ class LanceProjection:
         tbl = self.raw
         if tbl is None:
             return None
-        found = tbl.search().where(f"{self.key} = {_sql_string(key)} AND {LIVE_FILTER}").limit(1).to_arrow()
+        with self._reading():
+            found = tbl.search().where(f"{self.key} = {_sql_string(key)} AND {LIVE_FILTER}"
+                                       ).limit(1).to_arrow()
         rows = _strip_hidden(found).to_pylist()
         return rows[0] if rows else None
+
+    @contextmanager
+    def _reading(self) -> Iterator[None]:
+        """LanceDB's refusals of a read (a column or key the table does not have, a search
+        it has no index for) as one-line `ProjectionError`s naming the table, not raw
+        ValueErrors listing its internal columns."""
+        try:
+            yield
+        except ValueError as exc:
+            text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            text = text.removeprefix("Invalid input, ")
+            raise ProjectionError(f"reading table {self.name!r}: "
+                                  f"{text.split('. Valid fields', 1)[0]}",
+                                  table=self.name) from None
+
+    def _columns(self, columns: Sequence[str] | None) -> list[str] | None:
+        if columns is None:
+            return None
+        picked = [columns] if isinstance(columns, str) else list(columns)
+        hidden = [c for c in picked if c in HIDDEN_COLUMNS]
+        if hidden:
+            # Selected, they were dropped from the result: a row per match, each empty.
+            raise ProjectionError(f"column {hidden[0]!r} of table {self.name!r} is internal "
+                                  "(readers never see tombstones)", table=self.name)
+        return picked
 
     def to_arrow(self, *, where: str | None = None, columns: Sequence[str] | None = None) -> pa.Table:
         """Return the live rows (optionally filtered) as an Arrow table; never tombstones."""
         tbl = self.raw
         if tbl is None:
             return self._empty()
-        query = tbl.search().where(live_filter(where)).limit(None)
-        if columns is not None:
-            query = query.select(list(columns))
-        return _strip_hidden(query.to_arrow())
+        picked = self._columns(columns)
+        with self._reading():
+            query = tbl.search().where(live_filter(where)).limit(None)
+            if picked is not None:
+                query = query.select(picked)
+            return _strip_hidden(query.to_arrow())
 
     def count(self, where: str | None = None) -> int:
         """Count the live rows (optionally filtered)."""
         tbl = self.raw
-        return 0 if tbl is None else int(tbl.count_rows(live_filter(where)))
+        if tbl is None:
+            return 0
+        with self._reading():
+            return int(tbl.count_rows(live_filter(where)))
 
     def search(
         self,
@@ -514,11 +552,13 @@ class LanceProjection:
         tbl = self.raw
         if tbl is None:
             return self._empty()
-        q = tbl.search(query, vector_column_name=vector_column_name, query_type=query_type)
-        q = q.where(live_filter(where)).limit(limit)
-        if columns is not None:
-            q = q.select(list(columns))
-        return _strip_hidden(q.to_arrow())
+        picked = self._columns(columns)
+        with self._reading():
+            q = tbl.search(query, vector_column_name=vector_column_name, query_type=query_type)
+            q = q.where(live_filter(where)).limit(limit)
+            if picked is not None:
+                q = q.select(picked)
+            return _strip_hidden(q.to_arrow())
 
     def upsert(
         self,
