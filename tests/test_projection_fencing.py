@@ -310,3 +310,26 @@ def test_a_reader_finds_the_key_a_table_was_made_with(tmp_path: Path) -> None:
     assert reader.key == "path"
     assert reader.get("/a.md")["text"] == "x"  # type: ignore[index]
     assert LanceProjection(tmp_path / "db", "missing").key == "id"
+
+
+def test_a_column_declared_not_null_refuses_live_rows_without_it(tmp_path: Path) -> None:
+    # Found in a projection probe: the declaration was dropped (the column is stored
+    # nullable, for tombstones) and rows without it were stored with null, silently.
+    import pyarrow as pa
+
+    declared = pa.schema([pa.field("id", pa.string(), nullable=False),
+                          pa.field("n", pa.int64(), nullable=False),
+                          pa.field("note", pa.string())])
+    store = ProjectionStore(tmp_path / "db", schemas={"t": declared})
+    assert store.apply([make_upsert("ok", "t", {"id": "a", "n": 1}, 1.0, 1)]).ok
+    later = ProjectionStore(tmp_path / "db")  # another process: the table says it
+    for writer in (store, later):
+        result = writer.apply([make_upsert("missing", "t", {"id": "b", "note": "x"}, 1.0, 2),
+                               make_upsert("null", "t", {"id": "c", "n": None}, 1.0, 3),
+                               make_upsert("fine", "t", {"id": "d", "n": 4}, 1.0, 4),
+                               make_delete("gone", "t", "a", 2.0, 5)])
+        assert set(result.rejected) == {"missing", "null"}, result
+        assert "declared not null" in str(result.rejected["missing"])
+    assert store.table("t").get("d") == {"id": "d", "n": 4, "note": None, "version": 1.0,
+                                         "fence": 4}
+    assert store.table("t").get("a") is None and store.table("t").get("b") is None

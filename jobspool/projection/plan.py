@@ -22,6 +22,7 @@ from jobspool.projection.schema import (
     build_batch,
     foreign_table_problem,
     infer_schema,
+    required_columns,
     table_schema,
     user_columns,
 )
@@ -131,8 +132,9 @@ def plan_table(
         schema = table_schema(infer_schema(rows, key), key) if rows else None
     bad: dict[str, ProjectionError] = {}
     allowed = user_columns(schema) if schema is not None else frozenset({key})
+    required = required_columns(schema) if schema is not None else frozenset()
     for w in writes:
-        err = check_write(w, allowed, key)
+        err = check_write(w, allowed, key, required)
         if err is not None:
             bad.setdefault(w.job_id, err)
     if bad:
@@ -146,7 +148,8 @@ def plan_table(
     return TablePlan(name, schema, exists, job_ids, built.batch), {}
 
 
-def check_write(w: PendingWrite, allowed: frozenset[str], key: str) -> ProjectionError | None:
+def check_write(w: PendingWrite, allowed: frozenset[str], key: str,
+                required: frozenset[str] = frozenset()) -> ProjectionError | None:
     """The reason one job's write does not fit the table (None when it does)."""
     try:
         if w.op == "delete":
@@ -161,6 +164,11 @@ def check_write(w: PendingWrite, allowed: frozenset[str], key: str) -> Projectio
                     field=key,
                 )
             check_key(row[key], table=w.table, key=key)
+            for field in sorted(required):
+                if row.get(field) is None:
+                    return ProjectionError(
+                        f"field {field!r} of table {w.table!r} is declared not null; "
+                        f"the row for {row[key]!r:.60} has none", table=w.table, field=field)
             for field, value in row.items():
                 if field in RESERVED_COLUMNS:
                     return ProjectionError(

@@ -37,6 +37,9 @@ from jobspool.projection.handler import (
 # (`Table.set_unenforced_primary_key` writes the same metadata, as a second
 # commit, and refuses to run twice.)
 PK_METADATA_KEY = b"lance-schema:unenforced-primary-key:position"
+# A user column declared NOT NULL: stored nullable (a tombstone holds nulls there), so
+# the declaration is kept in the field's metadata and checked on every live row.
+REQUIRED_METADATA_KEY = b"jobspool:required"
 KEY_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 
 RESERVED_FIELDS: tuple[pa.Field, ...] = (
@@ -80,6 +83,12 @@ def user_columns(schema: pa.Schema) -> frozenset[str]:
     return frozenset(n for n in schema.names if n not in RESERVED_COLUMNS)
 
 
+def required_columns(schema: pa.Schema) -> frozenset[str]:
+    """The user columns declared NOT NULL (`table_schema` records them)."""
+    return frozenset(f.name for f in schema
+                     if f.metadata and f.metadata.get(REQUIRED_METADATA_KEY))
+
+
 def primary_key_of(schema: pa.Schema) -> str | None:
     """The column a projected table was made with as its key (its primary-key metadata)."""
     for f in schema:
@@ -118,7 +127,9 @@ def table_schema(user: pa.Schema, key: str) -> pa.Schema:
 
     The key column becomes a non-nullable string carrying the primary-key
     metadata; every other user column becomes nullable (a tombstone holds
-    nulls there); the reserved columns are appended. Raises ValueError when
+    nulls there), one declared NOT NULL keeping that in its metadata (live rows
+    without it are refused: see `required_columns`); the reserved columns are
+    appended. Raises ValueError when
     the key is missing or not a string, or a reserved column has another type.
     """
     if key not in user.names:
@@ -136,6 +147,10 @@ def table_schema(user: pa.Schema, key: str) -> pa.Schema:
             meta = dict(f.metadata or {})
             meta[PK_METADATA_KEY] = b"1"
             fields.insert(0, pa.field(key, f.type, nullable=False, metadata=meta))
+        elif not f.nullable:
+            meta = dict(f.metadata or {})
+            meta[REQUIRED_METADATA_KEY] = b"1"
+            fields.append(f.with_nullable(True).with_metadata(meta))
         else:
             fields.append(f.with_nullable(True))
     fields.extend(RESERVED_FIELDS)
