@@ -132,3 +132,27 @@ def test_a_handlers_heartbeat_keeps_its_workers_lease_length(
     spool.enqueue("k", {})
     assert Worker(spool, {"k": handler}, lease_seconds=3.0).run_until_idle().completed == 1
     assert len(seen) == 1 and 1.0 < seen[0] <= 3.0 + 1e-6, seen
+
+
+def test_a_run_given_back_for_a_failing_projection_is_not_shown_as_not_run(
+        make_any_spool: Callable[..., Spool], tmp_path: Any) -> None:
+    # Found in a README probe: a job whose run was deferred (the projection's storage
+    # failing: uncounted, due again later) read "scheduled (not run yet)" in show, list
+    # and stats, though its handler had run and its error said why it waited.
+    spool = make_any_spool()
+    idx = tmp_path / "idx"
+    idx.mkdir()
+    (idx / "notes.lance").write_text("junk")  # a damaged table: LanceDB's IO error
+
+    def index(job: Any, ctx: Any) -> None:
+        ctx.upsert("notes", {"id": job.id})
+
+    ran = spool.enqueue("note", {}, job_id="ran")
+    later = spool.enqueue("note", {}, job_id="later", delay=600)
+    report = Worker(spool, {"note": index}, projection=str(idx)).run_until_idle()
+    assert report.deferred == 1
+    job = spool.get(ran.id)
+    assert job.state is JobState.RETRYABLE and job.attempts == 0 and job.last_error
+    assert job.status == "retryable" and not job.scheduled
+    assert spool.get(later.id).status == "scheduled"
+    assert spool.stats().scheduled == 1

@@ -52,7 +52,8 @@ def stats(spool: PgSpool, *, by_kind: bool = False) -> Stats:
         "count(*) FILTER (WHERE state = 'ready' OR (state = 'retryable' AND run_at <= %(now)s)), "
         "min(greatest(run_at, updated_at)) "  # since it came due or arrived (`waiting_since`)
         "FILTER (WHERE state = 'ready' OR (state = 'retryable' AND run_at <= %(now)s)), "
-        "count(*) FILTER (WHERE state = 'retryable' AND attempts = 0) "
+        "count(*) FILTER (WHERE state = 'retryable' AND attempts = 0 "
+        "AND last_error IS NULL) "
         "FROM jobspool_jobs GROUP BY state, kind", {"now": now}).fetchall(), what="stats")
     counts = {s.value: 0 for s in ALL_STATES}
     kinds: dict[str, dict[str, int]] = {}

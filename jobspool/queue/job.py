@@ -91,8 +91,11 @@ class Job:
 
     @property
     def scheduled(self) -> bool:
-        """A delayed job not yet run: parked in `retryable` with no attempt (not a retry)."""
-        return self.state is JobState.RETRYABLE and self.attempts == 0
+        """A delayed job not yet run: parked in `retryable` with no attempt and no error (a
+        run given back uncounted, e.g. deferred for a failing projection, ran: its error
+        says why it waits)."""
+        return (self.state is JobState.RETRYABLE and self.attempts == 0
+                and self.last_error is None)
 
     @property
     def status(self) -> str:

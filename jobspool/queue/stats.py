@@ -124,7 +124,7 @@ def collect_stats(spool: Journal, *, by_kind: bool = False) -> Stats:
     if counts[JobState.RETRYABLE.value] <= _MAX_RETRYABLE_SCAN:
         for job_id in names[JobState.RETRYABLE]:
             job = job_of(JobState.RETRYABLE, job_id)
-            if job is not None and job.attempts == 0:
+            if job is not None and job.scheduled:
                 scheduled += 1
             if job is not None and job.run_at <= now:
                 due += 1
