@@ -255,3 +255,33 @@ def test_app_takes_handlers_replay_and_projection_by_position_and_the_rest_by_na
         App({"k": h}, {}, None, policies, schedules)  # type: ignore[misc]
     app = App({"k": h}, {}, None, policies=policies, schedules=schedules)
     assert app.policies["k"].timeout == 1.0 and len(app.schedules) == 1 and app.keys == {}
+
+
+def test_an_asyncio_apps_own_signal_handler_works_again_after_an_embedded_worker(
+        spool: Spool) -> None:
+    # Found in an async probe: anyio's signal receiver replaced the application's
+    # `loop.add_signal_handler(SIGTERM, ...)` and removed its own on exit, so a SIGTERM
+    # after the worker's run reached nobody: the application could not be stopped.
+    import asyncio
+    import os
+
+    async def main() -> list[str]:
+        loop = asyncio.get_running_loop()
+        got: list[str] = []
+        loop.add_signal_handler(signal.SIGTERM, lambda: got.append("app"))
+        worker = Worker(spool, {"k": lambda job, ctx: None}, maintenance=False)
+        loop.call_later(0.3, worker.stop)
+        await worker.arun_forever(poll_seconds=0.1)
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(100):  # a hang guard: the handler runs on the next loop turn
+            if got:
+                break
+            await asyncio.sleep(0.02)
+        loop.remove_signal_handler(signal.SIGTERM)
+        return got
+
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        assert asyncio.run(main()) == ["app"]
+    finally:
+        signal.signal(signal.SIGTERM, before)

@@ -454,12 +454,25 @@ class Worker:
         # had: an application embedding a worker lost its own handlers (a later SIGTERM
         # killed it outright). Restored here, whatever ends the run.
         before = {s: signal.getsignal(s) for s in stop_signals()}
+        # An asyncio application's own `loop.add_signal_handler` entries: the receiver
+        # replaces them and removes its own on exit, so the application's SIGTERM handler
+        # was gone for good (a later SIGTERM did nothing). asyncio keeps them in a private
+        # table; read defensively, re-added afterwards.
+        loop = _asyncio_loop()
+        table = getattr(loop, "_signal_handlers", None) if loop is not None else None
+        theirs = {s: h for s in stop_signals()
+                  if (h := table.get(s) if isinstance(table, dict) else None) is not None}
         try:
             await self._receive_signals()
         finally:
             for signum, handler in before.items():
                 with contextlib.suppress(ValueError, TypeError, OSError):
                     signal.signal(signum, handler)
+            for signum, handle in theirs.items():
+                with contextlib.suppress(Exception):
+                    if not handle.cancelled():
+                        loop.add_signal_handler(
+                            signum, handle._callback, *handle._args)  # noqa: SLF001
 
     async def _receive_signals(self) -> None:
         with anyio.open_signal_receiver(*stop_signals()) as signals:
@@ -494,6 +507,16 @@ class Worker:
         """The projection this worker writes through (opened on first use: lancedb is slow
         to import)."""
         return self.sink.store()
+
+
+def _asyncio_loop() -> Any:
+    """The running asyncio loop, or None (trio, or no loop)."""
+    import asyncio
+
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 def _in_event_loop() -> bool:
