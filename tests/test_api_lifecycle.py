@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 import warnings
 from pathlib import Path
 
@@ -192,7 +193,17 @@ def test_a_spool_closed_under_an_idle_worker_stops_it_then_closes(tmp_path: Path
     # tests/test_close_under_worker.py for runs holding jobs).
     spool = make_spool(tmp_path / "spool")
     worker = Worker(spool, {"k": lambda job, ctx: None}, maintenance=False)
-    threading.Timer(0.5, spool.close).start()
+
+    def close_once_serving() -> None:
+        # After the run began (a fixed 0.5 s raced a slow start on a loaded machine: the
+        # spool was closed before the run, which then refused to start).
+        deadline = time.monotonic() + 120
+        while not spool.runs._live and time.monotonic() < deadline:  # noqa: SLF001
+            time.sleep(0.01)
+        time.sleep(0.2)
+        spool.close()
+
+    threading.Thread(target=close_once_serving, daemon=True).start()
     guard = threading.Timer(120, worker.stop)  # a hang guard
     guard.start()
     try:
