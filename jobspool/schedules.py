@@ -190,14 +190,19 @@ class Schedule:
             # (a year, after a one-year jump). Start over as at first sight; a tick
             # fired before is not fired twice (its job id is taken).
             last = None
+        floor: int | None = None
         if last is not None and self.last_tick(last) != last:
             # The mark is no tick of this rule: the rule changed under its name (every 3600
             # s became every 60 s). Caught up from the old mark, the new rule fired each of
-            # its ticks since (100 jobs at once with "all"): start over as at first sight.
-            last = None
+            # its ticks since (100 jobs at once with "all"): start over as at first sight,
+            # but never at or before that mark. Two rules live at once (a rolling deploy)
+            # otherwise fired a tick again, its first job already pruned: each took the
+            # other's mark for a rule change and re-fired its own latest tick.
+            floor, last = last, None
         if last is None:
             # First sight: the tick that is happening right now counts, older ones do not.
-            return ([latest] if self._on_time(latest, now) else []), latest
+            fire = self._on_time(latest, now) and (floor is None or latest > floor)
+            return ([latest] if fire else []), (latest if floor is None else max(latest, floor))
         if latest <= last:
             return [], last
         if self.catch_up == "all":

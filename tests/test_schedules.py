@@ -464,6 +464,30 @@ def test_a_schedule_whose_rule_changed_starts_over_instead_of_catching_up(
     assert fired.ticks == (new.last_tick(later + 420),)
 
 
+def test_two_rules_live_under_one_name_never_fire_a_tick_twice(spool: Spool) -> None:
+    # Found in an async probe: during a rolling deploy, old workers ran every=2 and new
+    # ones every=3 under one name. Each took the other's mark for a rule change and
+    # started over: the old rule fired its tick T+2 again, its first job already pruned.
+    t = (int(T0) // 6) * 6
+    old = Scheduler([Schedule("k", every=2, name="s")])
+    new = Scheduler([Schedule("k", every=3, name="s")])
+    ran: list[str] = []
+
+    def drain() -> None:
+        for lease in spool.claim(limit=10):
+            ran.append(lease.job_id)
+            spool.complete(lease)
+        spool.prune(keep=0)  # retention: a fired tick's job is gone
+
+    for scheduler, at in [(old, t + 2.2), (new, t + 3.5), (old, t + 3.9), (old, t + 4.2),
+                          (new, t + 6.1), (old, t + 6.5), (old, t + 8.1)]:
+        scheduler.tick(spool, at)
+        drain()
+    assert len(ran) == len(set(ran)), ran
+    ticks = sorted(int(j.rsplit(".", 1)[1]) for j in ran)
+    assert ticks == sorted(set(ticks)) and ticks[0] == t + 2 and ticks[-1] == t + 8
+
+
 def test_a_time_zone_on_an_interval_schedule_is_refused() -> None:
     # Taken and ignored: interval ticks are aligned to the epoch whatever the zone.
     with pytest.raises(ScheduleError, match="tz='Europe/Paris' applies to cron schedules only"):
