@@ -10,6 +10,7 @@ have their own modules.
 from __future__ import annotations
 
 import os
+import time
 import threading
 from pathlib import Path
 from typing import Any
@@ -122,6 +123,21 @@ def test_duplicates_across_many_jobs_are_settled_one_batch_per_lock_hold(spool: 
 
 
 # ---------------------------------------------------------------- temp files and the pool
+
+
+def test_stats_counts_every_staging_file_a_crash_left(spool: Spool, spool_root: Path) -> None:
+    # Found in an operations probe: a producer killed mid-enqueue leaves a `.stage` file,
+    # which fsck names and recover removes, but stats (and its Prometheus gauge) counted
+    # only `.tmp` files: the metric meant to show crash leftovers said 0.
+    spool.enqueue("k", job_id="j")
+    stage = spool_root / "tmp" / "056394ca359c3fac.295.stage"
+    stage.write_bytes(b'{"torn')
+    os.utime(stage, (time.time() - 3600, time.time() - 3600))  # its writer long gone
+    (spool_root / "tmp" / "4242.7.tmp").write_bytes(b"")
+    (spool_root / "tmp" / "pool" / "77.1").write_bytes(b"recycled")
+    assert spool.stats().temp_files == 2
+    assert len(spool.recover().temp_files_removed) == 2
+    assert spool.stats().temp_files == 0
 
 
 def test_every_staging_file_is_removed_and_the_pool_is_kept(spool: Spool,

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from jobspool.queue.backpressure import waiting_since
 from jobspool.queue.states import ALL_STATES, JobState
+from jobspool.queue.store import STAGE_SUFFIX
 
 if TYPE_CHECKING:
     from jobspool.queue.job import Job
@@ -141,11 +142,13 @@ def collect_stats(spool: Journal, *, by_kind: bool = False) -> Stats:
     return Stats(
         counts=counts, total=sum(counts.values()), due=due, oldest_due_age=oldest,
         fence=fence, quarantined=_count(spool.root / "quarantine", suffix=".json"),
-        temp_files=_count(spool.root / "tmp", suffix=".tmp"), now=now, by_kind=kinds,
+        # Both kinds of staging file: a producer's (`.stage`) left by a crash counted none.
+        temp_files=_count(spool.root / "tmp", suffix=(".tmp", STAGE_SUFFIX)), now=now,
+        by_kind=kinds,
         scheduled=scheduled)
 
 
-def _count(path: os.PathLike[str] | str, *, suffix: str) -> int:
+def _count(path: os.PathLike[str] | str, *, suffix: str | tuple[str, ...]) -> int:
     try:
         return sum(1 for n in os.listdir(path) if not n.endswith(".reason") and
                    not n.startswith(".") and (suffix == ".json" or n.endswith(suffix)))
