@@ -129,9 +129,19 @@ class Health:
         return "\n".join(lines)
 
 
-def _ids(ids: list[str]) -> str:
+def _ids(ids: list[str], total: int | None = None) -> str:
+    """A few of `ids` (of `total`, when more exist than were listed)."""
+    total = len(ids) if total is None else total
     shown = ", ".join(ids[:_EXAMPLES])
-    return shown + (f" and {len(ids) - _EXAMPLES} more" if len(ids) > _EXAMPLES else "")
+    return shown + (f" and {total - _EXAMPLES} more" if total > _EXAMPLES else "")
+
+
+def expired_reason(ids: list[str], total: int) -> Reason:
+    """`expired_leases`, with the same text on every store (one alert rule serves both)."""
+    return Reason("expired_leases",
+                  f"{_plural(total, 'lease')} expired and not reclaimed ({_ids(ids, total)}): "
+                  "workers died and nothing recovered; run `jobspool recover` or start a "
+                  "worker for their kinds", total)
 
 
 def _plural(n: int, word: str) -> str:
@@ -201,12 +211,7 @@ def check_health(
 
     expired = _expired_leases(spool, now - lease_grace)
     if expired:
-        reasons.append(Reason(
-            "expired_leases",
-            f"{_plural(len(expired), 'lease')} expired and not reclaimed ({_ids(expired)}): "
-            f"workers died and nothing recovered; run `jobspool recover` or start a worker "
-            f"for their kinds",
-            len(expired)))
+        reasons.append(expired_reason(expired, len(expired)))
 
     stuck = _stale_prepared(spool, now - spool.prepare_grace_seconds)
     if stuck:

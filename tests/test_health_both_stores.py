@@ -45,3 +45,21 @@ def test_a_bad_threshold_is_refused_on_every_store(store_root: str | Path,
     with make_spool(store_root) as spool, pytest.raises(ValueError) as caught:
         spool.health(**options)
     assert next(iter(options)) in str(caught.value)
+
+
+def test_expired_leases_are_reported_alike_naming_the_jobs(store_root: str | Path) -> None:
+    # Found in an operations probe: PostgreSQL said "3 expired lease(s) not reclaimed yet"
+    # without naming a job, the file store named them with other advice: two alert texts.
+    from tests.store_params import sleep_past
+
+    with make_spool(store_root, lease_seconds=0.2) as spool:
+        for i in range(4):
+            spool.enqueue("k", job_id=f"j{i}")
+        leases = spool.claim(limit=4)
+        sleep_past(max(x.expires_at for x in leases))
+        health = spool.health()
+    (reason,) = [r for r in health.reasons if r.code == "expired_leases"]
+    assert reason.value == 4
+    assert reason.message.startswith("4 leases expired and not reclaimed (j")
+    assert " and 1 more): workers died and nothing recovered; run `jobspool recover`" \
+        in reason.message

@@ -253,7 +253,14 @@ def health(spool: PgSpool, *, max_due_age: float = DEFAULT_MAX_DUE_AGE,
            worker_stale: float = DEFAULT_WORKER_STALE) -> Health:
     """`ok` / `degraded` with reasons: dead letters, stuck due jobs, unswept leases, stale
     prepared jobs; and, as on the file spool, what this machine holds (`host_reasons`)."""
-    from jobspool.health import Health, Reason, check_options, host_reasons, queue_reasons
+    from jobspool.health import (
+        Health,
+        Reason,
+        check_options,
+        expired_reason,
+        host_reasons,
+        queue_reasons,
+    )
 
     check_options(max_due_age=max_due_age, lease_grace=lease_grace,
                   maintenance_cadence=maintenance_cadence,
@@ -279,8 +286,10 @@ def health(spool: PgSpool, *, max_due_age: float = DEFAULT_MAX_DUE_AGE,
                               "or default_transaction_read_only is on): every claim, enqueue "
                               "and settle fails", 1))
     if expired:
-        reasons.append(Reason("expired_leases", f"{expired} expired lease(s) not reclaimed "
-                              "yet (run `jobspool recover` or a worker)", expired))
+        ids = [r[0] for r in spool.db.run(lambda c: c.execute(
+            "SELECT id FROM jobspool_jobs WHERE state = 'leased' AND expires_at <= %s "
+            "ORDER BY id LIMIT 5", (now - lease_grace,)).fetchall(), what="health")]
+        reasons.append(expired_reason(ids, expired))
     if stale:
         reasons.append(Reason("stale_prepared", f"{stale} prepared job(s) past the grace "
                               "period (run `jobspool recover --app ...` to replay them)", stale))
