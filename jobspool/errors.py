@@ -282,6 +282,7 @@ __all__ = [
     "SpoolError",
     "StoreUnavailable",
     "TimeLimitExceeded",
+    "UnreadableJob",
     "WaitTimeout",
     "WorkerCrashed",
     "WorkerSpoolClosed",
