@@ -156,3 +156,25 @@ def test_a_run_given_back_for_a_failing_projection_is_not_shown_as_not_run(
     assert job.status == "retryable" and not job.scheduled
     assert spool.get(later.id).status == "scheduled"
     assert spool.stats().scheduled == 1
+
+
+def test_a_schedule_refused_by_backpressure_fires_once_the_queue_drained(
+        make_any_spool: Callable[..., Spool]) -> None:
+    # Found in an async probe: on PostgreSQL the backlog was counted inside the scheduler's
+    # transaction, seeing the tick's own row: with max_due=2 every tick was refused with
+    # the queue empty ("1 ready jobs, still over half of the limit"), for good.
+    import time
+
+    from jobspool import Schedule, Scheduler
+
+    spool = make_any_spool(max_due=2)
+    spool.enqueue("x", job_id="x1")
+    spool.enqueue("x", job_id="x2")
+    t = int(time.time()) // 10 * 10 - 300
+    scheduler = Scheduler([Schedule("a", every=10, catch_up="all")])
+    assert scheduler.tick(spool, t + 1) == []  # refused: two due already
+    for lease in spool.claim(limit=5):
+        spool.complete(lease)
+    (fired,) = scheduler.tick(spool, t + 12)
+    assert fired.created == (f"sched.a.{t + 10}",)
+    assert spool.stats().due == 1

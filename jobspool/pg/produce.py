@@ -100,6 +100,7 @@ def insert_given(spool: PgSpool, fresh: list[Job], *, on_conflict: str,
             existing = lock_rows(conn, ids)
             now = spool.now()
             out: list[EnqueueResult] = []
+            writes: list[tuple[Job | None, Job]] = []
             seen: dict[str, EnqueueResult] = {}
             for job in fresh:
                 if job.id in seen:
@@ -108,7 +109,7 @@ def insert_given(spool: PgSpool, fresh: list[Job], *, on_conflict: str,
                 old = existing.get(job.id)
                 if old is None:
                     result = EnqueueResult(job, "created")
-                    write(conn, None, job)
+                    writes.append((None, job))
                 elif _written_by_this_call(old, job, reservation):
                     # Sent again after a lost connection: the first try committed and its
                     # reply was lost. Deciding again would call our own row a conflict
@@ -120,14 +121,19 @@ def insert_given(spool: PgSpool, fresh: list[Job], *, on_conflict: str,
                         unique_states=unique_states, reservation=reservation,
                         max_bytes=spool.max_job_bytes)
                     if outcome != "existing":
-                        write(conn, old, new)
+                        writes.append((old, new))
                     result = EnqueueResult(new, outcome)
                 seen[job.id] = result
                 out.append(result)
             # Backpressure counts only what this call adds to the backlog: an idempotent
-            # re-enqueue is never refused. Raising here rolls the whole batch back.
+            # re-enqueue is never refused. Raising here rolls the whole batch back. Measured
+            # before the batch's own rows are written: inside a caller's transaction (a
+            # scheduler's, whose connection is pinned) the count saw them, and a schedule's
+            # tick was refused with an empty queue.
             spool.admit(sum(1 for r in out if r.outcome == "created"
                             or (r.outcome != "existing" and existing[r.job.id].terminal)))
+            for old_row, new_row in writes:
+                write(conn, old_row, new_row)
             if any(r.outcome != "existing" and r.job.state in (JobState.READY, JobState.RETRYABLE)
                    for r in out):
                 conn.execute("SELECT pg_notify(%s, '')", (spool.channel,))
