@@ -296,3 +296,42 @@ def test_an_asyncio_apps_own_signal_handler_works_again_after_an_embedded_worker
         assert asyncio.run(main()) == ["app"]
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+def test_one_sigterm_stops_every_worker_an_app_embeds(tmp_path: Path) -> None:
+    # Found in an async probe: each run opened its own signal receiver and only the last
+    # one opened was told, so an app serving two workers stopped one of them on SIGTERM.
+    import asyncio
+    import os
+
+    spools = [make_spool(tmp_path / "a"), make_spool(tmp_path / "b")]
+    workers = [Worker(s, {"k": lambda job, ctx: None}, maintenance=False) for s in spools]
+    guarded: list[bool] = []
+
+    async def main() -> None:
+        async def send_once_both_serve() -> None:
+            for _ in range(500):  # a hang guard
+                if all(w.spool.runs._live for w in workers):  # noqa: SLF001
+                    break
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.2)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        def give_up() -> None:  # a hang guard: the test then fails below
+            guarded.append(True)
+            for w in workers:
+                w.stop()
+
+        guard = asyncio.get_running_loop().call_later(30, give_up)
+        await asyncio.gather(*(w.arun_forever(poll_seconds=0.1) for w in workers),
+                             send_once_both_serve())
+        guard.cancel()
+
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        asyncio.run(main())
+    finally:
+        signal.signal(signal.SIGTERM, before)
+        for s in spools:
+            s.close()
+    assert not guarded and all(w.stopping for w in workers)

@@ -462,9 +462,11 @@ class Worker:
         table = getattr(loop, "_signal_handlers", None) if loop is not None else None
         theirs = {s: h for s in stop_signals()
                   if (h := table.get(s) if isinstance(table, dict) else None) is not None}
+        _SIGNALLED.add(self)
         try:
             await self._receive_signals()
         finally:
+            _SIGNALLED.discard(self)
             for signum, handler in before.items():
                 with contextlib.suppress(ValueError, TypeError, OSError):
                     signal.signal(signum, handler)
@@ -480,12 +482,18 @@ class Worker:
                 name = signal.Signals(signum).name
                 if self.stopping:
                     log.warning("received %s again: releasing every held lease now", name)
-                    self.hurry()
                 else:
                     log.warning("received %s: no new claims; running handlers get %g s "
                                 "(send it again to release their leases now)", name,
                                 self.grace_seconds)
-                    self.stop()
+                # Every worker of the process that handles signals: only the receiver
+                # opened last is told (the loop keeps one handler per signal), and an app
+                # embedding two workers stopped one of them on SIGTERM.
+                for worker in list(_SIGNALLED) or [self]:
+                    if worker.stopping:
+                        worker.hurry()
+                    else:
+                        worker.stop()
 
     def _unhandled(self) -> dict[str, int]:
         """Due jobs left behind because this worker has no handler for their kind."""
@@ -507,6 +515,10 @@ class Worker:
         """The projection this worker writes through (opened on first use: lancedb is slow
         to import)."""
         return self.sink.store()
+
+
+# The workers of this process running with `handle_signals` (see `_receive_signals`).
+_SIGNALLED: set[Worker] = set()
 
 
 def _asyncio_loop() -> Any:
