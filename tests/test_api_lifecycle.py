@@ -335,3 +335,52 @@ def test_one_sigterm_stops_every_worker_an_app_embeds(tmp_path: Path) -> None:
         for s in spools:
             s.close()
     assert not guarded and all(w.stopping for w in workers)
+
+
+def test_workers_ending_in_any_order_leave_the_app_its_signal_handler(tmp_path: Path) -> None:
+    # Found in an async probe: with two embedded workers, the one started first ending
+    # first removed the other's receiver (it no longer heard SIGTERM) and, once both had
+    # ended, the application's own handler was gone.
+    import asyncio
+    import os
+
+    spools = [make_spool(tmp_path / "a"), make_spool(tmp_path / "b")]
+    first, second = (Worker(s, {"k": lambda job, ctx: None}, maintenance=False)
+                     for s in spools)
+    got: list[str] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, lambda: got.append("app"))
+        guard = loop.call_later(30, lambda: (first.stop(), second.stop()))  # hang guard
+
+        async def drive() -> None:
+            for _ in range(500):
+                if first.spool.runs._live and second.spool.runs._live:  # noqa: SLF001
+                    break
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.2)
+            first.stop()  # the first started ends first
+            while first.spool.runs._live:  # noqa: SLF001
+                await asyncio.sleep(0.01)
+            os.kill(os.getpid(), signal.SIGTERM)  # must still reach the second
+
+        await asyncio.gather(first.arun_forever(poll_seconds=0.1),
+                             second.arun_forever(poll_seconds=0.1), drive())
+        guard.cancel()
+        assert got == []  # the workers had it
+        os.kill(os.getpid(), signal.SIGTERM)  # both ended: the application's again
+        for _ in range(100):
+            if got:
+                break
+            await asyncio.sleep(0.02)
+        loop.remove_signal_handler(signal.SIGTERM)
+
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        asyncio.run(main())
+    finally:
+        signal.signal(signal.SIGTERM, before)
+        for s in spools:
+            s.close()
+    assert got == ["app"]

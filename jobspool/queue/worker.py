@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
 import socket
 import sys
 import threading
@@ -34,6 +33,7 @@ import anyio.to_thread
 from jobspool.errors import ConfigError, InvalidJob, JobspoolError, RunningLoopError
 from jobspool.errors import WorkerCrashed as WorkerCrashed
 from jobspool.policy import Policy
+from jobspool.queue import signalhub
 from jobspool.queue.arguments import check_flag
 from jobspool.queue.config import Handler as Handler
 from jobspool.queue.config import WorkerConfig
@@ -450,50 +450,16 @@ class Worker:
     # ------------------------------------------------------------ support
 
     async def _watch_signals(self) -> None:
-        # The event loop puts SIG_DFL back when the receiver closes, not what the process
-        # had: an application embedding a worker lost its own handlers (a later SIGTERM
-        # killed it outright). Restored here, whatever ends the run.
-        before = {s: signal.getsignal(s) for s in stop_signals()}
-        # An asyncio application's own `loop.add_signal_handler` entries: the receiver
-        # replaces them and removes its own on exit, so the application's SIGTERM handler
-        # was gone for good (a later SIGTERM did nothing). asyncio keeps them in a private
-        # table; read defensively, re-added afterwards.
-        loop = _asyncio_loop()
-        table = getattr(loop, "_signal_handlers", None) if loop is not None else None
-        theirs = {s: h for s in stop_signals()
-                  if (h := table.get(s) if isinstance(table, dict) else None) is not None}
-        _SIGNALLED.add(self)
+        # Shared with every worker of the process that handles signals: one signal stops
+        # them all, and the last to end puts back the process's own handlers (signalhub).
+        signals = stop_signals()
+        signalhub.enter(self, signals)
         try:
-            await self._receive_signals()
+            with anyio.open_signal_receiver(*signals) as received:
+                async for signum in received:
+                    signalhub.deliver(signum, self)
         finally:
-            _SIGNALLED.discard(self)
-            for signum, handler in before.items():
-                with contextlib.suppress(ValueError, TypeError, OSError):
-                    signal.signal(signum, handler)
-            for signum, handle in theirs.items():
-                with contextlib.suppress(Exception):
-                    if not handle.cancelled():
-                        loop.add_signal_handler(
-                            signum, handle._callback, *handle._args)  # noqa: SLF001
-
-    async def _receive_signals(self) -> None:
-        with anyio.open_signal_receiver(*stop_signals()) as signals:
-            async for signum in signals:
-                name = signal.Signals(signum).name
-                if self.stopping:
-                    log.warning("received %s again: releasing every held lease now", name)
-                else:
-                    log.warning("received %s: no new claims; running handlers get %g s "
-                                "(send it again to release their leases now)", name,
-                                self.grace_seconds)
-                # Every worker of the process that handles signals: only the receiver
-                # opened last is told (the loop keeps one handler per signal), and an app
-                # embedding two workers stopped one of them on SIGTERM.
-                for worker in list(_SIGNALLED) or [self]:
-                    if worker.stopping:
-                        worker.hurry()
-                    else:
-                        worker.stop()
+            signalhub.leave(self, signals)
 
     def _unhandled(self) -> dict[str, int]:
         """Due jobs left behind because this worker has no handler for their kind."""
@@ -515,20 +481,6 @@ class Worker:
         """The projection this worker writes through (opened on first use: lancedb is slow
         to import)."""
         return self.sink.store()
-
-
-# The workers of this process running with `handle_signals` (see `_receive_signals`).
-_SIGNALLED: set[Worker] = set()
-
-
-def _asyncio_loop() -> Any:
-    """The running asyncio loop, or None (trio, or no loop)."""
-    import asyncio
-
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
 
 
 def _in_event_loop() -> bool:

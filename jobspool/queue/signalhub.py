@@ -1,0 +1,140 @@
+"""The stop signals of the workers one process runs with `handle_signals`.
+
+Each run listens through anyio's signal receiver, but an event loop keeps one handler per
+signal: only the receiver opened last hears a signal, a receiver closed out of order
+removes another's, and closing puts back what was there when it opened — not what the
+application had. An application embedding two workers stopped one of them on SIGTERM,
+and after they ended its own `loop.add_signal_handler` handler was gone (a SIGTERM then
+did nothing, or killed the process).
+
+So, here:
+- a signal stops every such worker (one already stopping is hurried: the second signal);
+- a run that ends while others go on leaves a handler that reaches them, whatever order
+  the runs end in;
+- the last to end puts back what the process had before the first began: its
+  `signal.signal` handlers and an asyncio application's own loop handlers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+log = logging.getLogger("jobspool.queue.worker")
+
+
+class Stoppable(Protocol):
+    grace_seconds: float
+
+    @property
+    def stopping(self) -> bool: ...
+
+    def stop(self) -> None: ...
+
+    def hurry(self) -> None: ...
+
+
+_members: list[Stoppable] = []  # in start order
+_original: dict[str, Any] = {}  # what the process had before the first member began
+
+
+def enter(worker: Stoppable, signals: Iterable[int]) -> None:
+    """`worker` begins a run that listens for `signals` (from inside its event loop)."""
+    if not _members:
+        _original.clear()
+        _original.update(_capture(tuple(signals)))
+    _members.append(worker)
+
+
+def leave(worker: Stoppable, signals: Iterable[int]) -> None:
+    """`worker`'s run ended (its receiver closed); called from inside its event loop."""
+    with contextlib.suppress(ValueError):
+        _members.remove(worker)
+    if _members:
+        _install_fan_out(tuple(signals))
+    else:
+        _restore(_original)
+        _original.clear()
+
+
+def deliver(signum: int, told: Stoppable | None = None) -> None:
+    """A stop signal arrived: every member stops, or is hurried if already stopping."""
+    members = list(_members) or ([told] if told is not None else [])
+    if not members:
+        return
+    first = told if told is not None else members[0]
+    name = signal.Signals(signum).name
+    if first.stopping:
+        log.warning("received %s again: releasing every held lease now", name)
+    else:
+        log.warning("received %s: no new claims; running handlers get %g s (send it again "
+                    "to release their leases now)", name, first.grace_seconds)
+    for worker in members:
+        if worker.stopping:
+            worker.hurry()
+        else:
+            worker.stop()
+
+
+def _asyncio_loop() -> Any:
+    import asyncio
+
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def _capture(signals: tuple[int, ...]) -> dict[str, Any]:
+    loop = _asyncio_loop()
+    # asyncio keeps an application's `add_signal_handler` entries in a private table:
+    # read defensively, re-added by `_restore`.
+    table = getattr(loop, "_signal_handlers", None) if loop is not None else None
+    handles = {s: h for s in signals
+               if (h := table.get(s) if isinstance(table, dict) else None) is not None}
+    return {"signal": {s: signal.getsignal(s) for s in signals}, "loop": loop,
+            "handles": handles}
+
+
+def _restore(original: dict[str, Any]) -> None:
+    for signum, handler in original.get("signal", {}).items():
+        with contextlib.suppress(ValueError, TypeError, OSError):
+            signal.signal(signum, handler)
+    loop = original.get("loop")
+    if loop is None or loop is not _asyncio_loop():
+        return
+    for signum, handle in original.get("handles", {}).items():
+        with contextlib.suppress(Exception):
+            if not handle.cancelled():
+                loop.add_signal_handler(signum, handle._callback, *handle._args)  # noqa: SLF001
+
+
+def _install_fan_out(signals: tuple[int, ...]) -> None:
+    loop = _asyncio_loop()
+    if loop is not None:
+        for signum in signals:
+            with contextlib.suppress(Exception):
+                loop.add_signal_handler(signum, deliver, signum)
+        return
+    soon = _trio_soon()
+    for signum in signals:
+        with contextlib.suppress(ValueError, TypeError, OSError):
+            # Not in the signal handler itself: stopping takes locks the interrupted code
+            # may hold. Trio runs it on its loop, signal-safely.
+            signal.signal(signum, (lambda n, _f: soon(deliver, n)) if soon is not None
+                          else (lambda n, _f: deliver(n)))
+
+
+def _trio_soon() -> Any:
+    try:
+        import trio
+
+        return trio.lowlevel.current_trio_token().run_sync_soon
+    except Exception:  # not in a trio run (or no trio): called directly
+        return None
+
+
+__all__ = ["deliver", "enter", "leave"]
