@@ -521,6 +521,12 @@ class Store:
         finally:
             os.close(fd)
 
+    def flush_dirs(self, dirs: Iterable[str]) -> None:
+        """Flush these directories now (a durable store only): what was removed from them
+        reaches the disk before anything after this call does."""
+        if self.durable:
+            self._flush_dirs(dirs, use_syncfs=self.sync_mode == "syncfs")
+
     def _flush_dirs(self, dirs: Iterable[str], use_syncfs: bool) -> None:
         if use_syncfs:
             self._flush_fs()

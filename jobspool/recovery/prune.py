@@ -175,7 +175,13 @@ def _remove(spool: Journal, victims: list[Entry]) -> tuple[list[str], list[str]]
                                     src=o.state.value))
                 stale_paths.append(entry_of(o).path)
             gone.append(found.id)
-        spool.commit_changes(pairs, extra)
+        if extra:
+            # The stale copies go first, and reach the disk first: removing the newest copy
+            # first, a prune killed (or a power loss) between the two left only the stale
+            # one, an expired lease of a completed job, and the job ran again.
+            spool.commit_changes([], extra)
+            spool.store.flush_dirs({ch.src for ch in extra if ch.src})
+        spool.commit_changes(pairs)
     return gone, stale_paths
 
 
