@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -209,9 +210,15 @@ def check_health(
     now = stats.now
     reasons = queue_reasons(stats, max_due_age)
 
-    expired = _expired_leases(spool, now - lease_grace)
+    leased = list(spool.jobs(JobState.LEASED))
+    expired = [j.id for j in leased
+               if j.lease is not None and j.lease.expires_at <= now - lease_grace]
     if expired:
         reasons.append(expired_reason(expired, len(expired)))
+    behind = fence_behind_reason(_fence_ceiling(spool), [(j.lease.token, j.id) for j in leased
+                                                         if j.lease is not None])
+    if behind is not None:
+        reasons.append(behind)
 
     stuck = _stale_prepared(spool, now - spool.prepare_grace_seconds)
     if stuck:
@@ -382,13 +389,33 @@ def _local_dir_exists(uri: str) -> bool:
     return local is None or os.path.isdir(local)
 
 
-def _expired_leases(spool: Spool, cutoff: float) -> list[str]:
-    """Leased jobs whose lease expired at or before `cutoff` (file reads of `leased/`)."""
-    out: list[str] = []
-    for job in spool.jobs(JobState.LEASED):
-        if job.lease is not None and job.lease.expires_at <= cutoff:
-            out.append(job.id)
-    return out
+def _fence_ceiling(spool: Spool) -> int | None:
+    """The fence counter on disk (None when missing or unreadable: fsck names that)."""
+    from jobspool.queue.fence import FENCE_FILE, decode_fence
+    from jobspool.queue.journal import journal_of
+
+    journal = journal_of(spool)
+    if journal is None:
+        return None
+    try:
+        return decode_fence(journal.store.read("", FENCE_FILE))
+    except (OSError, ValueError):
+        return None
+
+
+def fence_behind_reason(fence: int | None, held: Iterable[tuple[int, str]]) -> Reason | None:
+    """`fence_behind` when a held lease's token (`held`: token, job id) is above the counter:
+    the next claims would hand out tokens a live holder has (fsck said so; health, ok)."""
+    if fence is None:
+        return None
+    above = sorted(((token, job_id) for token, job_id in held if token > fence), reverse=True)
+    if not above:
+        return None
+    token, job_id = above[0]
+    return Reason("fence_behind",
+                  f"the fence counter ({fence}) is below token {token} held by {job_id} "
+                  f"({_plural(len(above), 'lease')} above it): tokens could be issued twice; "
+                  "run `jobspool recover` (it raises the fence above every token)", len(above))
 
 
 def _stale_prepared(spool: Spool, cutoff: float) -> list[str]:

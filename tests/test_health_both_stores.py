@@ -63,3 +63,25 @@ def test_expired_leases_are_reported_alike_naming_the_jobs(store_root: str | Pat
     assert reason.message.startswith("4 leases expired and not reclaimed (j")
     assert " and 1 more): workers died and nothing recovered; run `jobspool recover`" \
         in reason.message
+
+
+def test_a_fence_behind_held_tokens_is_reported(store_root: str | Path) -> None:
+    # Found in an operations probe: fsck said the counter was below tokens leases hold
+    # ("tokens could be issued twice") while health said ok, exit 0.
+    with make_spool(store_root) as spool:
+        for i in range(3):
+            spool.enqueue("k", job_id=f"j{i}")
+        leases = spool.claim(limit=3)
+        assert spool.health().ok
+        if isinstance(store_root, Path):
+            from jobspool.queue.fence import FENCE_FILE, encode_fence
+            (store_root / FENCE_FILE).write_bytes(encode_fence(1))  # a restored old copy
+        else:
+            import psycopg
+            with psycopg.connect(store_root, autocommit=True) as conn:
+                conn.execute("SELECT setval('jobspool_fence', 1)")
+        health = spool.health()
+    (reason,) = [r for r in health.reasons if r.code == "fence_behind"]
+    top = max(x.token for x in leases)
+    assert reason.value == 2 and f"below token {top} held by" in reason.message
+    assert "tokens could be issued twice" in reason.message and not health.ok

@@ -258,6 +258,7 @@ def health(spool: PgSpool, *, max_due_age: float = DEFAULT_MAX_DUE_AGE,
         Reason,
         check_options,
         expired_reason,
+        fence_behind_reason,
         host_reasons,
         queue_reasons,
     )
@@ -290,6 +291,13 @@ def health(spool: PgSpool, *, max_due_age: float = DEFAULT_MAX_DUE_AGE,
             "SELECT id FROM jobspool_jobs WHERE state = 'leased' AND expires_at <= %s "
             "ORDER BY id LIMIT 5", (now - lease_grace,)).fetchall(), what="health")]
         reasons.append(expired_reason(ids, expired))
+    above = spool.db.run(lambda c: c.execute(
+        "SELECT id, token FROM jobspool_jobs WHERE state = 'leased' AND token > %s "
+        "ORDER BY token DESC LIMIT 100", (spool.fence_value(),)).fetchall(), what="health")
+    if above:
+        behind = fence_behind_reason(spool.fence_value(), [(int(t), i) for i, t in above])
+        if behind is not None:
+            reasons.append(behind)
     if stale:
         reasons.append(Reason("stale_prepared", f"{stale} prepared job(s) past the grace "
                               "period (run `jobspool recover --app ...` to replay them)", stale))
