@@ -178,3 +178,13 @@ def test_a_schedule_refused_by_backpressure_fires_once_the_queue_drained(
     (fired,) = scheduler.tick(spool, t + 12)
     assert fired.created == (f"sched.a.{t + 10}",)
     assert spool.stats().due == 1
+
+
+def test_a_worker_on_a_read_only_spool_is_refused_at_once(
+        make_any_spool: Callable[..., Spool]) -> None:
+    # Found in an async probe: it was accepted, then crash-looped five times ("worker
+    # loop failed ... restarting") and raised WorkerCrashed.
+    make_any_spool()
+    ro = make_any_spool(read_only=True)
+    with pytest.raises(SpoolError, match=r"cannot run a worker: .* read-only"):
+        Worker(ro, {"k": lambda job, ctx: None})

@@ -99,6 +99,9 @@ class Worker:
         if isinstance(spool, str | os.PathLike) or not hasattr(spool, "claim"):
             raise TypeError(f"Worker needs an open Spool, got {spool!r:.80}: "
                             "Worker(Spool(root), handlers)")
+        if getattr(spool, "read_only", False) is True:
+            # Every claim would be refused: it crash-looped five times, then WorkerCrashed.
+            spool.check_writable("run a worker")
         ensure_local_dir = getattr(spool, "ensure_local_dir", None)
         if ensure_local_dir is not None:  # a database's spool: its machine-local directory
             ensure_local_dir()
