@@ -79,6 +79,16 @@ def test_one_unreadable_file_does_not_hide_the_readable_jobs_of_its_state(
     assert html.status_code == 200 and all(i in html.text for i in ids)
 
 
+def test_the_json_says_a_delayed_job_is_scheduled_not_a_failing_retry(spool: Spool) -> None:
+    # Found in an operations probe: `list --json` and `show` told them apart, the
+    # dashboard's JSON did not.
+    later = spool.enqueue("k", {}, delay=600)
+    client = _client(spool)
+    (listed,) = client.get("/api/jobs/retryable").json()["jobs"]
+    assert listed["id"] == later.id and listed["status"] == "scheduled"
+    assert client.get(f"/api/job/{later.id}").json()["status"] == "scheduled"
+
+
 def test_a_post_without_the_csrf_token_is_refused_and_changes_nothing(spool: Spool) -> None:
     (job_id,) = _dead(spool, "mail", 1)
     with _client(spool) as client:

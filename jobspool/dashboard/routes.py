@@ -89,7 +89,9 @@ def routes(dash: Dashboard) -> list[Route]:
             return json_response({"error": str(exc)}, 400)
         got = await in_thread(lambda: data.page(dash.spool, state, **filters))
         return json_response({"state": state.value, "total": got.total,
-                              "jobs": [j.to_dict() for j in got.jobs],
+                              # `status` as `list --json` gives it: a delayed job is
+                              # "scheduled", not a failing retry.
+                              "jobs": [{**j.to_dict(), "status": j.status} for j in got.jobs],
                               "next": got.next_cursor, "scanned": got.scanned,
                               "truncated": got.truncated})
 
@@ -115,6 +117,7 @@ def routes(dash: Dashboard) -> list[Route]:
     async def api_job(request: Request) -> Response:
         job = await _job(request)
         d = job.to_dict()
+        d["status"] = job.status
         d["traceback"] = getattr(job, "traceback", None)
         return json_response(d)
 
