@@ -219,6 +219,14 @@ def check_health(
                                                          if j.lease is not None])
     if behind is not None:
         reasons.append(behind)
+    orphaned = _held_by_the_dead(spool, [j for j in leased if j.id not in set(expired)])
+    if orphaned:
+        reasons.append(Reason(
+            "dead_holders",
+            f"{_plural(len(orphaned), 'lease')} held by a process that is gone "
+            f"({_ids(orphaned)}): their jobs wait until the leases expire; run `jobspool "
+            "recover` (or start a worker for their kinds) to take them back now",
+            len(orphaned)))
 
     stuck = _stale_prepared(spool, now - spool.prepare_grace_seconds)
     if stuck:
@@ -387,6 +395,25 @@ def _local_dir_exists(uri: str) -> bool:
 
     local = local_path(uri)
     return local is None or os.path.isdir(local)
+
+
+def _held_by_the_dead(spool: Spool, leased: list[Any]) -> list[str]:
+    """Unexpired leases whose process is known dead (its liveness file unlocked: a crash,
+    or an exit holding leases): health said ok until they expired, `recover` takes them
+    back at once."""
+    from jobspool.queue import liveness
+
+    verdicts: dict[str, str] = {}
+    out: list[str] = []
+    for job in leased:
+        proc = job.lease.proc if job.lease is not None else None
+        if not proc:
+            continue
+        if proc not in verdicts:
+            verdicts[proc] = liveness.probe(Path(spool.root), proc)[0]
+        if verdicts[proc] == liveness.Verdict.DEAD:
+            out.append(job.id)
+    return out
 
 
 def _fence_ceiling(spool: Spool) -> int | None:

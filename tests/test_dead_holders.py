@@ -109,3 +109,22 @@ def _others(root: Path) -> list[str]:
     """Liveness files of processes other than this test's own."""
     own = liveness.process_ident() + liveness.LIVE_SUFFIX
     return [p.name for p in (root / "live").iterdir() if p.name != own]
+
+
+def test_health_names_leases_held_by_a_process_that_is_gone(tmp_path: Path) -> None:
+    # Found in an operations probe: health said ok while a job sat leased by a process
+    # that had exited, until its lease ran out (600 s); recover took it back at once.
+    root = tmp_path / "spool"
+    with make_spool(root, lease_seconds=600.0) as spool:
+        spool.enqueue("k", job_id="held")
+        spool.enqueue("k", job_id="done")
+        assert spool.health().ok
+    crashed = subprocess.run([sys.executable, "-c", _CLAIM_THEN_RAISE, str(root), "settle"],
+                             env=cli_env(), capture_output=True, timeout=120, check=False)
+    assert crashed.returncode == 1
+    with make_spool(root) as spool:
+        health = spool.health()
+        (reason,) = [r for r in health.reasons if r.code == "dead_holders"]
+        assert reason.value == 1 and "(held)" in reason.message and not health.ok
+        spool.recover()
+        assert "dead_holders" not in spool.health().codes()

@@ -101,7 +101,9 @@ class Worker:
                             "Worker(Spool(root), handlers)")
         if getattr(spool, "read_only", False) is True:
             # Every claim would be refused: it crash-looped five times, then WorkerCrashed.
-            spool.check_writable("run a worker")
+            check = getattr(spool, "check_writable", None)
+            if callable(check):
+                check("run a worker")
         ensure_local_dir = getattr(spool, "ensure_local_dir", None)
         if ensure_local_dir is not None:  # a database's spool: its machine-local directory
             ensure_local_dir()
