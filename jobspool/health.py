@@ -519,20 +519,29 @@ def _disk_reason(spool: Spool, min_bytes: int, min_percent: float) -> Reason | N
     if free is None or percent is None:
         return None
     inodes = figures["free_inodes_percent"]
-    if inodes < min_percent:
-        return Reason(
-            "low_disk_space",
-            f"the filesystem holding {spool.root} has {figures['free_inodes']} inodes free "
-            f"({inodes:.2f} %; bound {min_percent:g} %): every new job file will fail (df -i); "
-            f"prune (`jobspool prune`) or free files", figures["free_inodes"])
-    if free >= min_bytes and percent >= min_percent:
+    short_space = free < min_bytes or percent < min_percent
+    short_inodes = inodes < min_percent
+    if not short_space and not short_inodes:
         return None
-    return Reason(
-        "low_disk_space",
-        f"the filesystem holding {spool.root} has {free / 2**20:.1f} MiB free ({percent:.2f} %; "
-        f"bounds {min_bytes / 2**20:.1f} MiB and {min_percent:g} %): writes will start "
-        f"failing; prune (`jobspool prune`) or free space",
-        free)
+    # Both when both are short: naming the inodes alone hid a disk out of space.
+    parts = []
+    if short_space:
+        parts.append(f"{free / 2**20:.1f} MiB free ({percent:.2f} %; bounds "
+                     f"{min_bytes / 2**20:.1f} MiB and {min_percent:g} %)")
+    if short_inodes:
+        parts.append(f"{figures['free_inodes']} inodes free ({inodes:.2f} %; bound "
+                     f"{min_percent:g} %, df -i)")
+    if getattr(spool, "url", None) is not None:
+        # A database's spool: this directory holds worker metrics, progress and the
+        # default projection, not jobs, so pruning frees nothing here.
+        advice = "workers' metrics, progress and the default projection will fail; free space"
+    else:
+        advice = ("every new job file will fail; prune (`jobspool prune`) or free space"
+                  if short_inodes else "writes will start failing; prune (`jobspool prune`) "
+                  "or free space")
+    return Reason("low_disk_space",
+                  f"the filesystem holding {spool.root} has {' and '.join(parts)}: {advice}",
+                  free if short_space else figures["free_inodes"])
 
 
 def _stale_workers(spool: Spool, stale_after: float) -> list[str]:

@@ -180,6 +180,16 @@ def test_an_idle_worker_keeps_its_metrics_file_fresh_and_a_finished_run_leaves_n
         assert _written_at(root) == []  # a clean exit removes the file
 
 
+def test_a_disk_short_of_space_and_inodes_names_both(
+        spool: Spool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Found in an operations probe: with both short, the reason named the inodes alone.
+    monkeypatch.setattr(health_mod, "os_statvfs",
+                        lambda path: _statvfs(10, free_inodes=2, inodes=300))
+    (reason,) = check_health(spool).reasons
+    assert "MiB free" in reason.message and "inodes free" in reason.message
+    assert reason.value == 10 * 4096
+
+
 def test_a_filesystem_out_of_inodes_or_read_only_degrades(
         spool: Spool, monkeypatch: pytest.MonkeyPatch) -> None:
     # Gigabytes free but no inodes: every enqueue failed while health said ok.
