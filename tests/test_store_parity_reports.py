@@ -188,3 +188,22 @@ def test_a_worker_on_a_read_only_spool_is_refused_at_once(
     ro = make_any_spool(read_only=True)
     with pytest.raises(SpoolError, match=r"cannot run a worker: .* read-only"):
         Worker(ro, {"k": lambda job, ctx: None})
+
+
+@pytest.mark.parametrize("seconds", [float("inf"), float("nan"), 0.0, -5.0, "10"])
+def test_a_hand_made_lease_length_is_refused_before_anything_is_written(
+        make_any_spool: Callable[..., Spool], seconds: Any) -> None:
+    # Found in a regression probe: `Lease.seconds` (what a heartbeat extends by) went
+    # unchecked: inf wrote a job file no reader takes, NaN an expiry that never passes.
+    import dataclasses
+
+    from jobspool.errors import InvalidJob
+
+    spool = make_any_spool()
+    spool.enqueue("k", {}, job_id="j")
+    (lease,) = spool.claim()
+    before = spool.get("j")
+    with pytest.raises(InvalidJob, match="Lease.seconds"):
+        spool.heartbeat(dataclasses.replace(lease, seconds=seconds))
+    assert spool.get("j") == before
+    assert spool.heartbeat(lease).expires_at >= lease.expires_at

@@ -237,6 +237,10 @@ def check_lease(value: object) -> None:
     if not isinstance(value, Lease):
         raise InvalidType(f"expected a Lease (as claim returns), got {_short(value)}",
                          field="lease")
+    if value.seconds is not None:
+        # Its length extends it at a heartbeat: a hand-made inf or NaN wrote an expiry no
+        # reader takes (file) or one that never passes (PostgreSQL).
+        validate_seconds("Lease.seconds", value.seconds, positive=True)
 
 
 def check_leases(items: Iterable[object], *, pairs: bool) -> None:
