@@ -14,13 +14,16 @@ import textwrap
 import threading
 import time
 import warnings
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 
 from jobspool import Context, Job, JobState, Spool, Worker
 from jobspool.errors import InvalidType, LeaseLost, SpoolClosed, WorkerCrashed
+from jobspool.queue import signalhub
 from tests.spools import make_spool
 from tests.subproc import REPO, cli_env
 
@@ -195,15 +198,15 @@ def test_a_spool_closed_under_an_idle_worker_stops_it_then_closes(tmp_path: Path
     worker = Worker(spool, {"k": lambda job, ctx: None}, maintenance=False)
 
     def close_once_serving() -> None:
-        # After the run began (a fixed 0.5 s raced a slow start on a loaded machine: the
-        # spool was closed before the run, which then refused to start).
+        # After the run began (closed before it, the run refuses to start).
         deadline = time.monotonic() + 120
         while not spool.runs._live and time.monotonic() < deadline:  # noqa: SLF001
             time.sleep(0.01)
         time.sleep(0.2)
         spool.close()
 
-    threading.Thread(target=close_once_serving, daemon=True).start()
+    closer = threading.Thread(target=close_once_serving, daemon=True)
+    closer.start()
     guard = threading.Timer(120, worker.stop)  # a hang guard
     guard.start()
     try:
@@ -211,6 +214,9 @@ def test_a_spool_closed_under_an_idle_worker_stops_it_then_closes(tmp_path: Path
     finally:
         guard.cancel()
     assert report.claimed == 0 and worker.stopping
+    # close() returns once the run ended, which is when run_forever returns too: the
+    # enqueue below raced it (seen under load), so wait for the closing call itself.
+    closer.join(60)
     with pytest.raises(SpoolClosed, match="was closed"):
         spool.enqueue("k")
 
@@ -291,11 +297,7 @@ def test_an_asyncio_apps_own_signal_handler_works_again_after_an_embedded_worker
         loop.remove_signal_handler(signal.SIGTERM)
         return got
 
-    before = signal.getsignal(signal.SIGTERM)
-    try:
-        assert asyncio.run(main()) == ["app"]
-    finally:
-        signal.signal(signal.SIGTERM, before)
+    assert _run_keeping_sigterm(main) == ["app"]
 
 
 def test_one_sigterm_stops_every_worker_an_app_embeds(tmp_path: Path) -> None:
@@ -311,7 +313,7 @@ def test_one_sigterm_stops_every_worker_an_app_embeds(tmp_path: Path) -> None:
     async def main() -> None:
         async def send_once_both_serve() -> None:
             for _ in range(500):  # a hang guard
-                if all(w.spool.runs._live for w in workers):  # noqa: SLF001
+                if all(w in signalhub._members for w in workers):  # noqa: SLF001
                     break
                 await asyncio.sleep(0.01)
             await asyncio.sleep(0.2)
@@ -327,13 +329,7 @@ def test_one_sigterm_stops_every_worker_an_app_embeds(tmp_path: Path) -> None:
                              send_once_both_serve())
         guard.cancel()
 
-    before = signal.getsignal(signal.SIGTERM)
-    try:
-        asyncio.run(main())
-    finally:
-        signal.signal(signal.SIGTERM, before)
-        for s in spools:
-            s.close()
+    _run_keeping_sigterm(main, spools)
     assert not guarded and all(w.stopping for w in workers)
 
 
@@ -356,7 +352,7 @@ def test_workers_ending_in_any_order_leave_the_app_its_signal_handler(tmp_path: 
 
         async def drive() -> None:
             for _ in range(500):
-                if first.spool.runs._live and second.spool.runs._live:  # noqa: SLF001
+                if first in signalhub._members and second in signalhub._members:  # noqa: SLF001
                     break
                 await asyncio.sleep(0.01)
             await asyncio.sleep(0.2)
@@ -376,11 +372,58 @@ def test_workers_ending_in_any_order_leave_the_app_its_signal_handler(tmp_path: 
             await asyncio.sleep(0.02)
         loop.remove_signal_handler(signal.SIGTERM)
 
+    _run_keeping_sigterm(main, spools)
+    assert got == ["app"]
+
+
+def _run_keeping_sigterm(main: Callable[[], Coroutine[Any, Any, Any]],
+                         spools: Sequence[Spool] = ()) -> Any:
+    """`asyncio.run(main())`, then the process's SIGTERM handler put back and `spools`
+    closed, whatever the run did."""
+    import asyncio
+
     before = signal.getsignal(signal.SIGTERM)
     try:
-        asyncio.run(main())
+        return asyncio.run(main())
     finally:
         signal.signal(signal.SIGTERM, before)
         for s in spools:
             s.close()
-    assert got == ["app"]
+
+
+def test_a_worker_serving_in_another_thread_is_stopped_by_the_main_threads_signal(
+        tmp_path: Path) -> None:
+    # Found in a regression probe: only the main thread hears signals, and a worker run in
+    # another thread with handle_signals=True (the default) went on after the SIGTERM that
+    # stopped the main thread's worker.
+    import os
+
+    with make_spool(tmp_path / "s") as spool:
+        main_worker, other = (Worker(spool, {"k": lambda job, ctx: None}, maintenance=False)
+                              for _ in range(2))
+        thread = threading.Thread(target=lambda: other.run_forever(poll_seconds=0.1))
+        thread.start()
+
+        def signal_once_serving() -> None:
+            # Once both listen (the main one's receiver open), or the signal kills us.
+            deadline = time.monotonic() + 60
+            while not (main_worker in signalhub._members  # noqa: SLF001
+                       and other in signalhub._elsewhere) and time.monotonic() < deadline:  # noqa: SLF001
+                time.sleep(0.01)
+            time.sleep(0.2)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        guard = threading.Timer(60, lambda: (main_worker.stop(), other.stop()))
+        guard.start()
+        before = signal.getsignal(signal.SIGTERM)
+        try:
+            threading.Thread(target=signal_once_serving, daemon=True).start()
+            main_worker.run_forever(poll_seconds=0.1)
+            thread.join(10)
+            stopped_by_the_signal = not thread.is_alive()
+        finally:
+            guard.cancel()
+            signal.signal(signal.SIGTERM, before)
+            other.stop()
+            thread.join(30)
+    assert stopped_by_the_signal

@@ -38,6 +38,9 @@ class Stoppable(Protocol):
 
 
 _members: list[Stoppable] = []  # in start order
+# Workers serving in other threads: a signal reaches only the main thread, whose worker
+# then stops these too (they listen to nothing themselves).
+_elsewhere: list[Stoppable] = []
 _original: dict[str, Any] = {}  # what the process had before the first member began
 
 
@@ -60,9 +63,19 @@ def leave(worker: Stoppable, signals: Iterable[int]) -> None:
         _original.clear()
 
 
+def attach(worker: Stoppable) -> None:
+    """`worker` serves in a thread other than the main one: stopped with the others."""
+    _elsewhere.append(worker)
+
+
+def detach(worker: Stoppable) -> None:
+    with contextlib.suppress(ValueError):
+        _elsewhere.remove(worker)
+
+
 def deliver(signum: int, told: Stoppable | None = None) -> None:
     """A stop signal arrived: every member stops, or is hurried if already stopping."""
-    members = list(_members) or ([told] if told is not None else [])
+    members = (list(_members) or ([told] if told is not None else [])) + list(_elsewhere)
     if not members:
         return
     first = told if told is not None else members[0]
@@ -137,4 +150,4 @@ def _trio_soon() -> Any:
         return None
 
 
-__all__ = ["deliver", "enter", "leave"]
+__all__ = ["attach", "deliver", "detach", "enter", "leave"]

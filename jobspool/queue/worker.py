@@ -349,8 +349,11 @@ class Worker:
     async def _serve(self, counters: Counters, poll_seconds: float, handle_signals: bool,
                      progress: Callable[[RunReport], None] | None) -> None:
         crashed: WorkerCrashed | None = None
+        elsewhere = handle_signals and threading.current_thread() is not threading.main_thread()
+        if elsewhere:
+            signalhub.attach(self)  # only the main thread hears signals: stopped from there
         async with anyio.create_task_group() as tg:
-            if handle_signals and threading.current_thread() is threading.main_thread():
+            if handle_signals and not elsewhere:
                 tg.start_soon(self._watch_signals)
             if self.schedules:  # periodic jobs: see jobspool.schedules
                 from jobspool.schedules import serve_schedules
@@ -363,6 +366,8 @@ class Worker:
             except WorkerCrashed as gave_up:
                 crashed = gave_up  # raised below, outside the task group
             finally:
+                if elsewhere:
+                    signalhub.detach(self)
                 self.sink.close()
                 self.publish(counters, final=True)
                 self._live = None
