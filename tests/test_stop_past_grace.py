@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from jobspool import JobState
+from jobspool import Job, JobState
 from tests.cli_harness import reap, run_jobspool, start_jobspool
 from tests.spools import make_spool
 from tests.waiting import wait_until
@@ -40,17 +40,9 @@ def test_run_until_idle_exits_past_a_thread_its_handler_left_running(tmp_path: P
 def test_a_stopped_worker_exits_whatever_its_handler_left(tmp_path: Path, kind: str,
                                                           processes: str) -> None:
     root = tmp_path / "s"
-    with make_spool(root) as spool:
-        job = spool.enqueue(kind)
     flags = ["--processes", processes] if processes != "0" else []
-    proc = start_jobspool("worker", "--app", APP, *flags, "--grace", "1", "--no-maintenance",
-                          root=root, stdout=subprocess.DEVNULL)
+    proc, job = _serving(root, kind, *flags, "--grace", "1")
     try:
-        def started() -> bool:
-            with make_spool(root) as spool:
-                return spool.get(job.id).attempts == 1
-        wait_until(started, GUARD, "the handler to start", proc=proc)
-        time.sleep(0.5)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=GUARD)  # held up for ever before: the
         # interpreter waiting for the thread, or SIG_IGN
@@ -95,17 +87,8 @@ def test_a_child_killed_after_a_second_signal_is_not_said_to_be_past_its_grace(
         tmp_path: Path) -> None:
     # Found in a signals probe: a child killed after the second SIGTERM was reported as
     # "still running past --grace" although --grace was 60 s and had not run out.
-    root = tmp_path / "s"
-    with make_spool(root) as spool:
-        job = spool.enqueue("deaf")
-    proc = start_jobspool("worker", "--app", APP, "--processes", "1", "--grace", "60",
-                          "--no-maintenance", root=root, stdout=subprocess.DEVNULL)
+    proc, _ = _serving(tmp_path / "s", "deaf", "--processes", "1", "--grace", "60")
     try:
-        def started() -> bool:
-            with make_spool(root) as spool:
-                return spool.get(job.id).attempts == 1
-        wait_until(started, GUARD, "the handler to start", proc=proc)
-        time.sleep(0.5)
         proc.send_signal(signal.SIGTERM)
         time.sleep(0.5)
         proc.send_signal(signal.SIGTERM)
@@ -115,3 +98,22 @@ def test_a_child_killed_after_a_second_signal_is_not_said_to_be_past_its_grace(
     said = err.decode(errors="replace")
     assert "still running after the second signal; killing it" in said, said
     assert "past --grace" not in said, said
+
+
+def _serving(root: Path, kind: str, *flags: str) -> tuple[subprocess.Popen[bytes], Job]:
+    """A `worker` started on a new spool holding one job of `kind`, once its handler runs."""
+    with make_spool(root) as spool:
+        job = spool.enqueue(kind)
+    proc = start_jobspool("worker", "--app", APP, *flags, "--no-maintenance", root=root,
+                          stdout=subprocess.DEVNULL)
+
+    def started() -> bool:
+        with make_spool(root) as spool:
+            return spool.get(job.id).attempts == 1
+    try:
+        wait_until(started, GUARD, "the handler to start", proc=proc)
+    except BaseException:
+        reap(proc)
+        raise
+    time.sleep(0.5)
+    return proc, job
