@@ -11,6 +11,10 @@ tripped it.
 | `dead_letters`          | any job is in `dead_letter/`                                   |
 | `queue_not_draining`    | the oldest due job has waited more than `max_due_age`          |
 | `expired_leases`        | a lease expired (plus `lease_grace`) and nothing reclaimed it  |
+| `dead_holders`          | an unexpired lease is held by a process that is gone (its      |
+|                         | liveness file unlocked); `recover` takes it back at once       |
+| `fence_behind`          | the fence counter is below a token a lease holds: tokens could |
+|                         | be issued twice (a restored backup, a sequence reset by hand)  |
 | `stale_prepared`        | a prepared job is older than `prepare_grace_seconds`           |
 | `quarantined_files`     | `quarantine/` holds files                                      |
 | `maintenance_stale`     | a projection table has not been maintained successfully for    |
@@ -219,7 +223,8 @@ def check_health(
                                                          if j.lease is not None])
     if behind is not None:
         reasons.append(behind)
-    orphaned = _held_by_the_dead(spool, [j for j in leased if j.id not in set(expired)])
+    lapsed = set(expired)
+    orphaned = _held_by_the_dead(spool, [j for j in leased if j.id not in lapsed])
     if orphaned:
         reasons.append(Reason(
             "dead_holders",
