@@ -293,9 +293,9 @@ def health(spool: PgSpool, *, max_due_age: float = DEFAULT_MAX_DUE_AGE,
         reasons.append(expired_reason(ids, expired))
     above = spool.db.run(lambda c: c.execute(
         "SELECT id, token FROM jobspool_jobs WHERE state = 'leased' AND token > %s "
-        "ORDER BY token DESC LIMIT 100", (spool.fence_value(),)).fetchall(), what="health")
-    if above:
-        behind = fence_behind_reason(spool.fence_value(), [(int(t), i) for i, t in above])
+        "ORDER BY token DESC LIMIT 100", (st.fence,)).fetchall(), what="health")
+    if above:  # (the fence `stats` just read: not two more round trips)
+        behind = fence_behind_reason(st.fence, [(int(t), i) for i, t in above])
         if behind is not None:
             reasons.append(behind)
     if stale:
