@@ -38,6 +38,12 @@ T = TypeVar("T")
 # the claim, settle and insert statements are sent thousands of times.
 PREPARE_THRESHOLD = 2
 CONNECT_TIMEOUT = 5
+# Every pooled connection plans without bitmap scans. A claim looks for expired leases
+# through the `leased` partial index, whose entries of jobs settled since the last vacuum
+# are dead; a bitmap scan visits their heap pages on every claim and never marks them dead
+# (1,877 dead entries, 736 heap pages, a third of a claim's 3.5 ms after 5,000 jobs), where
+# an index scan marks each dead once and skips it after (the same claim: 2.1 ms).
+SESSION = "SET enable_bitmapscan = off"
 POOL_WAIT = 10.0  # seconds a thread waits for a free connection before the retry loop
 
 
@@ -118,9 +124,11 @@ class Pool:
             if self._idle:
                 return self._idle.pop()
         try:
-            return psycopg.connect(self.url, autocommit=True,
+            conn = psycopg.connect(self.url, autocommit=True,
                                    prepare_threshold=PREPARE_THRESHOLD,
                                    connect_timeout=CONNECT_TIMEOUT)
+            conn.execute(SESSION)
+            return conn
         except BaseException:
             self._release_slot()
             raise
