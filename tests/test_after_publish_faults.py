@@ -157,3 +157,34 @@ def test_a_fenced_block_that_ran_is_not_reported_failed_when_its_extension_is_re
             effects.append("sent")
     assert effects == ["sent"]
     assert durable.complete(lease).state is JobState.COMPLETED
+
+
+def test_an_enqueue_whose_group_flush_lock_is_refused_names_the_published_job(
+        durable: Spool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shared flush reads what to flush under the spool lock, after the job was
+    renamed into ready/. A refused lock there said only "cannot lock": the caller took
+    the job for not enqueued, and enqueued it again under a new id (the first one ran)."""
+    from jobspool.queue import groupflush, lock
+
+    published = {"yes": False}
+    real_publish = groupflush.GroupFlush.publish
+
+    def publish(self: Any, slots: Any) -> int:
+        published["yes"] = True
+        return real_publish(self, slots)
+
+    real_flock = lock.os_flock
+
+    def flock(fd: int, op: int) -> None:
+        if published["yes"] and op & lock.fcntl.LOCK_EX:
+            raise OSError(errno.EIO, "injected EIO")
+        real_flock(fd, op)
+
+    durable.enqueue("note", job_id="warm")
+    with monkeypatch.context() as m:
+        m.setattr(groupflush.GroupFlush, "publish", publish)
+        m.setattr(lock, "os_flock", flock)
+        with pytest.raises(WriteFailed, match="published though not confirmed durable: n1") as e:
+            durable.enqueue("note", job_id="n1")
+    assert e.value.landed == frozenset({"n1"})
+    assert durable.get("n1").state is JobState.READY

@@ -37,12 +37,25 @@ def write_failed(exc: OSError, root: Path, landed: frozenset[str] = frozenset())
     where = exc.filename or root
     hint = _HINTS.get(exc.errno or 0, "run `jobspool recover` once the cause is fixed")
     message = f"cannot write to spool {root}: {exc.strerror or exc} ({where}); {hint}"
-    if landed:
-        # Said in the message too: a CLI user must not enqueue these again.
-        shown = sorted(landed)
-        message += (f"; published though not confirmed durable: {', '.join(shown[:3])}"
-                    + (f" and {len(shown) - 3} more" if len(shown) > 3 else ""))
-    return WriteFailed(message, path=str(where), errno=exc.errno, landed=landed)
+    return WriteFailed(message + _published(landed), path=str(where), errno=exc.errno,
+                       landed=landed)
+
+
+def published_anyway(exc: SpoolError, landed: frozenset[str]) -> WriteFailed:
+    """A failure met after `landed` were published (a lock the shared flush needs, refused):
+    a `WriteFailed` that names them, so that nobody enqueues them again."""
+    if isinstance(exc, WriteFailed):
+        return exc
+    return WriteFailed(f"{exc}{_published(landed)}", path=exc.path, landed=landed)
+
+
+def _published(landed: frozenset[str]) -> str:
+    # Said in the message too: a CLI user must not enqueue these again.
+    if not landed:
+        return ""
+    shown = sorted(landed)
+    return (f"; published though not confirmed durable: {', '.join(shown[:3])}"
+            + (f" and {len(shown) - 3} more" if len(shown) > 3 else ""))
 
 
 # Read errors that say nothing of the file: the process or the machine is short of
@@ -58,6 +71,17 @@ def read_failed(exc: OSError, root: Path) -> StoreUnavailable:
     hint = _HINTS.get(exc.errno or 0, "try again once the machine has recovered")
     return StoreUnavailable(f"cannot read spool {root}: {exc.strerror or exc} ({where}); "
                             f"{hint}", path=str(where))
+
+
+def listing_failed(exc: OSError, root: Path) -> SpoolError:
+    """A one-line error for a directory of the spool at `root` that cannot be listed (an
+    I/O error, a permission taken away): not a raw OSError from deep in a scan."""
+    if exc.errno in SHORT_OF_RESOURCES:
+        return read_failed(exc, root)
+    where = exc.filename or root
+    hint = _HINTS.get(exc.errno or 0, "check the disk and the spool's permissions")
+    return SpoolError(f"cannot read spool {root}: {exc.strerror or exc} ({where}); {hint}",
+                      path=str(where))
 
 
 def spool_missing(root: Path) -> SpoolError:

@@ -28,7 +28,12 @@ from jobspool.errors import (
     WriteFailed,
 )
 from jobspool.queue import interrupts, machine
-from jobspool.queue.diskerrors import SHORT_OF_RESOURCES, read_failed, write_failed
+from jobspool.queue.diskerrors import (
+    SHORT_OF_RESOURCES,
+    published_anyway,
+    read_failed,
+    write_failed,
+)
 from jobspool.queue.fence import (
     FENCE_FILE,
     FenceCounter,
@@ -414,6 +419,8 @@ class Journal:
             # already, and a power loss is all that could take them back. Saying nothing
             # landed made callers retry, and a generated id retried is a second job.
             raise write_failed(exc, self.root, published) from None
+        except SpoolError as exc:  # the spool lock the leader reads under, refused
+            raise published_anyway(exc, published) from None
 
     def _landed(self, pairs: Sequence[tuple[Job | None, Job | None]]) -> frozenset[str]:
         """Ids whose new version is on disk, re-read after a failed write."""

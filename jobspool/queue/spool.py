@@ -37,6 +37,7 @@ from jobspool.queue.arguments import (
     job_states,
     wait_until_terminal,
 )
+from jobspool.queue.diskerrors import listing_failed, write_failed
 from jobspool.queue.job import (
     MAX_JOB_BYTES,
     EnqueueResult,
@@ -508,7 +509,10 @@ class Spool(EnqueueForms):
         check_hooks(replay)
         with self.lock.hold():
             suspect = self.lock.suspect()
-        report = recover(self.journal, replay)
+        try:
+            report = recover(self.journal, replay)
+        except OSError as exc:  # the library's callers catch JobspoolError, as the CLI does
+            raise write_failed(exc, self.root) from None
         with self.lock.hold():
             self.lock.clear_suspect(suspect)
         return report
@@ -521,7 +525,10 @@ class Spool(EnqueueForms):
         from jobspool.recovery.prune import prune
 
         self.lock.check_open()
-        return prune(self.journal, keep=keep, older_than=older_than, keep_dead=keep_dead)
+        try:
+            return prune(self.journal, keep=keep, older_than=older_than, keep_dead=keep_dead)
+        except OSError as exc:  # listings raise their own error; this is a write's
+            raise write_failed(exc, self.root) from None
 
     def health(self, **options: Any) -> Health:
         """An `ok` / `degraded` verdict with reasons (see `jobspool.health.check_health`)."""
@@ -534,7 +541,10 @@ class Spool(EnqueueForms):
         from jobspool.recovery.fsck import fsck
 
         self.lock.check_open()
-        return fsck(self.journal)
+        try:
+            return fsck(self.journal)
+        except OSError as exc:  # it only reads
+            raise listing_failed(exc, self.root) from None
 
 
 def _init_signature() -> inspect.Signature:

@@ -50,8 +50,7 @@ from pathlib import Path
 from jobspool.errors import SpoolError
 from jobspool.queue import liveness
 from jobspool.queue.diskerrors import (
-    SHORT_OF_RESOURCES,
-    read_failed,
+    listing_failed,
     spool_missing,
     write_failed,
 )
@@ -209,9 +208,7 @@ class Store:
         except (FileNotFoundError, NotADirectoryError):
             raise self._gone(directory) from None
         except OSError as exc:
-            if exc.errno in SHORT_OF_RESOURCES:
-                raise read_failed(exc, self.root) from None
-            raise
+            raise listing_failed(exc, self.root) from None
 
     def scan(self, directory: str) -> list[tuple[str, int]]:
         """(job id, inode) for each job file in `directory` (inodes come free with the listing)."""
@@ -222,9 +219,7 @@ class Store:
         except (FileNotFoundError, NotADirectoryError):
             raise self._gone(directory) from None
         except OSError as exc:
-            if exc.errno in SHORT_OF_RESOURCES:
-                raise read_failed(exc, self.root) from None
-            raise
+            raise listing_failed(exc, self.root) from None
 
     def _gone(self, directory: str) -> SpoolError:
         """A state directory vanished under an open spool (`rm -rf`, a move, an unmount):

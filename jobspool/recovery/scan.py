@@ -19,6 +19,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from jobspool.queue.diskerrors import listing_failed
 from jobspool.queue.job import CorruptJob, Job, decode_job
 from jobspool.queue.states import ALL_STATES, JobState
 from jobspool.queue.store import JOB_SUFFIX, ignored_name
@@ -113,8 +114,11 @@ def entry_of(job: Job) -> Entry:
 def scan_state(spool: Journal, state: JobState, out: Scan) -> None:
     """Add one state directory's files to `out` (one listing, one read per file)."""
     directory = state.value
-    with os.scandir(spool.root / directory) as it:
-        listing = [(e.name, e.is_file(follow_symlinks=False)) for e in it]
+    try:
+        with os.scandir(spool.root / directory) as it:
+            listing = [(e.name, e.is_file(follow_symlinks=False)) for e in it]
+    except OSError as exc:
+        raise listing_failed(exc, spool.root) from None
     for name, regular in listing:
         if ignored_name(name):
             continue

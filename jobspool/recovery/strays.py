@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from jobspool.queue import liveness
+from jobspool.queue.diskerrors import listing_failed
 from jobspool.queue.store import POOL_NAME, STAGE_SUFFIX
 
 
@@ -29,6 +30,8 @@ def stray_tmp_files(tmp: Path, *, max_age: float = 600.0) -> list[str]:
         entries = list(os.scandir(tmp))
     except FileNotFoundError:
         return out
+    except OSError as exc:
+        raise listing_failed(exc, tmp.parent) from None
     now = time.time()
     root = tmp.parent
     verdicts: dict[str, str] = {}
