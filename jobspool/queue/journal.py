@@ -13,6 +13,7 @@ composes them.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import random
@@ -216,8 +217,11 @@ class Journal:
             data = self.store.read(state.value, job_id + JOB_SUFFIX)
         except FileNotFoundError:
             return None, False
-        except OSError as exc:  # a directory in its place, no permission, EIO: unreadable
-            if exc.errno in SHORT_OF_RESOURCES:  # out of descriptors: the file is fine
+        except OSError as exc:  # a directory in its place, no permission: unreadable
+            if exc.errno in SHORT_OF_RESOURCES or exc.errno == errno.EIO:
+                # Out of descriptors, the file is fine; an I/O error says nothing of it
+                # either. Taken for unreadable, a worker's settle was refused as a lost
+                # lease (its result thrown away) and a commit said the job did not exist.
                 raise read_failed(exc, self.root) from None
             report_unreadable(state.value, job_id, exc.strerror or str(exc))
             return None, True

@@ -346,6 +346,10 @@ class Leasing:
         job = self.journal.read_job(JobState.LEASED, lease.job_id)
         if job is None:
             found, _ = self.journal.locate(lease.job_id)
+            if found is not None and found.state is JobState.LEASED:
+                # Read this time: the first read failed for a moment (an I/O error). Told
+                # "lost", a worker threw a finished run's result and writes away.
+                return found
             if found is not None:
                 raise LeaseLost(lease.job_id, lease.token, f"job is {found.state.value}")
             where = self.journal.unreadable_file(lease.job_id)

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from jobspool.errors import JobNotFound, SpoolError, WriteFailed
+from jobspool.errors import SpoolError, WriteFailed
 from jobspool.queue import machine
 from jobspool.queue.arguments import naming_item, new_batch, new_reservation
 from jobspool.queue.job import (
@@ -185,7 +185,7 @@ class Producer:
         with self.journal.lock.hold():
             job, stale = self.journal.locate(reservation.job_id)
             if job is None:
-                raise JobNotFound(reservation.job_id)
+                raise self.journal.missing(reservation.job_id)
             new = machine.commit_reserved(job, reservation.reservation_id,
                                           now=self.journal.now())
             if new is not job:
