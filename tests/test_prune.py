@@ -307,3 +307,50 @@ def test_a_restarted_process_recycles_files_instead_of_creating_new_ones(
         life(spool, 200)
     assert created == []
     assert len(os.listdir(root / "completed")) <= 20 + 64
+
+
+def _refuse_retiring(monkeypatch: pytest.MonkeyPatch, suffix: str) -> None:
+    """Removing (recycling or unlinking) a file whose path ends in `suffix` fails with EIO."""
+    import errno
+
+    from jobspool.queue import store as store_mod
+
+    for name in ("os_replace", "os_unlink"):
+        real = getattr(store_mod, name)
+
+        def fake(src: Any, *rest: Any, _real: Any = real) -> Any:
+            if os.fspath(src).endswith(suffix):
+                raise OSError(errno.EIO, "Input/output error", os.fspath(src))
+            return _real(src, *rest)
+
+        monkeypatch.setattr(store_mod, name, fake)
+
+
+def test_a_job_the_disk_would_not_remove_is_not_reported_pruned(
+        spool: Spool, spool_root: Path, clock: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    _complete_in_order(spool, clock, ["a", "b", "c"])
+    with monkeypatch.context() as m:
+        _refuse_retiring(m, "completed/b.json")
+        report = spool.prune(keep=0)
+    assert report.completed == ("a", "c")
+    assert spool.get("b").state is JobState.COMPLETED
+    assert spool.prune(keep=0).completed == ("b",)  # a later prune takes it
+
+
+def test_a_stale_copy_the_disk_would_not_remove_keeps_the_newest_copy_too(
+        spool: Spool, spool_root: Path, clock: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Alone, the stale copy (an expired lease of a completed job) would run it again."""
+    spool.enqueue("k", job_id="a")
+    (lease,) = spool.claim()
+    stale = (spool_root / "leased" / "a.json").read_bytes()
+    spool.complete(lease)
+    (spool_root / "leased" / "a.json").write_bytes(stale)  # a crash leftover
+    with monkeypatch.context() as m:
+        _refuse_retiring(m, "leased/a.json")
+        report = spool.prune(keep=0)
+    assert report.completed == ()
+    assert (spool_root / "completed" / "a.json").exists()
+    clock.advance(3600)  # the stale lease long expired: the job still does not run again
+    assert spool.claim() == []
+    assert spool.prune(keep=0).completed == ("a",)
+    assert "a" not in job_files(spool_root)

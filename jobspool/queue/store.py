@@ -311,8 +311,12 @@ class Store:
                     # The change is durable already: failing it here told the caller "not
                     # confirmed durable" (false) and a settle was retried over itself. The
                     # copy left behind is the two-copies case recovery settles.
-                    log.warning("could not remove superseded %s (%s); `jobspool recover` "
-                                "removes it", path, exc.strerror or exc)
+                    if ch.dst is None:  # a removal (prune, recover): the file stays, whole
+                        log.warning("could not remove %s (%s); it stays in place", path,
+                                    exc.strerror or exc)
+                    else:
+                        log.warning("could not remove superseded %s (%s); `jobspool recover` "
+                                    "removes it", path, exc.strerror or exc)
                     if self.on_unretired is not None:
                         self.on_unretired()
         return dst_dirs

@@ -174,14 +174,22 @@ def _remove(spool: Journal, victims: list[Entry]) -> tuple[list[str], list[str]]
                 extra.append(Change(name=o.id + JOB_SUFFIX, dst=None, data=None,
                                     src=o.state.value))
                 stale_paths.append(entry_of(o).path)
-            gone.append(found.id)
         if extra:
             # The stale copies go first, and reach the disk first: removing the newest copy
             # first, a prune killed (or a power loss) between the two left only the stale
             # one, an expired lease of a completed job, and the job ran again.
             spool.commit_changes([], extra)
             spool.store.flush_dirs({ch.src for ch in extra if ch.src})
+            # A stale copy the disk would not remove keeps its newest copy too (it is
+            # logged): alone, the stale one would make the job run again.
+            kept = {ch.name for ch in extra
+                    if ch.src and os.path.lexists(spool.root / ch.src / ch.name)}
+            pairs = [(j, n) for j, n in pairs
+                     if j is not None and j.id + JOB_SUFFIX not in kept]
         spool.commit_changes(pairs)
+        # A removal the disk refused leaves the job whole (logged): not reported pruned.
+        gone = [j.id for j, _ in pairs if j is not None
+                and not os.path.lexists(spool.root / j.state.value / (j.id + JOB_SUFFIX))]
     return gone, stale_paths
 
 
