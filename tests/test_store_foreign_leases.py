@@ -69,3 +69,18 @@ def test_a_lease_of_another_spool_changes_nothing(two_spools: tuple[Spool, Spool
     assert b.get("x") == before  # nothing written, not even a heartbeat
     done = b.complete(from_b, "right")  # B's own holder still holds it
     assert done.state is JobState.COMPLETED and done.result == "right"
+
+
+def test_a_lease_on_a_pruned_and_recreated_id_gives_one_reason_on_both_stores(
+        two_spools: tuple[Spool, Spool]) -> None:
+    """An old lease on an id whose job was pruned and enqueued again (the same spool):
+    the file store said "job is ready", PostgreSQL "issued by another spool?"."""
+    spool, _ = two_spools
+    spool.enqueue("k", job_id="j")
+    (old,) = spool.claim(lease_seconds=60)
+    spool.complete(old)
+    spool.prune(keep=0)
+    spool.enqueue("k", job_id="j")
+    with pytest.raises(LeaseLost, match="job is ready"):
+        spool.complete(old)
+    assert spool.get("j").state is JobState.READY

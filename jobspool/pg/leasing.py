@@ -136,15 +136,17 @@ def _refusal(conn: psycopg.Connection[Any], lease: Lease, resent: bool = False,
         return LeaseLost(lease.job_id, lease.token, "job is gone")
     job = to_job(row)
     token = row[10]
-    if job.created_at != lease.job.created_at:
-        return LeaseLost(lease.job_id, lease.token, "the lease is for another job of this id "
-                                                    "(issued by another spool?)")
+    same_job = job.created_at == lease.job.created_at
+    # In the file spool's order (machine.check_lease), so both stores give one reason.
     if job.state is not JobState.LEASED:
-        if resent and token == lease.token and job.revision > lease.job.revision:
+        if resent and same_job and token == lease.token and job.revision > lease.job.revision:
             return job
         return LeaseLost(lease.job_id, lease.token, f"job is {job.state.value}")
     if token != lease.token:
         return LeaseLost(lease.job_id, lease.token, f"job was claimed again (token {token})")
+    if not same_job:
+        return LeaseLost(lease.job_id, lease.token, "the lease is for another job of this id "
+                                                    "(issued by another spool?)")
     if job.lease is not None and job.lease.expires_at > now:
         return job  # current, its row held by a `fenced` block (which extends it on exit)
     return LeaseLost(lease.job_id, lease.token, "lease expired")
