@@ -207,3 +207,12 @@ def test_a_hand_made_lease_length_is_refused_before_anything_is_written(
         spool.heartbeat(dataclasses.replace(lease, seconds=seconds))
     assert spool.get("j") == before
     assert spool.heartbeat(lease).expires_at >= lease.expires_at
+
+
+def test_a_bulk_cancel_returns_its_jobs_in_id_order(make_any_spool: Callable[..., Spool]) -> None:
+    """PostgreSQL returned them in claim order (by run_at), the file store by id."""
+    spool = make_any_spool()
+    spool.enqueue("k", job_id="j3")
+    spool.enqueue("k", job_id="j1", delay=5)
+    spool.enqueue("k", job_id="j2", delay=1)
+    assert [j.id for j in spool.cancel_matching(kind="k")] == ["j1", "j2", "j3"]

@@ -352,7 +352,7 @@ def apply_matching(spool: PgSpool, action: str, which: Match, decide: Callable[.
                                         what=action)
         if new is not None and new.revision != job.revision and new.state is not job.state:
             moved.append(new)
-    return moved
+    return sorted(moved, key=lambda j: j.id)  # by id, as the file store lists them
 
 
 def remove_terminal(spool: PgSpool, ids: Sequence[str], state: JobState) -> list[str]:
