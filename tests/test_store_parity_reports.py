@@ -216,3 +216,14 @@ def test_a_bulk_cancel_returns_its_jobs_in_id_order(make_any_spool: Callable[...
     spool.enqueue("k", job_id="j1", delay=5)
     spool.enqueue("k", job_id="j2", delay=1)
     assert [j.id for j in spool.cancel_matching(kind="k")] == ["j1", "j2", "j3"]
+
+
+def test_fsck_reports_the_highest_lease_held(make_any_spool: Callable[..., Spool]) -> None:
+    """A settled job holds no lease: PostgreSQL counted the token its row keeps."""
+    spool = make_any_spool()
+    spool.enqueue_many("k", [1, 2])
+    first, second = spool.claim(limit=2)
+    spool.complete(second)
+    assert spool.fsck().max_token == first.token
+    spool.complete(first)
+    assert spool.fsck().max_token == 0
