@@ -219,9 +219,8 @@ class Journal:
             return None, False
         except OSError as exc:  # a directory in its place, no permission: unreadable
             if exc.errno in SHORT_OF_RESOURCES or exc.errno == errno.EIO:
-                # Out of descriptors, the file is fine; an I/O error says nothing of it
-                # either. Taken for unreadable, a worker's settle was refused as a lost
-                # lease (its result thrown away) and a commit said the job did not exist.
+                # Out of descriptors, or an I/O error: nothing said of the file (taken for
+                # unreadable, a settle was refused as a lost lease, its result thrown away).
                 raise read_failed(exc, self.root) from None
             report_unreadable(state.value, job_id, exc.strerror or str(exc))
             return None, True
