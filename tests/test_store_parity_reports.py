@@ -227,3 +227,18 @@ def test_fsck_reports_the_highest_lease_held(make_any_spool: Callable[..., Spool
     assert spool.fsck().max_token == first.token
     spool.complete(first)
     assert spool.fsck().max_token == 0
+
+
+def test_a_claim_dead_letters_an_expired_lease_out_of_attempts_on_both_stores(
+        make_any_spool: Callable[..., Spool]) -> None:
+    """PostgreSQL left it leased until its next sweep (a second later, or an empty claim):
+    a script that kept getting work saw it leased, and it never finished."""
+    spool = make_any_spool()
+    spool.enqueue("a", 1, job_id="x0", max_attempts=1)
+    (lease,) = spool.claim(lease_seconds=0.2)
+    spool.enqueue("a", 2, job_id="x1")
+    sleep_past(lease.expires_at)
+    assert [x.job_id for x in spool.claim(limit=1)] == ["x1"]
+    x0 = spool.get("x0")
+    assert x0.state is JobState.DEAD_LETTER
+    assert x0.last_error is not None and "attempts exhausted" in x0.last_error

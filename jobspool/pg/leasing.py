@@ -58,8 +58,8 @@ def claim(spool: PgSpool, *, kinds: Iterable[str] | str | None, limit: int, owne
           starts_noted: bool = False) -> list[Lease]:
     """Lease due jobs, taking over expired leases in claim order as the file spool does
     (one statement). Expired leases out of attempts or rescues are dead-lettered by a
-    sweep of the claim's kinds, at most once a second and whenever a claim comes back
-    empty (an empty claim has no handler waiting on that extra round trip)."""
+    sweep of the claim's kinds when the claim saw one, when it came back empty, and at
+    least once a second."""
     wanted = kinds_param(kinds)
     if wanted is not None and not wanted:
         return []  # no kind wanted: nothing (unfiltered, it took jobs of every kind)
@@ -79,15 +79,16 @@ def claim(spool: PgSpool, *, kinds: Iterable[str] | str | None, limit: int, owne
             # or they would sit leased to nobody until they expire.
             adopted = c.execute(sql.ADOPT_CLAIM, params).fetchall()
             if adopted:
-                return adopted
+                return [(*r, True) for r in adopted]  # sweep: what it saw is unknown
         return c.execute(statement, params).fetchall()
 
     rows = spool.db.run(go, what="claim")
     now = time.monotonic()
-    if spool.sweep_enabled and (not rows or now >= spool.next_sweep):
+    exhausted = bool(rows) and bool(rows[0][-1])
+    if spool.sweep_enabled and (not rows or exhausted or now >= spool.next_sweep):
         spool.next_sweep = now + SWEEP_EVERY
         _sweep_and_log(spool, wanted)
-    jobs = sorted((to_job(r) for r in rows), key=lambda j: (j.priority, j.run_at, j.id))
+    jobs = sorted((to_job(r[:-1]) for r in rows), key=lambda j: (j.priority, j.run_at, j.id))
     out = []
     for job in jobs:
         assert job.lease is not None

@@ -74,6 +74,8 @@ def _new_rescues(p: str = "") -> str:
 # unless out of attempts or rescues (those the sweep dead-letters). Each source is an
 # index scan in claim order, locked as it is read; the top `limit` of both are taken.
 # Tokens come from the sequence in claim order: strictly increasing along the batch.
+# Each row also says whether an expired lease out of attempts or rescues waits for the
+# sweep (the file spool's claim dead-letters those itself): the caller then sweeps.
 # A lease is never handed out already expired, however short: at least a microsecond
 # (an epoch in float8 resolves ~0.2 µs).
 # Three forms of the kind filter (`claim_sql`), so each plans on its own index: none,
@@ -108,7 +110,11 @@ SET state = 'leased', revision = j.revision + 1,
     expires_at = {NOW} + greatest(%(lease)s::float8, 1e-6), proc = %(proc)s,
     started = %(started)s::boolean
 FROM c WHERE j.id = c.id
-RETURNING {J_COLUMNS}
+RETURNING {J_COLUMNS}, (SELECT EXISTS (
+  SELECT 1 FROM jobspool_jobs WHERE state = 'leased' AND expires_at <= {NOW}
+    AND ({_eff_attempts()} >= max_attempts OR (%(max_rescues)s::bigint IS NOT NULL
+         AND {_new_rescues()} > %(max_rescues)s::bigint))
+    {{kinds}})) AS exhausted
 """
 
 # A claim's own leases, by the mark it gave them (`proc`, unique per claim call): what a
