@@ -42,3 +42,26 @@ def test_a_directory_swapped_for_a_symlink_is_refused_at_the_next_write(
         assert str(target) in str(caught.value) and "symlink" in str(caught.value)
     assert not any(name.endswith(".json") for name in os.listdir(outside)
                    if name not in ("pre.json",)), os.listdir(outside)
+
+
+def test_a_fence_file_swapped_for_a_symlink_is_refused_then_quarantined_by_recover(
+        tmp_path: Path) -> None:
+    """It said "a symlink where a job file belongs" (and recover told to run recover),
+    and a claim raised a bare OSError."""
+    from jobspool import JobState
+    from jobspool.queue.fence import FENCE_FILE
+
+    root, outside = tmp_path / "spool", tmp_path / "outside"
+    outside.write_text("0")
+    with make_spool(root) as spool:
+        spool.enqueue("k", {}, job_id="j")
+        (root / FENCE_FILE).unlink()
+        (root / FENCE_FILE).symlink_to(outside)
+        with pytest.raises(SpoolError, match="a symlink where the fence file belongs"):
+            spool.claim()
+        assert spool.get("j").state is JobState.READY
+        spool.recover()
+        assert not (root / FENCE_FILE).is_symlink()
+        (lease,) = spool.claim()
+        assert lease.job_id == "j"
+    assert outside.read_text() == "0"  # never written through

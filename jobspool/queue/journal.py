@@ -31,6 +31,7 @@ from jobspool.errors import (
 from jobspool.queue import interrupts, machine
 from jobspool.queue.diskerrors import (
     SHORT_OF_RESOURCES,
+    listing_failed,
     published_anyway,
     read_failed,
     write_failed,
@@ -520,6 +521,12 @@ class Journal:
             raise SpoolError(f"{self.root / FENCE_FILE}: {exc}; run `jobspool recover` to "
                              "rebuild it from the tokens on disk",
                              path=str(self.root / FENCE_FILE)) from None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:  # store.read never follows one
+                raise SpoolError(f"{self.root / FENCE_FILE}: a symlink where the fence file "
+                                 "belongs; `jobspool recover` quarantines it and rebuilds the "
+                                 "file", path=str(self.root / FENCE_FILE)) from None
+            raise listing_failed(exc, self.root) from None
 
     def _lost_fence(self) -> int:
         """The ceiling to go on from when an existing spool's fence file is gone."""

@@ -39,6 +39,7 @@ quarantine for a human; a prepared job without a hook stays prepared.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -277,6 +278,11 @@ def _raise_fence(spool: Journal, scan: Scan) -> tuple[list[str], int | None, int
         except ValueError as exc:
             current = None
             quarantine_root_file(spool, FENCE_FILE, f"unreadable fence counter: {exc}")
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            current = None  # never followed: what it points at is not the spool's
+            quarantine_root_file(spool, FENCE_FILE, "a symlink where the fence file belongs")
         floor = current or 0
         if current is not None:
             # (Below the ceiling but above every token handed out, a file put back by hand,
