@@ -31,7 +31,6 @@ from jobspool.errors import (
 from jobspool.queue import interrupts, machine
 from jobspool.queue.diskerrors import (
     SHORT_OF_RESOURCES,
-    listing_failed,
     published_anyway,
     read_failed,
     write_failed,
@@ -39,10 +38,9 @@ from jobspool.queue.diskerrors import (
 from jobspool.queue.fence import (
     FENCE_FILE,
     FenceCounter,
-    decode_fence,
     encode_fence,
-    restart_floor,
 )
+from jobspool.queue.fencefile import FenceFile
 from jobspool.queue.groupflush import GroupFlush
 from jobspool.queue.index import SLOT, ClaimIndex
 from jobspool.queue.job import (
@@ -123,9 +121,10 @@ class Journal:
             # what they take until `recover` has settled the spool (`SpoolLock.suspect`).
             self.index.on_foreign = self._suspect_copies
             self.store.on_unretired = self._suspect_copies
-        self._fence_path = os.path.join(self.root, FENCE_FILE)  # stat'ed at every claim
-        self.fence = FenceCounter(self.lock, self._read_fence, self._write_fence,
-                                  self._fence_ident, self._leased_top)
+        self.fence_file = FenceFile(self.root, self.store, durable=self.durable,
+                                    mode=file_mode(self.access))
+        self.fence = FenceCounter(self.lock, self.fence_file.read, self.fence_file.write,
+                                  self.fence_file.ident, self._leased_top)
         self._group = GroupFlush(self.root, self.lock, fsync_dir)
         self._tls = threading.local()
         if options.read_only:
@@ -141,7 +140,7 @@ class Journal:
                         known = max(self.lock.generation(self.lock.FENCE_CEILING_SLOT),
                                     self.lock.generation(self.lock.FENCE_NEXT_SLOT))
                         if not layout.created:
-                            known = max(known, self._lost_fence())
+                            known = max(known, self.fence_file.lost())
                         write_atomic(self.root / FENCE_FILE, encode_fence(known),
                                      durable=self.durable, mode=file_mode(self.access))
         except OSError as exc:
@@ -512,30 +511,6 @@ class Journal:
     def stale_removals(self, job_id: str, stale: Iterable[JobState]) -> list[Change]:
         return [Change(name=job_id + JOB_SUFFIX, dst=None, data=None, src=s.value) for s in stale]
 
-    def _read_fence(self) -> int:
-        try:
-            return decode_fence(self.store.read("", FENCE_FILE))
-        except FileNotFoundError:
-            return self._lost_fence()  # deleted under an open spool
-        except ValueError as exc:
-            raise SpoolError(f"{self.root / FENCE_FILE}: {exc}; run `jobspool recover` to "
-                             "rebuild it from the tokens on disk",
-                             path=str(self.root / FENCE_FILE)) from None
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:  # store.read never follows one
-                raise SpoolError(f"{self.root / FENCE_FILE}: a symlink where the fence file "
-                                 "belongs; `jobspool recover` quarantines it and rebuilds the "
-                                 "file", path=str(self.root / FENCE_FILE)) from None
-            raise listing_failed(exc, self.root) from None
-
-    def _lost_fence(self) -> int:
-        """The ceiling to go on from when an existing spool's fence file is gone."""
-        floor = restart_floor()
-        log.warning("%s is missing: fencing tokens restart above %d (the clock in "
-                    "microseconds, past any token handed out) so that none is handed out "
-                    "twice", self.root / FENCE_FILE, floor)
-        return floor
-
     def leased_jobs(self) -> Iterator[Job]:
         """The readable jobs in `leased/` now (one listing, one read each; an unreadable
         file is recovery's to look at)."""
@@ -552,23 +527,6 @@ class Journal:
                        default=0)
         except (OSError, JobspoolError):
             return 0  # not even listed (out of descriptors): the shared counter stands
-
-    def _fence_ident(self) -> int:
-        """The fence file's identity (inode and modification time): 0 when there is none."""
-        try:
-            st = os.stat(self._fence_path)
-        except OSError:
-            return 0
-        # Not the ctime: a chmod or a backup tool's attribute change is not a new value.
-        return (st.st_ino * 1_000_003 + st.st_mtime_ns) & 0xFFFFFFFFFFFFFFFF or 1
-
-    def _write_fence(self, value: int) -> None:
-        """Flush a new token ceiling (under the lock; see `FenceCounter`)."""
-        try:
-            write_atomic(self.root / FENCE_FILE, encode_fence(value), durable=self.durable,
-                         mode=file_mode(self.access))
-        except OSError as exc:
-            raise write_failed(exc, self.root) from None
 
     def fence_value(self) -> int:
         """The last token handed out (under the lock; a reader without write access gets
