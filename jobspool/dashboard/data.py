@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from jobspool.errors import JobNotFound, UnreadableJob
+from jobspool.errors import InvalidJob, JobNotFound, UnreadableJob
 from jobspool.queue.states import ALL_STATES, CANCELABLE, REQUEUEABLE, TERMINAL, JobState
 
 if TYPE_CHECKING:
@@ -99,6 +99,9 @@ def page(spool: Spool, state: JobState, *, kind: str | None = None, text: str | 
             # One damaged (or private) file must not hide the readable jobs of its state
             # (a 503 for the whole list): skipped, as `list` skips it.
             log.warning("%s", exc)
+            continue
+        except InvalidJob as exc:  # a file named by hand ("has space.json"): not a job
+            log.warning("%s/%s.json is not a job file: %s", state.value, job_id, exc)
             continue
         if job is None or job.state is not state or not _matches(job, kind, text):
             continue
