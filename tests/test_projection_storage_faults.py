@@ -104,3 +104,28 @@ def test_health_names_a_worker_whose_projection_cannot_be_written(tmp_path: Path
         assert "projection_unwritable" in health.codes() and "w1" in str(health.to_dict())
         publish_worker_report(spool, "w1", RunReport(claimed=5, projection_failing=0))
         assert "projection_unwritable" not in spool.health().codes()
+
+
+def test_an_object_store_that_does_not_answer_defers_the_jobs_uncounted(
+        tmp_path: Path) -> None:
+    """LanceDB's connect to an object store that refuses connections raises a ValueError
+    in Rust's debug form (`IO { source: Generic { store: "S3" ... ConnectionRefused`):
+    taken for the job's own fault, the jobs were retried on their attempts and dead-
+    lettered (an S3 probe; with the conditional-PUT check off, as for AWS S3 itself)."""
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    options = {"aws_endpoint": f"http://127.0.0.1:{port}", "allow_http": "true",
+               "aws_access_key_id": "k", "aws_secret_access_key": "s",
+               "aws_region": "us-east-1", "client_max_retries": "0",
+               "client_retry_timeout": "1", "jobspool_check_conditional_put": "false"}
+    app = App(handlers={"p": _project}, projection="s3://bucket/idx",
+              storage_options=options)
+    with Spool(tmp_path / "spool") as spool:
+        spool.enqueue("p", {"n": 1}, job_id="j1", max_attempts=1)
+        report = Worker(spool, app, maintenance=False).run_until_idle(wait_for_retries=0)
+        assert report.completed == 0 and report.dead_lettered == 0 and report.deferred == 1
+        got = spool.get("j1")
+        assert (got.state, got.attempts) == (JobState.RETRYABLE, 0), got

@@ -17,6 +17,10 @@ import re
 
 _RUST_PATH = re.compile(r",?\s*(?:/[^\s,]*?)?/(?:\.cargo/registry|rustc)/[^\s,)]*")
 _OS_ERROR = re.compile(r"\(os error \d+\)")
+# The same errors in Rust's debug form: LanceDB's connect (an object store refusing or
+# not answering: `ValueError("Invalid input, Failed to connect to namespace: IO { source:
+# Generic { store: "S3", ... Os { code: 111, kind: ConnectionRefused ...`).
+_DEBUG_FORM = re.compile(r"\bIO \{ source:|\bGeneric \{ store:|\bOs \{ code: \d+")
 
 
 def _chain(exc: BaseException) -> list[BaseException]:
@@ -34,7 +38,7 @@ def storage_fault(exc: BaseException | str) -> bool:
         if isinstance(e, OSError):
             return True
         text = e if isinstance(e, str) else str(e)
-        if "LanceError(IO)" in text or _OS_ERROR.search(text):
+        if "LanceError(IO)" in text or _OS_ERROR.search(text) or _DEBUG_FORM.search(text):
             return True
     return False
 
