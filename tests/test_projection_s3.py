@@ -22,6 +22,7 @@ import pyarrow as pa
 import pytest
 
 import jobspool.projection.lance as lance_mod
+from jobspool.app import App
 from jobspool.errors import ConfigError, ProjectionError
 from jobspool.projection.handler import LIVE_FILTER, make_upsert
 from jobspool.projection.lance import LanceProjection, ProjectionStore
@@ -468,3 +469,20 @@ def test_three_processes_writing_overlapping_keys_on_s3_keep_the_highest_version
     assert len(keys) == len(set(keys)), "a key was inserted twice"
     assert {r["id"]: (r["version"], r["fence"]) for r in rows if r["id"] != "init"} == want
 
+
+
+@pytest.mark.parametrize(("options", "says"), [
+    ({"aws_endpint": "https://s3.example"}, "did you mean 'aws_endpoint'"),
+    ({"aws_secret_acces_key": "s"}, "did you mean 'aws_secret_access_key'"),
+    ({"aws_endpoint": "http://127.0.0.1:9000"}, "allow_http=true"),
+])
+def test_a_misspelt_option_or_an_http_endpoint_without_allow_http_is_refused_up_front(
+        tmp_path: Path, options: dict[str, str], says: str) -> None:
+    """LanceDB ignores a name it does not know (`aws_endpint` sent the projection to AWS
+    itself) and refuses http without allow_http, each at connect: every job was charged
+    (an S3 probe). Options it may know and we do not still pass."""
+    with pytest.raises(ConfigError, match=says):
+        LanceProjection("s3://bucket/idx", "t", storage_options=options)
+    with pytest.raises(ConfigError, match=says):
+        App(handlers={}, projection="s3://bucket/idx", storage_options=options)
+    assert ProjectionStore(tmp_path / "db", storage_options={"a_newer_option": "1"})

@@ -45,6 +45,7 @@ from urllib.parse import quote, urlsplit
 from jobspool.errors import ConditionalPutUnsupported as ConditionalPutUnsupported
 from jobspool.errors import ConfigError, ProjectionError
 from jobspool.errors import ObjectStoreUnreachable as ObjectStoreUnreachable
+from jobspool.projection.optionkeys import misspelt
 
 log = logging.getLogger("jobspool.projection.objectstore")
 T = TypeVar("T")
@@ -55,6 +56,10 @@ CHECK_OPTION = "jobspool_check_conditional_put"
 CHECK_ENV = "JOBSPOOL_S3_CHECK_CONDITIONAL_PUT"
 _OURS = (CHECK_OPTION,)
 _FALSE = {"0", "false", "no", "off"}
+
+
+_ENDPOINT_KEYS = ("aws_endpoint", "aws_endpoint_url", "endpoint", "endpoint_url")
+_ENDPOINT_ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT")
 
 
 def check_storage_options(options: Mapping[str, str] | None) -> dict[str, str] | None:
@@ -69,7 +74,16 @@ def check_storage_options(options: Mapping[str, str] | None) -> dict[str, str] |
             raise ConfigError(f"storage option name {k!r} must be a non-empty string")
         if not isinstance(v, str):
             raise ConfigError(f"storage option {k!r} must be a string, got {type(v).__name__} {v!r}")
+        if (meant := misspelt(k)) is not None:
+            raise ConfigError(f"unknown storage option {k!r}: did you mean {meant!r}? (LanceDB "
+                              "ignores names it does not know)")
         out[k] = v
+    endpoint = _lookup(out, {}, _ENDPOINT_KEYS, ())  # given here (the environment's: as-is)
+    allow = _lookup(out, os.environ, ("allow_http", "aws_allow_http"), ("AWS_ALLOW_HTTP",))
+    if endpoint and endpoint.lower().startswith("http://") and (allow or "").lower() not in (
+            "1", "true", "yes", "on"):
+        raise ConfigError(f"the endpoint {endpoint} is plain http: add the storage option "
+                          "allow_http=true (LanceDB refuses http endpoints without it)")
     return out
 
 
@@ -139,8 +153,7 @@ def s3_target(uri: str, options: Mapping[str, str] | None = None,
     env = os.environ if env is None else env
     parts = urlsplit(uri)
     region = _lookup(opts, env, ("aws_region", "region"), ("AWS_REGION", "AWS_DEFAULT_REGION")) or "us-east-1"
-    endpoint = _lookup(opts, env, ("aws_endpoint", "aws_endpoint_url", "endpoint", "endpoint_url"),
-                       ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"))
+    endpoint = _lookup(opts, env, _ENDPOINT_KEYS, _ENDPOINT_ENV)
     if endpoint is None:
         return None
     if "://" not in endpoint:
