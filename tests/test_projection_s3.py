@@ -9,6 +9,7 @@ overwrites, bounded commit retries, and three processes racing on one table.
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import subprocess
@@ -205,8 +206,18 @@ def test_an_endpoint_that_overwrites_on_a_create_only_put_is_refused_in_one_line
     puts = [(m, h) for m, _p, h in _Overwriter.seen if m == "PUT"]
     assert puts == [("PUT", None), ("PUT", "*")]
     assert all(p.startswith("/stub/db/.jobspool-put-check-") for _m, p, _h in _Overwriter.seen)
-    with pytest.raises(ConditionalPutUnsupported, match=RISK):
-        LanceProjection("s3://stub/db", "notes", storage_options=options).get("a")
+
+
+def test_a_reader_does_not_run_the_write_check(stub_endpoint: str) -> None:
+    """The check PUTs probe objects: a reader with read-only credentials failed with
+    ConditionalPutUnsupported (an S3 probe). Reads cannot lose a commit; only writes
+    and maintenance are checked."""
+    forget_checks()
+    _Overwriter.seen.clear()
+    with contextlib.suppress(ProjectionError, OSError, ValueError, RuntimeError):
+        LanceProjection("s3://stub/db", "notes", storage_options=_stub_options(stub_endpoint)
+                        ).get("a")
+    assert [m for m, _p, _h in _Overwriter.seen if m == "PUT"] == []
 
 
 @pytest.mark.parametrize("given", ["uri", "store"])

@@ -190,8 +190,9 @@ class ProjectionStore:
             if self._closed:
                 raise ProjectionError("projection store is closed")
             if self._conn is None:
+                # No conditional-PUT check here: it PUTs probe objects, and a reader may hold
+                # read-only credentials. Writes (`apply`) and maintenance run it.
                 assert self._uri is not None
-                self.check_endpoint()
                 self._check_local_directory()
                 try:
                     self._conn = _connect(self._uri, self._storage_options)

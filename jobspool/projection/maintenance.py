@@ -297,6 +297,7 @@ def _maintain_table(run: _Run, name: str) -> TableOutcome:
         return TableOutcome(name, outcome, reason, run.clock() - started, before, after, removed, indexed)
 
     try:
+        run.store.check_endpoint()  # it rewrites the table: the same check as a write's
         conn = run.store.connection
         tbl = call(lambda: _open_table(conn, name))
         if tbl is None:
