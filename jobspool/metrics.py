@@ -43,12 +43,13 @@ O(live jobs + keep_terminal). A served endpoint caches the rendered page for
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -58,6 +59,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import make_wsgi_app
 
+from jobspool.errors import one_line
 from jobspool.queue.states import ALL_STATES, JobState
 
 if TYPE_CHECKING:
@@ -360,6 +362,23 @@ class _CachedCollector:
             return iter(list(self._families))
 
 
+def _answering(app: Callable[..., Any]) -> Callable[..., Any]:
+    """`app`, answering 503 and one line when the spool cannot be read (moved, a state
+    directory deleted): it was a bare 500 and a traceback on stderr at every scrape."""
+    def guarded(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        try:
+            return app(environ, start_response)
+        except Exception as exc:  # the scrape fails; the worker goes on
+            line = one_line(exc)
+            logging.getLogger("jobspool.metrics").warning("metrics scrape failed: %s", line)
+            body = f"# the spool cannot be read: {line}\n".encode()
+            start_response("503 Service Unavailable", [
+                ("Content-Type", "text/plain; charset=utf-8"),
+                ("Content-Length", str(len(body)))])
+            return [body]
+    return guarded
+
+
 def serve_metrics(spool: Spool, host: str = "127.0.0.1", port: int = 0, worker: object = None,
                   *, min_interval: float = 1.0) -> MetricsServer:
     """Serve the spool's metrics (and `worker`'s live counters) on http://host:port/metrics.
@@ -387,7 +406,8 @@ def serve_metrics(spool: Spool, host: str = "127.0.0.1", port: int = 0, worker: 
             address_family = socket.AF_INET6
 
         server_class = _V6
-    httpd = make_server(host, port, make_wsgi_app(registry), server_class, handler_class=_Quiet)
+    httpd = make_server(host, port, _answering(make_wsgi_app(registry)), server_class,
+                        handler_class=_Quiet)
     thread = threading.Thread(target=httpd.serve_forever, name="jobspool-metrics", daemon=True)
     thread.start()
     return MetricsServer(httpd, thread)

@@ -210,3 +210,29 @@ def test_an_unreadable_job_file_is_skipped_with_a_warning_not_a_crash(
     with pytest.warns(CorruptFileWarning):
         samples, _ = parse(render_prometheus(spool))
     assert value(samples, "jobspool_jobs", state="ready", kind="mail") == 1
+
+
+def test_a_scrape_of_a_spool_that_cannot_be_read_is_a_one_line_503(
+        spool: Spool, spool_root: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A state directory moved away under a worker: a bare 500 and a traceback on the
+    worker's stderr at every scrape (an HTTP probe). Then, put back, it serves again."""
+    import logging
+    import urllib.error
+    import urllib.request
+
+    spool.enqueue("mail")
+    server = serve_metrics(spool, "127.0.0.1", 0, None, min_interval=0.0)
+    url = f"http://127.0.0.1:{server.port}/metrics"
+    try:
+        (spool_root / "dead_letter").rename(spool_root / "dead_letter.x")
+        caplog.set_level(logging.WARNING, logger="jobspool")
+        with pytest.raises(urllib.error.HTTPError) as failed:
+            urllib.request.urlopen(url, timeout=10)
+        assert failed.value.code == 503
+        body = failed.value.read().decode()
+        assert body.count("\n") == 1 and "dead_letter" in body, body
+        assert [r for r in caplog.records if "metrics scrape failed" in r.getMessage()]
+        (spool_root / "dead_letter.x").rename(spool_root / "dead_letter")
+        assert value(parse(get(url))[0], "jobspool_due_jobs") == 1
+    finally:
+        server.shutdown()
