@@ -440,6 +440,9 @@ def test_init_refuses_an_absurd_max_job_bytes_and_list_a_zero_limit(tmp_path: Pa
     assert run_cli("enqueue", "k", root=root).code == 0
     got = run_cli("list", "--limit", "0", root=root)
     assert got.code == 1 and "--limit" in got.err
+    # An HTTP probe: a huge one failed as "Stop argument for islice() must be ...".
+    got = run_cli("list", "--limit", "99999999999999999999", root=root)
+    assert got.code == 1 and "--limit" in got.err and "too large" in got.err, got.err
 
 
 def test_a_raw_disk_full_error_gets_the_usual_hint(tmp_path: Path,

@@ -46,6 +46,9 @@ def _number(cast: Callable[[str], float], noun: str, *, strictly_positive: bool
         ok = value > 0 if strictly_positive else value >= 0  # False for NaN too
         if not ok or value == float("inf"):
             raise argparse.ArgumentTypeError(f"{text!r} must be {need} {noun.split()[-1]}")
+        if isinstance(value, int) and value > sys.maxsize:
+            # It reached the command and failed there as "Stop argument for islice()...".
+            raise argparse.ArgumentTypeError(f"{text!r} is too large (at most {sys.maxsize})")
         return value
 
     return parse
