@@ -190,6 +190,17 @@ def test_read_only_hides_every_action_and_refuses_posts(spool: Spool) -> None:
     assert spool.get(job_id).state is JobState.DEAD_LETTER
 
 
+def test_a_non_ascii_token_works_as_a_bearer_header_sent_as_utf8(spool: Spool) -> None:
+    """Headers are decoded as latin-1: curl's UTF-8 bytes of 'tökén' never matched, so
+    scripts were locked out with a token a person could log in with (an HTTP probe)."""
+    with _client(spool, token="tökén") as client:
+        sent = "Bearer tökén".encode().decode("latin-1")  # what the server sees from curl
+        ok = client.get("/api/overview", headers=[(b"authorization", sent.encode("latin-1"))])
+        wrong = client.get("/api/overview", headers={"authorization": "Bearer token"})
+    assert ok.status_code == 200, ok.text
+    assert wrong.status_code == 401
+
+
 def test_with_a_token_every_request_needs_it_by_header_or_login_cookie(spool: Spool) -> None:
     with _client(spool, token="s3cret-token") as client:
         page_redirect = client.get("/")

@@ -107,7 +107,16 @@ class Guard:
             return True
         if not sent:
             return False
-        return hmac.compare_digest(sent.encode(), self.token.encode())
+        want = self.token.encode()
+        if hmac.compare_digest(sent.encode(), want):
+            return True
+        # A header is decoded as latin-1: a non-ASCII token sent by curl (its UTF-8 bytes)
+        # arrives as mojibake, and a token a person could log in with locked scripts out.
+        try:
+            raw = sent.encode("latin-1")
+        except UnicodeEncodeError:
+            return False
+        return hmac.compare_digest(raw, want)
 
     def auth_cookie(self) -> str:
         """What the login form sets: proof of the token, useless to anyone without it."""
