@@ -190,6 +190,20 @@ def test_read_only_hides_every_action_and_refuses_posts(spool: Spool) -> None:
     assert spool.get(job_id).state is JobState.DEAD_LETTER
 
 
+def test_the_login_redirect_keeps_the_query_of_a_shared_link(spool: Spool) -> None:
+    """It kept the path only: a filtered link landed on the unfiltered list (HTTP probe)."""
+    with _client(spool, token="s3cret-token") as client:
+        first = client.get("/jobs/dead_letter?kind=mail&q=boom")
+        token = _csrf(client, "/login")
+        back = first.headers["location"].split("next=", 1)[1]
+        from urllib.parse import unquote
+        login = client.post("/login", data={"csrf": token, "token": "s3cret-token",
+                                            "next": unquote(back)})
+    assert first.status_code == 303
+    assert login.status_code == 303
+    assert login.headers["location"] == "/jobs/dead_letter?kind=mail&q=boom"
+
+
 def test_a_non_ascii_token_works_as_a_bearer_header_sent_as_utf8(spool: Spool) -> None:
     """Headers are decoded as latin-1: curl's UTF-8 bytes of 'tökén' never matched, so
     scripts were locked out with a token a person could log in with (an HTTP probe)."""

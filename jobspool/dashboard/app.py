@@ -60,7 +60,11 @@ def _guard_middleware(dash: Dashboard) -> type[BaseHTTPMiddleware]:
             if not public and not guard.authorized(request.headers.get("authorization"),
                                                    request.cookies.get(security.AUTH_COOKIE)):
                 if request.method in ("GET", "HEAD") and not path.startswith("/api/"):
-                    return RedirectResponse(f"/login?next={quote(path)}", status_code=303)
+                    # The query too: a shared filtered link (?kind=...) keeps its filter.
+                    query = request.url.query
+                    back = f"{path}?{query}" if query else path
+                    return RedirectResponse(f"/login?next={quote(back, safe='/')}",
+                                            status_code=303)
                 return PlainTextResponse("a token is required", 401,
                                          headers={"www-authenticate": "Bearer"})
             if request.method not in ("GET", "HEAD") and not security.same_origin(
