@@ -74,8 +74,9 @@ def _new_rescues(p: str = "") -> str:
 # unless out of attempts or rescues (those the sweep dead-letters). Each source is an
 # index scan in claim order, locked as it is read; the top `limit` of both are taken.
 # Tokens come from the sequence in claim order: strictly increasing along the batch.
-# Each row also says whether an expired lease out of attempts or rescues waits for the
-# sweep (the file spool's claim dead-letters those itself): the caller then sweeps.
+# Each row also says whether the expired leases read include one out of attempts or
+# rescues, which the claim leaves to the sweep (the file spool's claim dead-letters those
+# itself): the caller then sweeps. One scan of the leased index serves both.
 # A lease is never handed out already expired, however short: at least a microsecond
 # (an epoch in float8 resolves ~0.2 µs).
 # Three forms of the kind filter (`claim_sql`), so each plans on its own index: none,
@@ -90,9 +91,11 @@ WITH due AS MATERIALIZED (
   LIMIT %(limit)s
   FOR UPDATE SKIP LOCKED),
 lapsed AS MATERIALIZED (
-  SELECT id, priority, run_at FROM jobspool_jobs
-  WHERE state = 'leased' AND expires_at <= {NOW} AND {_eff_attempts()} < max_attempts
-    AND (%(max_rescues)s::bigint IS NULL OR {_new_rescues()} <= %(max_rescues)s::bigint)
+  SELECT id, priority, run_at,
+         ({_eff_attempts()} >= max_attempts OR (%(max_rescues)s::bigint IS NOT NULL
+          AND {_new_rescues()} > %(max_rescues)s::bigint)) AS exhausted
+  FROM jobspool_jobs
+  WHERE state = 'leased' AND expires_at <= {NOW}
     {{kinds}}
     AND NOT (id = ANY(%(exclude)b::text[]))
   ORDER BY priority, run_at, id
@@ -100,7 +103,8 @@ lapsed AS MATERIALIZED (
   FOR UPDATE SKIP LOCKED),
 c AS MATERIALIZED (
   SELECT s.id, nextval('jobspool_fence') AS token FROM (
-    SELECT id, priority, run_at FROM due UNION ALL SELECT id, priority, run_at FROM lapsed
+    SELECT id, priority, run_at FROM due
+    UNION ALL SELECT id, priority, run_at FROM lapsed WHERE NOT exhausted
     ORDER BY priority, run_at, id LIMIT %(limit)s) s)
 UPDATE jobspool_jobs j
 SET state = 'leased', revision = j.revision + 1,
@@ -110,11 +114,7 @@ SET state = 'leased', revision = j.revision + 1,
     expires_at = {NOW} + greatest(%(lease)s::float8, 1e-6), proc = %(proc)s,
     started = %(started)s::boolean
 FROM c WHERE j.id = c.id
-RETURNING {J_COLUMNS}, (SELECT EXISTS (
-  SELECT 1 FROM jobspool_jobs WHERE state = 'leased' AND expires_at <= {NOW}
-    AND ({_eff_attempts()} >= max_attempts OR (%(max_rescues)s::bigint IS NOT NULL
-         AND {_new_rescues()} > %(max_rescues)s::bigint))
-    {{kinds}})) AS exhausted
+RETURNING {J_COLUMNS}, (SELECT coalesce(bool_or(exhausted), false) FROM lapsed) AS exhausted
 """
 
 # A claim's own leases, by the mark it gave them (`proc`, unique per claim call): what a
