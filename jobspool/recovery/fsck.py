@@ -29,6 +29,7 @@ from jobspool.recovery.scan import Scan, probe, scan_spool
 from jobspool.recovery.strays import stray_tmp_files
 
 if TYPE_CHECKING:
+    from jobspool.queue.job import Job
     from jobspool.queue.journal import Journal
 
 
@@ -63,10 +64,15 @@ def fsck(spool: Journal) -> FsckReport:
     strays = [b for b in scan.bad if not b.name.endswith(JOB_SUFFIX)]
     suspects = sorted(set(scan.duplicates()) |
                       {b.name[: -len(JOB_SUFFIX)] for b in scan.bad if b.name.endswith(JOB_SUFFIX)})
+    reread: list[Job] = []  # read under the lock where the scan could not (a passing error)
+    listed = {e.job_id for e in scan.entries}
     for start in range(0, len(suspects), BATCH):
         with spool.lock.hold():
             for job_id in suspects[start:start + BATCH]:
-                problems.extend(_check_id(spool, job_id))
+                found, issues = _check_id(spool, job_id)
+                problems.extend(issues)
+                if job_id not in listed:
+                    reread.extend(found)
     for start in range(0, len(strays), BATCH):
         with spool.lock.hold():
             for stray in strays[start:start + BATCH]:
@@ -96,21 +102,24 @@ def fsck(spool: Journal) -> FsckReport:
     counts = {s.value: 0 for s in ALL_STATES}
     for e in scan.entries:
         counts[e.state.value] += 1
+    for job in reread:
+        counts[job.state.value] += 1
     quarantined = len(quarantined_files(spool))
     return FsckReport(ok=not problems, problems=tuple(problems),
                       notes=tuple(_notes(spool, scan, counts, quarantined)), counts=counts,
-                      jobs=len({e.job_id for e in scan.entries}), fence=issued, max_token=top,
+                      jobs=len(listed | {j.id for j in reread}), fence=issued, max_token=top,
                       quarantined=quarantined, temp_files=len(temps))
 
 
-def _check_id(spool: Journal, job_id: str) -> list[str]:
+def _check_id(spool: Journal, job_id: str) -> tuple[list[Job], list[str]]:
+    """The readable copies of a suspect id, and its problems."""
     good, bad = probe(spool, job_id)
     out = [f"{b.path}: {b.reason}" for b in bad]
     if len(good) > 1:
         where = ", ".join(f"{j.state.value}/{job_id}{JOB_SUFFIX} (revision {j.revision})"
                           for j in good)
         out.append(f"job {job_id} has {len(good)} files: {where}")
-    return out
+    return good, out
 
 
 def _read_fence(spool: Journal) -> tuple[int | None, str | None]:
