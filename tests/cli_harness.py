@@ -193,8 +193,11 @@ class LineReader:
         self._seen = 0  # lines before this index were already matched or passed over
 
     def _read_some(self, wait: float) -> None:
-        ready, _, _ = select.select([self._fd], [], [], max(wait, 0.0))
-        if not ready:
+        # poll, not select: select refuses descriptors past 1023, which a long test session
+        # (LanceDB and PostgreSQL clients keep theirs open) reaches.
+        poller = select.poll()
+        poller.register(self._fd, select.POLLIN | select.POLLHUP)
+        if not poller.poll(max(wait, 0.0) * 1000):
             return
         chunk = os.read(self._fd, 65536)
         if not chunk:

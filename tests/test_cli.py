@@ -284,10 +284,11 @@ def _run_on_a_tty(args: list[str], timeout: float = 60.0) -> str:
     os.close(slave)
     chunks: list[bytes] = []
     deadline = time.monotonic() + timeout
+    poller = select.poll()  # not select: it refuses descriptors past 1023 (cli_harness.py)
+    poller.register(master, select.POLLIN | select.POLLHUP)
     try:
         while time.monotonic() < deadline:
-            ready, _, _ = select.select([master], [], [], 0.1)
-            if ready:
+            if poller.poll(100):
                 try:
                     data = os.read(master, 65536)
                 except OSError:  # EIO: the child closed the terminal

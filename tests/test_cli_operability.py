@@ -186,3 +186,25 @@ def test_a_handlers_terminal_escapes_are_shown_escaped_in_text_log_lines(
     assert done.code == 0, done.err
     assert "\x1b" not in done.err and "\x07" not in done.err
     assert "bad \\x1b]0;PWNED\\x07 \\x1b[31mred" in done.err, done.err
+
+
+def test_worker_metrics_port_0_says_which_port_it_took(root: Path, app_dir: Path) -> None:
+    """It served on a free port and never said which (an HTTP probe)."""
+    import re
+    import select
+
+    proc = start_jobspool("worker", "--app", "opsapp:handlers", "--no-maintenance",
+                          "--metrics-port", "0", "--grace", "5", root=root,
+                          env=app_env(app_dir), text=True)
+    try:
+        assert proc.stderr is not None
+        poller = select.poll()
+        poller.register(proc.stderr.fileno(), select.POLLIN | select.POLLHUP)
+        assert poller.poll(30_000), "the worker said nothing within 30 s"
+        line = proc.stderr.readline()
+        found = re.search(r"serving metrics on (http://127\.0\.0\.1:\d+/metrics)", line)
+        assert found, line
+        with urllib.request.urlopen(found.group(1), timeout=10) as r:
+            assert r.status == 200 and b"# TYPE jobspool_due_jobs gauge" in r.read()
+    finally:
+        reap(proc)
