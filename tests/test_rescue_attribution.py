@@ -92,10 +92,11 @@ def test_recover_reclaims_a_dead_holders_leases_at_once_and_charges_only_the_sta
         assert list(report.leases_reclaimed) == ["j1"]
         got = {j.id: (j.state, j.attempts, j.rescues) for j in s.jobs()}
         mine = f"{s.process_mark().ident}.lock"
+        # The dead process's liveness file is gone; only this (live) process's remains.
+        assert os.listdir(root / "live") == [mine]
     assert got == {"j0": (JobState.READY, 0, 0), "j1": (JobState.RETRYABLE, 1, 1),
                    "j2": (JobState.READY, 0, 0), "j3": (JobState.READY, 0, 0)}
-    # The dead process's liveness file is gone; only this (live) process's remains.
-    assert os.listdir(root / "live") == [mine]
+    assert os.listdir(root / "live") == []  # closed: this process's went with it
 
 
 def test_recover_leaves_a_live_holders_unexpired_leases_alone(tmp_path: Path) -> None:

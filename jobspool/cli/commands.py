@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from collections.abc import Iterable
@@ -269,6 +270,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
                 raise UsageError(f"--metrics-port {args.metrics_port}: cannot listen on "
                                  f"{args.metrics_host}:{args.metrics_port} "
                                  f"({exc.strerror})") from None
+            if args.metrics_port == 0:  # a free port: nobody could find it otherwise
+                logging.getLogger("jobspool.metrics").warning(
+                    "--metrics-port 0: serving metrics on http://%s:%d/metrics",
+                    args.metrics_host, server.port)
         try:
             with handlers_print_to_stderr(args):
                 report = worker.run_forever(poll_seconds=args.poll, progress=to_supervisor)

@@ -28,7 +28,7 @@ from jobspool.errors import (
     UnreadableJob,
     WriteFailed,
 )
-from jobspool.queue import interrupts, machine
+from jobspool.queue import interrupts, liveness, machine
 from jobspool.queue.diskerrors import (
     SHORT_OF_RESOURCES,
     published_anyway,
@@ -98,6 +98,7 @@ class Journal:
     def __init__(self, layout: Layout, settings: SpoolSettings, options: ProcessOptions) -> None:
         # Absolute from here on: a handler calling os.chdir must not move the spool.
         self.root = layout.root.absolute()
+        self._live_key: str | None = None  # counted open in liveness (writers), see close
         self.settings = settings
         self.options = options
         self.read_only = options.read_only
@@ -145,6 +146,7 @@ class Journal:
                                      durable=self.durable, mode=file_mode(self.access))
         except OSError as exc:
             raise write_failed(exc, self.root) from None
+        self._live_key = liveness.retain(self.root)
 
     # The settings, read where they are used (frozen: one value per opened spool).
     @property
@@ -199,6 +201,9 @@ class Journal:
     def close(self) -> None:
         self._group.close()
         self.lock.close()
+        key, self._live_key = self._live_key, None
+        if key is not None:
+            liveness.release(key)
 
     def __repr__(self) -> str:
         return f"Journal({str(self.root)!r})"

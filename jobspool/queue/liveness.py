@@ -53,6 +53,7 @@ LIVE_SUFFIX = ".lock"
 
 _lock = threading.Lock()
 _marks: dict[str, ProcessMark] = {}
+_open_spools: dict[str, int] = {}  # open spools per root (realpath) in this process
 _by_given: dict[tuple[object, str], ProcessMark] = {}  # mark_for's cache, by the root as given
 _ident = ""
 
@@ -86,9 +87,45 @@ def _after_fork_in_child() -> None:
             os.close(mark.fd)
     _marks.clear()
     _by_given.clear()
+    _open_spools.clear()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def retain(root: Path) -> str:
+    """A spool on `root` was opened in this process; returns the key `release` takes."""
+    key = os.path.realpath(root)
+    with _lock:
+        _open_spools[key] = _open_spools.get(key, 0) + 1
+    return key
+
+
+def release(key: str) -> None:
+    """A spool `retain` counted was closed. With the last one on its root, this process's
+    mark there goes as at exit (kept, unlocked, while a lease still names it): a process
+    that opened and closed spools on many roots held a descriptor for each until it
+    exited (a long-lived service of many tenants ran out of them)."""
+    with _lock:
+        left = _open_spools.get(key, 0) - 1
+        if left > 0:
+            _open_spools[key] = left
+            return
+        _open_spools.pop(key, None)
+        mark = _marks.pop(key, None)
+        if mark is None:
+            return
+        for given in [g for g, m in _by_given.items() if m is mark]:
+            del _by_given[given]
+    _drop(mark)
+
+
+def _drop(mark: ProcessMark) -> None:
+    if not (mark.claimed and _named_by_a_lease(mark)):
+        with contextlib.suppress(OSError):
+            os.unlink(mark.path)
+    with contextlib.suppress(OSError):
+        os.close(mark.fd)
 
 
 @atexit.register
@@ -99,11 +136,7 @@ def _remove_own_marks() -> None:
     # its verdict was "unknown", and its leases waited out lease_seconds instead of being
     # reclaimed at once (and `migrate` refused, taking it for a live worker).
     for mark in list(_marks.values()):
-        if not (mark.claimed and _named_by_a_lease(mark)):
-            with contextlib.suppress(OSError):
-                os.unlink(mark.path)
-        with contextlib.suppress(OSError):
-            os.close(mark.fd)
+        _drop(mark)
     _marks.clear()
     _by_given.clear()
 
