@@ -67,3 +67,25 @@ def test_a_closed_spool_whose_leases_are_held_leaves_them_to_be_reclaimed_at_onc
     assert "'j'" in out, out
     with Spool(root, durable=False) as s:
         assert s.get("j").state is not JobState.LEASED  # an hour before its lease expires
+
+
+def test_a_forked_child_closing_its_parents_spool_keeps_its_own_mark(tmp_path: Path) -> None:
+    """The count is per process: a child closing the spool it inherited must not drop the
+    mark its own open spool on the root still needs (its leases would look dead)."""
+    root = tmp_path / "s"
+    inherited = Spool(root, durable=False)
+    inherited.enqueue("k", job_id="parent")
+    pid = os.fork()
+    if pid == 0:  # the child: exit status says whether its mark survived
+        code = 1
+        try:
+            own = Spool(root, durable=False)
+            own.enqueue("k", job_id="child")
+            ident = own.leasing.process_mark().ident
+            inherited.close()
+            code = 0 if (root / "live" / f"{ident}.lock").exists() else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    inherited.close()

@@ -56,6 +56,7 @@ from jobspool.queue.layout import Layout, SpoolSettings, effective_keep_dead
 from jobspool.queue.lock import SpoolLock
 from jobspool.queue.options import ProcessOptions
 from jobspool.queue.perms import dir_mode, file_mode
+from jobspool.queue.procid import current_pid
 from jobspool.queue.states import ALL_STATES, CLAIMABLE, TERMINAL, JobState
 from jobspool.queue.store import (
     JOB_SUFFIX,
@@ -99,6 +100,7 @@ class Journal:
         # Absolute from here on: a handler calling os.chdir must not move the spool.
         self.root = layout.root.absolute()
         self._live_key: str | None = None  # counted open in liveness (writers), see close
+        self._live_pid = 0
         self.settings = settings
         self.options = options
         self.read_only = options.read_only
@@ -147,6 +149,7 @@ class Journal:
         except OSError as exc:
             raise write_failed(exc, self.root) from None
         self._live_key = liveness.retain(self.root)
+        self._live_pid = current_pid()
 
     # The settings, read where they are used (frozen: one value per opened spool).
     @property
@@ -202,7 +205,8 @@ class Journal:
         self._group.close()
         self.lock.close()
         key, self._live_key = self._live_key, None
-        if key is not None:
+        if key is not None and self._live_pid == current_pid():
+            # A forked child closing its parent's spool: that count is the parent's.
             liveness.release(key)
 
     def __repr__(self) -> str:
