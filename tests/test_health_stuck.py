@@ -16,6 +16,7 @@ import pytest
 
 from jobspool import JobState, Spool
 from jobspool import health as health_mod
+from jobspool.health import host as health_host
 from jobspool.cli import main
 from jobspool.health import check_health
 from tests.conftest import FakeClock
@@ -90,7 +91,7 @@ def _statvfs(free_blocks: int, blocks: int = 1_000_000, frsize: int = 4096, *,
 def test_free_disk_below_either_bound_degrades_and_clears_when_space_returns(
         spool: Spool, monkeypatch: pytest.MonkeyPatch) -> None:
     disk = {"free": 10}  # 40 KiB of 4 GB free
-    monkeypatch.setattr(health_mod, "os_statvfs", lambda path: _statvfs(disk["free"]))
+    monkeypatch.setattr(health_host, "os_statvfs", lambda path: _statvfs(disk["free"]))
     health = check_health(spool)
     assert health.codes() == ["low_disk_space"]
     assert health.reasons[0].value == 10 * 4096
@@ -183,7 +184,7 @@ def test_an_idle_worker_keeps_its_metrics_file_fresh_and_a_finished_run_leaves_n
 def test_a_disk_short_of_space_and_inodes_names_both(
         spool: Spool, monkeypatch: pytest.MonkeyPatch) -> None:
     # Found in an operations probe: with both short, the reason named the inodes alone.
-    monkeypatch.setattr(health_mod, "os_statvfs",
+    monkeypatch.setattr(health_host, "os_statvfs",
                         lambda path: _statvfs(10, free_inodes=2, inodes=300))
     (reason,) = check_health(spool).reasons
     assert "MiB free" in reason.message and "inodes free" in reason.message
@@ -193,12 +194,12 @@ def test_a_disk_short_of_space_and_inodes_names_both(
 def test_a_filesystem_out_of_inodes_or_read_only_degrades(
         spool: Spool, monkeypatch: pytest.MonkeyPatch) -> None:
     # Gigabytes free but no inodes: every enqueue failed while health said ok.
-    monkeypatch.setattr(health_mod, "os_statvfs",
+    monkeypatch.setattr(health_host, "os_statvfs",
                         lambda path: _statvfs(900_000, free_inodes=2, inodes=300))
     health = check_health(spool)
     assert health.codes() == ["low_disk_space"] and "inodes" in health.reasons[0].message
     # A read-only mount: the reason names it, not a mode to chmod.
-    monkeypatch.setattr(health_mod, "os_statvfs",
+    monkeypatch.setattr(health_host, "os_statvfs",
                         lambda path: _statvfs(900_000, flag=os.ST_RDONLY))
     health = check_health(spool)
     assert health.codes() == ["state_dir_not_writable"]

@@ -57,12 +57,13 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
+from jobspool.health.host import disk_figures, host_reasons
+from jobspool.health.reasons import Health, Reason, default_projection
+from jobspool.health.reasons import ids as _ids
+from jobspool.health.reasons import plural as _plural
 from jobspool.queue.states import JobState
 from jobspool.queue.store import JOB_SUFFIX
 
@@ -73,72 +74,12 @@ if TYPE_CHECKING:
 DEFAULT_MAX_DUE_AGE = 300.0
 DEFAULT_MAINTENANCE_CADENCE = 60.0  # MaintenanceBeat's default interval
 DEFAULT_MAX_MAINTENANCE_FAILURES = 3
-STALE_FACTOR = 3.0
 DEFAULT_MIN_FREE_BYTES = 100 * 1024 * 1024
 DEFAULT_MIN_FREE_PERCENT = 1.0
 DEFAULT_WORKER_STALE = 60.0  # workers rewrite their metrics file every 5 s
 
-# Seams for tests (a nearly full disk, a clock for file times).
-os_statvfs = os.statvfs
+# Seam for tests (a clock for file times).
 wall_clock = time.time
-_EXAMPLES = 3  # job ids / tables named in a message
-
-# Outcomes that count as "maintenance is doing its job" besides `optimized`:
-# nothing changed since the last success, or the table is gone.
-_FINE_SKIPS = ("unchanged since", "table does not exist")
-
-
-@dataclass(frozen=True, slots=True)
-class Reason:
-    """One reason a spool is degraded: a stable code, what to look at, and the value seen."""
-
-    code: str
-    message: str
-    value: float | int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"code": self.code, "message": self.message, "value": self.value}
-
-
-@dataclass(frozen=True)
-class Health:
-    """The verdict of `check_health`: `ok` when there are no reasons."""
-
-    reasons: list[Reason] = field(default_factory=list)
-    root: str = ""
-    checked_at: float = 0.0
-    figures: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        return not self.reasons
-
-    @property
-    def status(self) -> str:
-        return "ok" if self.ok else "degraded"
-
-    def codes(self) -> list[str]:
-        return [r.code for r in self.reasons]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"status": self.status, "ok": self.ok, "root": self.root,
-                "checked_at": self.checked_at, "reasons": [r.to_dict() for r in self.reasons],
-                "figures": dict(self.figures)}
-
-    def text(self) -> str:
-        if self.ok:
-            return f"ok: {self.root}"
-        lines = [f"degraded: {self.root} ({len(self.reasons)} reason"
-                 f"{'s' if len(self.reasons) != 1 else ''})"]
-        lines.extend(f"  [{r.code}] {r.message}" for r in self.reasons)
-        return "\n".join(lines)
-
-
-def _ids(ids: list[str], total: int | None = None) -> str:
-    """A few of `ids` (of `total`, when more exist than were listed)."""
-    total = len(ids) if total is None else total
-    shown = ", ".join(ids[:_EXAMPLES])
-    return shown + (f" and {total - _EXAMPLES} more" if total > _EXAMPLES else "")
 
 
 def expired_reason(ids: list[str], total: int) -> Reason:
@@ -147,20 +88,6 @@ def expired_reason(ids: list[str], total: int) -> Reason:
                   f"{_plural(total, 'lease')} expired and not reclaimed ({_ids(ids, total)}): "
                   "workers died and nothing recovered; run `jobspool recover` or start a "
                   "worker for their kinds", total)
-
-
-def _plural(n: int, word: str) -> str:
-    if n == 1:
-        return f"{n} {word}"
-    return f"{n} {word[:-1]}ies" if word.endswith("y") else f"{n} {word}s"
-
-
-def default_projection(spool: Spool) -> str | None:
-    """`<root>/index` when that directory exists (where a worker projects by default)."""
-    from jobspool.queue.layout import default_projection_uri
-
-    path = default_projection_uri(spool.root)
-    return path if os.path.isdir(path) else None
 
 
 def queue_reasons(stats: Stats, max_due_age: float) -> list[Reason]:
@@ -282,7 +209,7 @@ def check_health(
             len(waiting)))
 
     locked = _unwritable_dirs(spool)
-    if _disk_figures(spool).get("read_only_fs"):
+    if disk_figures(spool).get("read_only_fs"):
         reasons.append(Reason(
             "state_dir_not_writable",
             f"the filesystem holding {spool.root} is mounted read-only: workers fail every "
@@ -330,51 +257,6 @@ def check_options(*, max_due_age: float, lease_grace: float, maintenance_cadence
         raise ValueError(f"worker_stale must be a positive number, not {worker_stale!r}")
 
 
-def host_reasons(spool: Any, *, now: float, projection: str | os.PathLike[str] | None,
-                 maintenance_cadence: float, max_maintenance_failures: int,
-                 min_free_bytes: int, min_free_percent: float, worker_stale: float
-                 ) -> tuple[list[Reason], dict[str, Any]]:
-    """What is checked on this machine, whatever the store: the free space where the spool's
-    local files live (a file spool's root; a database spool's local directory: metrics, the
-    default projection), workers that stopped refreshing their metrics files, and the
-    projection's maintenance. A database spool ignored all of these (health said ok with a
-    worker dead or a projection path that did not exist)."""
-    reasons: list[Reason] = []
-    disk = _disk_reason(spool, min_free_bytes, min_free_percent)
-    if disk is not None:
-        reasons.append(disk)
-
-    stale_workers = _stale_workers(spool, worker_stale)
-    if stale_workers:
-        reasons.append(Reason(
-            "worker_stale",
-            f"{_plural(len(stale_workers), 'worker')} stopped refreshing its metrics file for "
-            f"over {worker_stale:g} s ({_ids(stale_workers)}): stuck, or died without "
-            f"cleaning up (a worker started on the same host removes a dead one's file); if "
-            f"it is gone, delete its file under {spool.root / 'metrics'}",
-            len(stale_workers)))
-
-    failing = _failing_projections(spool, worker_stale)
-    if failing:
-        reasons.append(Reason(
-            "projection_unwritable",
-            f"{_plural(len(failing), 'worker')} cannot write the projection for its storage "
-            f"right now ({_ids(failing)}): their jobs are deferred, not run; see the worker's "
-            f"log (read-only, full, damaged table, object store down)", len(failing)))
-
-    uri = os.fspath(projection) if projection is not None else default_projection(spool)
-    if projection is not None and uri is not None and not _local_dir_exists(uri):
-        reasons.append(Reason(
-            "projection_not_found",
-            f"projection {uri!r} is not a directory: its maintenance cannot be checked "
-            f"(is the path right? the default is {spool.root / 'index'})", 1))
-    if uri is not None:
-        reasons.extend(_maintenance_reasons(uri, now, maintenance_cadence,
-                                            max_maintenance_failures))
-    return reasons, {"projection": uri, "stale_workers": len(stale_workers),
-                     **_disk_figures(spool)}
-
-
 def _unwritable_dirs(spool: Spool) -> list[str]:
     """The spool's directories its owner may not write, when the owner is asking (a reader
     of a read-only spool is not told about its own access: that is how it should be). A
@@ -392,14 +274,6 @@ def _unwritable_dirs(spool: Spool) -> list[str]:
         if st.st_uid == os.geteuid() and not os.access(path, os.W_OK | os.X_OK):
             out.append(f"{name}/")
     return out
-
-
-def _local_dir_exists(uri: str) -> bool:
-    """True for a local directory that exists, and for any remote URI (not checked here)."""
-    from jobspool.projection.objectstore import local_path
-
-    local = local_path(uri)
-    return local is None or os.path.isdir(local)
 
 
 def _held_by_the_dead(spool: Spool, leased: list[Any]) -> list[str]:
@@ -502,146 +376,4 @@ def _ready_not_claimed(spool: Spool, max_due_age: float) -> list[str]:
     return sorted(out)
 
 
-def _disk_figures(spool: Spool) -> dict[str, Any]:
-    try:
-        st = os_statvfs(spool.root)
-    except OSError:
-        return {"free_bytes": None, "free_percent": None}
-    free = st.f_bavail * st.f_frsize
-    percent = 100.0 * st.f_bavail / st.f_blocks if st.f_blocks else 100.0
-    # Inodes too: every job file is one; a filesystem out of them refuses every new job
-    # file however many bytes are free (f_files is 0 where there is no fixed count).
-    inodes = 100.0 * st.f_favail / st.f_files if st.f_files else 100.0
-    return {"free_bytes": free, "free_percent": round(percent, 3),
-            "free_inodes": st.f_favail if st.f_files else None,
-            "free_inodes_percent": round(inodes, 3),
-            "read_only_fs": bool(st.f_flag & os.ST_RDONLY)}
-
-
-def _disk_reason(spool: Spool, min_bytes: int, min_percent: float) -> Reason | None:
-    figures = _disk_figures(spool)
-    free, percent = figures["free_bytes"], figures["free_percent"]
-    if free is None or percent is None:
-        return None
-    inodes = figures["free_inodes_percent"]
-    short_space = free < min_bytes or percent < min_percent
-    short_inodes = inodes < min_percent
-    if not short_space and not short_inodes:
-        return None
-    # Both when both are short: naming the inodes alone hid a disk out of space.
-    parts = []
-    if short_space:
-        parts.append(f"{free / 2**20:.1f} MiB free ({percent:.2f} %; bounds "
-                     f"{min_bytes / 2**20:.1f} MiB and {min_percent:g} %)")
-    if short_inodes:
-        parts.append(f"{figures['free_inodes']} inodes free ({inodes:.2f} %; bound "
-                     f"{min_percent:g} %, df -i)")
-    if getattr(spool, "url", None) is not None:
-        # A database's spool: this directory holds worker metrics, progress and the
-        # default projection, not jobs, so pruning frees nothing here.
-        advice = "workers' metrics, progress and the default projection will fail; free space"
-    else:
-        advice = ("every new job file will fail; prune (`jobspool prune`) or free space"
-                  if short_inodes else "writes will start failing; prune (`jobspool prune`) "
-                  "or free space")
-    return Reason("low_disk_space",
-                  f"the filesystem holding {spool.root} has {' and '.join(parts)}: {advice}",
-                  free if short_space else figures["free_inodes"])
-
-
-def _stale_workers(spool: Spool, stale_after: float) -> list[str]:
-    """Owners of worker metrics files (`metrics.publish_worker_report`) older than
-    `stale_after` seconds; a file that cannot be read counts by its modification time."""
-    from jobspool.metrics import METRICS_DIR
-
-    directory = Path(spool.root) / METRICS_DIR
-    now = wall_clock()
-    out: list[str] = []
-    try:
-        names = sorted(n for n in os.listdir(directory) if n.endswith(".json"))
-    except OSError:  # none yet, or a reader who may not list it: nothing to judge
-        return []
-    for name in names:
-        path = directory / name
-        try:
-            raw = path.read_bytes()
-            written = path.stat().st_mtime
-        except FileNotFoundError:
-            continue  # the worker exited cleanly meanwhile
-        except OSError:
-            continue
-        owner = name[: -len(".json")]
-        try:
-            doc = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            doc = None
-        if isinstance(doc, dict):
-            at = _number(doc.get("written_at"))
-            written = at if at is not None else written
-            owner = doc["owner"] if isinstance(doc.get("owner"), str) else owner
-        if now - written > stale_after:
-            out.append(owner)
-    return out
-
-
-def _number(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)
-
-
-def _maintenance_reasons(uri: str, now: float, cadence: float, max_failures: int
-                         ) -> list[Reason]:
-    from jobspool.projection.maintenance_state import read_maintenance_state
-
-    state = read_maintenance_state(uri)
-    tables = state.get("tables")
-    if not isinstance(tables, dict):
-        return []
-    out: list[Reason] = []
-    bound = STALE_FACTOR * cadence
-    for name in sorted(tables):
-        entry = tables[name]
-        if not isinstance(entry, dict):
-            continue
-        failures = entry.get("consecutive_failures")
-        reason = str(entry.get("last_reason") or "")
-        if isinstance(failures, int) and not isinstance(failures, bool) and \
-                failures >= max_failures:
-            out.append(Reason(
-                "maintenance_failing",
-                f"projection table {name!r} at {uri}: optimize failed {failures} times in a row, "
-                f"last: {reason[:200] or 'no reason recorded'}; run `jobspool maintain --tables "
-                f"{name}` and read its error",
-                failures))
-            continue
-        outcome = entry.get("last_outcome")
-        fine = outcome == "optimized" or (outcome == "skipped" and reason.startswith(_FINE_SKIPS))
-        if fine or outcome is None:
-            continue
-        # Maintenance was attempted and did not succeed: how long since it last did?
-        since = _number(entry.get("last_success"))
-        if since is None:
-            since = _number(entry.get("first_attempt"))
-        if since is None or now - since <= bound:
-            continue
-        out.append(Reason(
-            "maintenance_stale",
-            f"projection table {name!r} at {uri}: no successful maintenance for "
-            f"{now - since:.0f} s (over 3x the {cadence:g} s cadence), last outcome {outcome}: "
-            f"{reason[:200] or 'no reason recorded'}; run `jobspool maintain --tables {name}`",
-            round(now - since, 3)))
-    return out
-
-
-__all__ = ["Health", "Reason", "check_health", "default_projection"]
-
-
-def _failing_projections(spool: Any, stale_after: float) -> list[str]:
-    from jobspool.metrics import failing_projections
-
-    try:
-        return failing_projections(spool, stale_after=stale_after)
-    except OSError:
-        return []
-
+__all__ = ["Health", "Reason", "check_health", "default_projection", "host_reasons"]
