@@ -77,8 +77,8 @@ def stats(spool: PgSpool, *, by_kind: bool = False) -> Stats:
 def prune(spool: PgSpool, *, keep: int | None = None, older_than: float | None = None,
           keep_dead: int | None = None, count: bool = True) -> PruneReport:
     """Delete terminal jobs beyond the newest `keep` of their state AND older than
-    `older_than` seconds (the file spool's rule, one statement per state, reading the
-    newest from an index). `count=False` (automatic retention) skips the report's
+    `older_than` seconds (the file spool's rule; one statement, one DELETE per state in
+    it, reading the newest from an index). `count=False` (automatic retention) skips the report's
     per-state counts of what was kept."""
     from jobspool.recovery.prune import PruneReport
 
@@ -92,14 +92,18 @@ def prune(spool: PgSpool, *, keep: int | None = None, older_than: float | None =
     if older_than is not None:
         older_than = validate_seconds("older_than", older_than)
     cutoff = None if older_than is None else spool.now() - older_than
-    removed: dict[JobState, list[str]] = {}
-    kept: dict[str, int] = {}
+    params: dict[str, Any] = {"cutoff": cutoff}
     for state in _TERMINAL:
-        limit = keep_dead if state is JobState.DEAD_LETTER else keep
-        params = {"state": state.value, "keep": limit, "cutoff": cutoff}
-        removed[state] = sorted(spool.db.run(functools.partial(_prune_state, params=params),
-                                             what="prune"))
-        if count:
+        params[state.value] = keep_dead if state is JobState.DEAD_LETTER else keep
+    removed: dict[JobState, list[str]] = {state: [] for state in _TERMINAL}
+    for job_id, name in spool.db.run(functools.partial(_prune_states, params=params),
+                                     what="prune"):
+        removed[JobState(name)].append(job_id)
+    for state in _TERMINAL:
+        removed[state].sort()
+    kept: dict[str, int] = {}
+    if count:
+        for state in _TERMINAL:
             kept[state.value] = spool.db.run(functools.partial(_count, state=state),
                                              what="prune")
     return PruneReport(completed=tuple(removed[JobState.COMPLETED]),
@@ -107,26 +111,34 @@ def prune(spool: PgSpool, *, keep: int | None = None, older_than: float | None =
                        canceled=tuple(removed[JobState.CANCELED]), kept=kept)
 
 
-# One statement per state: the bound is the `keep`-th newest row, read once from the
-# terminal index (an uncorrelated subquery: an InitPlan, run once whatever the statistics);
-# everything older in that state goes, walking the same index. Not `id IN (SELECT ...
-# OFFSET keep)`: with statistics taken before the churn (rows=1 in a terminal state until
-# autovacuum's next analyze) the planner re-ran that subquery once per terminal row, a
-# quadratic 0.2 s per 1,000 rows kept, on the settle path. Nor a SELECT of the ids then a
-# DELETE of them: two round trips and every id sent both ways.
-_PRUNE = """
-DELETE FROM jobspool_jobs
-WHERE state = %(state)s
-  AND (%(keep)s = 0 OR (updated_at, id) < (
-        SELECT updated_at, id FROM jobspool_jobs WHERE state = %(state)s
-        ORDER BY updated_at DESC, id DESC OFFSET greatest(%(keep)s - 1, 0) LIMIT 1))
-  AND (%(cutoff)s::float8 IS NULL OR updated_at < %(cutoff)s)
-RETURNING id
-"""
+# One statement for the three terminal states (one round trip and one commit: automatic
+# retention runs on the settle path, where three cost a raw claim + complete ~10% of its
+# rate, bench/pg.py), one DELETE per state in it. Each state's bound is its `keep`-th
+# newest row, read once from the terminal index (an uncorrelated subquery: an InitPlan,
+# run once whatever the statistics); everything older in that state goes, walking the
+# same index. Not `id IN (SELECT ... OFFSET keep)`: with statistics taken before the churn
+# (rows=1 in a terminal state until autovacuum's next analyze) the planner re-ran that
+# subquery once per terminal row, a quadratic 0.2 s per 1,000 rows kept, on the settle
+# path. Nor a SELECT of the ids then a DELETE of them: two round trips and every id sent
+# both ways.
+def _prune_one(state: str) -> str:
+    return f"""
+  {state} AS (DELETE FROM jobspool_jobs
+    WHERE state = '{state}'
+      AND (%({state})s = 0 OR (updated_at, id) < (
+            SELECT updated_at, id FROM jobspool_jobs WHERE state = '{state}'
+            ORDER BY updated_at DESC, id DESC OFFSET greatest(%({state})s - 1, 0) LIMIT 1))
+      AND (%(cutoff)s::float8 IS NULL OR updated_at < %(cutoff)s)
+    RETURNING id, state)"""
 
 
-def _prune_state(conn: psycopg.Connection[Any], params: dict[str, Any]) -> list[str]:
-    return [r[0] for r in conn.execute(_PRUNE, params).fetchall()]
+_PRUNE = ("WITH" + ",".join(_prune_one(s.value) for s in _TERMINAL) + "\n"
+          + "\nUNION ALL ".join(f"SELECT id, state FROM {s.value}" for s in _TERMINAL))
+
+
+def _prune_states(conn: psycopg.Connection[Any], params: dict[str, Any]
+                  ) -> list[tuple[str, str]]:
+    return [(r[0], r[1]) for r in conn.execute(_PRUNE, params).fetchall()]
 
 
 def _count(conn: psycopg.Connection[Any], state: JobState) -> int:
