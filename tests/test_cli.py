@@ -256,6 +256,36 @@ def test_run_until_idle_wait_retries_finishes_flaky_jobs(spool_with_jobs: Path) 
     assert shown["attempts"] == 3
 
 
+def test_run_until_idle_names_the_jobs_of_its_kinds_it_left_not_due_yet(
+        spool_with_jobs: Path) -> None:
+    """"Idle" with jobs still to run later (a retry backing off, such as a job rescued
+    from a killed worker, or a delayed job) says so: a script ran once and took the queue
+    for drained."""
+    root = spool_with_jobs
+    ok("--root", root, "enqueue", "work", "--delay", "30")
+    ok("--root", root, "enqueue", "work", "--delay", "60")
+    ok("--root", root, "enqueue", "orphan", "--delay", "5")  # no handler: not ours to wait for
+    r = ok("--root", root, "run-until-idle", "--app", "tests.apps.simple:app")
+    assert "left 2 job(s) not due yet" in r.out
+    assert "--wait-retries" in r.out
+    doc = ok_json("--root", root, "run-until-idle", "--app", "tests.apps.simple:app")
+    assert doc["waiting"] == 2
+    assert 0 < doc["next_due_in"] <= 30
+    ok("--root", root, "run-until-idle", "--app", "tests.apps.simple:app")
+    with make_spool(root) as spool:
+        assert spool.stats().counts["retryable"] == 3  # nothing ran early
+
+
+def test_run_until_idle_says_nothing_of_waiting_jobs_when_none_are_left(
+        spool_with_jobs: Path) -> None:
+    root = spool_with_jobs
+    ok("--root", root, "enqueue", "work")
+    r = ok("--root", root, "run-until-idle", "--app", "tests.apps.simple:app")
+    assert "completed 1" in r.out and "not due yet" not in r.out
+    assert ok_json("--root", root, "run-until-idle", "--app", "tests.apps.simple:app"
+                   )["waiting"] == 0
+
+
 @pytest.mark.parametrize("target", ["tests.apps.plain:handlers", "tests.apps.plain:registry"])
 def test_run_until_idle_accepts_a_plain_mapping_or_an_object_with_handlers(
         spool_with_jobs: Path, target: str) -> None:

@@ -231,6 +231,10 @@ def cmd_run_until_idle(args: argparse.Namespace) -> int:
             why = ("not in --kinds" if kind in worker.handlers
                    else f"no handler in --app {args.app}")
             lines.append(f"left {n} due job(s) of kind {kind!r}: {why}")
+        if report.waiting:
+            lines.append(f"left {report.waiting} job(s) not due yet (retries backing off, "
+                         f"delayed jobs), the first in {report.next_due_in:.1f} s; "
+                         "--wait-retries SECONDS waits for those due within SECONDS")
         return "\n".join(lines)
 
     _emit(args, doc, text)

@@ -32,6 +32,11 @@ class RunReport:
     # it from the worker's metrics file (`projection_unwritable`).
     projection_failing: int = 0
     unhandled: dict[str, int] = field(default_factory=dict)
+    # `run_until_idle` only: jobs of this worker's kinds left because they are not due yet
+    # (retries backing off, delayed jobs), and seconds until the first of them is. A script
+    # that ran once after a crash read "idle" as drained while the rescued jobs waited.
+    waiting: int = 0
+    next_due_in: float | None = None
 
     @property
     def rate(self) -> float:
@@ -86,7 +91,9 @@ class FinishedRun(RunReport, Coroutine[Any, Any, RunReport]):
         return cls(**{f.name: getattr(report, f.name) for f in fields(RunReport)})
 
 
-_COUNTED = tuple(f.name for f in fields(RunReport) if f.type in ("int", int))
+# The tallies a run keeps as it goes; `waiting` is looked up once, at the end.
+_COUNTED = tuple(f.name for f in fields(RunReport)
+                 if f.type in ("int", int) and f.name != "waiting")
 
 
 class Counters:
@@ -110,7 +117,9 @@ class Counters:
     deferred: int
     projection_failing: int
 
-    def freeze(self, unhandled: dict[str, int] | None = None) -> RunReport:
+    def freeze(self, unhandled: dict[str, int] | None = None, waiting: int = 0,
+               next_due_in: float | None = None) -> RunReport:
         counts = {name: getattr(self, name) for name in _COUNTED}
         return RunReport(**counts, duration=time.monotonic() - self.started,
-                         unhandled=dict(unhandled or {}))
+                         unhandled=dict(unhandled or {}), waiting=waiting,
+                         next_due_in=next_due_in)

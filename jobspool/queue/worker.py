@@ -285,10 +285,10 @@ class Worker:
                 self._live = None
                 self._stop_honored()
             # Before the run ends: a close() waiting for it (or left to it) closes the spool.
-            unhandled = await anyio.to_thread.run_sync(self._unhandled)
+            unhandled, waiting, next_due_in = await anyio.to_thread.run_sync(self._left_behind)
         finally:
             self._runs.end(run)
-        return counters.freeze(unhandled)
+        return counters.freeze(unhandled, waiting, next_due_in)
 
     def run_forever(self, *, poll_seconds: float = 0.5, handle_signals: bool = True,
                     progress: Callable[[RunReport], None] | None = None) -> Any:
@@ -471,21 +471,27 @@ class Worker:
         finally:
             signalhub.leave(self, signals)
 
-    def _unhandled(self) -> dict[str, int]:
-        """Due jobs left behind because this worker has no handler for their kind."""
+    def _left_behind(self) -> tuple[dict[str, int], int, float | None]:
+        """What an idle run left: due jobs of kinds this worker has no handler for (per
+        kind), and jobs of its own kinds not due yet (how many, seconds to the first)."""
         out: dict[str, int] = {}
+        waiting, first = 0, None
         now = self.spool.now()
         try:
             for state in (JobState.READY, JobState.RETRYABLE):
                 for job in self.spool.jobs(state=state):
-                    if job.kind not in self.kinds and (state is JobState.READY
-                                                       or job.run_at <= now):
-                        out[job.kind] = out.get(job.kind, 0) + 1
+                    due = state is JobState.READY or job.run_at <= now
+                    if job.kind not in self.kinds:
+                        if due:
+                            out[job.kind] = out.get(job.kind, 0) + 1
+                    elif not due:
+                        waiting += 1
+                        first = job.run_at if first is None else min(first, job.run_at)
         except (JobspoolError, OSError) as exc:
             # A report's footnote: a store that went away must not turn a finished run
             # (or a clean stop) into a crash.
-            log.warning("could not list jobs left for other kinds: %s", exc)
-        return out
+            log.warning("could not list the jobs left behind: %s", exc)
+        return out, waiting, None if first is None else round(max(0.0, first - now), 3)
 
     def projection_store(self) -> ProjectionStore:
         """The projection this worker writes through (opened on first use: lancedb is slow
