@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from jobspool.errors import JobspoolError
+from jobspool.errors import JobspoolError, UnreadableJob
 from jobspool.health import (
     DEFAULT_MAINTENANCE_CADENCE,
     DEFAULT_MAX_DUE_AGE,
@@ -248,6 +248,7 @@ def fsck(spool: PgSpool) -> FsckReport:
         "OR revision < 1 "
         "OR (state <> 'leased' AND owner IS NOT NULL) LIMIT 100").fetchall(), what="fsck")
     problems.extend(f"job {i} ({s}): fields out of range" for i, s in bad)
+    problems.extend(_unreadable_rows(spool, limit=100))
     notes: list[str] = []
     expired = spool.db.run(lambda c: c.execute(
         "SELECT count(*) FROM jobspool_jobs WHERE state = 'leased' AND expires_at <= %s",
@@ -258,6 +259,31 @@ def fsck(spool: PgSpool) -> FsckReport:
     return FsckReport(ok=not problems, problems=tuple(problems), notes=tuple(notes),
                       counts=counts, jobs=sum(counts.values()), fence=fence,
                       max_token=max_token)
+
+
+def _unreadable_rows(spool: PgSpool, *, limit: int) -> list[str]:
+    """Rows no reader can take as jobs (`rows.to_job`: a hand's `1e999` payload, a NaN
+    time, a negative time limit), every row read as the file store's fsck reads every
+    file, in pages by id. fsck called such a table consistent while a worker looped on it
+    or listings failed."""
+    out: list[str] = []
+    after = ""
+    while len(out) < limit:
+        rows = spool.db.run(functools.partial(_rows_after, after=after), what="fsck")
+        for r in rows:
+            try:
+                to_job(r)
+            except UnreadableJob as exc:
+                out.append(str(exc))
+        if len(rows) < 1000:
+            break
+        after = rows[-1][0]
+    return out[:limit]
+
+
+def _rows_after(conn: psycopg.Connection[Any], after: str) -> list[Any]:
+    return conn.execute(f"SELECT {COLUMNS} FROM jobspool_jobs WHERE id > %s ORDER BY id "
+                        "LIMIT 1000", (after,)).fetchall()
 
 
 def health(spool: PgSpool, *, max_due_age: float = DEFAULT_MAX_DUE_AGE,
@@ -339,7 +365,10 @@ def iter_jobs(spool: PgSpool, states: Sequence[JobState], kind: str | None) -> I
             params = (state.value, after, kind, kind)
             rows = spool.db.run(functools.partial(_page, params=params), what="listing jobs")
             for r in rows:
-                yield to_job(r)
+                try:
+                    yield to_job(r)
+                except UnreadableJob as exc:  # as the file store skips a damaged file
+                    log.warning("skipped: %s", exc)
             if len(rows) < 500:
                 break
             after = rows[-1][0]

@@ -10,6 +10,7 @@ holder could not see: while a lease is current, nobody else may change its job.
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import secrets
 import time
@@ -19,12 +20,14 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from jobspool.errors import JobspoolError, JobTooLarge, LeaseLost
+from jobspool.errors import JobspoolError, JobTooLarge, LeaseLost, UnreadableJob
 from jobspool.pg import sql
 from jobspool.pg.rows import COLUMNS, dump, text, to_job
 from jobspool.queue import machine
 from jobspool.queue.job import Job, Lease, LeaseInfo, encode_completed, evolve, fill_in, fitted_anyway
 from jobspool.queue.states import JobState
+
+log = logging.getLogger("jobspool.pg")
 
 if TYPE_CHECKING:
     import psycopg
@@ -88,7 +91,7 @@ def claim(spool: PgSpool, *, kinds: Iterable[str] | str | None, limit: int, owne
     if spool.sweep_enabled and (not rows or exhausted or now >= spool.next_sweep):
         spool.next_sweep = now + SWEEP_EVERY
         _sweep_and_log(spool, wanted)
-    jobs = sorted((to_job(r[:-1]) for r in rows), key=lambda j: (j.priority, j.run_at, j.id))
+    jobs = sorted(_readable(spool, rows), key=lambda j: (j.priority, j.run_at, j.id))
     out = []
     for job in jobs:
         assert job.lease is not None
@@ -97,6 +100,29 @@ def claim(spool: PgSpool, *, kinds: Iterable[str] | str | None, limit: int, owne
         if starts_noted and job.rescues:
             spool.unnoted_starts.add(job.lease.token)  # `note_started` records it
     return out
+
+
+_TOKEN = [c.strip() for c in COLUMNS.split(",")].index("token")
+
+
+def _readable(spool: PgSpool, rows: list[Any]) -> list[Job]:
+    """The claimed jobs; a row that cannot be read as a job (a hand edit: JSON the parser
+    refuses, a NaN time) is dead-lettered on its own, naming why, and its batch mates run.
+    Decoded after the claim committed, one such row failed the whole claim: every lease
+    of the batch was lost in the process, and the same row came back in every next batch."""
+    jobs, unreadable = [], []
+    for r in rows:
+        try:
+            jobs.append(to_job(r[:-1]))
+        except UnreadableJob as exc:
+            unreadable.append({"id": r[0], "token": r[_TOKEN], "why": str(exc)[:1024]})
+    if unreadable:
+        params = {"now": spool.now_param(), "rows": orjson.dumps(unreadable).decode()}
+        spool.db.run(lambda c: c.execute(sql.DEAD_LETTER_UNREADABLE, params),
+                     what="dead-lettering unreadable rows")
+        for u in unreadable:
+            log.error("dead-lettered %s", u["why"])
+    return jobs
 
 
 def note_started(spool: PgSpool, tokens: Iterable[int]) -> None:

@@ -13,7 +13,9 @@ from typing import Any
 
 import orjson
 
-from jobspool.queue.job import Job, LeaseInfo
+from jobspool.errors import UnreadableJob
+from jobspool.queue.job import Job, LeaseInfo, implausible
+from jobspool.queue.payload import MAX_RUN_AT
 from jobspool.queue.states import JobState
 
 COLUMNS = ("id, kind, state, priority, attempts, max_attempts, revision, created_at, "
@@ -45,6 +47,36 @@ _STATES = {s.value: s for s in JobState}
 
 
 def to_job(row: Sequence[Any]) -> Job:
+    """The job a row holds; `UnreadableJob` naming it when the row holds what jobspool
+    never writes (a hand edit): JSON its parser refuses (`1e999`, integers past 64 bits),
+    or values out of range (a NaN time, a negative time limit, negative attempts)."""
+    try:
+        job = _decode(row)
+    except (orjson.JSONDecodeError, ValueError, TypeError, KeyError) as exc:
+        raise UnreadableJob(f"job {row[0]!r}: its row cannot be read ({exc}); fix or delete "
+                            "it by hand") from None
+    why = implausible(job) or _out_of_range(job)
+    if why is not None:
+        raise UnreadableJob(f"job {row[0]!r}: its row cannot be read ({why}); fix or delete "
+                            "it by hand")
+    return job
+
+
+def _out_of_range(job: Job) -> str | None:
+    """What the schema lets a hand write that no transition does (the file store's decoder
+    refuses the same in a file: `queue/job.py` `_time`, `_timeout`)."""
+    for name in ("created_at", "updated_at", "run_at"):
+        value = getattr(job, name)
+        if not -MAX_RUN_AT <= value <= MAX_RUN_AT:  # NaN fails too
+            return f"{name} is not a time jobspool writes: {value!r}"
+    if job.timeout is not None and not 0 < job.timeout < float("inf"):
+        return f"timeout is {job.timeout!r} (a positive number of seconds)"
+    if job.lease is not None and not -MAX_RUN_AT <= job.lease.expires_at <= MAX_RUN_AT:
+        return f"expires_at is not a time jobspool writes: {job.lease.expires_at!r}"
+    return None
+
+
+def _decode(row: Sequence[Any]) -> Job:
     (jid, kind, state, priority, attempts, max_attempts, revision, created_at, updated_at,
      run_at, token, owner, expires_at, proc, payload, result, last_error, traceback,
      reservations, rescues, timeout) = row

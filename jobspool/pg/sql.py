@@ -117,6 +117,16 @@ FROM c WHERE j.id = c.id
 RETURNING {J_COLUMNS}, (SELECT coalesce(bool_or(exhausted), false) FROM lapsed) AS exhausted
 """
 
+# Claimed rows that cannot be read as jobs (leasing.py `_readable`), to dead_letter with
+# the reason, each only while the claim's lease on it holds.
+DEAD_LETTER_UNREADABLE = f"""
+UPDATE jobspool_jobs j
+SET state = 'dead_letter', last_error = u.why, revision = j.revision + 1, updated_at = {NOW},
+    token = NULL, owner = NULL, expires_at = NULL, proc = NULL, started = NULL
+FROM json_to_recordset(%(rows)s::json) AS u(id text, token bigint, why text)
+WHERE j.id = u.id AND j.token = u.token AND j.state = 'leased'
+"""
+
 # A claim's own leases, by the mark it gave them (`proc`, unique per claim call): what a
 # claim sent again after a lost connection adopts if its first try committed.
 ADOPT_CLAIM = f"""

@@ -1,0 +1,89 @@
+"""A job row edited by hand into something jobspool never writes (JSON its parser refuses,
+a NaN time, a negative time limit) costs that job alone: a claim dead-letters it naming
+why and runs its batch mates, listings skip it with a warning, `show` names it, and fsck
+reports it. Before, the claim committed and then failed decoding the batch: every lease
+of it was lost in the process, and the same row came back in every next batch."""
+
+from __future__ import annotations
+
+import logging
+
+import psycopg
+import pytest
+
+from jobspool import Worker
+from jobspool.errors import UnreadableJob
+from jobspool.queue.states import JobState
+from tests.cli_harness import run_jobspool
+from tests.spools import make_spool
+
+EDITS = {
+    "payload": "UPDATE jobspool_jobs SET payload = '1e999' WHERE id = %s",
+    "created_at": "UPDATE jobspool_jobs SET created_at = 'NaN' WHERE id = %s",
+    "timeout": "UPDATE jobspool_jobs SET timeout = -1 WHERE id = %s",
+}
+
+
+def _edit(url: str, sql: str, job_id: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        assert conn.execute(sql, (job_id,)).rowcount == 1
+
+
+@pytest.mark.parametrize("field", sorted(EDITS))
+def test_a_claim_dead_letters_an_unreadable_row_and_runs_its_batch_mates(
+        pg_url: str, field: str, caplog: pytest.LogCaptureFixture) -> None:
+    ran: list[int] = []
+    with make_spool(pg_url) as spool:
+        ids = [spool.enqueue("work", {"i": i}, job_id=f"j{i}").id for i in range(6)]
+        _edit(pg_url, EDITS[field], "j3")
+        worker = Worker(spool, {"work": lambda job, ctx: ran.append(job.payload["i"])},
+                        batch_size=10)
+        with caplog.at_level(logging.ERROR, logger="jobspool.pg"):
+            report = worker.run_until_idle()
+        assert sorted(ran) == [0, 1, 2, 4, 5]
+        assert report.completed == 5
+        assert [spool.get(i).state for i in ids if i != "j3"] == [JobState.COMPLETED] * 5
+        with psycopg.connect(pg_url) as conn:
+            row = conn.execute("SELECT state, last_error, token FROM jobspool_jobs "
+                               "WHERE id = 'j3'").fetchone()
+        assert row is not None
+        assert row[0] == "dead_letter" and row[2] is None
+        assert "'j3'" in row[1] and "cannot be read" in row[1]
+        assert any("j3" in r.getMessage() for r in caplog.records)
+        assert spool.stats().counts["leased"] == 0  # no lease stranded
+
+
+def test_listings_skip_an_unreadable_row_and_show_names_it(
+        pg_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    with make_spool(pg_url) as spool:
+        for i in range(3):
+            spool.enqueue("work", {"i": i}, job_id=f"j{i}")
+        _edit(pg_url, EDITS["payload"], "j1")
+        with caplog.at_level(logging.WARNING, logger="jobspool.pg"):
+            listed = [j.id for j in spool.jobs()]
+        assert listed == ["j0", "j2"]
+        assert any("j1" in r.getMessage() for r in caplog.records)
+        with pytest.raises(UnreadableJob, match="'j1'"):
+            spool.get("j1")
+    shown = run_jobspool("--root", pg_url, "show", "j1")
+    assert shown.code != 0
+    assert "Traceback" not in shown.err and "'j1'" in shown.err
+    assert len(shown.err.strip().splitlines()) == 1
+    listing = run_jobspool("--root", pg_url, "list")
+    assert listing.code == 0, listing.err
+    assert "j0" in listing.out and "j2" in listing.out
+
+
+def test_fsck_reports_rows_no_reader_can_take_as_jobs(pg_url: str) -> None:
+    with make_spool(pg_url) as spool:
+        for i in range(4):
+            spool.enqueue("work", {"i": i}, job_id=f"j{i}")
+        assert spool.fsck().ok
+        _edit(pg_url, EDITS["timeout"], "j1")
+        _edit(pg_url, "UPDATE jobspool_jobs SET run_at = 'Infinity' WHERE id = %s", "j2")
+        report = spool.fsck()
+    assert not report.ok
+    joined = "\n".join(report.problems)
+    assert "'j1'" in joined and "timeout" in joined
+    assert "'j2'" in joined and "run_at" in joined
+    assert "'j0'" not in joined and "'j3'" not in joined
