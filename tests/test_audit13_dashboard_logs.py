@@ -53,6 +53,9 @@ def test_the_dashboard_with_json_logs_writes_only_json_lines_including_server_wa
         _, err = proc.communicate(timeout=HANG_GUARD)
     docs = _json_lines(err.decode())
     assert docs[0]["event"] == "start" and docs[0]["command"] == "dashboard"
+    # With --port 0 the start event names the port asked for; the next one the port taken.
+    listening = [d for d in docs if d.get("event") == "listening"]
+    assert [(d["port"], d["url"]) for d in listening] == [(port, url)]
     assert any("invalid http request" in d["msg"].lower() and d["level"] == "warning"
                for d in docs), docs
 

@@ -87,6 +87,27 @@ def test_maintain_refuses_a_missing_or_misplaced_projection_and_a_bad_table_name
     assert sorted(p.name for p in (root / "completed").iterdir()) == []
 
 
+def test_maintain_refuses_a_missing_projection_named_by_the_app(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Found in a README walk-through: `--projection typo` was refused, but the same typo in
+    # the app's `App(projection=...)` printed "no tables" and exited 0.
+    root = tmp_path / "spool"
+    make_spool(root).close()
+    missing = tmp_path / "typo_index"
+    (tmp_path / "typo_app_mod.py").write_text(
+        "from jobspool import App\n"
+        f"app = App(handlers={{'k': lambda job, ctx: None}}, projection={str(missing)!r})\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, out, err = run_cli("maintain", "--app", "typo_app_mod:app", root=root)
+    assert (code, out) == (1, ""), (code, out, err)
+    assert len(err.strip().splitlines()) == 1
+    assert "typo_app_mod:app" in err and str(missing) in err and "no such directory" in err
+    assert not missing.exists()
+    # The default projection (<root>/index) not made yet is no typo: nothing to maintain.
+    code, out, err = run_cli("maintain", root=root)
+    assert (code, out.strip()) == (0, "no tables"), err
+
+
 def test_keys_that_disagree_with_the_projection_stores_own_are_refused(tmp_path: Path) -> None:
     from jobspool.projection.lance import ProjectionStore
 

@@ -388,6 +388,37 @@ def test_a_new_spool_is_private_whatever_the_umask(tmp_path: Path) -> None:
     assert wrong == [], f"not 0700 dirs / 0600 files: {wrong}"
 
 
+_MAINTAIN_UNDER_UMASK_0 = """
+import os, sys
+os.umask(0)
+from jobspool import Spool, Worker
+from jobspool.projection.lance import ProjectionStore
+from jobspool.projection.maintenance import maintain
+root = sys.argv[1]
+with Spool(root) as spool:
+    spool.enqueue("doc", {"n": 1})
+    Worker(spool, {"doc": lambda job, ctx: ctx.upsert("docs", {"id": job.id, "n": 1})}
+           ).run_until_idle()
+    maintain(ProjectionStore(os.path.join(root, "index")))
+"""
+
+
+def test_jobspools_own_files_in_the_default_projection_are_private_whatever_the_umask(
+        tmp_path: Path) -> None:
+    # Found in a README walk-through: the maintenance record and its lock followed the
+    # umask (0666 under umask 0) where the README says index/ is private like the spool.
+    root = tmp_path / "spool"
+    proc = subprocess.run([sys.executable, "-c", _MAINTAIN_UNDER_UMASK_0, str(root)],
+                          cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    index = root / "index"
+    assert stat.S_IMODE(index.stat().st_mode) == 0o700
+    ours = sorted(index.glob(".jobspool-maintenance*"))
+    assert [p.name for p in ours] == [".jobspool-maintenance.json", ".jobspool-maintenance.lock"]
+    assert {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in ours} == {
+        p.name: oct(0o600) for p in ours}
+
+
 def test_a_group_spool_is_shared_with_the_group_and_remembers_it(tmp_path: Path) -> None:
     root = tmp_path / "spool"
     _in_umask_0(root, "group")

@@ -548,9 +548,13 @@ def cmd_maintain(args: argparse.Namespace) -> int:
         from jobspool.queue.layout import projection_inside_spool
 
         local = local_path(uri)
-        if args.projection and local is not None and not os.path.isdir(local):
-            # Maintenance must not create a projection (a typo would become one).
-            raise UsageError(f"--projection {args.projection}: "
+        named = (f"--projection {args.projection}" if args.projection
+                 else f"--app {args.app}: its projection {uri}" if app and app.projection
+                 else None)  # the default <root>/index: none yet is "no tables"
+        if named and local is not None and not os.path.isdir(local):
+            # Maintenance must not create a projection (a typo would become one), nor take
+            # a typo in the app for a projection with nothing to maintain.
+            raise UsageError(f"{named}: "
                              f"{'not a directory' if os.path.exists(local) else 'no such directory'}")
         inside = projection_inside_spool(spool.root, uri) if local is not None else None
         if inside is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import logging
 import os
 import signal
 import socket
@@ -132,6 +133,13 @@ def serve(root: Path | str, *, host: str = DEFAULT_HOST, port: int = DEFAULT_POR
         shown = f"[{host.strip('[]')}]" if ":" in host else host
         url = f"http://{shown}:{bound}/"
         where = str(getattr(spool, "display", spool.root))  # a database URL without password
+        # The start-up event names the port asked for; with 0 only this one names the port
+        # taken (a log reader of `--log-format json` could not find the dashboard).
+        from jobspool.logs import CLI_LOGGER
+
+        logging.getLogger(CLI_LOGGER).info(
+            "dashboard listening on %s", url,
+            extra={"fields": {"event": "listening", "url": url, "port": bound}})
         if as_json:
             sys.stdout.write(orjson.dumps({"url": url, "root": where,
                                            "read_only": read_only,

@@ -154,15 +154,37 @@ def _save_state(
         # Read-modify-write under a lock: two processes' beats may finish at
         # once. The file is advisory (health reporting, where to resume), so
         # it is replaced atomically but not fsynced.
-        with portalocker.Lock(str(path.parent / STATE_LOCK), mode="a", timeout=10):
+        mode = _mode_for(path.parent)
+        lock_path = path.parent / STATE_LOCK
+        with portalocker.Lock(str(lock_path), mode="a", timeout=10):
+            _chmod_own(lock_path, mode)
             state = read_maintenance_state(str(path.parent))
             _merge_state(state, outcomes, resume_at, now, touch_resume=touch_resume,
                          known=known)
             tmp = path.with_name(f"{STATE_FILE}.{os.getpid()}.tmp")
             tmp.write_text(json.dumps(state, indent=1, sort_keys=True), encoding="utf-8")
+            os.chmod(tmp, mode)
             os.replace(tmp, path)
     except (OSError, portalocker.LockException) as exc:
         log.warning("could not save maintenance state to %s: %s", path, _one_line(exc))
+
+
+def _mode_for(directory: Path) -> int:
+    """The mode of jobspool's files in a projection directory, whatever the umask: read and
+    write for whom the directory lets in, never others (a private spool's index/ is 0700:
+    its files 0600; a group spool's 2770: 0660)."""
+    try:
+        return (os.stat(directory).st_mode & 0o660) | 0o600
+    except OSError:
+        return 0o600
+
+
+def _chmod_own(path: Path, mode: int) -> None:
+    try:
+        if os.stat(path).st_uid == os.geteuid():
+            os.chmod(path, mode)
+    except OSError:
+        pass  # advisory: another user's lock file keeps its mode
 
 
 def _merge_state(state: dict[str, Any], outcomes: Sequence[TableOutcome], resume_at: str | None,
