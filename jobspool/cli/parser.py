@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from jobspool.cli import commands
+from jobspool.cli import commands, maintain
 from jobspool.cli.common import (
     _nonneg_float,
     _nonneg_int,
@@ -211,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop starting new tables after SECONDS; the next run resumes "
                    "(default: 60)")
     c.add_argument("--tables", help="comma-separated table names (default: all)")
-    c.set_defaults(func=commands.cmd_maintain)
+    c.set_defaults(func=maintain.cmd_maintain)
 
     c = sub.add_parser("health", parents=[common], help="ok / degraded, with reasons")
     c.add_argument("--max-due-age", type=_positive_float, default=300.0, metavar="SECONDS",
