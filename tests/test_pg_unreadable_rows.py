@@ -87,3 +87,4 @@ def test_fsck_reports_rows_no_reader_can_take_as_jobs(pg_url: str) -> None:
     assert "'j1'" in joined and "timeout" in joined
     assert "'j2'" in joined and "run_at" in joined
     assert "'j0'" not in joined and "'j3'" not in joined
+

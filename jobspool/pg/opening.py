@@ -9,6 +9,7 @@ measures how far this host's clock is from the database's.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import threading
 import time
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
     import psycopg
 
     from jobspool.pg.db import Database
+
+log = logging.getLogger("jobspool.pg")
 
 # The persisted settings and their defaults (the same as a file spool's).
 DEFAULTS: dict[str, Any] = {
@@ -110,7 +113,19 @@ def open_database(db: Database, *, create: bool, read_only: bool,
         if not read_only:
             _check_may_write(conn, db.display)
         stored = load_settings(conn)
-        schema = conn.execute("SELECT current_schema()").fetchone()
+        # The schema that holds the tables, not the search_path's first one: with
+        # `search_path=q1,public` and the tables in public, the channel was named after q1
+        # and wakeups between this process and one whose path is `public` were lost (the
+        # poll fallback saw to them), and nothing said which queue this was.
+        schema = conn.execute(
+            "SELECT n.nspname, current_schema() FROM pg_class c JOIN pg_namespace n "
+            "ON n.oid = c.relnamespace WHERE c.oid = to_regclass('jobspool_jobs')").fetchone()
+        if schema is not None and schema[1] is not None and schema[0] != schema[1]:
+            log.warning("%s: jobspool's tables are in schema %r, found through the "
+                        "search_path after its first schema %r: this is the queue in %r "
+                        "(to make one in %r, leave %r out of the search_path and run "
+                        "`jobspool init`)", db.display, schema[0], schema[1], schema[0],
+                        schema[1], schema[0])
         row = conn.execute("SELECT extract(epoch from clock_timestamp())::float8").fetchone()
         t1 = time.time()
     except SpoolError:
