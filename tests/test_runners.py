@@ -165,6 +165,24 @@ def test_sync_handlers_run_under_either_event_loop(spool: Spool, backend: str) -
     assert "seven" in (dead.last_error or "")
 
 
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_an_async_handlers_stored_traceback_is_its_own_error_alone(
+        spool: Spool, backend: str) -> None:
+    # Found by the async probe: on trio every stored traceback began with "RuntimeError:
+    # no running event loop" (jobspool's own look for an asyncio loop, the context of the
+    # handler's exception), and "During handling of the above exception".
+    async def handler(job: Job, ctx: Context) -> None:
+        raise ValueError("boom boom")
+
+    job = spool.enqueue("a", {}, max_attempts=1)
+    worker = Worker(spool, {"a": handler}, maintenance=False)
+    report = anyio.run(worker.arun_until_idle, backend=backend)
+    assert report.dead_lettered == 1
+    tb = spool.get(job.id).traceback or ""
+    assert "ValueError: boom boom" in tb
+    assert "RuntimeError" not in tb and "During handling" not in tb
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(("jobs", "batch"), [(1, 1), (10, 10)])
 def test_a_refused_settle_is_given_back_and_the_run_still_drains(

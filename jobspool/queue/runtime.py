@@ -114,6 +114,11 @@ async def in_own_task(awaitable: Awaitable[Any]) -> Any:
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
+        loop = None
+    if loop is None:
+        # Awaited outside the `except`: inside it, every exception a handler raised carried
+        # "RuntimeError: no running event loop" as its context, and each stored traceback
+        # on trio began with an error that never happened.
         return await awaitable
 
     async def body() -> Any:
