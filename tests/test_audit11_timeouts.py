@@ -100,3 +100,39 @@ def test_a_handler_swallowing_its_cancellation_in_a_loop_times_out_on_trio(
     done = spool.get(job.id)
     assert done.state is JobState.DEAD_LETTER
     assert "TimeLimitExceeded" in (done.last_error or "")
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+@pytest.mark.parametrize("own_wait", [0.1, 3.0])
+def test_an_async_run_held_back_by_another_handler_blocking_the_loop_keeps_its_own_limit(
+        tmp_path: object, backend: str, own_wait: float) -> None:
+    # Found by the async probe: a handler awaiting a 0.1 s sleep under a 0.5 s limit was
+    # cancelled when the loop came back from another handler's 1.5 s block, and
+    # dead-lettered as past its limit. Its limit now moves back by the time another
+    # handler held the loop; one that really runs past its own limit still times out.
+    from tests.spools import make_spool
+
+    async def hog(job: Job, ctx: Context) -> str:
+        await anyio.sleep(0.05)  # let the other start and begin awaiting
+        import time
+        time.sleep(1.5)  # blocks the loop: its own doing, charged to nobody else
+        return "hog"
+
+    async def waits(job: Job, ctx: Context) -> str:
+        await anyio.sleep(own_wait)
+        return "done"
+
+    with make_spool(tmp_path / f"s-{backend}-{own_wait}") as spool:  # type: ignore[operator]
+        spool.enqueue("hog", job_id="hog")
+        spool.enqueue("waits", job_id="waits")
+        worker = Worker(spool, {"hog": hog, "waits": waits}, concurrency=4, batch_size=10,
+                        policies={"waits": Policy(timeout=0.5, max_attempts=1)},
+                        maintenance=False)
+        anyio.run(worker.arun_until_idle, backend=backend)
+        assert spool.get("hog").result == "hog"
+        done = spool.get("waits")
+        if own_wait < 0.5:
+            assert (done.state, done.result) == (JobState.COMPLETED, "done"), done.last_error
+        else:
+            assert done.state is JobState.DEAD_LETTER
+            assert (done.last_error or "").startswith("TimeLimitExceeded: ")

@@ -75,6 +75,8 @@ async def invoke(ctx: Context, fn: Callable[..., Any], *, is_async: bool,
                 tracked = Tracked(fn(ctx.job, ctx), monitor,
                                   f"the handler of kind {kind!r} "
                                   f"({_name(fn)}, job {ctx.job_id})")
+                if timeout is not None:
+                    monitor.limits[tracked] = (limit, ctx)
                 result = await in_own_task(tracked)
             else:
                 result = await anyio.to_thread.run_sync(
@@ -149,6 +151,8 @@ async def invoke(ctx: Context, fn: Callable[..., Any], *, is_async: bool,
         record_raised(ctx, exc)
     finally:
         ctx.thread_ident = None
+        if tracked is not None:
+            monitor.limits.pop(tracked, None)
 
 
 def call_sync(ctx: Context, fn: Callable[..., Any]) -> None:

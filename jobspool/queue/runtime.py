@@ -27,6 +27,8 @@ from jobspool.errors import JobspoolError, LeaseLost
 from jobspool.queue.jobprogress import prune_stale_progress
 
 if TYPE_CHECKING:
+    import anyio
+
     from jobspool.queue.api import SpoolAPI as Spool
     from jobspool.queue.context import Context
 
@@ -34,6 +36,9 @@ log = logging.getLogger("jobspool.queue.worker")
 
 # A loop that has not turned for this long is reported (once per stall).
 BLOCKED_SECONDS = 1.0
+# A handler's step on the loop longer than this moves the other async handlers' time
+# limits back by as much (`Monitor.held_back`); shorter ones are a loop's normal sharing.
+HELD_BACK_SECONDS = 0.02
 # How often the loop proves it turns and the heartbeat thread looks (beats themselves are
 # on time: the thread wakes for them). 0.1 s made 20 wakeups a second of an idle worker.
 _TICK = 0.25
@@ -185,8 +190,9 @@ class Tracked:
         error: BaseException | None = None
         while True:
             self.monitor.on_loop = self.label
+            began = time.monotonic()
             if self.started_at is None:
-                self.started_at = time.monotonic()
+                self.started_at = began
             try:
                 step = it.send(value) if error is None else it.throw(error)
             except StopIteration as stop:
@@ -197,6 +203,9 @@ class Tracked:
                 raise
             finally:
                 self.monitor.on_loop = None
+                held = time.monotonic() - began
+                if held > HELD_BACK_SECONDS and self.monitor.limits:
+                    self.monitor.held_back(self, held)
             if self.swallowed_at is None and (
                     (error is not None and _is_cancel(error)) or _cancelled_here()):
                 # Trio raises its cancellation inside the handler's frames (the trap's
@@ -246,6 +255,9 @@ class Monitor:
         self.interval = lease_seconds / 3.0
         self.tick = time.monotonic()
         self.on_loop: str | None = None
+        # The time limits of async handlers running now (`invoke`), by their Tracked: one
+        # handler's step that holds the loop pushes the others' limits back (`held_back`).
+        self.limits: dict[Tracked, tuple[anyio.CancelScope, Context]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="jobspool-heartbeat", daemon=True)
         self._blocked_since: float | None = None
@@ -257,6 +269,19 @@ class Monitor:
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=5.0)
+
+    def held_back(self, by: Tracked, seconds: float) -> None:
+        """`by`'s step held the loop for `seconds`: every other async handler with a time
+        limit was held back that long, by no doing of its own, so its limit moves on. A
+        handler awaiting a 0.1 s sleep under a 0.5 s limit was cancelled when the loop came
+        back from another's 1.5 s block, and dead-lettered as past its limit."""
+        for tracked, (scope, ctx) in self.limits.items():
+            # Not `scope.cancel_called`: on trio, asking cancels a scope whose deadline
+            # passed (the very one to push back). A cancelled scope stays cancelled.
+            if tracked is not by:
+                scope.deadline += seconds
+                if ctx.deadline is not None:
+                    ctx.deadline += seconds
 
     async def ticker(self) -> None:
         """On the loop: prove every `_TICK` that it still turns."""
