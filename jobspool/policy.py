@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jobspool.errors import PolicyError
+from jobspool.queue.payload import MIN_TIMEOUT
 
 __all__ = ["Policy", "PolicyError", "check_policies"]
 
@@ -76,6 +77,9 @@ def _positive_seconds(name: str, value: object) -> float:
     v = float(value)
     if not math.isfinite(v) or v <= 0:
         raise PolicyError(f"Policy {name} must be a positive finite number, got {value!r}")
+    if name == "timeout" and v < MIN_TIMEOUT:
+        raise PolicyError(f"Policy timeout must be at least {MIN_TIMEOUT:g} s (a limit shorter "
+                          f"than starting the handler takes never lets it run), got {value!r}")
     if name != "timeout" and time.time() + v > _YEAR_9999:
         # The backoff lands in the job as its due time, which no reader takes past 9999.
         raise PolicyError(f"Policy {name} {value!r} would retry a job after the year 9999 "

@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.cli_harness import Result, run_jobspool
+from tests.cli_harness import Result, one_error_line, run_jobspool
 from tests.helpers_spool import job_files
 from tests.spools import make_spool
 
@@ -484,3 +484,41 @@ def test_a_stdout_that_cannot_be_written_is_named_not_the_spools_disk(
     assert err.strip().splitlines() == [
         "jobspool: error: cannot write the output to stdout: No space left on device (what "
         "the command did stands)"]
+
+
+@pytest.mark.parametrize("value", ["1e-6", "1e-320", "0.0009"])
+def test_a_time_limit_too_short_to_start_the_handler_is_refused_at_enqueue(
+        tmp_path: Path, value: str) -> None:
+    # Found by a CLI fuzz: `enqueue --timeout 1e-6` was taken, and run-until-idle then
+    # claimed and gave the job back for ever (its limit passed before the handler began).
+    from jobspool import Policy
+    from jobspool.errors import InvalidJob, PolicyError
+
+    root = tmp_path / "spool"
+    with make_spool(root) as spool:
+        with pytest.raises(InvalidJob, match="at least 0.001 s"):
+            spool.enqueue("work", {}, timeout=float(value))
+        assert spool.stats().total == 0
+        spool.enqueue("work", {}, timeout=0.001)  # the floor itself is a limit
+    with pytest.raises(PolicyError, match="at least 0.001 s"):
+        Policy(timeout=float(value))
+    r = run_jobspool("--root", root, "enqueue", "work", "{}", "--timeout", value)
+    assert r.returncode == 1 and "at least 0.001 s" in one_error_line(r)
+
+
+@pytest.mark.parametrize("value", ["1e-6", "1e-320", "0.009"])
+def test_a_worker_lease_too_short_to_start_a_job_is_refused(tmp_path: Path, value: str) -> None:
+    # Found by a CLI fuzz: on PostgreSQL, run-until-idle --lease-seconds 1e-320 claimed one
+    # job for ever (each lease lost before its handler could start, never charged).
+    from jobspool import Worker
+    from jobspool.errors import ConfigError
+
+    root = tmp_path / "spool"
+    with make_spool(root) as spool:
+        spool.enqueue("work", {})
+        with pytest.raises(ConfigError, match="too short for a worker"):
+            Worker(spool, {"work": lambda job, ctx: None}, lease_seconds=float(value))
+        assert spool.claim(lease_seconds=float(value))  # a raw claim may take any lease
+    r = run_jobspool("--root", root, "run-until-idle", "--app", "tests.apps.simple:app",
+                     "--lease-seconds", value)
+    assert r.returncode == 1 and "too short for a worker" in one_error_line(r)

@@ -27,6 +27,7 @@ from jobspool.queue.job import (
     validate_run_at,
     validate_seconds,
 )
+from jobspool.queue.payload import MIN_TIMEOUT
 from jobspool.queue.states import ALL_STATES, JobState
 
 
@@ -57,8 +58,15 @@ def check_unique_states(states: Iterable[JobState | str] | None) -> frozenset[Jo
 
 
 def check_timeout(timeout: object) -> float | None:
-    """A per-job time limit: None, or a positive finite number of seconds."""
-    return None if timeout is None else validate_seconds("timeout", timeout, positive=True)
+    """A per-job time limit: None, or a finite number of seconds from `MIN_TIMEOUT` on."""
+    if timeout is None:
+        return None
+    limit = validate_seconds("timeout", timeout, positive=True)
+    if limit < MIN_TIMEOUT:
+        raise InvalidJob(f"timeout must be at least {MIN_TIMEOUT:g} s (a limit shorter than "
+                         f"starting the handler takes never lets it run), got {timeout!r}",
+                         field="timeout")
+    return limit
 
 
 def check_run_at(run_at: object, delay: float, now: float) -> float | None:

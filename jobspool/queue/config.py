@@ -24,6 +24,7 @@ from jobspool.policy import Policy, check_policies
 from jobspool.queue.arguments import listed
 from jobspool.queue.job import Job, validate_int, validate_kind, validate_owner, validate_seconds
 from jobspool.queue.machine import RetryPolicy
+from jobspool.queue.payload import MIN_WORKER_LEASE
 
 log = logging.getLogger("jobspool.queue.worker")
 
@@ -99,6 +100,10 @@ class WorkerConfig:
         batch_size = validate_int("batch_size", batch_size, minimum=1)
         lease = default_lease_seconds if lease_seconds is None else validate_seconds(
             "lease_seconds", lease_seconds, positive=True)
+        if lease < MIN_WORKER_LEASE:
+            raise ConfigError(f"lease_seconds {lease:g} is too short for a worker: at least "
+                              f"{MIN_WORKER_LEASE:g} s (it must start each job and beat its "
+                              "lease within it)")
         grace = validate_seconds("grace_seconds", grace_seconds)
         if kinds is not None:
             missing = sorted(set(kinds) - set(table))

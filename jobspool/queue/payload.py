@@ -181,6 +181,13 @@ def validate_run_at(run_at: object, now: float) -> float:
 # setting of a terabyte was accepted and saved. 64 MiB is far past any job worth queuing.
 MAX_JOB_BYTES_LIMIT = 64 * 1024 * 1024
 MAX_RUN_AT = 253402300799.0  # 9999-12-31T23:59:59Z
+# The shortest time limit a job may have: below it the limit passed before the handler
+# could start, every time, and `run-until-idle` claimed and gave the job back for ever.
+MIN_TIMEOUT = 0.001
+# The shortest lease a worker takes (a raw `claim` may take any): a worker must start each
+# job and beat its lease within it; on PostgreSQL a 1e-6 s lease kept `run-until-idle`
+# claiming one job for ever, each lease lost before its handler could start.
+MIN_WORKER_LEASE = 0.01
 MAX_RUN_AT_PAST = 7 * 86400.0
 
 
