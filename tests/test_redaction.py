@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
@@ -40,8 +41,9 @@ def test_a_query_password_appears_in_no_output_of_a_run(pg_url: str) -> None:
     for code, out, err in outputs:
         assert code in (0, 2), err
         assert "S3CRET" not in out + err
-    bad = pg_url.replace("postgresql://", "postgresql://nobody:S3CRET@", 1).replace(
-        "127.0.0.1:", "127.0.0.1:1", 1)  # a port nothing listens on
+    parts = urlsplit(pg_url)
+    bad = urlunsplit(parts._replace(  # a port nothing listens on
+        netloc=f"nobody:S3CRET@{parts.hostname}:1{parts.port}"))
     code, _, err = run_cli("stats", root=bad)
     assert code == 2 and "S3CRET" not in err and "***" in err
 
@@ -93,3 +95,21 @@ def test_demo_on_postgresql_prints_no_password(pg_url: str) -> None:
     code, out, err = run_cli("demo", "--jobs", "60", root=url)
     assert code == 0, err
     assert "S3CRET" not in out + err and "password=***" in out
+
+
+@pytest.mark.parametrize("url", [
+    "postgresql://postgres:hunter2@abc@127.0.0.1:1/postgres",
+    "postgresql://postgres:hunter2@abcd@127.0.0.1:1/postgres?sslmode=disable",
+])
+def test_an_unencoded_at_in_the_password_is_refused_without_showing_any_of_it(
+        url: str) -> None:
+    # Found by a CLI fuzz: libpq split at the first '@', and "failed to resolve host
+    # 'abc@127.0.0.1'" printed the part of the password after it (pieces under 4
+    # characters were not scrubbed), in stderr and in a worker's log.
+    for args in (("stats",), ("enqueue", "work"), ("run-until-idle", "--app",
+                                                    "tests.apps.simple:app")):
+        r = run_cli(*args, root=url)
+        assert r.code == 1, (args, r)
+        line = r.err.strip()
+        assert len(line.splitlines()) == 1 and "%40" in line
+        assert "hunter2" not in line and "abc" not in line, line

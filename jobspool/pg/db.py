@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -55,7 +56,14 @@ def display_url(url: str) -> str:
     except psycopg.Error as exc:
         # Bad input, not a spool that refuses: the CLI exits 1 for it (DESIGN §8).
         raise ConfigError(f"bad PostgreSQL URL: {scrub_password(one_line(exc), url)}") from None
-    return redact_url(url)
+    shown = redact_url(url)
+    _scheme, sep, rest = url.partition("://")
+    if sep and re.split(r"[/?#]", rest, maxsplit=1)[0].count("@") > 1:
+        # libpq splits at the first '@' and the rest became the host: "failed to resolve
+        # host 'abc@db'" showed the part of the password after its '@'.
+        raise ConfigError(f"bad PostgreSQL URL {shown}: its user or password holds an '@' "
+                          "that is not percent-encoded; write it as %40")
+    return shown
 
 
 _IDLE = psycopg.pq.TransactionStatus.IDLE
