@@ -496,11 +496,11 @@ def test_a_time_limit_too_short_to_start_the_handler_is_refused_at_enqueue(
 
     root = tmp_path / "spool"
     with make_spool(root) as spool:
-        with pytest.raises(InvalidJob, match="at least 0.001 s"):
+        with pytest.raises(InvalidJob, match=r"at least 0\.001 s"):
             spool.enqueue("work", {}, timeout=float(value))
         assert spool.stats().total == 0
         spool.enqueue("work", {}, timeout=0.001)  # the floor itself is a limit
-    with pytest.raises(PolicyError, match="at least 0.001 s"):
+    with pytest.raises(PolicyError, match=r"at least 0\.001 s"):
         Policy(timeout=float(value))
     r = run_jobspool("--root", root, "enqueue", "work", "{}", "--timeout", value)
     assert r.returncode == 1 and "at least 0.001 s" in one_error_line(r)
@@ -522,3 +522,16 @@ def test_a_worker_lease_too_short_to_start_a_job_is_refused(tmp_path: Path, valu
     r = run_jobspool("--root", root, "run-until-idle", "--app", "tests.apps.simple:app",
                      "--lease-seconds", value)
     assert r.returncode == 1 and "too short for a worker" in one_error_line(r)
+
+
+@pytest.mark.parametrize("root", ["~/spool", "~", "~me/spool", "$HOME/spool", "${STATE}/q"])
+@pytest.mark.parametrize("via", ["option", "env"])
+def test_a_root_no_shell_expanded_is_refused_and_nothing_is_made(
+        tmp_path: Path, root: str, via: str) -> None:
+    # Found by a CLI fuzz: JOBSPOOL_ROOT='~/spool' (quoted in a unit or env file) made
+    # ./~/spool in the working directory, and a worker served it.
+    args = ("--root", root, "init") if via == "option" else ("init",)
+    r = run_jobspool(*args, env={"JOBSPOOL_ROOT": root} if via == "env" else None,
+                     cwd=tmp_path)
+    assert r.returncode == 1 and "no shell expanded" in one_error_line(r)
+    assert list(tmp_path.iterdir()) == []

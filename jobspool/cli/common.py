@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import logging
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -123,7 +124,17 @@ def _given_root(args: argparse.Namespace) -> str | None:
         shown = redact_url(root)  # the padding kept: it is what is wrong
         raise SpoolError(f"{where} {shown!r} has leading or trailing whitespace: give the "
                          "spool directory or URL without it", path=shown)
+    unexpanded = _UNEXPANDED.match(root)
+    if unexpanded:
+        # Quoted in a unit file or an env file, `~/spool` and `$HOME/spool` reach us as
+        # written: `init` made ./~/spool in the working directory, and a worker served it.
+        raise UsageError(f"{where} {root!r} starts with {unexpanded.group(1)!r}, which no "
+                         "shell expanded: give the path itself (e.g. /home/me/spool)")
     return root
+
+
+# A root whose first component is `~`/`~user` or a `$VAR`/`${VAR}` left as written.
+_UNEXPANDED = re.compile(r"^(~[^/]*|\$\{?[A-Za-z_][A-Za-z0-9_]*\}?)(/|$)")
 
 
 def _root(args: argparse.Namespace) -> Path:
