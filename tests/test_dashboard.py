@@ -21,7 +21,7 @@ from jobspool.dashboard import create_app
 from jobspool.dashboard.data import page
 from jobspool.dashboard.throughput import Throughput, chart
 from jobspool.queue.states import JobState
-from tests.cli_harness import LineReader, run_jobspool, start_jobspool
+from tests.cli_harness import LineReader, run_cli, run_jobspool, start_jobspool
 from tests.spools import SpoolFactory, make_spool
 from tests.waiting import wait_until
 
@@ -587,6 +587,21 @@ def test_only_loopback_addresses_count_as_local(host: str, loopback: bool) -> No
         with pytest.raises(BindRefused, match="without a token"):
             check_bind(host, None)
         check_bind(host, "a-token")  # a token makes any address acceptable
+
+
+@pytest.mark.parametrize("token", [" ", "a\nb", "tab\there", " padded", "padded "])
+def test_a_token_no_client_could_send_is_refused_before_serving(token: str) -> None:
+    # Found by a CLI fuzz: `--token $'a\nb'` (or " ") was taken, and no header or login
+    # form could ever carry it.
+    from jobspool.dashboard.security import BindRefused, check_bind
+
+    for host in ("127.0.0.1", "0.0.0.0"):
+        with pytest.raises(BindRefused, match="must be printable"):
+            check_bind(host, token)
+    check_bind("0.0.0.0", "s3cret-\u00e9t\u00e9")  # printable non-ASCII is fine
+    r = run_cli("dashboard", "--token", token, root="/nonexistent-spool")
+    assert r.code == 2 and "must be printable" in r.err
+    assert len(r.err.strip().splitlines()) == 1
 
 
 def test_the_origin_check_accepts_only_this_server() -> None:

@@ -68,7 +68,15 @@ def is_loopback(host: str) -> bool:
 
 
 def check_bind(host: str, token: str | None) -> None:
-    """Refuse a non-loopback bind address unless a token guards it."""
+    """Refuse a non-loopback bind address unless a token guards it, and a token no client
+    could send: blank, or holding a control character (a newline cannot travel in a
+    header), or spaces at its ends (a login form's or header's trimming loses them)."""
+    if token and (not token.strip() or token != token.strip()
+                  or any(not ch.isprintable() for ch in token)):
+        raise BindRefused("the dashboard token must be printable, without control "
+                          "characters or spaces at its ends (no client could send it as "
+                          "given); generate one with: python -c 'import secrets; "
+                          "print(secrets.token_urlsafe(24))'")
     if not is_loopback(host) and not token:
         raise BindRefused(
             f"refusing to serve the dashboard on {host!r} without a token: anyone who can "
