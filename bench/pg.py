@@ -17,7 +17,9 @@ Measured per round (`--jobs` N jobs each, payload {"i": n, "pad": 512 bytes}):
   and, for information, enqueue one per call with a NOTIFY in the same statement.
 - jobspool (`Spool("postgresql://...")`): enqueue one per call (`spool.enqueue`); consume
   batched through `Worker(spool, handlers={...no-op}, batch_size=50).run_until_idle()`;
-  and raw `claim(limit=50)` + `complete_many`, fed by `enqueue_many` batches of 50.
+  and raw `claim(limit=50)` + `complete_many`, fed by `enqueue_many` batches of 50; and
+  the INSERT a one-job enqueue sends, sent by bare psycopg (`statement_enqueue`): the
+  floor jobspool's schema and NOTIFY set for its enqueue, without its Python.
 - pgqueuer (if importable): enqueue one per call (`Queries.enqueue`); consume with one
   QueueManager, no-op async entrypoint, `run(batch_size=B, mode=drain)`, B = its default
   (10) and each of `--pgq-batches`; "best" is the batch size with the best median.
@@ -166,6 +168,9 @@ class Bench:
         self.measure("jobspool.enqueue", js.enqueue, u, n, self.a.pad)
         self.settle("jobspool")
         self.measure("jobspool.worker", js.worker_consume, u, n, b)
+        self.settle("jobspool")
+        self.measure("jobspool.statement_enqueue", js.statement_enqueue, u, n, self.a.pad)
+        self.measure(None, js.raw_consume, u, n, b)  # drain, untimed
         self.settle("jobspool")
         self.measure("jobspool.enqueue_many", js.enqueue_many, u, n, self.a.pad, b)
         self.settle("jobspool")

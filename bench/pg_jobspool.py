@@ -40,6 +40,39 @@ def enqueue(url: str, n: int, pad: int) -> float:
         return (n - WARM) / (time.perf_counter() - t)
 
 
+def statement_enqueue(url: str, n: int, pad: int) -> float:
+    """Jobs/s of the statement a one-job `spool.enqueue` sends (its INSERT, RETURNING a
+    NOTIFY), sent by bare psycopg one per call with the parameters jobspool would bind:
+    what the store's schema and its NOTIFY cost, without jobspool's Python around them.
+    The gap from here to `enqueue` is jobspool's client; from the minimal queue to here,
+    the statement's (a wider row, three indexes to update, the NOTIFY)."""
+    import orjson
+    import psycopg
+
+    from jobspool import Spool
+    from jobspool.pg import sql
+    from jobspool.queue.ids import new_job_id
+
+    with Spool(url) as spool:
+        channel = spool.channel  # type: ignore[attr-defined]
+    with psycopg.connect(url, autocommit=True) as conn:
+
+        def one(i: int) -> None:
+            now = time.time()
+            conn.execute(sql.INSERT_ONE, {
+                "kind": "bench", "priority": 0, "max_attempts": 5, "created": now,
+                "timeout": None, "channel": channel, "id": new_job_id(), "state": "ready",
+                "run_at": now, "payload": orjson.dumps(payload(i, pad)).decode()},
+                prepare=True).fetchone()
+
+        for i in range(min(WARM, n)):
+            one(i)
+        t = time.perf_counter()
+        for i in range(WARM, n):
+            one(i)
+        return (n - WARM) / (time.perf_counter() - t)
+
+
 def enqueue_many(url: str, n: int, pad: int, batch: int) -> float:
     """Jobs/s of `spool.enqueue_many` in batches of `batch` (a fill; reported for information)."""
     from jobspool import Spool

@@ -13,6 +13,8 @@ LABELS = {
     "jobspool.enqueue_many": ("jobspool", "enqueue, batched (enqueue_many of 50)"),
     "jobspool.worker": ("jobspool", "consume, batched (Worker batch_size=50, no-op)"),
     "jobspool.raw": ("jobspool", "consume, batched (claim(limit=50) + complete_many)"),
+    "jobspool.statement_enqueue": ("jobspool's INSERT, bare psycopg",
+                                   "enqueue, one-at-a-time (the statement alone)"),
     "pgqueuer.enqueue": ("pgqueuer", "enqueue, one-at-a-time (Queries.enqueue)"),
 }
 
@@ -78,6 +80,10 @@ def _ratios(result: dict[str, Any]) -> list[str]:
          "minimal.enqueue_notify", None),
         ("minimal+NOTIFY / minimal", "enqueue, one-at-a-time", "minimal.enqueue_notify",
          "minimal.enqueue", None),
+        ("jobspool's INSERT / minimal", "enqueue, one-at-a-time (the statement, bare psycopg)",
+         "jobspool.statement_enqueue", "minimal.enqueue", None),
+        ("jobspool / jobspool's INSERT", "enqueue, one-at-a-time (jobspool's client)",
+         "jobspool.enqueue", "jobspool.statement_enqueue", None),
         ("pgqueuer / minimal", "enqueue, one-at-a-time", "pgqueuer.enqueue", "minimal.enqueue", None),
     ]
     out = ["| ratio | operation | measured | target |", "|---|---|---:|---|"]
