@@ -337,6 +337,23 @@ def test_a_malformed_postgresql_url_is_bad_input_exit_1() -> None:
     assert got.err.count("\n") == 1 and "bad PostgreSQL URL" in got.err
 
 
+@pytest.mark.parametrize("url", ["postgresql://u@127.0.0.1:1/db?sslmode=bogus",
+                                 "postgresql://u@127.0.0.1:abc/db"])
+def test_a_url_option_libpq_refuses_is_bad_input_not_an_outage(url: str) -> None:
+    """Found by a CLI fuzz: `?sslmode=bogus` read as a database that is down (exit 2), and
+    a worker waited 30 s for it to come back. libpq refuses it before reaching any server."""
+    from jobspool import Spool
+    from jobspool.errors import ConfigError
+    from tests.cli_harness import run_cli
+
+    for command in ("stats", "enqueue"):
+        got = run_cli(command, *(["k"] if command == "enqueue" else []), root=url)
+        assert got.code == 1, got
+        assert got.err.count("\n") == 1 and "bad PostgreSQL URL" in got.err, got.err
+    with pytest.raises(ConfigError, match="bad PostgreSQL URL"):
+        Spool(url)
+
+
 def test_show_of_an_unreadable_job_file_says_so_once(tmp_path: Path) -> None:
     from tests.cli_harness import run_cli
 

@@ -113,3 +113,30 @@ def test_an_unencoded_at_in_the_password_is_refused_without_showing_any_of_it(
         line = r.err.strip()
         assert len(line.splitlines()) == 1 and "%40" in line
         assert "hunter2" not in line and "abc" not in line, line
+
+
+@pytest.mark.parametrize(("root", "shown", "says"), [
+    # Found by a CLI fuzz: once a Path, `file:///tmp/x` was shown as `file://tmp/x`.
+    ("file:///tmp/x", "'file:///tmp/x'", "is a file:// URL"),
+    ("s3://bucket/q", "'s3://bucket/q'", "is a s3:// URL"),
+    # libpq takes the scheme in lower case only: say so rather than "not a postgresql URL".
+    ("POSTGRESQL://u:KvPw@127.0.0.1:1/db", "'POSTGRESQL://u:***@127.0.0.1:1/db'",
+     "write the scheme in lower case (postgresql://)"),
+])
+def test_a_url_root_of_another_kind_is_named_as_typed(tmp_path: Path, root: str, shown: str,
+                                                      says: str) -> None:
+    from jobspool import Spool
+    from jobspool.errors import SpoolError
+
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        code, out, err = run_cli("stats", root=root)
+        with pytest.raises(SpoolError) as raised:
+            Spool(root)
+    finally:
+        os.chdir(cwd)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert shown in err and says in err and "KvPw" not in out + err, err
+    assert shown in str(raised.value) and says in str(raised.value)
+    assert list(tmp_path.iterdir()) == []

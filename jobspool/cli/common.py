@@ -130,6 +130,11 @@ def _given_root(args: argparse.Namespace) -> str | None:
         # written: `init` made ./~/spool in the working directory, and a worker served it.
         raise UsageError(f"{where} {root!r} starts with {unexpanded.group(1)!r}, which no "
                          "shell expanded: give the path itself (e.g. /home/me/spool)")
+    from jobspool.pg import is_url
+    from jobspool.queue.layout import refuse_url
+
+    if not is_url(root):
+        refuse_url(root)  # here, while `file:///x` is still as typed
     return root
 
 

@@ -77,6 +77,11 @@ _IDLE = psycopg.pq.TransactionStatus.IDLE
 _NOT_SERVING = frozenset({"57P01", "57P02", "57P03"})
 _NOT_SERVING_WORDS = ("starting up", "shutting down", "in recovery", "too many clients",
                       "terminating connection")
+# libpq refusing the URL's own options before it reaches any server ("connection is bad:
+# invalid sslmode value", a port that is no number): a typo no wait cures. A worker
+# waited 30 s for it as for an outage, then exited saying the store was unavailable.
+_BAD_OPTION = re.compile(r"connection is bad: invalid [\w ]*value|invalid connection option|"
+                         r"invalid port number")
 
 
 def transient(exc: BaseException) -> bool:
@@ -87,6 +92,8 @@ def transient(exc: BaseException) -> bool:
             exc, psycopg.OperationalError):
         return False
     state = exc.sqlstate
+    if state is None and _BAD_OPTION.search(str(exc)):
+        return False
     if state is None:
         # A failed connect carries no SQLSTATE: a server that answered with FATAL refused
         # us (no such database or role, a password), unless it is starting or stopping.
@@ -97,6 +104,13 @@ def transient(exc: BaseException) -> bool:
 
 def _connect_error(exc: BaseException, message: str) -> SpoolError:
     return StoreUnavailable(message) if transient(exc) else SpoolError(message)
+
+
+def _check_options(exc: BaseException, display: str, line: str) -> None:
+    """Raise `ConfigError` when libpq refused the URL's own options: bad input (exit 1),
+    as a URL that does not parse is, never a database that refused or is down."""
+    if _BAD_OPTION.search(str(exc)):
+        raise ConfigError(f"bad PostgreSQL URL {display}: {line}") from None
 
 
 class Pool:
@@ -226,6 +240,7 @@ class Database:
             return psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT,
                                    **kwargs)
         except psycopg.Error as exc:
+            _check_options(exc, self.display, self._line(exc))
             raise _connect_error(exc, f"cannot connect to {self.display}: {self._line(exc)}"
                                  ) from None
 
@@ -273,6 +288,7 @@ class Database:
                 self._down_since = None
                 return out
             except (psycopg.OperationalError, PoolExhausted) as exc:
+                _check_options(exc, self.display, self._line(exc))
                 if not transient(exc):
                     # The server answered and refused (out of memory or locks, a limit):
                     # retrying it for reconnect_seconds only delayed the same error.

@@ -151,7 +151,10 @@ log = logging.getLogger(__name__)
 _URL_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+:/")
 
 
-def _refuse_url(root: Path) -> None:
+def refuse_url(root: str | os.PathLike[str]) -> None:
+    """`SpoolError` when `root` is a URL or a libpq string this store cannot serve. Given
+    the caller's own text (`Spool()`), the URL is shown as written: once a `Path`,
+    `file:///tmp/x` reads `file:/tmp/x`."""
     text = os.fspath(root)
     shown = redact_url(text)  # never a password in an error
     if looks_like_libpq_dsn(text):
@@ -166,9 +169,14 @@ def _refuse_url(root: Path) -> None:
     if text != text.lstrip():
         raise SpoolError(f"spool root {shown!r} starts with whitespace before a {scheme}: "
                          "URL; remove it", path=shown)
-    raise SpoolError(f"spool root {redact_url(text.replace(':/', '://', 1))!r} is a "
-                     f"{scheme}:// URL; a spool is a directory or a postgresql:// URL given "
-                     "as a string", path=shown)
+    if "://" not in text:
+        shown = redact_url(text.replace(":/", "://", 1))
+    if scheme.lower() in ("postgresql", "postgres"):
+        # libpq takes the scheme in lower case only.
+        raise SpoolError(f"spool root {shown!r}: write the scheme in lower case "
+                         f"({scheme.lower()}://)", path=shown)
+    raise SpoolError(f"spool root {shown!r} is a {scheme}:// URL; a spool is a directory "
+                     "or a postgresql:// URL", path=shown)
 
 
 def open_layout(root: Path, *, create: bool, durable: bool, read_only: bool = False,
@@ -181,7 +189,7 @@ def open_layout(root: Path, *, create: bool, durable: bool, read_only: bool = Fa
     `read_only` opens an existing spool with read access alone (never creating
     anything): what `stats`, `list`, `show`, `health` and `fsck` need.
     """
-    _refuse_url(root)
+    refuse_url(root)
     create = create and not read_only
     try:
         st = root.stat()

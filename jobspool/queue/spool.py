@@ -48,7 +48,7 @@ from jobspool.queue.job import (
     validate_kind,
 )
 from jobspool.queue.journal import Journal
-from jobspool.queue.layout import SPOOL_FILE, effective_keep_dead, open_layout
+from jobspool.queue.layout import SPOOL_FILE, effective_keep_dead, open_layout, refuse_url
 from jobspool.queue.leasing import Leasing
 from jobspool.queue.marks import read_marks, write_marks
 from jobspool.queue.options import (
@@ -116,6 +116,8 @@ class Spool(EnqueueForms):
                                                else "has leading or trailing whitespace")
             raise SpoolError(f"spool root {shown!r} {what}: give a spool directory or a "
                              "postgresql:// URL", path=shown)
+        if not is_url(root):
+            refuse_url(text)
         if is_url(root):
             from jobspool.pg.spool import PgSpool
 
