@@ -604,6 +604,17 @@ def test_a_token_no_client_could_send_is_refused_before_serving(token: str) -> N
     assert len(r.err.strip().splitlines()) == 1
 
 
+def test_an_empty_token_option_is_refused_not_taken_for_none(monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    # Found by a CLI fuzz: `--token "$TOKEN"` with TOKEN unset served on loopback with no
+    # token at all, saying nothing, and would have used the environment's instead.
+    monkeypatch.setenv("JOBSPOOL_DASHBOARD_TOKEN", "from-the-env")
+    for args in (["dashboard", "--token", ""], ["demo", "--dashboard", "--dashboard-token", ""]):
+        r = run_cli(*args, root="/nonexistent-spool")
+        assert r.code == 1 and f"{args[-2]} is empty" in r.err, r
+        assert len(r.err.strip().splitlines()) == 1
+
+
 def test_the_origin_check_accepts_only_this_server() -> None:
     from jobspool.dashboard.security import same_origin
 

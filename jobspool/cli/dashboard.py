@@ -63,10 +63,15 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
                  token=args.token, poll=args.poll, as_json=args.json)
 
 
-def _check_bind(host: str, token: str | None) -> str | None:
+def _check_bind(host: str, token: str | None, option: str = "--token") -> str | None:
     """The effective token (option, else environment); refuses an unguarded public address."""
     from jobspool.dashboard.security import BindRefused, check_bind
 
+    if token is not None and not token:
+        # `--token "$TOKEN"` with the variable unset: on loopback it served without one,
+        # saying nothing, though a token was asked for.
+        raise UsageError(f"{option} is empty (an unset variable?): give the token, or leave "
+                         f"{option} out to use {TOKEN_ENV} or, on loopback, no token")
     token = token or os.environ.get(TOKEN_ENV) or None
     try:
         check_bind(host, token)
@@ -183,7 +188,8 @@ def _demo_then_dashboard(run_demo: Any) -> Any:
             return int(run_demo(args))
         import tempfile
 
-        token = _check_bind(args.dashboard_host, args.dashboard_token)  # before the batch runs
+        # Before the batch runs.
+        token = _check_bind(args.dashboard_host, args.dashboard_token, "--dashboard-token")
         _need_web_extra()
         root = args.root or os.environ.get("JOBSPOOL_ROOT") or str(
             Path(tempfile.mkdtemp(prefix="jobspool-demo-")) / "spool")
