@@ -1,10 +1,13 @@
-"""The commands: each parses nothing, calls the public API, renders the outcome."""
+"""The commands: each parses nothing, calls the public API, renders the outcome.
+
+The commands that run handlers live in `run.py` and the reading of `enqueue`'s
+payload in `jobinput.py`; both are re-exported here, where the parser finds every
+command.
+"""
 
 from __future__ import annotations
 
 import argparse
-import logging
-import os
 import sys
 from collections.abc import Iterable
 from typing import Any
@@ -12,15 +15,13 @@ from typing import Any
 from jobspool.cli.common import (
     EXIT_OK,
     EXIT_UNHEALTHY,
-    Refused,
     UsageError,
     _given_root,
     _load_app,
-    _make_worker,
     _open,
-    _open_waiting,
     _root_spec,
 )
+from jobspool.cli.jobinput import _read_payload, _run_at
 from jobspool.cli.render import (
     _emit,
     _job_doc,
@@ -29,6 +30,10 @@ from jobspool.cli.render import (
     handlers_print_to_stderr,
     printable,
 )
+from jobspool.cli.run import _exit_past_abandoned_handlers as _exit_past_abandoned_handlers
+from jobspool.cli.run import _setup_logging as _setup_logging
+from jobspool.cli.run import cmd_run_until_idle as cmd_run_until_idle
+from jobspool.cli.run import cmd_worker as cmd_worker
 
 # ---------------------------------------------------------------- commands
 
@@ -92,79 +97,6 @@ def _settings_dict(spool: Any) -> dict[str, Any]:
     return asdict(spool.settings)
 
 
-def _read_stdin(limit: int) -> str:
-    """At most `limit` bytes of stdin, as text (bytes that are not UTF-8 kept as lone
-    surrogates, which `_read_payload` names); more than that is refused as soon as byte
-    `limit + 1` is read. Reading it all first held an endless or huge stream (`yes |`, a
-    log piped by mistake) in memory, only to refuse it as too large afterwards."""
-    buffer = getattr(sys.stdin, "buffer", None)
-    if buffer is not None:
-        data: bytes = buffer.read(limit + 1)
-        over = len(data) > limit
-        text = data.decode("utf-8", "surrogateescape")
-    else:  # a text-only stdin (an embedding caller's StringIO): count its UTF-8 bytes
-        text = sys.stdin.read(limit + 1)
-        over = len(text.encode("utf-8", "surrogateescape")) > limit
-    if over:
-        raise UsageError(f"payload from stdin is over the spool's max_job_bytes={limit} "
-                         f"bytes (stopped reading at {limit + 1})")
-    return text
-
-
-def _read_payload(text: str | None, *, stdin_limit: int | None = None) -> Any:
-    """Parse PAYLOAD_JSON, or stdin for `-` (read up to `stdin_limit` bytes). The parser is
-    lenient on purpose (NaN, Infinity, 1e999, huge integers, lone surrogates are read), so
-    that the API's payload rule refuses them with the very message `Spool.enqueue` gives:
-    one rule for API and CLI (DESIGN §9)."""
-    import json
-
-    from jobspool.queue.payload import MAX_JOB_BYTES_LIMIT, MAX_JSON_DEPTH
-
-    if text is None:
-        return None
-    # With no spool's limit given, the largest any spool may have.
-    limit = MAX_JOB_BYTES_LIMIT if stdin_limit is None else stdin_limit
-    raw = _read_stdin(limit) if text == "-" else text
-    where = "stdin" if text == "-" else "PAYLOAD_JSON"
-    if not raw.isascii():
-        try:
-            raw.encode("utf-8")
-        except UnicodeEncodeError:  # bytes that are not UTF-8, kept as lone surrogates
-            raise UsageError(f"payload from {where} is not valid UTF-8") from None
-    try:
-        return json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"payload from {where} is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise UsageError(f"payload from {where} is nested deeper than {MAX_JSON_DEPTH} "
-                         "levels, which JSON readers refuse") from None
-    except ValueError:  # Python's limit on integer digits (4300): far past 64 bits
-        raise UsageError(f"payload from {where} holds an integer outside the 64-bit range "
-                         "JSON readers support") from None
-
-
-def _run_at(text: str | None) -> Any:
-    """`--run-at`: epoch seconds or an ISO 8601 time with a zone (`2026-12-01T09:00:00Z`);
-    the API validates the value (finite, aware, not far in the past)."""
-    if text is None:
-        return None
-    from datetime import datetime
-
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    try:
-        when = datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise UsageError(f"--run-at {text!r} is neither epoch seconds nor an ISO 8601 time "
-                         "(e.g. 2026-12-01T09:00:00Z)") from None
-    if when.tzinfo is None:  # the API's message speaks of tzinfo=; a shell user adds a zone
-        raise UsageError(f"--run-at {text!r} has no time zone: end it with Z (UTC) or an "
-                         "offset such as +02:00")
-    return when
-
-
 def cmd_enqueue(args: argparse.Namespace) -> int:
     from_stdin = args.payload == "-"
     # PAYLOAD_JSON is checked before the spool is opened; stdin only once the spool says
@@ -193,135 +125,6 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
                          f"unchanged ({hint})\n")
     _emit(args, _job_doc(job), f"{job.id} {job.status}")
     return EXIT_OK
-
-
-def _setup_logging(args: argparse.Namespace) -> None:
-    from jobspool.logs import setup_logging, startup
-
-    setup_logging(getattr(args, "log_level", "warning"), getattr(args, "log_format", "text"))
-    startup(str(args.command), root=_given_root(args),
-            **{k: getattr(args, k) for k in ("app", "concurrency", "batch_size", "kinds",
-                                             "processes") if getattr(args, k, None) is not None})
-
-
-def cmd_run_until_idle(args: argparse.Namespace) -> int:
-    _setup_logging(args)
-    from jobspool.progress import Progress
-
-    with _open(args, create=args.create) as spool:
-        worker = _make_worker(args, spool)
-        worker.grace_seconds = args.grace
-        progress = None if args.json else Progress.for_stdout(spool, worker.kinds)
-        with handlers_print_to_stderr(args):
-            report = worker.run_until_idle(args.max_jobs, wait_for_retries=args.wait_retries,
-                                           progress=progress.update if progress else None,
-                                           handle_signals=True)
-        if progress:
-            progress.close()
-    doc = report.to_dict()
-
-    def text() -> str:
-        lines = [f"claimed {report.claimed}, completed {report.completed}, retried "
-                 f"{report.retried}, dead-lettered {report.dead_lettered}, lease lost "
-                 f"{report.lease_lost}, released {report.released} in {report.duration:.2f} s "
-                 f"({report.rate:.0f} jobs/s)"]
-        if report.projected_rows:
-            lines.append(f"projected {report.projected_rows} rows")
-        for kind, n in sorted(report.unhandled.items()):
-            why = ("not in --kinds" if kind in worker.handlers
-                   else f"no handler in --app {args.app}")
-            lines.append(f"left {n} due job(s) of kind {kind!r}: {why}")
-        if report.waiting:
-            lines.append(f"left {report.waiting} job(s) not due yet (retries backing off, "
-                         f"delayed jobs), the first in {report.next_due_in:.1f} s; "
-                         "--wait-retries SECONDS waits for those due within SECONDS")
-        return "\n".join(lines)
-
-    _emit(args, doc, text)
-    code = _unreleased_verdict(report)
-    if report.deferred:
-        # Not drained, and not for the jobs' fault: a script must not read it as done.
-        print(f"jobspool: error: {report.deferred} job run(s) deferred: the projection could "
-              "not be written for its storage (see the log above); they run again once it "
-              "is fixed", file=sys.stderr)
-        code = EXIT_UNHEALTHY
-    _exit_past_abandoned_handlers(code)
-    return code
-
-
-def cmd_worker(args: argparse.Namespace) -> int:
-    _setup_logging(args)
-    if args.processes is not None:  # even 1: supervised, restarted, hung handlers killed
-        from jobspool.cli.pool import cmd_worker_pool
-
-        return cmd_worker_pool(args)
-    from jobspool.queue.worker import WorkerCrashed
-
-    with _open_waiting(args, create=args.create, patience=args.wait_for_store) as spool:
-        worker = _make_worker(args, spool)
-        worker.grace_seconds = args.grace
-        from jobspool.queue.poolchild import attach_child, report_to_supervisor
-
-        # Reports to a `--processes N` supervisor, when it is one's child.
-        to_supervisor = attach_child(worker)
-        server = None
-        if args.metrics_port is not None:
-            from jobspool.metrics import serve_metrics
-
-            try:
-                server = serve_metrics(spool, args.metrics_host, args.metrics_port, worker)
-            except OSError as exc:
-                raise UsageError(f"--metrics-port {args.metrics_port}: cannot listen on "
-                                 f"{args.metrics_host}:{args.metrics_port} "
-                                 f"({exc.strerror})") from None
-            if args.metrics_port == 0:  # a free port: nobody could find it otherwise
-                logging.getLogger("jobspool.metrics").warning(
-                    "--metrics-port 0: serving metrics on http://%s:%d/metrics",
-                    args.metrics_host, server.port)
-        try:
-            with handlers_print_to_stderr(args):
-                report = worker.run_forever(poll_seconds=args.poll, progress=to_supervisor)
-        except WorkerCrashed as exc:
-            raise Refused(str(exc)) from None
-        finally:
-            if server is not None:
-                server.shutdown()
-    # A pool child's stdout is its supervisor's: the report goes over the pool's pipe.
-    if not report_to_supervisor(report.to_dict()):
-        _emit(args, report.to_dict(), f"worker stopped: completed {report.completed}, "
-                                      f"retried {report.retried}, dead-lettered "
-                                      f"{report.dead_lettered}, released {report.released}")
-    code = _unreleased_verdict(report)
-    _exit_past_abandoned_handlers(code)
-    return code
-
-
-def _unreleased_verdict(report: Any) -> int:
-    """Exit 2 when leases could not be given back (a supervisor must not read it as a
-    clean stop): those jobs wait for their leases to expire."""
-    if not report.unreleased:
-        return EXIT_OK
-    print(f"jobspool: error: {report.unreleased} lease(s) could not be given back (the store "
-          f"was unreachable); their jobs run again once the leases expire", file=sys.stderr)
-    return EXIT_UNHEALTHY
-
-
-def _exit_past_abandoned_handlers(code: int = EXIT_OK) -> None:
-    """Exit now if sync handlers cut off by the grace period are still running.
-
-    Their leases were released (another worker may be running those jobs
-    already) and Python cannot stop a thread; waiting for them at
-    interpreter exit would make `worker` ignore its own grace period.
-    """
-    from jobspool.queue.runs import handler_threads_running
-
-    # Only handler threads: a runner parked between jobs or an idle pool thread of the
-    # finished run ends by itself, and exiting for one would cut short whatever called
-    # the command (a test calling the CLI in-process, for one).
-    if handler_threads_running():
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
 
 
 def cmd_recover(args: argparse.Namespace) -> int:

@@ -41,8 +41,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -50,18 +49,19 @@ import pyarrow as pa
 
 from jobspool.errors import InvalidType, ProjectionError
 from jobspool.projection import objectstore as obj
+from jobspool.projection.database import ProjectionDatabase
+from jobspool.projection.database import uri_of as uri_of
 from jobspool.projection.handler import (
-    HIDDEN_COLUMNS,
     LIVE_FILTER,
     TABLE_NAME_RE,
     PendingWrite,
     _one_line,
-    live_filter,
     make_delete,
     make_upsert,
 )
 from jobspool.projection.plan import ApplyResult, TablePlan, decide, plan_table
 from jobspool.projection.schema import PK_METADATA_KEY, check_key_name, primary_key_of, table_schema
+from jobspool.projection.tableread import LiveReads, strip_hidden
 
 log = logging.getLogger("jobspool.projection")
 
@@ -110,15 +110,7 @@ def _execute_merge(tbl: Any, key: str, batch: pa.Table, timeout: timedelta | Non
     )
 
 
-def uri_of(target: str | os.PathLike[str] | Any) -> str | None:
-    """Return the URI a path or a LanceDB connection points at (None when unknown)."""
-    if isinstance(target, str | os.PathLike):
-        return os.fspath(target)
-    uri = getattr(target, "uri", None)
-    return uri if isinstance(uri, str) else None
-
-
-class ProjectionStore:
+class ProjectionStore(ProjectionDatabase):
     """The write side of the projection: applies pending writes with one fenced merge per table.
 
     `uri_or_connection` is a LanceDB URI or local directory (opened with
@@ -169,21 +161,6 @@ class ProjectionStore:
     # --- plumbing
 
     @property
-    def uri(self) -> str | None:
-        """The URI (or local directory) of the database, when known."""
-        return self._uri
-
-    @property
-    def storage_options(self) -> dict[str, str] | None:
-        """The storage options the connection is opened with (None when none were given)."""
-        return self._storage_options
-
-    def check_endpoint(self) -> None:
-        """Refuse an s3:// endpoint that ignores create-only PUTs (once per process; else a no-op)."""
-        if self._conn is None and self._uri is not None:
-            obj.check_conditional_put(self._uri, self._storage_options)
-
-    @property
     def connection(self) -> Any:
         """The LanceDB connection (opened on first use)."""
         with self._lock:
@@ -202,19 +179,6 @@ class ProjectionStore:
                                           f"directory: {_one_line(exc)}") from exc
             return self._conn
 
-    def _check_local_directory(self) -> None:
-        """Refuse a local database path that is an existing file (`/etc/passwd`): one line
-        naming it, where LanceDB raised a raw FileExistsError from its mkdir."""
-        local = obj.local_path(self._uri) if self._uri is not None else None
-        if local is not None and "://" not in local and os.path.exists(local) \
-                and not os.path.isdir(local):
-            raise ProjectionError(f"projection database {self._uri!r} is an existing file, "
-                                  "not a directory; give a directory path")
-
-    def declared_schema(self, name: str) -> pa.Schema | None:
-        """The stored schema declared for `name` at construction, if any."""
-        return self._schemas.get(name)
-
     def open(self, name: str) -> Any | None:
         """Return the LanceDB table `name`, or None when it does not exist yet."""
         with self._lock:
@@ -227,35 +191,6 @@ class ProjectionStore:
                     self._tables[name] = tbl
                     self._opened.add(name)
             return tbl
-
-    def exclusive(self, name: str) -> threading.Lock:
-        """The lock that keeps this store's merges off table `name` while it is held.
-
-        Maintenance holds it around compaction, tombstone GC and indexing:
-        a compaction that races a merge touching the same fragments loses
-        (LanceDB retries the writer, not the rewrite), so under a steady
-        stream of batches it would never win. Holding it delays this
-        process's next merge on that one table by the length of the
-        compaction; other processes are not held back (their races are
-        benign, and retried on the next beat).
-        """
-        with self._lock:
-            lock = self._exclusive.get(name)
-            if lock is None:
-                lock = self._exclusive[name] = threading.Lock()
-            return lock
-
-    def _forget(self, name: str) -> None:
-        # After an error the handle may point at files another process's
-        # cleanup removed; the next use opens the table afresh.
-        self._tables.pop(name, None)
-
-    def _absent(self) -> bool:
-        """A local database whose directory does not exist (and no connection yet)."""
-        if self._conn is not None or self._uri is None:
-            return False
-        local = obj.local_path(self._uri)
-        return local is not None and "://" not in local and not os.path.exists(local)
 
     def table_names(self) -> list[str]:
         """The names of the tables in the database, sorted."""
@@ -271,10 +206,6 @@ class ProjectionStore:
             if not token:
                 break
         return sorted(names)
-
-    def key_of(self, table: str) -> str:
-        """The key column of `table`: its own from `keys`, else the store's `key`."""
-        return self._keys.get(table, self.key)
 
     def table(self, name: str) -> LanceProjection:
         """Return a reader (and convenience writer) for table `name`, sharing this store."""
@@ -392,16 +323,7 @@ class ProjectionStore:
         return tbl
 
 
-def _sql_string(value: str) -> str:
-    return "'" + value.replace("'", "''") + "'"
-
-
-def _strip_hidden(tbl: pa.Table) -> pa.Table:
-    hidden = [c for c in HIDDEN_COLUMNS if c in tbl.column_names]
-    return tbl.drop_columns(hidden) if hidden else tbl
-
-
-class LanceProjection:
+class LanceProjection(LiveReads):
     """One projected table: reads that never show tombstones, and convenience writes.
 
     `LanceProjection(uri, table, schema=None, key="id", storage_options=None)`
@@ -469,97 +391,7 @@ class LanceProjection:
         schema = self._store.declared_schema(self.name)
         if schema is None:
             return pa.table({self.key: pa.array([], type=pa.string())})
-        return _strip_hidden(schema.empty_table())
-
-    def get(self, key: str) -> dict[str, Any] | None:
-        """Return the live row with this key (None if absent or deleted).
-
-        Raises InvalidType (a TypeError) when `key` is not a string: keys are strings,
-        and None or a number failed deep in the quoting with a raw AttributeError.
-        """
-        if not isinstance(key, str):
-            raise InvalidType(f"key of table {self.name!r} must be a string, got "
-                              f"{type(key).__name__} {key!r:.80}", field=self.key)
-        tbl = self.raw
-        if tbl is None:
-            return None
-        with self._reading():
-            found = tbl.search().where(f"{self.key} = {_sql_string(key)} AND {LIVE_FILTER}"
-                                       ).limit(1).to_arrow()
-        rows = _strip_hidden(found).to_pylist()
-        return rows[0] if rows else None
-
-    @contextmanager
-    def _reading(self) -> Iterator[None]:
-        """LanceDB's refusals of a read (a column or key the table does not have, a search
-        it has no index for) as one-line `ProjectionError`s naming the table, not raw
-        ValueErrors listing its internal columns."""
-        try:
-            yield
-        except ValueError as exc:
-            text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            text = text.removeprefix("Invalid input, ")
-            raise ProjectionError(f"reading table {self.name!r}: "
-                                  f"{text.split('. Valid fields', 1)[0]}",
-                                  table=self.name) from None
-
-    def _columns(self, columns: Sequence[str] | None) -> list[str] | None:
-        if columns is None:
-            return None
-        picked = [columns] if isinstance(columns, str) else list(columns)
-        hidden = [c for c in picked if c in HIDDEN_COLUMNS]
-        if hidden:
-            # Selected, they were dropped from the result: a row per match, each empty.
-            raise ProjectionError(f"column {hidden[0]!r} of table {self.name!r} is internal "
-                                  "(readers never see tombstones)", table=self.name)
-        return picked
-
-    def to_arrow(self, *, where: str | None = None, columns: Sequence[str] | None = None) -> pa.Table:
-        """Return the live rows (optionally filtered) as an Arrow table; never tombstones."""
-        tbl = self.raw
-        if tbl is None:
-            return self._empty()
-        picked = self._columns(columns)
-        with self._reading():
-            query = tbl.search().where(live_filter(where)).limit(None)
-            if picked is not None:
-                query = query.select(picked)
-            return _strip_hidden(query.to_arrow())
-
-    def count(self, where: str | None = None) -> int:
-        """Count the live rows (optionally filtered)."""
-        tbl = self.raw
-        if tbl is None:
-            return 0
-        with self._reading():
-            return int(tbl.count_rows(live_filter(where)))
-
-    def search(
-        self,
-        query: Any = None,
-        *,
-        where: str | None = None,
-        limit: int | None = 10,
-        vector_column_name: str | None = None,
-        query_type: str = "auto",
-        columns: Sequence[str] | None = None,
-    ) -> pa.Table:
-        """Vector, full-text or filter search over live rows, as LanceDB's `search`.
-
-        Tombstones are filtered before the limit (a pre-filter), so `limit`
-        live rows come back when that many match. Full-text search needs an
-        FTS index on the table (create it on `raw`).
-        """
-        tbl = self.raw
-        if tbl is None:
-            return self._empty()
-        picked = self._columns(columns)
-        with self._reading():
-            q = tbl.search(query, vector_column_name=vector_column_name, query_type=query_type)
-            q = q.where(live_filter(where)).limit(limit)
-            if picked is not None:
-                q = q.select(picked)
-            return _strip_hidden(q.to_arrow())
+        return strip_hidden(schema.empty_table())
 
     def upsert(
         self,

@@ -7,32 +7,28 @@ the generation of every directory touched and log what the batch did to
 `changelog.py`). The operations built on it live above: `leasing.py`
 (claims and lease holders), `producer.py` (enqueue, two-phase),
 `bulk.py` and `recovery/` (administration); `spool.py` is the facade that
-composes them.
+composes them. The reads and the settings a journal offers are its bases, in
+`journalread.py`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
 import random
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from jobspool.errors import (
     FULL_DISK,
-    JobNotFound,
     JobspoolError,
     SpoolError,
-    UnreadableJob,
     WriteFailed,
 )
 from jobspool.queue import interrupts, liveness, machine
 from jobspool.queue.diskerrors import (
-    SHORT_OF_RESOURCES,
     published_anyway,
-    read_failed,
     write_failed,
 )
 from jobspool.queue.fence import (
@@ -49,15 +45,14 @@ from jobspool.queue.job import (
     admission_limit,
     decode_job,
     fitted_anyway,
-    report_unreadable,
-    survivor_key,
 )
-from jobspool.queue.layout import Layout, SpoolSettings, effective_keep_dead
+from jobspool.queue.journalread import JournalReads, JournalSettings
+from jobspool.queue.layout import Layout, SpoolSettings
 from jobspool.queue.lock import SpoolLock
 from jobspool.queue.options import ProcessOptions
 from jobspool.queue.perms import dir_mode, file_mode
 from jobspool.queue.procid import current_pid
-from jobspool.queue.states import ALL_STATES, CLAIMABLE, TERMINAL, JobState
+from jobspool.queue.states import CLAIMABLE, TERMINAL, JobState
 from jobspool.queue.store import (
     JOB_SUFFIX,
     Change,
@@ -85,7 +80,7 @@ def journal_of(spool: object) -> Journal | None:
     return journal if isinstance(journal, Journal) else None
 
 
-class Journal:
+class Journal(JournalReads, JournalSettings):
     """The core of one spool directory that every layer above reads and writes through.
 
     It owns the lock, the store, the claim index, the fence counter and the
@@ -151,47 +146,6 @@ class Journal:
         self._live_key = liveness.retain(self.root)
         self._live_pid = current_pid()
 
-    # The settings, read where they are used (frozen: one value per opened spool).
-    @property
-    def lease_seconds(self) -> float:
-        return self.settings.lease_seconds
-
-    @property
-    def max_attempts(self) -> int:
-        return self.settings.max_attempts
-
-    @property
-    def keep_terminal(self) -> int:
-        return self.settings.keep_terminal
-
-    @property
-    def keep_terminal_seconds(self) -> float | None:
-        return self.settings.keep_terminal_seconds
-
-    @property
-    def keep_dead(self) -> int:
-        return effective_keep_dead(self.settings)
-
-    @property
-    def max_rescues(self) -> int | None:
-        return self.settings.max_rescues
-
-    @property
-    def prepare_grace_seconds(self) -> float:
-        return self.settings.prepare_grace_seconds
-
-    @property
-    def max_job_bytes(self) -> int:
-        return self.settings.max_job_bytes
-
-    @property
-    def max_due(self) -> int | None:
-        return self.options.max_due
-
-    @property
-    def max_lag_seconds(self) -> float | None:
-        return self.options.max_lag_seconds
-
     # ------------------------------------------------------------ plumbing
 
     def check_writable(self, action: str) -> None:
@@ -214,93 +168,6 @@ class Journal:
 
     def now(self) -> float:
         return float(self.clock())
-
-    def read_job(self, state: JobState, job_id: str) -> Job | None:
-        """One job file, or None when absent; a corrupt file is logged and treated as absent."""
-        return self.examine(state, job_id)[0]
-
-    def examine(self, state: JobState, job_id: str) -> tuple[Job | None, bool]:
-        """One job file and whether it is there but cannot be read as that job (logged). A
-        file gone since a listing is not unreadable: a concurrent move took it."""
-        try:
-            data = self.store.read(state.value, job_id + JOB_SUFFIX)
-        except FileNotFoundError:
-            return None, False
-        except OSError as exc:  # a directory in its place, no permission: unreadable
-            if exc.errno in SHORT_OF_RESOURCES or exc.errno == errno.EIO:
-                # Out of descriptors, or an I/O error: nothing said of the file (taken for
-                # unreadable, a settle was refused as a lost lease, its result thrown away).
-                raise read_failed(exc, self.root) from None
-            report_unreadable(state.value, job_id, exc.strerror or str(exc))
-            return None, True
-        try:
-            return decode_job(data, expect_id=job_id, expect_state=state), False
-        except CorruptJob as exc:
-            report_unreadable(state.value, job_id, exc.reason)
-            return None, True
-
-    def unreadable_file(self, job_id: str) -> str | None:
-        """`<state>/<id>.json` when a file of this id exists though `locate` found no
-        readable copy (no permission, garbage): the id is not free, nor the job missing."""
-        for state in ALL_STATES:
-            if self.store.present(state.value, job_id + JOB_SUFFIX):
-                return f"{state.value}/{job_id}{JOB_SUFFIX}"
-        return None
-
-    def readable_now(self, job_id: str) -> bool:
-        """Whether some file of this id decodes as that job now (quietly: no warning)."""
-        for state in ALL_STATES:
-            try:
-                data = self.store.read(state.value, job_id + JOB_SUFFIX)
-                decode_job(data, expect_id=job_id, expect_state=state)
-                return True
-            except (OSError, CorruptJob):
-                continue
-        return False
-
-    def missing(self, job_id: str) -> JobspoolError:
-        """What to raise for a job `locate` did not find: `JobNotFound`, or a `SpoolError`
-        naming its unreadable file (it said "not found", exit 1, for a file it could not
-        read)."""
-        where = self.unreadable_file(job_id)
-        if where is None:
-            return JobNotFound(job_id)
-        path = self.root / where
-        if not os.access(path, os.R_OK):
-            # A valid job this user may not read (a group-read spool's private file):
-            # `recover` would find nothing to quarantine there.
-            return UnreadableJob(f"job {job_id!r}: its file {where} cannot be read by this "
-                                 "user (permission denied); read it as the spool's owner",
-                                 path=str(path))
-        return UnreadableJob(f"job {job_id!r}: its file {where} cannot be read; run `jobspool "
-                             "recover` (it moves the file to quarantine/)", path=str(path))
-
-    def locate(self, job_id: str) -> tuple[Job | None, list[JobState]]:
-        """The newest copy of a job and the states holding stale copies (crash leftovers)."""
-        copies = [j for j in (self.read_job(s, job_id) for s in ALL_STATES) if j is not None]
-        if not copies:
-            return None, []
-        best = max(copies, key=survivor_key)
-        return best, [j.state for j in copies if j is not best]
-
-    def without_stale(self, names: dict[JobState, list[str]]) -> dict[JobState, list[str]]:
-        """Listings of the state directories with stale copies left out (a power loss
-        between a rename and the removal of the old file leaves one until `recover`):
-        each id shown once, in the state of the copy recovery would keep. Free unless an
-        id is in two listings; then its copies are read."""
-        seen: dict[str, int] = {}
-        for listed in names.values():
-            for job_id in listed:
-                seen[job_id] = seen.get(job_id, 0) + 1
-        twice = {job_id for job_id, n in seen.items() if n > 1}
-        if not twice:
-            return names
-        keep_in = {}
-        for job_id in twice:
-            best, _ = self.locate(job_id)
-            keep_in[job_id] = None if best is None else best.state
-        return {s: [j for j in listed if j not in keep_in or keep_in[j] is s]
-                for s, listed in names.items()}
 
     def commit_changes(self, pairs: Sequence[tuple[Job | None, Job | None]],
                 extra: Sequence[Change] = (), *, staged: dict[str, str] | None = None,
@@ -519,14 +386,6 @@ class Journal:
 
     def stale_removals(self, job_id: str, stale: Iterable[JobState]) -> list[Change]:
         return [Change(name=job_id + JOB_SUFFIX, dst=None, data=None, src=s.value) for s in stale]
-
-    def leased_jobs(self) -> Iterator[Job]:
-        """The readable jobs in `leased/` now (one listing, one read each; an unreadable
-        file is recovery's to look at)."""
-        for job_id in self.store.names(JobState.LEASED.value):
-            job = self.read_job(JobState.LEASED, job_id)
-            if job is not None:
-                yield job
 
     def _leased_top(self) -> int:
         """The largest lease token in `leased/` (0 if none can be read): read once per

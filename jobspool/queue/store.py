@@ -31,6 +31,10 @@ flushed, so skipping this flush loses nothing that was acknowledged; it
 saves one flush per state change (two flushes instead of three).
 `durable=False` skips every flush: safe against a process crash (the page
 cache survives it), not against a power loss.
+
+Reading (`storeread.py`), the names of the files (`storenames.py`) and the
+bookkeeping of the recycled-file pool (`storepool.py`) live beside it; every
+syscall a crash test injects a failure into stays here.
 """
 
 from __future__ import annotations
@@ -39,7 +43,6 @@ import contextlib
 import ctypes
 import ctypes.util
 import errno
-import itertools
 import logging
 import os
 import stat
@@ -49,18 +52,23 @@ from pathlib import Path
 
 from jobspool.errors import SpoolError
 from jobspool.queue import liveness
-from jobspool.queue.diskerrors import (
-    listing_failed,
-    spool_missing,
-    write_failed,
-)
+from jobspool.queue.diskerrors import write_failed
 from jobspool.queue.liveness import LIVE_DIR as LIVE_DIR
-from jobspool.queue.perms import make_dir, set_fd_mode
-from jobspool.queue.procid import current_pid
+from jobspool.queue.perms import set_fd_mode
+
+# Re-exported: the names of the store's files have always been imported from here.
+from jobspool.queue.storenames import JOB_SUFFIX as JOB_SUFFIX
+from jobspool.queue.storenames import POOL_DIR as POOL_DIR
+from jobspool.queue.storenames import POOL_NAME as POOL_NAME
+from jobspool.queue.storenames import POOL_RESERVE as POOL_RESERVE
+from jobspool.queue.storenames import STAGE_SUFFIX as STAGE_SUFFIX
+from jobspool.queue.storenames import TMP_DIR as TMP_DIR
+from jobspool.queue.storenames import ignored_name as ignored_name
+from jobspool.queue.storenames import staging_name as staging_name
+from jobspool.queue.storepool import RecycledPool as RecycledPool
+from jobspool.queue.storeread import StoreReader as StoreReader
 
 log = logging.getLogger(__name__)
-
-_READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
 
 # Syscall seams (fault injection patches these).
 os_open = os.open  # creating a new staging file (a new inode: what a full disk refuses)
@@ -69,30 +77,7 @@ os_fsync = os.fsync
 os_unlink = os.unlink
 os_write = os.write
 
-JOB_SUFFIX = ".json"
-
-
-def ignored_name(name: str) -> bool:
-    """Hidden files (an editor's swap file, `.DS_Store`, rsync's temporaries) and editor
-    backups (`x.json~`) in a state directory are never jobs (an id starts with a letter
-    or digit): left alone by every reader, `fsck` and `recover`, as Maildir does."""
-    return name.startswith(".") or name.endswith("~")
-TMP_DIR = "tmp"
-STAGE_SUFFIX = ".stage"
-POOL_DIR = "tmp/pool"
-POOL_NAME = "pool"  # POOL_DIR's name inside tmp/
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
-# Recycled files producers leave in the pool for settles (see `prestage`).
-POOL_RESERVE = 16
-# One counter for every Store of the process: with the process's random ident it makes
-# staging names unique across Spool objects, threads, processes and PID namespaces.
-_COUNTER = itertools.count()
-
-
-def staging_name(suffix: str = "") -> str:
-    """`<process ident>.<n><suffix>`: unique, and tells recovery whose file it is."""
-    return f"{liveness.process_ident()}.{next(_COUNTER)}{suffix}"
-_READ_CHUNK = 1 << 17
 
 _libc: ctypes.CDLL | None = None
 
@@ -131,8 +116,8 @@ class Unflushed(OSError):
     version is visible, none confirmed durable, and no old copy was removed."""
 
 
-class Store:
-    """Atomic file placement inside one spool root."""
+class Store(StoreReader, RecycledPool):
+    """Atomic file placement inside one spool root (reads: `StoreReader`)."""
 
     # Called (under the spool lock) when a superseded copy could not be removed, so that
     # claims check for stale copies until recovery runs (`SpoolLock.suspect`).
@@ -142,8 +127,7 @@ class Store:
                  pool_size: int = 256, file_mode: int = 0o600, dir_mode: int = 0o700) -> None:
         if sync_mode not in ("auto", "fsync", "syncfs"):
             raise ValueError(f"sync_mode must be auto, fsync or syncfs, not {sync_mode!r}")
-        self.root = root
-        self._root_s = str(root)
+        super().__init__(root)
         self.durable = durable
         self.sync_mode = sync_mode
         self.pool_size = pool_size
@@ -155,81 +139,6 @@ class Store:
         self._pool: list[str] = []
         self._pool_loaded = False
         self._pool_stamp = 0
-
-    # ------------------------------------------------------------ reading
-
-    def path(self, directory: str, name: str) -> Path:
-        return self.root / directory / name
-
-    def present(self, directory: str, name: str) -> bool:
-        """Whether anything is at that name (not followed: a symlink counts). An error
-        other than absence (no permission) counts as present: the reader says why."""
-        try:
-            os.lstat(f"{self._root_s}/{directory}/{name}")
-        except FileNotFoundError:
-            return False
-        except OSError:
-            return True
-        return True
-
-    def read(self, directory: str, name: str) -> bytes:
-        """The bytes of one file; raises FileNotFoundError when it is not there."""
-        path = f"{self._root_s}/{directory}/{name}"
-        # Never through a symlink (its target may be any file on the machine), and never
-        # blocking on a FIFO a hand left there (it hung stats, recover and workers).
-        try:
-            fd = os.open(path, _READ_FLAGS)
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise OSError(errno.ELOOP, "a symlink where a job file belongs",
-                              os.path.normpath(path)) from None
-            raise
-        try:
-            # A regular file returns everything up to EOF in one read: one syscall for a
-            # job file (at most 64 KiB), a loop only for something larger.
-            data = os.read(fd, _READ_CHUNK)
-            if len(data) < _READ_CHUNK:
-                return data
-            chunks = [data]
-            while chunk := os.read(fd, _READ_CHUNK):
-                chunks.append(chunk)
-            return b"".join(chunks)
-        except OSError as exc:
-            exc.filename = exc.filename or os.path.normpath(path)  # say which file
-            raise
-        finally:
-            os.close(fd)
-
-    def names(self, directory: str) -> list[str]:
-        """Job ids with a file in `directory` (one directory listing)."""
-        n = len(JOB_SUFFIX)
-        try:
-            return [f[:-n] for f in os.listdir(self.root / directory) if f.endswith(JOB_SUFFIX)]
-        except (FileNotFoundError, NotADirectoryError):
-            raise self._gone(directory) from None
-        except OSError as exc:
-            raise listing_failed(exc, self.root) from None
-
-    def scan(self, directory: str) -> list[tuple[str, int]]:
-        """(job id, inode) for each job file in `directory` (inodes come free with the listing)."""
-        n = len(JOB_SUFFIX)
-        try:
-            with os.scandir(self.root / directory) as it:
-                return [(e.name[:-n], e.inode()) for e in it if e.name.endswith(JOB_SUFFIX)]
-        except (FileNotFoundError, NotADirectoryError):
-            raise self._gone(directory) from None
-        except OSError as exc:
-            raise listing_failed(exc, self.root) from None
-
-    def _gone(self, directory: str) -> SpoolError:
-        """A state directory vanished under an open spool (`rm -rf`, a move, an unmount):
-        one line naming it, not a raw FileNotFoundError from deep in a listing."""
-        if not self.root.is_dir():
-            return spool_missing(self.root)
-        where = self.root / directory
-        return SpoolError(f"{where}: a state directory is missing; was the spool deleted or "
-                          "moved while open? (`jobspool init` makes a new one)",
-                          path=str(where))
 
     # ------------------------------------------------------------ writing
 
@@ -460,18 +369,6 @@ class Store:
             raise
         return path, fd, 0
 
-    def _refill_pool(self) -> bool:
-        """Relist `tmp/pool/` when it changed since we last looked (others recycle into it)."""
-        try:
-            stamp = os.stat(self._pool_dir).st_mtime_ns
-        except FileNotFoundError:
-            return False
-        if stamp == self._pool_stamp:
-            return False
-        self._pool_stamp = stamp
-        self._pool = self.pool_names()[: self.pool_size]
-        return bool(self._pool)
-
     def _retire(self, path: str) -> None:
         """Remove a superseded file: recycle it into the pool while the pool has room."""
         self._check_fork()
@@ -488,30 +385,6 @@ class Store:
                 self._remake_scratch()
         with contextlib.suppress(FileNotFoundError):
             os_unlink(path)
-
-    def _remake_scratch(self) -> bool:
-        """Recreate a deleted `tmp/` or `tmp/pool/` (they hold nothing a job depends on; an
-        open spool remade them only when next opened, and every write failed meanwhile).
-        True when one was missing and is back."""
-        remade = False
-        for d in (self._tmp, self._pool_dir):
-            try:
-                make_dir(d, self.dir_mode)
-                remade = True
-            except FileExistsError:
-                continue
-            except OSError:  # the spool itself is gone, or not ours to write: say so later
-                break
-        return remade
-
-    def _check_fork(self) -> None:
-        if not self._pool_loaded or self._pid != current_pid():
-            self._pid = current_pid()
-            try:
-                self._pool = os.listdir(self._pool_dir)[: self.pool_size]
-            except FileNotFoundError:
-                self._pool = []
-            self._pool_loaded = True
 
     def _flush_fs(self) -> None:
         fd = os.open(self.root, _DIR_FLAGS)
@@ -533,16 +406,6 @@ class Store:
         for d in dirs:
             fsync_dir(self.root / d if d else self.root)
 
-    def pool_names(self) -> list[str]:
-        try:
-            return os.listdir(self._pool_dir)
-        except FileNotFoundError:
-            return []
-
-    def forget_pool(self) -> None:
-        """Drop the in-memory pool list (after recovery trimmed or emptied the pool)."""
-        self._pool = []
-        self._pool_loaded = False
 
 
 def _naming(exc: OSError, path: Path | str) -> OSError:

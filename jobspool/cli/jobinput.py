@@ -1,0 +1,86 @@
+"""Reading what `enqueue` is given on the command line: the payload (PAYLOAD_JSON or
+stdin, bounded by the spool's size limit) and `--run-at`.
+
+The checks are the API's: a value this module lets through is validated by
+`Spool.enqueue` with the message the API gives (DESIGN §9).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from jobspool.cli.common import UsageError
+
+
+def _read_stdin(limit: int) -> str:
+    """At most `limit` bytes of stdin, as text (bytes that are not UTF-8 kept as lone
+    surrogates, which `_read_payload` names); more than that is refused as soon as byte
+    `limit + 1` is read. Reading it all first held an endless or huge stream (`yes |`, a
+    log piped by mistake) in memory, only to refuse it as too large afterwards."""
+    buffer = getattr(sys.stdin, "buffer", None)
+    if buffer is not None:
+        data: bytes = buffer.read(limit + 1)
+        over = len(data) > limit
+        text = data.decode("utf-8", "surrogateescape")
+    else:  # a text-only stdin (an embedding caller's StringIO): count its UTF-8 bytes
+        text = sys.stdin.read(limit + 1)
+        over = len(text.encode("utf-8", "surrogateescape")) > limit
+    if over:
+        raise UsageError(f"payload from stdin is over the spool's max_job_bytes={limit} "
+                         f"bytes (stopped reading at {limit + 1})")
+    return text
+
+
+def _read_payload(text: str | None, *, stdin_limit: int | None = None) -> Any:
+    """Parse PAYLOAD_JSON, or stdin for `-` (read up to `stdin_limit` bytes). The parser is
+    lenient on purpose (NaN, Infinity, 1e999, huge integers, lone surrogates are read), so
+    that the API's payload rule refuses them with the very message `Spool.enqueue` gives:
+    one rule for API and CLI (DESIGN §9)."""
+    import json
+
+    from jobspool.queue.payload import MAX_JOB_BYTES_LIMIT, MAX_JSON_DEPTH
+
+    if text is None:
+        return None
+    # With no spool's limit given, the largest any spool may have.
+    limit = MAX_JOB_BYTES_LIMIT if stdin_limit is None else stdin_limit
+    raw = _read_stdin(limit) if text == "-" else text
+    where = "stdin" if text == "-" else "PAYLOAD_JSON"
+    if not raw.isascii():
+        try:
+            raw.encode("utf-8")
+        except UnicodeEncodeError:  # bytes that are not UTF-8, kept as lone surrogates
+            raise UsageError(f"payload from {where} is not valid UTF-8") from None
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"payload from {where} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise UsageError(f"payload from {where} is nested deeper than {MAX_JSON_DEPTH} "
+                         "levels, which JSON readers refuse") from None
+    except ValueError:  # Python's limit on integer digits (4300): far past 64 bits
+        raise UsageError(f"payload from {where} holds an integer outside the 64-bit range "
+                         "JSON readers support") from None
+
+
+def _run_at(text: str | None) -> Any:
+    """`--run-at`: epoch seconds or an ISO 8601 time with a zone (`2026-12-01T09:00:00Z`);
+    the API validates the value (finite, aware, not far in the past)."""
+    if text is None:
+        return None
+    from datetime import datetime
+
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise UsageError(f"--run-at {text!r} is neither epoch seconds nor an ISO 8601 time "
+                         "(e.g. 2026-12-01T09:00:00Z)") from None
+    if when.tzinfo is None:  # the API's message speaks of tzinfo=; a shell user adds a zone
+        raise UsageError(f"--run-at {text!r} has no time zone: end it with Z (UTC) or an "
+                         "offset such as +02:00")
+    return when

@@ -1,0 +1,101 @@
+"""Where a projection database is and how it is opened: its URI and storage options,
+the declared schemas and key columns, the cache of table handles, and the per-table
+lock maintenance holds off merges with.
+
+`ProjectionDatabase` is the base of `ProjectionStore` (lance.py), which sets these
+attributes and makes every LanceDB call (through the seams there, which tests patch).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import pyarrow as pa
+
+from jobspool.errors import ProjectionError
+from jobspool.projection import objectstore as obj
+
+
+def uri_of(target: str | os.PathLike[str] | Any) -> str | None:
+    """Return the URI a path or a LanceDB connection points at (None when unknown)."""
+    if isinstance(target, str | os.PathLike):
+        return os.fspath(target)
+    uri = getattr(target, "uri", None)
+    return uri if isinstance(uri, str) else None
+
+
+class ProjectionDatabase:
+    """The database a `ProjectionStore` writes to, apart from the LanceDB calls."""
+
+    key: str
+    _uri: str | None
+    _conn: Any
+    _storage_options: dict[str, str] | None
+    _keys: dict[str, str]
+    _schemas: dict[str, pa.Schema]
+    _tables: dict[str, Any]
+    _lock: threading.RLock
+    _exclusive: dict[str, threading.Lock]
+
+    @property
+    def uri(self) -> str | None:
+        """The URI (or local directory) of the database, when known."""
+        return self._uri
+
+    @property
+    def storage_options(self) -> dict[str, str] | None:
+        """The storage options the connection is opened with (None when none were given)."""
+        return self._storage_options
+
+    def check_endpoint(self) -> None:
+        """Refuse an s3:// endpoint that ignores create-only PUTs (once per process; else a no-op)."""
+        if self._conn is None and self._uri is not None:
+            obj.check_conditional_put(self._uri, self._storage_options)
+
+    def _check_local_directory(self) -> None:
+        """Refuse a local database path that is an existing file (`/etc/passwd`): one line
+        naming it, where LanceDB raised a raw FileExistsError from its mkdir."""
+        local = obj.local_path(self._uri) if self._uri is not None else None
+        if local is not None and "://" not in local and os.path.exists(local) \
+                and not os.path.isdir(local):
+            raise ProjectionError(f"projection database {self._uri!r} is an existing file, "
+                                  "not a directory; give a directory path")
+
+    def declared_schema(self, name: str) -> pa.Schema | None:
+        """The stored schema declared for `name` at construction, if any."""
+        return self._schemas.get(name)
+
+    def exclusive(self, name: str) -> threading.Lock:
+        """The lock that keeps this store's merges off table `name` while it is held.
+
+        Maintenance holds it around compaction, tombstone GC and indexing:
+        a compaction that races a merge touching the same fragments loses
+        (LanceDB retries the writer, not the rewrite), so under a steady
+        stream of batches it would never win. Holding it delays this
+        process's next merge on that one table by the length of the
+        compaction; other processes are not held back (their races are
+        benign, and retried on the next beat).
+        """
+        with self._lock:
+            lock = self._exclusive.get(name)
+            if lock is None:
+                lock = self._exclusive[name] = threading.Lock()
+            return lock
+
+    def _forget(self, name: str) -> None:
+        # After an error the handle may point at files another process's
+        # cleanup removed; the next use opens the table afresh.
+        self._tables.pop(name, None)
+
+    def _absent(self) -> bool:
+        """A local database whose directory does not exist (and no connection yet)."""
+        if self._conn is not None or self._uri is None:
+            return False
+        local = obj.local_path(self._uri)
+        return local is not None and "://" not in local and not os.path.exists(local)
+
+    def key_of(self, table: str) -> str:
+        """The key column of `table`: its own from `keys`, else the store's `key`."""
+        return self._keys.get(table, self.key)

@@ -1,0 +1,132 @@
+"""Reading a projected table: live rows only, never tombstones, and LanceDB's refusals
+of a read as one-line errors naming the table.
+
+`LiveReads` is the read half of `LanceProjection` (lance.py), which supplies the
+table handle (`raw`) and the empty result of a table not yet written (`_empty`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import pyarrow as pa
+
+from jobspool.errors import InvalidType, ProjectionError
+from jobspool.projection.handler import HIDDEN_COLUMNS, LIVE_FILTER, live_filter
+
+
+def _sql_string(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def strip_hidden(tbl: pa.Table) -> pa.Table:
+    hidden = [c for c in HIDDEN_COLUMNS if c in tbl.column_names]
+    return tbl.drop_columns(hidden) if hidden else tbl
+
+
+class LiveReads:
+    """Reads of one projected table that filter tombstones out before any limit."""
+
+    name: str
+    key: str
+
+    @property
+    def raw(self) -> Any | None:
+        """The LanceDB table, or None until first written (`LanceProjection.raw`)."""
+        raise NotImplementedError
+
+    def _empty(self) -> pa.Table:
+        """The result of a read on a table not written yet (`LanceProjection._empty`)."""
+        raise NotImplementedError
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        """Return the live row with this key (None if absent or deleted).
+
+        Raises InvalidType (a TypeError) when `key` is not a string: keys are strings,
+        and None or a number failed deep in the quoting with a raw AttributeError.
+        """
+        if not isinstance(key, str):
+            raise InvalidType(f"key of table {self.name!r} must be a string, got "
+                              f"{type(key).__name__} {key!r:.80}", field=self.key)
+        tbl = self.raw
+        if tbl is None:
+            return None
+        with self._reading():
+            found = tbl.search().where(f"{self.key} = {_sql_string(key)} AND {LIVE_FILTER}"
+                                       ).limit(1).to_arrow()
+        rows = strip_hidden(found).to_pylist()
+        return rows[0] if rows else None
+
+    @contextmanager
+    def _reading(self) -> Iterator[None]:
+        """LanceDB's refusals of a read (a column or key the table does not have, a search
+        it has no index for) as one-line `ProjectionError`s naming the table, not raw
+        ValueErrors listing its internal columns."""
+        try:
+            yield
+        except ValueError as exc:
+            text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            text = text.removeprefix("Invalid input, ")
+            raise ProjectionError(f"reading table {self.name!r}: "
+                                  f"{text.split('. Valid fields', 1)[0]}",
+                                  table=self.name) from None
+
+    def _columns(self, columns: Sequence[str] | None) -> list[str] | None:
+        if columns is None:
+            return None
+        picked = [columns] if isinstance(columns, str) else list(columns)
+        hidden = [c for c in picked if c in HIDDEN_COLUMNS]
+        if hidden:
+            # Selected, they were dropped from the result: a row per match, each empty.
+            raise ProjectionError(f"column {hidden[0]!r} of table {self.name!r} is internal "
+                                  "(readers never see tombstones)", table=self.name)
+        return picked
+
+    def to_arrow(self, *, where: str | None = None, columns: Sequence[str] | None = None) -> pa.Table:
+        """Return the live rows (optionally filtered) as an Arrow table; never tombstones."""
+        tbl = self.raw
+        if tbl is None:
+            return self._empty()
+        picked = self._columns(columns)
+        with self._reading():
+            query = tbl.search().where(live_filter(where)).limit(None)
+            if picked is not None:
+                query = query.select(picked)
+            return strip_hidden(query.to_arrow())
+
+    def count(self, where: str | None = None) -> int:
+        """Count the live rows (optionally filtered)."""
+        tbl = self.raw
+        if tbl is None:
+            return 0
+        with self._reading():
+            return int(tbl.count_rows(live_filter(where)))
+
+    def search(
+        self,
+        query: Any = None,
+        *,
+        where: str | None = None,
+        limit: int | None = 10,
+        vector_column_name: str | None = None,
+        query_type: str = "auto",
+        columns: Sequence[str] | None = None,
+    ) -> pa.Table:
+        """Vector, full-text or filter search over live rows, as LanceDB's `search`.
+
+        Tombstones are filtered before the limit (a pre-filter), so `limit`
+        live rows come back when that many match. Full-text search needs an
+        FTS index on the table (create it on `raw`).
+        """
+        tbl = self.raw
+        if tbl is None:
+            return self._empty()
+        picked = self._columns(columns)
+        with self._reading():
+            q = tbl.search(query, vector_column_name=vector_column_name, query_type=query_type)
+            q = q.where(live_filter(where)).limit(limit)
+            if picked is not None:
+                q = q.select(picked)
+            return strip_hidden(q.to_arrow())

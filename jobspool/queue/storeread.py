@@ -1,0 +1,100 @@
+"""The read side of the on-disk store: one job file's bytes, and the job ids a state
+directory lists.
+
+Reads go through no syscall seam: a failed read changes nothing on disk, so there is
+no crash state to inject. `Store` (store.py) adds the atomic write path on top.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+from jobspool.errors import SpoolError
+from jobspool.queue.diskerrors import listing_failed, spool_missing
+from jobspool.queue.storenames import JOB_SUFFIX
+
+_READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+_READ_CHUNK = 1 << 17
+
+
+class StoreReader:
+    """Reads the files of one spool root; never writes."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._root_s = str(root)
+
+    def path(self, directory: str, name: str) -> Path:
+        return self.root / directory / name
+
+    def present(self, directory: str, name: str) -> bool:
+        """Whether anything is at that name (not followed: a symlink counts). An error
+        other than absence (no permission) counts as present: the reader says why."""
+        try:
+            os.lstat(f"{self._root_s}/{directory}/{name}")
+        except FileNotFoundError:
+            return False
+        except OSError:
+            return True
+        return True
+
+    def read(self, directory: str, name: str) -> bytes:
+        """The bytes of one file; raises FileNotFoundError when it is not there."""
+        path = f"{self._root_s}/{directory}/{name}"
+        # Never through a symlink (its target may be any file on the machine), and never
+        # blocking on a FIFO a hand left there (it hung stats, recover and workers).
+        try:
+            fd = os.open(path, _READ_FLAGS)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise OSError(errno.ELOOP, "a symlink where a job file belongs",
+                              os.path.normpath(path)) from None
+            raise
+        try:
+            # A regular file returns everything up to EOF in one read: one syscall for a
+            # job file (at most 64 KiB), a loop only for something larger.
+            data = os.read(fd, _READ_CHUNK)
+            if len(data) < _READ_CHUNK:
+                return data
+            chunks = [data]
+            while chunk := os.read(fd, _READ_CHUNK):
+                chunks.append(chunk)
+            return b"".join(chunks)
+        except OSError as exc:
+            exc.filename = exc.filename or os.path.normpath(path)  # say which file
+            raise
+        finally:
+            os.close(fd)
+
+    def names(self, directory: str) -> list[str]:
+        """Job ids with a file in `directory` (one directory listing)."""
+        n = len(JOB_SUFFIX)
+        try:
+            return [f[:-n] for f in os.listdir(self.root / directory) if f.endswith(JOB_SUFFIX)]
+        except (FileNotFoundError, NotADirectoryError):
+            raise self._gone(directory) from None
+        except OSError as exc:
+            raise listing_failed(exc, self.root) from None
+
+    def scan(self, directory: str) -> list[tuple[str, int]]:
+        """(job id, inode) for each job file in `directory` (inodes come free with the listing)."""
+        n = len(JOB_SUFFIX)
+        try:
+            with os.scandir(self.root / directory) as it:
+                return [(e.name[:-n], e.inode()) for e in it if e.name.endswith(JOB_SUFFIX)]
+        except (FileNotFoundError, NotADirectoryError):
+            raise self._gone(directory) from None
+        except OSError as exc:
+            raise listing_failed(exc, self.root) from None
+
+    def _gone(self, directory: str) -> SpoolError:
+        """A state directory vanished under an open spool (`rm -rf`, a move, an unmount):
+        one line naming it, not a raw FileNotFoundError from deep in a listing."""
+        if not self.root.is_dir():
+            return spool_missing(self.root)
+        where = self.root / directory
+        return SpoolError(f"{where}: a state directory is missing; was the spool deleted or "
+                          "moved while open? (`jobspool init` makes a new one)",
+                          path=str(where))
