@@ -290,7 +290,7 @@ def check_schedule_sizes(schedules: Iterable[Schedule], max_job_bytes: int, *,
                          where: str = "worker") -> None:
     """Refuse (`ScheduleError`) a schedule whose job the spool would refuse as too large:
     its payload is fixed, so it would never fire, only warn at every attempt."""
-    from jobspool.queue.job import encode_admitted
+    from jobspool.queue.jobsize import encode_admitted
     from jobspool.queue.machine import new_job
 
     for s in schedules:

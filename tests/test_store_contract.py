@@ -731,7 +731,8 @@ def test_a_failure_near_the_size_limit_keeps_a_cut_traceback_that_fits(
         make_any_spool: MakeSpool) -> None:
     """DESIGN §9 (sizes): a job admitted near `max_job_bytes` still records its failure:
     the error and traceback are cut so the stored job fits, its raising frame kept."""
-    from jobspool.queue.job import admission_limit, encode_job
+    from jobspool.queue.job import encode_job
+    from jobspool.queue.jobsize import admission_limit
 
     spool = make_any_spool(max_job_bytes=4096)
     pad = "x" * (admission_limit(4096) - 400)

@@ -24,7 +24,8 @@ from jobspool.errors import JobspoolError, JobTooLarge, LeaseLost, UnreadableJob
 from jobspool.pg import sql
 from jobspool.pg.rows import COLUMNS, dump, text, to_job
 from jobspool.queue import machine
-from jobspool.queue.job import Job, Lease, LeaseInfo, encode_completed, evolve, fill_in, fitted_anyway
+from jobspool.queue.job import Job, Lease, LeaseInfo, evolve, fill_in
+from jobspool.queue.jobsize import encode_completed, fitted_anyway
 from jobspool.queue.states import JobState
 
 log = logging.getLogger("jobspool.pg")

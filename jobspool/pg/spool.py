@@ -59,7 +59,6 @@ from jobspool.queue.job import (
     Job,
     Lease,
     Reservation,
-    encode_admitted,
     validate_delay,
     validate_int,
     validate_job_id,
@@ -67,6 +66,7 @@ from jobspool.queue.job import (
     validate_owner,
     validate_seconds,
 )
+from jobspool.queue.jobsize import encode_admitted
 from jobspool.queue.layout import effective_keep_dead
 from jobspool.queue.options import checked_clock
 from jobspool.queue.perms import validate_access

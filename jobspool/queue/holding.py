@@ -19,15 +19,8 @@ from typing import Any
 
 from jobspool.errors import JobspoolError, JobTooLarge, LeaseLost, WriteFailed
 from jobspool.queue import machine
-from jobspool.queue.job import (
-    Job,
-    Lease,
-    encode_completed,
-    evolve,
-    json_snapshot,
-    validate_delay,
-    validate_seconds,
-)
+from jobspool.queue.job import Job, Lease, evolve, json_snapshot, validate_delay, validate_seconds
+from jobspool.queue.jobsize import encode_completed
 from jobspool.queue.journal import Journal
 from jobspool.queue.states import JobState
 

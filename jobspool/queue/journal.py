@@ -39,13 +39,8 @@ from jobspool.queue.fence import (
 from jobspool.queue.fencefile import FenceFile
 from jobspool.queue.groupflush import GroupFlush
 from jobspool.queue.index import SLOT, ClaimIndex
-from jobspool.queue.job import (
-    CorruptJob,
-    Job,
-    admission_limit,
-    decode_job,
-    fitted_anyway,
-)
+from jobspool.queue.job import CorruptJob, Job, decode_job
+from jobspool.queue.jobsize import admission_limit, fitted_anyway
 from jobspool.queue.journalread import JournalReads, JournalSettings
 from jobspool.queue.layout import Layout, SpoolSettings
 from jobspool.queue.lock import SpoolLock

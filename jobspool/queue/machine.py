@@ -21,11 +21,11 @@ from jobspool.queue.job import (
     Lease,
     LeaseInfo,
     clip_error,
-    encode_admitted,
     evolve,
     storable_text,
     validate_delay,
 )
+from jobspool.queue.jobsize import encode_admitted
 from jobspool.queue.states import JobState, check_transition
 
 

@@ -17,14 +17,8 @@ from typing import Any
 from jobspool.errors import SpoolError, WriteFailed
 from jobspool.queue import machine
 from jobspool.queue.arguments import naming_item, new_batch, new_reservation
-from jobspool.queue.job import (
-    EnqueueResult,
-    Job,
-    Reservation,
-    encode_admitted,
-    evolve,
-    validate_delay,
-)
+from jobspool.queue.job import EnqueueResult, Job, Reservation, evolve, validate_delay
+from jobspool.queue.jobsize import encode_admitted
 from jobspool.queue.journal import Journal
 from jobspool.queue.states import JobState
 from jobspool.queue.store import Change

@@ -38,7 +38,8 @@ from jobspool.queue.context import (
     Raised,
     Retried,
 )
-from jobspool.queue.job import clip_error, encode_completed, evolve
+from jobspool.queue.job import clip_error, evolve
+from jobspool.queue.jobsize import encode_completed
 from jobspool.queue.machine import Failure
 from jobspool.queue.report import Counters
 from jobspool.queue.states import JobState
