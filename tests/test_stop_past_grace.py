@@ -117,3 +117,33 @@ def _serving(root: Path, kind: str, *flags: str) -> tuple[subprocess.Popen[bytes
         raise
     time.sleep(0.5)
     return proc, job
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
+def test_a_stop_signal_repeated_after_the_pool_stopped_does_not_kill_it(
+        tmp_path: Path, sig: signal.Signals) -> None:
+    # Found by an async probe: the pool handed the signals back to the handlers from
+    # before it, and the CLI to the default, while leftover threads got their second: a
+    # supervisor repeating its stop then saw "killed by SIGTERM" (-15, or -2), not exit 0.
+    root = tmp_path / "s"
+    with make_spool(root) as spool:
+        job = spool.enqueue("nap", 30)
+    proc = start_jobspool("worker", "--app", APP, "--processes", "2", "--grace", "1",
+                          "--no-maintenance", root=root, stdout=subprocess.PIPE)
+    try:
+        def started() -> bool:
+            with make_spool(root) as spool:
+                return spool.get(job.id).attempts == 1
+        wait_until(started, GUARD, "the handler to start", proc=proc)
+        proc.send_signal(sig)
+        assert proc.stdout is not None
+        summary = proc.stdout.readline()  # the pool has stopped
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=GUARD)
+    finally:
+        reap(proc)
+    assert b"worker pool stopped" in summary, (summary, err)
+    assert proc.returncode == 0, err
+    with make_spool(root) as spool:
+        after = spool.get(job.id)
+    assert after.state in (JobState.READY, JobState.RETRYABLE) and after.lease is None, after

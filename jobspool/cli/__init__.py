@@ -74,12 +74,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     _closed_streams_to_devnull()
     in_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminated) if in_main else None
+    own = argv is None and in_main  # the process's own command line, not a caller's call
     try:
         code = _main(argv)
     finally:
-        if previous is not None:
+        if own:
+            # The command is done and its exit code decided: a second SIGTERM or Ctrl-C
+            # now (a supervisor repeating its stop) must not turn exit 0 into "killed by
+            # signal" while leftover threads get their second (`worker --processes`).
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, signal.SIG_IGN)
+        elif previous is not None:
             signal.signal(signal.SIGTERM, previous)
-    if argv is None and in_main:  # the process's own command line, not a caller's call
+    if own:
         _exit_past_leftover_threads(code)
     return code
 

@@ -48,7 +48,8 @@ def cmd_worker_pool(args: argparse.Namespace) -> int:
         try:
             with children_print_to_stderr(args):
                 report = WorkerPool(spool, command, args.processes, grace_seconds=args.grace,
-                                    policies=worker.policies).run()
+                                    policies=worker.policies,
+                                    ignore_signals_after_stop=True).run()
         except PoolFailed as exc:
             raise Refused(str(exc)) from None
     d = report.to_dict()

@@ -135,8 +135,13 @@ class WorkerPool:
     def __init__(self, spool: Spool, command: Sequence[str], processes: int, *,
                  grace_seconds: float = 30.0, env: dict[str, str] | None = None,
                  handle_signals: bool = True,
-                 policies: Mapping[str, Policy] | None = None) -> None:
+                 policies: Mapping[str, Policy] | None = None,
+                 ignore_signals_after_stop: bool = False) -> None:
         self.spool = spool
+        # For a process that exits once the pool stopped (the CLI): a stop signal repeated
+        # after the stop is ignored, not handed to the handlers from before the pool,
+        # which turned an exit 0 into "killed by SIGTERM" (or "interrupted", exit 143).
+        self.ignore_signals_after_stop = ignore_signals_after_stop
         self.command = list(command)
         self.processes = validate_int("processes", processes, minimum=1)
         if self.processes > MAX_PROCESSES:
@@ -496,8 +501,9 @@ class WorkerPool:
         return previous
 
     def _restore_signals(self, previous: dict[int, Any]) -> None:
+        ignore = self.ignore_signals_after_stop and self._signals > 0
         for sig, handler in previous.items():
-            signal.signal(sig, handler)
+            signal.signal(sig, signal.SIG_IGN if ignore else handler)
 
 
 def _describe(code: int) -> str:
