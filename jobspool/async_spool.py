@@ -89,7 +89,9 @@ class AsyncSpool:
         await anyio.to_thread.run_sync(self.close)
 
     def __repr__(self) -> str:
-        return f"AsyncSpool({str(self.spool.root)!r})"
+        # A database by its URL (password hidden), not the local state directory it keeps.
+        where = getattr(self.spool, "display", None) or str(self.spool.root)
+        return f"AsyncSpool({where!r})"
 
     # ------------------------------------------------------------ producing
 
@@ -171,9 +173,26 @@ class AsyncSpool:
 
     async def get(self, job_id: str) -> Job:
         """`Spool.get` (`JobNotFound`)."""
+        return await self._read(partial(self.spool.get, job_id))
+
+    async def _read(self, call: Callable[[], T]) -> T:
         # Readers have threads of their own: with anyio's 40 all taken by enqueues queued
-        # for a lock held elsewhere, `wait(timeout=0.5)` returned after 2.9 s.
-        return await self._in_thread(partial(self.spool.get, job_id), _readers())
+        # for a lock held elsewhere, `wait(timeout=0.5)` returned after 2.9 s. A read
+        # changes nothing, so a cancelled caller leaves at once and its thread finishes
+        # alone (a read waiting out a database outage held a 1 s scope for 30 s; on trio
+        # the scope was not honoured at all).
+        result = await anyio.to_thread.run_sync(call, limiter=_readers(),
+                                                abandon_on_cancel=True)
+        await anyio.lowlevel.checkpoint()
+        return result
+
+    def _get_until(self, job_id: str, deadline: float | None) -> Job:
+        """`get`, waiting out a database outage only until `deadline` (PostgreSQL)."""
+        db = getattr(self.spool, "db", None)  # the PostgreSQL store's connection pool
+        if db is None or deadline is None:
+            return self.spool.get(job_id)
+        with db.patience(deadline):
+            return self.spool.get(job_id)
 
     async def stats(self, *, by_kind: bool = False) -> Stats:
         """`Spool.stats`."""
@@ -192,7 +211,7 @@ class AsyncSpool:
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = 0.005
         while True:
-            job = await self.get(job_id)
+            job = await self._read(partial(self._get_until, job_id, deadline))
             if job.terminal:
                 return job
             left = None if deadline is None else deadline - time.monotonic()

@@ -144,3 +144,55 @@ def test_worker_gives_up_at_start_after_wait_for_store(tmp_path: Path) -> None:
              if line.startswith("jobspool: error:")]
     assert proc.returncode == 2
     assert len(lines) == 1 and "cannot connect" in lines[0]
+
+
+@pytest.mark.parametrize("form", ["sync", "asyncio", "trio", "asyncio-scope", "trio-scope"])
+def test_a_wait_with_a_deadline_is_not_held_by_an_outage(pg_server: PgServer, pg_url: str,
+                                                         form: str) -> None:
+    """Found by an async probe: `wait(timeout=1)` with the server down was held for the
+    store's whole reconnect budget (30 s), since each poll waited out the outage; a cancel
+    scope around the async form was honoured only then (asyncio) or not at all (trio).
+    Here the budget is 10 minutes: only the caller's deadline can end the wait in time."""
+    import anyio
+
+    from jobspool import AsyncSpool
+    from jobspool.errors import WaitTimeout
+
+    spool = make_spool(pg_url, reconnect_seconds=600.0)
+    job = spool.enqueue("work", {})
+    spool.get(job.id)  # a warm connection: the outage is met mid-use, not at connect
+    outcome: list[object] = []
+
+    async def in_async(scoped: bool) -> object:
+        aspool = AsyncSpool(spool)
+        if scoped:
+            with anyio.move_on_after(1.0) as scope:
+                await aspool.wait(job.id)
+            return "cancelled" if scope.cancelled_caught else "returned"
+        return await aspool.wait(job.id, timeout=1.0)
+
+    def attempt() -> None:
+        try:
+            if form == "sync":
+                outcome.append(spool.wait(job.id, timeout=1.0))
+            else:
+                backend = form.split("-")[0]
+                outcome.append(anyio.run(in_async, form.endswith("-scope"), backend=backend))
+        except BaseException as exc:  # the test reports it
+            outcome.append(exc)
+
+    pg_server.kill()
+    try:
+        thread = threading.Thread(target=attempt, daemon=True)
+        thread.start()
+        thread.join(GUARD)  # before: held until the 600 s budget ran out
+        alive = thread.is_alive()
+    finally:
+        pg_server.start_again()
+        spool.close()
+    assert not alive, "the wait outlived its deadline, held by the outage"
+    [got] = outcome
+    if form.endswith("-scope"):
+        assert got == "cancelled", got
+    else:
+        assert isinstance(got, StoreUnavailable | WaitTimeout), got

@@ -219,6 +219,18 @@ class Database:
         self._down_since: float | None = None  # when the current outage began (any thread)
 
     @contextmanager
+    def patience(self, until: float | None) -> Iterator[None]:
+        """Statements this thread sends in the block wait out an outage only until `until`
+        (a `time.monotonic()` reading; None: the usual `reconnect_seconds`). For a caller
+        with a deadline of its own: `wait(timeout=1)` with the server down was held 30 s."""
+        before = getattr(self._pinned, "until", None)
+        self._pinned.until = until
+        try:
+            yield
+        finally:
+            self._pinned.until = before
+
+    @contextmanager
     def pinned(self, conn: psycopg.Connection[Any]) -> Iterator[None]:
         """Send this thread's statements through `conn` while the block runs: the
         transaction of a `fenced` block, so what a handler does inside it (a heartbeat, an
@@ -274,6 +286,9 @@ class Database:
         # One outage, one budget: once it has lasted `reconnect_seconds`, every statement
         # gets a single try (which also notices the server is back) instead of its own wait.
         deadline = (self._down_since or time.monotonic()) + self.reconnect_seconds
+        until = getattr(self._pinned, "until", None)
+        if until is not None:
+            deadline = min(deadline, until)
         delay = 0.05
         while True:
             try:

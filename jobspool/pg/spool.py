@@ -424,7 +424,8 @@ class PgSpool(EnqueueForms):
     def wait(self, job_id: str, timeout: float | None = None, *,
              poll_seconds: float = 0.05) -> Job:
         """Block until the job reaches a terminal state; `WaitTimeout` after `timeout` seconds."""
-        return wait_until_terminal(self.get, job_id, timeout, poll_seconds)
+        return wait_until_terminal(self.get, job_id, timeout, poll_seconds,
+                                   bound=self.db.patience)
 
     # ------------------------------------------------------------ leasing
 

@@ -7,6 +7,7 @@ import contextlib
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -219,14 +220,19 @@ def new_reservation(kind: str, payload: Any, *, job_id: str | None, delay: float
 
 
 def wait_until_terminal(get: Callable[[str], Job], job_id: str, timeout: float | None,
-                        poll_seconds: float) -> Job:
+                        poll_seconds: float,
+                        bound: Callable[[float | None], AbstractContextManager[Any]] | None = None
+                        ) -> Job:
     """`wait`, for any store: poll `get` with backoff (5 ms doubling up to four polls'
-    worth) until the job is terminal; `WaitTimeout` once `timeout` seconds passed."""
+    worth) until the job is terminal; `WaitTimeout` once `timeout` seconds passed.
+    `bound(deadline)` keeps one poll from outliving the deadline (a store waiting out an
+    outage: `StoreUnavailable` at the deadline, not after the store's own patience)."""
     timeout, poll_seconds = validate_wait(timeout, poll_seconds)
     deadline = None if timeout is None else time.monotonic() + timeout
     delay = 0.005
     while True:
-        job = get(job_id)
+        with contextlib.nullcontext() if bound is None else bound(deadline):
+            job = get(job_id)
         if job.terminal:
             return job
         if deadline is not None and time.monotonic() >= deadline:
