@@ -92,3 +92,35 @@ def test_a_retry_near_the_end_of_time_stays_readable(tmp_path: Path) -> None:
     reopened = Spool(tmp_path / "s", durable=False)
     assert reopened.get("late").run_at == MAX_RUN_AT  # read back, not skipped as corrupt
     assert reopened.recover().quarantined == ()
+
+
+def test_a_clock_stepping_back_past_a_due_retry_does_not_hang_the_claim(
+        make_any_spool: Callable[..., Spool]) -> None:
+    """Found by a parity probe: on the file store, a retry the claim index had seen due
+    was handed out again after the clock stepped back (NTP, a resumed VM); the claim found
+    it not due, learned it, got it back, for ever, at 100% CPU holding the spool lock
+    (every other process's enqueue and stats blocked behind it). PostgreSQL returned []."""
+    import threading
+
+    offset = [0.0]
+    base = 1_800_000_000.0
+    spool = make_any_spool(clock=lambda: base + offset[0])
+    spool.enqueue("k", "a", job_id="a")
+    spool.enqueue("k", "r", job_id="r", delay=5, priority=1)
+    offset[0] = 10.0  # ahead: the retry is due, and the index learns so
+    assert [lease.job_id for lease in spool.claim(kinds="k", limit=1)] == ["a"]
+    offset[0] = 0.0  # the clock steps back 10 s: the retry is not due again
+    got: list[object] = []
+
+    def claim() -> None:
+        try:
+            got.append([lease.job_id for lease in spool.claim(kinds="k", limit=1)])
+        except BaseException as exc:  # the test reports it
+            got.append(exc)
+    thread = threading.Thread(target=claim, daemon=True)
+    thread.start()
+    thread.join(60)  # a hang guard: the claim spun for ever before
+    assert not thread.is_alive(), "the claim is still spinning"
+    assert got == [[]]
+    offset[0] = 6.0  # due again: claimed
+    assert [lease.job_id for lease in spool.claim(kinds="k", limit=1)] == ["r"]

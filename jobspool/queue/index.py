@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -330,7 +331,7 @@ class ClaimIndex:
                 entry = self._retry.get(job_id)
                 if entry is not None and entry[0][:2] == (priority, run_at):
                     heapq.heappush(due, (priority, run_at, job_id))
-            pool.extend(self._peek(due, limit, JobState.RETRYABLE, kind))
+            pool.extend(self._peek(due, limit, JobState.RETRYABLE, kind, now=now, wait=wait))
         for job_id, (expires_at, kind, priority, run_at) in self._leased.items():
             if expires_at <= now and (kinds is None or kind in kinds):
                 # Claim order is (priority, run_at, id) whatever the state (DESIGN §3).
@@ -339,7 +340,8 @@ class ClaimIndex:
         return pool[:limit]
 
     def _peek(self, heap: list[tuple[int, float, str]], limit: int, state: JobState,
-              kind: str) -> Iterable[Candidate]:
+              kind: str, *, now: float = math.inf,
+              wait: list[tuple[float, int, str]] | None = None) -> Iterable[Candidate]:
         out: list[tuple[int, float, str]] = []
         seen: set[str] = set()
         while heap and len(out) < limit:
@@ -347,6 +349,12 @@ class ClaimIndex:
             priority, run_at, job_id = item
             if job_id in seen:
                 continue  # the same job learned twice with an equal key: one entry is enough
+            if wait is not None and run_at > now:
+                # Due once, not now: the clock stepped back (NTP, a resumed VM). Handed out
+                # anyway, the claim found it not due, learned it again, and got it back from
+                # here, for ever, holding the spool lock.
+                heapq.heappush(wait, (run_at, priority, job_id))
+                continue
             if state is JobState.READY:
                 key = self._ready.get(job_id)
             else:

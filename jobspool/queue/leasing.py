@@ -149,6 +149,10 @@ class Leasing(Holding):
                         # again, in order. Taken as cached, an img worker claimed an email
                         # job and crashed on its missing handler.
                         self.journal.index.learn(job)
+                        if not machine.is_due(job, now):
+                            # Not due is not due for the rest of this claim: an index that
+                            # handed it back again looped the claim, holding the lock.
+                            skipped.add(c.job_id)
                         continue
                     # A crash between publishing a job's new file and retiring the old one, or
                     # a hand (an old backup restored into ready/), can leave a stale copy
