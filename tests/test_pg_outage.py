@@ -196,3 +196,49 @@ def test_a_wait_with_a_deadline_is_not_held_by_an_outage(pg_server: PgServer, pg
         assert got == "cancelled", got
     else:
         assert isinstance(got, StoreUnavailable | WaitTimeout), got
+
+
+def test_a_stopping_worker_settles_through_a_restart_that_killed_its_pooled_connections(
+        pg_server: PgServer, pg_url: str) -> None:
+    """Found by a shutdown probe: right after a server restart every pooled connection is
+    dead though the server answers. A worker stopping then gives each statement a single
+    try, and each try met a dead connection: the results of handlers that had finished
+    were thrown away (their jobs ran again), and leases were left unreleased."""
+    gate = threading.Event()
+    runs: Counter[str] = Counter()
+
+    def work(job, ctx):  # type: ignore[no-untyped-def]
+        runs[job.id] += 1
+        gate.wait(GUARD)
+        return {"ok": True}
+
+    with make_spool(pg_url) as setup:
+        ids = [j.id for j in setup.enqueue_many("work", [{}] * 6)]
+    spool = make_spool(pg_url)
+    # Every connection of the pool made and left idle, as a busy worker leaves them.
+    pool = spool.db._get_pool()  # type: ignore[attr-defined]  # noqa: SLF001
+    held = [pool.take(5.0) for _ in range(pool.size)]
+    for conn in held:
+        pool.give(conn)
+    worker = Worker(spool, handlers={"work": work}, concurrency=6, batch_size=6,
+                    lease_seconds=120, grace_seconds=2)
+    result: list[object] = []
+    thread = threading.Thread(target=lambda: result.append(_run(worker)), daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: sum(runs.values()) == 6, GUARD, "the handlers to start")
+        pg_server.restart()  # back up, every connection of the pool dropped
+        worker.stop()  # from now on: one try per statement
+        gate.set()
+        thread.join(GUARD)
+    finally:
+        gate.set()
+        worker.stop()
+        thread.join(GUARD)
+        spool.close()
+    assert not thread.is_alive()
+    assert not isinstance(result[0], BaseException), result
+    with make_spool(pg_url) as after:
+        states = {i: after.get(i).state for i in ids}
+    assert set(states.values()) == {JobState.COMPLETED}, states
+    assert runs == Counter(dict.fromkeys(ids, 1))

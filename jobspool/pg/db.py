@@ -172,6 +172,15 @@ class Pool:
         with contextlib.suppress(psycopg.Error):
             conn.close()
 
+    def drop_idle(self) -> None:
+        """Close every idle connection: after one of them was found dead (a server restart,
+        a killed backend) the others, made before it, most likely are too."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            with contextlib.suppress(psycopg.Error):
+                conn.close()
+
     def _release_slot(self) -> None:
         with self._lock:
             self._busy -= 1
@@ -290,6 +299,7 @@ class Database:
         if until is not None:
             deadline = min(deadline, until)
         delay = 0.05
+        fresh_tried = False
         while True:
             try:
                 # take/give rather than `with self.connection()`: two generator-based
@@ -309,6 +319,14 @@ class Database:
                     # retrying it for reconnect_seconds only delayed the same error.
                     raise SpoolError(f"database {self.display} refused {what}: "
                                      f"{self._line(exc)}") from None
+                if not fresh_tried and not isinstance(exc, PoolExhausted):
+                    # Once at once, on a new connection, whatever the budget or a stop:
+                    # after a server restart every pooled connection is dead though the
+                    # server answers. A worker stopped then had each settle fail on one
+                    # (a single try while stopping), and threw finished results away.
+                    fresh_tried = True
+                    self._get_pool().drop_idle()
+                    continue
                 if self._down_since is None and not isinstance(exc, PoolExhausted):
                     self._down_since = time.monotonic()
                 if isinstance(exc, psycopg.errors.QueryCanceled) or self.stop_retrying.is_set() \
