@@ -751,6 +751,30 @@ def test_a_failure_near_the_size_limit_keeps_a_cut_traceback_that_fits(
     assert stored.traceback is None or stored.traceback.endswith("LAST")
 
 
+@pytest.mark.parametrize("char", ["\U0001F600", "\x01", "\u00e9"], ids=["emoji", "control", "accent"])
+def test_a_non_ascii_error_near_the_size_limit_is_cut_not_dropped(
+        make_any_spool: MakeSpool, char: str) -> None:
+    """Found by a parity probe: an error of 4-byte (or 6-byte escaped) characters on a
+    job near the limit was emptied whole (last_error '', no traceback), where the same
+    error in ASCII was cut to fit: the byte overage was taken off as characters."""
+    from jobspool.queue.job import encode_job
+    from jobspool.queue.jobsize import admission_limit
+    from jobspool.queue.machine import Failure
+
+    spool = make_any_spool(max_job_bytes=8192)
+    pad = "y" * (admission_limit(8192) - 400)
+    spool.enqueue("k", pad, job_id="big")
+    (lease,) = spool.claim()
+    text = "ValueError: " + char * 1000
+    (job,) = spool.fail_many([(lease, Failure(error=text, traceback="frame\n" + text),
+                               False, None)])
+    assert not isinstance(job, BaseException), job
+    stored = spool.get("big")
+    assert len(encode_job(stored)) <= 8192
+    assert stored.last_error is not None and stored.last_error.startswith("ValueError: " + char)
+    assert stored.state is JobState.DEAD_LETTER
+
+
 def test_a_claim_for_no_kinds_claims_nothing(any_spool: Spool) -> None:
     # Found in a PostgreSQL pass: kinds=[] claimed jobs of every kind (no filter at all).
     any_spool.enqueue("a", job_id="a")

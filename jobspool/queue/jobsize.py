@@ -5,9 +5,12 @@ transitions that add free text (errors, tracebacks) cut it to fit."""
 from __future__ import annotations
 
 import logging
+import math
 import sys
 from dataclasses import replace
 from typing import Any
+
+import orjson
 
 from jobspool.errors import InvalidJob, JobTooLarge
 from jobspool.queue.job import MAX_OWNER_CHARS, Job, encode_job
@@ -98,9 +101,12 @@ def fitted(job: Job, *, max_bytes: int) -> tuple[Job, bytes]:
         if not texts:
             break
         name, text = texts[0]
-        # Cutting `over` characters removes at least `over` bytes (each is >= 1 byte
-        # encoded); a traceback keeps its tail (the raising frame), an error its head.
-        keep = max(0, len(text) - over - 16)
+        # Cut by characters, `over` counts bytes: an emoji is 4 of them encoded, a control
+        # character 6 (\u0001). Counting one byte per character cut such a text to nothing
+        # (a dead letter with an empty error). A traceback keeps its tail (the raising
+        # frame), an error its head.
+        per_char = max(1.0, (len(orjson.dumps(text)) - 2) / len(text))
+        keep = max(0, len(text) - math.ceil(over / per_char) - 16)
         cut: str | None
         if name == "traceback":
             cut = "...\n" + text[len(text) - keep:] if keep else None
