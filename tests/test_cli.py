@@ -582,3 +582,18 @@ def test_every_command_that_prints_one_job_prints_the_same_document(tmp_path: Pa
     for d in docs:
         assert set(d) == set(shown), sorted(set(d) ^ set(shown))
         assert d["status"] == d["state"] and d["updated_at_iso"].endswith("Z")
+
+
+def test_a_job_of_its_kinds_that_came_due_after_the_last_claim_is_reported_left(
+        tmp_path: Path) -> None:
+    """Found by a parity probe: a retry with a few ms of backoff came due between the
+    run's last (empty) claim and its report, on PostgreSQL every time: counted neither as
+    due nor as not due yet, so the run said one job was left when two were."""
+    from jobspool import Worker
+
+    with make_spool(tmp_path / "s") as spool:
+        worker = Worker(spool, handlers={"work": lambda job, ctx: None})
+        spool.enqueue("work", job_id="due-now")  # as if it came due after the last claim
+        spool.enqueue("work", job_id="later", delay=60)
+        unhandled, waiting, next_due_in = worker._left_behind()  # noqa: SLF001
+    assert unhandled == {} and waiting == 2 and next_due_in == 0.0

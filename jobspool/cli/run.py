@@ -59,9 +59,13 @@ def cmd_run_until_idle(args: argparse.Namespace) -> int:
             why = ("not in --kinds" if kind in worker.handlers
                    else f"no handler in --app {args.app}")
             lines.append(f"left {n} due job(s) of kind {kind!r}: {why}")
-        if report.waiting:
+        if report.waiting and report.next_due_in:
             lines.append(f"left {report.waiting} job(s) not due yet (retries backing off, "
                          f"delayed jobs), the first in {report.next_due_in:.1f} s; "
+                         "--wait-retries SECONDS waits for those due within SECONDS")
+        elif report.waiting:
+            lines.append(f"left {report.waiting} job(s) of its kinds, the first due now (it "
+                         "came due after the run's last claim); run again, or "
                          "--wait-retries SECONDS waits for those due within SECONDS")
         return "\n".join(lines)
 

@@ -32,8 +32,9 @@ class RunReport:
     # it from the worker's metrics file (`projection_unwritable`).
     projection_failing: int = 0
     unhandled: dict[str, int] = field(default_factory=dict)
-    # `run_until_idle` only: jobs of this worker's kinds left because they are not due yet
-    # (retries backing off, delayed jobs), and seconds until the first of them is. A script
+    # `run_until_idle` only: jobs of this worker's kinds left to run (retries backing off,
+    # delayed jobs, one that came due after the last claim), and seconds until the first
+    # of them is due (0: due now). A script
     # that ran once after a crash read "idle" as drained while the rescued jobs waited.
     waiting: int = 0
     next_due_in: float | None = None

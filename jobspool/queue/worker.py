@@ -473,7 +473,10 @@ class Worker:
 
     def _left_behind(self) -> tuple[dict[str, int], int, float | None]:
         """What an idle run left: due jobs of kinds this worker has no handler for (per
-        kind), and jobs of its own kinds not due yet (how many, seconds to the first)."""
+        kind), and jobs of its own kinds still to run (how many, seconds until the first is
+        due: 0 for one that came due after the run's last claim, as a retry of a few ms'
+        backoff does on PostgreSQL; it was counted nowhere, and the run said one job was
+        left when two were)."""
         out: dict[str, int] = {}
         waiting, first = 0, None
         now = self.spool.now()
@@ -484,9 +487,10 @@ class Worker:
                     if job.kind not in self.kinds:
                         if due:
                             out[job.kind] = out.get(job.kind, 0) + 1
-                    elif not due:
+                    else:
                         waiting += 1
-                        first = job.run_at if first is None else min(first, job.run_at)
+                        at = job.run_at if not due else now
+                        first = at if first is None else min(first, at)
         except (JobspoolError, OSError) as exc:
             # A report's footnote: a store that went away must not turn a finished run
             # (or a clean stop) into a crash.
