@@ -92,8 +92,6 @@ def transient(exc: BaseException) -> bool:
             exc, psycopg.OperationalError):
         return False
     state = exc.sqlstate
-    if state is None and _BAD_OPTION.search(str(exc)):
-        return False
     if state is None:
         # A failed connect carries no SQLSTATE: a server that answered with FATAL refused
         # us (no such database or role, a password), unless it is starting or stopping.
