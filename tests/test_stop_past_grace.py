@@ -147,3 +147,38 @@ def test_a_stop_signal_repeated_after_the_pool_stopped_does_not_kill_it(
     with make_spool(root) as spool:
         after = spool.get(job.id)
     assert after.state in (JobState.READY, JobState.RETRYABLE) and after.lease is None, after
+
+
+def test_a_pool_stopped_while_its_children_boot_says_nothing_for_them(
+        tmp_path: Path) -> None:
+    # Found by a shutdown probe: each child stopped while still importing its app printed
+    # "interrupted by SIGTERM; what was done before it stands" on the pool's stderr, at an
+    # ordinary stop (the pool reports its children's exits itself).
+    root = tmp_path / "s"
+    make_spool(root).close()
+    proc = start_jobspool("worker", "--app", "tests.apps.slowboot:app", "--processes", "2",
+                          "--grace", "5", "--no-maintenance", root=root,
+                          stdout=subprocess.PIPE)
+    try:
+        wait_until(lambda: len(_children(proc.pid)) == 2, GUARD, "the pool's children",
+                   proc=proc)
+        time.sleep(0.5)  # they are inside the app's import now
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=GUARD)
+    finally:
+        reap(proc)
+    said = err.decode(errors="replace")
+    assert b"worker pool stopped" in out, (out, said)
+    assert proc.returncode == 0, said
+    assert "interrupted" not in said, said
+
+
+def _children(pid: int) -> list[int]:
+    tasks = Path(f"/proc/{pid}/task")
+    found: list[int] = []
+    for task in tasks.iterdir() if tasks.exists() else ():
+        try:
+            found += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return found

@@ -176,8 +176,19 @@ def _main(argv: Sequence[str] | None) -> int:
     except KeyboardInterrupt as exc:
         # One line, not a silent exit: changes already made stand, each one whole.
         term = isinstance(exc, _Terminated)
+        if term and _pool_child():
+            # Its supervisor stopped it (at a pool's stop, while it was still booting) or
+            # logs its death and replaces it: a line of its own was noise on the pool's
+            # stderr at every stop.
+            return 143
         return _fail(f"interrupted by {'SIGTERM' if term else 'SIGINT'}; what was done "
                      "before it stands", 143 if term else 130, as_json)
+
+
+def _pool_child() -> bool:
+    from jobspool.queue.poolchild import POOL_PARENT_ENV
+
+    return os.environ.get(POOL_PARENT_ENV) == str(os.getppid())
 
 
 def _ungrouped(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
