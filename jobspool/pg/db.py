@@ -18,6 +18,7 @@ import os
 import re
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -123,9 +124,10 @@ class Pool:
     next checkout connects afresh — `Database.run` retries the statement.
     """
 
-    def __init__(self, url: str, size: int) -> None:
+    def __init__(self, url: str, size: int, display: str = "") -> None:
         self.url = url
         self.size = size
+        self.display = display or url
         self._idle: list[psycopg.Connection[Any]] = []
         self._busy = 0  # connections handed out (or being made); idle + busy <= size
         self._lock = threading.Lock()
@@ -136,10 +138,14 @@ class Pool:
         """A connection: the most recently returned idle one, else a new one while fewer
         than `size` are out, else the first given back within `timeout` (`PoolExhausted`)."""
         with self._lock:
-            if (not self._idle and self._busy >= self.size
-                    and not self._freed.wait_for(lambda: self._idle or self._busy < self.size,
-                                                 timeout)):
+            if (not self._idle and self._busy >= self.size and not self.closed
+                    and not self._freed.wait_for(
+                        lambda: self._idle or self._busy < self.size or self.closed, timeout)):
                 raise PoolExhausted(f"no free connection within {timeout:g}s")
+            if self.closed:
+                # A thread that got the pool before `close()` connected afresh after it
+                # and wrote once close had returned.
+                raise SpoolClosed(self.display)
             self._busy += 1
             if self._idle:
                 return self._idle.pop()
@@ -147,6 +153,7 @@ class Pool:
             conn = psycopg.connect(self.url, autocommit=True,
                                    prepare_threshold=PREPARE_THRESHOLD,
                                    connect_timeout=CONNECT_TIMEOUT)
+            _CONNECTIONS.add(conn)
             conn.execute(SESSION)
             return conn
         except BaseException:
@@ -166,7 +173,8 @@ class Pool:
                 self._idle.append(conn)
                 self._freed.notify()
                 return
-            self._freed.notify()
+            # Closed: `close()` waits on the same condition as takers.
+            self._freed.notify_all() if self.closed else self._freed.notify()
         with contextlib.suppress(psycopg.Error):
             conn.close()
 
@@ -192,13 +200,51 @@ class Pool:
         finally:
             self.give(conn)
 
-    def close(self) -> None:
+    def close(self, own: int = 0) -> None:
+        """Close, once the connections other threads have out are back (README: `close()`
+        waits for the operations other threads have in flight): a statement or a `fenced`
+        block running in another thread committed after close had returned. `own`: how
+        many of those the calling thread holds itself (closing inside its `fenced` block)."""
         with self._lock:
             self.closed = True
             idle, self._idle = self._idle, []
+            self._freed.notify_all()  # takers waiting for a free connection: SpoolClosed
         for conn in idle:
             with contextlib.suppress(psycopg.Error):
                 conn.close()
+        with self._lock:
+            self._freed.wait_for(lambda: self._busy <= own)
+
+
+# Every connection jobspool made in this process, for `_release_after_fork`.
+_CONNECTIONS: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
+_DATABASES: weakref.WeakSet[Database] = weakref.WeakSet()
+
+
+def _release_after_fork() -> None:
+    """In a forked child, at once: let go of the parent's sockets and locks. The child's
+    copy of a socket kept the parent's session, its open transaction and row locks alive
+    after the parent died, for as long as the child lived (a `cancel` elsewhere waited for
+    it); a thread of the parent holding a Database's mutex at the fork left it held. The
+    socket is replaced by /dev/null, not closed: a `close()` the child's copy of the
+    connection makes later must neither reach the parent's session (a Terminate message)
+    nor close a descriptor number since reused."""
+    devnull = -1
+    try:
+        devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        for conn in list(_CONNECTIONS):
+            with contextlib.suppress(Exception):
+                os.dup2(devnull, conn.pgconn.socket)
+    except OSError:
+        pass
+    finally:
+        if devnull >= 0:
+            os.close(devnull)
+    for db in list(_DATABASES):
+        db.forked()
+
+
+os.register_at_fork(after_in_child=_release_after_fork)
 
 
 class PoolExhausted(Exception):
@@ -224,6 +270,12 @@ class Database:
         # outage; whatever was not settled is leased and expires, to be taken over.
         self.stop_retrying = threading.Event()
         self._down_since: float | None = None  # when the current outage began (any thread)
+        _DATABASES.add(self)
+
+    def forked(self) -> None:
+        """In a forked child (`_release_after_fork`): a parent thread may have held the
+        mutex at the fork; the inherited pool is never used (`_get_pool`)."""
+        self._mutex = threading.Lock()
 
     @contextmanager
     def patience(self, until: float | None) -> Iterator[None]:
@@ -256,8 +308,10 @@ class Database:
     def connect(self, **kwargs: Any) -> psycopg.Connection[Any]:
         """A connection of its own (LISTEN, migrations), outside the pool."""
         try:
-            return psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT,
+            conn = psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT,
                                    **kwargs)
+            _CONNECTIONS.add(conn)
+            return conn
         except psycopg.Error as exc:
             _check_options(exc, self.display, self._line(exc))
             raise _connect_error(exc, f"cannot connect to {self.display}: {self._line(exc)}"
@@ -272,7 +326,7 @@ class Database:
                 raise SpoolClosed(self.display)
             if self._pool is None or self._pid != os.getpid():
                 # A pool inherited through fork() shares sockets with the parent: never use it.
-                self._pool = Pool(self.url, self.pool_size)
+                self._pool = Pool(self.url, self.pool_size, self.display)
                 self._pid = os.getpid()
             return self._pool
 
@@ -345,4 +399,5 @@ class Database:
             self.closed = True
             pool, self._pool = self._pool, None
         if pool is not None and self._pid == os.getpid():
-            pool.close()
+            # Inside its own `fenced` block the caller holds a connection it cannot return.
+            pool.close(own=1 if getattr(self._pinned, "conn", None) is not None else 0)

@@ -34,6 +34,7 @@ import contextlib
 import fcntl
 import os
 import threading
+import weakref
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -57,6 +58,7 @@ class GroupFlush:
         self._fd = -1
         self._pid = -1
         self._closed = False
+        _FLUSHES.add(self)
 
     def publish(self, slots: Iterable[int]) -> int:
         """Take a publication number for a batch that changed the directories `slots`
@@ -107,6 +109,15 @@ class GroupFlush:
             self._fd = os.open(self._root / "tmp", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         return self._fd
 
+    def drop_after_fork(self) -> None:
+        # In a forked child, at once: its copy of a descriptor flocked by a parent thread
+        # at the fork kept the flush lock held for the child's life (`SpoolLock` likewise).
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+        self._fd = -1
+        self._pid = -1
+
     def __del__(self) -> None:
         # Dropped without close() (a Spool never closed): the descriptor goes with it.
         fd = getattr(self, "_fd", -1)
@@ -122,3 +133,14 @@ class GroupFlush:
             if self._fd >= 0 and self._pid == current_pid():
                 os.close(self._fd)
             self._fd = -1
+
+
+_FLUSHES: weakref.WeakSet[GroupFlush] = weakref.WeakSet()
+
+
+def _drop_after_fork() -> None:
+    for flush in list(_FLUSHES):
+        flush.drop_after_fork()
+
+
+os.register_at_fork(after_in_child=_drop_after_fork)

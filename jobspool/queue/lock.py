@@ -48,6 +48,7 @@ import mmap
 import os
 import struct
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -110,6 +111,7 @@ class SpoolLock:
         self._fd = -1
         self._closed = False
         self._open()
+        _LOCKS.add(self)
 
     def _open(self) -> None:
         # A forked child must not share the parent's open file description: flock
@@ -141,18 +143,25 @@ class SpoolLock:
                 # Never grown by a writer yet: readers get a private zeroed view.
                 self._map = mmap.mmap(-1, _MAP_SIZE)
             else:
-                self._map = mmap.mmap(fd, _MAP_SIZE, mmap.MAP_SHARED, mmap.PROT_READ)
+                self._map = _map_shared(fd, mmap.PROT_READ)
         else:
             # Growing to a fixed size is idempotent, so racing openers agree; we never
             # shrink, which keeps other processes' maps valid (shrinking would SIGBUS them).
             if st.st_size < _MAP_SIZE or st.st_blocks * 512 < _MAP_SIZE:
                 _allocate(fd, self._path)
-            self._map = mmap.mmap(fd, _MAP_SIZE, mmap.MAP_SHARED,
-                                  mmap.PROT_READ | mmap.PROT_WRITE)
+            self._map = _map_shared(fd, mmap.PROT_READ | mmap.PROT_WRITE)
         if hasattr(self, "ring"):
             self.ring.remap(self._map)
         else:
             self.ring = ChangeRing(self._map)
+
+    def drop_after_fork(self) -> None:
+        """In a forked child, at once: close the copies of the flocked descriptors, which
+        kept the parent's lock alive for as long as the child lived. A child that never
+        used the spool (a `multiprocessing` worker, a helper the parent forked while a
+        thread held the lock) blocked every process on it after the parent died. Closing
+        a copy unlocks nothing: the parent's descriptor holds the lock as before."""
+        self._close_fds()
 
     def _close_fds(self) -> None:
         for fd in (self._fd, self._dir_fd):
@@ -396,6 +405,33 @@ class SpoolLock:
             self._map.close()
         finally:
             self._close_fds()
+
+
+def _map_shared(locked: int, prot: int) -> mmap.mmap:
+    """The lock file's shared map, through an open file description of its own: mmap keeps
+    a duplicate of the descriptor it maps, and one of the flocked descriptor could not be
+    closed in a forked child (see `SpoolLock.drop_after_fork`). Reopened through
+    /proc/self/fd, so it is the same file even if the path was replaced meanwhile."""
+    flags = (os.O_RDONLY if prot == mmap.PROT_READ else os.O_RDWR) | os.O_CLOEXEC
+    try:
+        fd = os.open(f"/proc/self/fd/{locked}", flags)
+    except OSError:  # no /proc mounted: map the locked descriptor, as before
+        fd = os.dup(locked)
+    try:
+        return mmap.mmap(fd, _MAP_SIZE, mmap.MAP_SHARED, prot)
+    finally:
+        os.close(fd)
+
+
+_LOCKS: weakref.WeakSet[SpoolLock] = weakref.WeakSet()
+
+
+def _drop_locks_after_fork() -> None:
+    for lock in list(_LOCKS):
+        lock.drop_after_fork()
+
+
+os.register_at_fork(after_in_child=_drop_locks_after_fork)
 
 
 def _allocate(fd: int, path: Path) -> None:

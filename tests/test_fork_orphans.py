@@ -1,0 +1,127 @@
+"""What a forked child inherits must not outlive its parent's hold, and `close()` waits for
+the work other threads have in flight, on both stores.
+
+Found by a fork probe: a process holding the spool (inside `fenced`) forked a helper that
+never used jobspool (a `multiprocessing` fork worker) and was then SIGKILLed. The helper's
+copies of the flocked descriptors (file store) or of the connection's socket (PostgreSQL:
+the session, its transaction and its row lock) kept the dead parent's hold for the helper's
+whole life: every other process's `cancel` or `recover` waited for it. And on PostgreSQL,
+`close()` returned while another thread's `fenced` block was still to commit (the README:
+close "waits for the operations other threads have in flight")."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from jobspool import JobState, Spool
+from jobspool.errors import SpoolClosed
+from tests.cli_harness import run_jobspool
+from tests.spools import opener
+from tests.subproc import REPO, cli_env
+
+_HOLDER = textwrap.dedent("""
+    import os, sys, threading, time
+    from jobspool import Spool
+    spool = Spool(sys.argv[1])
+    spool.enqueue("k", {}, job_id="victim")
+    lease = spool.claim(kinds="k", lease_seconds=600)[0]
+    inside = threading.Event()
+    def hold():
+        with spool.fenced(lease):             # the spool lock / a row lock, held
+            inside.set()
+            time.sleep(600)
+    threading.Thread(target=hold, daemon=True).start()
+    inside.wait()
+    helper = os.fork()
+    if helper == 0:                           # never touches jobspool; outlives the parent
+        time.sleep(600)
+        os._exit(0)
+    print(helper, flush=True)
+    time.sleep(600)
+""")
+
+
+def test_a_helper_forked_by_a_killed_process_does_not_keep_its_hold(
+        store_root: str | Path) -> None:
+    opener(store_root)[0]().close()  # the spool (or schema) exists
+    parent = subprocess.Popen([sys.executable, "-c", _HOLDER, str(store_root)], cwd=REPO,
+                              env=cli_env(), stdout=subprocess.PIPE, text=True)
+    helper = 0
+    try:
+        assert parent.stdout is not None
+        helper = int(parent.stdout.readline())
+        parent.kill()
+        parent.wait(timeout=60)
+        # The helper lives on (until this test kills it): the cancel must not wait for it.
+        done = run_jobspool("cancel", "victim", root=store_root, timeout=90)
+        assert done.code == 0, done.err
+        os.kill(helper, 0)  # still alive: the cancel did not get through by its death
+    finally:
+        parent.kill()
+        parent.wait(timeout=60)
+        if parent.stdout is not None:
+            parent.stdout.close()
+        if helper:
+            os.kill(helper, signal.SIGKILL)
+    with Spool(store_root) as spool:
+        assert spool.get("victim").state is JobState.CANCELED
+
+
+def test_close_waits_for_another_threads_fenced_block(
+        make_any_spool: Callable[..., Spool]) -> None:
+    spool, observer = make_any_spool(), make_any_spool()
+    spool.enqueue("k", {}, job_id="j")
+    lease = spool.claim(kinds="k")[0]
+    inside, leave, closed = threading.Event(), threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def block() -> None:
+        try:
+            with spool.fenced(lease):
+                inside.set()
+                leave.wait(60)
+                spool.enqueue("outbox", {}, job_id="outbox-1")  # the outbox pattern
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    def close() -> None:
+        spool.close()
+        closed.set()
+
+    worker = threading.Thread(target=block)
+    worker.start()
+    assert inside.wait(60)
+    closer = threading.Thread(target=close)
+    closer.start()
+    assert not closed.wait(0.5), "close() returned while another thread's block ran"
+    leave.set()
+    worker.join(60)
+    closer.join(60)
+    assert closed.is_set() and not errors, errors
+    # What the block did landed before close returned; the closed spool refuses more.
+    assert observer.get("outbox-1").state is JobState.READY
+    with pytest.raises(SpoolClosed):
+        spool.enqueue("k", {})
+
+
+def test_a_spool_closed_inside_its_own_fenced_block_does_not_wait_for_itself(
+        make_any_spool: Callable[..., Spool]) -> None:
+    spool, observer = make_any_spool(), make_any_spool()
+    spool.enqueue("k", {}, job_id="j")
+    lease = spool.claim(kinds="k")[0]
+    with spool.fenced(lease):
+        spool.enqueue("outbox", {}, job_id="outbox-2")
+        spool.close()
+    assert observer.get("outbox-2").state is JobState.READY
+    with pytest.raises(SpoolClosed):
+        spool.get("j")
+
