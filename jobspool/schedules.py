@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from jobspool.errors import Backpressure, InvalidJob, JobNotFound, JobspoolError, ScheduleError
 from jobspool.queue.job import JOB_ID_RE, check_json, iso_time, validate_int, validate_kind
 from jobspool.queue.marks import MARKS_FILE as MARKS_FILE  # re-exported
+from jobspool.queue.marks import RULE_MARK
 from jobspool.queue.marks import read_marks as read_marks  # re-exported
 
 if TYPE_CHECKING:
@@ -181,8 +182,17 @@ class Schedule:
         # below that (0), a "skip" schedule never fired at all.
         return now - tick <= max(self.grace_seconds, WAKE_SLACK_SECONDS)
 
-    def plan(self, last: int | None, now: float) -> tuple[list[int], int]:
-        """The ticks to fire at `now` given the last tick fired, and the new last tick."""
+    @property
+    def rule_id(self) -> int:
+        """A fingerprint of the rule (cron and zone, or interval), kept beside the mark: a
+        rule changed under the same name is told by it (`plan`'s `rule_changed`)."""
+        rule = f"cron {self._expr} {self.tz}" if self.cron is not None else f"every {self._every}"
+        return int.from_bytes(hashlib.sha256(rule.encode()).digest()[:8], "big") >> 1
+
+    def plan(self, last: int | None, now: float, *,
+             rule_changed: bool = False) -> tuple[list[int], int]:
+        """The ticks to fire at `now` given the last tick fired, and the new last tick.
+        `rule_changed`: the mark was left by another rule under this schedule's name."""
         latest = self.last_tick(now)
         if last is not None and last > now + CLOCK_JUMP_SECONDS:
             # The last tick fired is far in the future: the clock jumped ahead and came
@@ -191,9 +201,11 @@ class Schedule:
             # fired before is not fired twice (its job id is taken).
             last = None
         floor: int | None = None
-        if last is not None and self.last_tick(last) != last:
-            # The mark is no tick of this rule: the rule changed under its name (every 3600
-            # s became every 60 s). Caught up from the old mark, the new rule fired each of
+        if last is not None and (rule_changed or self.last_tick(last) != last):
+            # The rule changed under its name (every 3600 s became every 60 s): known by
+            # the fingerprint kept beside the mark, or, for a mark from before fingerprints,
+            # by the mark being no tick of this rule (which misses a mark that is a tick of
+            # both: a whole hour, for every 60 s). Caught up from the old mark, the new rule fired each of
             # its ticks since (100 jobs at once with "all"): start over as at first sight,
             # but never at or before that mark. Two rules live at once (a rolling deploy)
             # otherwise fired a tick again, its first job already pruned: each took the
@@ -344,7 +356,9 @@ class Scheduler:
         with spool.hold_schedule_marks() as marks:
             at = spool.now() if now is None else float(now)
             for s in self.schedules:
-                ticks, last = s.plan(marks.get(s.key), at)
+                rule = marks.get(s.key + RULE_MARK)
+                ticks, last = s.plan(marks.get(s.key), at,
+                                     rule_changed=rule is not None and rule != s.rule_id)
                 created = []
                 try:
                     for t in ticks:
@@ -357,6 +371,7 @@ class Scheduler:
                     log.warning("schedule %s not fired (retrying): %s", s.key, exc)
                     continue
                 marks[s.key] = last
+                marks[s.key + RULE_MARK] = s.rule_id
                 if ticks:
                     out.append(Fired(s.key, tuple(ticks), tuple(created)))
         for f in out:

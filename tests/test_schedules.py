@@ -450,7 +450,7 @@ def test_a_schedule_whose_rule_changed_starts_over_instead_of_catching_up(
         spool: Spool) -> None:
     # every 3600 s became every 420 s under one name: with catch_up="all", the new rule
     # fired each of its ticks since the old mark (up to max_catch_up) at once. (A mark
-    # that is a tick of the new rule too, hourly to every minute, is caught up from.)
+    # that is a tick of the new rule too: tests/test_schedule_marks_both_stores.py.)
     hour = (int(T0) // HOUR + 1) * HOUR
     old = Schedule("tick", every=HOUR, catch_up="all")
     Scheduler([old]).tick(spool, hour - 1)

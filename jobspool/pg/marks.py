@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from jobspool.queue.marks import RULE_MARK
+
 if TYPE_CHECKING:
     from jobspool.pg.core import PgCore
 
@@ -19,16 +21,20 @@ _LOCK_KEY = 0x6A6F6274  # the advisory lock schedulers take turns under
 
 
 def read(spool: PgCore) -> dict[str, int]:
+    """The last tick per schedule name; the rule fingerprints kept beside them (rows named
+    with `RULE_MARK`) only a scheduler holding the marks sees (`held`)."""
     rows = spool.db.run(lambda c: c.execute(
         "SELECT name, last_tick FROM jobspool_schedule_marks").fetchall(),
         what="reading schedule marks")
-    return {name: int(tick) for name, tick in rows}
+    return {name: int(tick) for name, tick in rows if not name.endswith(RULE_MARK)}
 
 
 @contextmanager
 def held(spool: PgCore) -> Iterator[dict[str, int]]:
-    """The marks, locked for the block; whatever the block leaves in the dict is saved
-    (a mark only ever moves forward)."""
+    """The marks, locked for the block; whatever the block leaves in the dict is saved.
+    As on the file store, a mark may move back: `Schedule.plan` starts over from a mark a
+    clock that jumped ahead left in the future, and a mark kept at the greater of the two
+    silenced catch-up until the real clock reached it (a year, after a one-year jump)."""
     with spool.db.connection() as conn, conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
         marks = {name: int(tick) for name, tick in conn.execute(
@@ -40,5 +46,4 @@ def held(spool: PgCore) -> Iterator[dict[str, int]]:
             if before.get(name) != tick:
                 conn.execute(
                     "INSERT INTO jobspool_schedule_marks (name, last_tick) VALUES (%s, %s) "
-                    "ON CONFLICT (name) DO UPDATE SET last_tick = greatest("
-                    "jobspool_schedule_marks.last_tick, excluded.last_tick)", (name, tick))
+                    "ON CONFLICT (name) DO UPDATE SET last_tick = excluded.last_tick", (name, tick))

@@ -97,6 +97,15 @@ def _one(out: T | JobspoolError) -> T:
     return out
 
 
+
+# Counts on through a suspend (a resumed VM or laptop), unlike CLOCK_MONOTONIC, and is
+# never stepped; slewed at the same rate as the wall clock by NTP.
+_steady_clock = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
+
+
+def _steady() -> float:
+    return time.clock_gettime(_steady_clock)
+
 class PgSpool(EnqueueForms):
     """A durable job queue in a PostgreSQL database, shared by processes on many machines."""
 
@@ -140,8 +149,11 @@ class PgSpool(EnqueueForms):
         self.created, self.channel = opened.created, opened.channel
         self.upgraded_from = opened.upgraded_from  # for `jobspool init` to say so
         # This process's clock, corrected to the database's: the worker compares due
-        # times the database hands out with it.
-        self._offset = opened.clock_offset
+        # times the database hands out with it. Carried forward on the boot-time clock,
+        # which a step of the host's wall clock (NTP, an operator's `date -s`) leaves alone:
+        # an offset added to `time.time()` was measured once, and after a +2 h step the
+        # worker fired schedules 2 h early and let leases run out before handlers started.
+        self._anchor = time.time() + opened.clock_offset - _steady()
         st = self.settings = opened.settings
         self.lease_seconds, self.max_attempts = st.lease_seconds, st.max_attempts
         self.retry_base_seconds, self.retry_max_seconds = (st.retry_base_seconds,
@@ -203,7 +215,7 @@ class PgSpool(EnqueueForms):
 
     def now(self) -> float:
         """Seconds since the epoch on the database's clock (or the clock given)."""
-        return self.clock() if self.clock is not None else time.time() + self._offset
+        return self.clock() if self.clock is not None else self._anchor + _steady()
 
     def now_param(self) -> float | None:
         """What statements get as `%(now)s`: None means the database's own clock."""

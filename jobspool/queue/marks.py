@@ -17,10 +17,15 @@ from jobspool.queue.store import write_atomic
 log = logging.getLogger("jobspool.schedules")
 
 MARKS_FILE = "schedules.json"
+# A schedule's rule fingerprint is kept beside its mark, under its name plus this ('#' is
+# in no schedule name or kind, so it names no other schedule's mark).
+RULE_MARK = "#rule"
 
 
-def read_marks(root: Path) -> dict[str, int]:
-    """The last tick fired per schedule name (empty when none fired yet or unreadable)."""
+def read_marks(root: Path, *, rules: bool = False) -> dict[str, int]:
+    """The last tick fired per schedule name (empty when none fired yet or unreadable);
+    with `rules`, each rule fingerprint too, under its name plus `RULE_MARK` (what a
+    scheduler holds and saves back, `write_marks`)."""
     try:
         doc = orjson.loads((root / MARKS_FILE).read_bytes())
     except FileNotFoundError:
@@ -28,14 +33,25 @@ def read_marks(root: Path) -> dict[str, int]:
     except (OSError, orjson.JSONDecodeError) as exc:
         log.warning("ignoring unreadable %s: %s", root / MARKS_FILE, exc)
         return {}
-    marks = doc.get("last_tick") if isinstance(doc, dict) else None
-    if not isinstance(marks, dict):
+    out = _ints(doc.get("last_tick") if isinstance(doc, dict) else None)
+    if rules and isinstance(doc, dict):
+        out.update({k + RULE_MARK: v for k, v in _ints(doc.get("rule")).items()})
+    return out
+
+
+def _ints(section: object) -> dict[str, int]:
+    if not isinstance(section, dict):
         return {}
-    return {k: v for k, v in marks.items() if isinstance(k, str) and isinstance(v, int)
+    return {k: v for k, v in section.items() if isinstance(k, str) and isinstance(v, int)
             and not isinstance(v, bool)}
 
 
 def write_marks(root: Path, marks: dict[str, int], *, durable: bool, mode: int) -> None:
-    doc = {"v": 1, "last_tick": dict(sorted(marks.items()))}
+    """Save what `read_marks(root, rules=True)` gave (changed): the fingerprints apart."""
+    ticks = {k: v for k, v in marks.items() if not k.endswith(RULE_MARK)}
+    doc: dict[str, object] = {"v": 1, "last_tick": dict(sorted(ticks.items()))}
+    rules = {k.removesuffix(RULE_MARK): v for k, v in marks.items() if k.endswith(RULE_MARK)}
+    if rules:
+        doc["rule"] = dict(sorted(rules.items()))
     write_atomic(root / MARKS_FILE, orjson.dumps(doc, option=orjson.OPT_INDENT_2),
                  durable=durable, mode=mode)

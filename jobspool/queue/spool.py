@@ -266,7 +266,7 @@ class Spool(EnqueueForms):
     def hold_schedule_marks(self) -> Iterator[dict[str, int]]:
         """The marks under the spool lock; what the block leaves in the dict is saved."""
         with self.lock.hold():
-            marks = read_marks(self.root)
+            marks = read_marks(self.root, rules=True)
             before = dict(marks)
             yield marks
             if marks != before:
