@@ -654,6 +654,17 @@ def test_a_delay_past_year_9999_or_an_integer_past_64_bits_is_refused(
     any_spool.complete(lease)
 
 
+def test_the_last_instant_of_the_year_9999_is_taken_and_the_next_refused(
+        any_spool: Spool) -> None:
+    """Found in a time probe: 9999-12-31T23:59:59.999999Z rounds to the next second as a
+    float, and was refused as "past the year 9999 (milliseconds instead of seconds?)"."""
+    last = datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
+    job = any_spool.enqueue("k", run_at=last)
+    assert job.run_at == any_spool.get(job.id).run_at <= last.timestamp()
+    with pytest.raises(InvalidJob, match="past the year 9999"):
+        any_spool.enqueue("k", run_at=last.timestamp() + 2)
+
+
 def test_health_reports_dead_letters_and_a_stuck_queue_with_the_same_codes(
         make_any_spool: MakeSpool) -> None:
     """One alert rule serves both stores: the same reason codes for the same conditions

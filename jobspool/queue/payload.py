@@ -168,6 +168,10 @@ def validate_run_at(run_at: object, now: float) -> float:
         shown = repr(run_at)
     if not math.isfinite(value):
         raise InvalidJob(f"run_at must be a finite time, got {run_at!r}", field="run_at")
+    if MAX_RUN_AT < value <= MAX_RUN_AT + 1:
+        # Within the last second of the year 9999 (23:59:59.999999 rounds to the next
+        # second as a float): the latest time stored, not a time past the year 9999.
+        value = MAX_RUN_AT
     if value > MAX_RUN_AT:
         raise InvalidJob(f"run_at {shown} is past the year 9999 (milliseconds instead of "
                          "seconds?)", field="run_at")
