@@ -34,6 +34,7 @@ class NotifyWatcher:
         self.channel = channel
         self.conn: psycopg.Connection[Any] | None = None
         self._retry_at = 0.0
+        self._closing = False
         # Subscribed now: the first wait reports an arrival, so the worker claims once
         # more after LISTEN took effect and nothing enqueued before it is missed.
         self._fresh = self._listen()
@@ -72,6 +73,8 @@ class NotifyWatcher:
                 got = True
             return got
         except psycopg.Error as exc:
+            if self._closing:  # closed by the worker's stop from another thread: no loss
+                return False
             log.info("LISTEN connection to %s lost (%s): reconnecting", self.db.display,
                      str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
             self._drop()
@@ -85,4 +88,5 @@ class NotifyWatcher:
                 conn.close()
 
     def close(self) -> None:
+        self._closing = True
         self._drop()
