@@ -7,10 +7,14 @@ copies of the flocked descriptors (file store) or of the connection's socket (Po
 the session, its transaction and its row lock) kept the dead parent's hold for the helper's
 whole life: every other process's `cancel` or `recover` waited for it. And on PostgreSQL,
 `close()` returned while another thread's `fenced` block was still to commit (the README:
-close "waits for the operations other threads have in flight")."""
+close "waits for the operations other threads have in flight"). And (file store, HIGH)
+several threads of a forked child using the inherited spool at once each re-made the
+spool lock lazily, closing descriptors another had just locked: deadlocks, two threads
+inside the lock, a job left both ready and leased."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -125,3 +129,66 @@ def test_a_spool_closed_inside_its_own_fenced_block_does_not_wait_for_itself(
     with pytest.raises(SpoolClosed):
         spool.get("j")
 
+
+_BURST = textwrap.dedent("""
+    import faulthandler, json, os, sys, threading
+    from jobspool import Spool
+    children, threads = int(sys.argv[2]), int(sys.argv[3])
+    sys.setswitchinterval(1e-4)                   # threads interleave more often
+    spool = Spool(sys.argv[1])
+    spool.enqueue_many("k", [{}] * (children * threads * 2))
+    spool.stats()                                 # used in the parent before the forks
+    r, w = os.pipe()
+    pids = []
+    for c in range(children):
+        pid = os.fork()
+        if pid == 0:
+            faulthandler.dump_traceback_later(60, exit=True)  # a hang fails, not hangs
+            barrier, done, errors = threading.Barrier(threads), [], []
+            def go(t):
+                barrier.wait()                    # all at once, first use in the child
+                try:
+                    leases = spool.claim(kinds="k", limit=2)
+                    spool.enqueue("e", {}, job_id=f"e{c}-{t}")
+                    for lease in leases:
+                        spool.complete(lease)
+                        done.append([lease.job_id, lease.token])
+                except BaseException as exc:
+                    errors.append(repr(exc))
+            ts = [threading.Thread(target=go, args=(t,)) for t in range(threads)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+            os.write(w, (json.dumps({"done": done, "errors": errors}) + "\\n").encode())
+            os._exit(0)
+        pids.append(pid)
+    os.close(w)
+    codes = [os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in pids]
+    out = b""
+    while chunk := os.read(r, 1 << 16):
+        out += chunk
+    print(json.dumps({"codes": codes, "reports": [json.loads(x) for x in out.splitlines()]}))
+""")
+
+
+def test_threads_of_forked_children_share_the_inherited_spool_safely(
+        store_root: str | Path) -> None:
+    children, threads = 10, 8
+    opener(store_root)[0]().close()
+    done = subprocess.run([sys.executable, "-c", _BURST, str(store_root), str(children),
+                           str(threads)], cwd=REPO, env=cli_env(), capture_output=True,
+                          text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    assert got["codes"] == [0] * children, done.stderr
+    assert [r["errors"] for r in got["reports"]] == [[]] * children
+    settled = [tuple(x) for r in got["reports"] for x in r["done"]]
+    assert len(settled) == children * threads * 2
+    assert len({job for job, _ in settled}) == len(settled)  # no job settled twice
+    assert len({token for _, token in settled}) == len(settled)  # no token handed out twice
+    with Spool(store_root) as spool:
+        stats = spool.stats()
+        assert (stats.counts["completed"], stats.counts["ready"], stats.counts["leased"]) == (
+            children * threads * 2, children * threads, 0)
+        assert spool.fsck().ok

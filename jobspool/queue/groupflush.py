@@ -103,7 +103,7 @@ class GroupFlush:
                 fcntl.flock(fd, fcntl.LOCK_UN)
 
     def _flush_fd(self) -> int:
-        if self._pid != current_pid():
+        if self._fd < 0 or self._pid != current_pid():
             # After a fork the parent's descriptor would share its flock: open our own.
             self._pid = current_pid()
             self._fd = os.open(self._root / "tmp", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -115,8 +115,9 @@ class GroupFlush:
         if self._fd >= 0:
             with contextlib.suppress(OSError):
                 os.close(self._fd)
-        self._fd = -1
-        self._pid = -1
+        self._fd = -1  # the child's own is opened by its first flush, under the thread lock
+        self._pid = os.getpid()
+        self._thread_lock = threading.Lock()  # a parent thread may have held it
 
     def __del__(self) -> None:
         # Dropped without close() (a Spool never closed): the descriptor goes with it.

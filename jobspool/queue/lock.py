@@ -160,8 +160,24 @@ class SpoolLock:
         kept the parent's lock alive for as long as the child lived. A child that never
         used the spool (a `multiprocessing` worker, a helper the parent forked while a
         thread held the lock) blocked every process on it after the parent died. Closing
-        a copy unlocks nothing: the parent's descriptor holds the lock as before."""
+        a copy unlocks nothing: the parent's descriptor holds the lock as before.
+
+        The child's own are made here too, while it has one thread: made lazily by the
+        first `acquire`, several threads of the child each closed descriptors another had
+        just locked and swapped the thread lock under its holder (deadlocks, two threads
+        inside the lock, a job left both ready and leased)."""
         self._close_fds()
+        self._thread_lock = threading.RLock()
+        self._depth = 0
+        self._pid = os.getpid()
+        if self._closed:
+            return
+        old = self._map
+        try:
+            self._open()
+        except (OSError, SpoolError):
+            return  # the spool is gone: the next `acquire` tries again (`_fd < 0`)
+        old.close()
 
     def _close_fds(self) -> None:
         for fd in (self._fd, self._dir_fd):
