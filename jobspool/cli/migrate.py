@@ -119,7 +119,10 @@ def _refuse_live_processes(source: Any) -> None:
         shown = ", ".join(sorted(workers)[:5])
         raise Refused(f"{len(workers)} worker(s) are running on this spool ({shown}"
                       f"{', ...' if len(workers) > 5 else ''}): stop them first, then "
-                      "migrate; every job copied would run twice, there and on PostgreSQL")
+                      "migrate; every job copied would run twice, there and on PostgreSQL "
+                      f"(one that cannot be told dead, of another host or an older "
+                      f"release, counts until {metrics.WORKER_STALE_SECONDS:.0f} s after its "
+                      f"last report in {Path(source.root) / metrics.METRICS_DIR})")
     others = liveness.alive_others(source.root)
     if others:
         shown = ", ".join(f"pid {d.get('pid', '?')} on {d.get('host', '?')}" for d in others[:5])
