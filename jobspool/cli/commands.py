@@ -163,6 +163,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
         if stats.scheduled:
             lines.append(f"of retryable, {stats.scheduled} scheduled (delayed, not run yet) and "
                          f"{stats.retryable - stats.scheduled} retries")
+        if getattr(stats, "retryable_sampled", None):
+            lines.append(f"(due and scheduled among retryable estimated from "
+                         f"{stats.retryable_sampled} of {stats.retryable} read)")
         for kind, per in sorted(stats.by_kind.items()):
             lines.append(f"  {kind}: " + ", ".join(f"{s}={n}" for s, n in per.items()))
         return "\n".join(lines)

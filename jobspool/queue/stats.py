@@ -14,7 +14,8 @@ if TYPE_CHECKING:
     from jobspool.queue.job import Job
     from jobspool.queue.journal import Journal
 
-# Reading every retryable file to find the oldest due one is O(retryable): cap it.
+# Reading every retryable file to find the due ones is O(retryable): past this many, an
+# even sample of this many is read and its counts scaled (`Stats.retryable_sampled`).
 _MAX_RETRYABLE_SCAN = 20_000
 _READY_SAMPLE = 16
 _EXACT_COUNT = 1_000  # states up to this many files are counted by reading them
@@ -36,6 +37,10 @@ class Stats:
     # Of `retryable`, the delayed jobs never run yet (enqueued with delay/run_at): shown as
     # "scheduled", not as failed retries.
     scheduled: int = 0
+    # How many retryable jobs were read when fewer than all (a file spool past 20,000):
+    # `due` and `scheduled` then count the retryable ones by that even sample, scaled, and
+    # `oldest_due_age` is the oldest among those read. None: every one was read.
+    retryable_sampled: int | None = None
 
     def __getitem__(self, state: str) -> int:
         """`stats["ready"]`: the count of one state."""
@@ -82,6 +87,7 @@ class Stats:
             "counts": dict(self.counts), "total": self.total, "due": self.due,
             "oldest_due_age": self.oldest_due_age, "oldest_ready_age": self.oldest_due_age,
             "fence": self.fence, "scheduled": self.scheduled,
+            "retryable_sampled": self.retryable_sampled,
             "quarantined": self.quarantined, "temp_files": self.temp_files, "now": self.now,
             "by_kind": {k: dict(v) for k, v in self.by_kind.items()},
         }
@@ -121,16 +127,24 @@ def collect_stats(spool: Journal, *, by_kind: bool = False) -> Stats:
             # `run_at` has waited no time (health called the queue not draining).
             age = max(0.0, now - waiting_since(job.run_at, job.updated_at))
             oldest = age if oldest is None else max(oldest, age)
-    scheduled = 0
-    if counts[JobState.RETRYABLE.value] <= _MAX_RETRYABLE_SCAN:
-        for job_id in names[JobState.RETRYABLE]:
-            job = job_of(JobState.RETRYABLE, job_id)
-            if job is not None and job.scheduled:
-                scheduled += 1
-            if job is not None and job.run_at <= now:
-                due += 1
-                age = max(0.0, now - waiting_since(job.run_at, job.updated_at))
-                oldest = age if oldest is None else max(oldest, age)
+    scheduled = due_retries = 0
+    retryable = names[JobState.RETRYABLE]
+    # Past the cap, an even sample (names are ids, ordered by creation): the figures were
+    # left at 0 there, and `stats` and `health` said nothing was due among 50,000.
+    sampled = retryable if len(retryable) <= _MAX_RETRYABLE_SCAN else \
+        sorted(retryable)[::-(-len(retryable) // _MAX_RETRYABLE_SCAN)]
+    for job_id in sampled:
+        job = job_of(JobState.RETRYABLE, job_id)
+        if job is not None and job.scheduled:
+            scheduled += 1
+        if job is not None and job.run_at <= now:
+            due_retries += 1
+            age = max(0.0, now - waiting_since(job.run_at, job.updated_at))
+            oldest = age if oldest is None else max(oldest, age)
+    if len(sampled) < len(retryable):
+        scale = len(retryable) / len(sampled)
+        scheduled, due_retries = round(scheduled * scale), round(due_retries * scale)
+    due += due_retries
     kinds: dict[str, dict[str, int]] = {}
     if by_kind:
         for s in ALL_STATES:
@@ -145,7 +159,8 @@ def collect_stats(spool: Journal, *, by_kind: bool = False) -> Stats:
         # Both kinds of staging file: a producer's (`.stage`) left by a crash counted none.
         temp_files=_count(spool.root / "tmp", suffix=(".tmp", STAGE_SUFFIX)), now=now,
         by_kind=kinds,
-        scheduled=scheduled)
+        scheduled=scheduled,
+        retryable_sampled=len(sampled) if len(sampled) < len(retryable) else None)
 
 
 def _count(path: os.PathLike[str] | str, *, suffix: str | tuple[str, ...]) -> int:
