@@ -43,10 +43,14 @@ def newest_first(state: JobState) -> bool:
 
 
 def list_ids(spool: Spool, state: JobState) -> list[str]:
-    """Job ids in one state, in display order, from one directory listing (no file reads)."""
+    """Job ids in one state, in display order, from one directory listing (no file reads)
+    or, on PostgreSQL, one query of ids alone."""
     store = getattr(spool, "store", None)
     names = getattr(store, "names", None)
-    ids = sorted(names(state.value)) if callable(names) else sorted(j.id for j in spool.jobs(state))
+    of_state = getattr(spool, "state_ids", None)
+    ids = (sorted(names(state.value)) if callable(names)
+           else list(of_state(state)) if callable(of_state)
+           else sorted(j.id for j in spool.jobs(state)))
     if newest_first(state):
         ids.reverse()
     return ids

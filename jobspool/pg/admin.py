@@ -374,6 +374,18 @@ def iter_jobs(spool: PgSpool, states: Sequence[JobState], kind: str | None) -> I
             after = rows[-1][0]
 
 
+def state_ids(spool: PgSpool, state: JobState) -> list[str]:
+    """The ids of one state in id order, nothing else read: what the file store's directory
+    listing gives the dashboard (a page of 50 read every row and payload of its state:
+    15 s and 800 MB for 20,000 jobs of 40 KB)."""
+    rows = spool.db.run(lambda c: c.execute(
+        "SELECT id FROM jobspool_jobs WHERE state = %s", (state.value,)).fetchall(),
+        what="listing job ids")
+    # Sorted here: the database's collation need not be Python's (code point) order, which
+    # the dashboard's cursor bisects by.
+    return sorted(r[0] for r in rows)
+
+
 def _page(conn: psycopg.Connection[Any], params: tuple[Any, ...]) -> list[Any]:
     return conn.execute(f"SELECT {COLUMNS} FROM jobspool_jobs WHERE state = %s AND id > %s "
                         "AND (%s::text IS NULL OR kind = %s) ORDER BY id LIMIT 500",

@@ -433,6 +433,10 @@ class PgSpool(EnqueueForms):
             validate_kind(kind)
         return admin.iter_jobs(self, states, kind)
 
+    def state_ids(self, state: JobState) -> list[str]:
+        """The ids of one state in id order (the dashboard's list pages)."""
+        return admin.state_ids(self, state)
+
     def wait(self, job_id: str, timeout: float | None = None, *,
              poll_seconds: float = 0.05) -> Job:
         """Block until the job reaches a terminal state; `WaitTimeout` after `timeout` seconds."""
