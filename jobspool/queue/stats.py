@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 # even sample of this many is read and its counts scaled (`Stats.retryable_sampled`).
 _MAX_RETRYABLE_SCAN = 20_000
 _READY_SAMPLE = 16
+_READY_SPREAD = 256  # past _EXACT_COUNT, ready files read for the oldest wait, evenly spread
 _EXACT_COUNT = 1_000  # states up to this many files are counted by reading them
 
 
@@ -120,7 +121,7 @@ def collect_stats(spool: Journal, *, by_kind: bool = False) -> Stats:
     counts = {s.value: len(n) for s, n in names.items()}
     oldest: float | None = None
     due = counts[JobState.READY.value]
-    for job_id in sorted(names[JobState.READY])[:_READY_SAMPLE]:
+    for job_id in _oldest_candidates(names[JobState.READY]):
         job = job_of(JobState.READY, job_id)
         if job is not None:
             # Since it came due or arrived, whichever is later: a backfill with an old
@@ -161,6 +162,17 @@ def collect_stats(spool: Journal, *, by_kind: bool = False) -> Stats:
         by_kind=kinds,
         scheduled=scheduled,
         retryable_sampled=len(sampled) if len(sampled) < len(retryable) else None)
+
+
+def _oldest_candidates(ready: list[str]) -> list[str]:
+    """The ready jobs read for the oldest wait: every one when they were all read for the
+    count; past that, the oldest ids and an even spread. The oldest ids alone missed the
+    real oldest wait once requeued jobs (old ids, a fresh wait) filled them: `health`
+    missed a queue not draining after `requeue --all-dead`."""
+    ordered = sorted(ready)
+    if len(ordered) <= _EXACT_COUNT:
+        return ordered
+    return ordered[:_READY_SAMPLE] + ordered[::-(-len(ordered) // _READY_SPREAD)]
 
 
 def _count(path: os.PathLike[str] | str, *, suffix: str | tuple[str, ...]) -> int:

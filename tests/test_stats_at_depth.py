@@ -1,8 +1,10 @@
-"""`stats` on a file spool with more retryable jobs than it reads one by one.
+"""`stats` on a file spool deeper than it reads one by one.
 
 Found by a scale probe: past 20,000 retryable files `stats` skipped them and said due 0,
-scheduled 0 (and `health` ok) with 50,000 delayed jobs due. Past the cap an even sample is
-read and its counts scaled, and the figures say they were estimated."""
+scheduled 0 (and `health` ok) with 50,000 delayed jobs due; past the cap an even sample is
+read and its counts scaled, and the figures say they were estimated. And the oldest wait
+was read from the 16 oldest ids alone, which requeued dead letters (old ids, a fresh wait)
+filled: `health` missed a queue not draining."""
 
 from __future__ import annotations
 
@@ -47,3 +49,21 @@ def test_the_cli_says_when_its_figures_are_estimated(
     assert shown.code == 0, shown.err
     assert "30 scheduled" in shown.out
     assert "estimated from 10 of 30 read" in shown.out
+
+
+@pytest.mark.parametrize("depth", ["read", "spread"])
+def test_requeued_old_jobs_do_not_hide_the_oldest_wait(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, depth: str) -> None:
+    if depth == "spread":  # past the count read file by file: a sample of the ready jobs
+        monkeypatch.setattr(stats_module, "_EXACT_COUNT", 10)
+        monkeypatch.setattr(stats_module, "_READY_SPREAD", 8)
+    with make_spool(tmp_path / "s") as spool:
+        dead = spool.enqueue_many("dead", [{}] * 16)
+        for lease in spool.claim(kinds="dead", limit=16):
+            spool.fail(lease, "boom", retryable=False)
+        spool.enqueue_many("waiting", [{}] * 100)
+        time.sleep(1.0)  # the 100 have waited at least this long
+        assert len(spool.requeue_all()) == len(dead)  # old ids, waiting from now
+        stats = spool.stats()
+    assert stats.due == 116
+    assert stats.oldest_due_age is not None and stats.oldest_due_age >= 1.0
