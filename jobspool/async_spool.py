@@ -28,7 +28,7 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
-from jobspool.errors import JobFailed, WaitTimeout
+from jobspool.errors import JobFailed, JobNotFound, JobPruned, WaitTimeout
 from jobspool.queue.api import SpoolAPI
 from jobspool.queue.arguments import list_payloads, validate_wait
 from jobspool.queue.job import EnqueueResult, Job, Reservation
@@ -210,8 +210,15 @@ class AsyncSpool:
         timeout, poll_seconds = validate_wait(timeout, poll_seconds)
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = 0.005
+        seen = False
         while True:
-            job = await self._read(partial(self._get_until, job_id, deadline))
+            try:
+                job = await self._read(partial(self._get_until, job_id, deadline))
+            except JobNotFound:
+                if seen:  # as `Spool.wait`: it finished and was pruned between two looks
+                    raise JobPruned(job_id) from None
+                raise
+            seen = True
             if job.terminal:
                 return job
             left = None if deadline is None else deadline - time.monotonic()

@@ -65,6 +65,19 @@ class JobNotFound(JobspoolError):
         self.job_id = job_id
 
 
+class JobPruned(JobNotFound):
+    """Raised by `wait` when a job it had seen unfinished is gone at its next look: it
+    finished and retention pruned it (or it was removed) before its outcome was read. A
+    `JobNotFound` too."""
+
+    def __init__(self, job_id: str) -> None:
+        JobspoolError.__init__(
+            self, f"job {job_id!r} is gone: it finished and was pruned by retention (or was "
+                  "removed) before wait read its outcome; keep finished jobs longer "
+                  "(keep_terminal, keep_terminal_seconds) to read it")
+        self.job_id = job_id
+
+
 class DuplicateJob(JobspoolError):
     """Raised when enqueue finds the job id taken and its `on_conflict` policy refuses it."""
 
@@ -268,6 +281,7 @@ __all__ = [
     "InvalidType",
     "JobFailed",
     "JobNotFound",
+    "JobPruned",
     "JobTooLarge",
     "JobspoolError",
     "LeaseLost",

@@ -21,6 +21,7 @@ ERROR_CLASSES = sorted(
 # Constructor arguments for the classes whose __init__ takes more than a message.
 _ARGS: dict[str, tuple[object, ...]] = {
     "JobNotFound": ("j1",),
+    "JobPruned": ("j1",),
     "DuplicateJob": ("j1", "ready", "taken"),
     "JobFailed": ("j1", "dead_letter", "boom"),
     "LeaseLost": ("j1", 7, "expired"),

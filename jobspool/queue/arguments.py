@@ -12,7 +12,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from jobspool.errors import DuplicateJob, InvalidJob, InvalidType, WaitTimeout
+from jobspool.errors import (
+    DuplicateJob,
+    InvalidJob,
+    InvalidType,
+    JobNotFound,
+    JobPruned,
+    WaitTimeout,
+)
 from jobspool.queue import machine
 from jobspool.queue.ids import new_job_id, new_token_id
 from jobspool.queue.job import (
@@ -230,9 +237,19 @@ def wait_until_terminal(get: Callable[[str], Job], job_id: str, timeout: float |
     timeout, poll_seconds = validate_wait(timeout, poll_seconds)
     deadline = None if timeout is None else time.monotonic() + timeout
     delay = 0.005
+    seen = False
     while True:
         with contextlib.nullcontext() if bound is None else bound(deadline):
-            job = get(job_id)
+            try:
+                job = get(job_id)
+            except JobNotFound:
+                # Seen unfinished, then gone: it finished and was pruned between two looks
+                # (keep_terminal=0; more than keep_terminal finished meanwhile). Said as
+                # such, not as a job that never existed.
+                if seen:
+                    raise JobPruned(job_id) from None
+                raise
+        seen = True
         if job.terminal:
             return job
         if deadline is not None and time.monotonic() >= deadline:
