@@ -654,6 +654,17 @@ def test_a_delay_past_year_9999_or_an_integer_past_64_bits_is_refused(
     any_spool.complete(lease)
 
 
+def test_an_overlong_owner_is_refused_in_a_short_line(any_spool: Spool) -> None:
+    """Found in a DESIGN audit: the error quoted the whole 100,000-character owner."""
+    any_spool.enqueue("k", job_id="j")
+    with pytest.raises(InvalidJob) as info:
+        any_spool.claim(owner="o" * 100_000)
+    said = str(info.value)
+    assert info.value.field == "owner" and len(said) < 200, said[:300]
+    assert "100000 characters" in said and "must be 1 to 128 printable characters" in said
+    assert any_spool.get("j").state is JobState.READY
+
+
 def test_the_last_instant_of_the_year_9999_is_taken_and_the_next_refused(
         any_spool: Spool) -> None:
     """Found in a time probe: 9999-12-31T23:59:59.999999Z rounds to the next second as a

@@ -300,8 +300,11 @@ MAX_OWNER_CHARS = 128
 
 def validate_owner(owner: object) -> str:
     if not isinstance(owner, str) or not 0 < len(owner) <= MAX_OWNER_CHARS or not owner.isprintable():
-        raise InvalidJob(f"lease owner {owner!r} must be 1 to {MAX_OWNER_CHARS} printable characters",
-                         field="owner")
+        shown = repr(owner)  # cut: a 100,000-character owner made a 100,000-character error
+        shown = shown if len(shown) <= 80 else f"{shown[:77]}... ({len(owner)} characters)" \
+            if isinstance(owner, str) else shown[:77] + "..."
+        raise InvalidJob(f"lease owner {shown} must be 1 to {MAX_OWNER_CHARS} printable "
+                         "characters", field="owner")
     return owner
 
 
