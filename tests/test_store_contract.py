@@ -831,3 +831,22 @@ def test_a_backfilled_job_has_not_waited_for_max_lag_seconds(make_any_spool: Mak
     other = make_any_spool(max_lag_seconds=600.0)  # another producer: measures afresh
     other.enqueue("k", "next")  # admitted: nothing has waited yet
     assert sorted(j.payload for j in other.jobs(JobState.READY)) == ["backfill", "next"]
+
+
+def test_recover_prunes_after_replaying_as_design_orders_it(
+        make_any_spool: MakeSpool) -> None:
+    """Found in a DESIGN audit of the PostgreSQL store: the file store pruned from the scan
+    it made before replay, so the job replay aborted (canceled) left one terminal job over
+    `keep_terminal` until the next recover; PostgreSQL pruned it at once (DESIGN §6: replay,
+    then retention)."""
+    spool = make_any_spool(prepare_grace_seconds=0.1, keep_terminal=2)
+    spool.prepare("a", job_id="p")
+    for i in range(2):
+        spool.enqueue("c", job_id=f"c{i}")
+        spool.cancel(f"c{i}")
+        time.sleep(0.01)  # distinct finishing times: c0 is the oldest
+    time.sleep(0.2)  # past the prepare grace
+    report = spool.recover(replay={"a": lambda job: "aborted"})
+    assert report.replayed_aborted == ("p",)
+    assert list(report.pruned) == ["c0"]
+    assert sorted(j.id for j in spool.jobs(state="canceled")) == ["c1", "p"]

@@ -134,7 +134,11 @@ def recover(spool: Journal, replay: ReplayHooks | None = None) -> RecoveryReport
         log.warning("recovery of %s: the disk was full; pruned old finished jobs by the "
                     "spool's retention and went again", spool.root)
         return recover(spool, replay)
-    pruned = prune(spool, scan=scan).pruned
+    # Jobs the steps above finished (dead-lettered, aborted by replay) are not in the scan:
+    # pruned from it, recovery left its own over the limit, for the next run (DESIGN §6
+    # prunes after replaying, as the PostgreSQL store does).
+    finished = bool(dead or dead_replay or aborted)
+    pruned = prune(spool, scan=None if finished else scan).pruned
     report = RecoveryReport(
         duplicates_resolved=tuple(dups), stale_copies_removed=tuple(stale),
         quarantined=tuple(src for src, _ in moved), quarantine_names=tuple(q for _, q in moved),
