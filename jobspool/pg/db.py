@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
 import re
 import threading
 import time
@@ -47,6 +48,7 @@ CONNECT_TIMEOUT = 5
 # an index scan marks each dead once and skips it after (the same claim: 2.1 ms).
 SESSION = "SET enable_bitmapscan = off"
 POOL_WAIT = 10.0  # seconds a thread waits for a free connection before the retry loop
+CONFLICT_RETRIES = 8  # a statement chosen as a deadlock's victim is sent again this often
 
 
 def display_url(url: str) -> str:
@@ -83,6 +85,9 @@ _NOT_SERVING_WORDS = ("starting up", "shutting down", "in recovery", "too many c
 # waited 30 s for it as for an outage, then exited saying the store was unavailable.
 _BAD_OPTION = re.compile(r"connection is bad: invalid [\w ]*value|invalid connection option|"
                          r"invalid port number")
+
+
+_CONFLICTS = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
 
 
 def transient(exc: BaseException) -> bool:
@@ -352,6 +357,7 @@ class Database:
             deadline = min(deadline, until)
         delay = 0.05
         fresh_tried = False
+        conflicts = 0
         while True:
             try:
                 # take/give rather than `with self.connection()`: two generator-based
@@ -365,6 +371,15 @@ class Database:
                 self._down_since = None
                 return out
             except (psycopg.OperationalError, PoolExhausted) as exc:
+                if isinstance(exc, _CONFLICTS) and conflicts < CONFLICT_RETRIES:
+                    # Chosen as a deadlock's victim (or a serialization failure): rolled
+                    # back whole, so sent again, as after a lost connection (every statement
+                    # is guarded or a read). Concurrent producers replacing the ids a
+                    # worker settled deadlocked its settle, and the whole batch of finished
+                    # jobs stayed leased, to run again.
+                    conflicts += 1
+                    time.sleep(random.uniform(0.005, 0.02) * conflicts)
+                    continue
                 _check_options(exc, self.display, self._line(exc))
                 if not transient(exc):
                     # The server answered and refused (out of memory or locks, a limit):
