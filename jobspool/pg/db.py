@@ -178,8 +178,10 @@ class Pool:
                 self._idle.append(conn)
                 self._freed.notify()
                 return
-            # Closed: `close()` waits on the same condition as takers.
-            self._freed.notify_all() if self.closed else self._freed.notify()
+            if self.closed:  # `close()` waits on the same condition as takers
+                self._freed.notify_all()
+            else:
+                self._freed.notify()
         with contextlib.suppress(psycopg.Error):
             conn.close()
 
@@ -239,7 +241,7 @@ def _release_after_fork() -> None:
         devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
         for conn in list(_CONNECTIONS):
             with contextlib.suppress(Exception):
-                os.dup2(devnull, conn.pgconn.socket)
+                os.dup2(devnull, conn.pgconn.socket, inheritable=False)
     except OSError:
         pass
     finally:
