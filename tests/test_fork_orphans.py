@@ -192,3 +192,102 @@ def test_threads_of_forked_children_share_the_inherited_spool_safely(
         assert (stats.counts["completed"], stats.counts["ready"], stats.counts["leased"]) == (
             children * threads * 2, children * threads, 0)
         assert spool.fsck().ok
+
+
+_HELPER_IN_BLOCK = textwrap.dedent("""
+    import os, sys
+    from jobspool import Spool, Worker
+    spool = Spool(sys.argv[1])
+    children = []
+    def handler(job, ctx):
+        with ctx.fenced():
+            pid = os.fork()
+            if pid == 0:
+                sys.exit(0)                       # the helper is done: leaves the block
+            children.append(pid)
+        return "ok"
+    job = spool.enqueue("f", {}, max_attempts=1)
+    Worker(spool, {"f": handler}, concurrency=1).run_until_idle()
+    codes = [os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in children]
+    print(codes, spool.get(job.id).state.value, spool.get(job.id).result)
+""")
+
+
+def test_a_helper_forked_inside_a_fenced_block_leaves_it_quietly(
+        store_root: str | Path) -> None:
+    # Found by a regression probe: the child reset the lock's count and its exit from the
+    # block ran it below zero (RuntimeError, exit 1), after which it never took the lock.
+    opener(store_root)[0]().close()
+    done = subprocess.run([sys.executable, "-c", _HELPER_IN_BLOCK, str(store_root)],
+                          cwd=REPO, env=cli_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["[0]", "completed", "ok"], (done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr, done.stderr
+
+
+_CHILD_WAITS = textwrap.dedent("""
+    import os, sys, time
+    from pathlib import Path
+    from jobspool import Spool
+    spool, mark = Spool(sys.argv[1]), Path(sys.argv[2])
+    spool.enqueue("k", {}, job_id="j")
+    lease = spool.claim(kinds="k", lease_seconds=600)[0]
+    r, w = os.pipe()
+    with spool.fenced(lease):
+        pid = os.fork()                           # by the thread holding the lock
+    if pid == 0:
+        os.read(r, 1)                             # the parent holds the lock again
+        with spool.fenced(lease):                 # must wait for the parent's block
+            print("parent had left" if mark.exists() else "entered beside the parent")
+        os._exit(0)
+    with spool.fenced(lease):
+        os.write(w, b"x")
+        time.sleep(1.0)                           # the child tries meanwhile
+        mark.touch()
+    os.waitpid(pid, 0)
+""")
+
+
+def test_a_child_forked_by_the_holder_takes_the_lock_for_real(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    opener(root)[0]().close()
+    done = subprocess.run([sys.executable, "-c", _CHILD_WAITS, str(root),
+                           str(tmp_path / "parent-left")], cwd=REPO, env=cli_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[0] == "parent had left", (done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr, done.stderr
+
+
+def test_closing_inside_a_fenced_block_does_not_wait_for_a_thread_waiting_on_it(
+        make_any_spool: Callable[..., Spool]) -> None:
+    # Found by a regression probe: on PostgreSQL the other thread's cancel waited for the
+    # block's row lock and close waited for that thread's connection: a hang for ever.
+    spool = make_any_spool()
+    spool.enqueue("k", {}, job_id="j")
+    lease = spool.claim(kinds="k")[0]
+    outcome: list[object] = []
+    closed = threading.Event()
+
+    def cancel() -> None:
+        try:
+            outcome.append(spool.cancel("j").state)
+        except Exception as exc:  # SpoolClosed on the file store
+            outcome.append(exc)
+
+    def holder() -> None:
+        with spool.fenced(lease):
+            other.start()
+            other.join(0.5)  # it waits for this block (file: the lock; PostgreSQL: the row)
+            spool.close()  # by the block's own thread
+            closed.set()
+
+    other = threading.Thread(target=cancel)
+    block = threading.Thread(target=holder, daemon=True)  # a hang fails the test, not CI
+    block.start()
+    block.join(60)
+    assert closed.is_set(), "close() inside the block waited for a thread waiting on it"
+    other.join(60)
+    assert not other.is_alive()
+    assert outcome and (outcome[0] is JobState.CANCELED or isinstance(outcome[0], SpoolClosed))

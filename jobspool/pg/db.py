@@ -219,6 +219,12 @@ class Pool:
         for conn in idle:
             with contextlib.suppress(psycopg.Error):
                 conn.close()
+        if own:
+            # Closed from inside its own `fenced` block: the others may be waiting for
+            # that block's row lock, which goes only when the block ends, after close
+            # returns (waiting hung for ever). As on the file store, close does not wait
+            # then; what they have in flight finishes and its connection is closed.
+            return
         with self._lock:
             self._freed.wait_for(lambda: self._busy <= own)
 

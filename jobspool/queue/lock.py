@@ -110,6 +110,7 @@ class SpoolLock:
         self._dir_fd = -1
         self._fd = -1
         self._closed = False
+        self._inherited = 0  # levels of a hold a forked child inherited (`drop_after_fork`)
         self._open()
         _LOCKS.add(self)
 
@@ -165,10 +166,18 @@ class SpoolLock:
         The child's own are made here too, while it has one thread: made lazily by the
         first `acquire`, several threads of the child each closed descriptors another had
         just locked and swapped the thread lock under its holder (deadlocks, two threads
-        inside the lock, a job left both ready and leased)."""
+        inside the lock, a job left both ready and leased).
+
+        Forked by the thread that held it (inside `fenced`): the child holds nothing (the
+        lock is its parent's), so its next `acquire` takes the lock for real, waiting for
+        the parent's block to end, and the releases of the levels it inherited are
+        ignored (`_inherited`): one ran the count below zero (a traceback, then a child
+        that never took the lock again)."""
+        inherited = self._depth if self._depth and self._thread_lock._is_owned() else 0  # type: ignore[attr-defined]
         self._close_fds()
         self._thread_lock = threading.RLock()
         self._depth = 0
+        self._inherited = inherited
         self._pid = os.getpid()
         if self._closed:
             return
@@ -310,6 +319,9 @@ class SpoolLock:
             self.on_reopen()
 
     def release(self) -> None:
+        if self._depth == 0 and self._inherited:
+            self._inherited -= 1  # the end of a block its parent entered: nothing to let go
+            return
         self._depth -= 1
         if self._depth == 0:
             if self._closed:  # closed by this holder inside its block: now it goes
