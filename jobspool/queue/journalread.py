@@ -48,8 +48,33 @@ class JournalReads:
         try:
             return decode_job(data, expect_id=job_id, expect_state=state), False
         except CorruptJob as exc:
+            again = self._read_again(state, job_id, data)
+            if again is not None:
+                return again
             report_unreadable(state.value, job_id, exc.reason)
             return None, True
+
+    def _read_again(self, state: JobState, job_id: str, first: bytes
+                    ) -> tuple[Job | None, bool] | None:
+        """A file that did not decode, read again: a file retired while it was read (its
+        inode goes back to the pool and is rewritten with another job) gave another job's
+        id or half a document, and readers warned of a corrupt file (and to run recover)
+        for a healthy job that had just moved. What the path holds now, if it changed;
+        None when it reads the same (corrupt for real)."""
+        for _ in range(2):
+            try:
+                data = self.store.read(state.value, job_id + JOB_SUFFIX)
+            except FileNotFoundError:
+                return None, False  # it moved on
+            except OSError:
+                return None
+            if data == first:
+                return None
+            try:
+                return decode_job(data, expect_id=job_id, expect_state=state), False
+            except CorruptJob:
+                first = data
+        return None
 
     def unreadable_file(self, job_id: str) -> str | None:
         """`<state>/<id>.json` when a file of this id exists though `locate` found no
