@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -717,3 +718,33 @@ def test_the_dashboard_stopped_by_a_signal_exits_0(tmp_path: Path, sig: int) -> 
             proc.kill()
             proc.communicate()
     assert proc.returncode == 0, err
+
+
+def test_per_kind_counts_are_refreshed_in_the_background_not_in_a_request(
+        spool: Spool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Found by a scale probe: on a 325,000-job file spool each request that came due for
+    # the per-kind refresh waited its whole pass (12-14 s), the cache locked for the others.
+    from jobspool.dashboard import data
+
+    monkeypatch.setattr(data, "_KIND_MIN_INTERVAL", 0.0)  # due again at once
+    monkeypatch.setattr(data, "_KIND_COST_FACTOR", 0.0)
+    spool.enqueue("mail", {})
+    overview = data.Overview(spool)
+    assert overview.by_kind() == {"mail": {"ready": 1}}  # the first pass: in the request
+    spool.enqueue("thumb", {})
+    real_stats = spool.stats
+    passing, release = threading.Event(), threading.Event()
+
+    def slow_stats(*, by_kind: bool = False) -> Any:
+        if by_kind:
+            passing.set()
+            release.wait(60)  # a long pass over every job file
+        return real_stats(by_kind=by_kind)
+
+    monkeypatch.setattr(spool, "stats", slow_stats)
+    assert overview.by_kind() == {"mail": {"ready": 1}}  # stale at once: the pass runs aside
+    assert passing.wait(60)
+    assert overview.by_kind() == {"mail": {"ready": 1}}  # still not waiting for it
+    release.set()
+    wait_until(lambda: "thumb" in overview.by_kind(), 60, "the background pass to land")
+    assert overview.by_kind()["thumb"] == {"ready": 1}
