@@ -207,11 +207,14 @@ class Pool:
         finally:
             self.give(conn)
 
-    def close(self, own: int = 0) -> None:
+    def close(self, *, wait: bool = True) -> None:
         """Close, once the connections other threads have out are back (README: `close()`
         waits for the operations other threads have in flight): a statement or a `fenced`
-        block running in another thread committed after close had returned. `own`: how
-        many of those the calling thread holds itself (closing inside its `fenced` block)."""
+        block running in another thread committed after close had returned. `wait=False`
+        from inside the caller's own `fenced` block: the others may be waiting for that
+        block's row lock, which goes only when the block ends, after close returns
+        (waiting hung for ever). As on the file store, close does not wait then; what
+        they have in flight finishes and its connection is closed."""
         with self._lock:
             self.closed = True
             idle, self._idle = self._idle, []
@@ -219,14 +222,10 @@ class Pool:
         for conn in idle:
             with contextlib.suppress(psycopg.Error):
                 conn.close()
-        if own:
-            # Closed from inside its own `fenced` block: the others may be waiting for
-            # that block's row lock, which goes only when the block ends, after close
-            # returns (waiting hung for ever). As on the file store, close does not wait
-            # then; what they have in flight finishes and its connection is closed.
+        if not wait:
             return
         with self._lock:
-            self._freed.wait_for(lambda: self._busy <= own)
+            self._freed.wait_for(lambda: self._busy == 0)
 
 
 # Every connection jobspool made in this process, for `_release_after_fork`.
@@ -423,4 +422,4 @@ class Database:
             pool, self._pool = self._pool, None
         if pool is not None and self._pid == os.getpid():
             # Inside its own `fenced` block the caller holds a connection it cannot return.
-            pool.close(own=1 if getattr(self._pinned, "conn", None) is not None else 0)
+            pool.close(wait=getattr(self._pinned, "conn", None) is None)
