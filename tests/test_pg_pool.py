@@ -112,7 +112,7 @@ def test_a_claim_after_many_settles_does_not_revisit_their_leases(pg_url: str) -
         def plan(conn: Any) -> str:
             conn.execute("BEGIN")
             try:
-                rows = conn.execute("EXPLAIN " + sql.claim_sql(["k"]), params).fetchall()
+                rows = conn.execute("EXPLAIN " + sql.claim_sql(["k"], 50), params).fetchall()
             finally:
                 conn.execute("ROLLBACK")
             return "\n".join(r[0] for r in rows)

@@ -67,11 +67,11 @@ def claim(spool: PgSpool, *, kinds: Iterable[str] | str | None, limit: int, owne
     wanted = kinds_param(kinds)
     if wanted is not None and not wanted:
         return []  # no kind wanted: nothing (unfiltered, it took jobs of every kind)
-    params = {"now": spool.now_param(), "kinds": wanted, "limit": limit,
+    params = {"now": spool.now_param(), "kinds": wanted,
               "kind": wanted[0] if wanted else None, "max_rescues": spool.max_rescues,
               "owner": owner, "lease": lease_seconds, "proc": secrets.token_hex(8),
               "exclude": list(exclude), "started": False if starts_noted else None}
-    statement = sql.claim_sql(wanted)
+    statement = sql.claim_sql(wanted, limit)
     tries = 0
 
     def go(c: psycopg.Connection[Any]) -> list[Any]:

@@ -301,7 +301,14 @@ class Pipeline(IdleWaits):
         return len(self.in_hand) - len(self.done) - self.settling
 
     async def _claim(self, tg: anyio.abc.TaskGroup) -> int:
-        want = self.cap - self._unfinished()
+        unfinished = self._unfinished()
+        # Two sizes only, a full batch or the half that `_may_claim` leaves room for:
+        # PostgreSQL keeps one generic plan per claim text (the limit is written into it),
+        # and a limit that took every value from cap/2 to cap planned most claims afresh.
+        # `unfinished` runs below zero while a settle beside the loop has forgotten part of
+        # its group and not yet counted it out of `settling`: `cap - unfinished` then took
+        # up to five batches in one claim, past the cap.
+        want = self.cap if unfinished <= 0 else self.cap - self.cap // 2
         if self.max_jobs is not None:
             want = min(want, self.max_jobs - self.counters.claimed)
         if want <= 0:
