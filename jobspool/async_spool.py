@@ -59,6 +59,19 @@ class AsyncSpool:
             self.spool = Spool(root, **options)
             self._owned = True
 
+    @classmethod
+    async def open(cls, root: str | os.PathLike[str], **options: Any) -> Self:
+        """`AsyncSpool(root, **options)` with the opening itself in a worker thread.
+
+        The constructor opens the spool on the calling thread: on a database URL that is
+        a connection (up to its connect timeout when the server is slow or away), on a
+        directory a few files, and every other task on the event loop waits meanwhile.
+        Errors are those of `Spool(root, **options)`."""
+        spool = await anyio.to_thread.run_sync(partial(Spool, root, **options))
+        made = cls(spool)
+        made._owned = True  # opened here: `close()` and `async with` close it
+        return made
+
     async def _run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         return await self._in_thread(partial(fn, *args, **kwargs), None)
 
