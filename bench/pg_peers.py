@@ -112,6 +112,9 @@ def minimal_consume(url: str, n: int, batch: int, lease: float = 600.0) -> dict[
     """Jobs/s draining the queue: claim `batch`, run a no-op handler, complete the batch."""
     owner = f"bench-{uuid.uuid4().hex[:8]}"
     with _connect(url) as conn:
+        for _ in range(2):  # warm, as the enqueue measurements do: prepared, nothing claimed
+            conn.execute(CLAIM, (0, owner, lease), prepare=True).fetchall()
+            conn.execute(COMPLETE, ([], [], []), prepare=True).fetchall()
         done = lost = 0
         t = time.perf_counter()
         while True:

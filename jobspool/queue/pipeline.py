@@ -274,6 +274,10 @@ class Pipeline(IdleWaits):
         finally:
             self.settling -= len(group)
             self.settles += 1
+            # What it gave back (a retry due now, a release) is claimable at once, and a
+            # claim that came back empty while it ran proved nothing: claim again now, not
+            # after the idle backoff that empty claim set (10 ms at the end of every drain).
+            self.next_claim_at = 0.0
             self._report_progress()
             self.wake.set()
 
@@ -496,9 +500,13 @@ class Pipeline(IdleWaits):
         if self.scopes:
             for scope in list(self.scopes):
                 scope.cancel()
+            # Cancelled, a parked runner leaves within a loop turn or two: a first wait of
+            # 10 ms was most of a short `run_until_idle` (25 ms for one job).
+            pause = 0.0005
             with anyio.move_on_after(2.0):
                 while self.scopes:
-                    await anyio.sleep(0.01)
+                    await anyio.sleep(pause)
+                    pause = min(0.01, pause * 2)
         while self.settling:  # the group settling beside the loop lands (or is given back)
             await anyio.sleep(0.005)
         if self.done:
