@@ -58,7 +58,7 @@ log = logging.getLogger(__name__)
 
 REASON_SUFFIX = ".reason"
 REASON_FORMAT = 1
-_MAX_NAME = 150  # room for the prefix within a 255-byte file name
+_MAX_NAME = 150  # bytes: room for the prefix and `.reason` within a 255-byte file name
 _counter = itertools.count()
 
 
@@ -115,6 +115,18 @@ def quarantine_root_file(spool: Journal, name: str, reason: str) -> str | None:
     return qname
 
 
+def _clipped(name: str) -> str:
+    """`name` cut to `_MAX_NAME` bytes, on a character boundary. Cut to 150 characters,
+    a name of 120 two-byte characters (a legal 245-byte name) made a quarantine name past
+    the 255-byte limit: every `recover` stopped on it, before taking back dead leases."""
+    if len(os.fsencode(name)) <= _MAX_NAME:
+        return name
+    cut = name[:_MAX_NAME]
+    while len(os.fsencode(cut)) > _MAX_NAME:
+        cut = cut[:-1]
+    return cut
+
+
 def _move(spool: Journal, bad: Bad) -> str | None:
     qdir = spool.root / QUARANTINE_DIR
     reason = orjson.dumps({
@@ -127,7 +139,7 @@ def _move(spool: Journal, bad: Bad) -> str | None:
     }) + b"\n"
     while True:
         origin = bad.directory or "root"
-        qname = f"{time.time_ns()}-{os.getpid()}-{next(_counter)}.{origin}.{bad.name[:_MAX_NAME]}"
+        qname = f"{time.time_ns()}-{os.getpid()}-{next(_counter)}.{origin}.{_clipped(bad.name)}"
         if os.path.lexists(qdir / qname):
             continue
         try:
