@@ -89,7 +89,7 @@ class Journal(JournalReads, JournalSettings):
     def __init__(self, layout: Layout, settings: SpoolSettings, options: ProcessOptions) -> None:
         # Absolute from here on: a handler calling os.chdir must not move the spool.
         self.root = layout.root.absolute()
-        self._live_key: str | None = None  # counted open in liveness (writers), see close
+        self._live_key: liveness.LiveKey | None = None  # counted open in liveness (writers), see close
         self._live_pid = 0
         self.settings = settings
         self.options = options

@@ -52,8 +52,14 @@ LIVE_DIR = "live"
 LIVE_SUFFIX = ".lock"
 
 _lock = threading.Lock()
-_marks: dict[str, ProcessMark] = {}
-_open_spools: dict[str, int] = {}  # open spools per root (realpath) in this process
+# Keyed by the root directory's identity (device, inode), not its path: the mark is one
+# file, live/<ident>.lock, however the root is spelled. Keyed by realpath, a process that
+# opened one spool through a bind mount and its own path made two marks on that file; the
+# second replaced the first, and closing it left the file unlocked while the first still
+# held a lease: another process then took the live holder for dead and reclaimed its job.
+LiveKey = tuple[int, int]
+_marks: dict[LiveKey, ProcessMark] = {}
+_open_spools: dict[LiveKey, int] = {}  # open spools per root in this process
 _by_given: dict[tuple[object, str], ProcessMark] = {}  # mark_for's cache, by the root as given
 _ident = ""
 
@@ -93,15 +99,20 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def retain(root: Path) -> str:
+def _key(root: Path) -> LiveKey:
+    st = os.stat(root)
+    return (st.st_dev, st.st_ino)
+
+
+def retain(root: Path) -> LiveKey:
     """A spool on `root` was opened in this process; returns the key `release` takes."""
-    key = os.path.realpath(root)
+    key = _key(root)
     with _lock:
         _open_spools[key] = _open_spools.get(key, 0) + 1
     return key
 
 
-def release(key: str) -> None:
+def release(key: LiveKey) -> None:
     """A spool `retain` counted was closed. With the last one on its root, this process's
     mark there goes as at exit (kept, unlocked, while a lease still names it): a process
     that opened and closed spools on many roots held a descriptor for each until it
@@ -234,17 +245,17 @@ class ProcessMark:
 
 def mark_for(root: Path, mode: int = 0o600) -> ProcessMark:
     """This process's mark in the spool at `root`, registering it on first use."""
-    # Asked on every enqueue: `realpath` is an lstat per path component, so the root as
-    # given is looked up first. Keyed by process as well: a forked child has its own mark.
+    # Asked on every enqueue: the root as given is looked up first (no stat). Keyed by
+    # process as well: a forked child has its own mark.
     fast = (root, process_ident())
     mark = _by_given.get(fast)
     if mark is not None:
         return mark
-    key = os.path.realpath(root)
+    key = _key(root)
     with _lock:
         mark = _marks.get(key)
         if mark is None:
-            mark = ProcessMark(Path(key), process_ident(), mode)
+            mark = ProcessMark(Path(os.path.realpath(root)), process_ident(), mode)
             _marks[key] = mark
         _by_given[fast] = mark
         return mark

@@ -502,11 +502,11 @@ class Pipeline(IdleWaits):
                 scope.cancel()
             # Cancelled, a parked runner leaves within a loop turn or two: a first wait of
             # 10 ms was most of a short `run_until_idle` (25 ms for one job).
-            pause = 0.0005
+            step = 0.0005
             with anyio.move_on_after(2.0):
                 while self.scopes:
-                    await anyio.sleep(pause)
-                    pause = min(0.01, pause * 2)
+                    await anyio.sleep(step)
+                    step = min(0.01, step * 2)
         while self.settling:  # the group settling beside the loop lands (or is given back)
             await anyio.sleep(0.005)
         if self.done:
