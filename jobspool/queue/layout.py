@@ -8,6 +8,7 @@ symlink there could send writes outside the spool, so it is refused.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -57,16 +58,39 @@ def projection_inside_spool(root: os.PathLike[str] | str, uri: str) -> str | Non
     local = local_path(uri)
     if local is None:
         return None  # object storage
-    here = Path(os.path.abspath(local))
-    spool = Path(os.path.abspath(root))
-    if here == spool:
-        return f"projection {uri} is the spool directory itself"
-    try:
-        first = here.relative_to(spool).parts[0]
-    except ValueError:
+    first = _first_inside(Path(root), Path(local))
+    if first is None:
         return None
+    if first == "":
+        return f"projection {uri} is the spool directory itself"
     if first != INDEX_DIR and (first in _SPOOL_ENTRIES or first in _LAZY_DIRS):
         return f"projection {uri} is inside the spool's own {first}/ (use {root}/index)"
+    return None
+
+
+def _first_inside(root: Path, path: Path) -> str | None:
+    """The first component of `path` below the directory `root` ("" for `root` itself), or
+    None when it is not below it, however either is spelled: by real path (symlinks), then
+    by the identity of `path`'s existing ancestors (another mount of the same directory).
+    Compared as written (`abspath`), a symlinked spelling of either got a projection into
+    the spool's tmp/, which the next `recover` deleted whole."""
+    here = Path(os.path.realpath(path))
+    spool = Path(os.path.realpath(root))
+    with contextlib.suppress(ValueError):
+        parts = here.relative_to(spool).parts
+        return parts[0] if parts else ""
+    try:
+        spool_stat = os.stat(spool)
+    except OSError:
+        return None
+    below: list[str] = []
+    for step in (here, *here.parents):
+        try:
+            if os.path.samestat(os.stat(step), spool_stat):
+                return below[-1] if below else ""
+        except OSError:
+            pass
+        below.append(step.name)
     return None
 SUBDIRS: tuple[str, ...] = (*(s.value for s in ALL_STATES), TMP_DIR, POOL_DIR, LIVE_DIR,
                             QUARANTINE_DIR)
@@ -313,7 +337,7 @@ def _refuse_inside_another_spool(root: Path) -> None:
     """Refuse a new spool inside another spool's own directories: the outer one's `recover`
     deleted it from `tmp/` or quarantined it from a state directory (`<outer>/index` and
     other new names are the outer spool's to leave alone, and fine)."""
-    here = Path(os.path.abspath(root))
+    here = Path(os.path.realpath(root))  # a symlinked spelling is not a way in
     for outer in here.parents:
         if (outer / SPOOL_FILE).is_file():
             first = here.relative_to(outer).parts[0]
