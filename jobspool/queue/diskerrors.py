@@ -8,6 +8,7 @@ an operator needs (ENOSPC: free space, EMFILE: raise the descriptor limit...).
 from __future__ import annotations
 
 import errno
+import os
 from pathlib import Path
 
 from jobspool.errors import SpoolError, StoreUnavailable, WriteFailed
@@ -34,11 +35,26 @@ def os_hint(errno_: int | None) -> str | None:
 
 def write_failed(exc: OSError, root: Path, landed: frozenset[str] = frozenset()) -> WriteFailed:
     """A one-line `WriteFailed` for an OSError met while writing the spool at `root`."""
-    where = exc.filename or root
+    where, path = _where(exc, root)
     hint = _HINTS.get(exc.errno or 0, "run `jobspool recover` once the cause is fixed")
     message = f"cannot write to spool {root}: {exc.strerror or exc} ({where}); {hint}"
-    return WriteFailed(message + _published(landed), path=str(where), errno=exc.errno,
+    return WriteFailed(message + _published(landed), path=path, errno=exc.errno,
                        landed=landed)
+
+
+def _where(exc: OSError, root: Path) -> tuple[str, str]:
+    """What refused: a rename's error carries both names, and the directory that refused
+    is the one to name (by the source alone, a refused `completed/` was reported as its
+    writable staging file in tmp/, and the operator found nothing wrong there)."""
+    src, dst = exc.filename, exc.filename2
+    if dst is None:
+        return str(src or root), str(src or root)
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        for name in (dst, src):
+            parent = os.path.dirname(os.fsdecode(name))
+            if parent and not os.access(parent, os.W_OK | os.X_OK):
+                return f"{parent}/", parent
+    return f"{os.fsdecode(src)} -> {os.fsdecode(dst)}", os.fsdecode(dst)
 
 
 def published_anyway(exc: SpoolError, landed: frozenset[str]) -> WriteFailed:
