@@ -78,6 +78,14 @@ def _projection_arg(text: str) -> str:
     default projection without a word, where `App(projection="")` is refused)."""
     if not text.strip():
         raise argparse.ArgumentTypeError("is empty (give a LanceDB URI or directory)")
+    unexpanded = _UNEXPANDED.match(text)
+    if unexpanded:
+        # As a root is (`_given_root`): quoted in a unit or env file, `~/idx` reached the worker
+        # as written and LanceDB expanded it, while `maintain` and `health` looked for a
+        # directory named `~`: the operator was told the projection did not exist.
+        raise argparse.ArgumentTypeError(
+            f"{text!r} starts with {unexpanded.group(1)!r}, which no shell expanded: give "
+            "the path itself (e.g. /home/me/index)")
     return text
 
 
