@@ -131,3 +131,23 @@ def test_a_migration_run_again_after_the_source_ran_jobs_brings_them_up_to_date(
                       "c": ("completed", {"on": "pg"}), "d": ("completed", {"on": "pg"})}
     third = run_jobspool("--root", str(root), "migrate", "--to", pg_url, "--json")
     assert json.loads(third.stdout)["updated"] == 0  # nothing newer left to bring over
+
+
+def test_a_rule_made_finer_after_migrating_starts_over_instead_of_catching_up(
+        tmp_path: Path, pg_url: str) -> None:
+    """The fingerprint of the rule a tick was fired under moves with the tick: without it,
+    `every=60` after the move judged the hour's mark by the old check and fired 50
+    "missed" ticks, where the same change on one store fires one."""
+    from jobspool import Schedule
+    from jobspool.schedules import Scheduler
+
+    hour = 1_796_299_200
+    root = tmp_path / "s"
+    with make_spool(root) as spool:
+        Scheduler([Schedule("tick", catch_up="all", every=3600)]).tick(spool, now=hour + 1)
+    out = run_jobspool("--root", str(root), "migrate", "--to", pg_url, "--json")
+    assert out.returncode == 0, out.stderr
+    with make_spool(pg_url) as target:
+        fired = Scheduler([Schedule("tick", catch_up="all", every=60)]).tick(
+            target, now=hour + 50 * 60 + 1)
+    assert sum(len(f.ticks) for f in fired) == 1, fired

@@ -29,6 +29,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     if not is_url(args.to):
         raise UsageError(f"--to {args.to!r} is not a postgresql:// URL")
     from jobspool.pg.migrate import copy_jobs, copy_marks
+    from jobspool.queue.marks import read_marks
     from jobspool.queue.spool import Spool
 
     with _open(args, read_only=True) as source:
@@ -51,7 +52,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         with Spool(args.to, create=True, **settings) as target:
             report = copy_jobs(counted(), target,  # type: ignore[arg-type]
                                source_fence=source.fence_value())
-            report.marks = copy_marks(source.schedule_marks(), target)  # type: ignore[arg-type]
+            report.marks = copy_marks(read_marks(source.root, rules=True),
+                                      target)  # type: ignore[arg-type]
             created = bool(getattr(target, "created", False))
     unreadable, quarantined = max(0, listed[0] - read), listed[1]
     d = {**report.to_dict(), "unreadable": unreadable, "quarantined": quarantined,

@@ -26,6 +26,7 @@ import orjson
 
 from jobspool.pg.rows import INSERT_SQL, UPDATE_SQL, write_values
 from jobspool.queue.job import Job, evolve
+from jobspool.queue.marks import RULE_MARK
 from jobspool.queue.states import JobState
 
 if TYPE_CHECKING:
@@ -154,7 +155,15 @@ def copy_marks(marks: dict[str, int], target: PgSpool) -> int:
     file spool, and `catch_up="all"` lost the ticks missed during the move."""
     if not marks:
         return 0
+    ticks = {name: tick for name, tick in marks.items() if not name.endswith(RULE_MARK)}
     with target.hold_schedule_marks() as held:  # type: ignore[attr-defined]
-        for name, tick in marks.items():
-            held[name] = max(held.get(name, tick), tick)
-    return len(marks)
+        for name, tick in ticks.items():
+            if tick >= held.get(name, tick):
+                held[name] = tick
+                # The rule the tick was fired under goes with it (`marks` read with
+                # `rules=True`): without it, a rule made finer after the move was judged
+                # by the old check, and an hour's mark fired 50 "missed" minute ticks.
+                rule = marks.get(name + RULE_MARK)
+                if rule is not None:
+                    held[name + RULE_MARK] = rule
+    return len(ticks)
