@@ -47,14 +47,14 @@ def _where(exc: OSError, root: Path) -> tuple[str, str]:
     is the one to name (by the source alone, a refused `completed/` was reported as its
     writable staging file in tmp/, and the operator found nothing wrong there)."""
     src, dst = exc.filename, exc.filename2
-    if dst is None:
+    if dst is None or exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+        # Not a refusal of one directory (a full disk is the filesystem's): one name.
         return str(src or root), str(src or root)
-    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        for name in (dst, src):
-            parent = os.path.dirname(os.fsdecode(name))
-            if parent and not os.access(parent, os.W_OK | os.X_OK):
-                return f"{parent}/", parent
-    return f"{os.fsdecode(src)} -> {os.fsdecode(dst)}", os.fsdecode(dst)
+    for name in (dst, src):
+        parent = os.path.dirname(os.fsdecode(name))
+        if parent and not os.access(parent, os.W_OK | os.X_OK):
+            return f"{parent}/", parent
+    return os.fsdecode(dst), os.fsdecode(dst)  # as root, access() cannot tell: the target
 
 
 def published_anyway(exc: SpoolError, landed: frozenset[str]) -> WriteFailed:
