@@ -9,8 +9,8 @@ first one rotating); before each timed measurement the database gets VACUUM ANAL
 server checkpointed (untimed), so leftovers of one measurement are not charged to the
 next; each measurement runs in a fresh child process, warmed before its clock starts
 (10 jobs for an enqueue; for a consume, a first Worker run on 10 jobs of another kind, or
-two empty claims for the claim loops): imports, connections and prepared statements are a
-process's one-time costs, the same for every queue. Every figure is the median of the
+two empty claims for the claim loops; pgqueuer's imports and connection come before its
+clock too): imports, connections and prepared statements are a process's one-time costs. Every figure is the median of the
 rounds and every ratio the median of per-round ratios: the machine is shared and
 absolute numbers drift, only the ratios are headlines.
 
