@@ -12,7 +12,7 @@ from tests.cli_harness import one_error_line, run_cli
 
 @pytest.mark.parametrize("command", [["run-until-idle", "--app", "tests.apps.ledger:app"],
                                      ["maintain"], ["health"]])
-@pytest.mark.parametrize("projection", ["~/idx", "$HOME/idx", "${HOME}/idx"])
+@pytest.mark.parametrize("projection", ["~/idx", "$HOME/idx", "${HOME}/idx", "file://~/idx"])
 def test_an_unexpanded_projection_path_is_refused_in_one_line(tmp_path: Path, command: list[str],
                                                               projection: str) -> None:
     assert run_cli("init", root=tmp_path / "s").code == 0

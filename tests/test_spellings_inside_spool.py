@@ -38,3 +38,14 @@ def test_a_spool_inside_another_spools_ready_is_refused_through_a_symlink(
     with pytest.raises(SpoolError, match="inside the spool"):
         Spool(tmp_path / "rl" / "inner", create=True)
     assert os.listdir(outer / "ready") == []
+
+
+@pytest.mark.parametrize("spelling", ["~/tmp/idx", "file://~/tmp/idx"])
+def test_a_projection_in_the_spools_tmp_is_refused_when_spelled_from_home(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spelling: str) -> None:
+    """LanceDB expands `~`: the guard reads the path as LanceDB will write it."""
+    root = tmp_path / "s"
+    Spool(root, create=True).close()
+    monkeypatch.setenv("HOME", str(root))
+    with Spool(root) as spool, pytest.raises(ConfigError, match="inside the spool's own"):
+        Worker(spool, {"k": _noop}, projection=spelling)

@@ -78,7 +78,7 @@ def _projection_arg(text: str) -> str:
     default projection without a word, where `App(projection="")` is refused)."""
     if not text.strip():
         raise argparse.ArgumentTypeError("is empty (give a LanceDB URI or directory)")
-    unexpanded = _UNEXPANDED.match(text)
+    unexpanded = _UNEXPANDED.match(text.removeprefix("file://"))
     if unexpanded:
         # As a root is (`_given_root`): quoted in a unit or env file, `~/idx` reached the worker
         # as written and LanceDB expanded it, while `maintain` and `health` looked for a

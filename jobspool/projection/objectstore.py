@@ -110,7 +110,9 @@ def is_object_store(uri: str | None) -> bool:
 def local_path(uri: str) -> str | None:
     """The directory a local projection URI names (a path, or `file://...`); None for
     object storage."""
-    return None if is_object_store(uri) else uri.removeprefix("file://")
+    # `~` expanded as LanceDB expands it: read as written, `projection="~/idx"` was
+    # checked (inside the spool? there?) at a literal `~` while the tables went to $HOME.
+    return None if is_object_store(uri) else os.path.expanduser(uri.removeprefix("file://"))
 
 
 # --- settings, as LanceDB (object_store) reads them: options first, then AWS_* variables
