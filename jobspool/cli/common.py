@@ -78,14 +78,12 @@ def _projection_arg(text: str) -> str:
     default projection without a word, where `App(projection="")` is refused)."""
     if not text.strip():
         raise argparse.ArgumentTypeError("is empty (give a LanceDB URI or directory)")
-    unexpanded = _UNEXPANDED.match(text.removeprefix("file://"))
-    if unexpanded:
-        # As a root is (`_given_root`): quoted in a unit or env file, `~/idx` reached the worker
-        # as written and LanceDB expanded it, while `maintain` and `health` looked for a
-        # directory named `~`: the operator was told the projection did not exist.
-        raise argparse.ArgumentTypeError(
-            f"{text!r} starts with {unexpanded.group(1)!r}, which no shell expanded: give "
-            "the path itself (e.g. /home/me/index)")
+    # As a root is (`_given_root`): quoted in a unit or env file, `~/idx` reached the worker
+    # as written and LanceDB expanded it, while `maintain` and `health` looked for a
+    # directory named `~`: the operator was told the projection did not exist.
+    why = _unexpanded(text.removeprefix("file://"), text, "/home/me/index")
+    if why:
+        raise argparse.ArgumentTypeError(why)
     return text
 
 
@@ -132,12 +130,11 @@ def _given_root(args: argparse.Namespace) -> str | None:
         shown = redact_url(root)  # the padding kept: it is what is wrong
         raise SpoolError(f"{where} {shown!r} has leading or trailing whitespace: give the "
                          "spool directory or URL without it", path=shown)
-    unexpanded = _UNEXPANDED.match(root)
-    if unexpanded:
-        # Quoted in a unit file or an env file, `~/spool` and `$HOME/spool` reach us as
-        # written: `init` made ./~/spool in the working directory, and a worker served it.
-        raise UsageError(f"{where} {root!r} starts with {unexpanded.group(1)!r}, which no "
-                         "shell expanded: give the path itself (e.g. /home/me/spool)")
+    # Quoted in a unit file or an env file, `~/spool` and `$HOME/spool` reach us as
+    # written: `init` made ./~/spool in the working directory, and a worker served it.
+    why = _unexpanded(root, root, "/home/me/spool")
+    if why:
+        raise UsageError(f"{where} {why}")
     from jobspool.pg import is_url
     from jobspool.queue.layout import refuse_url
 
@@ -148,6 +145,15 @@ def _given_root(args: argparse.Namespace) -> str | None:
 
 # A root whose first component is `~`/`~user` or a `$VAR`/`${VAR}` left as written.
 _UNEXPANDED = re.compile(r"^(~[^/]*|\$\{?[A-Za-z_][A-Za-z0-9_]*\}?)(/|$)")
+
+
+def _unexpanded(path: str, shown: str, example: str) -> str | None:
+    """Why `path` (as given: `shown`) cannot be meant as written, or None."""
+    found = _UNEXPANDED.match(path)
+    if found is None:
+        return None
+    return (f"{shown!r} starts with {found.group(1)!r}, which no shell expanded: give the "
+            f"path itself (e.g. {example})")
 
 
 def _root(args: argparse.Namespace) -> Path:
