@@ -55,7 +55,8 @@ def test_health_figures_have_the_same_keys(any_spool: Spool) -> None:
     consumer of both); the README says those are zero there."""
     keys = {"counts", "due", "oldest_due_age", "fence", "quarantined", "expired_leases",
             "stale_prepared", "projection", "unreadable_files", "no_read_access",
-            "ready_not_claimed", "stale_workers", "free_bytes", "free_percent"}
+            "ready_not_claimed", "stale_workers", "free_bytes", "free_percent",
+            "job_files_read", "job_files"}
     assert keys <= set(any_spool.health().figures)
 
 

@@ -353,7 +353,8 @@ def health(spool: PgSpool, *, max_due_age: float = DEFAULT_MAX_DUE_AGE,
     figures = {"counts": dict(st.counts), "due": st.due, "oldest_due_age": st.oldest_due_age,
                "fence": st.fence, "quarantined": 0, "expired_leases": expired,
                "stale_prepared": stale, "unreadable_files": 0, "no_read_access": 0,
-               "ready_not_claimed": 0, "database_read_only": read_only, **local_figures}
+               "ready_not_claimed": 0, "job_files_read": 0, "job_files": 0,
+               "database_read_only": read_only, **local_figures}
     return Health(reasons=reasons, root=spool.display, checked_at=now, figures=figures)
 
 

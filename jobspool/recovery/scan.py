@@ -16,6 +16,7 @@ lock no writer runs, so a second read there is authoritative.
 from __future__ import annotations
 
 import os
+import random
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -111,17 +112,20 @@ def entry_of(job: Job) -> Entry:
                  expires_at=None if job.lease is None else job.lease.expires_at)
 
 
-def scan_state(spool: Journal, state: JobState, out: Scan) -> None:
-    """Add one state directory's files to `out` (one listing, one read per file)."""
-    directory = state.value
+def _listing(spool: Journal, state: JobState) -> list[tuple[str, bool]]:
+    """(name, is a regular file) of each entry of one state directory."""
     try:
-        with os.scandir(spool.root / directory) as it:
-            listing = [(e.name, e.is_file(follow_symlinks=False)) for e in it]
+        with os.scandir(spool.root / state.value) as it:
+            return [(e.name, e.is_file(follow_symlinks=False)) for e in it
+                    if not ignored_name(e.name)]
     except OSError as exc:
         raise listing_failed(exc, spool.root) from None
+
+
+def _read_listed(spool: Journal, state: JobState, listing: list[tuple[str, bool]],
+                 out: Scan) -> None:
+    directory = state.value
     for name, regular in listing:
-        if ignored_name(name):
-            continue
         if name.endswith(JOB_SUFFIX):
             out.where.setdefault(name[: -len(JOB_SUFFIX)], []).append(state)
         if not regular:
@@ -139,12 +143,44 @@ def scan_state(spool: Journal, state: JobState, out: Scan) -> None:
             out.entries.append(entry_of(got))
 
 
+def scan_state(spool: Journal, state: JobState, out: Scan) -> None:
+    """Add one state directory's files to `out` (one listing, one read per file)."""
+    _read_listed(spool, state, _listing(spool, state), out)
+
+
 def scan_spool(spool: Journal, states: tuple[JobState, ...] = ALL_STATES) -> Scan:
     """One lock-free pass over `states` (all of them by default)."""
     out = Scan()
     for state in states:
         scan_state(spool, state, out)
     return out
+
+
+# The order a bounded scan spends its reads in: where a damaged file stops a job for good
+# (claims and recovery skip it) before the terminal directories, whose files only report.
+_SAMPLE_ORDER = (JobState.LEASED, JobState.PREPARED, JobState.RETRYABLE, JobState.READY,
+                 JobState.DEAD_LETTER, JobState.COMPLETED, JobState.CANCELED)
+
+
+def sample_spool(spool: Journal, limit: int, rng: random.Random | None = None
+                 ) -> tuple[Scan, int, int]:
+    """A lock-free pass reading at most `limit` files: every state directory is listed,
+    and its files are read in `_SAMPLE_ORDER` until the budget is spent (a directory the
+    remaining budget cannot cover is read as a random sample of it). Returns the scan,
+    the files read and the files listed. For checks that must answer in bounded time
+    however deep the spool (`health`); `fsck` and `recover` read everything."""
+    rng = rng or random.Random()
+    out = Scan()
+    listings = {state: _listing(spool, state) for state in _SAMPLE_ORDER}
+    total = sum(len(v) for v in listings.values())
+    left = limit
+    for state in _SAMPLE_ORDER:
+        listing = listings[state]
+        if len(listing) > left:
+            listing = rng.sample(listing, left)
+        left -= len(listing)
+        _read_listed(spool, state, listing, out)
+    return out, min(limit, total), total
 
 
 def probe(spool: Journal, job_id: str) -> tuple[list[Job], list[Bad]]:
