@@ -51,12 +51,12 @@
     });
   }
 
-  function fillKinds(byKind) {
+  function fillKinds(byKind, pending) {
     var tbody = document.querySelector("#kind-counts tbody");
     if (!tbody) return;
     var rows = Object.keys(byKind).sort();
     tbody.textContent = "";
-    if (!rows.length) { var tr0 = el("tr"); var td0 = el("td", "no jobs", "muted"); td0.colSpan = 8; tr0.appendChild(td0); tbody.appendChild(tr0); return; }
+    if (!rows.length) { var tr0 = el("tr"); var td0 = el("td", pending ? "counting jobs per kind\u2026" : "no jobs", "muted"); td0.colSpan = 8; tr0.appendChild(td0); tbody.appendChild(tr0); return; }
     rows.forEach(function (kind) {
       var tr = el("tr"), th = el("th"), a = el("a", kind);
       a.href = "/jobs/ready?kind=" + encodeURIComponent(kind);
@@ -130,7 +130,7 @@
     });
     if (body.getAttribute("data-page") === "overview") {
       fillHealth(doc.health);
-      fillKinds(doc.by_kind);
+      fillKinds(doc.by_kind, doc.by_kind_pending);
       fillWorkers(doc.workers);
       if (doc.throughput) drawChart(doc.throughput.chart);
     }
