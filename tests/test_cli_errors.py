@@ -95,6 +95,14 @@ def test_enqueue_bad_json_on_stdin_exits_1(root: Path) -> None:
     refused(1, "--root", root, "enqueue", "work", "-", stdin="{'single': 'quotes'}",
             mentions=("stdin", "JSON"))
     refused(1, "--root", root, "enqueue", "work", "-", stdin="", mentions=("stdin",))
+
+
+def test_json_lines_on_stdin_are_named_as_such_and_nothing_is_enqueued(root: Path) -> None:
+    """Piping a JSON Lines file gave only "Extra data: line 2 column 1": the user was left
+    guessing that enqueue takes one payload per call."""
+    refused(1, "--root", root, "enqueue", "work", "-", stdin='{"a": 1}\n{"a": 2}\n',
+            mentions=("more than one JSON document", "one job per call"))
+    assert not job_files(root)
     assert job_files(root) == {}
 
 

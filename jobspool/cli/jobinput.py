@@ -55,7 +55,13 @@ def _read_payload(text: str | None, *, stdin_limit: int | None = None) -> Any:
     try:
         return json.loads(raw)
     except json.JSONDecodeError as exc:
-        raise UsageError(f"payload from {where} is not valid JSON: {exc}") from None
+        hint = ""
+        if exc.msg == "Extra data" and "\n" in raw[:exc.pos]:
+            # JSON Lines piped in, one payload per line: each would be a job, but enqueue
+            # makes one. Said plainly rather than as a parser position.
+            hint = ("; it holds more than one JSON document (JSON Lines?): enqueue adds one "
+                    "job per call (a loop, or Spool.enqueue_many for many)")
+        raise UsageError(f"payload from {where} is not valid JSON: {exc}{hint}") from None
     except RecursionError:
         raise UsageError(f"payload from {where} is nested deeper than {MAX_JSON_DEPTH} "
                          "levels, which JSON readers refuse") from None
