@@ -53,9 +53,10 @@ def test_a_stop_past_the_grace_gives_a_stubborn_handlers_job_back(tmp_path: Path
         spool.enqueue("s", {}, job_id="s1")
         worker = Worker(spool, handlers={"s": stubborn}, grace_seconds=0.2)
         thread = threading.Thread(target=worker.run_forever, daemon=True)
+        before = len(ticks)  # the earlier test's handler ticked into the same list
         thread.start()
-        wait_until(lambda: spool.get("s1").state is JobState.LEASED and ticks, GUARD,
-                   "the handler to start")
+        wait_until(lambda: spool.get("s1").state is JobState.LEASED and len(ticks) > before,
+                   GUARD, "the handler to start")
         worker.stop()
         thread.join(GUARD)
         assert not thread.is_alive(), "the worker did not stop"
