@@ -20,7 +20,11 @@ the others. After downtime, `catch_up` says what happens to the ticks missed:
 on time; never less than `WAKE_SLACK_SECONDS`, what a worker's wake may lag),
 `"once"` fires the latest one, `"all"` fires each, oldest first, up to
 `max_catch_up`. A schedule seen for the first time starts with its next tick:
-deploying a daily 03:00 job at 10:00 does not run it at once.
+deploying a daily 03:00 job at 10:00 does not run it at once. A rule changed under
+the same name (03:00 became 04:00 while the workers were down) fires, with "once" or
+"all", its latest tick once if it falls after the old rule's last (its earlier ticks
+are not missed ones: it did not exist), with "skip" as at first sight; the same rule
+written another way (`0  3 * * *`, `0 3 * * 0-6`, `SUN` for 0) is no change.
 """
 
 from __future__ import annotations
@@ -185,9 +189,18 @@ class Schedule:
     @property
     def rule_id(self) -> int:
         """A fingerprint of the rule (cron and zone, or interval), kept beside the mark: a
-        rule changed under the same name is told by it (`plan`'s `rule_changed`)."""
-        rule = f"cron {self._expr} {self.tz}" if self.cron is not None else f"every {self._every}"
-        return int.from_bytes(hashlib.sha256(rule.encode()).digest()[:8], "big") >> 1
+        rule changed under the same name is told by it (`plan`'s `rule_changed`). Two
+        spellings of one cron rule (`0  3 * * *`, `0 3 * * 0-6`, Sunday as 7) share it."""
+        rule = (f"cron {_cron_canonical(self._expr)} {self.tz}" if self.cron is not None
+                else f"every {self._every}")
+        return _fingerprint(rule)
+
+    def same_rule(self, rule_id: int) -> bool:
+        """Whether a fingerprint kept beside the mark is this schedule's rule; also the one
+        versions before 12-05 kept (of the cron text as written), so an upgrade is no
+        rule change."""
+        return rule_id == self.rule_id or (
+            self.cron is not None and rule_id == _fingerprint(f"cron {self._expr} {self.tz}"))
 
     def plan(self, last: int | None, now: float, *,
              rule_changed: bool = False) -> tuple[list[int], int]:
@@ -212,6 +225,11 @@ class Schedule:
             # other's mark for a rule change and re-fired its own latest tick.
             floor, last = last, None
         if last is None:
+            if floor is not None and self.catch_up != "skip" and latest > floor:
+                # The rule changed while the workers were down: a catch-up schedule still
+                # owes the downtime a run, but only one (its ticks before it existed are
+                # not missed ones, and "all" would fire a burst of them).
+                return [latest], latest
             # First sight: the tick that is happening right now counts, older ones do not.
             fire = self._on_time(latest, now) and (floor is None or latest > floor)
             return ([latest] if fire else []), (latest if floor is None else max(latest, floor))
@@ -257,6 +275,43 @@ def _cron_check(expr: object, label: str) -> str:
     except (CronSimError, StopIteration) as exc:
         raise ScheduleError(f"{label}: invalid cron expression {expr!r} ({exc})") from None
     return full
+
+
+def _fingerprint(rule: str) -> int:
+    return int.from_bytes(hashlib.sha256(rule.encode()).digest()[:8], "big") >> 1
+
+
+def _cron_canonical(expr: str) -> str:
+    """The ticks a (checked) expression stands for, spelled one way: its fields as cronsim
+    expands them, Sunday as 0, and a day-of-month OR day-of-week that matches every day
+    as every day (`0 3 1-31 * 0-6` is `0 3 * * *`)."""
+    from cronsim import CronSim
+
+    c = CronSim(expr, datetime(2000, 1, 1, tzinfo=UTC))
+    try:
+        minutes, hours, months = c.minutes, c.hours, c.months
+        days: set[Any] = set(c.days)
+        weekdays: set[Any] = {_sunday(w) for w in c.weekdays}
+        day_and = c.day_and
+    except AttributeError:  # a cronsim without these: the text, spaced and cased one way
+        return " ".join(expr.lower().split())
+    every_day, every_weekday = set(range(1, 32)), set(range(7))
+    days = every_day if days >= every_day else days
+    weekdays = every_weekday if weekdays >= every_weekday else weekdays
+    all_days, all_weekdays = days == every_day, weekdays == every_weekday
+    if (all_days and all_weekdays) or (not day_and and (all_days or all_weekdays)):
+        days, weekdays, day_and = every_day, every_weekday, True
+    parts = [sorted(minutes), sorted(hours), sorted(days, key=repr), sorted(months),
+             sorted(weekdays, key=repr), day_and]
+    return repr(parts)
+
+
+def _sunday(weekday: Any) -> Any:
+    if weekday == 7:
+        return 0
+    if isinstance(weekday, tuple) and weekday and weekday[0] == 7:
+        return (0, *weekday[1:])
+    return weekday
 
 
 _YEAR_10000 = 253_402_300_800.0  # 10000-01-01T00:00:00Z: the bound of every stored time
@@ -358,7 +413,7 @@ class Scheduler:
             for s in self.schedules:
                 rule = marks.get(s.key + RULE_MARK)
                 ticks, last = s.plan(marks.get(s.key), at,
-                                     rule_changed=rule is not None and rule != s.rule_id)
+                                     rule_changed=rule is not None and not s.same_rule(rule))
                 created = []
                 try:
                     for t in ticks:

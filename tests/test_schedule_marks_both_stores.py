@@ -81,3 +81,61 @@ def test_a_pg_spool_keeps_the_databases_time_when_the_host_clock_steps(
         assert [lease.job_id for lease in spool.claim(kinds="k")] == [job.id]  # due now
         fired = Scheduler([Schedule("tick", every=HOUR)]).tick(spool)
         assert all(t <= row[0] + 60 for f in fired for t in f.ticks)  # none 2 h early
+
+
+# Found by a schedules probe: a rule edited while the workers were down, even only in how
+# it is written, was taken for a new rule, and a new rule's first sight fired nothing, so
+# catch_up="once" and "all" fired no job for two days of missed 03:00 runs.
+@pytest.mark.parametrize("written", ["0  3 * * *", "0 3 * * 0-6", "0 3 1-31 * 0-6",
+                                     " 0 3 * * * ", "@daily"])
+def test_a_cron_rule_written_another_way_still_catches_up(any_spool: Spool,
+                                                          written: str) -> None:
+    day = (int(time.time()) // DAY - 3) * DAY
+    at = 0 if written != "@daily" else 3 * HOUR  # @daily is 00:00, not 03:00
+    rule = "0 3 * * *" if written != "@daily" else "0 0 * * *"
+    before = Scheduler([Schedule("nightly", cron=rule, catch_up="all")])
+    assert _fired(before, any_spool, day + 3 * HOUR + 1 - at) == [day + 3 * HOUR - at]
+    after = Scheduler([Schedule("nightly", cron=written, catch_up="all")])
+    # Two days down, restarted at 10:00 with the schedule written another way.
+    assert _fired(after, any_spool, day + 2 * DAY + 10 * HOUR) == \
+        [day + DAY + 3 * HOUR - at, day + 2 * DAY + 3 * HOUR - at]
+
+
+@pytest.mark.parametrize(("catch_up", "expected"), [("once", 1), ("all", 1), ("skip", 0)])
+def test_a_rule_changed_while_down_still_owes_the_downtime_one_run(
+        any_spool: Spool, catch_up: str, expected: int) -> None:
+    day = (int(time.time()) // DAY - 3) * DAY
+    before = Scheduler([Schedule("nightly", cron="0 3 * * *", catch_up=catch_up)])
+    assert _fired(before, any_spool, day + 3 * HOUR + 1) == [day + 3 * HOUR]
+    after = Scheduler([Schedule("nightly", cron="0 4 * * *", catch_up=catch_up)])
+    # Not each of the new rule's ticks since the old mark (it did not exist then): its
+    # latest, once; "skip" starts with its next tick.
+    assert _fired(after, any_spool, day + 2 * DAY + 10 * HOUR) == \
+        [day + 2 * DAY + 4 * HOUR] * expected
+    assert _fired(after, any_spool, day + 3 * DAY + 4 * HOUR + 1) == [day + 3 * DAY + 4 * HOUR]
+    assert _fired(before, any_spool, day + 3 * DAY + 4 * HOUR + 2) == []  # nothing twice
+
+
+def test_a_mark_fingerprinted_by_an_older_version_is_the_same_rule(any_spool: Spool) -> None:
+    # Versions before 12-05 fingerprinted the cron text as written; an upgrade during a
+    # downtime must not cost a catch-up schedule its missed runs.
+    import hashlib
+
+    from jobspool.queue.marks import RULE_MARK
+
+    day = (int(time.time()) // DAY - 3) * DAY
+    legacy = int.from_bytes(hashlib.sha256(b"cron 0 3 * * * UTC").digest()[:8], "big") >> 1
+    with any_spool.hold_schedule_marks() as marks:
+        marks["nightly"] = day + 3 * HOUR
+        marks["nightly" + RULE_MARK] = legacy
+    scheduler = Scheduler([Schedule("nightly", cron="0 3 * * *", catch_up="all")])
+    assert _fired(scheduler, any_spool, day + 2 * DAY + 10 * HOUR) == \
+        [day + DAY + 3 * HOUR, day + 2 * DAY + 3 * HOUR]
+
+
+@pytest.mark.parametrize(("a", "b"), [("0 3 1 * *", "0 3 1 * 0-6"), ("0 3 * * 1-5", "0 3 1-31 * 1-5"),
+                                      ("0 3 * * *", "0 3 * * 1-6"), ("0 3 * * *", "5 3 * * *")])
+def test_rules_that_tick_differently_are_told_apart(a: str, b: str) -> None:
+    # Day-of-month OR day-of-week when both are given: "1 * 0-6" is every day, not the 1st.
+    assert Schedule("k", cron=a).rule_id != Schedule("k", cron=b).rule_id
+    assert Schedule("k", cron=a).rule_id != Schedule("k", cron=a, tz="Europe/Paris").rule_id

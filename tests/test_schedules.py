@@ -446,22 +446,26 @@ def test_a_skip_schedule_with_no_grace_still_fires_on_a_worker_that_wakes_late(
     assert scheduler.tick(spool, tick + 120 + 30) == []
 
 
+@pytest.mark.parametrize(("catch_up", "first"), [("all", 1), ("once", 1), ("skip", 0)])
 def test_a_schedule_whose_rule_changed_starts_over_instead_of_catching_up(
-        spool: Spool) -> None:
+        spool: Spool, catch_up: str, first: int) -> None:
     # every 3600 s became every 420 s under one name: with catch_up="all", the new rule
-    # fired each of its ticks since the old mark (up to max_catch_up) at once. (A mark
-    # that is a tick of the new rule too: tests/test_schedule_marks_both_stores.py.)
+    # fired each of its ticks since the old mark (up to max_catch_up) at once. Now a
+    # catch-up schedule fires its latest tick once (the downtime is owed a run), "skip"
+    # none, as at first sight. (A mark that is a tick of the new rule too:
+    # tests/test_schedule_marks_both_stores.py.)
     hour = (int(T0) // HOUR + 1) * HOUR
-    old = Schedule("tick", every=HOUR, catch_up="all")
+    old = Schedule("tick", every=HOUR, catch_up=catch_up)
     Scheduler([old]).tick(spool, hour - 1)
     (fired,) = Scheduler([old]).tick(spool, hour + 1)
     assert fired.ticks == (hour,)
-    new = Schedule("tick", every=420, catch_up="all")
+    new = Schedule("tick", every=420, catch_up=catch_up)
     assert hour % 420  # the old mark is no tick of the new rule
     later = new.last_tick(hour + 30 * 60) + 200  # its latest tick 200 s late
-    assert Scheduler([new]).tick(spool, later) == []  # first sight: its next tick
-    (fired,) = Scheduler([new]).tick(spool, later + 420)
-    assert fired.ticks == (new.last_tick(later + 420),)
+    fired_later = [t for f in Scheduler([new]).tick(spool, later) for t in f.ticks]
+    assert fired_later == [new.last_tick(later)] * first
+    (fired,) = Scheduler([new]).tick(spool, new.last_tick(later) + 420 + 1)
+    assert fired.ticks == (new.last_tick(later) + 420,)
 
 
 def test_two_rules_live_under_one_name_never_fire_a_tick_twice(spool: Spool) -> None:
