@@ -16,7 +16,7 @@ import pytest
 
 from jobspool import Context, Job, JobState, Policy, Spool, Worker
 from jobspool.queue.job import MAX_TRACEBACK_BYTES, decode_job, encode_job
-from jobspool.queue.machine import clip_traceback
+from jobspool.queue.jobsize import clip_traceback
 from tests.cli_harness import run_jobspool
 from tests.helpers_spool import FakeClock
 from tests.spools import make_spool

@@ -39,7 +39,7 @@ from jobspool.queue.context import (
     Retried,
 )
 from jobspool.queue.job import clip_error, validate_delay
-from jobspool.queue.machine import clip_traceback
+from jobspool.queue.jobsize import clip_traceback
 from jobspool.queue.procid import current_pid
 from jobspool.queue.runs import HANDLER_THREADS
 from jobspool.queue.runtime import (

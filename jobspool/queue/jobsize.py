@@ -5,15 +5,13 @@ transitions that add free text (errors, tracebacks) cut it to fit."""
 from __future__ import annotations
 
 import logging
-import math
 import sys
 from dataclasses import replace
-from typing import Any
 
 import orjson
 
 from jobspool.errors import InvalidJob, JobTooLarge
-from jobspool.queue.job import MAX_OWNER_CHARS, Job, encode_job
+from jobspool.queue.job import MAX_OWNER_CHARS, MAX_TRACEBACK_BYTES, Job, encode_job, storable_text
 
 _log = logging.getLogger("jobspool.queue")
 
@@ -21,9 +19,6 @@ _log = logging.getLogger("jobspool.queue")
 # lease, a failure an error (and a traceback), a crash a rescue count. New jobs are
 # therefore admitted only up to `max_job_bytes` less a reserve for those additions, and
 # the transitions that add free text (errors, tracebacks) cut it to fit what is left.
-
-_TEXT_FIELDS = ("traceback", "last_error")
-
 
 def transition_reserve(max_bytes: int) -> int:
     """Bytes kept free at admission for what later transitions add (a lease with an owner
@@ -92,34 +87,81 @@ def fitted(job: Job, *, max_bytes: int) -> tuple[Job, bytes]:
         return job, encode_job(job, max_bytes=max_bytes)
     except JobTooLarge as exc:
         over = exc.size - max_bytes
-    for _ in range(8):
-        texts: list[tuple[str, str]] = []
-        for f in _TEXT_FIELDS:
-            t = getattr(job, f, None)
-            if isinstance(t, str) and t:
-                texts.append((f, t))
-        if not texts:
-            break
-        name, text = texts[0]
-        # Cut by characters, `over` counts bytes: an emoji is 4 of them encoded, a control
-        # character 6 (\u0001). Counting one byte per character cut such a text to nothing
-        # (a dead letter with an empty error). A traceback keeps its tail (the raising
-        # frame), an error its head.
-        per_char = max(1.0, (len(orjson.dumps(text)) - 2) / len(text))
-        keep = max(0, len(text) - math.ceil(over / per_char) - 16)
-        cut: str | None
-        if name == "traceback":
-            cut = "...\n" + text[len(text) - keep:] if keep else None
-        else:
-            cut = text[:keep] + "..." if keep else ""
-        changes: dict[str, Any] = {name: cut}
-        job = replace(job, **changes)
+    error, tb = job.last_error or "", job.traceback or ""
+    # The room the two texts may share, split evenly unless one needs less than its half.
+    # (Cut whole, the traceback first, a job near the limit kept its error and no trace of
+    # where it was raised.)
+    room = _text_bytes(error) + _text_bytes(tb) - over - 16
+    while room > 0:
+        tb_room = room - min(_text_bytes(error), room // 2)
+        kept_tb = clip_traceback(tb, tb_room) if tb and tb_room >= _MIN_TRACEBACK else None
+        error_room = room - (_text_bytes(kept_tb) if kept_tb else 0)
+        cut = replace(job, traceback=kept_tb, last_error=None if job.last_error is None
+                      else _head(error, error_room))
         try:
-            return job, encode_job(job, max_bytes=max_bytes)
+            return cut, encode_job(cut, max_bytes=max_bytes)
         except JobTooLarge as exc:
-            over = exc.size - max_bytes
-    return job, encode_job(job, max_bytes=max_bytes)
+            room -= exc.size - max_bytes + 16  # escapes and markers the estimate missed
+    bare = replace(job, traceback=None, last_error=None if job.last_error is None else "")
+    return bare, encode_job(bare, max_bytes=max_bytes)
 
 
-__all__ = ["MAX_OWNER_CHARS", "admission_limit", "encode_admitted", "encode_completed",
-           "fitted", "fitted_anyway", "transition_reserve"]
+# A traceback given less room than this is dropped: its start and end would say nothing.
+_MIN_TRACEBACK = 256
+
+
+def _text_bytes(text: str) -> int:
+    return len(orjson.dumps(text)) - 2
+
+
+def _head(text: str, max_bytes: int) -> str:
+    """The start of an error within `max_bytes` of JSON, marked as cut."""
+    if _text_bytes(text) <= max_bytes:
+        return text
+    if max_bytes <= 3:
+        return ""
+    # Cut by characters, budgets count bytes: an emoji is 4 of them encoded, a control
+    # character 6 (\u0001). Counting one byte per character cut such a text to nothing.
+    per_char = max(1.0, _text_bytes(text) / len(text))
+    keep = int((max_bytes - 3) / per_char)
+    while keep > 0 and _text_bytes(text[:keep]) > max_bytes - 3:
+        keep = keep * 9 // 10
+    return text[:keep] + "..." if keep else ""
+
+
+def clip_traceback(text: str | None, max_bytes: int = MAX_TRACEBACK_BYTES) -> str | None:
+    """Keep a traceback's start (its frames) and end (where and what was raised) within
+    `max_bytes` of JSON (at least 128 characters' worth), cutting the middle."""
+    if text is None:
+        return None
+    text = storable_text(text)
+    # JSON escapes newlines and quotes, so measure the escaped form, not the characters.
+    if len(orjson.dumps(text)) <= max_bytes:
+        return text
+    # Half each side: a long exception message (at the end) took the whole budget when
+    # only the end was kept, and no frame was left to say where it came from.
+    keep = max_bytes  # characters: at least as many bytes once escaped
+    while True:
+        head = text[:keep // 2]
+        if "\n" in head[len(head) // 2:]:
+            head = head[:head.rindex("\n") + 1]  # whole lines at the cut
+        tail = text[len(text) - keep // 2:]
+        cut = len(text) - len(head) - len(tail)
+        clipped = f"{head}... ({cut} characters cut) ...\n{tail}"
+        size = len(orjson.dumps(clipped))
+        if size <= max_bytes or keep <= 128:
+            return clipped
+        keep = max(128, min(keep - 32, keep * max_bytes // size))
+
+
+
+__all__ = [
+    "MAX_OWNER_CHARS",
+    "admission_limit",
+    "clip_traceback",
+    "encode_admitted",
+    "encode_completed",
+    "fitted",
+    "fitted_anyway",
+    "transition_reserve",
+]

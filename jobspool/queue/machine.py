@@ -16,16 +16,14 @@ from typing import Any
 from jobspool.errors import DuplicateJob, InvalidTransition, JobTooLarge, LeaseLost
 from jobspool.queue.job import (
     MAX_RUN_AT,
-    MAX_TRACEBACK_BYTES,
     Job,
     Lease,
     LeaseInfo,
     clip_error,
     evolve,
-    storable_text,
     validate_delay,
 )
-from jobspool.queue.jobsize import encode_admitted
+from jobspool.queue.jobsize import clip_traceback, encode_admitted
 from jobspool.queue.states import JobState, check_transition
 
 
@@ -76,33 +74,6 @@ class Failure:
 
     def __str__(self) -> str:
         return self.error
-
-
-def clip_traceback(text: str | None) -> str | None:
-    """Keep a traceback's start (its frames) and end (where and what was raised) within
-    `MAX_TRACEBACK_BYTES` of JSON, cutting the middle."""
-    if text is None:
-        return None
-    text = storable_text(text)
-    # JSON escapes newlines and quotes, so measure the escaped form, not the characters.
-    import orjson
-
-    if len(orjson.dumps(text)) <= MAX_TRACEBACK_BYTES:
-        return text
-    # Half each side: a long exception message (at the end) took the whole budget when
-    # only the end was kept, and no frame was left to say where it came from.
-    keep = MAX_TRACEBACK_BYTES  # characters: at least as many bytes once escaped
-    while True:
-        head = text[:keep // 2]
-        if "\n" in head[len(head) // 2:]:
-            head = head[:head.rindex("\n") + 1]  # whole lines at the cut
-        tail = text[len(text) - keep // 2:]
-        cut = len(text) - len(head) - len(tail)
-        clipped = f"{head}... ({cut} characters cut) ...\n{tail}"
-        size = len(orjson.dumps(clipped))
-        if size <= MAX_TRACEBACK_BYTES or keep <= 128:
-            return clipped
-        keep = max(128, min(keep - 32, keep * MAX_TRACEBACK_BYTES // size))
 
 
 def _move(job: Job, action: str, dst: JobState, now: float, **changes: Any) -> Job:
