@@ -101,6 +101,26 @@ def test_a_hook_that_raises_counts_as_unknown(spool: Spool, clock: Any) -> None:
     assert job.last_error and "database down" in job.last_error
 
 
+@pytest.mark.parametrize("said", ["raise", "return"])
+def test_a_hooks_huge_exception_or_answer_is_logged_clipped(
+        spool: Spool, clock: Any, caplog: pytest.LogCaptureFixture, said: str) -> None:
+    # Found by a two-phase probe: a 200,000-character message was logged whole, once per
+    # job and recovery, while the job's own error was clipped.
+    _orphan(spool, clock, "note", "j")
+
+    def hook(job: Job) -> str:
+        if said == "raise":
+            raise RuntimeError("x" * 200_000)
+        return "y" * 200_000
+
+    with caplog.at_level(logging.WARNING, logger="jobspool"):
+        report = spool.recover(replay={"note": hook})
+    assert report.replay_unknown == ("j",)
+    (line,) = [r.getMessage() for r in caplog.records if "replay hook for job j" in r.getMessage()]
+    assert len(line) < 2000 and "characters cut" in line
+    assert ("RuntimeError('xxx" if said == "raise" else "'yyy") in line
+
+
 def test_an_answer_outside_the_three_counts_as_unknown(spool: Spool, clock: Any) -> None:
     _orphan(spool, clock, "note", "j")
     report = spool.recover(replay={"note": lambda job: "yes"})

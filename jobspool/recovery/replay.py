@@ -113,8 +113,16 @@ def _await(awaitable: Any) -> Any:
         return pool.submit(asyncio.run, wait()).result()
 
 
+# A hook's exception or answer, as logged: a 200,000-character message was logged whole,
+# once per job and recovery (the job's own error is clipped by `clip_error`).
+_SHOWN_CHARS = 1000
+
+
 def _shown(value: object) -> str:
     try:
-        return repr(value)
+        text = repr(value)
     except Exception:  # a repr that raises must not take recovery down with it
         return f"<{type(value).__name__} whose repr() failed>"
+    if len(text) <= _SHOWN_CHARS:
+        return text
+    return f"{text[:_SHOWN_CHARS]}... ({len(text) - _SHOWN_CHARS} characters cut)"
