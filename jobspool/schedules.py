@@ -95,6 +95,7 @@ class Schedule:
     _zone: tzinfo = field(init=False, repr=False, compare=False, default=UTC)
     _every: int = field(init=False, repr=False, compare=False, default=0)
     _expr: str = field(init=False, repr=False, compare=False, default="")  # macros expanded
+    _rule_id: int = field(init=False, repr=False, compare=False, default=0)
 
     def __post_init__(self) -> None:
         validate_kind(self.kind)
@@ -132,6 +133,10 @@ class Schedule:
                 raise ScheduleError(f"{label}: tz={self.tz!r} applies to cron schedules only "
                                     "(every= ticks are aligned to the epoch); use a cron "
                                     "expression for ticks at local times")
+        # Once: `tick` compares it at every wake, and a cron rule's takes a parse.
+        object.__setattr__(self, "_rule_id", _fingerprint(
+            f"cron {_cron_canonical(self._expr)} {self.tz}" if self.cron is not None
+            else f"every {self._every}"))
 
     # ------------------------------------------------------------ ticks
 
@@ -191,9 +196,7 @@ class Schedule:
         """A fingerprint of the rule (cron and zone, or interval), kept beside the mark: a
         rule changed under the same name is told by it (`plan`'s `rule_changed`). Two
         spellings of one cron rule (`0  3 * * *`, `0 3 * * 0-6`, Sunday as 7) share it."""
-        rule = (f"cron {_cron_canonical(self._expr)} {self.tz}" if self.cron is not None
-                else f"every {self._every}")
-        return _fingerprint(rule)
+        return self._rule_id
 
     def same_rule(self, rule_id: int) -> bool:
         """Whether a fingerprint kept beside the mark is this schedule's rule; also the one
@@ -296,11 +299,11 @@ def _cron_canonical(expr: str) -> str:
     except AttributeError:  # a cronsim without these: the text, spaced and cased one way
         return " ".join(expr.lower().split())
     every_day, every_weekday = set(range(1, 32)), set(range(7))
-    days = every_day if days >= every_day else days
-    weekdays = every_weekday if weekdays >= every_weekday else weekdays
-    all_days, all_weekdays = days == every_day, weekdays == every_weekday
+    all_days, all_weekdays = days >= every_day, weekdays >= every_weekday
     if (all_days and all_weekdays) or (not day_and and (all_days or all_weekdays)):
         days, weekdays, day_and = every_day, every_weekday, True
+    elif all_days:
+        days = every_day  # ANDed with the weekdays: they alone decide
     parts = [sorted(minutes), sorted(hours), sorted(days, key=repr), sorted(months),
              sorted(weekdays, key=repr), day_and]
     return repr(parts)

@@ -136,7 +136,7 @@ def clip_traceback(text: str | None, max_bytes: int = MAX_TRACEBACK_BYTES) -> st
         return None
     text = storable_text(text)
     # JSON escapes newlines and quotes, so measure the escaped form, not the characters.
-    if len(orjson.dumps(text)) <= max_bytes:
+    if _text_bytes(text) + 2 <= max_bytes:
         return text
     # Half each side: a long exception message (at the end) took the whole budget when
     # only the end was kept, and no frame was left to say where it came from.
@@ -152,7 +152,6 @@ def clip_traceback(text: str | None, max_bytes: int = MAX_TRACEBACK_BYTES) -> st
         if size <= max_bytes or keep <= 128:
             return clipped
         keep = max(128, min(keep - 32, keep * max_bytes // size))
-
 
 
 __all__ = [
