@@ -39,6 +39,8 @@ from dataclasses import KW_ONLY, dataclass, field
 from datetime import UTC, datetime, timedelta, tzinfo
 from typing import TYPE_CHECKING, Any, Protocol
 
+from jobspool.cron import CRON_MACROS as CRON_MACROS  # re-exported
+from jobspool.cron import cron_canonical, cron_check, fingerprint
 from jobspool.errors import Backpressure, InvalidJob, JobNotFound, JobspoolError, ScheduleError
 from jobspool.queue.job import JOB_ID_RE, check_json, iso_time, validate_int, validate_kind
 from jobspool.queue.marks import MARKS_FILE as MARKS_FILE  # re-exported
@@ -51,10 +53,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("jobspool.schedules")
 
 CATCH_UP = ("skip", "once", "all")
-# The nicknames cron, croniter and Oban take (cronsim does not): what each stands for.
-CRON_MACROS = {"@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly": "0 0 1 * *",
-               "@weekly": "0 0 * * 0", "@daily": "0 0 * * *", "@midnight": "0 0 * * *",
-               "@hourly": "0 * * * *"}
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
@@ -124,7 +122,7 @@ class Schedule:
             raise ScheduleError(f"{label}: {exc}") from None
         object.__setattr__(self, "_zone", _zone(self.tz, label))
         if self.cron is not None:
-            object.__setattr__(self, "_expr", _cron_check(self.cron, label))
+            object.__setattr__(self, "_expr", cron_check(self.cron, label))
         else:
             object.__setattr__(self, "_every", _every_seconds(self.every, label))
             if self.tz != "UTC":
@@ -134,8 +132,8 @@ class Schedule:
                                     "(every= ticks are aligned to the epoch); use a cron "
                                     "expression for ticks at local times")
         # Once: `tick` compares it at every wake, and a cron rule's takes a parse.
-        object.__setattr__(self, "_rule_id", _fingerprint(
-            f"cron {_cron_canonical(self._expr)} {self.tz}" if self.cron is not None
+        object.__setattr__(self, "_rule_id", fingerprint(
+            f"cron {cron_canonical(self._expr)} {self.tz}" if self.cron is not None
             else f"every {self._every}"))
 
     # ------------------------------------------------------------ ticks
@@ -203,7 +201,7 @@ class Schedule:
         versions before 12-05 kept (of the cron text as written), so an upgrade is no
         rule change."""
         return rule_id == self.rule_id or (
-            self.cron is not None and rule_id == _fingerprint(f"cron {self._expr} {self.tz}"))
+            self.cron is not None and rule_id == fingerprint(f"cron {self._expr} {self.tz}"))
 
     def plan(self, last: int | None, now: float, *,
              rule_changed: bool = False) -> tuple[list[int], int]:
@@ -257,64 +255,6 @@ def _zone(name: object, label: str) -> tzinfo:
         return ZoneInfo(name)
     except (ValueError, LookupError) as exc:
         raise ScheduleError(f"{label}: unknown time zone {name!r} ({exc})") from None
-
-
-def _cron_check(expr: object, label: str) -> str:
-    """The expression cronsim is given (a macro such as `@daily` expanded), checked."""
-    from cronsim import CronSim, CronSimError
-
-    if not isinstance(expr, str):
-        raise ScheduleError(f"{label}: cron must be a string, got {expr!r}")
-    if expr.strip().startswith("@") and expr.strip().lower() not in CRON_MACROS:
-        raise ScheduleError(f"{label}: invalid cron expression {expr!r} (macros: "
-                            f"{', '.join(CRON_MACROS)})")
-    full = CRON_MACROS.get(expr.strip().lower(), expr.strip())
-    if len(full.split()) != 5:
-        # cronsim also takes a sixth (seconds) field: a tick a second would be a surprise.
-        raise ScheduleError(f"{label}: invalid cron expression {expr!r} (five fields: minute "
-                            f"hour day-of-month month day-of-week; got {len(full.split())})")
-    try:
-        next(CronSim(full, datetime(2000, 1, 1, tzinfo=UTC)))
-    except (CronSimError, StopIteration) as exc:
-        raise ScheduleError(f"{label}: invalid cron expression {expr!r} ({exc})") from None
-    return full
-
-
-def _fingerprint(rule: str) -> int:
-    return int.from_bytes(hashlib.sha256(rule.encode()).digest()[:8], "big") >> 1
-
-
-def _cron_canonical(expr: str) -> str:
-    """The ticks a (checked) expression stands for, spelled one way: its fields as cronsim
-    expands them, Sunday as 0, and a day-of-month OR day-of-week that matches every day
-    as every day (`0 3 1-31 * 0-6` is `0 3 * * *`)."""
-    from cronsim import CronSim
-
-    c = CronSim(expr, datetime(2000, 1, 1, tzinfo=UTC))
-    try:
-        minutes, hours, months = c.minutes, c.hours, c.months
-        days: set[Any] = set(c.days)
-        weekdays: set[Any] = {_sunday(w) for w in c.weekdays}
-        day_and = c.day_and
-    except AttributeError:  # a cronsim without these: the text, spaced and cased one way
-        return " ".join(expr.lower().split())
-    every_day, every_weekday = set(range(1, 32)), set(range(7))
-    all_days, all_weekdays = days >= every_day, weekdays >= every_weekday
-    if (all_days and all_weekdays) or (not day_and and (all_days or all_weekdays)):
-        days, weekdays, day_and = every_day, every_weekday, True
-    elif all_days:
-        days = every_day  # ANDed with the weekdays: they alone decide
-    parts = [sorted(minutes), sorted(hours), sorted(days, key=repr), sorted(months),
-             sorted(weekdays, key=repr), day_and]
-    return repr(parts)
-
-
-def _sunday(weekday: Any) -> Any:
-    if weekday == 7:
-        return 0
-    if isinstance(weekday, tuple) and weekday and weekday[0] == 7:
-        return (0, *weekday[1:])
-    return weekday
 
 
 _YEAR_10000 = 253_402_300_800.0  # 10000-01-01T00:00:00Z: the bound of every stored time
