@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from jobspool.pg.db import Pool, PoolExhausted
+from jobspool.queue.states import JobState
 
 
 @pytest.fixture
@@ -120,3 +121,36 @@ def test_a_claim_after_many_settles_does_not_revisit_their_leases(pg_url: str) -
         text = spool.db.run(plan, what="plan")
     assert "jobspool_jobs_leased" in text  # the expired-lease half of the claim, planned
     assert "Bitmap" not in text, text
+
+
+def test_pooled_connections_plan_each_states_listing_on_that_states_index(pg_url: str) -> None:
+    """Pooled connections plan prepared statements generically (`force_generic_plan`), so a
+    statement that bound its state as a parameter could use no state's partial index; the
+    listing of one state, planned as the pool plans it, scans that state's index."""
+    from jobspool import Spool
+    from jobspool.pg import admin
+
+    with Spool(pg_url) as spool:
+        spool.enqueue_many("k", [{"i": i} for i in range(3000)])
+        for _ in range(58):
+            leases = spool.claim(kinds="k", limit=50, lease_seconds=60)
+            spool.complete_many([(lease, None) for lease in leases])
+        spool.claim(kinds="k", limit=40, lease_seconds=60)
+
+        def plan(conn: Any) -> tuple[str, str]:
+            mode = conn.execute("SHOW plan_cache_mode").fetchone()[0]
+            conn.execute("ANALYZE jobspool_jobs")
+            sql = admin._PAGE[JobState.LEASED].replace("%s", "$1", 1).replace(
+                "%s", "$2", 1).replace("%s", "$3", 1)
+            conn.execute(f"PREPARE leased_page(text, text, text) AS {sql}")
+            try:
+                rows = conn.execute("EXPLAIN EXECUTE leased_page('', NULL, NULL)").fetchall()
+            finally:
+                conn.execute("DEALLOCATE leased_page")
+            return mode, "\n".join(r[0] for r in rows)
+
+        mode, text = spool.db.run(plan, what="plan")
+        assert mode == "force_generic_plan"
+        assert "jobspool_jobs_leased" in text, text
+        leased = [j.id for j in spool.jobs(state="leased")]
+        assert len(leased) == 40 and leased == sorted(leased)
