@@ -247,11 +247,15 @@ def test_a_declared_schema_is_used_and_allows_deletes_before_any_upsert(tmp_path
     assert hits.column("id").to_pylist() == ["q", "p"]
 
 
-def test_deletes_for_an_unknown_table_are_a_no_op(store: ProjectionStore) -> None:
+def test_deletes_for_an_unknown_table_make_it_to_hold_their_tombstones(
+        store: ProjectionStore) -> None:
+    """(Until 12-05 a no-op: a late, older upsert of the key then created the row;
+    tests/test_projection_deletes_first.py.) Readers see an empty table."""
     result = store.apply([make_delete("d", "nowhere", "a", None, 1)])
-    assert result.ok and result.tables == {"nowhere": 0}
-    assert store.table("nowhere").version() is None
+    assert result.ok and result.tables == {"nowhere": 1}
+    assert store.table("nowhere").version() is not None
     assert store.table("nowhere").get("a") is None
+    assert store.table("nowhere").count() == 0
 
 
 def test_lance_projection_reads_by_uri_and_writes_directly(tmp_path: Path) -> None:

@@ -99,6 +99,11 @@ def _create_table(conn: Any, name: str, schema: pa.Schema) -> Any:
     return conn.create_table(name, schema=schema, exist_ok=True)
 
 
+def _add_table_columns(tbl: Any, fields: Sequence[pa.Field]) -> None:
+    # Nullable, so the rows (and tombstones) already there hold nulls in them.
+    tbl.add_columns(pa.schema(list(fields)))
+
+
 def _execute_merge(tbl: Any, key: str, batch: pa.Table, timeout: timedelta | None) -> Any:
     return (
         tbl.merge_insert(key)
@@ -237,8 +242,10 @@ class ProjectionStore(ProjectionDatabase):
 
         A table whose merge raises puts every job that wrote it in `failed`
         (outcome unknown, retryable); the other tables still commit. Deletes
-        for a table that does not exist and has no declared schema are no-ops:
-        there is nothing to delete, and no schema to create it with.
+        for a table that does not exist and has no declared schema create it
+        with the key and reserved columns only, to hold their tombstones (an
+        older upsert arriving later must not bring the key back); the first
+        rows written to it add their columns.
         """
         with self._lock:
             if writes:
@@ -292,6 +299,8 @@ class ProjectionStore(ProjectionDatabase):
                     f"table {plan.table!r} was created concurrently with another schema; retry",
                     table=plan.table,
                 )
+        if plan.add_fields:
+            self._add_columns(tbl, plan)
         batch = plan.batch
 
         def merge() -> Any:
@@ -301,6 +310,22 @@ class ProjectionStore(ProjectionDatabase):
         # Unknown outcome, throttling, timeouts: try again (the fenced merge is idempotent).
         result = obj.retry_transient(merge, self._commit_retry, what=f"merge into {plan.table!r}")
         return int(result.num_inserted_rows) + int(result.num_updated_rows)
+
+    def _add_columns(self, tbl: Any, plan: TablePlan) -> None:
+        """Give a table made by deletes alone the columns of its first rows."""
+        try:
+            with self.exclusive(plan.table):
+                _add_table_columns(tbl, plan.add_fields)
+        except Exception as exc:
+            # Most likely another process added its first rows' columns meanwhile: the
+            # retry plans against the table as it is now.
+            self._forget(plan.table)
+            raise ProjectionError(f"table {plan.table!r} took its first columns concurrently "
+                                  f"({_one_line(exc)}); retry", table=plan.table) from exc
+        if not tbl.schema.equals(plan.schema, check_metadata=False):
+            self._forget(plan.table)
+            raise ProjectionError(f"table {plan.table!r} took its first columns concurrently; "
+                                  "retry", table=plan.table)
 
     def _create(self, name: str, schema: pa.Schema) -> Any:
         if name in self._opened:

@@ -20,8 +20,10 @@ from jobspool.projection.handler import RESERVED_COLUMNS, PendingWrite, check_ke
 from jobspool.projection.schema import (
     Entry,
     build_batch,
+    columns_pending,
     foreign_table_problem,
     infer_schema,
+    key_only_schema,
     required_columns,
     table_schema,
     user_columns,
@@ -59,6 +61,8 @@ class TablePlan:
     exists: bool
     job_ids: set[str]
     batch: pa.Table | None
+    # Columns the first rows bring to a table made by deletes alone, added before the merge.
+    add_fields: tuple[pa.Field, ...] = ()
 
 
 #: What the store plans for one table: a plan, or the jobs rejected (job id -> error).
@@ -115,7 +119,9 @@ def plan_table(
     """Check `writes` against the table's schema, dedup per key and build the batch.
 
     `schema` is the stored or declared one; None for a new table without a
-    declared schema, which then gets one inferred from these rows.
+    declared schema, which then gets one inferred from these rows (or, for deletes
+    alone, the key and reserved columns: `key_only_schema`). A table made that way gets
+    its other columns from the first rows written to it (`TablePlan.add_fields`).
     """
     problem = foreign_table_problem(schema, key) if exists and schema is not None else None
     if problem is not None:
@@ -125,11 +131,19 @@ def plan_table(
                                   "project into another table, or drop this one to have it "
                                   "recreated", table=name)
         return None, {w.job_id: refusal for w in writes}
+    add_fields: tuple[pa.Field, ...] = ()
     if schema is None:
-        rows = [r for w in writes for r in w.rows if isinstance(r.get(key), str)]
-        # Only deletes (or only bad rows) for a table that does not
-        # exist: no schema; a no-op for the deletes, checks for the rest.
-        schema = table_schema(infer_schema(rows, key), key) if rows else None
+        rows = _keyed_rows(writes, key)
+        if rows:
+            schema = table_schema(infer_schema(rows, key), key)
+        elif any(w.op == "delete" for w in writes):
+            # Deletes before any row: the table is made to hold their tombstones, or an
+            # older upsert of a deleted key arriving later would create the row.
+            schema = key_only_schema(key)
+    elif exists and columns_pending(schema, key) and (rows := _keyed_rows(writes, key)):
+        inferred = table_schema(infer_schema(rows, key), key)
+        add_fields = tuple(f for f in inferred if f.name not in schema.names)
+        schema = pa.schema([*schema, *add_fields], metadata=schema.metadata)
     bad: dict[str, ProjectionError] = {}
     allowed = user_columns(schema) if schema is not None else frozenset({key})
     required = required_columns(schema) if schema is not None else frozenset()
@@ -145,7 +159,12 @@ def plan_table(
     built = build_batch(name, schema, key, dedup(writes, key), written_at)
     if built.bad:
         return None, built.bad
-    return TablePlan(name, schema, exists, job_ids, built.batch), {}
+    return TablePlan(name, schema, exists, job_ids, built.batch, add_fields), {}
+
+
+def _keyed_rows(writes: list[PendingWrite], key: str) -> list[dict[str, Any]]:
+    """The upserted rows whose key is a string: what a table's columns are inferred from."""
+    return [r for w in writes for r in w.rows if isinstance(r.get(key), str)]
 
 
 def check_write(w: PendingWrite, allowed: frozenset[str], key: str,

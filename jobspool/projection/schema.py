@@ -40,6 +40,9 @@ PK_METADATA_KEY = b"lance-schema:unenforced-primary-key:position"
 # A user column declared NOT NULL: stored nullable (a tombstone holds nulls there), so
 # the declaration is kept in the field's metadata and checked on every live row.
 REQUIRED_METADATA_KEY = b"jobspool:required"
+# On a table made by deletes alone (no row yet to give it columns): its columns come with
+# the first rows written, once (`columns_pending`).
+PENDING_METADATA_KEY = b"jobspool:columns-pending"
 KEY_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 
 RESERVED_FIELDS: tuple[pa.Field, ...] = (
@@ -157,6 +160,20 @@ def table_schema(user: pa.Schema, key: str) -> pa.Schema:
     return pa.schema(fields)
 
 
+def key_only_schema(key: str) -> pa.Schema:
+    """The schema of a table whose first writes were deletes: the key and the reserved
+    columns, enough to hold tombstones, marked so the first rows add their columns."""
+    stored = table_schema(pa.schema([pa.field(key, pa.string(), nullable=False)]), key)
+    return stored.with_metadata({**(stored.metadata or {}), PENDING_METADATA_KEY: b"1"})
+
+
+def columns_pending(schema: pa.Schema, key: str) -> bool:
+    """Whether a stored table was made by deletes alone and has no user column but its key
+    yet: the first rows written to it add theirs (`key_only_schema`)."""
+    return (bool(schema.metadata) and PENDING_METADATA_KEY in schema.metadata
+            and user_columns(schema) == frozenset({key}))
+
+
 def _suggests_vector(name: str) -> bool:
     # The same rule LanceDB applies when it creates a table from data.
     lowered = name.lower()
@@ -173,7 +190,8 @@ def infer_schema(rows: Sequence[dict[str, Any]], key: str) -> pa.Schema:
     it was refused as not in the schema. A column holding only empty lists
     becomes a list of strings, for the same reason. A `vector`/`embedding`
     column is left out for good while all null or empty (its length is
-    unknown; columns are not added later). A column
+    unknown; columns are not added later, except to a table made by deletes alone:
+    `columns_pending`). A column
     with mixed types takes the type of its first value; rows that disagree
     then fail their own job. Lists of numbers in a column whose name contains
     `vector` or `embedding` become fixed-size float32 lists of the most common
@@ -370,8 +388,10 @@ __all__ = [
     "Entry",
     "build_batch",
     "check_key_name",
+    "columns_pending",
     "foreign_table_problem",
     "infer_schema",
+    "key_only_schema",
     "primary_key_of",
     "strict_array",
     "table_schema",

@@ -1,0 +1,160 @@
+"""Deletes that reach a table before any row: their tombstones fence what comes later.
+
+A delete for a table that did not exist yet used to be a no-op (no schema to hold its
+tombstone), so an older upsert of the deleted key arriving after it created the row: a
+stale write won over a delete, against DESIGN §7. The table is now made with the key and
+the reserved columns to hold the tombstones, and the first rows written add theirs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from jobspool import JobState, LanceProjection, Worker
+from jobspool.projection.handler import make_delete, make_upsert
+from jobspool.projection.lance import ProjectionStore
+from tests.s3server import S3Server
+from tests.spools import make_spool
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> ProjectionStore:
+    if request.param == "local":
+        return ProjectionStore(tmp_path / "db")
+    server: S3Server = request.getfixturevalue("s3_server")
+    return ProjectionStore(server.uri("deletes-first"), storage_options=server.options())
+
+
+def test_a_delete_before_any_row_fences_an_older_upsert_that_arrives_later(
+        store: ProjectionStore) -> None:
+    assert store.apply([make_delete("j1", "notes", "a", 5.0, 1)]).ok
+    late = store.apply([make_upsert("j2", "notes", {"id": "a", "text": "v3"}, 3.0, 2)])
+    assert late.ok and late.tables["notes"] == 0
+    assert store.table("notes").get("a") is None
+    assert store.table("notes").count() == 0
+
+
+def test_the_first_rows_after_deletes_give_the_table_their_columns(
+        store: ProjectionStore) -> None:
+    assert store.apply([make_delete("j1", "notes", "a", 5.0, 1)]).ok
+    rows = [{"id": "a", "text": "v6", "n": 7}, {"id": "b", "text": "b", "n": None}]
+    result = store.apply([make_upsert("j2", "notes", rows, 6.0, 2)])
+    assert result.ok and result.tables["notes"] == 2
+    notes = store.table("notes")
+    assert notes.get("a") == {"id": "a", "text": "v6", "n": 7, "version": 6.0, "fence": 2}
+    assert notes.get("b") == {"id": "b", "text": "b", "n": None, "version": 6.0, "fence": 2}
+    # Then the table is like any other: its columns are set, a new one is refused by name.
+    more = store.apply([make_upsert("j3", "notes", {"id": "c", "extra": 1}, 1.0, 3)])
+    assert "j3" in more.rejected and "'extra'" in str(more.rejected["j3"])
+    assert store.apply([make_upsert("j4", "notes", {"id": "c", "text": "c"}, 1.0, 4)]).ok
+    assert sorted(r["id"] for r in notes.to_arrow().to_pylist()) == ["a", "b", "c"]
+
+
+def test_a_vector_column_brought_by_the_first_rows_after_deletes_is_searchable(
+        store: ProjectionStore) -> None:
+    assert store.apply([make_delete("j1", "docs", "gone", 1.0, 1)]).ok
+    rows = [{"id": "x", "vector": [1.0, 0.0]}, {"id": "y", "vector": [0.0, 1.0]}]
+    assert store.apply([make_upsert("j2", "docs", rows, 1.0, 2)]).ok
+    hits = store.table("docs").search([0.9, 0.1], limit=1)
+    assert hits.column("id").to_pylist() == ["x"]
+    assert store.connection.open_table("docs").schema.field("vector").type == \
+        pa.list_(pa.float32(), 2)
+
+
+def test_a_worker_whose_first_job_deletes_keeps_a_late_stale_write_out(
+        tmp_path: Path) -> None:
+    index = tmp_path / "index"
+
+    def project(job, ctx):  # type: ignore[no-untyped-def]
+        if job.payload["op"] == "delete":
+            ctx.delete("notes", [job.payload["id"]], version=job.payload["version"])
+        else:
+            ctx.upsert("notes", [{"id": job.payload["id"], "title": job.payload["title"]}],
+                       version=job.payload["version"])
+
+    with make_spool(tmp_path / "spool") as spool:
+        # The source deleted note n1 at version 5; its create (version 3) is replayed late.
+        deleted = spool.enqueue("project", {"op": "delete", "id": "n1", "version": 5})
+        Worker(spool, handlers={"project": project}, projection=str(index)).run_until_idle()
+        spool.enqueue("project", {"op": "upsert", "id": "n1", "title": "old", "version": 3})
+        spool.enqueue("project", {"op": "upsert", "id": "n2", "title": "kept", "version": 1})
+        report = Worker(spool, handlers={"project": project},
+                        projection=str(index)).run_until_idle()
+        assert report.completed == 2
+        assert spool.get(deleted.id).state is JobState.COMPLETED
+    notes = LanceProjection(str(index), "notes")
+    assert notes.get("n1") is None
+    assert notes.get("n2") == {"id": "n2", "title": "kept", "version": 1.0,
+                               "fence": notes.get("n2")["fence"]}  # type: ignore[index]
+
+
+_ADDER = """
+import sys, time
+from pathlib import Path
+from jobspool.projection.handler import make_upsert
+from jobspool.projection.lance import ProjectionStore
+db, who, go = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+store = ProjectionStore(db)
+rows = [{"id": f"{who}-{i}", "title": who, "n": i} for i in range(20)]
+while not go.exists():
+    time.sleep(0.001)
+for attempt in range(50):  # a worker retries a failed commit on the job's attempts
+    result = store.apply([make_upsert(f"job-{who}", "notes", rows, 1.0, attempt + 1)])
+    if result.ok:
+        print("ok", attempt, flush=True)
+        break
+    assert not result.rejected, result.rejected
+    time.sleep(0.05)
+"""
+
+
+def test_two_processes_giving_a_deletes_only_table_its_columns_at_once_both_land(
+        tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.subproc import cli_env
+
+    db = tmp_path / "db"
+    assert ProjectionStore(db).apply([make_delete("j0", "notes", "gone", 1.0, 1)]).ok
+    go = tmp_path / "go"
+    procs = [subprocess.Popen([sys.executable, "-c", _ADDER, str(db), who, str(go)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=cli_env()) for who in ("p", "q")]
+    go.touch()
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0 and out.startswith("ok"), err[-2000:]
+    rows = LanceProjection(str(db), "notes").to_arrow().to_pylist()
+    assert sorted(r["id"] for r in rows) == sorted(
+        f"{who}-{i}" for who in ("p", "q") for i in range(20))
+    assert all(r["title"] == r["id"][0] and r["n"] == int(r["id"][2:]) for r in rows)
+
+
+def test_columns_added_by_another_store_between_plan_and_commit_fail_retryably(
+        tmp_path: Path) -> None:
+    """The interleaving the two-process test may or may not hit, forced: this store planned
+    to add the first columns, another added them first. The commit fails (retryable, no
+    row written), and the retry plans against the table as it now is and lands."""
+    from jobspool.errors import ProjectionError
+    from jobspool.projection.plan import plan_table
+
+    mine, other = ProjectionStore(tmp_path / "db"), ProjectionStore(tmp_path / "db")
+    assert mine.apply([make_delete("j0", "notes", "gone", 1.0, 1)]).ok
+    write = make_upsert("jq", "notes", [{"id": "q", "title": "q", "n": 2}], 1.0, 3)
+    table = mine.open("notes")
+    assert table is not None
+    planned, rejected = plan_table("notes", [write], key="id", schema=table.schema,
+                                   exists=True, written_at=1.0)
+    assert planned is not None and not rejected
+    assert [f.name for f in planned.add_fields] == ["title", "n"]
+    assert other.apply([make_upsert("jp", "notes", [{"id": "p", "title": "p", "n": 1}],
+                                    1.0, 2)]).ok
+    with pytest.raises(ProjectionError, match="took its first columns concurrently"):
+        mine._commit(planned)
+    assert mine.table("notes").get("q") is None
+    assert mine.apply([write]).ok
+    assert sorted(r["id"] for r in mine.table("notes").to_arrow().to_pylist()) == ["p", "q"]
