@@ -46,6 +46,8 @@ def test_the_first_rows_after_deletes_give_the_table_their_columns(
     notes = store.table("notes")
     assert notes.get("a") == {"id": "a", "text": "v6", "n": 7, "version": 6.0, "fence": 2}
     assert notes.get("b") == {"id": "b", "text": "b", "n": None, "version": 6.0, "fence": 2}
+    # Read as a table made from rows reads: the user's columns first (they were appended).
+    assert notes.to_arrow().column_names == ["id", "text", "n", "version", "fence"]
     # Then the table is like any other: its columns are set, a new one is refused by name.
     more = store.apply([make_upsert("j3", "notes", {"id": "c", "extra": 1}, 1.0, 3)])
     assert "j3" in more.rejected and "'extra'" in str(more.rejected["j3"])
@@ -60,6 +62,7 @@ def test_a_vector_column_brought_by_the_first_rows_after_deletes_is_searchable(
     assert store.apply([make_upsert("j2", "docs", rows, 1.0, 2)]).ok
     hits = store.table("docs").search([0.9, 0.1], limit=1)
     assert hits.column("id").to_pylist() == ["x"]
+    assert hits.column_names[:4] == ["id", "vector", "version", "fence"]
     assert store.connection.open_table("docs").schema.field("vector").type == \
         pa.list_(pa.float32(), 2)
 

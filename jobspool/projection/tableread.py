@@ -14,7 +14,13 @@ from typing import Any
 import pyarrow as pa
 
 from jobspool.errors import InvalidType, ProjectionError
-from jobspool.projection.handler import HIDDEN_COLUMNS, LIVE_FILTER, live_filter
+from jobspool.projection.handler import (
+    FENCE_COLUMN,
+    HIDDEN_COLUMNS,
+    LIVE_FILTER,
+    VERSION_COLUMN,
+    live_filter,
+)
 
 
 def _sql_string(value: str) -> str:
@@ -23,7 +29,22 @@ def _sql_string(value: str) -> str:
 
 def strip_hidden(tbl: pa.Table) -> pa.Table:
     hidden = [c for c in HIDDEN_COLUMNS if c in tbl.column_names]
-    return tbl.drop_columns(hidden) if hidden else tbl
+    return _user_columns_first(tbl.drop_columns(hidden) if hidden else tbl)
+
+
+def _user_columns_first(tbl: pa.Table) -> pa.Table:
+    """The user's columns ahead of `version` and `fence`, as in a table made from rows: a
+    table made by deletes alone got its user columns after them (`add_columns` appends)."""
+    names = tbl.column_names
+    if FENCE_COLUMN not in names or VERSION_COLUMN not in names:
+        return tbl
+    after = names[names.index(FENCE_COLUMN) + 1:]
+    late = [c for c in after if not c.startswith("_")]
+    if not late:
+        return tbl
+    rest = [c for c in names if c not in late]
+    at = rest.index(VERSION_COLUMN)
+    return tbl.select([*rest[:at], *late, *rest[at:]])
 
 
 class LiveReads:
