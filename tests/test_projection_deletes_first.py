@@ -161,3 +161,21 @@ def test_columns_added_by_another_store_between_plan_and_commit_fail_retryably(
     assert mine.table("notes").get("q") is None
     assert mine.apply([write]).ok
     assert sorted(r["id"] for r in mine.table("notes").to_arrow().to_pylist()) == ["p", "q"]
+
+
+def test_a_store_with_a_declared_schema_gives_a_deletes_only_table_the_declared_columns(
+        tmp_path: Path) -> None:
+    """Another process (no schema declared) made the table with a delete; this store
+    declares the table's schema: its first rows bring the declared columns, types
+    included, not ones inferred from the rows."""
+    assert ProjectionStore(tmp_path / "db").apply(
+        [make_delete("j0", "notes", "gone", 1.0, 1)]).ok
+    declared = pa.schema([pa.field("id", pa.string()), pa.field("title", pa.string()),
+                          pa.field("score", pa.float64()), pa.field("tags", pa.list_(pa.string()))])
+    store = ProjectionStore(tmp_path / "db", schemas={"notes": declared})
+    assert store.apply([make_upsert("j1", "notes", {"id": "a", "score": 1}, 1.0, 2)]).ok
+    schema = store.connection.open_table("notes").schema
+    assert schema.field("score").type == pa.float64()  # inferred from 1 it was int64
+    assert schema.field("tags").type == pa.list_(pa.string())
+    assert store.table("notes").get("a") == {"id": "a", "title": None, "score": 1.0,
+                                             "tags": None, "version": 1.0, "fence": 2}

@@ -285,7 +285,7 @@ class ProjectionStore(ProjectionDatabase):
         tbl = self.open(name)
         schema: pa.Schema | None = tbl.schema if tbl is not None else self._schemas.get(name)
         return plan_table(name, writes, key=self.key_of(name), schema=schema, exists=tbl is not None,
-                          written_at=written_at)
+                          written_at=written_at, declared=self._schemas.get(name))
 
     def _commit(self, plan: TablePlan) -> int:
         assert plan.batch is not None

@@ -115,13 +115,15 @@ def plan_table(
     schema: pa.Schema | None,
     exists: bool,
     written_at: float,
+    declared: pa.Schema | None = None,
 ) -> tuple[TablePlan | None, dict[str, ProjectionError]]:
     """Check `writes` against the table's schema, dedup per key and build the batch.
 
     `schema` is the stored or declared one; None for a new table without a
     declared schema, which then gets one inferred from these rows (or, for deletes
     alone, the key and reserved columns: `key_only_schema`). A table made that way gets
-    its other columns from the first rows written to it (`TablePlan.add_fields`).
+    its other columns with the first rows written to it (`TablePlan.add_fields`): those
+    of `declared` (the store's declared schema) when there is one, else inferred.
     """
     problem = foreign_table_problem(schema, key) if exists and schema is not None else None
     if problem is not None:
@@ -140,10 +142,14 @@ def plan_table(
             # Deletes before any row: the table is made to hold their tombstones, or an
             # older upsert of a deleted key arriving later would create the row.
             schema = key_only_schema(key)
-    elif exists and columns_pending(schema, key) and (rows := _keyed_rows(writes, key)):
-        inferred = table_schema(infer_schema(rows, key), key)
-        add_fields = tuple(f for f in inferred if f.name not in schema.names)
-        schema = pa.schema([*schema, *add_fields], metadata=schema.metadata)
+    elif exists and columns_pending(schema, key):
+        # This store's declared schema, else the one these rows would give a new table.
+        wanted = declared
+        if wanted is None and (rows := _keyed_rows(writes, key)):
+            wanted = table_schema(infer_schema(rows, key), key)
+        if wanted is not None:
+            add_fields = tuple(f for f in wanted if f.name not in schema.names)
+            schema = pa.schema([*schema, *add_fields], metadata=schema.metadata)
     bad: dict[str, ProjectionError] = {}
     allowed = user_columns(schema) if schema is not None else frozenset({key})
     required = required_columns(schema) if schema is not None else frozenset()
