@@ -17,6 +17,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from typing import Any
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,3 +106,14 @@ def s3_server() -> Iterator[S3Server]:
     finally:
         subprocess.run(["bash", str(SCRIPT), "stop", server.directory], capture_output=True,
                        env=_env(), timeout=120, check=False)
+
+
+def projection_store_for(request: pytest.FixtureRequest, tmp_path: Path, name: str) -> Any:
+    """The `ProjectionStore` of a fixture parametrized `["local", "s3"]`: a directory under
+    `tmp_path`, or a prefix `name` on the session's SeaweedFS."""
+    from jobspool.projection.lance import ProjectionStore
+
+    if request.param == "local":
+        return ProjectionStore(tmp_path / "db")
+    server: S3Server = request.getfixturevalue("s3_server")
+    return ProjectionStore(server.uri(name), storage_options=server.options())

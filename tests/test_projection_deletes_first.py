@@ -16,16 +16,13 @@ import pytest
 from jobspool import JobState, LanceProjection, Worker
 from jobspool.projection.handler import make_delete, make_upsert
 from jobspool.projection.lance import ProjectionStore
-from tests.s3server import S3Server
+from tests.s3server import projection_store_for
 from tests.spools import make_spool
 
 
 @pytest.fixture(params=["local", "s3"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> ProjectionStore:
-    if request.param == "local":
-        return ProjectionStore(tmp_path / "db")
-    server: S3Server = request.getfixturevalue("s3_server")
-    return ProjectionStore(server.uri("deletes-first"), storage_options=server.options())
+    return projection_store_for(request, tmp_path, "deletes-first")  # type: ignore[no-any-return]
 
 
 def test_a_delete_before_any_row_fences_an_older_upsert_that_arrives_later(

@@ -9,7 +9,7 @@ import pytest
 
 from jobspool.projection.handler import LIVE_FILTER, make_delete, make_upsert
 from jobspool.projection.lance import ProjectionStore
-from tests.s3server import S3Server
+from tests.s3server import projection_store_for
 from tests.spools import make_spool
 from datetime import UTC
 
@@ -17,10 +17,7 @@ from datetime import UTC
 @pytest.fixture(params=["local", "s3"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> ProjectionStore:
     """Every fencing rule holds on a local directory and on s3:// (SeaweedFS, tests/s3server.py)."""
-    if request.param == "local":
-        return ProjectionStore(tmp_path / "db")
-    server: S3Server = request.getfixturevalue("s3_server")
-    return ProjectionStore(server.uri("fencing"), storage_options=server.options())
+    return projection_store_for(request, tmp_path, "fencing")  # type: ignore[no-any-return]
 
 
 def upsert(
