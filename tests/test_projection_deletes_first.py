@@ -176,3 +176,36 @@ def test_a_store_with_a_declared_schema_gives_a_deletes_only_table_the_declared_
     assert schema.field("tags").type == pa.list_(pa.string())
     assert store.table("notes").get("a") == {"id": "a", "title": None, "score": 1.0,
                                              "tags": None, "version": 1.0, "fence": 2}
+
+
+def test_a_storage_fault_adding_the_first_columns_is_judged_as_a_failed_merge(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The column addition is a write of the table like the merge: its storage failing gives
+    the jobs back uncounted (not blamed on them, not called a race), and nothing lands."""
+    import jobspool.projection.lance as lance
+
+    index = tmp_path / "index"
+    assert ProjectionStore(index).apply([make_delete("j0", "notes", "gone", 1.0, 1)]).ok
+
+    def refused(tbl: object, fields: object) -> None:
+        raise RuntimeError("lance error: LanceError(IO): disk I/O failed (os error 5)")
+
+    def project(job, ctx):  # type: ignore[no-untyped-def]
+        ctx.upsert("notes", [{"id": "a", "title": "t"}], version=1)
+
+    with make_spool(tmp_path / "spool") as spool:
+        job = spool.enqueue("project", {}, max_attempts=1)
+        monkeypatch.setattr(lance, "_add_table_columns", refused)
+        report = Worker(spool, handlers={"project": project},
+                        projection=str(index)).run_until_idle()
+        held = spool.get(job.id)
+        assert report.projection_failing == 1 and report.dead_lettered == 0
+        assert held.state is JobState.RETRYABLE and held.attempts == 0
+        assert "took its first columns" not in (held.last_error or "")
+        assert LanceProjection(str(index), "notes").count() == 0
+        monkeypatch.undo()
+        spool.enqueue("project", {}, job_id="again")  # a second job, due now
+        Worker(spool, handlers={"project": project}, projection=str(index)).run_until_idle()
+        assert spool.get("again").state is JobState.COMPLETED
+    assert LanceProjection(str(index), "notes").get("a") == {
+        "id": "a", "title": "t", "version": 1.0, "fence": 2}

@@ -60,7 +60,13 @@ from jobspool.projection.handler import (
     make_upsert,
 )
 from jobspool.projection.plan import ApplyResult, TablePlan, decide, plan_table
-from jobspool.projection.schema import PK_METADATA_KEY, check_key_name, primary_key_of, table_schema
+from jobspool.projection.schema import (
+    PK_METADATA_KEY,
+    check_key_name,
+    primary_key_of,
+    table_schema,
+    user_columns,
+)
 from jobspool.projection.tableread import LiveReads, strip_hidden
 
 log = logging.getLogger("jobspool.projection")
@@ -317,15 +323,25 @@ class ProjectionStore(ProjectionDatabase):
             with self.exclusive(plan.table):
                 _add_table_columns(tbl, plan.add_fields)
         except Exception as exc:
-            # Most likely another process added its first rows' columns meanwhile: the
-            # retry plans against the table as it is now.
             self._forget(plan.table)
+            if not self._took_columns(plan):
+                raise  # the storage or LanceDB refused: judged as a failed merge is
+            # Another process added its first rows' columns meanwhile: the retry plans
+            # against the table as it is now.
             raise ProjectionError(f"table {plan.table!r} took its first columns concurrently "
                                   f"({_one_line(exc)}); retry", table=plan.table) from exc
         if not tbl.schema.equals(plan.schema, check_metadata=False):
             self._forget(plan.table)
             raise ProjectionError(f"table {plan.table!r} took its first columns concurrently; "
                                   "retry", table=plan.table)
+
+    def _took_columns(self, plan: TablePlan) -> bool:
+        """Whether the table, read again, has user columns beyond its key now."""
+        try:
+            now = self.open(plan.table)
+        except Exception:
+            return False
+        return now is not None and len(user_columns(now.schema)) > 1
 
     def _create(self, name: str, schema: pa.Schema) -> Any:
         if name in self._opened:
