@@ -483,6 +483,8 @@ class PgSpool(EnqueueForms):
 
     def check_leases(self, leases: Sequence[Lease], *, margin: float = 0.0,
                      lease_seconds: float | None = None) -> list[Lease | LeaseLost]:
+        check_leases(leases, pairs=False)
+        margin = validate_seconds("margin", margin)
         given = None if lease_seconds is None else self._seconds(lease_seconds)
         return leasing.check_leases(self, leases, margin, given)
 

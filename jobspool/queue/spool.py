@@ -61,6 +61,7 @@ from jobspool.queue.options import (
     given,
     resolve_settings,
 )
+from jobspool.queue.payload import validate_seconds
 from jobspool.queue.perms import file_mode
 from jobspool.queue.producer import Producer
 from jobspool.queue.producing import EnqueueForms
@@ -306,6 +307,8 @@ class Spool(EnqueueForms):
     def check_leases(self, leases: Sequence[Lease], *, margin: float = 0.0,
                      lease_seconds: float | None = None) -> list[Lease | LeaseLost]:
         """Which leases are still current, extending those with less than `margin` left."""
+        check_leases(leases, pairs=False)
+        margin = validate_seconds("margin", margin)
         return self.leasing.check_leases(leases, margin=margin, lease_seconds=lease_seconds)
 
     def complete(self, lease: Lease, result: Any = None) -> Job:
@@ -521,9 +524,10 @@ class Spool(EnqueueForms):
 
     def prune(self, keep: int | None = None, older_than: float | None = None, *,
               keep_dead: int | None = None) -> PruneReport:
-        """Remove terminal jobs beyond the newest `keep` of their state (`keep_dead` for dead
-        letters, default `keep`) AND older than `older_than` seconds; either bound alone is
-        the whole rule; neither: the spool's `keep_terminal` and `keep_terminal_seconds`."""
+        """Remove terminal jobs beyond the newest `keep` of their state (dead letters: beyond
+        `keep_dead`, by default the spool's own `keep_dead`, not `keep`) AND older than
+        `older_than` seconds; either bound alone is the whole rule; neither: the spool's
+        `keep_terminal` and `keep_terminal_seconds`."""
         from jobspool.recovery.prune import prune
 
         self.lock.check_open()
