@@ -209,3 +209,21 @@ def test_a_storage_fault_adding_the_first_columns_is_judged_as_a_failed_merge(
         assert spool.get("again").state is JobState.COMPLETED
     assert LanceProjection(str(index), "notes").get("a") == {
         "id": "a", "title": "t", "version": 1.0, "fence": 2}
+
+
+def test_a_stale_upsert_fenced_out_by_the_tombstones_does_not_set_the_columns(
+        store: ProjectionStore) -> None:
+    """Found by a projection probe: a late upsert from an older producer (a string `size`,
+    a `legacy` column) was fenced out, yet its columns were added, and every fresh row
+    after it (an int `size`) was refused as not fitting a string column."""
+    assert store.apply([make_delete("j1", "files", "/a", 100.0, 1)]).ok
+    stale = store.apply([make_upsert("j2", "files", {"id": "/a", "size": "12 KB",
+                                                     "legacy": "x"}, 50.0, 2)])
+    assert stale.ok and stale.tables["files"] == 0
+    assert store.connection.open_table("files").schema.names == [
+        "id", "version", "fence", "_deleted", "_written_at"]
+    fresh = store.apply([make_upsert("j3", "files", {"id": "/b", "size": 12}, 200.0, 3)])
+    assert fresh.ok and fresh.tables["files"] == 1
+    assert store.table("files").get("/b") == {"id": "/b", "size": 12, "version": 200.0,
+                                              "fence": 3}
+    assert store.table("files").get("/a") is None

@@ -52,8 +52,10 @@ from jobspool.projection import objectstore as obj
 from jobspool.projection.database import ProjectionDatabase
 from jobspool.projection.database import uri_of as uri_of
 from jobspool.projection.handler import (
+    FENCE_COLUMN,
     LIVE_FILTER,
     TABLE_NAME_RE,
+    VERSION_COLUMN,
     PendingWrite,
     _one_line,
     make_delete,
@@ -63,11 +65,12 @@ from jobspool.projection.plan import ApplyResult, TablePlan, decide, plan_table
 from jobspool.projection.schema import (
     PK_METADATA_KEY,
     check_key_name,
+    columns_pending,
     primary_key_of,
     table_schema,
     user_columns,
 )
-from jobspool.projection.tableread import LiveReads, strip_hidden
+from jobspool.projection.tableread import LiveReads, sql_string, strip_hidden
 
 log = logging.getLogger("jobspool.projection")
 
@@ -108,6 +111,22 @@ def _create_table(conn: Any, name: str, schema: pa.Schema) -> Any:
 def _add_table_columns(tbl: Any, fields: Sequence[pa.Field]) -> None:
     # Nullable, so the rows (and tombstones) already there hold nulls in them.
     tbl.add_columns(pa.schema(list(fields)))
+
+
+def _stored_fences(tbl: Any, key: str, writes: Sequence[PendingWrite]
+                   ) -> dict[str, tuple[float, int]]:
+    """The (version, fence) the table holds for the keys these writes upsert: on a table
+    made by deletes alone, the tombstones an upsert must beat for its columns to count."""
+    keys = sorted({r[key] for w in writes for r in w.rows if isinstance(r.get(key), str)})
+    if not keys:
+        return {}
+    found = tbl.search().where(f"{key} IN ({', '.join(sql_string(k) for k in keys)})").select(
+        [key, VERSION_COLUMN, FENCE_COLUMN]).limit(4 * len(keys) + 16).to_arrow().to_pylist()
+    out: dict[str, tuple[float, int]] = {}
+    for row in found:
+        pair = (float(row[VERSION_COLUMN]), int(row[FENCE_COLUMN]))
+        out[row[key]] = max(out.get(row[key], pair), pair)
+    return out
 
 
 def _execute_merge(tbl: Any, key: str, batch: pa.Table, timeout: timedelta | None) -> Any:
@@ -290,8 +309,13 @@ class ProjectionStore(ProjectionDatabase):
     ) -> tuple[TablePlan | None, dict[str, ProjectionError]]:
         tbl = self.open(name)
         schema: pa.Schema | None = tbl.schema if tbl is not None else self._schemas.get(name)
-        return plan_table(name, writes, key=self.key_of(name), schema=schema, exists=tbl is not None,
-                          written_at=written_at, declared=self._schemas.get(name))
+        key = self.key_of(name)
+        stored = None
+        if tbl is not None and columns_pending(tbl.schema, key):
+            stored = _stored_fences(tbl, key, writes)
+        return plan_table(name, writes, key=key, schema=schema, exists=tbl is not None,
+                          written_at=written_at, declared=self._schemas.get(name),
+                          stored=stored)
 
     def _commit(self, plan: TablePlan) -> int:
         assert plan.batch is not None

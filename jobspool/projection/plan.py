@@ -10,7 +10,7 @@ whose rows do not fit.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
@@ -116,6 +116,7 @@ def plan_table(
     exists: bool,
     written_at: float,
     declared: pa.Schema | None = None,
+    stored: Mapping[str, tuple[float, int]] | None = None,
 ) -> tuple[TablePlan | None, dict[str, ProjectionError]]:
     """Check `writes` against the table's schema, dedup per key and build the batch.
 
@@ -123,7 +124,9 @@ def plan_table(
     declared schema, which then gets one inferred from these rows (or, for deletes
     alone, the key and reserved columns: `key_only_schema`). A table made that way gets
     its other columns with the first rows written to it (`TablePlan.add_fields`): those
-    of `declared` (the store's declared schema) when there is one, else inferred.
+    of `declared` (the store's declared schema) when there is one, else inferred from the
+    rows that beat what the table holds for their key (`stored`: (version, fence) per key):
+    a stale row is fenced out, and neither its columns nor their types may count.
     """
     problem = foreign_table_problem(schema, key) if exists and schema is not None else None
     if problem is not None:
@@ -143,6 +146,10 @@ def plan_table(
             # older upsert of a deleted key arriving later would create the row.
             schema = key_only_schema(key)
     elif exists and columns_pending(schema, key):
+        if stored:
+            # Rows the merge's fence would drop go now: they would land nothing, and their
+            # columns (an older producer's shape) would refuse every later fresh row.
+            writes = [_without_stale(w, key, stored) for w in writes]
         # This store's declared schema, else the one these rows would give a new table.
         wanted = declared
         if wanted is None and (rows := _keyed_rows(writes, key)):
@@ -166,6 +173,16 @@ def plan_table(
     if built.bad:
         return None, built.bad
     return TablePlan(name, schema, exists, job_ids, built.batch, add_fields), {}
+
+
+def _without_stale(w: PendingWrite, key: str, stored: Mapping[str, tuple[float, int]]
+                   ) -> PendingWrite:
+    if w.op != "upsert":
+        return w
+    floor = (float("-inf"), -1)
+    kept = tuple(r for r in w.rows if not isinstance(r.get(key), str)
+                 or (w.version, w.fence) >= stored.get(r[key], floor))
+    return w if len(kept) == len(w.rows) else replace(w, rows=kept)
 
 
 def _keyed_rows(writes: list[PendingWrite], key: str) -> list[dict[str, Any]]:

@@ -23,7 +23,7 @@ from jobspool.projection.handler import (
 )
 
 
-def _sql_string(value: str) -> str:
+def sql_string(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
@@ -75,7 +75,7 @@ class LiveReads:
         if tbl is None:
             return None
         with self._reading():
-            found = tbl.search().where(f"{self.key} = {_sql_string(key)} AND {LIVE_FILTER}"
+            found = tbl.search().where(f"{self.key} = {sql_string(key)} AND {LIVE_FILTER}"
                                        ).limit(1).to_arrow()
         rows = strip_hidden(found).to_pylist()
         return rows[0] if rows else None
