@@ -113,3 +113,18 @@ def test_get_refuses_a_key_that_is_not_a_string(proj: LanceProjection, key: Any)
         proj.get(key)
     assert isinstance(info.value, TypeError) and "\n" not in str(info.value)
     assert proj.get("a") is not None and proj.get("b") is None
+
+
+@pytest.mark.parametrize("name", ["a.b", "a`b", "_rowid"])
+def test_a_declared_column_lancedb_refuses_is_refused_when_declared(
+        tmp_path: Path, name: str) -> None:
+    """Found by a projection probe: accepted when declared, then every write to the table
+    failed at the merge with LanceDB's schema error, each job retried to a dead letter."""
+    import pyarrow as pa
+
+    from jobspool.projection.lance import ProjectionStore
+
+    declared = pa.schema([pa.field("id", pa.string()), pa.field(name, pa.string())])
+    with pytest.raises(ValueError, match=f"column {name!r}"):
+        ProjectionStore(tmp_path / "db", schemas={"t": declared})
+    assert not (tmp_path / "db").exists()

@@ -247,7 +247,7 @@ def _check_row(row: object, *, table: str, key: str) -> dict[str, Any]:
                 table=table,
                 field=name,
             )
-        bad = _lance_refuses(name)
+        bad = lance_refuses(name)
         if bad:
             # Found at the merge instead, it failed every job of the batch writing this
             # table (a backtick even made the table refuse every later merge).
@@ -264,7 +264,7 @@ LANCE_RESERVED = frozenset({"_rowid", "_rowaddr", "_rowoffset", "_row_created_at
                             "_row_last_updated_at_version"})
 
 
-def _lance_refuses(name: str) -> str | None:
+def lance_refuses(name: str) -> str | None:
     """Why LanceDB would refuse `name` as a column (None when it takes it)."""
     if name in LANCE_RESERVED:
         return "is reserved by LanceDB"

@@ -29,6 +29,7 @@ from jobspool.projection.handler import (
     RESERVED_COLUMNS,
     VERSION_COLUMN,
     WRITTEN_AT_COLUMN,
+    lance_refuses,
 )
 
 # Field metadata that makes a column LanceDB's unenforced primary key. Set at
@@ -140,6 +141,11 @@ def table_schema(user: pa.Schema, key: str) -> pa.Schema:
     fields: list[pa.Field] = []
     reserved = {f.name: f for f in RESERVED_FIELDS}
     for f in user:
+        bad = lance_refuses(f.name)
+        if bad is not None:
+            # Declared, it was taken, and every write to the table then failed (retried to
+            # a dead letter) at the merge with LanceDB's schema error.
+            raise ValueError(f"column {f.name!r} {bad}")
         if f.name in reserved:
             if f.type != reserved[f.name].type:
                 raise ValueError(f"column {f.name!r} is reserved and must be {reserved[f.name].type}")
