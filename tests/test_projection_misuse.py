@@ -128,3 +128,22 @@ def test_a_declared_column_lancedb_refuses_is_refused_when_declared(
     with pytest.raises(ValueError, match=f"column {name!r}"):
         ProjectionStore(tmp_path / "db", schemas={"t": declared})
     assert not (tmp_path / "db").exists()
+
+
+def test_a_writer_not_told_a_tables_key_is_told_which_key_not_to_drop_the_table(
+        tmp_path: Path) -> None:
+    """Found by a projection probe: a table made with keys={"files": "path"} and written by a
+    worker without keys= dead-lettered its jobs with "its column 'path' is NOT NULL ... make
+    it nullable or drop it; ... drop this one to have it recreated": advice that loses data."""
+    from jobspool.projection.handler import make_upsert
+    from jobspool.projection.lance import ProjectionStore
+
+    made = ProjectionStore(tmp_path / "db", keys={"files": "path"})
+    assert made.apply([make_upsert("j1", "files", {"path": "a.md", "size": 1}, 1.0, 1,
+                                   key="path")]).ok
+    result = ProjectionStore(tmp_path / "db").apply(
+        [make_upsert("j2", "files", {"id": "b.md", "size": 2}, 1.0, 2)])
+    message = str(result.rejected["j2"])
+    assert "keyed on 'path', not 'id'" in message and "keys={'files': 'path'}" in message
+    assert "drop" not in message
+    assert [r["path"] for r in made.table("files").to_arrow().to_pylist()] == ["a.md"]

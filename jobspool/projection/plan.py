@@ -24,6 +24,7 @@ from jobspool.projection.schema import (
     foreign_table_problem,
     infer_schema,
     key_only_schema,
+    primary_key_of,
     required_columns,
     table_schema,
     user_columns,
@@ -128,6 +129,15 @@ def plan_table(
     rows that beat what the table holds for their key (`stored`: (version, fence) per key):
     a stale row is fenced out, and neither its columns nor their types may count.
     """
+    made_with = primary_key_of(schema) if exists and schema is not None else None
+    if made_with is not None and made_with != key:
+        # Not a broken table: a writer not told its key (the README asks for the same
+        # `keys=` everywhere). "Drop it" or "make the column nullable" would lose data.
+        mismatch = ProjectionError(
+            f"table {name!r} is keyed on {made_with!r}, not {key!r}: give this worker "
+            f"keys={{{name!r}: {made_with!r}}} (App/Worker keys=), as the writer that made it",
+            table=name)
+        return None, {w.job_id: mismatch for w in writes}
     problem = foreign_table_problem(schema, key) if exists and schema is not None else None
     if problem is not None:
         # No retry can fix it: every job writing it is dead-lettered, saying why (it
