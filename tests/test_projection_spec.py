@@ -23,6 +23,7 @@ def _noop(job: Job, ctx: Any) -> None:
     (42, None, "projection must be a LanceDB URI"),
     ("s3://", None, "names no bucket"),
     ("gs:///path", None, "names no bucket"),
+    ("s3:/bucket/x", None, "two slashes"),  # a projection probe: each job charged, then dead
     (None, {"docs": "bad col!"}, "keys['docs']"),
     (None, {"docs": "version"}, "reserved column"),
 ])
@@ -147,3 +148,14 @@ def test_handlers_write_with_the_keys_of_the_projection_store_they_were_given(
     assert table.key == "path"
     assert table.get("a.txt") == {"path": "a.txt", "size": 1, "version": 10.0, "fence": 1}
     assert table.get("gone") is None
+
+
+@pytest.mark.parametrize("spec", ["gs://", "az://", "s3://"])
+def test_maintain_given_an_object_store_uri_without_a_bucket_says_so_in_one_line(
+        tmp_path: Path, spec: str) -> None:
+    """Found by a projection probe: `maintain --projection gs://` printed a 48-line traceback
+    where the worker says in one line that the URI names no bucket."""
+    make_spool(tmp_path / "s").close()
+    code, _, err = run_cli("maintain", "--projection", spec, root=tmp_path / "s")
+    assert code == 1 and "names no bucket" in err
+    assert len(err.strip().splitlines()) == 1, err

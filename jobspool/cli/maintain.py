@@ -61,6 +61,10 @@ def cmd_maintain(args: argparse.Namespace) -> int:
             check_table_names(tables or [])
         except ValueError as exc:
             raise UsageError(f"--tables: {exc}") from None
+        if given is None:
+            from jobspool.projection.spec import check_projection
+
+            check_projection(uri)  # a URI with no bucket, a path that is a file: one line
         store = given or ProjectionStore(uri, storage_options=options,
                                          keys=dict(app.keys) if app else None)
         report = maintain(store, tables=tables, budget_seconds=args.budget,

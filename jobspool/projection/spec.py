@@ -8,6 +8,7 @@ itself started and exited 0. These checks need no I/O beyond a local `stat`.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,6 +16,9 @@ from jobspool.errors import ConfigError
 from jobspool.projection.handler import TABLE_NAME_RE
 from jobspool.projection.objectstore import is_object_store, scheme_of
 from jobspool.projection.schema import check_key_name
+
+# SCHEME:/rest with one slash: a URI with a slash lost.
+_ONE_SLASH = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):/(?!/)")
 
 
 def check_projection(spec: Any, keys: Mapping[str, str] | None = None) -> None:
@@ -48,6 +52,13 @@ def check_projection(spec: Any, keys: Mapping[str, str] | None = None) -> None:
         raise ConfigError("projection URI is empty")
     if scheme_of(text) == "memory":
         return
+    one_slash = _ONE_SLASH.match(text)
+    if one_slash:
+        # "s3:/bucket/x" is a local directory "s3:" to LanceDB's parser only sometimes;
+        # here it failed at the first write, every job charged, then dead-lettered.
+        raise ConfigError(f"projection {text!r} is neither a URI nor a plain path: "
+                          f"{one_slash.group(1)}://BUCKET/PATH (two slashes), or "
+                          f"./{text} for a local directory")
     if is_object_store(text):
         rest = text.split("://", 1)[1] if "://" in text else ""
         if not rest.split("/", 1)[0]:
