@@ -84,7 +84,7 @@ _IDLE = psycopg.pq.TransactionStatus.IDLE
 # not cure them.
 _NOT_SERVING = frozenset({"57P01", "57P02", "57P03"})
 _NOT_SERVING_WORDS = ("starting up", "shutting down", "in recovery", "too many clients",
-                      "terminating connection")
+                      "terminating connection", "not yet accepting connections")
 # libpq refusing the URL's own options before it reaches any server ("connection is bad:
 # invalid sslmode value", a port that is no number): a typo no wait cures. A worker
 # waited 30 s for it as for an outage, then exited saying the store was unavailable.
