@@ -68,7 +68,6 @@ from jobspool.projection.schema import (
     columns_pending,
     primary_key_of,
     table_schema,
-    user_columns,
 )
 from jobspool.projection.tableread import LiveReads, sql_string, strip_hidden
 
@@ -311,7 +310,7 @@ class ProjectionStore(ProjectionDatabase):
         schema: pa.Schema | None = tbl.schema if tbl is not None else self._schemas.get(name)
         key = self.key_of(name)
         stored = None
-        if tbl is not None and columns_pending(tbl.schema, key):
+        if tbl is not None and schema is not None and columns_pending(schema, key):
             stored = _stored_fences(tbl, key, writes)
         return plan_table(name, writes, key=key, schema=schema, exists=tbl is not None,
                           written_at=written_at, declared=self._schemas.get(name),
@@ -360,12 +359,12 @@ class ProjectionStore(ProjectionDatabase):
                                   "retry", table=plan.table)
 
     def _took_columns(self, plan: TablePlan) -> bool:
-        """Whether the table, read again, has user columns beyond its key now."""
+        """Whether the table, read again, has its first columns now."""
         try:
             now = self.open(plan.table)
         except Exception:
             return False
-        return now is not None and len(user_columns(now.schema)) > 1
+        return now is not None and not columns_pending(now.schema, self.key_of(plan.table))
 
     def _create(self, name: str, schema: pa.Schema) -> Any:
         if name in self._opened:
