@@ -164,6 +164,9 @@ with Spool(sys.argv[1]) as spool:
             time.sleep(0.05)
             if mode == "heartbeat":
                 ctx.heartbeat()  # a long side effect keeps its lease from inside the block
+            elif mode == "nested":  # a helper that fences its own write, called in a block
+                with ctx.fenced():
+                    spool.enqueue("child", job_id="c-" + job.id)
             else:
                 spool.enqueue("child", job_id="c-" + job.id)  # the outbox pattern
         return "ok"
@@ -172,7 +175,9 @@ with Spool(sys.argv[1]) as spool:
 """
 
 
-@pytest.mark.parametrize(("mode", "jobs"), [("heartbeat", 1), ("enqueue", 60)])
+# "nested": found probing the handler runtime; on PostgreSQL the inner block took a pooled
+# connection of its own and waited forever on the row lock of its outer transaction.
+@pytest.mark.parametrize(("mode", "jobs"), [("heartbeat", 1), ("enqueue", 60), ("nested", 8)])
 def test_work_inside_fenced_blocks_neither_deadlocks_nor_fails(
         any_spool: Spool, store_root: object, mode: str, jobs: int) -> None:
     """`ctx.heartbeat()`, or an enqueue, from inside `ctx.fenced()`, with more handlers in
@@ -195,7 +200,7 @@ def test_work_inside_fenced_blocks_neither_deadlocks_nor_fails(
     assert proc.returncode == 0, err.decode(errors="replace")
     assert out.decode().split() == [str(jobs)]
     assert {any_spool.get(i).state for i in ids} == {JobState.COMPLETED}
-    if mode == "enqueue":
+    if mode in ("enqueue", "nested"):
         assert sorted(j.id for j in any_spool.jobs(kind="child")) == sorted(f"c-{i}" for i in ids)
 
 
@@ -252,6 +257,41 @@ def test_async_handlers_cannot_interleave_fenced_blocks(any_spool: Spool) -> Non
     assert len(refused) == 1 and "must not await inside a fenced block" in refused[0]
     assert any_spool.get("h").state is JobState.COMPLETED
     assert any_spool.get("i").state is JobState.DEAD_LETTER
+
+
+def test_a_lost_lease_of_another_job_is_the_handlers_failure_not_its_own(
+        any_spool: Spool) -> None:
+    # Found probing the handler runtime: a handler settling a child job it claimed let the
+    # child's LeaseLost escape, and the worker took it for the parent's own lost lease: the
+    # parent stayed leased until expiry, its error recorded nowhere, counted `lease_lost`.
+    any_spool.enqueue("child", job_id="child")
+    any_spool.enqueue("parent", job_id="parent", max_attempts=3)
+
+    def parent(job: Job, ctx: Context) -> str:
+        (lease,) = any_spool.claim(kinds=["child"])
+        any_spool.cancel(lease.job_id)  # an operator cancels the child meanwhile
+        any_spool.complete(lease)  # LeaseLost for the child's lease, not the parent's
+        return "unreachable"
+
+    report = Worker(any_spool, {"parent": parent}).run_until_idle()
+    assert (report.retried, report.lease_lost) == (1, 0)
+    job = any_spool.get("parent")
+    assert job.state is JobState.RETRYABLE and job.lease is None and job.attempts == 1
+    assert job.last_error is not None and "LeaseLost" in job.last_error
+    assert "'child'" in job.last_error
+
+
+def test_a_handler_whose_own_lease_is_lost_is_still_counted_lost(any_spool: Spool) -> None:
+    any_spool.enqueue("k", job_id="j")
+
+    def handler(job: Job, ctx: Context) -> str:
+        any_spool.cancel(job.id)
+        ctx.heartbeat()  # its own lease: LeaseLost, and the run is discarded
+        return "unreachable"
+
+    report = Worker(any_spool, {"k": handler}).run_until_idle()
+    assert (report.lease_lost, report.retried, report.completed) == (1, 0, 0)
+    assert any_spool.get("j").state is JobState.CANCELED
 
 
 def test_worker_leaves_kinds_it_has_no_handler_for(any_spool: Spool) -> None:

@@ -311,11 +311,24 @@ class Database:
         """Send this thread's statements through `conn` while the block runs: the
         transaction of a `fenced` block, so what a handler does inside it (a heartbeat, an
         enqueue) joins it instead of waiting on its row lock or for a pooled connection."""
+        before = getattr(self._pinned, "conn", None)
         self._pinned.conn = conn
         try:
             yield
         finally:
-            self._pinned.conn = None
+            self._pinned.conn = before
+
+    @contextmanager
+    def connection_for_block(self) -> Iterator[psycopg.Connection[Any]]:
+        """The connection a transaction block runs on: the one this thread has pinned if
+        it is inside another block (a nested `fenced`, whose own pooled connection waited
+        forever on the row lock its outer transaction held), else one from the pool."""
+        pinned = getattr(self._pinned, "conn", None)
+        if pinned is not None:
+            yield pinned
+            return
+        with self.connection() as conn:
+            yield conn
 
     def _line(self, exc: BaseException) -> str:
         """A driver error as one line, without the URL's password (a misparsed one shows

@@ -374,7 +374,8 @@ def fenced(spool: PgSpool, lease: Lease) -> Iterator[Lease]:
     """`PgSpool.fenced`: the job's row locked for the block, the lease checked before it
     and extended after it, in one transaction."""
     lost: LeaseLost | None = None
-    with spool.db.connection() as conn, conn.transaction():
+    # Nested in another block on this thread, `transaction()` is a savepoint of its own.
+    with spool.db.connection_for_block() as conn, conn.transaction():
         row = conn.execute(f"SELECT {COLUMNS} FROM jobspool_jobs WHERE id = %s FOR UPDATE",
                            (lease.job_id,)).fetchone()
         if row is None:

@@ -35,7 +35,7 @@ def held(spool: PgCore) -> Iterator[dict[str, int]]:
     As on the file store, a mark may move back: `Schedule.plan` starts over from a mark a
     clock that jumped ahead left in the future, and a mark kept at the greater of the two
     silenced catch-up until the real clock reached it (a year, after a one-year jump)."""
-    with spool.db.connection() as conn, conn.transaction():
+    with spool.db.connection_for_block() as conn, conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
         marks = {name: int(tick) for name, tick in conn.execute(
             "SELECT name, last_tick FROM jobspool_schedule_marks").fetchall()}

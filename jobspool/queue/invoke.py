@@ -194,8 +194,10 @@ def record_raised(ctx: Context, exc: BaseException) -> None:
     elif isinstance(exc, ProjectionError):
         ctx.traceback = format_traceback(exc)
         ctx.outcome = Failed(str(exc))
-    elif isinstance(exc, LeaseLost):
+    elif isinstance(exc, LeaseLost) and (exc.job_id, exc.token) == (ctx.job_id, ctx.token):
         ctx.lost = True
+    # Any other LeaseLost is for a lease the handler took itself (a child job it settles):
+    # this run's lease still holds, so it is the handler's failure like any exception.
     else:
         _handler_raised(ctx, exc)
 
