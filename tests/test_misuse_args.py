@@ -10,6 +10,7 @@ claim or in its metrics file, `max_crashes="5"` at its first failure, a
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +97,30 @@ def test_a_handler_that_cannot_take_job_and_ctx_is_refused_at_start(spool: Spool
     with pytest.raises(ConfigError) as caught:
         Worker(spool, {"k": fn})
     _one_line(caught.value, "'k'", "(job, ctx)")
+
+
+def _gen(job: Any, ctx: Any) -> Any:
+    yield job
+
+
+async def _agen(job: Any, ctx: Any) -> Any:
+    yield job
+
+
+class _GenCallable:
+    def __call__(self, job: Any, ctx: Any) -> Any:
+        yield job
+
+
+@pytest.mark.parametrize("fn", [_gen, _agen, _GenCallable(), functools.partial(_gen)])
+def test_a_generator_handler_is_refused_at_start(spool: Spool, fn: Any) -> None:
+    # Found probing the handler runtime: a `yield` left in a handler was accepted, then
+    # each job of its kind was dead-lettered without the handler's body ever running.
+    spool.enqueue("k", job_id="j")
+    with pytest.raises(ConfigError) as caught:
+        Worker(spool, {"k": fn})
+    _one_line(caught.value, "'k'", "generator", "yield")
+    assert spool.get("j").state is JobState.READY
 
 
 @pytest.mark.parametrize("fn", [

@@ -911,3 +911,16 @@ def test_fail_or_retry_raised_with_none_records_a_readable_reason(spool: Spool) 
     Worker(spool, {"f": f, "r": r}).run_until_idle()
     assert spool.get("failed").last_error == "failed permanently"
     assert spool.get("retried").last_error == "Retry: retry requested"
+
+
+@pytest.mark.parametrize("reason", ["", "   ", "\n"])
+def test_fail_with_a_blank_reason_records_a_readable_one(spool: Spool, reason: str) -> None:
+    """`Fail("")` dead-lettered the job with an empty error: no reason for an operator."""
+    spool.enqueue("f", job_id="failed")
+
+    def f(job: Job, ctx: Context) -> None:
+        raise Fail(reason)
+
+    Worker(spool, {"f": f}).run_until_idle()
+    job = spool.get("failed")
+    assert (job.state, job.last_error) == (JobState.DEAD_LETTER, "failed permanently")

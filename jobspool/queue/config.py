@@ -199,9 +199,15 @@ def _check_arity(kind: str, fn: Callable[..., Any]) -> None:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):
         return  # no signature to read (a builtin, some C callables): it is called anyway
+    name = getattr(fn, "__qualname__", None) or repr(fn)
     try:
         signature.bind(None, None)
     except TypeError:
-        name = getattr(fn, "__qualname__", None) or repr(fn)
         raise ConfigError(f"handler for kind {kind!r} must take (job, ctx), but "
                           f"{name}{signature} cannot") from None
+    # A `yield` left in a handler: its body never ran and each job was dead-lettered
+    # ("result is a generator").
+    call = getattr(fn, "__call__", None)  # noqa: B004 - generator callable objects
+    if any(inspect.isgeneratorfunction(f) or inspect.isasyncgenfunction(f) for f in (fn, call)):
+        raise ConfigError(f"handler for kind {kind!r} is a generator function ({name} "
+                          "yields): a handler returns its result; remove the yield")

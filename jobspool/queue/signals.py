@@ -20,8 +20,10 @@ class Fail(Exception):
     """Raise from a handler to dead-letter the job now, without further attempts."""
 
     def __init__(self, reason: str = "failed permanently") -> None:
-        # `Fail(None)` or `Fail(some_object)`: still a readable reason, not "NoneType: None".
+        # `Fail(None)` or `Fail(some_object)`: still a readable reason, not "NoneType: None";
+        # `Fail("")` left an operator a dead letter with no reason at all.
         reason = "failed permanently" if reason is None else str(reason)
+        reason = reason if reason.strip() else "failed permanently"
         super().__init__(reason)
         self.reason = reason
 
