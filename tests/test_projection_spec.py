@@ -24,6 +24,9 @@ def _noop(job: Job, ctx: Any) -> None:
     ("s3://", None, "names no bucket"),
     ("gs:///path", None, "names no bucket"),
     ("s3:/bucket/x", None, "two slashes"),  # a projection probe: each job charged, then dead
+    # Also found probing: LanceDB refused these at each job's first write.
+    ("db://x", None, "LanceDB cannot connect to it: api_key is required"),
+    ("s3a://bucket/x", None, "No object store provider found for scheme: 's3a'"),
     (None, {"docs": "bad col!"}, "keys['docs']"),
     (None, {"docs": "version"}, "reserved column"),
 ])
@@ -50,6 +53,29 @@ def test_a_file_or_a_bad_uri_given_on_the_cli_exits_1_and_claims_nothing(
     with Spool(root) as spool:
         after = spool.get(job.id)
     assert (after.state.value, after.attempts) == ("ready", 0)
+
+
+def test_a_path_under_a_file_is_refused_naming_the_file(tmp_path: Path) -> None:
+    # Found probing: `--projection FILE/sub` claimed the jobs and deferred each as a storage
+    # failure, for ever, where `--projection FILE` was refused at once.
+    afile = tmp_path / "not-a-dir"
+    afile.write_text("x")
+    for spec in (afile / "sub", afile / "a" / "b", f"file://{afile}/sub"):
+        with pytest.raises(ConfigError, match=f"'{afile}' is a file, not a directory"):
+            Worker(make_spool(tmp_path / "s"), {"k": _noop}, projection=spec)
+
+
+def test_memory_on_the_cli_is_refused_before_anything_is_claimed(tmp_path: Path) -> None:
+    # Found probing: the worker projected into its own in-process database and reported
+    # rows that were gone when it exited.
+    root = tmp_path / "s"
+    with make_spool(root) as spool:
+        job = spool.enqueue("work")
+    code, _, err = run_cli("run-until-idle", "--app", "tests.apps.simple:app",
+                           "--projection", "memory://", root=root)
+    assert code == 1 and "in-process database" in err and "Traceback" not in err, err
+    with Spool(root) as spool:
+        assert spool.get(job.id).state.value == "ready"
 
 
 def test_usable_projections_are_accepted(tmp_path: Path) -> None:

@@ -78,6 +78,11 @@ def _projection_arg(text: str) -> str:
     default projection without a word, where `App(projection="")` is refused)."""
     if not text.strip():
         raise argparse.ArgumentTypeError("is empty (give a LanceDB URI or directory)")
+    if text.lower().startswith("memory://"):
+        # Accepted, a worker projected into it and reported rows that died with it.
+        raise argparse.ArgumentTypeError("memory:// is LanceDB's in-process database: what a "
+                                         "command writes there is gone when it exits (give a "
+                                         "directory or an object-storage URI)")
     # As a root is (`_given_root`): quoted in a unit or env file, `~/idx` reached the worker
     # as written and LanceDB expanded it, while `maintain` and `health` looked for a
     # directory named `~`: the operator was told the projection did not exist.

@@ -2,7 +2,8 @@
 
 A projection is opened lazily, at the first write: a typo found only then cost every
 job an attempt (each retried with LanceDB's error, then dead-lettered) while the worker
-itself started and exited 0. These checks need no I/O beyond a local `stat`.
+itself started and exited 0. These checks need no I/O beyond a local `stat`, but for
+`check_connects`, which connects to what is neither a directory nor object storage.
 """
 
 from __future__ import annotations
@@ -68,6 +69,49 @@ def check_projection(spec: Any, keys: Mapping[str, str] | None = None) -> None:
     path = text[len("file://"):] if text.startswith("file://") else text
     if os.path.exists(path) and not os.path.isdir(path):
         raise ConfigError(f"projection {text!r} is a file, not a directory")
+    blocker = _file_above(os.path.expanduser(path))
+    if blocker is not None:
+        # It was deferred as a storage failure at each job's write, for ever.
+        raise ConfigError(f"projection {text!r} cannot be made: {blocker!r} is a file, "
+                          "not a directory")
+
+
+def _file_above(path: str) -> str | None:
+    """The nearest existing ancestor of `path` when it is not a directory."""
+    parent = os.path.dirname(os.path.abspath(path))
+    while parent and not os.path.lexists(parent):
+        up = os.path.dirname(parent)
+        if up == parent:
+            return None
+        parent = up
+    return parent if parent and not os.path.isdir(parent) else None
+
+
+# Object stores whose connect reaches the network (an outage must defer jobs, not refuse
+# the worker): checked above by shape only. Any other scheme is LanceDB Cloud (db://) or
+# one LanceDB does not know, whose connect is local and says what is wrong.
+_NETWORK_SCHEMES = frozenset({"s3", "s3+ddb", "gs", "az", "abfss", "oss", "cos", "hf",
+                              "goosefs"})
+
+
+def check_connects(spec: Any, storage_options: Mapping[str, str] | None = None) -> None:
+    """Refuse (`ConfigError`, one line) a projection URI LanceDB cannot connect to at all:
+    an unknown scheme, `db://` without an API key. Each job failed at its first write
+    instead, charged an attempt, until the whole queue was dead-lettered."""
+    if not isinstance(spec, str | os.PathLike):
+        return
+    text = os.fspath(spec)
+    scheme = scheme_of(text)
+    if scheme in ("", "file", "memory") or scheme in _NETWORK_SCHEMES:
+        return
+    from jobspool.projection.lance import _connect
+
+    try:
+        _connect(text, storage_options)
+    except ValueError as exc:
+        detail = " ".join(str(exc).split()).removeprefix("Invalid input, ")
+        raise ConfigError(f"projection {text!r}: LanceDB cannot connect to it: "
+                          f"{detail:.300}") from None
 
 
 class StoreKeys(Mapping[str, str]):

@@ -121,9 +121,11 @@ class Worker:
             concurrency=concurrency, batch_size=batch_size, kinds=kinds,
             grace_seconds=grace_seconds, keys=keys, policies=policies)
         from jobspool.projection.objectstore import check_storage_options
-        from jobspool.projection.spec import check_projection, keys_of
+        from jobspool.projection.spec import check_connects, check_projection, keys_of
 
         check_projection(projection, self.config.keys)
+        options = check_storage_options(storage_options)
+        check_connects(projection, options)
         self.config = self.config.replace(keys=keys_of(projection, self.config.keys))
         if isinstance(projection, str | os.PathLike):
             inside = projection_inside_spool(spool.root, os.fspath(projection))
@@ -132,7 +134,7 @@ class Worker:
 
         self.sink = LanceSink(projection, default_uri=default_projection_uri(spool.root),
                               keys=self.config.keys,
-                              storage_options=check_storage_options(storage_options),
+                              storage_options=options,
                               maintenance=maintenance, min_live_token=spool.min_live_token)
         # The spool's register of runs (`close` stops them first); a store of an earlier
         # shape has none.
