@@ -147,3 +147,27 @@ def test_a_writer_not_told_a_tables_key_is_told_which_key_not_to_drop_the_table(
     assert "keyed on 'path', not 'id'" in message and "keys={'files': 'path'}" in message
     assert "drop" not in message
     assert [r["path"] for r in made.table("files").to_arrow().to_pylist()] == ["a.md"]
+
+
+def test_a_bad_id_in_a_delete_names_the_tables_own_key(tmp_path: Path) -> None:
+    # Found probing the projection: with the key `doc_id`, a bad id in `delete` (direct or
+    # `ctx.delete`) was reported as "key field 'id'", a column the table does not have.
+    from jobspool import Spool, Worker
+
+    proj = LanceProjection(tmp_path / "db", "docs", key="doc_id")
+    with pytest.raises(ProjectionError, match="key field 'doc_id' of table 'docs'"):
+        proj.delete([5], version=1)  # type: ignore[list-item]
+
+    def handler(job: Any, ctx: Any) -> str:
+        try:
+            ctx.delete("docs", [5], version=1)
+        except ProjectionError as exc:
+            return str(exc)
+        return "accepted"
+
+    with Spool(tmp_path / "spool") as spool:
+        job = spool.enqueue("w")
+        Worker(spool, {"w": handler}, projection=str(tmp_path / "db"),
+               keys={"docs": "doc_id"}).run_until_idle()
+        said = spool.get(job.id).result
+    assert "key field 'doc_id' of table 'docs'" in said and "'id'" not in said

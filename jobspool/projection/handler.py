@@ -325,22 +325,24 @@ def make_delete(
     ids: str | Iterable[str],
     version: float | None,
     fence: int,
+    *,
+    key: str = "id",
 ) -> PendingWrite:
     """Validate a delete and return it as a PendingWrite (tombstones, applied by the store).
 
     `ids` is one key or an iterable of keys; each must be a non-empty string.
-    Raises ProjectionError naming the bad id.
+    Raises ProjectionError naming the bad id and the table's `key` column.
     """
     resolved = _check_common(job_id, table, version, fence)
     if isinstance(ids, str):
-        keys: tuple[str, ...] = (check_key(ids, table=table, key="id"),)
+        keys: tuple[str, ...] = (check_key(ids, table=table, key=key),)
     elif isinstance(ids, bytes) or not isinstance(ids, Iterable):
         raise ProjectionError(
             f"ids for table {table!r} must be a string or an iterable of strings, got {type(ids).__name__}",
             table=table,
         )
     else:
-        keys = tuple(check_key(i, table=table, key="id") for i in ids)
+        keys = tuple(check_key(i, table=table, key=key) for i in ids)
     return PendingWrite(job_id, table, "delete", (), keys, resolved, fence)
 
 

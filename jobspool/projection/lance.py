@@ -477,7 +477,7 @@ class LanceProjection(LiveReads):
         job_id: str = "direct",
     ) -> int:
         """Tombstone rows outside a worker, fenced like any job; returns tombstones written."""
-        return self._write(make_delete(job_id, self.name, ids, version, fence))
+        return self._write(make_delete(job_id, self.name, ids, version, fence, key=self.key))
 
     def _write(self, write: PendingWrite) -> int:
         result = self._store.apply([write])

@@ -251,7 +251,8 @@ class Context:
         """Delete rows (as fenced tombstones) when the batch commits."""
         from jobspool.projection.handler import make_delete
 
-        write = make_delete(self.job_id, table, ids, version, self.token)
+        write = make_delete(self.job_id, table, ids, version, self.token,
+                            key=self._key_for.get(table, "id"))
         self._add(write)
 
     def _add(self, write: PendingWrite) -> None:
