@@ -171,3 +171,25 @@ def test_a_bad_id_in_a_delete_names_the_tables_own_key(tmp_path: Path) -> None:
                keys={"docs": "doc_id"}).run_until_idle()
         said = spool.get(job.id).result
     assert "key field 'doc_id' of table 'docs'" in said and "'id'" not in said
+
+
+def test_search_limits_and_a_wrong_dimension_are_refused_saying_what_is_wrong(
+        tmp_path: Path) -> None:
+    # Found probing the projection: a 2-d query on the table's 3-d vector column said
+    # "There is no vector column in the data"; limit=0 or -1 said "Limit is required";
+    # a filter search with limit=0 returned every row.
+    proj = LanceProjection(tmp_path / "db", "docs")
+    proj.upsert([{"id": f"d{i}", "vector": [float(i), 0.0, 1.0], "text": "x"}
+                 for i in range(5)], version=1)
+    with pytest.raises(ProjectionError, match=r"query dim\(2\) doesn't match"):
+        proj.search([1.0, 0.0])
+    for limit in (0, -1, True, 2.5):
+        with pytest.raises(ProjectionError, match=f"limit must be a positive integer, got {limit}"):
+            proj.search([1.0, 0.0, 1.0], limit=limit)  # type: ignore[arg-type]
+        with pytest.raises(ProjectionError, match="limit must be a positive integer"):
+            proj.search(where="text = 'x'", limit=limit)  # type: ignore[arg-type]
+    with pytest.raises(ProjectionError, match="a vector search needs a limit"):
+        proj.search([1.0, 0.0, 1.0], limit=None)
+    assert proj.search([4.0, 0.0, 1.0], limit=2).column("id").to_pylist() == ["d4", "d3"]
+    assert proj.search(where="text = 'x'", limit=None).num_rows == 5
+    assert proj.search(where="text = 'x'", limit=3).num_rows == 3

@@ -94,6 +94,16 @@ class LiveReads:
                                   f"{text.split('. Valid fields', 1)[0]}",
                                   table=self.name) from None
 
+    def _check_limit(self, limit: object, vector: bool) -> None:
+        # limit=0 on a filter returned every row; on a vector search 0, -1 and None all
+        # said "Limit is required for ANN/KNN queries".
+        if limit is None and not vector:
+            return
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            why = "a vector search needs a limit, " if limit is None else ""
+            raise ProjectionError(f"search of table {self.name!r}: {why}limit must be a "
+                                  f"positive integer, got {limit!r:.40}", table=self.name)
+
     def _columns(self, columns: Sequence[str] | None) -> list[str] | None:
         if columns is None:
             return None
@@ -141,10 +151,17 @@ class LiveReads:
         live rows come back when that many match. Full-text search needs an
         FTS index on the table (create it on `raw`).
         """
+        vector = query is not None and not isinstance(query, str)
+        self._check_limit(limit, vector)
         tbl = self.raw
         if tbl is None:
             return self._empty()
         picked = self._columns(columns)
+        if vector and vector_column_name is None:
+            # LanceDB infers the column only from a query of its dimension: a 2-d query on
+            # the table's one 3-d column said "There is no vector column in the data".
+            found = [f.name for f in tbl.schema if pa.types.is_fixed_size_list(f.type)]
+            vector_column_name = found[0] if len(found) == 1 else None
         with self._reading():
             q = tbl.search(query, vector_column_name=vector_column_name, query_type=query_type)
             q = q.where(live_filter(where)).limit(limit)
