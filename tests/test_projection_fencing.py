@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from jobspool.errors import ProjectionError
 from jobspool.projection.handler import LIVE_FILTER, make_delete, make_upsert
-from jobspool.projection.lance import ProjectionStore
+from jobspool.projection.lance import LanceProjection, ProjectionStore
 from tests.s3server import projection_store_for
 from tests.spools import make_spool
-from datetime import UTC
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -178,7 +179,7 @@ def test_an_integer_version_too_large_to_order_exactly_is_refused(tmp_path: Path
     from jobspool.errors import ProjectionError
 
     store = ProjectionStore(tmp_path / "db")
-    with pytest.raises(ProjectionError, match="version.*too large.*2\\*\\*53"):
+    with pytest.raises(ProjectionError, match=r"version.*too large.*2\*\*53"):
         make_upsert("j1", "notes", {"id": "a"}, 2**53 + 1, 5)
     with pytest.raises(ProjectionError, match="too large"):
         make_delete("j1", "notes", "a", -(2**53) - 1, 5)
@@ -222,6 +223,31 @@ def test_numpy_vectors_make_a_searchable_column_and_empty_lists_a_usable_one(
     assert table.schema.field("tags").type == pa.list_(pa.string())
     assert table.search([0.9, 0.8]).limit(1).to_list()[0]["id"] == "b"
     assert store.table("v").get("b")["tags"] == ["x"]  # type: ignore[index]
+
+
+@pytest.mark.parametrize(("first", "later"), [
+    ([[]], [["a", "b"]]),
+    ({"a": None}, {"a": "x"}),
+    ([{"a": None}], [{"a": "y"}]),
+    ([[[]]], [[["z"]]]),
+])
+def test_nulls_nested_in_a_first_value_make_text_a_later_value_fits(
+        tmp_path: Path, first: Any, later: Any) -> None:
+    # Found probing the projection: `[[]]` made list<list<null>>, refusing every later value
+    # for good ("Unsupported cast from string to null"), as `[]` had before.
+    proj = LanceProjection(tmp_path / "db", "t")
+    proj.upsert({"id": "a", "m": first}, version=1)
+    proj.upsert({"id": "b", "m": later}, version=1)
+    assert proj.get("b")["m"] == later  # type: ignore[index]
+
+
+def test_a_first_value_holding_an_empty_object_is_refused_saying_so(tmp_path: Path) -> None:
+    # `{"meta": {}}` made a struct<> column no later object fitted.
+    proj = LanceProjection(tmp_path / "db", "t")
+    with pytest.raises(ProjectionError, match="holds an empty object"):
+        proj.upsert({"id": "a", "meta": {}}, version=1)
+    proj.upsert({"id": "b", "meta": {"author": "x"}}, version=1)
+    assert proj.get("b")["meta"] == {"author": "x"}  # type: ignore[index]
 
 
 def test_a_datetime_whose_zone_does_not_match_its_column_fails_its_own_job(

@@ -245,11 +245,24 @@ def _unstorable(value: Any) -> str:
     column out of the schema it infers, and "not in the schema" alone blamed the schema
     for a value (an int past 64 bits, an object, a dict with int keys)."""
     try:
-        pa.array([value])
+        typ = pa.array([value]).type
     except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
         why = " ".join(str(exc).split())[:160]
         return f"; its value {value!r:.60} cannot be stored: {why}"
+    if _has_empty_struct(typ):
+        return (f"; its value {value!r:.60} holds an empty object, which says nothing of "
+                "the fields a column of it would have (write null, or declare the table's "
+                "schema)")
     return ""
+
+
+def _has_empty_struct(typ: pa.DataType) -> bool:
+    if pa.types.is_struct(typ):
+        return typ.num_fields == 0 or any(_has_empty_struct(typ.field(i).type)
+                                          for i in range(typ.num_fields))
+    if pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_fixed_size_list(typ):
+        return _has_empty_struct(typ.value_type)
+    return False
 
 
 def dedup(writes: Iterable[PendingWrite], key: str) -> list[Entry]:

@@ -194,7 +194,9 @@ def infer_schema(rows: Sequence[dict[str, Any]], key: str) -> pa.Schema:
     most often holds (a title, a note not yet written), and a later value of
     another type is refused naming the field. Left out, every later value for
     it was refused as not in the schema. A column holding only empty lists
-    becomes a list of strings, for the same reason. A `vector`/`embedding`
+    becomes a list of strings, for the same reason, and so does any null deeper
+    inside a value (`[[]]`, `{"a": None}`); a column of empty objects (`{}`) is left
+    out, as nothing says what fields it has. A `vector`/`embedding`
     column is left out for good while all null or empty (its length is
     unknown; columns are not added later, except to a table made by deletes alone:
     `columns_pending`). A column
@@ -232,6 +234,10 @@ def infer_schema(rows: Sequence[dict[str, Any]], key: str) -> pa.Schema:
             if _suggests_vector(name):
                 continue
             typ = pa.list_(pa.string())
+        settled = _without_nulls(typ)
+        if settled is None:
+            continue
+        typ = settled
         if (
             _suggests_vector(name)
             and pa.types.is_list(typ)
@@ -252,6 +258,30 @@ def infer_schema(rows: Sequence[dict[str, Any]], key: str) -> pa.Schema:
             typ = pa.decimal128(38, typ.scale)
         fields.append(pa.field(name, typ, nullable=True))
     return pa.schema(fields)
+
+
+def _without_nulls(typ: pa.DataType) -> pa.DataType | None:
+    """`typ` with every null inside it text, as for a column all null; None when it holds
+    an empty object (`{}`: a struct of no fields), whose fields nothing tells. Either way a
+    first write of `[[]]` or `{"meta": {}}` fixed a type no later value fitted."""
+    if pa.types.is_null(typ):
+        return pa.string()
+    if pa.types.is_struct(typ):
+        if typ.num_fields == 0:
+            return None
+        fields = []
+        for f in (typ.field(i) for i in range(typ.num_fields)):
+            inner = _without_nulls(f.type)
+            if inner is None:
+                return None
+            fields.append(f.with_type(inner))
+        return pa.struct(fields)
+    if pa.types.is_list(typ) or pa.types.is_large_list(typ):
+        inner = _without_nulls(typ.value_type)
+        if inner is None:
+            return None
+        return pa.list_(inner) if pa.types.is_list(typ) else pa.large_list(inner)
+    return typ
 
 
 def _first_type(values: Sequence[Any]) -> pa.DataType | None:
