@@ -86,6 +86,11 @@ FENCE_WHERE = (
 
 
 def _connect(uri: str, storage_options: Mapping[str, str] | None = None) -> Any:
+    # A compaction that loses a commit race (two processes maintaining one table) is
+    # reported by maintenance as `deferred`; LanceDB's own WARN line for it reached stderr
+    # as a raw Rust log an operator took for a failure. Set before the import, which reads
+    # it; an operator's own LANCEDB_LOG wins.
+    os.environ.setdefault("LANCEDB_LOG", "warn,lance::dataset::optimize=error")
     import lancedb  # lazy: 1-2 s, paid only by processes that project
 
     return lancedb.connect(uri, read_consistency_interval=timedelta(0),
