@@ -8,6 +8,7 @@ traceback are what only a real process shows.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import time
@@ -89,7 +90,8 @@ def test_enqueue_stdin_over_the_limit_is_refused_without_reading_to_its_end(
         assert proc.stdin is not None
         # More than the limit, and the pipe left open: a command reading stdin to its end
         # would wait for ever (`yes | jobspool enqueue work -`).
-        proc.stdin.write(b"[" + b"1," * 2048)
+        # Past the 16x slack stdin is read with (1024 here), within a pipe's buffer.
+        proc.stdin.write(b"[" + b"1," * 10_000)
         proc.stdin.flush()
         deadline = time.monotonic() + 30
         while proc.poll() is None and time.monotonic() < deadline:
@@ -108,6 +110,33 @@ def test_enqueue_stdin_over_the_limit_is_refused_without_reading_to_its_end(
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("jobspool: error: "), lines
     assert "stdin" in lines[0] and "1024" in lines[0], lines[0]
+    with make_spool(root, create=False) as spool:
+        assert spool.stats().total == 0
+
+
+def test_an_indented_payload_on_stdin_fits_as_it_does_as_an_argument(tmp_path: Path) -> None:
+    # Found probing producers: a payload indented as `jq .` prints it, three times its
+    # compact size, was accepted as PAYLOAD_JSON but refused from stdin as over the limit.
+    root = tmp_path / "spool"
+    make_spool(root, max_job_bytes=4096).close()
+    payload = {"items": [{"n": i, "tag": "t"} for i in range(60)]}
+    text = json.dumps(payload, indent=12)
+    assert len(text) > 4096 > len(json.dumps(payload, separators=(",", ":")))
+    res = run_jobspool("enqueue", "work", "-", "--id", "piped", root=root, stdin=text)
+    assert res.code == 0, res.err
+    with make_spool(root, create=False) as spool:
+        assert spool.get("piped").payload == payload
+
+
+def test_enqueue_from_a_closed_stdin_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
+    # Found probing producers: `jobspool enqueue k - <&-` died with an AttributeError
+    # traceback (sys.stdin is None when the descriptor is closed).
+    root = tmp_path / "spool"
+    make_spool(root).close()
+    res = run_jobspool("enqueue", "work", "-", root=root, prefix=("sh", "-c", 'exec "$@" <&-', "sh"))
+    assert res.code == 1, res.err
+    assert "Traceback" not in res.err and "stdin is closed" in res.err, res.err
+    assert len(res.err.strip().splitlines()) == 1, res.err
     with make_spool(root, create=False) as spool:
         assert spool.stats().total == 0
 

@@ -12,23 +12,36 @@ from typing import Any
 
 from jobspool.cli.common import UsageError
 
+# How much more than the stored job's limit stdin may hold: JSON as people pipe it
+# (`jq .`, indented by hand) is often three times its compact size, and stdin was refused
+# as over max_job_bytes where the same text given as PAYLOAD_JSON fitted.
+STDIN_SLACK = 16
+STDIN_CAP = 64 * 1024 * 1024
 
-def _read_stdin(limit: int) -> str:
-    """At most `limit` bytes of stdin, as text (bytes that are not UTF-8 kept as lone
-    surrogates, which `_read_payload` names); more than that is refused as soon as byte
-    `limit + 1` is read. Reading it all first held an endless or huge stream (`yes |`, a
-    log piped by mistake) in memory, only to refuse it as too large afterwards."""
-    buffer = getattr(sys.stdin, "buffer", None)
+
+def _read_stdin(max_job_bytes: int) -> str:
+    """Stdin as text (bytes that are not UTF-8 kept as lone surrogates, which
+    `_read_payload` names), read up to `STDIN_SLACK` times the spool's limit (the stored,
+    compact job is checked against the limit itself afterwards); more is refused as soon
+    as it is read. Reading it all first held an endless or huge stream (`yes |`, a log
+    piped by mistake) in memory, only to refuse it as too large afterwards."""
+    stdin = sys.stdin
+    if stdin is None:  # closed (`<&-`), as some daemons and supervisors leave it
+        raise UsageError("PAYLOAD_JSON is '-' but stdin is closed: pipe the payload in, "
+                         "or give it as an argument")
+    limit = min(max_job_bytes * STDIN_SLACK, max(max_job_bytes, STDIN_CAP))
+    buffer = getattr(stdin, "buffer", None)
     if buffer is not None:
         data: bytes = buffer.read(limit + 1)
         over = len(data) > limit
         text = data.decode("utf-8", "surrogateescape")
     else:  # a text-only stdin (an embedding caller's StringIO): count its UTF-8 bytes
-        text = sys.stdin.read(limit + 1)
+        text = stdin.read(limit + 1)
         over = len(text.encode("utf-8", "surrogateescape")) > limit
     if over:
-        raise UsageError(f"payload from stdin is over the spool's max_job_bytes={limit} "
-                         f"bytes (stopped reading at {limit + 1})")
+        raise UsageError(f"payload from stdin is over {limit} bytes, more than any job "
+                         f"under the spool's max_job_bytes={max_job_bytes} could be even "
+                         f"indented (stopped reading at {limit + 1})")
     return text
 
 
