@@ -139,3 +139,46 @@ def test_a_new_spool_beside_the_state_directories_of_another_is_fine(tmp_path: P
     for inner in (outer / "index" / "spool", outer / "spools" / "b"):
         with make_spool(inner) as spool:
             assert spool.enqueue("k", {}).id
+
+
+_OPENER = """
+import logging, sys, time
+logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(message)s")
+from jobspool.queue import layout
+saved = layout.Layout.save_settings
+def slow_save(self, settings):  # widens the window after spool.json is written
+    saved(self, settings)
+    time.sleep(0.3)
+layout.Layout.save_settings = slow_save
+from jobspool import Spool
+root, go = sys.argv[1], float(sys.argv[2])
+time.sleep(max(0.0, go - time.time()))
+with Spool(root, max_attempts=int(sys.argv[3])) as spool:
+    spool.enqueue("k", job_id="j" + sys.argv[3])
+"""
+
+
+def test_processes_creating_one_spool_at_once_make_it_once_without_false_alarms(
+        tmp_path: Path) -> None:
+    # Found probing producers: openers racing on a new root saw it half made, one taking
+    # spool.json without its fence for a lost fence ("fence is missing", tokens restarted
+    # ~1e15 up), another the reverse for a deleted spool.json; each wrote its own settings.
+    import subprocess
+    import sys
+    import time
+
+    from jobspool import Spool
+    from tests.subproc import REPO, cli_env
+
+    root = tmp_path / "new" / "spool"
+    (tmp_path / "new").mkdir()
+    go = time.time() + 1.5
+    procs = [subprocess.Popen([sys.executable, "-c", _OPENER, str(root), str(go), str(n)],
+                              cwd=REPO, env=cli_env(), stderr=subprocess.PIPE, text=True)
+             for n in range(3, 9)]
+    errs = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 6, errs
+    assert all("missing" not in e for e in errs), errs
+    with Spool(root) as spool:
+        assert sorted(j.id for j in spool.jobs()) == [f"j{n}" for n in range(3, 9)]
+        assert spool.fence_value() == 0  # nothing claimed: no jump

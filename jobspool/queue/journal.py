@@ -123,23 +123,29 @@ class Journal(JournalReads, JournalSettings):
         if options.read_only:
             return
         try:  # an OSError here is one line naming the spool and what to do, like any write
+            self._ensure_fence(layout)
             if layout.created:
+                # Last: an opener that finds spool.json skips the creation lock
+                # (`open_layout`), so it must find the fence there too.
                 layout.save_settings(settings)
-            if not (self.root / FENCE_FILE).exists():
-                with self.lock.hold():  # re-check under the lock: never reset a live counter
-                    if not (self.root / FENCE_FILE).exists():
-                        # Deleted by hand? This boot's shared counter still knows the
-                        # ceiling (0 for a new spool): never write the floor back as 0.
-                        known = max(self.lock.generation(self.lock.FENCE_CEILING_SLOT),
-                                    self.lock.generation(self.lock.FENCE_NEXT_SLOT))
-                        if not layout.created:
-                            known = max(known, self.fence_file.lost())
-                        write_atomic(self.root / FENCE_FILE, encode_fence(known),
-                                     durable=self.durable, mode=file_mode(self.access))
         except OSError as exc:
             raise write_failed(exc, self.root) from None
         self._live_key = liveness.retain(self.root)
         self._live_pid = current_pid()
+
+    def _ensure_fence(self, layout: Layout) -> None:
+        """Write the fence file when it is missing (a new spool, or deleted by hand)."""
+        if not (self.root / FENCE_FILE).exists():
+            with self.lock.hold():  # re-check under the lock: never reset a live counter
+                if not (self.root / FENCE_FILE).exists():
+                    # Deleted by hand? This boot's shared counter still knows the
+                    # ceiling (0 for a new spool): never write the floor back as 0.
+                    known = max(self.lock.generation(self.lock.FENCE_CEILING_SLOT),
+                                self.lock.generation(self.lock.FENCE_NEXT_SLOT))
+                    if not layout.created:
+                        known = max(known, self.fence_file.lost())
+                    write_atomic(self.root / FENCE_FILE, encode_fence(known),
+                                 durable=self.durable, mode=file_mode(self.access))
 
     # ------------------------------------------------------------ plumbing
 

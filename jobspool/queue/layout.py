@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import logging
 import os
 import re
@@ -133,6 +134,14 @@ class Layout:
     created: bool
     durable: bool
     access: str = DEFAULT_ACCESS
+    # Held from the check that the spool is new until its spool.json and fence are written
+    # (`end_creation`): see `_creation_lock`.
+    creation_fd: int | None = None
+
+    def end_creation(self) -> None:
+        fd, self.creation_fd = self.creation_fd, None
+        if fd is not None:
+            os.close(fd)  # drops the flock
 
     def save_settings(self, settings: SpoolSettings) -> None:
         doc = {"format": SPOOL_FORMAT, "settings": asdict(settings)}
@@ -207,13 +216,61 @@ def open_layout(root: Path, *, create: bool, durable: bool, read_only: bool = Fa
                 access: str | None = None) -> Layout:
     """Check (and with `create`, make) the spool directory; raise `SpoolError` naming the path.
 
+    A spool being created is made under `_creation_lock`, which the caller releases with
+    `Layout.end_creation` once it has written spool.json and the fence.
+    """
+    refuse_url(root)
+    if not create or read_only or os.path.lexists(root / SPOOL_FILE):
+        return _open_layout(root, create=create, durable=durable, read_only=read_only,
+                            access=access)
+    fd = _creation_lock(root)
+    try:
+        layout = _open_layout(root, create=create, durable=durable, read_only=read_only,
+                              access=access)
+    except BaseException:
+        if fd is not None:
+            os.close(fd)
+        raise
+    if layout.created:
+        layout.creation_fd = fd
+    elif fd is not None:
+        os.close(fd)  # another opener finished creating it while we waited
+    return layout
+
+
+def _creation_lock(root: Path) -> int | None:
+    """An exclusive flock on the nearest existing directory above `root`, for the making
+    of a spool. Processes opening a new root at once each saw it half made: one took a
+    spool.json without its fence yet for a lost fence (a warning, tokens restarted ~1e15
+    up), another the fence without spool.json for a deleted spool.json, and each wrote its
+    own settings, the last winning. The parent, not the root, so that nothing is made
+    before the root is checked; a directory's flock writes nothing. None where it cannot
+    be taken (no such directory readable): creation goes on unserialized, as before."""
+    parent = root.absolute().parent
+    while not parent.is_dir() and parent != parent.parent:
+        parent = parent.parent
+    try:
+        fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _open_layout(root: Path, *, create: bool, durable: bool, read_only: bool = False,
+                 access: str | None = None) -> Layout:
+    """`open_layout`'s checks and making, once creation is serialized.
+
     `access` ("private", "group" or "group-read", see `perms.py`) applies when the spool is
     created; an existing spool keeps the one saved in its `spool.json`.
 
     `read_only` opens an existing spool with read access alone (never creating
     anything): what `stats`, `list`, `show`, `health` and `fsck` need.
     """
-    refuse_url(root)
     create = create and not read_only
     try:
         st = root.stat()

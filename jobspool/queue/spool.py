@@ -168,14 +168,17 @@ class Spool(EnqueueForms):
         layout = open_layout(Path(root), create=create, durable=durable, read_only=read_only,
                              access=access)
         try:
-            settings = resolve_settings(persisted, layout.settings, layout.access)
-        except InvalidJob as exc:
-            if exc.field is not None and given(persisted.get(exc.field, UNSET)):
-                raise  # the caller's own option
-            # A hand-edited spool.json: name the file, not an option nobody passed.
-            raise SpoolError(f"{layout.root / SPOOL_FILE}: {exc}; fix the setting in that "
-                             "file", path=str(layout.root / SPOOL_FILE)) from None
-        self.journal = Journal(layout, settings, options)
+            try:
+                settings = resolve_settings(persisted, layout.settings, layout.access)
+            except InvalidJob as exc:
+                if exc.field is not None and given(persisted.get(exc.field, UNSET)):
+                    raise  # the caller's own option
+                # A hand-edited spool.json: name the file, not an option nobody passed.
+                raise SpoolError(f"{layout.root / SPOOL_FILE}: {exc}; fix the setting in "
+                                 "that file", path=str(layout.root / SPOOL_FILE)) from None
+            self.journal = Journal(layout, settings, options)  # writes spool.json, fence
+        finally:
+            layout.end_creation()
         self.leasing = Leasing(self.journal)
         self.producer = Producer(self.journal)
         self.journal.autoprune = self._autoprune
