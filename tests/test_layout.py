@@ -182,3 +182,19 @@ def test_processes_creating_one_spool_at_once_make_it_once_without_false_alarms(
     with Spool(root) as spool:
         assert sorted(j.id for j in spool.jobs()) == [f"j{n}" for n in range(3, 9)]
         assert spool.fence_value() == 0  # nothing claimed: no jump
+
+
+def test_a_creation_cut_short_after_the_fence_opens_without_a_deleted_warning(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # The fence is written before spool.json (the mark of a finished spool): a crash
+    # between the two left a fence at 0 and no job, which is no spool.json "deleted".
+    import logging
+
+    root = tmp_path / "s"
+    with make_spool(root):
+        pass
+    (root / "spool.json").unlink()
+    with caplog.at_level(logging.WARNING), make_spool(root) as spool:
+        assert spool.enqueue("k").state.value == "ready"
+    assert not [r for r in caplog.records if "missing" in r.getMessage()]
+    assert (root / "spool.json").is_file()

@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 
 from jobspool.errors import SpoolError
+from jobspool.queue.fence import decode_fence
 from jobspool.queue.job import MAX_JOB_BYTES
 from jobspool.queue.perms import (
     ACCESS_MODES,
@@ -405,9 +406,15 @@ def _refuse_inside_another_spool(root: Path) -> None:
 
 
 def _used_spool(root: Path) -> bool:
-    """Whether a directory without spool.json was a spool in use (a fence, or a job)."""
+    """Whether a directory without spool.json was a spool in use (a fence that handed a
+    token out, or a job). A fence still at 0 is a creation cut short between the fence
+    and spool.json (written in that order, `Journal`): nothing to warn about."""
     if os.path.lexists(root / "fence"):
-        return True
+        try:
+            if decode_fence((root / "fence").read_bytes()) > 0:
+                return True
+        except (OSError, ValueError):
+            return True  # unreadable: it may have been anything
     for state in ALL_STATES:
         try:
             with os.scandir(root / state.value) as it:
