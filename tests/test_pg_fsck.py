@@ -48,3 +48,32 @@ def test_recover_raises_the_fence_sequence_above_every_token_a_row_holds(pg_url:
         (after,) = spool.claim()
         assert after.token > top
     assert _fsck(pg_url).returncode == 0
+
+
+def test_claims_between_reading_the_fence_and_the_tokens_are_no_fence_behind(
+        pg_url: str) -> None:
+    # Found probing operations: with a worker claiming, `health` read the fence, then the
+    # leased tokens, and took those drawn in between for tokens above the counter
+    # (`fence_behind`, exit 2, "run recover") on a healthy database; `recover` raised the
+    # sequence and warned of rows above it. The claims are made to land exactly there.
+    with make_spool(pg_url) as spool, make_spool(pg_url) as other:
+        spool.enqueue_many("note", list(range(9)))
+        real = spool.fence_value
+        calls = 0
+
+        def fence_then_claims() -> int:
+            nonlocal calls
+            calls += 1
+            value = real()
+            if calls in (1, 4):  # health's first reading; recover's first after it
+                other.claim(limit=3)  # another worker, right after the fence was read
+            return value
+
+        spool.fence_value = fence_then_claims  # type: ignore[method-assign]
+        health = spool.health()
+        assert not [r for r in health.reasons if r.code == "fence_behind"], health.reasons
+        calls = 3
+        report = spool.recover()
+        assert report.fence_raised == ()
+        assert calls > 4  # the claims did land between the readings
+    assert _fsck(pg_url).returncode == 0

@@ -215,12 +215,26 @@ def recover(spool: PgSpool, replay: Any = None) -> RecoveryReport:
 _FENCE_MARGIN = 100_000
 
 
+def _still_above(spool: PgSpool, rows: list[Any]) -> list[Any]:
+    """Of (id, token) rows read as above a fence read before them, those above the fence
+    read now. Claims draw tokens between the two reads: each token a row held when it was
+    read had been drawn by then, so a fence read afterwards is at or above it unless the
+    fence really is behind. Compared with the earlier reading, a worker claiming made
+    `health` report `fence_behind` (exit 2, "run recover") on a healthy database, and
+    `recover` raise the sequence and warn of rows above it."""
+    if not rows:
+        return rows
+    fence = spool.fence_value()
+    return [r for r in rows if int(r[1]) > fence]
+
+
 def _raise_fence(spool: PgSpool, fence: int) -> tuple[str, ...]:
     """Raise the token sequence above every token a row holds (rows restored from a
     backup, or written by hand): otherwise claims would hand those tokens out again."""
     rows = spool.db.run(lambda c: c.execute(
-        "SELECT id FROM jobspool_jobs WHERE token > %s ORDER BY id", (fence,)).fetchall(),
-        what="reading tokens above the fence")
+        "SELECT id, token FROM jobspool_jobs WHERE token > %s ORDER BY id", (fence,)
+    ).fetchall(), what="reading tokens above the fence")
+    rows = _still_above(spool, rows)
     if not rows:
         return ()
     spool.db.run(lambda c: c.execute(
@@ -343,11 +357,11 @@ def health(spool: PgSpool, *, max_due_age: float = DEFAULT_MAX_DUE_AGE,
             "SELECT id FROM jobspool_jobs WHERE state = 'leased' AND expires_at <= %s "
             "ORDER BY id LIMIT 5", (now - lease_grace,)).fetchall(), what="health")]
         reasons.append(expired_reason(ids, expired))
-    above = spool.db.run(lambda c: c.execute(
+    above = _still_above(spool, spool.db.run(lambda c: c.execute(
         "SELECT id, token FROM jobspool_jobs WHERE state = 'leased' AND token > %s "
-        "ORDER BY token DESC LIMIT 100", (st.fence,)).fetchall(), what="health")
-    if above:  # (the fence `stats` just read: not two more round trips)
-        behind = fence_behind_reason(st.fence, [(int(t), i) for i, t in above])
+        "ORDER BY token DESC LIMIT 100", (st.fence,)).fetchall(), what="health"))
+    if above:
+        behind = fence_behind_reason(spool.fence_value(), [(int(t), i) for i, t in above])
         if behind is not None:
             reasons.append(behind)
     if stale:
