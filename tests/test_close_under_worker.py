@@ -45,10 +45,14 @@ def test_closing_the_spool_under_run_forever_finishes_running_jobs_and_gives_bac
     spool = make_any_spool(lease_seconds=300.0)
     ids = [j.id for j in spool.enqueue_many("k", [{"i": i} for i in range(6)])]
     started = threading.Semaphore(0)
+    worker: Worker
 
     def handler(job: Job, ctx: Context) -> str:
         started.release()
-        time.sleep(0.3)
+        # Still running when close() asks the stop, however late this thread or the test's
+        # is scheduled: a fixed 0.3 s let a handler end first on a loaded machine, and the
+        # worker start a third job before the stop (completed 3, released 3).
+        wait_until(lambda: worker.stopping, 60, "close() to ask the worker to stop")
         return "done"
 
     worker = Worker(spool, {"k": handler}, concurrency=2, batch_size=6)

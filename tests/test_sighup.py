@@ -44,13 +44,15 @@ def test_sighup_stops_a_worker_gracefully(tmp_path: Path, processes: str | None)
 
 
 def test_a_worker_under_nohup_keeps_ignoring_sighup(tmp_path: Path) -> None:
-    root = tmp_path / "spool"
-    with make_spool(root):
-        pass
+    root, served = tmp_path / "spool", tmp_path / "served.log"
+    with make_spool(root) as spool:
+        spool.enqueue("work", {"log": str(served)}, job_id="w1")
     proc = start_jobspool("worker", "--app", APP, "--poll", "0.2", root=root,
                           preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
     try:
-        time.sleep(2.0)  # started and serving
+        # Started and serving: it ran a job. A fixed 2 s was not always enough for a loaded
+        # machine to start the process, and a SIGTERM before its handlers were set killed it.
+        wait_until(served.exists, GUARD, "the worker to serve a job", proc=proc)
         proc.send_signal(signal.SIGHUP)
         time.sleep(1.0)
         assert proc.poll() is None, "SIGHUP stopped a worker that ignores it"
