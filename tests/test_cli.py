@@ -245,6 +245,18 @@ def test_run_until_idle_max_jobs_and_kinds(spool_with_jobs: Path) -> None:
     assert r3["completed"] == 1
 
 
+def test_run_until_idle_says_max_jobs_left_the_rest(spool_with_jobs: Path) -> None:
+    # Found probing the README: the due jobs --max-jobs left were said to have "come due
+    # after the run's last claim", with --wait-retries offered, which does nothing for them.
+    root = spool_with_jobs
+    with make_spool(root) as spool:
+        spool.enqueue_many("work", [{} for _ in range(5)])
+    r = ok("--root", root, "run-until-idle", "--app", "tests.apps.simple:app",
+           "--max-jobs", "1", "--batch-size", "1")
+    assert "left 4 job(s) of its kinds: --max-jobs 1 reached" in r.out, r.out
+    assert "came due after" not in r.out and "--wait-retries" not in r.out, r.out
+
+
 def test_run_until_idle_wait_retries_finishes_flaky_jobs(spool_with_jobs: Path) -> None:
     root = spool_with_jobs
     job = ok_json("--root", root, "enqueue", "flaky")

@@ -59,7 +59,11 @@ def cmd_run_until_idle(args: argparse.Namespace) -> int:
             why = ("not in --kinds" if kind in worker.handlers
                    else f"no handler in --app {args.app}")
             lines.append(f"left {n} due job(s) of kind {kind!r}: {why}")
-        if report.waiting and report.next_due_in:
+        if report.waiting and args.max_jobs is not None and report.claimed >= args.max_jobs:
+            # Not "came due after the run's last claim": they were due, the run had its fill.
+            lines.append(f"left {report.waiting} job(s) of its kinds: --max-jobs "
+                         f"{args.max_jobs} reached; run again for more")
+        elif report.waiting and report.next_due_in:
             lines.append(f"left {report.waiting} job(s) not due yet (retries backing off, "
                          f"delayed jobs), the first in {report.next_due_in:.1f} s; "
                          "--wait-retries SECONDS waits for those due within SECONDS")
