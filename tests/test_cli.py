@@ -257,6 +257,30 @@ def test_run_until_idle_says_max_jobs_left_the_rest(spool_with_jobs: Path) -> No
     assert "came due after" not in r.out and "--wait-retries" not in r.out, r.out
 
 
+def test_run_until_idle_stopped_by_a_signal_says_it_left_the_rest(spool_with_jobs: Path) -> None:
+    import signal
+    import subprocess
+
+    from tests.cli_harness import start_jobspool
+    from tests.waiting import wait_until
+
+    root = spool_with_jobs
+    started = root.parent / "started"
+    with make_spool(root) as spool:
+        spool.enqueue_many("slow", [{"sleep": 1.0, "started": str(started)} for _ in range(4)])
+    proc = start_jobspool("run-until-idle", "--app", "tests.apps.simple:app",
+                          "--concurrency", "1", "--batch-size", "1", root=root, text=True)
+    try:
+        wait_until(started.exists, 60, "a handler to start", proc=proc)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    assert "left 3 job(s) of its kinds: the run was stopped" in out, (out, err)
+    assert "came due after" not in out, out
+
+
 def test_run_until_idle_wait_retries_finishes_flaky_jobs(spool_with_jobs: Path) -> None:
     root = spool_with_jobs
     job = ok_json("--root", root, "enqueue", "flaky")

@@ -59,8 +59,12 @@ def cmd_run_until_idle(args: argparse.Namespace) -> int:
             why = ("not in --kinds" if kind in worker.handlers
                    else f"no handler in --app {args.app}")
             lines.append(f"left {n} due job(s) of kind {kind!r}: {why}")
-        if report.waiting and args.max_jobs is not None and report.claimed >= args.max_jobs:
-            # Not "came due after the run's last claim": they were due, the run had its fill.
+        # Not "came due after the run's last claim" when the run chose to leave them:
+        # --wait-retries, offered for those, does nothing for these.
+        if report.waiting and worker.stopping:
+            lines.append(f"left {report.waiting} job(s) of its kinds: the run was stopped; "
+                         "run again for the rest")
+        elif report.waiting and args.max_jobs is not None and report.claimed >= args.max_jobs:
             lines.append(f"left {report.waiting} job(s) of its kinds: --max-jobs "
                          f"{args.max_jobs} reached; run again for more")
         elif report.waiting and report.next_due_in:
@@ -68,9 +72,13 @@ def cmd_run_until_idle(args: argparse.Namespace) -> int:
                          f"delayed jobs), the first in {report.next_due_in:.1f} s; "
                          "--wait-retries SECONDS waits for those due within SECONDS")
         elif report.waiting:
-            lines.append(f"left {report.waiting} job(s) of its kinds, the first due now (it "
-                         "came due after the run's last claim); run again, or "
-                         "--wait-retries SECONDS waits for those due within SECONDS")
+            why = "it came due after the run's last claim"
+            if report.lease_lost:
+                why += (f", or the run let it go: {report.lease_lost} lease(s) lost or "
+                        "released by a handler, whose jobs it leaves for one lease's time")
+            lines.append(f"left {report.waiting} job(s) of its kinds, the first due now "
+                         f"({why}); run again, or --wait-retries SECONDS waits for those "
+                         "due within SECONDS")
         return "\n".join(lines)
 
     _emit(args, doc, text)
