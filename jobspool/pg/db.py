@@ -53,6 +53,8 @@ CONNECT_TIMEOUT = 5
 # Statements must therefore never bind a state as a parameter (admin.py writes it in).
 SESSION = "SET enable_bitmapscan = off; SET plan_cache_mode = force_generic_plan"
 POOL_WAIT = 10.0  # seconds a thread waits for a free connection before the retry loop
+# Openings of a transaction block (`block`), each after the outage was waited out.
+BLOCK_OPEN_TRIES = 3
 CONFLICT_RETRIES = 8  # a statement chosen as a deadlock's victim is sent again this often
 
 
@@ -319,16 +321,69 @@ class Database:
             self._pinned.conn = before
 
     @contextmanager
-    def connection_for_block(self) -> Iterator[psycopg.Connection[Any]]:
-        """The connection a transaction block runs on: the one this thread has pinned if
-        it is inside another block (a nested `fenced`, whose own pooled connection waited
-        forever on the row lock its outer transaction held), else one from the pool."""
+    def block(self, begin: Callable[[psycopg.Connection[Any]], T], *, what: str
+              ) -> Iterator[tuple[psycopg.Connection[Any], T]]:
+        """A transaction block: `begin(conn)` its first statements, then the caller's.
+
+        Nested in another block on this thread, it runs on that block's pinned connection
+        as a savepoint (a pooled connection of its own waited for ever on the row lock its
+        outer transaction held). Otherwise on a pooled connection; until `begin` has
+        returned nothing of the block has run, so a connection lost meanwhile (a server
+        restart, a terminated backend) is waited out as `run` waits (its budget, its
+        backoff) and the transaction opened again: a handler's fenced block failed at once
+        with the driver's raw error, charged an attempt for an outage it never saw.
+        """
         pinned = getattr(self._pinned, "conn", None)
         if pinned is not None:
-            yield pinned
+            with pinned.transaction():
+                yield pinned, self._once(begin, pinned, what)
             return
-        with self.connection() as conn:
-            yield conn
+        for attempt in range(1, BLOCK_OPEN_TRIES + 1):
+            opened = ended = False
+            try:
+                with self.connection() as conn, conn.transaction():
+                    value = begin(conn)
+                    opened = True
+                    yield conn, value
+                    ended = True
+                return
+            except (psycopg.OperationalError, PoolExhausted) as exc:
+                if ended:  # the commit: lost, and with it everything the block did
+                    raise self.block_error(exc, f"committing {what}") from None
+                if opened:
+                    raise  # the block's own statements: never sent twice
+                if not transient(exc) or attempt == BLOCK_OPEN_TRIES:
+                    raise self.block_error(exc, what) from None
+            except psycopg.Error as exc:
+                if opened and not ended:
+                    raise
+                raise self.block_error(exc, f"committing {what}" if ended else what) from None
+            self._get_pool().drop_idle()
+            # Waits out the outage (or raises once `reconnect_seconds` are spent).
+            self.run(lambda c: c.execute("SELECT 1"), what=what)
+
+    def _once(self, begin: Callable[[psycopg.Connection[Any]], T],
+              conn: psycopg.Connection[Any], what: str) -> T:
+        try:
+            return begin(conn)
+        except psycopg.Error as exc:
+            raise self.block_error(exc, what) from None
+
+    @contextmanager
+    def one_line_errors(self, what: str) -> Iterator[None]:
+        """The driver's errors of the statements sent in the block as `block_error`s."""
+        try:
+            yield
+        except psycopg.Error as exc:
+            raise self.block_error(exc, what) from None
+
+    def block_error(self, exc: Exception, what: str) -> SpoolError:
+        """A driver error in a transaction block as one line: unavailable (`StoreUnavailable`)
+        for a lost connection, refused otherwise."""
+        if transient(exc):
+            return _connect_error(exc, f"database {self.display} unavailable during "
+                                       f"{what}: {self._line(exc)}")
+        return SpoolError(f"database {self.display} refused {what}: {self._line(exc)}")
 
     def _line(self, exc: BaseException) -> str:
         """A driver error as one line, without the URL's password (a misparsed one shows
@@ -372,6 +427,11 @@ class Database:
             try:
                 return fn(pinned)
             except psycopg.Error as exc:
+                if isinstance(exc, psycopg.OperationalError) and transient(exc):
+                    # "refused" read as the server's refusal of the statement.
+                    raise _connect_error(exc, f"database {self.display}: connection lost "
+                                              f"during {what}, inside a transaction block "
+                                              f"(rolled back): {self._line(exc)}") from None
                 raise SpoolError(f"database {self.display} refused {what}: "
                                  f"{self._line(exc)}") from None
         # One outage, one budget: once it has lasted `reconnect_seconds`, every statement
@@ -423,8 +483,13 @@ class Database:
                     self._down_since = time.monotonic()
                 if isinstance(exc, psycopg.errors.QueryCanceled) or self.stop_retrying.is_set() \
                         or time.monotonic() + delay > deadline:
-                    raise _connect_error(exc, f"database {self.display} unavailable during "
-                                              f"{what}: {self._line(exc)}") from None
+                    err = _connect_error(exc, f"database {self.display} unavailable during "
+                                              f"{what}: {self._line(exc)}")
+                    if isinstance(err, StoreUnavailable) and self._down_since is not None:
+                        # The worker's outage log counts from here: it said "reachable
+                        # again after 13 s" of a 41 s outage, the retries' 30 s left out.
+                        err.down_for = max(0.0, time.monotonic() - self._down_since)
+                    raise err from None
                 log.warning("database %s: %s; retrying %s in %.2fs", self.display,
                             self._line(exc), what, delay)
                 if self.stop_retrying.wait(delay):

@@ -372,38 +372,46 @@ def next_due_at(spool: PgSpool, kinds: Iterable[str] | None) -> float | None:
 @contextmanager
 def fenced(spool: PgSpool, lease: Lease) -> Iterator[Lease]:
     """`PgSpool.fenced`: the job's row locked for the block, the lease checked before it
-    and extended after it, in one transaction."""
+    and extended after it, in one transaction (`Database.block`: opened again after a lost
+    connection, before anything of the block ran; a savepoint when nested)."""
     lost: LeaseLost | None = None
-    # Nested in another block on this thread, `transaction()` is a savepoint of its own.
-    with spool.db.connection_for_block() as conn, conn.transaction():
+
+    def begin(conn: psycopg.Connection[Any]) -> tuple[Any, Any]:
         row = conn.execute(f"SELECT {COLUMNS} FROM jobspool_jobs WHERE id = %s FOR UPDATE",
                            (lease.job_id,)).fetchone()
+        return row, conn.execute("SELECT extract(epoch from now())::float8").fetchone()
+
+    with spool.db.block(begin, what="opening a fenced block") as (conn, (row, db_now)):
         if row is None:
             raise LeaseLost(lease.job_id, lease.token, "job is gone")
         clock = spool.now_param()
-        db_now = conn.execute("SELECT extract(epoch from now())::float8").fetchone()
         now = clock if clock is not None else float(db_now[0]) if db_now else 0.0
         machine.check_lease(to_job(row), lease, now)
         with spool.db.pinned(conn):
             yield lease
-        # From the block's end, not its start: a block longer than the lease left it
-        # expired. Guarded: the block may have settled (or canceled) the job itself.
-        end = spool.now_param()
-        extended = conn.execute(
-            "UPDATE jobspool_jobs SET expires_at = greatest(expires_at, "
-            "coalesce(%s, extract(epoch from clock_timestamp())::float8) + %s), "
-            "revision = revision + 1 WHERE id = %s AND state = 'leased' AND token = %s "
-            "RETURNING 1", (end, lease.seconds or spool.lease_seconds, lease.job_id,
-                            lease.token)).fetchone()
-        if extended is None:
-            now_row = conn.execute("SELECT state FROM jobspool_jobs WHERE id = %s",
-                                   (lease.job_id,)).fetchone()
-            lost = LeaseLost(lease.job_id, lease.token,
-                             f"job is {now_row[0] if now_row else 'gone'}")
+        with spool.db.one_line_errors("ending a fenced block (what it did is rolled back)"):
+            lost = _end_block(spool, conn, lease)
     if lost is not None:
         # As on the file spool: what the block did stands (committed above), and the
         # lease it ended is reported lost.
         raise lost
+
+
+def _end_block(spool: PgSpool, conn: psycopg.Connection[Any], lease: Lease) -> LeaseLost | None:
+    # From the block's end, not its start: a block longer than the lease left it
+    # expired. Guarded: the block may have settled (or canceled) the job itself.
+    end = spool.now_param()
+    extended = conn.execute(
+        "UPDATE jobspool_jobs SET expires_at = greatest(expires_at, "
+        "coalesce(%s, extract(epoch from clock_timestamp())::float8) + %s), "
+        "revision = revision + 1 WHERE id = %s AND state = 'leased' AND token = %s "
+        "RETURNING 1", (end, lease.seconds or spool.lease_seconds, lease.job_id,
+                        lease.token)).fetchone()
+    if extended is not None:
+        return None
+    now_row = conn.execute("SELECT state FROM jobspool_jobs WHERE id = %s",
+                           (lease.job_id,)).fetchone()
+    return LeaseLost(lease.job_id, lease.token, f"job is {now_row[0] if now_row else 'gone'}")
 
 
 def fence_value(spool: PgSpool) -> int:

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from jobspool.queue.marks import RULE_MARK
 
 if TYPE_CHECKING:
+    import psycopg
+
     from jobspool.pg.core import PgCore
 
 _LOCK_KEY = 0x6A6F6274  # the advisory lock schedulers take turns under
@@ -35,10 +37,12 @@ def held(spool: PgCore) -> Iterator[dict[str, int]]:
     As on the file store, a mark may move back: `Schedule.plan` starts over from a mark a
     clock that jumped ahead left in the future, and a mark kept at the greater of the two
     silenced catch-up until the real clock reached it (a year, after a one-year jump)."""
-    with spool.db.connection_for_block() as conn, conn.transaction():
+    def begin(conn: psycopg.Connection[Any]) -> dict[str, int]:
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
-        marks = {name: int(tick) for name, tick in conn.execute(
+        return {name: int(tick) for name, tick in conn.execute(
             "SELECT name, last_tick FROM jobspool_schedule_marks").fetchall()}
+
+    with spool.db.block(begin, what="reading schedule marks") as (conn, marks):
         before = dict(marks)
         with spool.db.pinned(conn):
             yield marks

@@ -1,0 +1,77 @@
+"""A `fenced` block on PostgreSQL through a lost connection (issue 16: "a database that goes
+away is survived").
+
+Found probing the store under trouble: a block opened on a pooled connection a server
+restart or a terminated backend had killed failed at once with the driver's raw error
+(`psycopg.errors.AdminShutdown` and its traceback in the handler), charging the job an
+attempt for an outage it never saw, while heartbeats and settles sent again. Nothing of a
+block has run when it is opened, so it is now opened again; a connection lost inside a
+block is one line saying so, and what the block did is rolled back.
+"""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from jobspool import JobState
+from jobspool.errors import StoreUnavailable
+from tests.pgserver import PgServer
+from tests.spools import make_spool
+
+
+def _kill_other_backends(url: str) -> int:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE pid <> pg_backend_pid() AND backend_type = 'client backend' "
+            "AND datname = current_database()").fetchone()
+    return int(row[0]) if row else 0
+
+
+def test_a_block_opened_after_its_pooled_connection_was_killed_runs(pg_url: str) -> None:
+    with make_spool(pg_url) as spool:
+        spool.enqueue("k", job_id="j")
+        (lease,) = spool.claim()
+        assert _kill_other_backends(pg_url) >= 1  # the pool's idle connection, dead
+        with spool.fenced(lease):
+            spool.enqueue("child", job_id="c")  # the outbox pattern, in the block
+        assert spool.complete(lease, "ok").state is JobState.COMPLETED
+        assert spool.get("c").state is JobState.READY
+
+
+@pytest.mark.slow
+def test_a_block_opened_after_a_server_restart_runs_once(pg_server: PgServer,
+                                                         pg_url: str) -> None:
+    with make_spool(pg_url) as spool:
+        spool.enqueue("k", job_id="j")
+        (lease,) = spool.claim()
+        # Every connection of the pool made and left idle, as a busy worker leaves them;
+        # then all of them dropped by the restart, the server back.
+        pool = spool.db._get_pool()  # type: ignore[attr-defined]  # noqa: SLF001
+        for conn in [pool.take(5.0) for _ in range(pool.size)]:
+            pool.give(conn)
+        pg_server.restart()
+        entered = 0
+        with spool.fenced(lease):
+            entered += 1
+            spool.enqueue("child", job_id="c")
+        assert entered == 1
+        assert spool.complete(lease, "ok").state is JobState.COMPLETED
+        assert spool.get("c").state is JobState.READY
+
+
+def test_a_connection_lost_inside_a_block_is_one_line_and_rolls_the_block_back(
+        pg_url: str) -> None:
+    with make_spool(pg_url) as spool:
+        spool.enqueue("k", job_id="j")
+        (lease,) = spool.claim()
+        with pytest.raises(StoreUnavailable) as caught, spool.fenced(lease):
+            spool.enqueue("child", job_id="c1")
+            _kill_other_backends(pg_url)  # the block's own connection among them
+            spool.enqueue("child", job_id="c2")
+        said = str(caught.value)
+        assert "connection lost" in said and "rolled back" in said and "\n" not in said
+        assert "refused" not in said
+        assert [j.id for j in spool.jobs(kind="child")] == []
+        assert spool.complete(lease, "ok").state is JobState.COMPLETED
