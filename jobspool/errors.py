@@ -148,7 +148,10 @@ class UnreadableJob(SpoolError):
 class StoreUnavailable(SpoolError):
     """Raised when the store cannot be reached for now (a PostgreSQL server down,
     restarting or unreachable), as opposed to refusing: it may come back, and a worker
-    waits for it (backing off, for as long as it takes) instead of giving up."""
+    waits for it (backing off, for as long as it takes) instead of giving up.
+    `down_for`: seconds it had been unreachable already (retried meanwhile), when known."""
+
+    down_for: float = 0.0
 
 
 class SpoolClosed(SpoolError):

@@ -83,3 +83,23 @@ def test_failed_backs_off_until_a_stop_then_returns_the_verdict_when_giving_up()
     first, second = anyio.run(main)
     assert first is None
     assert isinstance(second, WorkerCrashed) and "failed 2 times" in str(second)
+
+
+def test_an_outage_is_logged_from_when_the_store_first_failed(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Found probing the PostgreSQL store: a 41 s outage was logged as "reachable again
+    # after 13 s": the store's own retries (reconnect_seconds, 30 s) were left out.
+    from jobspool.errors import StoreUnavailable
+
+    ticks = Ticks()
+    sup = Supervisor(clock=ticks)
+    ticks.now = 100.0
+    down = StoreUnavailable("database x unavailable during claiming: server closed")
+    down.down_for = 30.0
+    with caplog.at_level(logging.WARNING, logger="jobspool.queue.worker"):
+        assert sup.record(down, Counters()) is None
+        ticks.now = 111.0
+        sup.reached()
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0].startswith("store unavailable for 30 s (database x"), lines
+    assert lines[-1] == "store reachable again after 41 s", lines

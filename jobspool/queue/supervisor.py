@@ -100,8 +100,10 @@ class Supervisor:
         now = self._clock()
         self._outage_tries += 1
         if self.outage_since is None:
-            self.outage_since = self._outage_logged = now
-            log.warning("store unavailable (%s); waiting for it", exc)
+            down_for = getattr(exc, "down_for", 0.0)  # retried that long already
+            self.outage_since, self._outage_logged = now - down_for, now
+            log.warning("store unavailable%s (%s); waiting for it",
+                        f" for {down_for:.0f} s" if down_for >= 1 else "", exc)
         elif now - self._outage_logged >= OUTAGE_LOG_SECONDS:
             self._outage_logged = now
             log.warning("store still unavailable after %.0f s (%s); waiting for it",
