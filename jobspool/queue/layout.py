@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import stat
+import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -239,6 +240,9 @@ def open_layout(root: Path, *, create: bool, durable: bool, read_only: bool = Fa
     return layout
 
 
+CREATION_LOCK_SECONDS = 5.0
+
+
 def _creation_lock(root: Path) -> int | None:
     """An exclusive flock on the nearest existing directory above `root`, for the making
     of a spool. Processes opening a new root at once each saw it half made: one took a
@@ -254,12 +258,22 @@ def _creation_lock(root: Path) -> int | None:
         fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
         return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-    except OSError:
-        os.close(fd)
-        return None
-    return fd
+    # Polled, and bounded: the directory above may be another spool's root, whose own
+    # lock (held by this very thread, in a fenced block) flocks it too. That spool refuses
+    # the new one inside it anyway; going on unserialized beats waiting on ourselves.
+    deadline = time.monotonic() + CREATION_LOCK_SECONDS
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.005)
+        except OSError:
+            break
+    os.close(fd)
+    return None
 
 
 def _open_layout(root: Path, *, create: bool, durable: bool, read_only: bool = False,
