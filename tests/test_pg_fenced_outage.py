@@ -75,3 +75,46 @@ def test_a_connection_lost_inside_a_block_is_one_line_and_rolls_the_block_back(
         assert "refused" not in said
         assert [j.id for j in spool.jobs(kind="child")] == []
         assert spool.complete(lease, "ok").state is JobState.COMPLETED
+
+
+_HUNG_IN_BLOCK = """
+import sys, threading, time
+from jobspool import Policy, Spool, Worker
+release = threading.Event()
+with Spool(sys.argv[1]) as spool:
+    spool.enqueue("hang", job_id="h")
+    def handler(job, ctx):
+        with ctx.fenced():
+            spool.enqueue("child", job_id="c")
+            release.wait(300)  # hung, holding its block open
+    report = Worker(spool, {"hang": handler}, policies={"hang": Policy(timeout=1)}
+                    ).run_until_idle()
+    job = spool.get("h")
+    print(report.timed_out, job.state.value, job.attempts, len(list(spool.jobs(kind="child"))))
+    release.set()
+"""
+
+
+def test_a_handler_hung_inside_its_block_past_its_time_limit_does_not_hang_the_run(
+        pg_url: str) -> None:
+    # A sync handler cannot be stopped; hung inside a fenced block, its transaction held
+    # the job's row lock, and the worker's record of the time limit waited on it for as
+    # long as the handler ran (for ever, for a handler that never returns).
+    import subprocess
+    import sys
+
+    from tests.subproc import REPO, cli_env
+
+    proc = subprocess.Popen([sys.executable, "-c", _HUNG_IN_BLOCK, pg_url], cwd=REPO,
+                            env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        out, err = proc.communicate(timeout=60)  # a guard against the hang, not a timing
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail("the run waited on the hung handler's fenced block")
+    assert proc.returncode == 0, err
+    # Timed out, retryable, and what the block did (the child) rolled back.
+    assert out.split() == ["1", "retryable", "1", "0"], (out, err)
+    assert "ended the fenced block of a handler abandoned" in err

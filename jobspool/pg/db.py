@@ -283,6 +283,9 @@ class Database:
         self._pid = 0
         self._mutex = threading.Lock()
         self._pinned = threading.local()
+        # Each thread's outermost open block (`pinned`): a handler abandoned past its time
+        # limit inside one holds its job's row lock for as long as it runs (`cut_block`).
+        self._blocks: dict[int, psycopg.Connection[Any]] = {}
         self.closed = False
         # Set while the process shuts down (Worker.stop): a statement the server cannot
         # take is given up at once instead of retried, so a stop is never held up by an
@@ -315,10 +318,32 @@ class Database:
         enqueue) joins it instead of waiting on its row lock or for a pooled connection."""
         before = getattr(self._pinned, "conn", None)
         self._pinned.conn = conn
+        ident = threading.get_ident()
+        if before is None:
+            self._blocks[ident] = conn
         try:
             yield
         finally:
             self._pinned.conn = before
+            if before is None:
+                self._blocks.pop(ident, None)
+
+    def cut_block(self, thread_ident: int) -> bool:
+        """End the open block of a thread that was given up on (a sync handler past its
+        time limit cannot be stopped): its transaction held the job's row lock for as long
+        as the handler ran, and the worker's own record of the failure waited on it, the
+        run with it, for ever. Its backend is terminated, the transaction rolled back;
+        the thread finds its connection lost if it ever goes on. Whether one was open."""
+        conn = self._blocks.pop(thread_ident, None)
+        if conn is None:
+            return False
+        pid = conn.pgconn.backend_pid
+        self.run(lambda c: c.execute("SELECT pg_terminate_backend(%s)", (pid,)),
+                 what="ending an abandoned handler's fenced block")
+        log.warning("database %s: ended the fenced block of a handler abandoned past its "
+                    "time limit (backend %d): what it did in the block is rolled back",
+                    self.display, pid)
+        return True
 
     @contextmanager
     def block(self, begin: Callable[[psycopg.Connection[Any]], T], *, what: str

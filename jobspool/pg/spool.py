@@ -553,6 +553,10 @@ class PgSpool(EnqueueForms):
     def hold_schedule_marks(self) -> AbstractContextManager[dict[str, int]]:
         return marks.held(self)
 
+    def abandon_blocks(self, thread_ident: int) -> None:
+        """A handler's thread was given up on: end its open fenced block (`cut_block`)."""
+        self.db.cut_block(thread_ident)
+
     def stop_retrying(self, stop: bool = True) -> None:
         """While shutting down, a statement the server cannot take fails at once (`True`)
         instead of being retried for `reconnect_seconds`; `False` retries again."""

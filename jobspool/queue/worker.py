@@ -455,7 +455,15 @@ class Worker:
             self.on_end(ctx)
 
     def note_hung(self, ctx: Context) -> None:
-        """A sync handler passed its time limit; its thread cannot be stopped."""
+        """A sync handler passed its time limit; its thread cannot be stopped. A store that
+        can end what the thread holds open (PostgreSQL: a fenced block's transaction, whose
+        row lock the failure's record would wait on for ever) is told."""
+        abandon = getattr(self.spool, "abandon_blocks", None)
+        if abandon is not None and ctx.thread_ident is not None:
+            try:
+                abandon(ctx.thread_ident)
+            except (JobspoolError, OSError) as exc:
+                log.warning("could not end the fenced block of job %s: %s", ctx.job_id, exc)
         if self.on_hung is not None:
             self.on_hung(ctx)
 
