@@ -251,9 +251,11 @@ def test_run_until_idle_says_max_jobs_left_the_rest(spool_with_jobs: Path) -> No
     root = spool_with_jobs
     with make_spool(root) as spool:
         spool.enqueue_many("work", [{} for _ in range(5)])
+        spool.enqueue_many("work", [{}, {}], delay=600)  # not due: not the limit's doing
     r = ok("--root", root, "run-until-idle", "--app", "tests.apps.simple:app",
            "--max-jobs", "1", "--batch-size", "1")
-    assert "left 4 job(s) of its kinds: --max-jobs 1 reached" in r.out, r.out
+    assert ("left 4 due job(s) of its kinds: --max-jobs 1 reached; run again for more "
+            "(2 more not due yet)") in r.out, r.out
     assert "came due after" not in r.out and "--wait-retries" not in r.out, r.out
 
 
@@ -631,5 +633,5 @@ def test_a_job_of_its_kinds_that_came_due_after_the_last_claim_is_reported_left(
         worker = Worker(spool, handlers={"work": lambda job, ctx: None})
         spool.enqueue("work", job_id="due-now")  # as if it came due after the last claim
         spool.enqueue("work", job_id="later", delay=60)
-        unhandled, waiting, next_due_in = worker._left_behind()  # noqa: SLF001
-    assert unhandled == {} and waiting == 2 and next_due_in == 0.0
+        unhandled, waiting, next_due_in, due = worker._left_behind()  # noqa: SLF001
+    assert unhandled == {} and waiting == 2 and next_due_in == 0.0 and due == 1

@@ -198,3 +198,48 @@ def test_a_creation_cut_short_after_the_fence_opens_without_a_deleted_warning(
         assert spool.enqueue("k").state.value == "ready"
     assert not [r for r in caplog.records if "missing" in r.getMessage()]
     assert (root / "spool.json").is_file()
+
+
+_SLOW_CREATOR = """
+import sys, time
+from jobspool.queue import journal
+ensure = journal.Journal._ensure_fence
+def slow(self, layout):  # widens the window between making the root and its fence
+    time.sleep(float(sys.argv[3]))
+    ensure(self, layout)
+journal.Journal._ensure_fence = slow
+from jobspool import Spool
+root, go = sys.argv[1], float(sys.argv[2])
+time.sleep(max(0.0, go - time.time()))
+kw = {"access": sys.argv[4]} if sys.argv[4] != "-" else {}
+with Spool(root, **kw) as spool:
+    spool.enqueue("k", job_id="j" + sys.argv[5])
+"""
+
+
+def test_a_second_creator_waits_even_when_the_first_made_the_missing_parents(
+        tmp_path: Path) -> None:
+    # Found probing this change: the lock was on "the nearest existing directory above
+    # the root", which moved down once the first creator made the missing parents; the
+    # second locked that one, never waited, and chmod'ed a group spool private.
+    import stat as stat_mod
+    import subprocess
+    import sys
+    import time
+
+    from tests.subproc import REPO, cli_env
+
+    root = tmp_path / "a" / "b" / "spool"
+    go = time.time() + 1.5
+    args = [(go, "1.0", "group", "1"), (go + 0.3, "0", "-", "2")]
+    procs = [subprocess.Popen([sys.executable, "-c", _SLOW_CREATOR, str(root), str(at), pause,
+                               access, n], cwd=REPO, env=cli_env(), stderr=subprocess.PIPE,
+                              text=True) for at, pause, access, n in args]
+    errs = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], errs
+    assert stat_mod.S_IMODE(root.stat().st_mode) == 0o2770
+    for path in (root / "fence", *sorted((root / "ready").iterdir())):
+        assert stat_mod.S_IMODE(path.stat().st_mode) & 0o060 == 0o060, path
+    with make_spool(root) as spool:
+        assert spool.settings.access == "group"
+        assert sorted(j.id for j in spool.jobs()) == ["j1", "j2"]

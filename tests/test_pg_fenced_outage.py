@@ -118,3 +118,17 @@ def test_a_handler_hung_inside_its_block_past_its_time_limit_does_not_hang_the_r
     # Timed out, retryable, and what the block did (the child) rolled back.
     assert out.split() == ["1", "retryable", "1", "0"], (out, err)
     assert "ended the fenced block of a handler abandoned" in err
+
+
+def test_a_block_nested_in_one_whose_connection_was_lost_is_one_line(pg_url: str) -> None:
+    # Found probing this change: the savepoint of the nested block failed before anything
+    # turned the driver's error into ours; the raw AdminShutdown reached the handler.
+    with make_spool(pg_url) as spool:
+        spool.enqueue("k", job_id="j")
+        (lease,) = spool.claim()
+        with pytest.raises(StoreUnavailable) as caught, spool.fenced(lease):
+            _kill_other_backends(pg_url)
+            with spool.fenced(lease):
+                pass
+        assert "\n" not in str(caught.value) and "fenced block" in str(caught.value)
+        assert spool.complete(lease, "ok").state is JobState.COMPLETED

@@ -193,6 +193,10 @@ def test_search_limits_and_a_wrong_dimension_are_refused_saying_what_is_wrong(
     assert proj.search([4.0, 0.0, 1.0], limit=2).column("id").to_pylist() == ["d4", "d3"]
     assert proj.search(where="text = 'x'", limit=None).num_rows == 5
     assert proj.search(where="text = 'x'", limit=3).num_rows == 3
+    import numpy as np  # a numpy integer is a limit too (it was refused once)
+
+    assert proj.search([4.0, 0.0, 1.0], limit=np.int64(2)).num_rows == 2
+    assert proj.search(where="text = 'x'", limit=np.int32(3)).num_rows == 3
 
 
 @pytest.mark.parametrize(("given", "kept"), [

@@ -64,9 +64,12 @@ def cmd_run_until_idle(args: argparse.Namespace) -> int:
         if report.waiting and worker.stopping:
             lines.append(f"left {report.waiting} job(s) of its kinds: the run was stopped; "
                          "run again for the rest")
-        elif report.waiting and args.max_jobs is not None and report.claimed >= args.max_jobs:
-            lines.append(f"left {report.waiting} job(s) of its kinds: --max-jobs "
-                         f"{args.max_jobs} reached; run again for more")
+        elif (report.waiting_due and args.max_jobs is not None
+              and report.claimed >= args.max_jobs):
+            later = report.waiting - report.waiting_due
+            lines.append(f"left {report.waiting_due} due job(s) of its kinds: --max-jobs "
+                         f"{args.max_jobs} reached; run again for more"
+                         + (f" ({later} more not due yet)" if later else ""))
         elif report.waiting and report.next_due_in:
             lines.append(f"left {report.waiting} job(s) not due yet (retries backing off, "
                          f"delayed jobs), the first in {report.next_due_in:.1f} s; "

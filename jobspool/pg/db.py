@@ -360,9 +360,19 @@ class Database:
         """
         pinned = getattr(self._pinned, "conn", None)
         if pinned is not None:
-            with pinned.transaction():
-                yield pinned, self._once(begin, pinned, what)
-            return
+            opened = ended = False
+            try:
+                with pinned.transaction():  # a savepoint: a lost connection fails it too
+                    value = begin(pinned)
+                    opened = True
+                    yield pinned, value
+                    ended = True
+                return
+            except psycopg.Error as exc:
+                if opened and not ended:
+                    raise  # the block's own statements
+                raise self.block_error(exc, f"committing {what}" if ended else what
+                                       ) from None
         for attempt in range(1, BLOCK_OPEN_TRIES + 1):
             opened = ended = False
             try:
@@ -386,13 +396,6 @@ class Database:
             self._get_pool().drop_idle()
             # Waits out the outage (or raises once `reconnect_seconds` are spent).
             self.run(lambda c: c.execute("SELECT 1"), what=what)
-
-    def _once(self, begin: Callable[[psycopg.Connection[Any]], T],
-              conn: psycopg.Connection[Any], what: str) -> T:
-        try:
-            return begin(conn)
-        except psycopg.Error as exc:
-            raise self.block_error(exc, what) from None
 
     @contextmanager
     def one_line_errors(self, what: str) -> Iterator[None]:

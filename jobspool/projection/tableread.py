@@ -7,6 +7,7 @@ table handle (`raw`) and the empty result of a table not yet written (`_empty`).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -94,15 +95,20 @@ class LiveReads:
                                   f"{text.split('. Valid fields', 1)[0]}",
                                   table=self.name) from None
 
-    def _check_limit(self, limit: object, vector: bool) -> None:
+    def _check_limit(self, limit: object, vector: bool) -> int | None:
         # limit=0 on a filter returned every row; on a vector search 0, -1 and None all
         # said "Limit is required for ANN/KNN queries".
         if limit is None and not vector:
-            return
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            return None
+        try:  # any integer, numpy's included
+            n = None if isinstance(limit, bool) else operator.index(limit)  # type: ignore[arg-type]
+        except TypeError:
+            n = None
+        if n is None or n < 1:
             why = "a vector search needs a limit, " if limit is None else ""
             raise ProjectionError(f"search of table {self.name!r}: {why}limit must be a "
                                   f"positive integer, got {limit!r:.40}", table=self.name)
+        return n
 
     def _columns(self, columns: Sequence[str] | None) -> list[str] | None:
         if columns is None:
@@ -152,7 +158,7 @@ class LiveReads:
         FTS index on the table (create it on `raw`).
         """
         vector = query is not None and not isinstance(query, str)
-        self._check_limit(limit, vector)
+        limit = self._check_limit(limit, vector)
         tbl = self.raw
         if tbl is None:
             return self._empty()

@@ -225,6 +225,14 @@ def open_layout(root: Path, *, create: bool, durable: bool, read_only: bool = Fa
     if not create or read_only or os.path.lexists(root / SPOOL_FILE):
         return _open_layout(root, create=create, durable=durable, read_only=read_only,
                             access=access)
+    # The lock is on the root's parent, made first (after the checks that need nothing
+    # made): "the nearest existing directory above" moved down as the first creator made
+    # the missing ones, and a second creator locked another directory, never waited, and
+    # chmod'ed a group spool private.
+    _refuse_inside_another_spool(root)
+    _refuse_too_long(root)
+    with contextlib.suppress(OSError):  # a file in the way: `_open_layout` names it
+        root.parent.mkdir(parents=True, exist_ok=True)
     fd = _creation_lock(root)
     try:
         layout = _open_layout(root, create=create, durable=durable, read_only=read_only,

@@ -38,6 +38,7 @@ class RunReport:
     # that ran once after a crash read "idle" as drained while the rescued jobs waited.
     waiting: int = 0
     next_due_in: float | None = None
+    waiting_due: int = 0  # of `waiting`, those due when the run ended
 
     @property
     def rate(self) -> float:
@@ -94,7 +95,7 @@ class FinishedRun(RunReport, Coroutine[Any, Any, RunReport]):
 
 # The tallies a run keeps as it goes; `waiting` is looked up once, at the end.
 _COUNTED = tuple(f.name for f in fields(RunReport)
-                 if f.type in ("int", int) and f.name != "waiting")
+                 if f.type in ("int", int) and f.name not in ("waiting", "waiting_due"))
 
 
 class Counters:
@@ -119,8 +120,8 @@ class Counters:
     projection_failing: int
 
     def freeze(self, unhandled: dict[str, int] | None = None, waiting: int = 0,
-               next_due_in: float | None = None) -> RunReport:
+               next_due_in: float | None = None, waiting_due: int = 0) -> RunReport:
         counts = {name: getattr(self, name) for name in _COUNTED}
         return RunReport(**counts, duration=time.monotonic() - self.started,
                          unhandled=dict(unhandled or {}), waiting=waiting,
-                         next_due_in=next_due_in)
+                         next_due_in=next_due_in, waiting_due=waiting_due)

@@ -287,10 +287,11 @@ class Worker:
                 self._live = None
                 self._stop_honored()
             # Before the run ends: a close() waiting for it (or left to it) closes the spool.
-            unhandled, waiting, next_due_in = await anyio.to_thread.run_sync(self._left_behind)
+            unhandled, waiting, next_due_in, due = await anyio.to_thread.run_sync(
+                self._left_behind)
         finally:
             self._runs.end(run)
-        return counters.freeze(unhandled, waiting, next_due_in)
+        return counters.freeze(unhandled, waiting, next_due_in, due)
 
     def run_forever(self, *, poll_seconds: float = 0.5, handle_signals: bool = True,
                     progress: Callable[[RunReport], None] | None = None) -> Any:
@@ -481,14 +482,14 @@ class Worker:
         finally:
             signalhub.leave(self, signals)
 
-    def _left_behind(self) -> tuple[dict[str, int], int, float | None]:
+    def _left_behind(self) -> tuple[dict[str, int], int, float | None, int]:
         """What an idle run left: due jobs of kinds this worker has no handler for (per
         kind), and jobs of its own kinds still to run (how many, seconds until the first is
         due: 0 for one that came due after the run's last claim, as a retry of a few ms'
         backoff does on PostgreSQL; it was counted nowhere, and the run said one job was
         left when two were)."""
         out: dict[str, int] = {}
-        waiting, first = 0, None
+        waiting, first, due_now = 0, None, 0
         now = self.spool.now()
         try:
             for state in (JobState.READY, JobState.RETRYABLE):
@@ -499,13 +500,15 @@ class Worker:
                             out[job.kind] = out.get(job.kind, 0) + 1
                     else:
                         waiting += 1
+                        due_now += due
                         at = job.run_at if not due else now
                         first = at if first is None else min(first, at)
         except (JobspoolError, OSError) as exc:
             # A report's footnote: a store that went away must not turn a finished run
             # (or a clean stop) into a crash.
             log.warning("could not list the jobs left behind: %s", exc)
-        return out, waiting, None if first is None else round(max(0.0, first - now), 3)
+        return (out, waiting, None if first is None else round(max(0.0, first - now), 3),
+                due_now)
 
     def projection_store(self) -> ProjectionStore:
         """The projection this worker writes through (opened on first use: lancedb is slow
