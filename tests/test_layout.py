@@ -189,15 +189,18 @@ def test_a_creation_cut_short_after_the_fence_opens_without_a_deleted_warning(
     # The fence is written before spool.json (the mark of a finished spool): a crash
     # between the two left a fence at 0 and no job, which is no spool.json "deleted".
     import logging
+    import stat as stat_mod
 
     root = tmp_path / "s"
-    with make_spool(root):
+    with make_spool(root, access="group"):
         pass
     (root / "spool.json").unlink()
     with caplog.at_level(logging.WARNING), make_spool(root) as spool:
         assert spool.enqueue("k").state.value == "ready"
+        assert spool.settings.access == "group"  # its creator's, not a default opener's
     assert not [r for r in caplog.records if "missing" in r.getMessage()]
     assert (root / "spool.json").is_file()
+    assert stat_mod.S_IMODE(root.stat().st_mode) == 0o2770
 
 
 _SLOW_CREATOR = """

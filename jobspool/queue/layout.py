@@ -332,7 +332,12 @@ def _open_layout(root: Path, *, create: bool, durable: bool, read_only: bool = F
     # but its directory's mode still says who may use it; resetting that to `private`
     # locked its group out, and defaults replaced its settings without a word.
     orphaned = st is not None and doc is None and create and _used_spool(root)
-    if orphaned and saved is None and access is None:
+    # A creation cut short (its state directories made, no spool.json yet) keeps the access
+    # its creator gave the directory, as an orphaned spool does: reopened by a default
+    # opener, a group spool became private.
+    half_made = (st is not None and doc is None and create and not orphaned
+                 and all(os.path.isdir(root / s.value) for s in ALL_STATES))
+    if (orphaned or half_made) and saved is None and access is None:
         saved = _access_of(st.st_mode) if st is not None else None
     chosen = validate_access(saved if saved is not None else (access or DEFAULT_ACCESS))
     if orphaned:
