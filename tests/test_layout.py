@@ -246,3 +246,48 @@ def test_a_second_creator_waits_even_when_the_first_made_the_missing_parents(
     with make_spool(root) as spool:
         assert spool.settings.access == "group"
         assert sorted(j.id for j in spool.jobs()) == ["j1", "j2"]
+
+
+_KILLED_CREATOR = """
+import sys, time
+from jobspool.queue import journal, layout
+def stall(*args):  # the step it is killed in: say so, then never finish
+    open(sys.argv[3], "w").close()
+    time.sleep(300)
+if sys.argv[2] == "before-fence":
+    journal.Journal._ensure_fence = stall
+else:
+    layout.Layout.save_settings = stall
+from jobspool import Spool
+Spool(sys.argv[1], access="group")
+"""
+
+
+@pytest.mark.parametrize("where", ["before-fence", "before-spool-json"])
+def test_a_creator_killed_mid_creation_leaves_a_spool_the_next_opener_completes(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, where: str) -> None:
+    import logging
+    import signal
+    import stat as stat_mod
+    import subprocess
+    import sys
+
+    from tests.subproc import REPO, cli_env
+    from tests.waiting import wait_until
+
+    root, ready = tmp_path / "a" / "spool", tmp_path / "started"
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_CREATOR, str(root), where,
+                             str(ready)], cwd=REPO, env=cli_env())
+    try:
+        wait_until(ready.exists, 60, "the creator to reach the step", proc=proc)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(60)
+    assert not (root / "spool.json").exists()
+    with caplog.at_level(logging.WARNING), make_spool(root) as spool:
+        spool.enqueue("k", job_id="j")
+        assert spool.settings.access == "group"
+        (lease,) = spool.claim()
+        assert lease.token == 1
+    assert not [r.getMessage() for r in caplog.records if "missing" in r.getMessage()]
+    assert stat_mod.S_IMODE(root.stat().st_mode) == 0o2770
