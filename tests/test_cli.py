@@ -270,6 +270,7 @@ def test_run_until_idle_stopped_by_a_signal_says_it_left_the_rest(spool_with_job
     started = root.parent / "started"
     with make_spool(root) as spool:
         spool.enqueue_many("slow", [{"sleep": 1.0, "started": str(started)} for _ in range(4)])
+        spool.enqueue("slow", {}, delay=3600)  # not due: not left by the stop
     proc = start_jobspool("run-until-idle", "--app", "tests.apps.simple:app",
                           "--concurrency", "1", "--batch-size", "1", root=root, text=True)
     try:
@@ -279,7 +280,8 @@ def test_run_until_idle_stopped_by_a_signal_says_it_left_the_rest(spool_with_job
     except subprocess.TimeoutExpired:
         proc.kill()
         raise
-    assert "left 3 job(s) of its kinds: the run was stopped" in out, (out, err)
+    assert ("left 3 due job(s) of its kinds: the run was stopped; run again for the rest "
+            "(1 more not due yet)") in out, (out, err)
     assert "came due after" not in out, out
 
 

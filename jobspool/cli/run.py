@@ -61,15 +61,15 @@ def cmd_run_until_idle(args: argparse.Namespace) -> int:
             lines.append(f"left {n} due job(s) of kind {kind!r}: {why}")
         # Not "came due after the run's last claim" when the run chose to leave them:
         # --wait-retries, offered for those, does nothing for these.
-        if report.waiting and worker.stopping:
-            lines.append(f"left {report.waiting} job(s) of its kinds: the run was stopped; "
-                         "run again for the rest")
+        later = report.waiting - report.waiting_due
+        not_due = f" ({later} more not due yet)" if later else ""
+        if report.waiting_due and worker.stopping:
+            lines.append(f"left {report.waiting_due} due job(s) of its kinds: the run was "
+                         f"stopped; run again for the rest{not_due}")
         elif (report.waiting_due and args.max_jobs is not None
               and report.claimed >= args.max_jobs):
-            later = report.waiting - report.waiting_due
             lines.append(f"left {report.waiting_due} due job(s) of its kinds: --max-jobs "
-                         f"{args.max_jobs} reached; run again for more"
-                         + (f" ({later} more not due yet)" if later else ""))
+                         f"{args.max_jobs} reached; run again for more{not_due}")
         elif report.waiting and report.next_due_in:
             lines.append(f"left {report.waiting} job(s) not due yet (retries backing off, "
                          f"delayed jobs), the first in {report.next_due_in:.1f} s; "
