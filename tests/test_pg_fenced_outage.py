@@ -81,16 +81,19 @@ _HUNG_IN_BLOCK = """
 import sys, threading, time
 from jobspool import Policy, Spool, Worker
 release = threading.Event()
-with Spool(sys.argv[1]) as spool:
-    spool.enqueue("hang", job_id="h")
+hung = int(sys.argv[2])
+# More hung handlers than the pool has connections: each ended block gives its slot back.
+with Spool(sys.argv[1], pool_size=4) as spool:
+    spool.enqueue_many("hang", [None] * hung, job_ids=[f"h{i}" for i in range(hung)],
+                       max_attempts=1)
     def handler(job, ctx):
         with ctx.fenced():
-            spool.enqueue("child", job_id="c")
+            spool.enqueue("child", job_id="c" + job.id)
             release.wait(300)  # hung, holding its block open
-    report = Worker(spool, {"hang": handler}, policies={"hang": Policy(timeout=1)}
-                    ).run_until_idle()
-    job = spool.get("h")
-    print(report.timed_out, job.state.value, job.attempts, len(list(spool.jobs(kind="child"))))
+    report = Worker(spool, {"hang": handler}, policies={"hang": Policy(timeout=1)},
+                    concurrency=2, batch_size=2).run_until_idle()
+    states = {spool.get(f"h{i}").state.value for i in range(hung)}
+    print(report.timed_out, ",".join(sorted(states)), len(list(spool.jobs(kind="child"))))
     release.set()
 """
 
@@ -105,7 +108,7 @@ def test_a_handler_hung_inside_its_block_past_its_time_limit_does_not_hang_the_r
 
     from tests.subproc import REPO, cli_env
 
-    proc = subprocess.Popen([sys.executable, "-c", _HUNG_IN_BLOCK, pg_url], cwd=REPO,
+    proc = subprocess.Popen([sys.executable, "-c", _HUNG_IN_BLOCK, pg_url, "6"], cwd=REPO,
                             env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:
@@ -115,8 +118,9 @@ def test_a_handler_hung_inside_its_block_past_its_time_limit_does_not_hang_the_r
         proc.communicate()
         pytest.fail("the run waited on the hung handler's fenced block")
     assert proc.returncode == 0, err
-    # Timed out, retryable, and what the block did (the child) rolled back.
-    assert out.split() == ["1", "retryable", "1", "0"], (out, err)
+    # Each timed out (one attempt: dead-lettered), and what its block did rolled back.
+    assert out.split() == ["6", "dead_letter", "0"], (out, err)
+    assert "no free connection" not in err, err
     assert "ended the fenced block of a handler abandoned" in err
 
 
@@ -132,3 +136,32 @@ def test_a_block_nested_in_one_whose_connection_was_lost_is_one_line(pg_url: str
                 pass
         assert "\n" not in str(caught.value) and "fenced block" in str(caught.value)
         assert spool.complete(lease, "ok").state is JobState.COMPLETED
+
+
+def test_a_connection_lost_saving_schedule_marks_is_one_line_and_the_tick_fires_once(
+        pg_url: str) -> None:
+    # Found probing: the statements saving the marks ran on the block's connection bare; a
+    # connection lost there killed a worker with the driver's raw AdminShutdown.
+    from jobspool import Schedule, Scheduler
+
+    with make_spool(pg_url) as spool:
+        real = spool.enqueue_result
+        kills = [1]
+
+        def enqueue_then_lose_the_connection(kind, *args, **kwargs):  # type: ignore[no-untyped-def]
+            out = real(kind, *args, **kwargs)
+            if kills:
+                kills.pop()
+                _kill_other_backends(pg_url)  # the marks block's own connection among them
+            return out
+
+        spool.enqueue_result = enqueue_then_lose_the_connection  # type: ignore[method-assign]
+        scheduler = Scheduler([Schedule("tick", every=1, catch_up="all")])
+        now = spool.now()
+        with pytest.raises(StoreUnavailable) as caught:
+            scheduler.tick(spool, now=now)
+        assert "schedule marks" in str(caught.value) and "\n" not in str(caught.value)
+        assert list(spool.jobs(kind="tick")) == []  # rolled back with the marks
+        fired = scheduler.tick(spool, now=now)
+        assert len(fired) == 1 and len(list(spool.jobs(kind="tick"))) == 1
+        assert scheduler.tick(spool, now=now) == []

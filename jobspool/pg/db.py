@@ -142,6 +142,7 @@ class Pool:
         self.display = display or url
         self._idle: list[psycopg.Connection[Any]] = []
         self._busy = 0  # connections handed out (or being made); idle + busy <= size
+        self._forsaken: set[int] = set()  # ids of connections out but no longer counted
         self._lock = threading.Lock()
         self._freed = threading.Condition(self._lock)
         self.closed = False
@@ -180,7 +181,11 @@ class Pool:
         healthy = (not conn.closed and not conn.broken
                    and conn.pgconn.transaction_status == _IDLE)
         with self._lock:
-            self._busy -= 1
+            if id(conn) in self._forsaken:  # its slot was given back already
+                self._forsaken.discard(id(conn))
+                healthy = False
+            else:
+                self._busy -= 1
             if healthy and not self.closed:
                 self._idle.append(conn)
                 self._freed.notify()
@@ -191,6 +196,19 @@ class Pool:
                 self._freed.notify()
         with contextlib.suppress(psycopg.Error):
             conn.close()
+
+    def forsake(self, conn: psycopg.Connection[Any]) -> None:
+        """Give back the slot of a connection a thread still holds but will not use again
+        (an abandoned handler's fenced block, its backend ended): each such block kept its
+        slot until the handler's thread left it, and a dozen hung handlers used up the pool,
+        every statement of the worker then waiting for a connection. Its `give`, if it ever
+        comes, closes it."""
+        with self._lock:
+            if id(conn) in self._forsaken:
+                return
+            self._forsaken.add(id(conn))
+            self._busy -= 1
+            self._freed.notify()
 
     def drop_idle(self) -> None:
         """Close every idle connection: after one of them was found dead (a server restart,
@@ -338,6 +356,7 @@ class Database:
         if conn is None:
             return False
         pid = conn.pgconn.backend_pid
+        self._get_pool().forsake(conn)
         self.run(lambda c: c.execute("SELECT pg_terminate_backend(%s)", (pid,)),
                  what="ending an abandoned handler's fenced block")
         log.warning("database %s: ended the fenced block of a handler abandoned past its "

@@ -46,8 +46,12 @@ def held(spool: PgCore) -> Iterator[dict[str, int]]:
         before = dict(marks)
         with spool.db.pinned(conn):
             yield marks
-        for name, tick in marks.items():
-            if before.get(name) != tick:
-                conn.execute(
-                    "INSERT INTO jobspool_schedule_marks (name, last_tick) VALUES (%s, %s) "
-                    "ON CONFLICT (name) DO UPDATE SET last_tick = excluded.last_tick", (name, tick))
+        # A connection lost here killed a worker with the driver's raw error (its schedule
+        # loop takes the store's errors in its stride, not psycopg's).
+        with spool.db.one_line_errors("saving schedule marks (rolled back)"):
+            for name, tick in marks.items():
+                if before.get(name) != tick:
+                    conn.execute(
+                        "INSERT INTO jobspool_schedule_marks (name, last_tick) VALUES (%s, %s) "
+                        "ON CONFLICT (name) DO UPDATE SET last_tick = excluded.last_tick",
+                        (name, tick))
