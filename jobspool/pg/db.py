@@ -378,40 +378,25 @@ class Database:
         with the driver's raw error, charged an attempt for an outage it never saw.
         """
         pinned = getattr(self._pinned, "conn", None)
-        if pinned is not None:
+        tries = 1 if pinned is not None else BLOCK_OPEN_TRIES
+        for attempt in range(1, tries + 1):
             opened = ended = False
             try:
-                with pinned.transaction():  # a savepoint: a lost connection fails it too
-                    value = begin(pinned)
-                    opened = True
-                    yield pinned, value
-                    ended = True
-                return
-            except psycopg.Error as exc:
-                if opened and not ended:
-                    raise  # the block's own statements
-                raise self.block_error(exc, f"committing {what}" if ended else what
-                                       ) from None
-        for attempt in range(1, BLOCK_OPEN_TRIES + 1):
-            opened = ended = False
-            try:
-                with self.connection() as conn, conn.transaction():
+                with (contextlib.nullcontext(pinned) if pinned is not None
+                      else self.connection()) as conn, conn.transaction():
                     value = begin(conn)
                     opened = True
                     yield conn, value
                     ended = True
                 return
-            except (psycopg.OperationalError, PoolExhausted) as exc:
-                if ended:  # the commit: lost, and with it everything the block did
-                    raise self.block_error(exc, f"committing {what}") from None
-                if opened:
-                    raise  # the block's own statements: never sent twice
-                if not transient(exc) or attempt == BLOCK_OPEN_TRIES:
-                    raise self.block_error(exc, what) from None
-            except psycopg.Error as exc:
+            except (psycopg.Error, PoolExhausted) as exc:
                 if opened and not ended:
-                    raise
-                raise self.block_error(exc, f"committing {what}" if ended else what) from None
+                    raise  # the block's own statements: never sent twice
+                if ended or attempt == tries or not transient(exc):
+                    # The commit lost (and with it everything the block did), a savepoint
+                    # (its transaction is its outer block's), or a refusal.
+                    raise self.block_error(exc, f"committing {what}" if ended else what
+                                           ) from None
             self._get_pool().drop_idle()
             # Waits out the outage (or raises once `reconnect_seconds` are spent).
             self.run(lambda c: c.execute("SELECT 1"), what=what)
