@@ -64,12 +64,11 @@ class App:
         object.__setattr__(self, "policies", check_policies(self.policies, self.handlers))
         object.__setattr__(self, "schedules", check_schedules(self.schedules, self.handlers))
         from jobspool.projection.objectstore import check_storage_options
-        from jobspool.projection.spec import check_connects, check_projection
+        from jobspool.projection.spec import check_usable
 
         try:
             object.__setattr__(self, "storage_options", check_storage_options(self.storage_options))
-            check_projection(self.projection, self.keys)
-            check_connects(self.projection, self.storage_options)
+            check_usable(self.projection, self.keys, self.storage_options)
         except ConfigError as exc:
             raise AppError(str(exc)) from None
 

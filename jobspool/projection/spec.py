@@ -114,6 +114,14 @@ def check_connects(spec: Any, storage_options: Mapping[str, str] | None = None) 
                           f"{detail:.300}") from None
 
 
+def check_usable(spec: Any, keys: Mapping[str, str] | None,
+                 storage_options: Mapping[str, str] | None) -> None:
+    """Everything an App or a Worker checks of its projection when it is built: its shape
+    (`check_projection`), then whether LanceDB can connect to it (`check_connects`)."""
+    check_projection(spec, keys)
+    check_connects(spec, storage_options)
+
+
 class StoreKeys(Mapping[str, str]):
     """The key column of each table as a `ProjectionStore` merges it: its `keys`, and its
     `key` for any other table (a mapping whose misses answer the store's default key)."""

@@ -121,11 +121,10 @@ class Worker:
             concurrency=concurrency, batch_size=batch_size, kinds=kinds,
             grace_seconds=grace_seconds, keys=keys, policies=policies)
         from jobspool.projection.objectstore import check_storage_options
-        from jobspool.projection.spec import check_connects, check_projection, keys_of
+        from jobspool.projection.spec import check_usable, keys_of
 
-        check_projection(projection, self.config.keys)
         options = check_storage_options(storage_options)
-        check_connects(projection, options)
+        check_usable(projection, self.config.keys, options)
         self.config = self.config.replace(keys=keys_of(projection, self.config.keys))
         if isinstance(projection, str | os.PathLike):
             inside = projection_inside_spool(spool.root, os.fspath(projection))
