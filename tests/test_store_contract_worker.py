@@ -154,6 +154,42 @@ def test_a_job_near_the_size_limit_can_fail_with_a_long_traceback_and_still_comp
     assert job.payload == {"blob": "p" * 60_000}
 
 
+@pytest.mark.parametrize(("result_bytes", "completes"), [(1_500, True), (2_100, False)])
+def test_an_earlier_runs_error_gives_way_to_a_result_that_fits(
+        any_spool: Spool, spool_store: str, result_bytes: int, completes: bool) -> None:
+    """A job admitted at the limit whose first run failed (error and traceback cut to fill
+    the room left) completes with a result that fits beside its payload, the old error cut
+    further; it completed over max_job_bytes. A result that does not fit dead-letters it."""
+    from jobspool.queue.job import encode_job
+    from jobspool.queue.jobsize import admission_limit
+
+    limit = any_spool.max_job_bytes
+    size = len(encode_job(any_spool.enqueue("near", "", job_id="n"), max_bytes=limit))
+    any_spool.enqueue("near", "x" * (admission_limit(limit) - size), job_id="n",
+                      on_conflict="replace")
+    runs: Counter[str] = Counter()
+
+    def handler(job: Job, ctx: Context) -> str:
+        runs[job.id] += 1
+        if runs[job.id] == 1:
+            raise ValueError("e" * 5_000)
+        return "r" * result_bytes
+
+    Worker(any_spool, {"near": handler}, owner="w-" + "o" * 100).run_until_idle(
+        wait_for_retries=30.0)
+    job = any_spool.get("n")
+    assert runs["n"] == 2
+    assert len(encode_job(job, max_bytes=10 * limit)) <= limit
+    if completes:
+        assert (job.state, job.result) == (JobState.COMPLETED, "r" * result_bytes)
+        assert (job.last_error or "").startswith("ValueError: eee")
+    else:
+        assert job.state is JobState.DEAD_LETTER and "result refused" in (job.last_error or "")
+    if spool_store == "file":
+        on_disk = [p.stat().st_size for p in any_spool.root.glob("*/n.json")]
+        assert len(on_disk) == 1 and on_disk[0] <= limit
+
+
 _FENCED_CHILD = """
 import sys, time
 from jobspool import Spool, Worker

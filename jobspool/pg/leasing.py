@@ -222,7 +222,7 @@ def settle(spool: PgSpool, leases: Sequence[Lease], actions: Sequence[tuple[str,
                     # Without a result a completion only drops the lease: the job is no
                     # larger than before its claim, when it fit. Nothing to check.
                     try:
-                        encode_completed(new, max_bytes=spool.max_job_bytes)
+                        new = encode_completed(new, max_bytes=spool.max_job_bytes)[0]
                     except JobTooLarge as exc:
                         new, told = machine.result_refused(_as_holder(lease), lease, exc,
                                                            now=now, policy=spool.policy)
@@ -278,7 +278,10 @@ def _settle_params(spool: PgSpool, chosen: list[tuple[Lease, Job, float | None]]
                    results: list[str | None]) -> tuple[str, dict[str, Any]]:
     """The settle statement for `chosen` and its parameters: plain completions as one JSON
     document (`sql.SETTLE_COMPLETE`), anything else as arrays (`sql.SETTLE`)."""
-    if (all(new.state is JobState.COMPLETED for _, new, _ in chosen)
+    # A completion whose result made room by cutting an earlier run's error (see
+    # `encode_completed`) writes those columns too: the general form.
+    if (all(new.state is JobState.COMPLETED and new.last_error == lease.job.last_error
+            and new.traceback == lease.job.traceback for lease, new, _ in chosen)
             and not any(r is not None and "\\u0000" in r for r in results)):
         # Each result is already JSON text: embedded as it is (a Fragment), not re-encoded.
         batch = [{"id": lease.job_id, "token": lease.token, "created": lease.job.created_at,

@@ -203,7 +203,7 @@ class Holding:
             # The job returned is the one cut (`fail` returned the whole error, which a
             # `get` then did not show).
             return self.journal.fit_internal(job)
-        data = encode_completed(job, max_bytes=self.journal.max_job_bytes)
+        job, data = encode_completed(job, max_bytes=self.journal.max_job_bytes)
         if job.result is not None and not isinstance(job.result, (str, int, float)):
             # The result as stored (and as `get` and the PostgreSQL store give it): lists
             # for tuples, the caller's own dict not kept. Checked above, so the copy holds.

@@ -44,20 +44,25 @@ def encode_admitted(job: Job, *, max_bytes: int) -> bytes:
         ) from None
 
 
-def encode_completed(job: Job, *, max_bytes: int) -> bytes:
-    """A completed job's file: `JobTooLarge` when its result does not fit, `InvalidJob`
-    naming the result when it is not JSON (the only new data a completion brings).
+def encode_completed(job: Job, *, max_bytes: int) -> tuple[Job, bytes]:
+    """A completed job as written, and its bytes: `JobTooLarge` when its result does not
+    fit, `InvalidJob` naming the result when it is not JSON (the only new data a
+    completion brings).
 
+    An earlier run's error and traceback give way to the result: they are cut (`fitted`)
+    before a result is refused. Kept whole, a job admitted near the limit that had failed
+    once completed over `max_job_bytes` (the looser rule below took it for an old job).
     A job admitted under a looser limit (an older `max_job_bytes`, a migrated spool) is
-    over the limit before any result: it gets the room a new job keeps for its
+    over the limit without any such text: it gets the room a new job keeps for its
     transitions on top of its own size, instead of having every result refused."""
     try:
-        return encode_job(job, max_bytes=max_bytes)
+        return fitted(job, max_bytes=max_bytes)
     except JobTooLarge as exc:
-        base = len(encode_job(replace(job, result=None), max_bytes=sys.maxsize))
+        bare = replace(job, traceback=None, last_error=None if job.last_error is None else "")
+        base = len(encode_job(replace(bare, result=None), max_bytes=sys.maxsize))
         if base <= admission_limit(max_bytes) or exc.size > base + transition_reserve(max_bytes):
             raise
-        return encode_job(job, max_bytes=exc.size)
+        return bare, encode_job(bare, max_bytes=exc.size)
     except InvalidJob as exc:
         raise InvalidJob(f"result of job {job.id!r} is not JSON-serializable: "
                          f"{exc.message.rpartition(': ')[2]}", field="result") from None
