@@ -93,13 +93,18 @@ class AsyncSpool:
         if self._owned:
             self.spool.close()
 
+    async def aclose(self) -> None:
+        """`close()` in a worker thread, for coroutines (`contextlib.aclosing`): closing
+        waits for a call still in flight, which froze the event loop when called there."""
+        await anyio.to_thread.run_sync(self.close)
+
     async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         # In a thread: closing waits for a call still in flight (one queued for a lock held
         # elsewhere), and a lifespan handler's exit froze every request on the loop meanwhile.
-        await anyio.to_thread.run_sync(self.close)
+        await self.aclose()
 
     def __repr__(self) -> str:
         # A database by its URL (password hidden), not the local state directory it keeps.
@@ -208,13 +213,16 @@ class AsyncSpool:
             return self.spool.get(job_id)
 
     async def stats(self, *, by_kind: bool = False) -> Stats:
-        """`Spool.stats`."""
-        return await self._run(self.spool.stats, by_kind=by_kind)
+        """`Spool.stats` (a read: a cancelled caller leaves at once, see `_read`)."""
+        return await self._read(partial(self.spool.stats, by_kind=by_kind))
 
     async def jobs(self, state: JobState | str | None = None,
                    kind: str | None = None) -> list[Job]:
-        """`Spool.jobs`, collected into a list."""
-        return await self._run(lambda: list(self.spool.jobs(state=state, kind=kind)))
+        """`Spool.jobs`, collected into a list (a read, as `stats`)."""
+        # A health check's `with fail_after(1): await spool.stats()` was held ~27 s by a
+        # database outage (the write path waits for its thread); on trio it then raised
+        # StoreUnavailable instead of the timeout.
+        return await self._read(lambda: list(self.spool.jobs(state=state, kind=kind)))
 
     async def wait(self, job_id: str, timeout: float | None = None, *,
                    poll_seconds: float = 0.05) -> Job:

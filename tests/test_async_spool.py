@@ -223,3 +223,16 @@ def _lock_held_elsewhere(spool: AsyncSpool) -> Iterator[threading.Event]:
         release.set()
         holder.join(10)
 
+
+def test_aclose_closes_an_owned_spool_off_the_event_loop(tmp_path: Path) -> None:
+    """`contextlib.aclosing(AsyncSpool(...))` had no `aclose` to call (AttributeError)."""
+    from jobspool.errors import SpoolClosed
+
+    async def main() -> None:
+        async with contextlib.aclosing(AsyncSpool(tmp_path / "spool")) as aspool:
+            await aspool.enqueue("work", {})
+        with pytest.raises(SpoolClosed):
+            await aspool.enqueue("work", {})
+        await aspool.aclose()  # twice: nothing more to do
+
+    anyio.run(main)

@@ -198,6 +198,48 @@ def test_a_wait_with_a_deadline_is_not_held_by_an_outage(pg_server: PgServer, pg
         assert isinstance(got, StoreUnavailable | WaitTimeout), got
 
 
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+@pytest.mark.parametrize("read", ["stats", "jobs"])
+def test_an_async_read_in_a_cancel_scope_is_not_held_by_an_outage(
+        pg_server: PgServer, pg_url: str, backend: str, read: str) -> None:
+    """Found by an async probe: `with fail_after(1): await spool.stats()` (a health check)
+    was held ~27 s with the server down, as `get` was before; on trio it then raised
+    StoreUnavailable instead of the timeout. Reads leave at their scope's deadline."""
+    import anyio
+
+    from jobspool import AsyncSpool
+
+    spool = make_spool(pg_url, reconnect_seconds=600.0)
+    spool.enqueue("work", {})
+    spool.stats()  # a warm connection: the outage is met mid-use, not at connect
+    outcome: list[object] = []
+
+    async def in_async() -> object:
+        aspool = AsyncSpool(spool)
+        with anyio.move_on_after(1.0) as scope:
+            await (aspool.stats() if read == "stats" else aspool.jobs())
+        return "cancelled" if scope.cancelled_caught else "returned"
+
+    def attempt() -> None:
+        try:
+            outcome.append(anyio.run(in_async, backend=backend))
+        except BaseException as exc:  # the test reports it
+            outcome.append(exc)
+
+    pg_server.kill()
+    try:
+        started = time.monotonic()
+        thread = threading.Thread(target=attempt, daemon=True)
+        thread.start()
+        thread.join(GUARD)
+        took = time.monotonic() - started
+    finally:
+        pg_server.start_again()
+        spool.close()
+    assert not thread.is_alive(), "the read outlived its scope, held by the outage"
+    assert outcome == ["cancelled"], (outcome, took)
+
+
 def test_a_stopping_worker_settles_through_a_restart_that_killed_its_pooled_connections(
         pg_server: PgServer, pg_url: str) -> None:
     """Found by a shutdown probe: right after a server restart every pooled connection is
