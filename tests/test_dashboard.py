@@ -120,6 +120,22 @@ def test_a_post_without_the_csrf_token_is_refused_and_changes_nothing(spool: Spo
     assert spool.get(job_id).state is JobState.DEAD_LETTER
 
 
+def test_non_ascii_csrf_fields_and_auth_cookies_are_refused_not_a_server_error(
+        spool: Spool) -> None:
+    """Found by an operator probe: `compare_digest` on two `str` raises for non-ASCII, and
+    `csrf=%C3%A9` (or a cookie of one accented letter) got a 500 and a logged traceback."""
+    (job_id,) = _dead(spool, "mail", 1)
+    with _client(spool) as client:
+        client.get("/")
+        csrf = client.post(f"/job/{job_id}/requeue", data={"csrf": "\u00e9"})
+    with _client(spool, token="s3cret-token") as client:
+        cookie = client.get("/api/overview",
+                            headers={"cookie": "jobspool_auth=\u00e9".encode("latin-1")})
+    assert csrf.status_code == 403
+    assert cookie.status_code == 401
+    assert spool.get(job_id).state is JobState.DEAD_LETTER
+
+
 def test_a_csrf_token_from_another_session_is_refused(spool: Spool) -> None:
     (job_id,) = _dead(spool, "mail", 1)
     app = create_app(spool)
@@ -177,7 +193,7 @@ def test_bulk_requeue_asks_for_confirmation_then_moves_only_that_kind(spool: Spo
         ask = client.post("/dead/requeue", data={"csrf": token, "kind": "mail"})
         untouched = [spool.get(i).state for i in mail]
         done = client.post("/dead/requeue", data={"csrf": token, "kind": "mail",
-                                                  "confirm": "yes"})
+                                                  "confirm": "yes", "until": _until(ask.text)})
     assert ask.status_code == 200 and "Requeue 3 dead letters of kind" in ask.text
     assert untouched == [JobState.DEAD_LETTER] * 3
     assert done.status_code == 303
@@ -190,9 +206,45 @@ def test_bulk_purge_removes_the_dead_letters_of_a_kind_for_good(spool: Spool) ->
     other = _dead(spool, "thumb", 1)
     with _client(spool) as client:
         token = _csrf(client, "/jobs/dead_letter")
-        client.post("/dead/purge", data={"csrf": token, "kind": "mail", "confirm": "yes"})
+        ask = client.post("/dead/purge", data={"csrf": token, "kind": "mail"})
+        client.post("/dead/purge", data={"csrf": token, "kind": "mail", "confirm": "yes",
+                                         "until": _until(ask.text)})
     assert [j.id for j in spool.jobs()] == other
     assert not any((spool.root / s.value / f"{i}.json").exists() for s in JobState for i in mail)
+
+
+@pytest.mark.parametrize("verb", ["requeue", "purge"])
+def test_a_bulk_confirmation_acts_only_on_the_dead_letters_it_listed(
+        spool: Spool, verb: str) -> None:
+    """Found by an operator probe: the page listed two dead letters and said "Yes, purge 2";
+    a third that died meanwhile was purged too (the form named only the kind). One that
+    dies after the listing is left alone; a confirmation with no listing is refused."""
+    listed = _dead(spool, "mail", 2)
+    with _client(spool) as client:
+        token = _csrf(client, "/jobs/dead_letter")
+        ask = client.post(f"/dead/{verb}", data={"csrf": token, "kind": "mail"})
+        time.sleep(0.01)  # a later death: its updated_at past the listing's newest
+        (later,) = _dead(spool, "mail", 1)
+        bare = client.post(f"/dead/{verb}", data={"csrf": token, "kind": "mail",
+                                                  "confirm": "yes"})
+        still = spool.get(later).state
+        done = client.post(f"/dead/{verb}", data={"csrf": token, "kind": "mail",
+                                                  "confirm": "yes", "until": _until(ask.text)})
+    assert "Yes, " + verb + " 2" in ask.text
+    assert bare.status_code == 303 and "confirm%20again" in bare.headers["set-cookie"]
+    assert still is JobState.DEAD_LETTER
+    assert done.status_code == 303
+    assert spool.get(later).state is JobState.DEAD_LETTER
+    if verb == "purge":
+        assert [j.id for j in spool.jobs()] == [later]
+    else:
+        assert {i: spool.get(i).state for i in listed} == {i: JobState.READY for i in listed}
+
+
+def _until(page: str) -> str:
+    found = re.search(r'name="until" value="([^"]*)"', page)
+    assert found, "the confirmation page carries its listing's bound"
+    return found.group(1)
 
 
 def test_read_only_hides_every_action_and_refuses_posts(spool: Spool) -> None:

@@ -44,35 +44,43 @@ def cancel(spool: Spool, job_id: str) -> str:
     return f"canceled {job_id}"
 
 
-def dead_of_kind(spool: Spool, kind: str) -> list[str]:
-    """Ids of the dead letters of one kind (reads `dead_letter/`, bounded by retention)."""
-    return [j.id for j in spool.jobs(JobState.DEAD_LETTER, kind=kind)]
+def dead_of_kind(spool: Spool, kind: str) -> tuple[list[str], float | None]:
+    """Ids of the dead letters of one kind (reads `dead_letter/`, bounded by retention), and
+    the newest one's `updated_at`: the confirmation bounds the action by it."""
+    jobs = list(spool.jobs(JobState.DEAD_LETTER, kind=kind))
+    return [j.id for j in jobs], max((j.updated_at for j in jobs), default=None)
 
 
-def requeue_dead(spool: Spool, kind: str) -> str:
-    """Requeue every dead letter of `kind` (`Spool.requeue_matching`: re-read under the lock,
-    in chunks, so a job that moved meanwhile is left alone)."""
-    done = len(spool.requeue_matching(kind=kind, states=[JobState.DEAD_LETTER]))
+# A confirmation page listed N dead letters and its button said "Yes, purge N"; the action
+# then took every dead letter of the kind, those that died since included. It takes only
+# those last changed by the listing's newest (`until`); later ones are left for another look.
+
+def requeue_dead(spool: Spool, kind: str, until: float) -> str:
+    """Requeue the dead letters of `kind` changed by `until` (`Spool.requeue_matching`:
+    re-read under the lock, in chunks, so a job that moved meanwhile is left alone)."""
+    done = len(spool.requeue_matching(kind=kind, states=[JobState.DEAD_LETTER],
+                                      changed_until=until))
     return f"requeued {done} dead letter{'s' if done != 1 else ''} of kind {kind}"
 
 
-def purge_dead(spool: Spool, kind: str) -> str:
-    """Remove every dead letter of `kind` for good, the way retention pruning removes jobs.
+def purge_dead(spool: Spool, kind: str, until: float) -> str:
+    """Remove the dead letters of `kind` changed by `until` for good, the way retention
+    pruning removes jobs.
 
     The public API prunes by age and count, not by kind; this reuses the
     pruning path (which re-checks each job under the lock and removes stale
     copies too), so a job requeued meanwhile is left alone.
     """
     gone: list[str] = []
+    chosen = [j for j in spool.jobs(JobState.DEAD_LETTER, kind=kind) if j.updated_at <= until]
     remove_terminal = getattr(spool, "remove_terminal", None)
     if remove_terminal is not None:  # the PostgreSQL store: one guarded DELETE
-        gone = remove_terminal([j.id for j in spool.jobs(JobState.DEAD_LETTER, kind=kind)],
-                               JobState.DEAD_LETTER)
+        gone = remove_terminal([j.id for j in chosen], JobState.DEAD_LETTER)
         return f"purged {len(gone)} dead letter{'s' if len(gone) != 1 else ''} of kind {kind}"
     from jobspool.recovery.prune import _remove
     from jobspool.recovery.scan import entry_of
 
-    victims = [entry_of(j) for j in spool.jobs(JobState.DEAD_LETTER, kind=kind)]
+    victims = [entry_of(j) for j in chosen]
     for start in range(0, len(victims), 256):
         removed, _ = _remove(spool.journal, victims[start:start + 256])
         gone.extend(removed)

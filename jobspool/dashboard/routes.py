@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
@@ -168,6 +169,17 @@ def routes(dash: Dashboard) -> list[Route]:
         note = await in_thread(actions.cancel, dash.spool, job.id)
         return redirect(back(form, job.id), note)
 
+    def _until(text: str) -> float:
+        """The confirmed listing's bound (see `actions.requeue_dead`)."""
+        try:
+            until = float(text)
+        except ValueError:
+            until = math.nan
+        if not math.isfinite(until):
+            raise actions.ActionError("the confirmation is incomplete (no listing to act "
+                                      "on): open the dead letters and confirm again")
+        return until
+
     def bulk(verb: str, run: Callable[..., str]) -> Handler:
         async def do(request: Request, form: dict[str, str]) -> Response:
             kind = form.get("kind", "")
@@ -177,10 +189,12 @@ def routes(dash: Dashboard) -> list[Route]:
                 raise actions.ActionError(str(exc)) from None
             back = f"/jobs/dead_letter?{urlencode({'kind': kind})}"
             if form.get("confirm") != "yes":
-                ids = await in_thread(actions.dead_of_kind, dash.spool, kind)
+                ids, until = await in_thread(actions.dead_of_kind, dash.spool, kind)
                 return dash.render(request, "confirm.html", verb=verb, kind=kind, ids=ids,
+                                   until=None if until is None else repr(until),
                                    action=request.url.path, back=back, nav=None)
-            note = await in_thread(run, dash.spool, kind)
+            until = _until(form.get("until", ""))
+            note = await in_thread(run, dash.spool, kind, until)
             return redirect(back, note)
 
         return action(do)

@@ -106,7 +106,7 @@ class Guard:
     def csrf_ok(self, session: str | None, sent: str | None) -> bool:
         if not session or not sent:
             return False
-        return hmac.compare_digest(self.csrf_for(session), sent)
+        return _same(self.csrf_for(session), sent)
 
     # ------------------------------------------------------------ the token
 
@@ -116,7 +116,7 @@ class Guard:
         if not sent:
             return False
         want = self.token.encode()
-        if hmac.compare_digest(sent.encode(), want):
+        if hmac.compare_digest(_utf8(sent), want):
             return True
         # A header is decoded as latin-1: a non-ASCII token sent by curl (its UTF-8 bytes)
         # arrives as mojibake, and a token a person could log in with locked scripts out.
@@ -138,7 +138,19 @@ class Guard:
             scheme, _, value = authorization.partition(" ")
             if scheme.lower() == "bearer" and self.token_ok(value.strip()):
                 return True
-        return bool(cookie) and hmac.compare_digest(str(cookie), self.auth_cookie())
+        return bool(cookie) and _same(str(cookie), self.auth_cookie())
+
+
+def _utf8(text: str) -> bytes:
+    # Lone surrogates too: whatever a client sent must compare unequal, never raise.
+    return text.encode("utf-8", "surrogatepass")
+
+
+def _same(ours: str, sent: str) -> bool:
+    """A constant-time comparison of text a client sent: `compare_digest` on two `str`
+    raises TypeError for non-ASCII ones, and `csrf=%C3%A9` or a cookie of one accented
+    letter got a 500 and a logged traceback, from anyone who could reach the port."""
+    return hmac.compare_digest(_utf8(ours), _utf8(sent))
 
 
 def host_allowed(host_header: str | None, *, token: str | None) -> bool:

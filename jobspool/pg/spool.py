@@ -389,25 +389,23 @@ class PgSpool(EnqueueForms):
     def requeue_all(self, state: JobState | str = JobState.DEAD_LETTER) -> list[Job]:
         src = JobState(state)
         check_source("*", "requeue", src)
-        return self._apply_matching("requeue", Match((src,)), machine.requeue)
+        return admin.apply_matching(self, "requeue", Match((src,)), machine.requeue)
 
     def cancel_matching(self, *, kind: str | None = None,
                         states: Iterable[JobState | str] | str | None = None,
                         older_than: float | None = None) -> list[Job]:
         """Cancel every unfinished job of `kind`, in `states`, older than `older_than` s."""
         which = match("cancel", kind=kind, states=states, older_than=older_than)
-        return self._apply_matching("cancel", which, machine.cancel)
+        return admin.apply_matching(self, "cancel", which, machine.cancel)
 
     def requeue_matching(self, *, kind: str | None = None,
                          states: Iterable[JobState | str] | str | None = None,
-                         older_than: float | None = None) -> list[Job]:
+                         older_than: float | None = None,
+                         changed_until: float | None = None) -> list[Job]:
         """Requeue every job of `kind` in `states` (dead letters by default)."""
-        which = match("requeue", kind=kind, states=states, older_than=older_than)
-        return self._apply_matching("requeue", which, machine.requeue)
-
-    def _apply_matching(self, action: str, which: Match, decide: Callable[..., Job]
-                        ) -> list[Job]:
-        return admin.apply_matching(self, action, which, decide)
+        which = match("requeue", kind=kind, states=states, older_than=older_than,
+                      changed_until=changed_until)
+        return admin.apply_matching(self, "requeue", which, machine.requeue)
 
     def remove_terminal(self, ids: Sequence[str], state: JobState) -> list[str]:
         """Delete these jobs for good where they are still in terminal `state` (a job

@@ -30,14 +30,18 @@ CHUNK = 500
 @dataclass(frozen=True, slots=True)
 class Match:
     """Which jobs a bulk action takes: any of `states`, of `kind` (any when None), last
-    changed more than `older_than` seconds ago (any age when None)."""
+    changed more than `older_than` seconds ago (any age when None) and at or before the
+    epoch time `changed_until` (a listing an operator confirmed: none since, when set)."""
 
     states: tuple[JobState, ...]
     kind: str | None = None
     older_than: float | None = None
+    changed_until: float | None = None
 
     def __call__(self, job: Job, now: float) -> bool:
         if self.kind is not None and job.kind != self.kind:
+            return False
+        if self.changed_until is not None and job.updated_at > self.changed_until:
             return False
         return self.older_than is None or now - job.updated_at > self.older_than
 
@@ -62,18 +66,20 @@ def _states(action: str, given: Iterable[JobState | str] | JobState | str | None
 
 
 def match(action: str, *, kind: str | None, states: Iterable[JobState | str] | str | None,
-          older_than: float | None) -> Match:
+          older_than: float | None, changed_until: float | None = None) -> Match:
     """Validate a bulk action's filters (`InvalidJob` naming the bad one)."""
     if kind is not None:
         validate_kind(kind)
     if older_than is not None:
         older_than = validate_seconds("older_than", older_than)
+    if changed_until is not None:
+        changed_until = validate_seconds("changed_until", changed_until)
     if action == "cancel":
         chosen = _states(action, states, CANCELABLE,
                          tuple(s for s in JobState if s in CANCELABLE))
     else:
         chosen = _states(action, states, REQUEUEABLE, (JobState.DEAD_LETTER,))
-    return Match(chosen, kind, older_than)
+    return Match(chosen, kind, older_than, changed_until)
 
 
 def apply_matching(spool: Journal, action: str, which: Match,
@@ -141,9 +147,11 @@ def cancel_matching(spool: Journal, *, kind: str | None = None,
 
 def requeue_matching(spool: Journal, *, kind: str | None = None,
                      states: Iterable[JobState | str] | str | None = None,
-                     older_than: float | None = None) -> list[Job]:
+                     older_than: float | None = None,
+                     changed_until: float | None = None) -> list[Job]:
     """Requeue every job matching the filters (dead letters by default; canceled on request)."""
-    which = match("requeue", kind=kind, states=states, older_than=older_than)
+    which = match("requeue", kind=kind, states=states, older_than=older_than,
+                  changed_until=changed_until)
     spool.check_writable("requeue")
     return apply_matching(spool, "requeue", which, machine.requeue)
 

@@ -447,12 +447,14 @@ class Spool(EnqueueForms):
 
     def requeue_matching(self, *, kind: str | None = None,
                          states: Iterable[JobState | str] | str | None = None,
-                         older_than: float | None = None) -> list[Job]:
+                         older_than: float | None = None,
+                         changed_until: float | None = None) -> list[Job]:
         """Requeue every job of `kind`, in `states` (dead letters by default; canceled on
-        request), last changed more than `older_than` seconds ago; returns them."""
+        request), last changed more than `older_than` seconds ago and not after the epoch
+        time `changed_until` (what a confirmed listing showed); returns them."""
         self.lock.check_open()
         return bulk.requeue_matching(self.journal, kind=kind, states=states,
-                                     older_than=older_than)
+                                     older_than=older_than, changed_until=changed_until)
 
     def get(self, job_id: str) -> Job:
         """The current snapshot of a job; `JobNotFound` if no state directory holds it."""
