@@ -10,11 +10,12 @@ from pathlib import Path
 
 import orjson
 
-from tests.cli_harness import run_cli
+from tests.cli_harness import run_cli, run_jobspool
 from tests.spools import make_spool
 
 HIDDEN = [("ready", ".DS_Store"), ("ready", ".j1.json.swp"), ("completed", "j0.json~"),
-          ("retryable", ".j2.json.AbC123"), ("quarantine", ".DS_Store")]
+          ("retryable", ".j2.json.AbC123"), ("quarantine", ".DS_Store"),
+          ("ready", ".j1.json"), ("leased", ".j3.json")]  # named like jobs, but hidden
 
 
 def _spool_with_strays(root: Path) -> None:
@@ -38,6 +39,11 @@ def test_hidden_files_and_backups_are_left_alone(tmp_path: Path) -> None:
     assert doc["status"] == "ok", doc
     stats = orjson.loads(run_cli("stats", "--json", root=root).out)
     assert stats["counts"]["ready"] == 1 and stats["counts"]["completed"] == 1, stats
+    listing = run_jobspool("list", root=root)  # a process: its log lines reach stderr
+    # Every read warned "skipping unreadable job file ready/.j1.json ... recover moves it
+    # to quarantine/", which recover (rightly) never did.
+    assert "skipping" not in listing.err, listing.err
+    assert sorted(line.split()[0] for line in listing.out.splitlines()) == ["j0", "j1"]
     assert stats["quarantined"] == 0, stats
     assert run_cli("recover", root=root).code == 0
     for directory, name in HIDDEN:

@@ -376,7 +376,7 @@ def _ready_not_claimed(spool: Spool, max_due_age: float) -> list[str]:
     try:
         with os.scandir(directory) as it:
             for entry in it:
-                if not entry.name.endswith(JOB_SUFFIX):
+                if not entry.name.endswith(JOB_SUFFIX) or entry.name[0] == ".":
                     continue
                 try:
                     arrived = entry.stat(follow_symlinks=False).st_ctime

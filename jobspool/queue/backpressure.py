@@ -90,7 +90,8 @@ def waiting_since(run_at: float, updated_at: float) -> float:
 def measure(spool: Journal) -> Backlog:
     """Count `ready/` (one listing) and read the job with the smallest id (one file read)."""
     now = spool.now()
-    names = [n for n in os.listdir(spool.root / JobState.READY.value) if n.endswith(JOB_SUFFIX)]
+    names = [n for n in os.listdir(spool.root / JobState.READY.value)
+             if n.endswith(JOB_SUFFIX) and n[0] != "."]  # hidden: never a job
     oldest: float | None = None
     # A job claimed between the listing and the read is simply gone: try the next one.
     for name in sorted(names)[:4]:

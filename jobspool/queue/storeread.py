@@ -69,10 +69,14 @@ class StoreReader:
             os.close(fd)
 
     def names(self, directory: str) -> list[str]:
-        """Job ids with a file in `directory` (one directory listing)."""
+        """Job ids with a file in `directory` (one directory listing). A hidden name is
+        never a job (`ignored_name`; `x.json~` has no job suffix): `.x.json`, an editor's or
+        rsync's copy, was warned about at every read, "recover moves it to quarantine/",
+        while recover and fsck left it alone, as they should."""
         n = len(JOB_SUFFIX)
         try:
-            return [f[:-n] for f in os.listdir(self.root / directory) if f.endswith(JOB_SUFFIX)]
+            return [f[:-n] for f in os.listdir(self.root / directory)
+                    if f.endswith(JOB_SUFFIX) and f[0] != "."]
         except (FileNotFoundError, NotADirectoryError):
             raise self._gone(directory) from None
         except OSError as exc:
@@ -83,7 +87,8 @@ class StoreReader:
         n = len(JOB_SUFFIX)
         try:
             with os.scandir(self.root / directory) as it:
-                return [(e.name[:-n], e.inode()) for e in it if e.name.endswith(JOB_SUFFIX)]
+                return [(e.name[:-n], e.inode()) for e in it
+                        if e.name.endswith(JOB_SUFFIX) and e.name[0] != "."]
         except (FileNotFoundError, NotADirectoryError):
             raise self._gone(directory) from None
         except OSError as exc:
