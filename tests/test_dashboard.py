@@ -475,6 +475,27 @@ def test_a_repaired_quarantined_file_is_restored_by_post(spool: Spool) -> None:
     assert again.status_code == 303 and "no quarantined file named" in notice
 
 
+def test_a_file_name_that_is_not_utf8_is_shown_escaped_not_a_server_error(spool: Spool) -> None:
+    """Found by an operator probe: `ready/bad\\xffname.json` (read back with a lone
+    surrogate) made `/` and `/api/overview` answer 500 exactly when health had it to
+    report, and `/quarantine` once recover had moved it there."""
+    import os
+
+    job = spool.enqueue("mail", {})
+    good = (spool.root / "ready" / f"{job.id}.json").read_bytes()
+    with open(os.fsencode(spool.root / "ready") + b"/bad\xffname.json", "wb") as f:
+        f.write(good)
+    with _client(spool) as client:
+        before = [client.get(path) for path in ("/", "/api/overview")]
+        spool.recover()
+        after = [client.get(path) for path in ("/quarantine", "/", "/api/overview")]
+    assert [r.status_code for r in before + after] == [200] * 5
+    assert "bad\\xffname" in before[0].text
+    assert "bad\\\\xffname" in before[1].text  # JSON escapes the backslash
+    quarantine = after[0].text
+    assert "bad\\xffname.json" in quarantine and "Restore" not in quarantine
+
+
 def test_demo_with_dashboard_leaves_it_running_on_the_demo_spool(tmp_path: Path) -> None:
     import urllib.request
 

@@ -22,7 +22,7 @@ from jobspool.dashboard.web import (
     redirect,
     safe_next,
 )
-from jobspool.errors import InvalidJob, JobspoolError, one_line
+from jobspool.errors import InvalidJob, JobspoolError, one_line, undecodable_escaped
 from jobspool.queue.job import validate_job_id, validate_kind
 from jobspool.queue.states import ALL_STATES, JobState
 
@@ -305,6 +305,11 @@ def _quarantine_entries(spool: Any) -> list[dict[str, Any]]:
             size = (spool.root / "quarantine" / name).stat().st_size
         except OSError:
             size = None
-        out.append({"name": name, "reason": reason.get("reason"), "source": reason.get("source"),
-                    "at": reason.get("quarantined_at"), "size": size})
+        shown = undecodable_escaped(name)
+        # A name that is not UTF-8 (`bad\xffname.json`) cannot travel in a URL, nor be a
+        # job's once restored: shown escaped, with no restore button. It broke the page.
+        out.append({"name": shown, "restorable": shown == name,
+                    "reason": undecodable_escaped(str(reason.get("reason") or "")) or None,
+                    "source": reason.get("source"), "at": reason.get("quarantined_at"),
+                    "size": size})
     return out

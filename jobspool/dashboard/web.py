@@ -19,6 +19,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from jobspool.dashboard import security
 from jobspool.dashboard.data import Overview
 from jobspool.dashboard.throughput import Throughput
+from jobspool.errors import json_safe, undecodable_escaped
 
 if TYPE_CHECKING:
     from jobspool.queue.spool import Spool
@@ -60,7 +61,12 @@ class Dashboard:
             token_required=self.guard.token is not None, path=request.url.path,
             here=request.url.path + (f"?{request.url.query}" if request.url.query else ""),
             notice=unquote(notice)[:300] if notice else None, **context)
-        response = HTMLResponse(page, status_code=status)
+        try:
+            response = HTMLResponse(page, status_code=status)
+        except UnicodeEncodeError:
+            # A file name that is not UTF-8 (`ready/bad\xffname.json`, read back with lone
+            # surrogates) took down the overview exactly when health had it to report.
+            response = HTMLResponse(undecodable_escaped(page), status_code=status)
         if notice:
             response.delete_cookie(NOTICE_COOKIE, path="/")
         return response
@@ -68,8 +74,11 @@ class Dashboard:
 
 def json_response(doc: Any, status: int = 200) -> Response:
     """A JSON response encoded with orjson (datetimes and the like as strings)."""
-    return Response(orjson.dumps(doc, default=str), status_code=status,
-                    media_type="application/json")
+    try:
+        body = orjson.dumps(doc, default=str)
+    except TypeError:  # a file name that is not UTF-8, as in `render`
+        body = orjson.dumps(json_safe(doc), default=str)
+    return Response(body, status_code=status, media_type="application/json")
 
 
 def redirect(to: str, notice: str | None = None) -> RedirectResponse:
