@@ -88,3 +88,33 @@ def test_fsck_reports_rows_no_reader_can_take_as_jobs(pg_url: str) -> None:
     assert "'j2'" in joined and "run_at" in joined
     assert "'j0'" not in joined and "'j3'" not in joined
 
+
+
+def test_health_is_degraded_by_an_unfinished_row_no_claim_can_take(pg_url: str) -> None:
+    """Found by an operator probe: a hand's `run_at = NaN` row is never due, so never
+    claimed; fsck named it, but `health` said ok (a file spool's unreadable file is a
+    `degraded` reason)."""
+    with make_spool(pg_url) as spool:
+        spool.enqueue("work", {}, job_id="fine")
+        spool.enqueue("work", {}, job_id="never")
+        assert spool.health().ok
+        _edit(pg_url, "UPDATE jobspool_jobs SET run_at = 'NaN' WHERE id = %s", "never")
+        health = spool.health()
+    codes = {r.code: r for r in health.reasons}
+    assert "unreadable_files" in codes, health.reasons
+    assert "never" in codes["unreadable_files"].message
+    assert "fine" not in codes["unreadable_files"].message
+    assert health.figures["unreadable_files"] == 1 and health.figures["job_files_read"] == 2
+    cli = run_jobspool("health", root=pg_url)
+    assert cli.returncode != 0 and "never" in cli.stdout + cli.stderr
+
+
+def test_fsck_names_a_row_whose_id_no_command_can_name(pg_url: str) -> None:
+    """A hand's row `../x` was run by workers, but `show`/`cancel` refuse the id: fsck
+    called the table consistent."""
+    with make_spool(pg_url) as spool:
+        spool.enqueue("work", {}, job_id="x")
+    _edit(pg_url, "UPDATE jobspool_jobs SET id = '../x' WHERE id = %s", "x")
+    fsck = run_jobspool("fsck", root=pg_url)
+    assert fsck.returncode == 2
+    assert "'../x'" in fsck.stdout + fsck.stderr and "naming rules" in fsck.stdout + fsck.stderr

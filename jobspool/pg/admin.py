@@ -22,12 +22,14 @@ from jobspool.health import (
     DEFAULT_MIN_FREE_BYTES,
     DEFAULT_MIN_FREE_PERCENT,
     DEFAULT_WORKER_STALE,
+    MAX_FILES_READ,
 )
+from jobspool.health.reasons import ids as some_ids
 from jobspool.pg.leasing import sweep
 from jobspool.pg.rows import COLUMNS, to_job
 from jobspool.queue import machine
-from jobspool.queue.job import Job, validate_int, validate_seconds
-from jobspool.queue.states import ALL_STATES, JobState
+from jobspool.queue.job import JOB_ID_PATTERN, KIND_PATTERN, Job, validate_int, validate_seconds
+from jobspool.queue.states import ALL_STATES, TERMINAL, JobState
 from jobspool.queue.stats import Stats
 
 if TYPE_CHECKING:
@@ -272,7 +274,14 @@ def fsck(spool: PgSpool) -> FsckReport:
         "OR revision < 1 "
         "OR (state <> 'leased' AND owner IS NOT NULL) LIMIT 100").fetchall(), what="fsck")
     problems.extend(f"job {i} ({s}): fields out of range" for i, s in bad)
-    problems.extend(_unreadable_rows(spool, limit=100))
+    # A hand's row with an id or kind no producer could give: workers ran it, but no
+    # command can name it (`show ../x` is refused). Only SQL can fix or delete it.
+    named = spool.db.run(lambda c: c.execute(
+        "SELECT id, state FROM jobspool_jobs WHERE id !~ %s OR kind !~ %s LIMIT 100",
+        (f"^{JOB_ID_PATTERN}$", f"^{KIND_PATTERN}$")).fetchall(), what="fsck")
+    problems.extend(f"job {i!r} ({s}): its id or kind breaks the naming rules, so no "
+                    "command can name it; fix or delete it by hand" for i, s in named)
+    problems.extend(why for _, why in _unreadable_rows(spool, limit=100)[0])
     notes: list[str] = []
     expired = spool.db.run(lambda c: c.execute(
         "SELECT count(*) FROM jobspool_jobs WHERE state = 'leased' AND expires_at <= %s",
@@ -285,29 +294,36 @@ def fsck(spool: PgSpool) -> FsckReport:
                       max_token=max_token)
 
 
-def _unreadable_rows(spool: PgSpool, *, limit: int) -> list[str]:
+def _unreadable_rows(spool: PgSpool, *, limit: int, max_rows: int | None = None,
+                     live: bool = False) -> tuple[list[tuple[str, str]], int]:
     """Rows no reader can take as jobs (`rows.to_job`: a hand's `1e999` payload, a NaN
-    time, a negative time limit), every row read as the file store's fsck reads every
-    file, in pages by id. fsck called such a table consistent while a worker looped on it
-    or listings failed."""
-    out: list[str] = []
-    after = ""
-    while len(out) < limit:
-        rows = spool.db.run(functools.partial(_rows_after, after=after), what="fsck")
+    time, a negative time limit) as (id, why), at most `limit`, and how many rows were
+    read: every row (fsck, as the file store's reads every file) or the first `max_rows`
+    of the unfinished states (`live`: health), in pages by id. fsck called such a table
+    consistent while a worker looped on it or listings failed."""
+    out: list[tuple[str, str]] = []
+    after, read = "", 0
+    while len(out) < limit and (max_rows is None or read < max_rows):
+        page = 1000 if max_rows is None else min(1000, max_rows - read)
+        rows = spool.db.run(functools.partial(_rows_after, after=after, page=page, live=live),
+                            what="fsck")
+        read += len(rows)
         for r in rows:
             try:
                 to_job(r)
             except UnreadableJob as exc:
-                out.append(str(exc))
-        if len(rows) < 1000:
+                out.append((r[0], str(exc)))
+        if len(rows) < page:
             break
         after = rows[-1][0]
-    return out[:limit]
+    return out[:limit], read
 
 
-def _rows_after(conn: psycopg.Connection[Any], after: str) -> list[Any]:
-    return conn.execute(f"SELECT {COLUMNS} FROM jobspool_jobs WHERE id > %s ORDER BY id "
-                        "LIMIT 1000", (after,)).fetchall()
+def _rows_after(conn: psycopg.Connection[Any], after: str, page: int,
+                live: bool) -> list[Any]:
+    states = "AND state NOT IN ('completed', 'dead_letter', 'canceled') " if live else ""
+    return conn.execute(f"SELECT {COLUMNS} FROM jobspool_jobs WHERE id > %s {states}"
+                        "ORDER BY id LIMIT %s", (after, page)).fetchall()
 
 
 def health(spool: PgSpool, *, max_due_age: float = DEFAULT_MAX_DUE_AGE,
@@ -316,9 +332,12 @@ def health(spool: PgSpool, *, max_due_age: float = DEFAULT_MAX_DUE_AGE,
            max_maintenance_failures: int = DEFAULT_MAX_MAINTENANCE_FAILURES,
            min_free_bytes: int = DEFAULT_MIN_FREE_BYTES,
            min_free_percent: float = DEFAULT_MIN_FREE_PERCENT,
-           worker_stale: float = DEFAULT_WORKER_STALE) -> Health:
+           worker_stale: float = DEFAULT_WORKER_STALE,
+           max_files_read: int = MAX_FILES_READ) -> Health:
     """`ok` / `degraded` with reasons: dead letters, stuck due jobs, unswept leases, stale
-    prepared jobs; and, as on the file spool, what this machine holds (`host_reasons`)."""
+    prepared jobs, rows no reader can take (the first `max_files_read` unfinished ones, as
+    the file spool reads that many files); and, as on the file spool, what this machine
+    holds (`host_reasons`)."""
     from jobspool.health import (
         Health,
         Reason,
@@ -367,6 +386,13 @@ def health(spool: PgSpool, *, max_due_age: float = DEFAULT_MAX_DUE_AGE,
     if stale:
         reasons.append(Reason("stale_prepared", f"{stale} prepared job(s) past the grace "
                               "period (run `jobspool recover --app ...` to replay them)", stale))
+    broken, read = _unreadable_rows(spool, limit=100, max_rows=max_files_read, live=True)
+    if broken:
+        # A file spool's `unreadable_files`: claims skip such rows, so they never run.
+        reasons.append(Reason("unreadable_files", f"{len(broken)} unfinished row(s) no "
+                              f"reader can take ({some_ids([i for i, _ in broken])}): claims skip "
+                              "them, so those jobs never run; `jobspool fsck` says why each, "
+                              "fix or delete them by hand", len(broken)))
     local, local_figures = host_reasons(
         spool, now=now, projection=projection, maintenance_cadence=maintenance_cadence,
         max_maintenance_failures=max_maintenance_failures, min_free_bytes=min_free_bytes,
@@ -376,8 +402,9 @@ def health(spool: PgSpool, *, max_due_age: float = DEFAULT_MAX_DUE_AGE,
     # (job files) is zero, as the README says.
     figures = {"counts": dict(st.counts), "due": st.due, "oldest_due_age": st.oldest_due_age,
                "fence": st.fence, "quarantined": 0, "expired_leases": expired,
-               "stale_prepared": stale, "unreadable_files": 0, "no_read_access": 0,
-               "ready_not_claimed": 0, "job_files_read": 0, "job_files": 0,
+               "stale_prepared": stale, "unreadable_files": len(broken), "no_read_access": 0,
+               "ready_not_claimed": 0, "job_files_read": read,
+               "job_files": sum(n for s, n in st.counts.items() if JobState(s) not in TERMINAL),
                "database_read_only": read_only, **local_figures}
     return Health(reasons=reasons, root=spool.display, checked_at=now, figures=figures)
 
