@@ -56,7 +56,9 @@ def cmd_worker_pool(args: argparse.Namespace) -> int:
     _emit(args, d, f"worker pool stopped: {report.processes} process(es), "
                    f"{report.restarts} restart(s), {report.killed_hung} killed for a hung "
                    f"handler; completed {d.get('completed', 0)}, retried "
-                   f"{d.get('retried', 0)}, dead-lettered {d.get('dead_lettered', 0)}")
+                   f"{d.get('retried', 0)}, dead-lettered {d.get('dead_lettered', 0)}"
+                   + (f", interrupted {d['interrupted']} (attempt counted)"
+                      if d.get("interrupted") else ""))
     # As a single worker does: held leases left behind are not a clean stop (a supervisor
     # restarting on failure must see it); their jobs run again once the leases expire.
     held = [f"{n} {what}" for n, what in (

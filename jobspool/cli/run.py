@@ -8,7 +8,7 @@ import argparse
 import logging
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jobspool.cli.common import (
     EXIT_OK,
@@ -21,6 +21,9 @@ from jobspool.cli.common import (
     _open_waiting,
 )
 from jobspool.cli.render import _emit, handlers_print_to_stderr
+
+if TYPE_CHECKING:
+    from jobspool.queue.report import RunReport
 
 
 def _setup_logging(args: argparse.Namespace) -> None:
@@ -51,8 +54,8 @@ def cmd_run_until_idle(args: argparse.Namespace) -> int:
     def text() -> str:
         lines = [f"claimed {report.claimed}, completed {report.completed}, retried "
                  f"{report.retried}, dead-lettered {report.dead_lettered}, lease lost "
-                 f"{report.lease_lost}, released {report.released} in {report.duration:.2f} s "
-                 f"({report.rate:.0f} jobs/s)"]
+                 f"{report.lease_lost}, released {report.released}"
+                 f"{_interrupted(report)} in {report.duration:.2f} s ({report.rate:.0f} jobs/s)"]
         if report.projected_rows:
             lines.append(f"projected {report.projected_rows} rows")
         for kind, n in sorted(report.unhandled.items()):
@@ -137,7 +140,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if not report_to_supervisor(report.to_dict()):
         _emit(args, report.to_dict(), f"worker stopped: completed {report.completed}, "
                                       f"retried {report.retried}, dead-lettered "
-                                      f"{report.dead_lettered}, released {report.released}")
+                                      f"{report.dead_lettered}, released {report.released}"
+                                      f"{_interrupted(report)}")
     code = _unreleased_verdict(report)
     _exit_past_abandoned_handlers(code)
     return code
@@ -169,3 +173,8 @@ def _exit_past_abandoned_handlers(code: int = EXIT_OK) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def _interrupted(report: RunReport) -> str:
+    """The runs a shutdown cut off (attempt counted), when there were any."""
+    return f", interrupted {report.interrupted} (attempt counted)" if report.interrupted else ""

@@ -391,7 +391,8 @@ class WorkerPool:
         if not isinstance(doc, dict):
             return
         for key in ("claimed", "completed", "retried", "dead_lettered", "lease_lost",
-                    "released", "projected_rows", "timed_out", "deferred", "unreleased"):
+                    "released", "interrupted", "projected_rows", "timed_out", "deferred",
+                    "unreleased"):
             value = doc.get(key)
             if isinstance(value, int):
                 self._count(key, value)

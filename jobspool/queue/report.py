@@ -28,6 +28,10 @@ class RunReport:
     # Given back uncounted because the projection's storage failed (read-only, full,
     # damaged): they run again once it is fixed; `run-until-idle` exits 2 on any.
     deferred: int = 0
+    # Runs cut off by a shutdown past its grace: back to ready at once, the attempt
+    # counted (`released` are give-backs that count none; they were one figure, and a
+    # summary hid the attempts a shutdown had spent).
+    interrupted: int = 0
     # Projection storage failures in a row right now (0 once a commit lands): health reads
     # it from the worker's metrics file (`projection_unwritable`).
     projection_failing: int = 0
@@ -117,6 +121,7 @@ class Counters:
     timed_out: int
     unreleased: int
     deferred: int
+    interrupted: int
     projection_failing: int
 
     def freeze(self, unhandled: dict[str, int] | None = None, waiting: int = 0,

@@ -249,7 +249,7 @@ class Settler:
                     continue
                 log.error("could not record the failure of job %s: %s", c.job_id, res)
             elif res.state is JobState.READY:  # interrupted: back at once, attempt counted
-                self.counters.released += 1
+                self.counters.interrupted += 1
             elif res.state is JobState.DEAD_LETTER:
                 self.counters.dead_lettered += 1
                 log.warning("job %s (%s) dead-lettered: %s", c.job_id, c.job.kind,
