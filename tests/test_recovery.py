@@ -498,3 +498,38 @@ def test_readers_show_one_copy_per_job_the_one_recovery_keeps(
     assert [j.id for j in spool.jobs(state="ready")] == []
     spool.recover()
     assert assert_disk_consistent(spool_root) == {"d1": "completed", "other": "canceled"}
+
+
+def test_recover_reports_a_fence_file_deleted_by_hand_as_rebuilt(tmp_path: Path) -> None:
+    """Found by an operator probe: `jobspool recover` rebuilt a deleted fence file (at the
+    opening of the spool it recovers) and reported `changed: false`, nothing raised, while a
+    garbage fence file was reported as repaired: a script keyed on `changed` was told
+    nothing happened though fencing had restarted."""
+    from tests.cli_harness import run_jobspool
+
+    root = tmp_path / "spool"
+    with make_spool(root) as spool:
+        spool.enqueue("work", {})
+    (root / "fence").unlink()
+    done = run_jobspool("recover", "--json", root=root)
+    assert done.returncode == 0, done.stderr
+    report = orjson.loads(done.stdout)
+    assert report["changed"] is True and "fence" in report["fence_raised"], report
+    assert report["fence_before"] is None and report["fence_after"] >= restart_floor() - 10**8
+    again = orjson.loads(run_jobspool("recover", "--json", root=root).stdout)
+    assert again["changed"] is False and again["fence_raised"] == []
+
+
+def test_a_read_only_opener_does_not_claim_to_restart_a_missing_fence(tmp_path: Path) -> None:
+    """`jobspool stats` on a spool whose fence file is gone said "fencing tokens restart
+    above X" and wrote nothing; the next writer restarted above another value."""
+    from tests.cli_harness import run_jobspool
+
+    root = tmp_path / "spool"
+    make_spool(root).close()
+    (root / "fence").unlink()
+    done = run_jobspool("stats", root=root)
+    assert done.returncode == 0, done.stderr
+    assert "restart above" not in done.stderr
+    assert "fence is missing: the next process that writes" in done.stderr
+    assert not (root / "fence").exists()

@@ -23,8 +23,10 @@ log = logging.getLogger("jobspool.queue.spool")
 class FenceFile:
     """One spool's fence file (`<root>/fence`)."""
 
-    def __init__(self, root: Path, store: Store, *, durable: bool, mode: int) -> None:
+    def __init__(self, root: Path, store: Store, *, durable: bool, mode: int,
+                 read_only: bool = False) -> None:
         self.root = root
+        self._read_only = read_only
         self.path = root / FENCE_FILE
         self._path_s = os.fspath(self.path)  # stat'ed at every claim
         self._store = store
@@ -50,9 +52,15 @@ class FenceFile:
     def lost(self) -> int:
         """The ceiling to go on from when an existing spool's fence file is gone."""
         floor = restart_floor()
-        log.warning("%s is missing: fencing tokens restart above %d (the clock in "
-                    "microseconds, past any token handed out) so that none is handed out "
-                    "twice", self.path, floor)
+        if self._read_only:
+            # Nothing restarts here: it said "tokens restart above X" and wrote nothing,
+            # and the next writer then restarted above another value.
+            log.warning("%s is missing: the next process that writes the spool (or `jobspool "
+                        "recover`) restarts fencing tokens above the clock", self.path)
+        else:
+            log.warning("%s is missing: fencing tokens restart above %d (the clock in "
+                        "microseconds, past any token handed out) so that none is handed "
+                        "out twice", self.path, floor)
         return floor
 
     def write(self, value: int) -> None:

@@ -115,7 +115,8 @@ class Journal(JournalReads, JournalSettings):
             self.index.on_foreign = self._suspect_copies
             self.store.on_unretired = self._suspect_copies
         self.fence_file = FenceFile(self.root, self.store, durable=self.durable,
-                                    mode=file_mode(self.access))
+                                    mode=file_mode(self.access), read_only=options.read_only)
+        self.fence_rebuilt = False
         self.fence = FenceCounter(self.lock, self.fence_file.read, self.fence_file.write,
                                   self.fence_file.ident, self._leased_top)
         self._group = GroupFlush(self.root, self.lock, fsync_dir)
@@ -146,6 +147,9 @@ class Journal(JournalReads, JournalSettings):
                         known = max(known, self.fence_file.lost())
                     write_atomic(self.root / FENCE_FILE, encode_fence(known),
                                  durable=self.durable, mode=file_mode(self.access))
+                    # For `recover`'s report: the opening it runs in rebuilt the file
+                    # first, and a report of nothing done hid a fencing restart.
+                    self.fence_rebuilt = not layout.created
 
     # ------------------------------------------------------------ plumbing
 

@@ -124,6 +124,11 @@ def recover(spool: Journal, replay: ReplayHooks | None = None) -> RecoveryReport
     temps, trimmed = _clean_tmp(spool)
     try:
         fence_ids, before, after = _raise_fence(spool, scan)
+        if spool.fence_rebuilt and "fence" not in fence_ids:
+            # Opening the spool to recover it rebuilt a deleted fence file (`Journal`):
+            # the same repair as a garbage one's, reported alike.
+            fence_ids, before = ["fence", *fence_ids], None
+            spool.fence_rebuilt = False
         reclaimed, returned, dead = _reclaim(spool, scan)
         committed, aborted, unknown, dead_replay, pending = _replay(spool, scan, replay)
     except WriteFailed as exc:
