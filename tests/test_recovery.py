@@ -19,7 +19,7 @@ import orjson
 import pytest
 
 from jobspool import JobState, Spool
-from jobspool.errors import LeaseLost, SpoolError
+from jobspool.errors import JobNotFound, LeaseLost, SpoolError
 from jobspool.queue.fence import encode_fence, restart_floor
 from jobspool.queue.job import encode_job, evolve
 from jobspool.recovery.quarantine import quarantined_files, read_reason
@@ -533,3 +533,19 @@ def test_a_read_only_opener_does_not_claim_to_restart_a_missing_fence(tmp_path: 
     assert "restart above" not in done.stderr
     assert "fence is missing: the next process that writes" in done.stderr
     assert not (root / "fence").exists()
+
+
+def test_get_says_a_state_directory_is_missing_not_that_the_job_is_gone(tmp_path: Path) -> None:
+    """Found by an operator probe: with `ready/` moved away under an open spool (and a
+    dashboard), looking a job up said "no job (pruned, or never enqueued)", where every
+    listing said the directory is missing."""
+    root = tmp_path / "spool"
+    with make_spool(root) as spool:
+        job = spool.enqueue("work", {})
+        (root / "ready").rename(root / "ready.moved")
+        with pytest.raises(SpoolError, match="a state directory is missing"):
+            spool.get(job.id)
+        (root / "ready.moved").rename(root / "ready")
+        assert spool.get(job.id).id == job.id
+        with pytest.raises(JobNotFound):
+            spool.get("never-enqueued")

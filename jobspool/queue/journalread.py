@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from jobspool.errors import JobNotFound, JobspoolError, UnreadableJob
+from jobspool.errors import JobNotFound, JobspoolError, SpoolError, UnreadableJob
 from jobspool.queue.diskerrors import SHORT_OF_RESOURCES, read_failed
 from jobspool.queue.job import CorruptJob, Job, decode_job, report_unreadable, survivor_key
 from jobspool.queue.layout import SpoolSettings, effective_keep_dead
@@ -95,13 +95,25 @@ class JournalReads:
                 continue
         return False
 
+    def _gone_or(self, error: JobspoolError) -> JobspoolError:
+        """`error`, unless a state directory is gone (moved, deleted under an open spool):
+        the job may be in it, and "no such job (pruned, or never enqueued)" was a wrong,
+        reassuring answer where every listing said the directory is missing."""
+        for state in ALL_STATES:
+            if not os.path.isdir(self.root / state.value):
+                try:
+                    self.store.names(state.value)
+                except SpoolError as exc:
+                    return exc
+        return error
+
     def missing(self, job_id: str) -> JobspoolError:
         """What to raise for a job `locate` did not find: `JobNotFound`, or a `SpoolError`
         naming its unreadable file (it said "not found", exit 1, for a file it could not
         read)."""
         where = self.unreadable_file(job_id)
         if where is None:
-            return JobNotFound(job_id)
+            return self._gone_or(JobNotFound(job_id))
         path = self.root / where
         if not os.access(path, os.R_OK):
             # A valid job this user may not read (a group-read spool's private file):

@@ -26,7 +26,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self, cast
 
-from jobspool.errors import InvalidJob, JobNotFound, JobspoolError, LeaseLost, SpoolError
+from jobspool.errors import InvalidJob, JobspoolError, LeaseLost, SpoolError
 from jobspool.queue import bulk, liveness, machine
 from jobspool.queue.arguments import (
     check_fail_items,
@@ -468,7 +468,7 @@ class Spool(EnqueueForms):
         # (A file that is there but unreadable is not read again: it only said so twice.)
         with self.lock.hold():
             if self.journal.unreadable_file(job_id) is None:
-                raise JobNotFound(job_id)
+                raise self.journal.missing(job_id)
             if self.journal.readable_now(job_id):
                 job, _ = self.journal.locate(job_id)
             if job is None:
