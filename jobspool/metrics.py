@@ -71,14 +71,15 @@ if TYPE_CHECKING:
 METRICS_DIR = "metrics"
 WORKER_STALE_SECONDS = 300.0
 WORKER_COUNTERS = ("claimed", "completed", "retried", "dead_lettered", "lease_lost",
-                   "released", "projected_rows", "crashes")
+                   "released", "interrupted", "projected_rows", "crashes")
 _WORKER_HELP = {
     "claimed": "Jobs this worker claimed.",
     "completed": "Jobs this worker completed.",
     "retried": "Jobs this worker failed with a retry.",
     "dead_lettered": "Jobs this worker dead-lettered.",
     "lease_lost": "Results this worker discarded because the lease was lost.",
-    "released": "Leases this worker gave back unfinished.",
+    "released": "Leases this worker gave back unfinished, no attempt counted.",
+    "interrupted": "Runs a shutdown cut off past its grace (the attempt counted).",
     "projected_rows": "Rows this worker wrote to projection tables.",
     "crashes": "Times this worker's own machinery failed and was restarted.",
 }

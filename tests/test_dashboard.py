@@ -227,11 +227,14 @@ def test_a_bulk_confirmation_acts_only_on_the_dead_letters_it_listed(
         (later,) = _dead(spool, "mail", 1)
         bare = client.post(f"/dead/{verb}", data={"csrf": token, "kind": "mail",
                                                   "confirm": "yes"})
+        forged = client.post(f"/dead/{verb}", data={"csrf": token, "kind": "mail",
+                                                    "confirm": "yes", "until": "-1"})
         still = spool.get(later).state
         done = client.post(f"/dead/{verb}", data={"csrf": token, "kind": "mail",
                                                   "confirm": "yes", "until": _until(ask.text)})
     assert "Yes, " + verb + " 2" in ask.text
-    assert bare.status_code == 303 and "confirm%20again" in bare.headers["set-cookie"]
+    for refused in (bare, forged):  # a negative bound was a 503 (requeue), "purged 0"
+        assert refused.status_code == 303 and "confirm%20again" in refused.headers["set-cookie"]
     assert still is JobState.DEAD_LETTER
     assert done.status_code == 303
     assert spool.get(later).state is JobState.DEAD_LETTER

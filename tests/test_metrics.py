@@ -106,6 +106,10 @@ def test_an_empty_spool_exports_zeros_and_no_per_kind_series(spool: Spool) -> No
 def test_every_exported_worker_counter_is_a_run_report_field() -> None:
     names = {f.name for f in dataclasses.fields(RunReport)}
     assert set(WORKER_COUNTERS) <= names
+    # Each tally of a run's jobs is exported: `interrupted` (runs a shutdown cut off) was
+    # split from `released` and counted nowhere in the metrics.
+    assert {"claimed", "completed", "retried", "dead_lettered", "lease_lost", "released",
+            "interrupted"} <= set(WORKER_COUNTERS)
 
 
 def test_published_worker_counters_appear_as_counters_until_stale(spool: Spool,

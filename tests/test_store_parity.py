@@ -70,3 +70,12 @@ def test_recover_says_why_an_expired_lease_waits_again(any_spool: Spool) -> None
     job = any_spool.get("r1")
     assert job.state.value == "retryable"
     assert job.last_error == "lease expired (worker died or stalled)"
+
+
+@pytest.mark.parametrize("bad", [-1, True, 2.5, "10"])
+def test_health_refuses_a_bad_max_files_read_on_either_store(any_spool: Spool, bad: object
+                                                              ) -> None:
+    """PostgreSQL read 0 rows for -1 (bad rows unchecked) and 1 for True, where the file
+    spool refused both."""
+    with pytest.raises(ValueError, match="max_files_read"):
+        any_spool.health(max_files_read=bad)

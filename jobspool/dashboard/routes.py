@@ -175,7 +175,7 @@ def routes(dash: Dashboard) -> list[Route]:
             until = float(text)
         except ValueError:
             until = math.nan
-        if not math.isfinite(until):
+        if not math.isfinite(until) or until < 0:  # only a forged form sends these
             raise actions.ActionError("the confirmation is incomplete (no listing to act "
                                       "on): open the dead letters and confirm again")
         return until

@@ -113,6 +113,13 @@ def queue_reasons(stats: Stats, max_due_age: float) -> list[Reason]:
     return reasons
 
 
+def check_max_files_read(max_files_read: object) -> None:
+    """`ValueError` unless a whole number >= 0 (both stores' health take it)."""
+    if isinstance(max_files_read, bool) or not isinstance(max_files_read, int) \
+            or max_files_read < 0:
+        raise ValueError(f"max_files_read must be a whole number >= 0, not {max_files_read!r}")
+
+
 def check_health(
     spool: Spool,
     *,
@@ -144,9 +151,7 @@ def check_health(
                   max_maintenance_failures=max_maintenance_failures,
                   min_free_bytes=min_free_bytes, min_free_percent=min_free_percent,
                   worker_stale=worker_stale)
-    if isinstance(max_files_read, bool) or not isinstance(max_files_read, int) \
-            or max_files_read < 0:
-        raise ValueError(f"max_files_read must be a whole number >= 0, not {max_files_read!r}")
+    check_max_files_read(max_files_read)
     stats = spool.stats()
     now = stats.now
     reasons = queue_reasons(stats, max_due_age)

@@ -341,6 +341,7 @@ def health(spool: PgSpool, *, max_due_age: float = DEFAULT_MAX_DUE_AGE,
     from jobspool.health import (
         Health,
         Reason,
+        check_max_files_read,
         check_options,
         expired_reason,
         fence_behind_reason,
@@ -353,6 +354,7 @@ def health(spool: PgSpool, *, max_due_age: float = DEFAULT_MAX_DUE_AGE,
                   max_maintenance_failures=max_maintenance_failures,
                   min_free_bytes=min_free_bytes, min_free_percent=min_free_percent,
                   worker_stale=worker_stale)
+    check_max_files_read(max_files_read)
     now = spool.now()
     st = stats(spool)
     # The same reasons, codes and texts as the file spool's, so one alert rule serves both.
