@@ -18,11 +18,12 @@ cancellation; the caller can `get` the job to learn what happened.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from functools import partial
-from typing import Any, ParamSpec, Self, TypeVar
+from typing import Any, ParamSpec, Self, TypeVar, cast
 
 import anyio
 import anyio.lowlevel
@@ -213,16 +214,44 @@ class AsyncSpool:
             return self.spool.get(job_id)
 
     async def stats(self, *, by_kind: bool = False) -> Stats:
-        """`Spool.stats` (a read: a cancelled caller leaves at once, see `_read`)."""
-        return await self._read(partial(self.spool.stats, by_kind=by_kind))
+        """`Spool.stats` (a scan: a cancelled caller leaves at once, see `_scan`)."""
+        return await self._scan(lambda stop: self.spool.stats(by_kind=by_kind))
 
     async def jobs(self, state: JobState | str | None = None,
                    kind: str | None = None) -> list[Job]:
-        """`Spool.jobs`, collected into a list (a read, as `stats`)."""
+        """`Spool.jobs`, collected into a list (a scan, as `stats`)."""
+        def collect(stop: threading.Event) -> list[Job]:
+            out = []
+            for job in self.spool.jobs(state=state, kind=kind):
+                if stop.is_set():
+                    break  # its caller left: the rest of the listing is for nobody
+                out.append(job)
+            return out
+
+        return await self._scan(collect)
+
+    async def _scan(self, call: Callable[[threading.Event], T]) -> T:
         # A health check's `with fail_after(1): await spool.stats()` was held ~27 s by a
-        # database outage (the write path waits for its thread); on trio it then raised
-        # StoreUnavailable instead of the timeout.
-        return await self._read(lambda: list(self.spool.jobs(state=state, kind=kind)))
+        # database outage when it waited for its thread; on trio it then raised
+        # StoreUnavailable instead of the timeout. So a cancelled scan is left to finish
+        # alone, but bounded: at most SCAN_THREADS run at once in the process (asyncio
+        # gives a cancelled call's limiter slot back at once: 40 timed-out listings of a
+        # 40,000-job spool ran 30 at a time), one whose caller left before it started
+        # never starts, and `jobs` stops at its next job. Scans have threads of their own,
+        # so that abandoned ones never keep `get` and `wait` waiting.
+        stop = threading.Event()
+
+        def run() -> T | None:
+            with _SCANS:
+                return None if stop.is_set() else call(stop)
+
+        try:
+            result = await anyio.to_thread.run_sync(run, limiter=_scanners(),
+                                                    abandon_on_cancel=True)
+        finally:
+            stop.set()
+        await anyio.lowlevel.checkpoint()
+        return cast(T, result)
 
     async def wait(self, job_id: str, timeout: float | None = None, *,
                    poll_seconds: float = 0.05) -> Job:
@@ -303,6 +332,20 @@ async def _finished_then_cancelled(call: Callable[[], T],
 
 _READERS: anyio.lowlevel.RunVar[anyio.CapacityLimiter] = anyio.lowlevel.RunVar("jobspool_readers")
 READER_THREADS = 8
+SCAN_THREADS = 4
+# Held by the scan's own thread, so it bounds the scans still running for callers that left.
+_SCANS = threading.BoundedSemaphore(SCAN_THREADS)
+_SCANNERS: anyio.lowlevel.RunVar[anyio.CapacityLimiter] = anyio.lowlevel.RunVar("jobspool_scans")
+
+
+def _scanners() -> anyio.CapacityLimiter:
+    """This event loop's limiter for scans (`stats`, `jobs`)."""
+    try:
+        return _SCANNERS.get()
+    except LookupError:
+        limiter = anyio.CapacityLimiter(SCAN_THREADS)
+        _SCANNERS.set(limiter)
+        return limiter
 
 
 def _readers() -> anyio.CapacityLimiter:

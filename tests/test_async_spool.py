@@ -236,3 +236,57 @@ def test_aclose_closes_an_owned_spool_off_the_event_loop(tmp_path: Path) -> None
         await aspool.aclose()  # twice: nothing more to do
 
     anyio.run(main)
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_scans_left_by_cancelled_callers_stay_bounded_and_stop(tmp_path: Path,
+                                                               backend: str) -> None:
+    """Found by a regression probe: `with move_on_after(0.05): await spool.jobs()` repeated
+    (a health check with a timeout) left every listing running on its own; on asyncio 30
+    of them ran at once. Abandoned scans are bounded, and a listing stops at its next job."""
+    import time as _time
+
+    from jobspool.async_spool import SCAN_THREADS
+    from jobspool.queue.spool import Spool as FileSpool
+
+    guard = threading.Lock()
+    active = [0, 0]  # running now, most at once
+    yielded = [0]
+
+    class SlowListing(FileSpool):
+        def jobs(self, state: Any = None, kind: Any = None) -> Iterator[Any]:
+            with guard:
+                active[0] += 1
+                active[1] = max(active[1], active[0])
+            try:
+                for job in super().jobs(state=state, kind=kind):
+                    _time.sleep(0.005)
+                    with guard:
+                        yielded[0] += 1
+                    yield job
+            finally:
+                with guard:
+                    active[0] -= 1
+
+    spool = SlowListing(tmp_path / "spool")
+    spool.enqueue_many("work", list(range(200)))
+    calls = 30
+
+    async def main() -> None:
+        aspool = AsyncSpool(spool)
+        for _ in range(calls):
+            with anyio.move_on_after(0.02):
+                await aspool.jobs()
+        everything = await aspool.jobs()  # no scope: a whole listing still comes back
+        assert len(everything) == 200
+
+    try:
+        anyio.run(main, backend=backend)
+        deadline = _time.monotonic() + 60  # only a guard against a hang
+        while active[0] and _time.monotonic() < deadline:
+            _time.sleep(0.01)
+    finally:
+        spool.close()
+    assert active[0] == 0
+    assert active[1] <= SCAN_THREADS
+    assert yielded[0] < calls * 200 // 4 + 200  # the abandoned ones stopped early
