@@ -208,9 +208,11 @@ def test_the_dashboard_serves_a_postgresql_spool_and_purges_its_dead_letters(
         page = client.get("/jobs/dead_letter")
         assert page.status_code == 200 and "bad" in page.text
         assert "<script>" not in client.get("/job/bad").text
-        from jobspool.dashboard.actions import purge_dead
+        from jobspool.dashboard.actions import dead_of_kind, purge_dead
 
-        assert purge_dead(spool, "note") == "purged 1 dead letter of kind note"  # type: ignore[arg-type]
+        ids, until = dead_of_kind(spool, "note")  # type: ignore[arg-type]
+        assert ids == ["bad"] and until is not None
+        assert purge_dead(spool, "note", until) == "purged 1 dead letter of kind note"  # type: ignore[arg-type]
         assert spool.stats().counts["dead_letter"] == 0
 
 

@@ -79,3 +79,21 @@ def test_health_refuses_a_bad_max_files_read_on_either_store(any_spool: Spool, b
     spool refused both."""
     with pytest.raises(ValueError, match="max_files_read"):
         any_spool.health(max_files_read=bad)
+
+
+def test_a_claim_takes_the_due_job_behind_an_expired_lease_out_of_attempts(
+        make_any_spool: Callable[..., Spool]) -> None:
+    """Found by a differential probe: on PostgreSQL, `claim(limit=1)` came back empty when
+    an expired lease out of attempts came first in claim order (it held the one place of
+    the claim's scan, then the sweep dead-lettered it); `run_until_idle` stopped there,
+    calling the queue idle with a due job left. The file spool took the next job."""
+    spool = make_any_spool(lease_seconds=0.3)
+    spool.enqueue("k", job_id="a", max_attempts=1)
+    spool.enqueue("k", job_id="b", max_attempts=3)
+    leases = spool.claim(limit=2)
+    assert [x.job_id for x in leases] == ["a", "b"]
+    sleep_past(max(x.expires_at for x in leases))
+    got = spool.claim(limit=1, lease_seconds=30.0)
+    assert [x.job_id for x in got] == ["b"]
+    assert spool.get("a").state.value == "dead_letter"
+    assert got[0].job.attempts == 2
