@@ -160,6 +160,63 @@ def test_columns_added_by_another_store_between_plan_and_commit_fail_retryably(
     assert sorted(r["id"] for r in mine.table("notes").to_arrow().to_pylist()) == ["p", "q"]
 
 
+def test_first_columns_are_given_once_when_another_store_commits_other_ones_meanwhile(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by a projection stress probe: two processes bringing a deletes-only table its
+    first rows at once, with different columns, sometimes both added theirs (this store's
+    handle had moved past the other's commit before adding): the table kept both, and
+    which producer's jobs were refused depended on timing. The first columns are given
+    once; the other store's rows are refused against them."""
+    import jobspool.projection.lance as lance
+    from jobspool.errors import ProjectionError
+
+    mine, other = ProjectionStore(tmp_path / "db"), ProjectionStore(tmp_path / "db")
+    assert mine.apply([make_delete("j0", "notes", "gone", 1.0, 1)]).ok
+    real = lance._add_table_columns
+    raced: list[str] = []
+
+    def other_first(tbl: object, fields: list[pa.Field]) -> None:
+        if not raced and fields[0].name == "y":
+            raced.append("x")  # the other store lands its own first columns just now
+            assert other.apply([make_upsert("jx", "notes", {"id": "a", "x": 1}, 1.0, 2)]).ok
+        real(tbl, fields)
+
+    monkeypatch.setattr(lance, "_add_table_columns", other_first)
+    first = mine.apply([make_upsert("jy", "notes", {"id": "b", "y": "t"}, 1.0, 3)])
+    again = mine.apply([make_upsert("jy", "notes", {"id": "b", "y": "t"}, 1.0, 3)])
+    names = mine.connection.open_table("notes").schema.names
+    assert raced == ["x"]
+    assert "x" in names and "y" not in names, names
+    assert isinstance(first.failed.get("jy"), ProjectionError)
+    assert "jy" in again.rejected and "'y' is not in the schema" in str(again.rejected["jy"])
+    assert mine.table("notes").get("b") is None and mine.table("notes").get("a") is not None
+
+
+def test_a_table_another_store_created_meanwhile_with_other_columns_is_a_race_retried(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """LanceDB's `create_table(exist_ok=True)` raises its own "Schema Error" when another
+    process created the table first with other columns: it was reported as "outcome
+    unknown", though nothing could have been written. It is the race the retry settles."""
+    import jobspool.projection.lance as lance
+    from jobspool.errors import ProjectionError
+
+    mine, other = ProjectionStore(tmp_path / "db"), ProjectionStore(tmp_path / "db")
+    real = lance._create_table
+
+    def other_first(conn: object, name: str, schema: pa.Schema) -> object:
+        monkeypatch.setattr(lance, "_create_table", real)
+        assert other.apply([make_upsert("jx", name, {"id": "a", "x": 1}, 1.0, 2)]).ok
+        return real(conn, name, schema)
+
+    monkeypatch.setattr(lance, "_create_table", other_first)
+    first = mine.apply([make_upsert("jy", "notes", {"id": "b", "y": "t"}, 1.0, 3)])
+    err = first.failed.get("jy")
+    assert isinstance(err, ProjectionError), first
+    assert "created concurrently with another schema" in str(err)
+    again = mine.apply([make_upsert("jy", "notes", {"id": "b", "y": "t"}, 1.0, 3)])
+    assert "'y' is not in the schema" in str(again.rejected["jy"])
+
+
 def test_a_store_with_a_declared_schema_gives_a_deletes_only_table_the_declared_columns(
         tmp_path: Path) -> None:
     """Another process (no schema declared) made the table with a delete; this store

@@ -85,7 +85,8 @@ FENCE_WHERE = (
 # so tests can inject a failure at each (monkeypatch the module attribute).
 
 
-def _connect(uri: str, storage_options: Mapping[str, str] | None = None) -> Any:
+def _connect(uri: str, storage_options: Mapping[str, str] | None = None, *,
+             follow: bool = True) -> Any:
     # A compaction that loses a commit race (two processes maintaining one table) is
     # reported by maintenance as `deferred`; LanceDB's own WARN line for it reached stderr
     # as a raw Rust log an operator took for a failure. Set before the import, which reads
@@ -93,7 +94,10 @@ def _connect(uri: str, storage_options: Mapping[str, str] | None = None) -> Any:
     os.environ.setdefault("LANCEDB_LOG", "warn,lance::dataset::optimize=error")
     import lancedb  # lazy: 1-2 s, paid only by processes that project
 
-    return lancedb.connect(uri, read_consistency_interval=timedelta(0),
+    # `follow`: each call sees the latest version (see the module docstring); otherwise a
+    # table stays at the version it was opened at, and a commit from it conflicts with any
+    # made since (`_add_columns`).
+    return lancedb.connect(uri, read_consistency_interval=timedelta(0) if follow else None,
                            storage_options=obj.lance_options(storage_options))
 
 
@@ -346,10 +350,20 @@ class ProjectionStore(ProjectionDatabase):
         return int(result.num_inserted_rows) + int(result.num_updated_rows)
 
     def _add_columns(self, tbl: Any, plan: TablePlan) -> None:
-        """Give a table made by deletes alone the columns of its first rows."""
+        """Give a table made by deletes alone the columns of its first rows, once.
+
+        Through a handle that stays at the version it opened (this store's own moves to
+        the latest before each call): two processes bringing first rows at once each added
+        their columns on top of the other's when the second's handle had already moved
+        past the first's commit, and the table kept both. At a fixed version, LanceDB
+        refuses the second commit as a conflict, and its jobs retry against the first's."""
+        held = self._held_handle(plan.table)
         try:
             with self.exclusive(plan.table):
-                _add_table_columns(tbl, plan.add_fields)
+                if held is not None and not columns_pending(held.schema,
+                                                            self.key_of(plan.table)):
+                    raise ProjectionError("another process gave it its first columns")
+                _add_table_columns(held if held is not None else tbl, plan.add_fields)
         except Exception as exc:
             self._forget(plan.table)
             if not self._took_columns(plan):
@@ -362,6 +376,14 @@ class ProjectionStore(ProjectionDatabase):
             self._forget(plan.table)
             raise ProjectionError(f"table {plan.table!r} took its first columns concurrently; "
                                   "retry", table=plan.table)
+
+    def _held_handle(self, name: str) -> Any | None:
+        """`name` opened at its latest version on a connection that never moves it on
+        (None for a store given a connection rather than a URI: its own handle serves)."""
+        if self._uri is None:
+            return None
+        conn = _connect(self._uri, self._storage_options, follow=False)
+        return _open_table(conn, name)
 
     def _took_columns(self, plan: TablePlan) -> bool:
         """Whether the table, read again, has its first columns now."""
@@ -377,7 +399,16 @@ class ProjectionStore(ProjectionDatabase):
             # the rows written before — said once, not left for readers to find out.
             log.warning("projection table %r was there and is gone (deleted or moved?); "
                         "creating it anew: rows written before are not in it", name)
-        tbl = _create_table(self.connection, name, schema)
+        try:
+            tbl = _create_table(self.connection, name, schema)
+        except ValueError as exc:
+            if "does not match existing table schema" not in str(exc):
+                raise
+            # Another process created it first with columns of its own rows: LanceDB's own
+            # "Schema Error" read as "outcome unknown", though nothing could have been
+            # written. Retry: the next attempt checks against that table's columns.
+            raise ProjectionError(f"table {name!r} was created concurrently with another "
+                                  "schema; retry", table=name) from exc
         self._opened.add(name)
         key = self.key_of(name)
         field = tbl.schema.field(key)
