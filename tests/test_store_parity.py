@@ -97,3 +97,16 @@ def test_a_claim_takes_the_due_job_behind_an_expired_lease_out_of_attempts(
     assert [x.job_id for x in got] == ["b"]
     assert spool.get("a").state.value == "dead_letter"
     assert got[0].job.attempts == 2
+
+
+@pytest.mark.parametrize("option", ["max_rescues", "keep_dead", "keep_terminal_seconds"])
+def test_none_for_a_nullable_option_is_taken_not_dropped(
+        make_any_spool: Callable[..., Spool], option: str) -> None:
+    """Found by a differential probe: PostgreSQL dropped `max_rescues=None` (no poison-pill
+    cap) and kept the default 10, so long jobs were dead-lettered on that store only."""
+    first = make_any_spool(**{option: 3})
+    assert getattr(first.settings, option) == 3
+    again = make_any_spool(**{option: None})  # given: overrides what was stored
+    assert getattr(again.settings, option) is None
+    if option == "max_rescues":
+        assert again.max_rescues is None

@@ -68,7 +68,7 @@ from jobspool.queue.job import (
 )
 from jobspool.queue.jobsize import encode_admitted
 from jobspool.queue.layout import effective_keep_dead
-from jobspool.queue.options import checked_clock
+from jobspool.queue.options import checked_clock, given_options
 from jobspool.queue.perms import validate_access
 from jobspool.queue.producing import EnqueueForms
 from jobspool.queue.runs import Runs
@@ -134,7 +134,7 @@ class PgSpool(EnqueueForms):
         unknown = set(options) - set(DEFAULTS)
         if unknown:
             raise TypeError(f"Spool() got unexpected keyword argument(s): {sorted(unknown)}")
-        given = {k: v for k, v in options.items() if v is not None or k == "keep_terminal_seconds"}
+        given = given_options(options)
         # Every option checked before the database is touched: a refused one must not be
         # stored as the schema's settings by the first open.
         validated({**DEFAULTS, **given})

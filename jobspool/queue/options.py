@@ -115,6 +115,18 @@ def checked_clock(clock: object) -> Callable[[], float]:
     return now
 
 
+# Options whose None means "no limit" (or "as keep_terminal"): given, not left out.
+NULLABLE_OPTIONS = frozenset({"keep_terminal_seconds", "keep_dead", "max_rescues"})
+
+
+def given_options(options: dict[str, Any]) -> dict[str, Any]:
+    """The persisted options a caller gave: None counts for the nullable ones, as the file
+    spool's `resolve_settings` reads them (PostgreSQL dropped `max_rescues=None`, kept
+    the stored 10, and dead-lettered long jobs the caller meant never to cap)."""
+    return {k: v for k, v in options.items()
+            if given(v) or (v is None and k in NULLABLE_OPTIONS)}
+
+
 def given(value: Any) -> bool:
     return (not isinstance(value, Unset) and value is not None
             and not isinstance(value, DefaultFloat | DefaultInt))
