@@ -340,21 +340,20 @@ _SCANNERS: anyio.lowlevel.RunVar[anyio.CapacityLimiter] = anyio.lowlevel.RunVar(
 
 def _scanners() -> anyio.CapacityLimiter:
     """This event loop's limiter for scans (`stats`, `jobs`)."""
-    try:
-        return _SCANNERS.get()
-    except LookupError:
-        limiter = anyio.CapacityLimiter(SCAN_THREADS)
-        _SCANNERS.set(limiter)
-        return limiter
+    return _loop_limiter(_SCANNERS, SCAN_THREADS)
 
 
 def _readers() -> anyio.CapacityLimiter:
     """This event loop's limiter for reads (`get`, `wait`'s polls), apart from the
     default one every `to_thread` call shares."""
-    try:
-        return _READERS.get()
-    except LookupError:
-        limiter = anyio.CapacityLimiter(READER_THREADS)
-        _READERS.set(limiter)
-        return limiter
+    return _loop_limiter(_READERS, READER_THREADS)
 
+
+def _loop_limiter(slot: anyio.lowlevel.RunVar[anyio.CapacityLimiter],
+                  threads: int) -> anyio.CapacityLimiter:
+    try:
+        return slot.get()
+    except LookupError:
+        limiter = anyio.CapacityLimiter(threads)
+        slot.set(limiter)
+        return limiter
