@@ -59,6 +59,12 @@ class AsyncSpool:
         else:
             self.spool = Spool(root, **options)
             self._owned = True
+        # Held by a scan's own thread: it bounds the scans still running for callers that
+        # left. Per spool: process-wide, four health checks timing out on a database that
+        # was down held every slot, and a healthy file spool's stats() waited on them.
+        self._scans = threading.BoundedSemaphore(SCAN_THREADS)
+        self._scan_limiter: anyio.lowlevel.RunVar[anyio.CapacityLimiter] = \
+            anyio.lowlevel.RunVar(f"jobspool_scans_{id(self):x}")  # one per loop, as `_readers`
 
     @classmethod
     async def open(cls, root: str | os.PathLike[str], **options: Any) -> Self:
@@ -234,20 +240,22 @@ class AsyncSpool:
         # A health check's `with fail_after(1): await spool.stats()` was held ~27 s by a
         # database outage when it waited for its thread; on trio it then raised
         # StoreUnavailable instead of the timeout. So a cancelled scan is left to finish
-        # alone, but bounded: at most SCAN_THREADS run at once in the process (asyncio
+        # alone, but bounded: at most SCAN_THREADS run at once for this spool (asyncio
         # gives a cancelled call's limiter slot back at once: 40 timed-out listings of a
         # 40,000-job spool ran 30 at a time), one whose caller left before it started
         # never starts, and `jobs` stops at its next job. Scans have threads of their own,
         # so that abandoned ones never keep `get` and `wait` waiting.
+        # Both bounds are this AsyncSpool's: one store's outage never holds another's scans.
         stop = threading.Event()
 
         def run() -> T | None:
-            with _SCANS:
+            with self._scans:
                 return None if stop.is_set() else call(stop)
 
         try:
-            result = await anyio.to_thread.run_sync(run, limiter=_scanners(),
-                                                    abandon_on_cancel=True)
+            result = await anyio.to_thread.run_sync(
+                run, limiter=_loop_limiter(self._scan_limiter, SCAN_THREADS),
+                abandon_on_cancel=True)
         finally:
             stop.set()
         await anyio.lowlevel.checkpoint()
@@ -333,16 +341,6 @@ async def _finished_then_cancelled(call: Callable[[], T],
 _READERS: anyio.lowlevel.RunVar[anyio.CapacityLimiter] = anyio.lowlevel.RunVar("jobspool_readers")
 READER_THREADS = 8
 SCAN_THREADS = 4
-# Held by the scan's own thread, so it bounds the scans still running for callers that left.
-_SCANS = threading.BoundedSemaphore(SCAN_THREADS)
-_SCANNERS: anyio.lowlevel.RunVar[anyio.CapacityLimiter] = anyio.lowlevel.RunVar("jobspool_scans")
-
-
-def _scanners() -> anyio.CapacityLimiter:
-    """This event loop's limiter for scans (`stats`, `jobs`)."""
-    return _loop_limiter(_SCANNERS, SCAN_THREADS)
-
-
 def _readers() -> anyio.CapacityLimiter:
     """This event loop's limiter for reads (`get`, `wait`'s polls), apart from the
     default one every `to_thread` call shares."""

@@ -290,3 +290,44 @@ def test_scans_left_by_cancelled_callers_stay_bounded_and_stop(tmp_path: Path,
     assert active[0] == 0
     assert active[1] <= SCAN_THREADS
     assert yielded[0] < calls * 200 // 4 + 200  # the abandoned ones stopped early
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_scans_held_up_on_one_spool_never_hold_another_spools_scans(tmp_path: Path,
+                                                                    backend: str) -> None:
+    """Found by a regression probe: the bound on abandoned scans was process-wide, so four
+    health checks timing out on a database that was down held every slot, and a healthy
+    file spool's `stats()` in the same process waited on them."""
+    from jobspool.async_spool import SCAN_THREADS
+    from jobspool.queue.spool import Spool as FileSpool
+
+    release = threading.Event()
+    stuck = [0]
+    guard = threading.Lock()
+
+    class StuckStats(FileSpool):
+        def stats(self, *, by_kind: bool = False) -> Any:
+            with guard:
+                stuck[0] += 1
+            release.wait(60)  # as a store waiting out an outage
+            return super().stats(by_kind=by_kind)
+
+    down = StuckStats(tmp_path / "down")
+    fine = make_spool(tmp_path / "fine")
+
+    async def main() -> None:
+        slow, healthy = AsyncSpool(down), AsyncSpool(fine)
+        for _ in range(SCAN_THREADS + 2):
+            with anyio.move_on_after(0.05):
+                await slow.stats()
+        with anyio.fail_after(20):  # only a guard: before, this waited on the stuck ones
+            assert (await healthy.stats()).total == 0
+            assert await healthy.jobs() == []
+
+    try:
+        anyio.run(main, backend=backend)
+        assert 1 <= stuck[0] <= SCAN_THREADS  # the stuck spool's own bound held
+    finally:
+        release.set()
+        down.close()
+        fine.close()

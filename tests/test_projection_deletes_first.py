@@ -16,7 +16,7 @@ import pytest
 from jobspool import JobState, LanceProjection, Worker
 from jobspool.projection.handler import make_delete, make_upsert
 from jobspool.projection.lance import ProjectionStore
-from tests.s3server import projection_store_for
+from tests.s3server import S3Server, projection_store_for
 from tests.spools import make_spool
 
 
@@ -215,6 +215,25 @@ def test_a_table_another_store_created_meanwhile_with_other_columns_is_a_race_re
     assert "created concurrently with another schema" in str(err)
     again = mine.apply([make_upsert("jy", "notes", {"id": "b", "y": "t"}, 1.0, 3)])
     assert "'y' is not in the schema" in str(again.rejected["jy"])
+
+
+def test_a_store_given_an_s3_connection_gives_a_deletes_only_table_its_columns(
+        s3_server: S3Server) -> None:
+    """Found by a regression probe: the first columns went through a new connection made
+    from the store's URI alone, losing the endpoint and credentials of the connection the
+    store was given (`Failed to resolve region`), and the table's first rows failed for
+    good. A store given a connection never connects anew."""
+    import lancedb
+
+    from jobspool.projection.objectstore import lance_options
+
+    conn = lancedb.connect(s3_server.uri("given-conn"),
+                           storage_options=lance_options(s3_server.options()))
+    store = ProjectionStore(conn)
+    assert store.apply([make_delete("j1", "notes", "gone", 5.0, 1)]).ok
+    done = store.apply([make_upsert("j2", "notes", {"id": "a", "text": "t"}, 1.0, 2)])
+    assert done.ok and done.tables["notes"] == 1, done
+    assert store.table("notes").get("a") == {"id": "a", "text": "t", "version": 1.0, "fence": 2}
 
 
 def test_a_store_with_a_declared_schema_gives_a_deletes_only_table_the_declared_columns(

@@ -182,6 +182,8 @@ class ProjectionStore(ProjectionDatabase):
         self._schemas: dict[str, pa.Schema] = {
             name: table_schema(s, self.key_of(name)) for name, s in (schemas or {}).items()
         }
+        # Given a connection, its endpoint and credentials are its own: never connect anew.
+        self._given_connection = not isinstance(uri_or_connection, str | os.PathLike)
         if isinstance(uri_or_connection, str | os.PathLike):
             self._uri: str | None = os.fspath(uri_or_connection)
             self._conn: Any = None
@@ -379,8 +381,10 @@ class ProjectionStore(ProjectionDatabase):
 
     def _held_handle(self, name: str) -> Any | None:
         """`name` opened at its latest version on a connection that never moves it on
-        (None for a store given a connection rather than a URI: its own handle serves)."""
-        if self._uri is None:
+        (None for a store given a connection rather than a URI: its own handle serves; a
+        new connection from its URI alone lost the endpoint and credentials it was made
+        with, and an s3 table's first columns failed for good)."""
+        if self._uri is None or self._given_connection:
             return None
         conn = _connect(self._uri, self._storage_options, follow=False)
         return _open_table(conn, name)
