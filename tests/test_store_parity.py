@@ -110,3 +110,22 @@ def test_none_for_a_nullable_option_is_taken_not_dropped(
     assert getattr(again.settings, option) is None
     if option == "max_rescues":
         assert again.max_rescues is None
+
+
+def test_an_expired_lease_behind_leases_out_of_attempts_is_taken_in_claim_order(
+        make_any_spool: Callable[..., Spool]) -> None:
+    """Found by a regression probe: on PostgreSQL, expired leases out of attempts filled the
+    claim's scan of expired leases, so a due job of lower priority was taken over an
+    expired lease of higher priority behind them (the file spool took the lease)."""
+    spool = make_any_spool(lease_seconds=0.3)
+    spool.enqueue("k", job_id="ex1", priority=-20, max_attempts=1)
+    spool.enqueue("k", job_id="ex2", priority=-19, max_attempts=1)
+    spool.enqueue("k", job_id="ok1", priority=-10, max_attempts=3)
+    leases = spool.claim(limit=3)
+    assert [x.job_id for x in leases] == ["ex1", "ex2", "ok1"]
+    sleep_past(max(x.expires_at for x in leases))
+    spool.enqueue("k", job_id="d1")
+    spool.enqueue("k", job_id="d2")
+    got = spool.claim(limit=2, lease_seconds=30.0)
+    assert [x.job_id for x in got] == ["ok1", "d1"]
+    assert [spool.get(i).state.value for i in ("ex1", "ex2")] == ["dead_letter"] * 2

@@ -76,13 +76,19 @@ def _new_rescues(p: str = "") -> str:
 # unless out of attempts or rescues (those the sweep dead-letters). Each source is an
 # index scan in claim order, locked as it is read; the top `limit` of both are taken.
 # Tokens come from the sequence in claim order: strictly increasing along the batch.
-# Each row also says whether the expired leases read include one out of attempts or
+# Each row also says whether an expired lease of the claim's kinds is out of attempts or
 # rescues, which the claim leaves to the sweep (the file spool's claim dead-letters those
-# itself): the caller then sweeps. One scan of the leased index serves both.
+# itself): the caller then sweeps (a scan of the leased rows, stopped at the first).
 # A lease is never handed out already expired, however short: at least a microsecond
 # (an epoch in float8 resolves ~0.2 µs).
 # Three forms of the kind filter (`claim_sql`), so each plans on its own index: none,
 # one kind (an index scan in claim order on jobspool_jobs_due_kind), several kinds.
+# An expired lease out of attempts or rescues: the sweep dead-letters it, the claim skips it.
+# Kept out of the claim's scan of expired leases itself: counted in its LIMIT, such leases
+# ahead in claim order pushed due ones out (a claim of 1 came back empty, or took a later
+# job over an expired lease of higher priority behind them).
+_EXHAUSTED = (f"({_eff_attempts()} >= max_attempts OR (%(max_rescues)s::bigint IS NOT NULL "
+              f"AND {_new_rescues()} > %(max_rescues)s::bigint))")
 _CLAIM = f"""
 WITH due AS MATERIALIZED (
   SELECT id, priority, run_at FROM jobspool_jobs
@@ -93,11 +99,8 @@ WITH due AS MATERIALIZED (
   LIMIT {{limit}}
   FOR UPDATE SKIP LOCKED),
 lapsed AS MATERIALIZED (
-  SELECT id, priority, run_at,
-         ({_eff_attempts()} >= max_attempts OR (%(max_rescues)s::bigint IS NOT NULL
-          AND {_new_rescues()} > %(max_rescues)s::bigint)) AS exhausted
-  FROM jobspool_jobs
-  WHERE state = 'leased' AND expires_at <= {NOW}
+  SELECT id, priority, run_at FROM jobspool_jobs
+  WHERE state = 'leased' AND expires_at <= {NOW} AND NOT {_EXHAUSTED}
     {{kinds}}
     AND NOT (id = ANY(%(exclude)b::text[]))
   ORDER BY priority, run_at, id
@@ -106,7 +109,7 @@ lapsed AS MATERIALIZED (
 c AS MATERIALIZED (
   SELECT s.id, nextval('jobspool_fence') AS token FROM (
     SELECT id, priority, run_at FROM due
-    UNION ALL SELECT id, priority, run_at FROM lapsed WHERE NOT exhausted
+    UNION ALL SELECT id, priority, run_at FROM lapsed
     ORDER BY priority, run_at, id LIMIT {{limit}}) s)
 UPDATE jobspool_jobs j
 SET state = 'leased', revision = j.revision + 1,
@@ -116,7 +119,9 @@ SET state = 'leased', revision = j.revision + 1,
     expires_at = {NOW} + greatest(%(lease)s::float8, 1e-6), proc = %(proc)s,
     started = %(started)s::boolean
 FROM c WHERE j.id = c.id
-RETURNING {J_COLUMNS}, (SELECT coalesce(bool_or(exhausted), false) FROM lapsed) AS exhausted
+RETURNING {J_COLUMNS}, EXISTS (
+  SELECT 1 FROM jobspool_jobs WHERE state = 'leased' AND expires_at <= {NOW} AND {_EXHAUSTED}
+    {{kinds}}) AS exhausted
 """
 
 # Claimed rows that cannot be read as jobs (leasing.py `_readable`), to dead_letter with
