@@ -62,29 +62,11 @@ def claim(spool: PgSpool, *, kinds: Iterable[str] | str | None, limit: int, owne
           starts_noted: bool = False) -> list[Lease]:
     """Lease due jobs, taking over expired leases in claim order as the file spool does
     (one statement). Expired leases out of attempts or rescues are dead-lettered by a
-    sweep of the claim's kinds when the claim saw one, when it came back empty, and at
-    least once a second; a claim short of `limit` whose sweep took some goes once more,
-    since they held places in its scan of expired leases (`claim(limit=1)` came back
-    empty with a due job behind one, and `run_until_idle` stopped, calling it idle)."""
-    out, swept = _claim_once(spool, kinds=kinds, limit=limit, owner=owner,
-                             lease_seconds=lease_seconds, exclude=exclude,
-                             starts_noted=starts_noted)
-    if swept and len(out) < limit:
-        more, _ = _claim_once(spool, kinds=kinds, limit=limit - len(out), owner=owner,
-                              lease_seconds=lease_seconds,
-                              exclude=[*exclude, *(x.job_id for x in out)],
-                              starts_noted=starts_noted)
-        out = sorted([*out, *more], key=lambda x: (x.job.priority, x.job.run_at, x.job_id))
-    return out
-
-
-def _claim_once(spool: PgSpool, *, kinds: Iterable[str] | str | None, limit: int, owner: str,
-                lease_seconds: float, exclude: Collection[str],
-                starts_noted: bool) -> tuple[list[Lease], bool]:
-    """One claim statement (and its sweep); whether the sweep dead-lettered a lease."""
+    sweep of the claim's kinds when one waits, when the claim came back empty, and at
+    least once a second."""
     wanted = kinds_param(kinds)
     if wanted is not None and not wanted:
-        return [], False  # no kind wanted: nothing (unfiltered, it took jobs of every kind)
+        return []  # no kind wanted: nothing (unfiltered, it took jobs of every kind)
     params = {"now": spool.now_param(), "kinds": wanted,
               "kind": wanted[0] if wanted else None, "max_rescues": spool.max_rescues,
               "owner": owner, "lease": lease_seconds, "proc": secrets.token_hex(8),
@@ -109,10 +91,9 @@ def _claim_once(spool: PgSpool, *, kinds: Iterable[str] | str | None, limit: int
     rows = spool.db.run(go, what="claim")
     now = time.monotonic()
     exhausted = bool(rows) and bool(rows[0][-1])
-    swept = False
     if spool.sweep_enabled and (not rows or exhausted or now >= spool.next_sweep):
         spool.next_sweep = now + SWEEP_EVERY
-        swept = bool(_sweep_and_log(spool, wanted))
+        _sweep_and_log(spool, wanted)
     jobs = sorted(_readable(spool, rows), key=lambda j: (j.priority, j.run_at, j.id))
     out = []
     for job in jobs:
@@ -121,7 +102,7 @@ def _claim_once(spool: PgSpool, *, kinds: Iterable[str] | str | None, limit: int
                          expires_at=job.lease.expires_at, job=job, seconds=lease_seconds))
         if starts_noted and job.rescues:
             spool.unnoted_starts.add(job.lease.token)  # `note_started` records it
-    return out, swept
+    return out
 
 
 _TOKEN = [c.strip() for c in COLUMNS.split(",")].index("token")
