@@ -154,7 +154,7 @@ def test_a_job_near_the_size_limit_can_fail_with_a_long_traceback_and_still_comp
     assert job.payload == {"blob": "p" * 60_000}
 
 
-@pytest.mark.parametrize(("result_bytes", "completes"), [(1_500, True), (2_100, False)])
+@pytest.mark.parametrize(("result_bytes", "completes"), [(1_500, True), (2_200, False)])
 def test_an_earlier_runs_error_gives_way_to_a_result_that_fits(
         any_spool: Spool, spool_store: str, result_bytes: int, completes: bool) -> None:
     """A job admitted at the limit whose first run failed (error and traceback cut to fill
@@ -165,7 +165,8 @@ def test_an_earlier_runs_error_gives_way_to_a_result_that_fits(
 
     limit = any_spool.max_job_bytes
     size = len(encode_job(any_spool.enqueue("near", "", job_id="n"), max_bytes=limit))
-    any_spool.enqueue("near", "x" * (admission_limit(limit) - size), job_id="n",
+    # A few bytes short of the limit: the replacing enqueue's times may print longer.
+    any_spool.enqueue("near", "x" * (admission_limit(limit) - size - 24), job_id="n",
                       on_conflict="replace")
     runs: Counter[str] = Counter()
 
