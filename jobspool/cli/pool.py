@@ -7,7 +7,7 @@ import sys
 
 from jobspool.cli.common import EXIT_OK, EXIT_UNHEALTHY, Refused, UsageError, _open_waiting
 from jobspool.cli.objectstore import child_options
-from jobspool.cli.render import _emit, children_print_to_stderr
+from jobspool.cli.render import _emit, children_print_to_stderr, interrupted_text
 
 
 def _child_options(args: argparse.Namespace) -> list[str]:
@@ -57,8 +57,7 @@ def cmd_worker_pool(args: argparse.Namespace) -> int:
                    f"{report.restarts} restart(s), {report.killed_hung} killed for a hung "
                    f"handler; completed {d.get('completed', 0)}, retried "
                    f"{d.get('retried', 0)}, dead-lettered {d.get('dead_lettered', 0)}"
-                   + (f", interrupted {d['interrupted']} (attempt counted)"
-                      if d.get("interrupted") else ""))
+                   + interrupted_text(d.get("interrupted", 0)))
     # As a single worker does: held leases left behind are not a clean stop (a supervisor
     # restarting on failure must see it); their jobs run again once the leases expire.
     held = [f"{n} {what}" for n, what in (

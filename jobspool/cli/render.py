@@ -21,6 +21,11 @@ import orjson
 from jobspool.errors import json_safe
 
 
+def interrupted_text(count: int) -> str:
+    """A summary's mention of the runs a shutdown cut off (attempt counted), if any."""
+    return f", interrupted {count} (attempt counted)" if count else ""
+
+
 def json_text(doc: Any) -> str:
     """`doc` as the CLI's indented JSON."""
     try:

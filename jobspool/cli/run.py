@@ -8,7 +8,7 @@ import argparse
 import logging
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from jobspool.cli.common import (
     EXIT_OK,
@@ -20,10 +20,7 @@ from jobspool.cli.common import (
     _open,
     _open_waiting,
 )
-from jobspool.cli.render import _emit, handlers_print_to_stderr
-
-if TYPE_CHECKING:
-    from jobspool.queue.report import RunReport
+from jobspool.cli.render import _emit, handlers_print_to_stderr, interrupted_text
 
 
 def _setup_logging(args: argparse.Namespace) -> None:
@@ -55,7 +52,8 @@ def cmd_run_until_idle(args: argparse.Namespace) -> int:
         lines = [f"claimed {report.claimed}, completed {report.completed}, retried "
                  f"{report.retried}, dead-lettered {report.dead_lettered}, lease lost "
                  f"{report.lease_lost}, released {report.released}"
-                 f"{_interrupted(report)} in {report.duration:.2f} s ({report.rate:.0f} jobs/s)"]
+                 f"{interrupted_text(report.interrupted)} in {report.duration:.2f} s "
+                 f"({report.rate:.0f} jobs/s)"]
         if report.projected_rows:
             lines.append(f"projected {report.projected_rows} rows")
         for kind, n in sorted(report.unhandled.items()):
@@ -141,7 +139,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         _emit(args, report.to_dict(), f"worker stopped: completed {report.completed}, "
                                       f"retried {report.retried}, dead-lettered "
                                       f"{report.dead_lettered}, released {report.released}"
-                                      f"{_interrupted(report)}")
+                                      f"{interrupted_text(report.interrupted)}")
     code = _unreleased_verdict(report)
     _exit_past_abandoned_handlers(code)
     return code
@@ -174,7 +172,3 @@ def _exit_past_abandoned_handlers(code: int = EXIT_OK) -> None:
         sys.stderr.flush()
         os._exit(code)
 
-
-def _interrupted(report: RunReport) -> str:
-    """The runs a shutdown cut off (attempt counted), when there were any."""
-    return f", interrupted {report.interrupted} (attempt counted)" if report.interrupted else ""

@@ -65,7 +65,7 @@ from jobspool.health.reasons import Health, Reason, default_projection
 from jobspool.health.reasons import ids as _ids
 from jobspool.health.reasons import plural as _plural
 from jobspool.queue.states import JobState
-from jobspool.queue.store import JOB_SUFFIX
+from jobspool.queue.store import JOB_SUFFIX, ignored_name
 
 if TYPE_CHECKING:
     from jobspool.queue.api import SpoolAPI as Spool
@@ -381,7 +381,7 @@ def _ready_not_claimed(spool: Spool, max_due_age: float) -> list[str]:
     try:
         with os.scandir(directory) as it:
             for entry in it:
-                if not entry.name.endswith(JOB_SUFFIX) or entry.name[0] == ".":
+                if not entry.name.endswith(JOB_SUFFIX) or ignored_name(entry.name):
                     continue
                 try:
                     arrived = entry.stat(follow_symlinks=False).st_ctime

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from jobspool.errors import Backpressure
 from jobspool.queue.states import JobState
-from jobspool.queue.store import JOB_SUFFIX
+from jobspool.queue.store import JOB_SUFFIX, ignored_name
 
 if TYPE_CHECKING:
     from jobspool.queue.journal import Journal
@@ -91,7 +91,7 @@ def measure(spool: Journal) -> Backlog:
     """Count `ready/` (one listing) and read the job with the smallest id (one file read)."""
     now = spool.now()
     names = [n for n in os.listdir(spool.root / JobState.READY.value)
-             if n.endswith(JOB_SUFFIX) and n[0] != "."]  # hidden: never a job
+             if n.endswith(JOB_SUFFIX) and not ignored_name(n)]
     oldest: float | None = None
     # A job claimed between the listing and the read is simply gone: try the next one.
     for name in sorted(names)[:4]:

@@ -95,6 +95,10 @@ class JournalReads:
                 continue
         return False
 
+    def not_found(self, job_id: str) -> JobspoolError:
+        """`JobNotFound`, or the `SpoolError` of a state directory that is gone."""
+        return self._gone_or(JobNotFound(job_id))
+
     def _gone_or(self, error: JobspoolError) -> JobspoolError:
         """`error`, unless a state directory is gone (moved, deleted under an open spool):
         the job may be in it, and "no such job (pruned, or never enqueued)" was a wrong,
@@ -113,7 +117,7 @@ class JournalReads:
         read)."""
         where = self.unreadable_file(job_id)
         if where is None:
-            return self._gone_or(JobNotFound(job_id))
+            return self.not_found(job_id)
         path = self.root / where
         if not os.access(path, os.R_OK):
             # A valid job this user may not read (a group-read spool's private file):

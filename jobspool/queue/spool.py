@@ -468,7 +468,7 @@ class Spool(EnqueueForms):
         # (A file that is there but unreadable is not read again: it only said so twice.)
         with self.lock.hold():
             if self.journal.unreadable_file(job_id) is None:
-                raise self.journal.missing(job_id)
+                raise self.journal.not_found(job_id)
             if self.journal.readable_now(job_id):
                 job, _ = self.journal.locate(job_id)
             if job is None:
