@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -81,10 +80,11 @@ def start_dashboard(root: Path, *extra: str) -> Server:
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator[webdriver.Chrome]:
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[webdriver.Chrome]:
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    profile = tempfile.mkdtemp(prefix="jobspool-chromium-")
+    # Under pytest's temp root, so the profile is cleaned up with the run's other files.
+    profile = tmp_path_factory.mktemp("chromium-profile")
     for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                  "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--window-size=1280,900",
