@@ -350,11 +350,15 @@ def test_heartbeat_extends_the_lease_and_keeps_the_token(make_any_spool: MakeSpo
     spool = make_any_spool(lease_seconds=4.0)
     spool.enqueue("note", job_id="j")
     (lease,) = spool.claim(lease_seconds=3.0)
+    claimed = spool.get("j")
     time.sleep(1.5)
     renewed = spool.heartbeat(lease)
     assert renewed.token == lease.token and renewed.job_id == "j"
     assert renewed.expires_at > lease.expires_at
-    assert spool.get("j").lease.expires_at == pytest.approx(renewed.expires_at)  # type: ignore[union-attr]
+    after = spool.get("j")
+    assert after.lease.expires_at == pytest.approx(renewed.expires_at)  # type: ignore[union-attr]
+    # Lease bookkeeping, not a change of the job: both stores leave updated_at.
+    assert after.updated_at == claimed.updated_at
     sleep_past(lease.expires_at)  # past the first expiry, inside the renewed one
     assert spool.claim() == []
     assert spool.complete(lease).state is JobState.COMPLETED

@@ -78,7 +78,8 @@ class Failure:
 
 def _move(job: Job, action: str, dst: JobState, now: float, **changes: Any) -> Job:
     check_transition(job.id, action, job.state, dst)
-    return evolve(job, state=dst, revision=job.revision + 1, updated_at=now, **changes)
+    changes.setdefault("updated_at", now)
+    return evolve(job, state=dst, revision=job.revision + 1, **changes)
 
 
 def new_job(*, job_id: str, kind: str, payload: Any, now: float, delay: float, priority: int,
@@ -264,7 +265,10 @@ def heartbeat(job: Job, lease: Lease, *, now: float, lease_seconds: float,
     info = LeaseInfo(token=job.lease.token, owner=job.lease.owner,
                      expires_at=max(job.lease.expires_at, now + lease_seconds),
                      proc=job.lease.proc)
-    return _move(job, "heartbeat", JobState.LEASED, now, lease=info)
+    # A heartbeat is lease bookkeeping, not a change of the job: `updated_at` stays (as on
+    # PostgreSQL, where leaving it keeps the heartbeat a HOT update).
+    return _move(job, "heartbeat", JobState.LEASED, now, lease=info,
+                 updated_at=job.updated_at)
 
 
 def complete(job: Job, lease: Lease, *, now: float, result: Any) -> Job:
