@@ -170,6 +170,21 @@ def test_enqueue_text_output_is_the_id_and_state(spool_with_jobs: Path) -> None:
     assert r.out.split() == ["j1", "ready"]
 
 
+@pytest.mark.parametrize(("argv", "payload"), [
+    (["work", "--id", "j1", "--", '{"a": 1}'], {"a": 1}),
+    (["work", "--id", "j1", "--", "-5"], -5),  # after `--`, a leading dash is the payload's
+    (["work", "--", '{"a": 1}'], {"a": 1}),
+    (["--id", "j1", "--", "work", "[2]"], [2]),
+    (["work", "--id", "j1", "--"], None),
+])
+def test_enqueue_takes_its_payload_after_a_double_dash(spool_with_jobs: Path, argv: list[str],
+                                                      payload: Any) -> None:
+    """`--` ends the options wherever it stands (it was refused after an option)."""
+    job = ok("--root", spool_with_jobs, "--json", "enqueue", *argv).json()
+    assert job["payload"] == payload
+    assert ok_json("--root", spool_with_jobs, "show", job["id"])["payload"] == payload
+
+
 def test_enqueue_refuses_a_missing_spool_unless_told_to_create_it(root: Path) -> None:
     r = run_jobspool("--root", root, "enqueue", "work")
     assert r.code == 2 and "jobspool init" in r.err and len(r.err.splitlines()) == 1
@@ -216,6 +231,35 @@ def test_run_until_idle_json_keeps_stdout_one_document_when_handlers_print(
     assert "7:1999 " in r.err and "7:1999 " not in r.out
     events = [orjson.loads(line) for line in r.err.splitlines() if line.startswith("{")]
     assert [e["event"] for e in events if e.get("event") == "summary"] == ["summary"]
+
+
+@pytest.mark.parametrize("command", [["run-until-idle"], ["worker"],
+                                     ["worker", "--processes", "2"]])
+def test_json_stdout_stays_one_document_when_handlers_write_around_sys_stdout(
+        spool_with_jobs: Path, command: list[str]) -> None:
+    """A handler's child process and `os.write(1, ...)` go to file descriptor 1, not through
+    `sys.stdout`: with `--json` they land on stderr too (in-process they broke the
+    document)."""
+    root = spool_with_jobs
+    with make_spool(root) as spool:
+        spool.enqueue("shellout")
+    args = [*command, "--app", "tests.apps.audit11:app", "--json", "--no-maintenance"]
+    if command[0] == "worker":
+        proc = start_jobspool(*args, root=root)
+        try:
+            wait_until(lambda: list((root / "completed").iterdir()), 60,
+                       "the job to be completed", proc=proc)
+            proc.send_signal(signal.SIGTERM)
+            raw_out, raw_err = proc.communicate(timeout=60)
+        finally:
+            reap(proc)
+        assert proc.returncode == 0, raw_err.decode()
+        out, err = raw_out.decode(), raw_err.decode()
+    else:
+        r = ok("--root", root, *args)
+        out, err = r.out, r.err
+    assert orjson.loads(out)["completed"] == 1
+    assert "child wrote this" in err and "fd1 wrote this" in err
 
 
 def test_run_until_idle_text_summary_names_unhandled_kinds_and_draws_no_bar_on_a_pipe(

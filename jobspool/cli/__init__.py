@@ -49,13 +49,16 @@ _ARGV: list[str] = []  # for `_fail`: errors found before logging is set up
 
 def _parse(argv: list[str]) -> argparse.Namespace:
     """The command line, with `enqueue`'s optional PAYLOAD taken after options too
-    (`enqueue KIND --id X PAYLOAD`): argparse fills an optional positional at the first
-    chance, empty, and then calls the payload an unrecognized argument."""
+    (`enqueue KIND --id X PAYLOAD`, `... --id X -- PAYLOAD`): argparse fills an optional
+    positional at the first chance, empty, and then calls the payload an unrecognized
+    argument."""
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    if (len(extra) == 1 and getattr(args, "payload", "") is None
-            and (extra[0] == "-" or not extra[0].startswith("-"))):
-        args.payload, extra = extra[0], []
+    if getattr(args, "payload", "") is None:
+        if extra[:1] == ["--"] and len(extra) <= 2:  # `--id X -- [PAYLOAD]` keeps the `--`
+            args.payload, extra = (extra[1] if len(extra) == 2 else None), []
+        elif len(extra) == 1 and (extra[0] == "-" or not extra[0].startswith("-")):
+            args.payload, extra = extra[0], []
     if extra:
         parser.error("unrecognized arguments: " + " ".join(extra))
     return args

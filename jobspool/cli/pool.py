@@ -7,7 +7,7 @@ import sys
 
 from jobspool.cli.common import EXIT_OK, EXIT_UNHEALTHY, Refused, UsageError, _open_waiting
 from jobspool.cli.objectstore import child_options
-from jobspool.cli.render import _emit, children_print_to_stderr, interrupted_text
+from jobspool.cli.render import _emit, handlers_print_to_stderr, interrupted_text
 
 
 def _child_options(args: argparse.Namespace) -> list[str]:
@@ -46,7 +46,7 @@ def cmd_worker_pool(args: argparse.Namespace) -> int:
         root = getattr(spool, "url", None) or spool.root.resolve()  # a database URL as given
         command = child_command(root, args.app, _child_options(args))
         try:
-            with children_print_to_stderr(args):
+            with handlers_print_to_stderr(args):
                 report = WorkerPool(spool, command, args.processes, grace_seconds=args.grace,
                                     policies=worker.policies,
                                     ignore_signals_after_stop=True).run()

@@ -63,30 +63,27 @@ class StdoutFailed(Exception):
 @contextlib.contextmanager
 def handlers_print_to_stderr(args: argparse.Namespace) -> Iterator[None]:
     """With `--json`, what handlers print goes to stderr for the run: stdout must hold one
-    JSON document, the summary, for whatever parses it."""
-    if not getattr(args, "json", False):
-        yield
-        return
-    with contextlib.redirect_stdout(sys.stderr):
-        yield
-
-
-@contextlib.contextmanager
-def children_print_to_stderr(args: argparse.Namespace) -> Iterator[None]:
-    """`handlers_print_to_stderr` for worker processes, which inherit file descriptor 1:
-    pointed at stderr while they run, given back for the summary."""
+    JSON document, the summary, for whatever parses it. File descriptor 1 is pointed at
+    stderr too (given back for the summary): a handler's child process, a C extension or
+    `os.write(1, ...)` bypass `sys.stdout`, and worker processes inherit the descriptor."""
     if not getattr(args, "json", False):
         yield
         return
     sys.stdout.flush()
-    saved = os.dup(1)
-    os.dup2(2, 1)
     try:
-        yield
+        saved: int | None = os.dup(1)
+    except OSError:  # stdout closed: nothing to keep clean at that level
+        saved = None
+    if saved is not None:
+        os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
     finally:
         sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
+        if saved is not None:
+            os.dup2(saved, 1)
+            os.close(saved)
 
 
 _TIME_FIELDS = ("created_at", "updated_at", "run_at")

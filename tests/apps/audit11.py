@@ -19,6 +19,8 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -59,13 +61,21 @@ def chatty(job: Job, ctx: Context) -> str:
     return "ok"
 
 
+def shellout(job: Job, ctx: Context) -> str:
+    """Write around `sys.stdout`: a child process and the descriptor itself."""
+    subprocess.run([sys.executable, "-c", "print('child wrote this')"], check=True)
+    os.write(1, b"fd1 wrote this\n")
+    return "ok"
+
+
 def quick(job: Job, ctx: Context) -> str:
     return "ok"
 
 
 app = App(
     handlers={"poison": poison, "quick": quick, "gil": gil, "gil_retried": gil,
-              "poison_waits": poison_waits, "gil_fenced": gil_fenced, "chatty": chatty},
+              "poison_waits": poison_waits, "gil_fenced": gil_fenced, "chatty": chatty,
+              "shellout": shellout},
     policies={"poison": Policy(max_attempts=2, retry_base_seconds=0.05,
                                retry_max_seconds=0.05),
               # retry_on without TimeLimitExceeded: a time limit dead-letters at once.
