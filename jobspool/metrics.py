@@ -240,9 +240,10 @@ def remove_dead_worker_reports(spool: Spool, *, keep: str | None = None) -> list
 
     Gone means written on this host by a process that no longer exists, or
     before this host last booted (a SIGKILL or a power cut leaves the file
-    behind, and health would call it `worker_stale` for good). A snapshot from
-    another host, one without host and boot (an older version), or one whose
-    pid exists is left alone: health reports it once it goes stale. A worker
+    behind, and health would call it `worker_stale` for good). An older
+    release's snapshot (no host or boot; its owner names the host) is gone
+    once stale if its pid is no process here. A snapshot from another host, or
+    one whose pid exists, is left alone: health reports it once it goes stale. A worker
     in another PID namespace under the same host name and boot would look
     gone; losing its advisory snapshot costs nothing, it writes it again
     within seconds.
@@ -261,12 +262,25 @@ def remove_dead_worker_reports(spool: Spool, *, keep: str | None = None) -> list
             doc = orjson.loads((directory / name).read_bytes())
         except (OSError, orjson.JSONDecodeError):
             continue
-        if not isinstance(doc, dict) or doc.get("host") != host or not boot:
+        if not isinstance(doc, dict) or not boot:
             continue
         pid = doc.get("pid")
         if not isinstance(pid, int) or isinstance(pid, bool):
             continue
-        if doc.get("boot") == boot and (pid == os.getpid() or _process_exists(pid)):
+        if "host" not in doc and "boot" not in doc:
+            # An older release's snapshot (owner "host:pid", no boot): gone when stale, of
+            # this host, and its pid is no process (left alone, it kept health degraded
+            # for good after an upgrade). Stale first: without a boot id the pid may be a
+            # later process's.
+            written = doc.get("written_at")
+            if (not isinstance(written, int | float) or isinstance(written, bool)
+                    or time.time() - written <= WORKER_STALE_SECONDS
+                    or str(doc.get("owner", "")).rpartition(":")[0] != host
+                    or pid == os.getpid() or _process_exists(pid)):
+                continue
+        elif doc.get("host") != host:
+            continue
+        elif doc.get("boot") == boot and (pid == os.getpid() or _process_exists(pid)):
             continue  # this boot, and the process is there: alive, or stuck for health to say
         with contextlib.suppress(FileNotFoundError):
             (directory / name).unlink()

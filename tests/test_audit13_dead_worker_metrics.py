@@ -56,6 +56,9 @@ def test_a_new_worker_removes_what_dead_local_workers_left_and_health_clears(
                                  boot=boot_id())
         stuck = _left_behind(root, "stuck", pid=os.getpid(), host=host, boot=boot_id())
         legacy = _left_behind(root, "legacy", pid=_dead_pid())  # no host: cannot tell
+        # An older release's snapshot: no host or boot fields, its owner is "host:pid".
+        upgraded = _left_behind(root, f"{host}:{_dead_pid()}", pid=_dead_pid())
+        upgraded_alive = _left_behind(root, f"{host}:{os.getpid()}", pid=os.getpid())
         assert check_health(spool).codes() == ["worker_stale"]
 
         worker = Worker(spool, {"echo": lambda job, ctx: job.payload}, maintenance=False)
@@ -63,18 +66,20 @@ def test_a_new_worker_removes_what_dead_local_workers_left_and_health_clears(
         thread.start()
         try:
             # readiness: its first publish
-            wait_until(lambda: not (crashed.exists() or rebooted.exists()), GUARD_SECONDS,
+            wait_until(lambda: not (crashed.exists() or rebooted.exists()
+                                    or upgraded.exists()), GUARD_SECONDS,
                        "the worker to sweep the dead files")
         finally:
             worker.stop()
             thread.join(GUARD_SECONDS)
         assert elsewhere.exists() and stuck.exists() and legacy.exists()
+        assert upgraded_alive.exists()
         health = check_health(spool)
         assert health.codes() == ["worker_stale"]
         message = health.reasons[0].message
         assert "crashed" not in message and "before-reboot" not in message
         assert "elsewhere" in message and "stuck" in message
-        for path in (elsewhere, stuck, legacy):
+        for path in (elsewhere, stuck, legacy, upgraded_alive):
             path.unlink()
         assert check_health(spool).ok
 
