@@ -99,14 +99,16 @@ def test_a_migration_run_again_after_the_source_ran_jobs_brings_them_up_to_date(
     """Interrupted, then the file spool's workers ran on, then migrate again: the jobs the
     source finished meanwhile stayed `ready` on PostgreSQL (left alone as "already there")
     and ran a second time there. Now a job no target worker touched takes the source's
-    newer version, and one changed on both sides is reported (exit 2)."""
+    newer version, and one changed on both sides is reported (exit 2) — also one run once
+    on each side, whose revisions agree (it was taken for a repeat)."""
     root = tmp_path / "s"
     with make_spool(root) as spool:
         spool.enqueue_many("k", [{"i": 0}, {"i": 1}], job_ids=["a", "b"])
         spool.enqueue_many("m", [{"i": 2}, {"i": 3}], job_ids=["c", "d"])
+        spool.enqueue("n", {"i": 4}, job_id="e")
     first = run_jobspool("--root", str(root), "migrate", "--to", pg_url, "--json")
     assert first.returncode == 0, first.stderr
-    with make_spool(root) as spool:  # the file spool's workers ran on: all four
+    with make_spool(root) as spool:  # the file spool's workers ran on: a to d
         for lease in spool.claim(limit=2, kinds="k"):
             spool.complete(lease, {"on": "file"})
         for lease in spool.claim(limit=2, kinds="m"):
@@ -115,22 +117,83 @@ def test_a_migration_run_again_after_the_source_ran_jobs_brings_them_up_to_date(
             else:
                 spool.complete(lease, {"on": "file"})
         spool.complete(spool.claim(kinds="m")[0], {"on": "file"})
-    with make_spool(pg_url) as target:  # and a target worker ran c and d
-        for lease in target.claim(limit=2, kinds="m"):
+    with make_spool(pg_url) as target:  # and a target worker ran c, d and e
+        for lease in target.claim(limit=3, kinds=["m", "n"]):
             target.complete(lease, {"on": "pg"})
     again = run_jobspool("--root", str(root), "migrate", "--to", pg_url, "--json")
-    assert again.returncode == 2, again.stdout + again.stderr  # c changed on both
+    assert again.returncode == 2, again.stdout + again.stderr  # c and d changed on both
     doc = json.loads(again.stdout)
-    assert doc["copied"] == 0 and doc["skipped"] == 4
-    # d ran once on each side: no newer on the source than on the target, left alone.
-    assert sorted(doc["updated_ids"]) == ["a", "b"] and doc["diverged_ids"] == ["c"]
+    assert doc["copied"] == 0 and doc["skipped"] == 5
+    # e ran on the target alone: its own progress, left alone.
+    assert sorted(doc["updated_ids"]) == ["a", "b"]
+    assert sorted(doc["diverged_ids"]) == ["c", "d"]
     assert "changed on both spools" in again.stderr
     with make_spool(pg_url) as target:
-        states = {i: (target.get(i).state.value, target.get(i).result) for i in "abcd"}
+        states = {i: (target.get(i).state.value, target.get(i).result) for i in "abcde"}
     assert states == {"a": ("completed", {"on": "file"}), "b": ("completed", {"on": "file"}),
-                      "c": ("completed", {"on": "pg"}), "d": ("completed", {"on": "pg"})}
+                      "c": ("completed", {"on": "pg"}), "d": ("completed", {"on": "pg"}),
+                      "e": ("completed", {"on": "pg"})}
     third = run_jobspool("--root", str(root), "migrate", "--to", pg_url, "--json")
-    assert json.loads(third.stdout)["updated"] == 0  # nothing newer left to bring over
+    assert third.returncode == 0, third.stdout + third.stderr
+    doc = json.loads(third.stdout)  # nothing moved since: reported by the run that found it
+    assert (doc["updated"], doc["diverged"]) == (0, 0)
+
+
+def test_a_job_run_once_on_each_side_is_diverged_also_without_a_record_of_the_last_run(
+        tmp_path: Path, pg_url: str) -> None:
+    """A first run cut off before it recorded itself (or one of an older release): equal
+    revisions with different contents are changes on both sides."""
+    root = tmp_path / "s"
+    with make_spool(root) as spool:
+        spool.enqueue("k", {"i": 0}, job_id="j")
+    assert run_jobspool("--root", str(root), "migrate", "--to", pg_url).returncode == 0
+    with make_spool(pg_url) as target:
+        target.db.run(lambda conn: conn.execute(
+            "DELETE FROM jobspool_settings WHERE key LIKE 'migration:%'"))
+        target.complete(target.claim()[0], {"on": "pg"})
+    with make_spool(root) as spool:
+        spool.complete(spool.claim()[0], {"on": "file"})
+    again = run_jobspool("--root", str(root), "migrate", "--to", pg_url, "--json")
+    assert again.returncode == 2, again.stdout + again.stderr
+    assert json.loads(again.stdout)["diverged_ids"] == ["j"]
+
+
+def test_a_job_the_database_cannot_hold_is_refused_alone_and_named(
+        tmp_path: Path, pg_url: str) -> None:
+    """An older release accepted a priority of 2**63: migrate stopped half way on "bigint
+    out of range", naming no job, and every re-run stopped there too."""
+    root = tmp_path / "s"
+    with make_spool(root) as spool:
+        spool.enqueue_many("k", [{"i": i} for i in range(4)], job_ids=["a", "b", "c", "d"])
+        with spool.hold_schedule_marks() as marks:
+            marks["hourly"] = 1_796_299_200
+    path = root / "ready" / "b.json"
+    doc = json.loads(path.read_text())
+    doc["priority"] = 2**63
+    path.write_text(json.dumps(doc))
+    out = run_jobspool("--root", str(root), "migrate", "--to", pg_url, "--json")
+    assert out.returncode == 2, out.stdout + out.stderr
+    report = json.loads(out.stdout)
+    assert report["refused_ids"] == ["b"] and report["copied"] == 3
+    assert report["schedule_marks"] == 1  # the run went on to the end
+    assert "'b': priority 9223372036854775808 does not fit" in out.stderr
+    assert len([line for line in out.stderr.splitlines() if "NOT copied" in line]) == 1
+    with make_spool(pg_url) as target:
+        assert sorted(j.id for j in target.jobs()) == ["a", "c", "d"]
+
+
+def test_a_rerun_notes_the_targets_own_settings_only_where_they_differ(
+        tmp_path: Path, pg_url: str) -> None:
+    root = tmp_path / "s"
+    make_spool(root, lease_seconds=77.0).close()
+    assert run_jobspool("--root", str(root), "migrate", "--to", pg_url).returncode == 0
+    again = run_jobspool("--root", str(root), "migrate", "--to", pg_url)
+    assert again.returncode == 0 and "settings" not in again.stderr, again.stderr
+    other = tmp_path / "other"
+    make_spool(other, lease_seconds=30.0).close()
+    moved = run_jobspool("--root", str(other), "migrate", "--to", pg_url)
+    assert moved.returncode == 0, moved.stderr
+    assert "keeps its own settings (lease_seconds 77.0 (the source's 30.0))" in moved.stderr
 
 
 def test_a_rule_made_finer_after_migrating_starts_over_instead_of_catching_up(

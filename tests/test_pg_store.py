@@ -3,6 +3,7 @@ messages, fencing tokens above a migrated spool's, and the sweep of expired leas
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -129,6 +130,7 @@ def test_migrate_copies_a_file_spool_without_leases_and_raises_the_token_sequenc
     live = src.claim()[0]
     refused = run_jobspool("--root", str(tmp_path / "s"), "migrate", "--to", pg_url)
     assert refused.returncode == 2 and "may still be running" in refused.stderr, refused.stderr
+    assert re.search(r"expires in \d+ s", refused.stderr)  # the wait, when it cannot be told
     src.release(live)
     # Held by a worker that died (its liveness lock is free): copied as ready.
     claimer = subprocess.run(

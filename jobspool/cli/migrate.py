@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
@@ -16,7 +18,8 @@ from jobspool.cli.render import _emit
 def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     """Register `migrate` on the CLI's subparsers."""
     c = sub.add_parser("migrate", parents=parents,
-                       help="copy this spool's jobs (leases excluded) into a PostgreSQL spool")
+                       help="copy this spool's jobs into a PostgreSQL spool (leased ones "
+                       "arrive ready, their lease dropped)")
     c.add_argument("--to", required=True, metavar="URL",
                    help="the target, postgresql://user@host:port/db (its schema is created "
                    "when missing)")
@@ -28,7 +31,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
     if not is_url(args.to):
         raise UsageError(f"--to {args.to!r} is not a postgresql:// URL")
-    from jobspool.pg.migrate import copy_jobs, copy_marks
+    from jobspool.pg.migrate import copy_jobs, copy_marks, stored_settings
     from jobspool.queue.marks import read_marks
     from jobspool.queue.spool import Spool
 
@@ -49,25 +52,33 @@ def cmd_migrate(args: argparse.Namespace) -> int:
                 read += 1
                 yield job
 
+        started = time.time()
         with Spool(args.to, create=True, **settings) as target:
             report = copy_jobs(counted(), target,  # type: ignore[arg-type]
-                               source_fence=source.fence_value())
+                               source_fence=source.fence_value(),
+                               source=os.path.realpath(source.root), started=started)
             report.marks = copy_marks(read_marks(source.root, rules=True),
                                       target)  # type: ignore[arg-type]
             created = bool(getattr(target, "created", False))
+            stored = stored_settings(target) if not created else {}  # type: ignore[arg-type]
+            differing = {k: (v, stored[k]) for k, v in settings.items()
+                         if k in stored and stored[k] != v}
     unreadable, quarantined = max(0, listed[0] - read), listed[1]
     d = {**report.to_dict(), "unreadable": unreadable, "quarantined": quarantined,
          "settings": "copied" if created else "kept (the target existed)"}
-    if not created:
-        print("jobspool: note: the target spool's own settings stay (a spool's settings are "
-              "fixed when it is created); the source's were not copied", file=sys.stderr)
+    if not created and differing:
+        shown = ", ".join(f"{k} {theirs} (the source's {mine})"
+                          for k, (mine, theirs) in sorted(differing.items()))
+        print(f"jobspool: note: the target spool keeps its own settings ({shown}): a "
+              "spool's settings are fixed when it is created", file=sys.stderr)
     _notes(args, report, unreadable, quarantined, source.root)
     _emit(args, d, f"copied {report.copied} job(s) to {args.to.split('@')[-1]} "
                    f"({report.unleased} leased ones as ready); {len(report.skipped)} already "
                    f"there ({len(report.updated)} of them brought up to the source's newer "
                    f"state); token sequence at {report.fence}")
     # Something was not copied that the user would lose by retiring the directory.
-    return EXIT_UNHEALTHY if report.conflicts or report.diverged or unreadable else EXIT_OK
+    return (EXIT_UNHEALTHY if report.conflicts or report.diverged or report.refused
+            or unreadable else EXIT_OK)
 
 
 def _listed(source: Any) -> tuple[int, int]:
@@ -91,6 +102,10 @@ def _notes(args: argparse.Namespace, report: Any, unreadable: int, quarantined: 
               f"an earlier run of this migration (workers ran them on each), e.g. "
               f"{report.diverged[0]!r}; they were left as the target has them: check them "
               "(`--json` lists them)", file=sys.stderr)
+    if report.refused:
+        print(f"jobspool: warning: {len(report.refused)} job(s) were NOT copied: they hold "
+              f"values the database cannot (e.g. {report.refused_why}); `--json` lists them",
+              file=sys.stderr)
     if unreadable:
         print(f"jobspool: warning: {unreadable} job file(s) could not be read and were NOT "
               f"copied (see the warnings above; `jobspool recover` moves them to "
@@ -152,6 +167,10 @@ def _refuse_live_leases(source: Any) -> None:
             live.append(job)
     if live:
         first = live[0]
+        held = first.lease.owner if first.lease else "?"
+        until = max(job.lease.expires_at for job in live if job.lease is not None)
         raise Refused(f"{len(live)} job(s) are leased by a worker that may still be running "
-                      f"them (e.g. {first.id}, held by {first.lease.owner if first.lease else '?'}"
-                      "); stop the spool's workers first, then migrate")
+                      f"them (e.g. {first.id}, held by {held}; the last of these leases "
+                      f"expires in {max(0.0, until - now):.0f} s): stop the spool's workers "
+                      "first, then migrate (a holder that cannot be checked, of another host "
+                      "or an older release, counts until its lease expires)")

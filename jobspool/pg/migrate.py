@@ -11,6 +11,18 @@ already holds are left alone and reported, so running it twice is harmless;
 one the source moved on since (its workers ran it between two tries of the
 migration) takes the source's newer version while no worker of the target
 has started it, and is reported as diverged (exit 2) otherwise.
+
+Whether a side moved is read against the last completed run from the same
+source, recorded in the target's settings table (`migration:<root>`: when that
+run started, by the source's clock, and ended, by the database's): a source
+job changed after that start moved on the source, a target row changed after
+that end moved on the target. Revisions alone cannot tell: a job run once on
+each side has the same revision on both. Without a record (a first repeat of a
+killed run, an older release), a job whose revisions agree but whose contents
+do not moved on both sides; one whose target copy is further on is taken as
+the target's own progress.
+A job holding a value the database's columns cannot (a priority past 64
+bits, which old releases accepted) is refused alone and listed.
 The target's token sequence is raised above every token the source issued:
 projection rows written under the old spool carry those tokens, and a new
 run's writes must never lose to them.
@@ -24,7 +36,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from jobspool.pg.rows import INSERT_SQL, UPDATE_SQL, write_values
+from jobspool.errors import UnreadableJob
+from jobspool.pg.rows import COLUMNS, INSERT_SQL, UPDATE_SQL, to_job, write_values
 from jobspool.queue.job import Job, evolve
 from jobspool.queue.marks import RULE_MARK
 from jobspool.queue.states import JobState
@@ -35,6 +48,8 @@ if TYPE_CHECKING:
     from jobspool.pg.core import PgCore as PgSpool
 
 CHUNK = 500
+RECORD = "migration:"  # + the source's root: the last completed run from it (a setting)
+_BIGINT = range(-(1 << 63), 1 << 63)
 
 
 @dataclass
@@ -44,6 +59,8 @@ class MigrationReport:
     conflicts: list[str] = field(default_factory=list)  # of those, another job (kind/payload)
     updated: list[str] = field(default_factory=list)  # of those, brought up to the source
     diverged: list[str] = field(default_factory=list)  # of those, changed on both sides
+    refused: list[str] = field(default_factory=list)  # values the columns cannot hold
+    refused_why: str = ""  # the first one's reason
     unleased: int = 0  # leased in the source, copied as ready
     fence: int = 0  # the target's sequence after the copy
     marks: int = 0  # schedule marks carried over
@@ -53,7 +70,8 @@ class MigrationReport:
                 "skipped_ids": self.skipped[:100], "conflicts": len(self.conflicts),
                 "conflict_ids": self.conflicts[:100], "updated": len(self.updated),
                 "updated_ids": self.updated[:100], "diverged": len(self.diverged),
-                "diverged_ids": self.diverged[:100], "unleased": self.unleased,
+                "diverged_ids": self.diverged[:100], "refused": len(self.refused),
+                "refused_ids": self.refused[:100], "unleased": self.unleased,
                 "fence": self.fence, "schedule_marks": self.marks}
 
 
@@ -68,14 +86,25 @@ def _chunks(jobs: Iterable[Job]) -> Iterator[list[Job]]:
         yield chunk
 
 
-def copy_jobs(jobs: Iterable[Job], target: PgSpool, *, source_fence: int) -> MigrationReport:
-    """Insert `jobs` into `target` (one transaction per chunk); see the module docstring."""
+def copy_jobs(jobs: Iterable[Job], target: PgSpool, *, source_fence: int,
+              source: str = "", started: float | None = None) -> MigrationReport:
+    """Insert `jobs` into `target` (one transaction per chunk); see the module docstring.
+    `source` names the source (its root) and `started` is when this run began by the
+    source's clock: the record the next run judges what moved by."""
     report = MigrationReport()
     now = target.now()
+    last = _last_run(target, RECORD + source) if source else None
     for chunk in _chunks(jobs):
         rows: list[Job] = []
         unleased: set[str] = set()
+        source_updated: dict[str, float] = {}
         for job in chunk:
+            why = _unfit(job)
+            if why is not None:
+                report.refused.append(job.id)
+                report.refused_why = report.refused_why or f"{job.id!r}: {why}"
+                continue
+            source_updated[job.id] = job.updated_at
             if job.state is JobState.LEASED:
                 job = evolve(job, state=JobState.READY, lease=None, run_at=now,
                              attempts=max(0, job.attempts - 1),
@@ -83,32 +112,39 @@ def copy_jobs(jobs: Iterable[Job], target: PgSpool, *, source_fence: int) -> Mig
                 unleased.add(job.id)
             rows.append(job)
 
-        def go(conn: psycopg.Connection[Any], rows: list[Job] = rows) -> _Repeat:
+        def go(conn: psycopg.Connection[Any], rows: list[Job] = rows,
+               source_updated: dict[str, float] = source_updated) -> _Repeat:
             out = _Repeat()
             with conn.transaction():
                 for job in rows:
                     cur = conn.execute(INSERT_SQL, [job.id, *write_values(job)])
                     if cur.rowcount == 0:
                         out.skipped.append(job.id)
-                theirs = {r[0]: r[1:] for r in conn.execute(
-                    "SELECT id, kind, payload::text, state, revision FROM jobspool_jobs "
-                    "WHERE id = ANY(%s)", (out.skipped,)).fetchall()} if out.skipped else {}
+                theirs = {r[0]: r for r in conn.execute(
+                    f"SELECT {COLUMNS} FROM jobspool_jobs WHERE id = ANY(%s)",
+                    (out.skipped,)).fetchall()} if out.skipped else {}
                 mine = {job.id: job for job in rows}
                 for i in out.skipped:
                     if i not in theirs:
                         continue
-                    kind, payload, state, revision = theirs[i]
                     job = mine[i]
-                    if kind != job.kind or orjson.loads(payload) != job.payload:
+                    try:
+                        held = to_job(theirs[i])
+                    except UnreadableJob:
+                        out.diverged.append(i)  # a hand-edited row: a person decides
+                        continue
+                    if held.kind != job.kind or held.payload != job.payload:
                         # Another job under the id: this one was not copied.
                         out.other.append(i)
-                    elif job.revision > revision and state in _UNTOUCHED:
+                        continue
+                    verdict = _judge(job, held, source_updated[i], last)
+                    if verdict == "update":
                         # A repeat after the source moved on (its workers ran the job between
-                        # two tries of the migration): left alone, the target ran it again.
-                        # Not started on the target: it takes the source's newer version.
-                        cur = conn.execute(UPDATE_SQL, [*write_values(job), i, revision])
+                        # two tries of the migration) while no worker of the target took it:
+                        # the target takes the source's newer version.
+                        cur = conn.execute(UPDATE_SQL, [*write_values(job), i, held.revision])
                         (out.updated if cur.rowcount else out.diverged).append(i)
-                    elif job.revision > revision:
+                    elif verdict == "diverged":
                         out.diverged.append(i)  # moved on both sides: a person decides
                     # Else the target has it as copied, or moved it on (its workers ran it
                     # since): a repeat of the migration, left alone.
@@ -128,10 +164,75 @@ def copy_jobs(jobs: Iterable[Job], target: PgSpool, *, source_fence: int) -> Mig
             "SELECT setval('jobspool_fence', greatest(%s::bigint, "
             "(SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM jobspool_fence), 1))",
             (source_fence,)).fetchone()
+        if source and started is not None:
+            # Written last: a run cut off before here leaves the previous record, which
+            # judges conservatively (a change since it counts as a change).
+            conn.execute("INSERT INTO jobspool_settings (key, value) VALUES (%s, %s::jsonb) "
+                         "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+                         (RECORD + source, orjson.dumps(
+                             {"source_started": started,
+                              "target_ended": target.now()}).decode()))
         return int(row[0]) if row else 0
 
     report.fence = target.db.run(raise_fence, what="migrate")
     return report
+
+
+def stored_settings(target: PgSpool) -> dict[str, Any]:
+    """The settings the target stores (its process's own are the options it was given)."""
+    from jobspool.pg.schema import load_settings
+
+    return dict(target.db.run(load_settings, what="migrate"))
+
+
+def _last_run(target: PgSpool, key: str) -> tuple[float, float] | None:
+    """(source clock at its start, database clock at its end) of the last completed run
+    from this source, or None."""
+    def read(conn: psycopg.Connection[Any]) -> Any:
+        row = conn.execute("SELECT value FROM jobspool_settings WHERE key = %s",
+                           (key,)).fetchone()
+        return row[0] if row else None
+
+    value = target.db.run(read, what="migrate")
+    if not isinstance(value, dict):
+        return None
+    started, ended = value.get("source_started"), value.get("target_ended")
+    if (isinstance(started, bool) or isinstance(ended, bool)
+            or not isinstance(started, int | float) or not isinstance(ended, int | float)):
+        return None
+    return float(started), float(ended)
+
+
+def _judge(job: Job, held: Job, source_updated: float,
+           last: tuple[float, float] | None) -> str:
+    """"repeat", "update" or "diverged" for a job the target already holds as `held`
+    (`job`: what this run would write; `source_updated`: the source's own `updated_at`)."""
+    same = ((held.state, held.revision, held.attempts, held.rescues)
+            == (job.state, job.revision, job.attempts, job.rescues)
+            and held.result == job.result)
+    if same:
+        return "repeat"
+    untouched = held.state.value in _UNTOUCHED
+    if last is not None:
+        source_started, target_ended = last
+        if source_updated <= source_started:
+            return "repeat"  # the source did not move since the last run: the target did
+        if untouched and held.updated_at <= target_ended:
+            return "update"
+        return "diverged"
+    if job.revision == held.revision:
+        return "diverged"  # as many changes on each side, and not the same ones
+    if job.revision > held.revision:
+        return "update" if untouched else "diverged"
+    return "repeat"
+
+
+def _unfit(job: Job) -> str | None:
+    """Why the database's columns cannot hold `job` (None when they can)."""
+    for name in ("priority", "attempts", "max_attempts", "revision", "rescues"):
+        if getattr(job, name) not in _BIGINT:
+            return f"{name} {getattr(job, name)} does not fit PostgreSQL's bigint"
+    return None
 
 
 @dataclass
