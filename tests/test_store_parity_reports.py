@@ -242,3 +242,22 @@ def test_a_claim_dead_letters_an_expired_lease_out_of_attempts_on_both_stores(
     x0 = spool.get("x0")
     assert x0.state is JobState.DEAD_LETTER
     assert x0.last_error is not None and "attempts exhausted" in x0.last_error
+
+
+def test_recovery_logs_each_job_it_dead_letters_and_its_counts(
+        make_any_spool: Callable[..., Spool], caplog: pytest.LogCaptureFixture) -> None:
+    """PostgreSQL's `recover` logged nothing: a boot log never said jobs were dead-lettered."""
+    import logging
+
+    spool = make_any_spool(max_attempts=1)
+    spool.enqueue("k", {}, job_id="last-try")
+    (lease,) = spool.claim(lease_seconds=0.2)
+    sleep_past(lease.expires_at)
+    with caplog.at_level(logging.INFO, logger="jobspool"):
+        report = spool.recover()
+    assert report.dead_lettered == ("last-try",)
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING
+              and "last-try" in r.getMessage() and "dead-lettered" in r.getMessage()]
+    assert len(warned) == 1
+    assert any(r.levelno == logging.INFO and "recovery of" in r.getMessage()
+               and "dead_lettered" in r.getMessage() for r in caplog.records)

@@ -8,6 +8,7 @@ stale copies) are zero or empty: a database has none.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -169,6 +170,7 @@ def recover(spool: PgSpool, replay: Any = None) -> RecoveryReport:
     swept = sweep(spool)
     reclaimed = tuple(i for i, s in swept if s == JobState.RETRYABLE.value)
     dead = [i for i, s in swept if s == JobState.DEAD_LETTER.value]
+    swept_dead = len(dead)  # replay's dead letters follow
     cutoff = spool.now() - spool.prepare_grace_seconds
     committed: list[str] = []
     aborted: list[str] = []
@@ -205,11 +207,35 @@ def recover(spool: PgSpool, replay: Any = None) -> RecoveryReport:
             unknown.append(job.id)
     fence_after = spool.fence_value()
     pruned = prune(spool).pruned
-    return RecoveryReport(leases_reclaimed=reclaimed, dead_lettered=tuple(dead),
-                          replayed_committed=tuple(committed), replayed_aborted=tuple(aborted),
-                          replay_unknown=tuple(unknown), prepared_pending=tuple(pending),
-                          pruned=tuple(pruned), fence_before=fence_before,
-                          fence_after=fence_after, fence_raised=raised)
+    report = RecoveryReport(leases_reclaimed=reclaimed, dead_lettered=tuple(dead),
+                            replayed_committed=tuple(committed),
+                            replayed_aborted=tuple(aborted), replay_unknown=tuple(unknown),
+                            prepared_pending=tuple(pending), pruned=tuple(pruned),
+                            fence_before=fence_before, fence_after=fence_after,
+                            fence_raised=raised)
+    _log_recovery(spool, report, swept_dead=swept_dead)
+    return report
+
+
+def _log_recovery(spool: PgSpool, report: Any, *, swept_dead: int) -> None:
+    """What the file spool's recovery logs: each dead letter (a human must look), then the
+    counts. Silent here, a boot log never said that recovery dead-lettered jobs."""
+    from jobspool.recovery.recover import warn_dead
+
+    ids = list(report.dead_lettered)
+    if ids:
+        rows = spool.db.run(lambda c: c.execute(
+            f"SELECT {COLUMNS} FROM jobspool_jobs WHERE id = ANY(%s)", (ids,)).fetchall(),
+            what="recover")
+        held = {row[0]: row for row in rows}
+        for n, job_id in enumerate(ids):
+            if job_id in held:  # else pruned or requeued since: nothing left to point at
+                with contextlib.suppress(JobspoolError):
+                    warn_dead(to_job(held[job_id]),
+                              "on reclaim by recovery" if n < swept_dead else "by replay")
+    if report.changed:
+        log.info("recovery of %s: %s", spool.display,
+                 {k: v for k, v in report.counts.items() if v})
 
 
 # Claims may draw tokens while the sequence is set: it is set this far above the highest

@@ -95,7 +95,11 @@ class RecoveryReport:
     replay_unknown: tuple[str, ...] = ()  # stayed prepared, attempt counted
     prepared_pending: tuple[str, ...] = ()  # past the grace period but no hook for the kind
     pruned: tuple[str, ...] = ()
-    fence_before: int | None = None  # None: the fence file was missing or unreadable
+    # The fence as recovery found and left what it repairs: on the file spool the ceiling in
+    # the fence file (tokens are handed out in blocks below it; `stats().fence` is the last
+    # one handed out), on PostgreSQL the token sequence. None: the file was missing or
+    # unreadable.
+    fence_before: int | None = None
     fence_after: int | None = None
 
     @property
@@ -354,7 +358,7 @@ def _reclaim(spool: Journal, scan: Scan) -> tuple[list[str], list[str], list[str
                 if new.state is JobState.READY:  # never started: back uncounted
                     returned.append(job_id)
                 elif new.state is JobState.DEAD_LETTER:
-                    _warn_dead(new, "on reclaim by recovery")
+                    warn_dead(new, "on reclaim by recovery")
                     dead.append(job_id)
                 else:
                     reclaimed.append(job_id)
@@ -416,7 +420,7 @@ def _replay(spool: Journal, scan: Scan, replay: ReplayHooks | None
                 pairs.append((job, new))
                 extra.extend(spool.stale_removals(job.id, stale))
                 if new.state is JobState.DEAD_LETTER:
-                    _warn_dead(new, "by replay")
+                    warn_dead(new, "by replay")
                     out["dead"].append(job.id)
                 else:
                     out[v.outcome].append(job.id)
@@ -424,7 +428,7 @@ def _replay(spool: Journal, scan: Scan, replay: ReplayHooks | None
     return out["committed"], out["aborted"], out["unknown"], out["dead"], pending
 
 
-def _warn_dead(job: Job, how: str) -> None:
+def warn_dead(job: Job, how: str) -> None:
     # A dead letter needs a human: never silent (the same record shape as the spool's own).
     log.warning("job %s (%s) dead-lettered %s: %s", job.id, job.kind, how, job.last_error,
                 extra={"job_id": job.id, "kind": job.kind, "state": job.state.value})
