@@ -425,7 +425,9 @@ class PgSpool(EnqueueForms):
         return to_job(row)
 
     def jobs(self, state: JobState | str | None = None, kind: str | None = None) -> Iterator[Job]:
-        """Jobs in id (creation) order per state, states in the file spool's order."""
+        """Jobs in id (creation) order per state, states in the file spool's order. Read
+        in pages per state, as the file spool reads a directory each: a job that changes
+        state meanwhile may be skipped or seen in both states."""
         states = job_states(state)
         if kind is not None:
             validate_kind(kind)
