@@ -164,7 +164,23 @@ class _Overwriter(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Length", "0")
         self.end_headers()
 
-    do_PUT = do_DELETE = do_HEAD = do_GET = _ok
+    do_PUT = do_DELETE = do_HEAD = _ok
+
+    def do_GET(self) -> None:
+        if "list-type=" not in self.path:
+            self._ok()
+            return
+        # An empty listing, so that LanceDB can connect (and find no tables).
+        body = (b'<?xml version="1.0" encoding="UTF-8"?><ListBucketResult '
+                b'xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><Name>stub</Name>'
+                b"<KeyCount>0</KeyCount><MaxKeys>1000</MaxKeys>"
+                b"<IsTruncated>false</IsTruncated></ListBucketResult>")
+        type(self).seen.append((self.command, self.path, None))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
     def log_message(self, *args: Any) -> None:
         pass
@@ -206,6 +222,29 @@ def test_an_endpoint_that_overwrites_on_a_create_only_put_is_refused_in_one_line
     puts = [(m, h) for m, _p, h in _Overwriter.seen if m == "PUT"]
     assert puts == [("PUT", None), ("PUT", "*")]
     assert all(p.startswith("/stub/db/.jobspool-put-check-") for _m, p, _h in _Overwriter.seen)
+
+
+@pytest.mark.parametrize("first", ["connection", "read", "key lookup"])
+def test_a_store_that_connected_before_its_first_write_still_runs_the_check(
+    stub_endpoint: str, first: str
+) -> None:
+    """The check ran only while no connection was open: a read first, or a
+    LanceProjection without `key=` (it looks the key up at construction), let writes
+    through to an endpoint that loses commits."""
+    options = _stub_options(stub_endpoint)
+    if first == "key lookup":
+        projection = LanceProjection("s3://stub/db", "notes", storage_options=options)
+        with pytest.raises(ConditionalPutUnsupported, match=RISK):
+            projection.upsert({"id": "a", "text": "x"}, version=1.0)
+    else:
+        store = ProjectionStore("s3://stub/db", storage_options=options)
+        assert store.connection is not None
+        if first == "read":
+            with contextlib.suppress(ProjectionError, OSError, ValueError, RuntimeError):
+                store.table("notes").get("a")
+        with pytest.raises(ConditionalPutUnsupported, match=RISK):
+            store.apply([make_upsert("j", "notes", {"id": "a"}, None, 1)])
+    assert ("PUT", "*") in [(m, h) for m, _p, h in _Overwriter.seen]
 
 
 def test_a_reader_does_not_run_the_write_check(stub_endpoint: str) -> None:

@@ -32,6 +32,7 @@ class ProjectionDatabase:
     key: str
     _uri: str | None
     _conn: Any
+    _given_connection: bool
     _storage_options: dict[str, str] | None
     _keys: dict[str, str]
     _schemas: dict[str, pa.Schema]
@@ -50,8 +51,11 @@ class ProjectionDatabase:
         return self._storage_options
 
     def check_endpoint(self) -> None:
-        """Refuse an s3:// endpoint that ignores create-only PUTs (once per process; else a no-op)."""
-        if self._conn is None and self._uri is not None:
+        """Refuse an s3:// endpoint that ignores create-only PUTs (checked once per process
+        and endpoint, remembered on success; else a no-op). Before every write, whether or
+        not a read opened the connection first (a read, or a key looked up at construction,
+        skipped it). A connection the caller opened is the caller's to vouch for."""
+        if self._uri is not None and not self._given_connection:
             obj.check_conditional_put(self._uri, self._storage_options)
 
     def _check_local_directory(self) -> None:
