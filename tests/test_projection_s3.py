@@ -44,6 +44,8 @@ from tests.spools import make_spool
 from tests.subproc import cli_env
 from tests.waiting import wait_until
 
+GUARD_SECONDS = 60.0  # a hang guard, never a performance claim
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -294,6 +296,29 @@ def test_the_cli_refuses_such_an_endpoint_with_one_error_line(stub_endpoint: str
     assert bad.returncode == 1 and "'nokey' is not KEY=VALUE" in bad.stderr
 
 
+def test_a_worker_pool_gives_up_on_such_an_endpoint_instead_of_restarting_for_ever(
+        stub_endpoint: str, tmp_path: Path) -> None:
+    """Each child refused in one line and exited 1; the pool restarted it, for ever."""
+    app = tmp_path / "s3app.py"
+    app.write_text("from jobspool import App\n"
+                   "def note(job, ctx):\n    ctx.upsert('notes', {'id': 'a'})\n"
+                   "app = App(handlers={'note': note}, projection='s3://stub/db')\n")
+    root = tmp_path / "spool"
+    env: dict[str, str | None] = {"PYTHONPATH": f"{ROOT}:{tmp_path}"}
+    for setup in (["init"], ["enqueue", "note", "{}"]):
+        done = run_jobspool(*setup, root=root, env=env, cwd=tmp_path)
+        assert done.code == 0, done.err
+    opts = [x for k, v in _stub_options(stub_endpoint).items()
+            for x in ("--projection-option", f"{k}={v}")]
+    proc = run_jobspool("worker", "--processes", "2", "--app", "s3app:app", *opts, root=root,
+                        env=env, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "ignores conditional PUTs" in proc.stderr
+    assert "worker processes died" in proc.stderr.strip().splitlines()[-1]
+    with make_spool(root) as spool:
+        assert [(j.state.value, j.attempts) for j in spool.jobs()] == [("ready", 0)]
+
+
 def test_an_unreachable_endpoint_is_an_outage_not_a_verdict_so_jobs_are_retried(tmp_path: Path) -> None:
     import socket
 
@@ -313,6 +338,59 @@ def test_an_unreachable_endpoint_is_an_outage_not_a_verdict_so_jobs_are_retried(
         assert report.retried == 0  # the endpoint's outage is not the job's: no attempt charged
         got = spool.get("j1")
         assert (got.state.value, got.attempts) == ("retryable", 0)
+
+
+def test_an_endpoint_found_lying_at_the_first_write_stops_the_worker_and_charges_no_job(
+        tmp_path: Path) -> None:
+    """Down when the run began (the up-front check only warned), then up but overwriting on
+    create-only PUTs: the refusal was taken for a failed commit, the jobs' attempts were
+    charged, and they went on to dead_letter while the worker kept running."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    options = _stub_options(f"http://127.0.0.1:{port}")
+    forget_checks()
+    started, gate = threading.Event(), threading.Event()
+
+    def note(job: Any, ctx: Any) -> None:
+        started.set()
+        gate.wait(GUARD_SECONDS)
+        ctx.upsert("notes", {"id": job.id})
+
+    _Overwriter.seen = []
+    server: http.server.ThreadingHTTPServer | None = None
+    raised: list[BaseException] = []
+    with make_spool(tmp_path / "spool", lease_seconds=30.0, max_attempts=1) as spool:
+        spool.enqueue("note", {}, job_id="j1")
+        worker = Worker(spool, {"note": note}, projection="s3://stub/db",
+                        storage_options=options, maintenance=False)
+
+        def run() -> None:
+            try:
+                worker.run_until_idle()
+            except BaseException as exc:  # handed to the test thread
+                raised.append(exc)
+
+        runner = threading.Thread(target=run)
+        runner.start()
+        try:
+            assert started.wait(GUARD_SECONDS), "the handler never started"
+            server = http.server.ThreadingHTTPServer(("127.0.0.1", port), _Overwriter)
+            threading.Thread(target=server.serve_forever, daemon=True).start()
+            gate.set()
+            runner.join(GUARD_SECONDS)
+            assert not runner.is_alive()
+        finally:
+            gate.set()
+            if server is not None:
+                server.shutdown()
+                server.server_close()
+            forget_checks()
+        assert len(raised) == 1 and isinstance(raised[0], ConditionalPutUnsupported), raised
+        got = spool.get("j1")
+        assert (got.state.value, got.attempts) == ("ready", 0)  # given back, uncounted
 
 
 def test_the_check_can_be_turned_off_explicitly(stub_endpoint: str, monkeypatch: Any) -> None:

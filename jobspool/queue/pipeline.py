@@ -47,6 +47,7 @@ import anyio.lowlevel
 import anyio.to_thread
 
 from jobspool.errors import (
+    ConditionalPutUnsupported,
     JobspoolError,
     StoreUnavailable,
     TimeLimitExceeded,
@@ -108,7 +109,7 @@ class Pipeline(IdleWaits):
         self.slots = Slots(config.concurrency)
         self.threads = anyio.CapacityLimiter(config.concurrency)
         self.scopes: set[anyio.CancelScope] = set()
-        self.crashed: WorkerCrashed | None = None
+        self.crashed: WorkerCrashed | ConditionalPutUnsupported | None = None
         self.next_claim_at = 0.0
         self.next_dead_check = 0.0
         self._due_hint: Any = NO_HINT  # next_due_at, read beside the last empty claim
@@ -268,6 +269,11 @@ class Pipeline(IdleWaits):
                     self.refused_on_stop = self.life.stopping
                 else:
                     await anyio.to_thread.run_sync(self.settler.release_unsettled, group)
+                if isinstance(exc, ConditionalPutUnsupported):
+                    # Found at a first write (the endpoint was down when the run began): the
+                    # refusal a run gets up front, not a failure to retry and charge jobs for.
+                    self._stop_with(exc)
+                    return
                 await self._supervise(exc)
             finally:
                 self.settle_failing = False
@@ -395,11 +401,15 @@ class Pipeline(IdleWaits):
         gave_up = await self.supervisor.failed(exc, self.counters)
         if gave_up is None:
             return True
-        self.crashed = gave_up
+        self._stop_with(gave_up)
+        return False
+
+    def _stop_with(self, verdict: WorkerCrashed | ConditionalPutUnsupported) -> None:
+        """Stop this run: it gives back its leases and raises `verdict`."""
+        self.crashed = verdict
         self.life.stop()
         for scope in list(self.scopes):
             scope.cancel()
-        return False
 
     def _report_progress(self) -> None:
         if self.progress is not None:

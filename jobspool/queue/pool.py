@@ -71,6 +71,7 @@ _STOP_MARGIN = 10.0
 # gunicorn does when workers cannot boot) rather than restart forever.
 _MAX_BOOT_FAILURES = 5
 _BOOT_SECONDS = 5.0
+_REFUSALS = (1, 2)  # a command's exit codes for bad input and a refused operation
 
 
 @dataclass
@@ -356,9 +357,12 @@ class WorkerPool:
             return
         lived = time.monotonic() - child.started
         # A child that started a job booted: dying in it is that job's doing (a rescue,
-        # bounded by its attempts), not a reason to give up on the whole pool.
+        # bounded by its attempts), not a reason to give up on the whole pool. Booted but
+        # exiting 1 or 2 before its first job is a refusal of its own (a projection endpoint
+        # that would lose commits, credentials refused): restarted, it refused for ever.
+        # Booted and killed by a signal (an operator's SIGKILL of an idle child) is neither.
         if not planned and code != 0 and lived < _BOOT_SECONDS and not child.served \
-                and not child.booted:
+                and (not child.booted or code in _REFUSALS):
             self._boot_failures += 1
             if self._boot_failures >= _MAX_BOOT_FAILURES:
                 self._gave_up = (f"worker processes died {self._boot_failures} times in a row "

@@ -26,7 +26,13 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.to_thread
 
-from jobspool.errors import JobspoolError, JobTooLarge, LeaseLost, WriteFailed
+from jobspool.errors import (
+    ConditionalPutUnsupported,
+    JobspoolError,
+    JobTooLarge,
+    LeaseLost,
+    WriteFailed,
+)
 from jobspool.projection.faults import plain, storage_fault
 from jobspool.queue.context import (
     Completed,
@@ -116,6 +122,8 @@ class Settler:
         writes = [w for c in done for w in c.writes]
         try:
             result = await anyio.to_thread.run_sync(self.sink.apply, writes)
+        except ConditionalPutUnsupported:
+            raise  # a verdict on the endpoint, no job's fault: the worker stops (pipeline.py)
         except Exception as exc:  # outcome unknown: retry all; the fenced merge is idempotent
             if storage_fault(exc):
                 self._defer(done, exc)
