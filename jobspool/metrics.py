@@ -70,6 +70,7 @@ if TYPE_CHECKING:
 
 METRICS_DIR = "metrics"
 WORKER_STALE_SECONDS = 300.0
+_PID_MAX = 4_194_304  # Linux's highest pid_max (2**22)
 WORKER_COUNTERS = ("claimed", "completed", "retried", "dead_lettered", "lease_lost",
                    "released", "interrupted", "projected_rows", "crashes")
 _WORKER_HELP = {
@@ -275,7 +276,7 @@ def remove_dead_worker_reports(spool: Spool, *, keep: str | None = None) -> list
             written = doc.get("written_at")
             if (not isinstance(written, int | float) or isinstance(written, bool)
                     or time.time() - written <= WORKER_STALE_SECONDS
-                    or str(doc.get("owner", "")).rpartition(":")[0] != host
+                    or str(doc.get("owner", "")).split(":")[0] != host  # host:pid[:hex]
                     or pid == os.getpid() or _process_exists(pid)):
                 continue
         elif doc.get("host") != host:
@@ -289,6 +290,10 @@ def remove_dead_worker_reports(spool: Spool, *, keep: str | None = None) -> list
 
 
 def _process_exists(pid: int) -> bool:
+    if not 0 < pid <= _PID_MAX:
+        # No process has it (a hand-made or damaged file): os.kill raised OverflowError on a
+        # pid past 64 bits, and 0 or a negative pid would probe a whole process group.
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

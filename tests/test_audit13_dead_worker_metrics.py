@@ -57,7 +57,11 @@ def test_a_new_worker_removes_what_dead_local_workers_left_and_health_clears(
         stuck = _left_behind(root, "stuck", pid=os.getpid(), host=host, boot=boot_id())
         legacy = _left_behind(root, "legacy", pid=_dead_pid())  # no host: cannot tell
         # An older release's snapshot: no host or boot fields, its owner is "host:pid".
-        upgraded = _left_behind(root, f"{host}:{_dead_pid()}", pid=_dead_pid())
+        dead = _dead_pid()
+        upgraded = _left_behind(root, f"{host}:{dead}:1a2b", pid=dead)  # host:pid:hex
+        upgraded_short = _left_behind(root, f"{host}:{dead}", pid=dead)
+        # Damaged: a pid no process has (os.kill raised OverflowError: every worker died).
+        damaged = _left_behind(root, f"{host}:huge", pid=2**63)
         upgraded_alive = _left_behind(root, f"{host}:{os.getpid()}", pid=os.getpid())
         assert check_health(spool).codes() == ["worker_stale"]
 
@@ -66,8 +70,9 @@ def test_a_new_worker_removes_what_dead_local_workers_left_and_health_clears(
         thread.start()
         try:
             # readiness: its first publish
-            wait_until(lambda: not (crashed.exists() or rebooted.exists()
-                                    or upgraded.exists()), GUARD_SECONDS,
+            wait_until(lambda: not (crashed.exists() or rebooted.exists() or upgraded.exists()
+                                    or upgraded_short.exists() or damaged.exists()),
+                       GUARD_SECONDS,
                        "the worker to sweep the dead files")
         finally:
             worker.stop()

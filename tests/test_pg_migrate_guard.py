@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import time
 from pathlib import Path
 
+from jobspool import JobState
 from tests.cli_harness import run_jobspool, start_jobspool
 from tests.spools import make_spool
 from tests.waiting import wait_until
@@ -137,6 +139,34 @@ def test_a_migration_run_again_after_the_source_ran_jobs_brings_them_up_to_date(
     assert third.returncode == 0, third.stdout + third.stderr
     doc = json.loads(third.stdout)  # nothing moved since: reported by the run that found it
     assert (doc["updated"], doc["diverged"]) == (0, 0)
+
+
+def test_what_moved_is_told_by_transactions_not_by_clocks_or_outcomes(
+        tmp_path: Path, pg_url: str) -> None:
+    """A regression probe's cases: a source host whose clock runs ahead made a job changed
+    on the source alone "diverged" (a row's copied `updated_at` was compared with the
+    database's clock); a job run once on each side to the same outcome (None) was a
+    "repeat"; a finished job requeued on the source alone was "diverged"."""
+    root = tmp_path / "s"
+    with make_spool(root) as spool:
+        for name in ("ahead", "both", "done"):  # a kind each: claimed alone
+            spool.enqueue(name, {}, job_id=name)
+        spool.complete(spool.claim(kinds=["done"])[0])
+    first = run_jobspool("--root", str(root), "migrate", "--to", pg_url, "--json")
+    assert first.returncode == 0, first.stderr
+    with make_spool(root, clock=lambda: time.time() + 120) as spool:  # two minutes ahead
+        spool.complete(spool.claim(kinds=["ahead"])[0], {"on": "file"})
+        spool.complete(spool.claim(kinds=["both"])[0])
+        spool.requeue("done")
+    with make_spool(pg_url) as target:
+        target.complete(target.claim(kinds=["both"])[0])
+    again = run_jobspool("--root", str(root), "migrate", "--to", pg_url, "--json")
+    doc = json.loads(again.stdout)
+    assert sorted(doc["updated_ids"]) == ["ahead", "done"], doc
+    assert doc["diverged_ids"] == ["both"] and again.returncode == 2
+    with make_spool(pg_url) as target:
+        assert target.get("ahead").result == {"on": "file"}
+        assert target.get("done").state is JobState.READY
 
 
 def test_a_job_run_once_on_each_side_is_diverged_also_without_a_record_of_the_last_run(

@@ -12,15 +12,17 @@ one the source moved on since (its workers ran it between two tries of the
 migration) takes the source's newer version while no worker of the target
 has started it, and is reported as diverged (exit 2) otherwise.
 
-Whether a side moved is read against the last completed run from the same
-source, recorded in the target's settings table (`migration:<root>`: when that
-run started, by the source's clock, and ended, by the database's): a source
-job changed after that start moved on the source, a target row changed after
-that end moved on the target. Revisions alone cannot tell: a job run once on
-each side has the same revision on both. Without a record (a first repeat of a
-killed run, an older release), a job whose revisions agree but whose contents
-do not moved on both sides; one whose target copy is further on is taken as
-the target's own progress.
+Whether a side moved is read from a record in the target's settings table
+(`migration:<root>`): the transactions every run from that source wrote rows in
+(added by each chunk's own transaction, so a run cut off leaves them too), and
+when the last completed run started, by the source's clock. A row whose `xmin`
+is not one of those transactions was changed on the target since it was
+copied; a source job whose `updated_at` is past that start moved on the source.
+No clock is compared with another's, and revisions alone could not tell: a job
+run once on each side has the same revision on both. Without a record (an
+older release's copy), a job whose revisions agree but whose contents do not
+moved on both sides; one whose target copy is further on is taken as the
+target's own progress.
 A job holding a value the database's columns cannot (a priority past 64
 bits, which old releases accepted) is refused alone and listed.
 The target's token sequence is raised above every token the source issued:
@@ -34,8 +36,6 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
 from jobspool.errors import UnreadableJob
 from jobspool.pg.rows import COLUMNS, INSERT_SQL, UPDATE_SQL, to_job, write_values
 from jobspool.queue.job import Job, evolve
@@ -48,7 +48,8 @@ if TYPE_CHECKING:
     from jobspool.pg.core import PgCore as PgSpool
 
 CHUNK = 500
-RECORD = "migration:"  # + the source's root: the last completed run from it (a setting)
+RECORD = "migration:"  # + the source's root: what runs from it wrote, and when (a setting)
+_XID = "txid_current() & 4294967295"  # this transaction's id as a row's xmin shows it
 _BIGINT = range(-(1 << 63), 1 << 63)
 
 
@@ -93,7 +94,8 @@ def copy_jobs(jobs: Iterable[Job], target: PgSpool, *, source_fence: int,
     source's clock: the record the next run judges what moved by."""
     report = MigrationReport()
     now = target.now()
-    last = _last_run(target, RECORD + source) if source else None
+    key = RECORD + source
+    last = _last_run(target, key) if source else None
     for chunk in _chunks(jobs):
         rows: list[Job] = []
         unleased: set[str] = set()
@@ -121,15 +123,15 @@ def copy_jobs(jobs: Iterable[Job], target: PgSpool, *, source_fence: int,
                     if cur.rowcount == 0:
                         out.skipped.append(job.id)
                 theirs = {r[0]: r for r in conn.execute(
-                    f"SELECT {COLUMNS} FROM jobspool_jobs WHERE id = ANY(%s)",
-                    (out.skipped,)).fetchall()} if out.skipped else {}
+                    f"SELECT {COLUMNS}, xmin::text::bigint FROM jobspool_jobs "
+                    "WHERE id = ANY(%s)", (out.skipped,)).fetchall()} if out.skipped else {}
                 mine = {job.id: job for job in rows}
                 for i in out.skipped:
                     if i not in theirs:
                         continue
                     job = mine[i]
                     try:
-                        held = to_job(theirs[i])
+                        held = to_job(theirs[i][:-1])
                     except UnreadableJob:
                         out.diverged.append(i)  # a hand-edited row: a person decides
                         continue
@@ -137,10 +139,10 @@ def copy_jobs(jobs: Iterable[Job], target: PgSpool, *, source_fence: int,
                         # Another job under the id: this one was not copied.
                         out.other.append(i)
                         continue
-                    verdict = _judge(job, held, source_updated[i], last)
+                    verdict = _judge(job, held, source_updated[i], int(theirs[i][-1]), last)
                     if verdict == "update":
                         # A repeat after the source moved on (its workers ran the job between
-                        # two tries of the migration) while no worker of the target took it:
+                        # two tries of the migration) while the target left it as copied:
                         # the target takes the source's newer version.
                         cur = conn.execute(UPDATE_SQL, [*write_values(job), i, held.revision])
                         (out.updated if cur.rowcount else out.diverged).append(i)
@@ -148,6 +150,15 @@ def copy_jobs(jobs: Iterable[Job], target: PgSpool, *, source_fence: int,
                         out.diverged.append(i)  # moved on both sides: a person decides
                     # Else the target has it as copied, or moved it on (its workers ran it
                     # since): a repeat of the migration, left alone.
+                if source and (len(out.skipped) < len(rows) or out.updated):
+                    # In the transaction that wrote the rows: a run cut off after it still
+                    # knows these rows as its own copies.
+                    conn.execute(
+                        "INSERT INTO jobspool_settings (key, value) VALUES "
+                        f"(%(k)s, jsonb_build_object('xids', jsonb_build_array({_XID}))) "
+                        "ON CONFLICT (key) DO UPDATE SET value = jsonb_set("
+                        "jobspool_settings.value, '{xids}', coalesce(jobspool_settings.value"
+                        f" -> 'xids', '[]'::jsonb) || to_jsonb({_XID}))", {"k": key})
             return out
 
         repeat = target.db.run(go, what="migrate")
@@ -165,13 +176,13 @@ def copy_jobs(jobs: Iterable[Job], target: PgSpool, *, source_fence: int,
             "(SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM jobspool_fence), 1))",
             (source_fence,)).fetchone()
         if source and started is not None:
-            # Written last: a run cut off before here leaves the previous record, which
+            # Written last: a run cut off before here leaves the previous start, which
             # judges conservatively (a change since it counts as a change).
-            conn.execute("INSERT INTO jobspool_settings (key, value) VALUES (%s, %s::jsonb) "
-                         "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
-                         (RECORD + source, orjson.dumps(
-                             {"source_started": started,
-                              "target_ended": target.now()}).decode()))
+            conn.execute("INSERT INTO jobspool_settings (key, value) VALUES (%(k)s, "
+                         "jsonb_build_object('source_started', %(t)s::float8, 'xids', "
+                         "'[]'::jsonb)) ON CONFLICT (key) DO UPDATE SET value = jsonb_set("
+                         "jobspool_settings.value, '{source_started}', to_jsonb(%(t)s::float8))",
+                         {"k": key, "t": started})
         return int(row[0]) if row else 0
 
     report.fence = target.db.run(raise_fence, what="migrate")
@@ -185,9 +196,15 @@ def stored_settings(target: PgSpool) -> dict[str, Any]:
     return dict(target.db.run(load_settings, what="migrate"))
 
 
-def _last_run(target: PgSpool, key: str) -> tuple[float, float] | None:
-    """(source clock at its start, database clock at its end) of the last completed run
-    from this source, or None."""
+@dataclass
+class _Record:
+    """What the target knows of earlier runs from one source."""
+
+    xids: frozenset[int]  # the transactions they wrote rows in (as `xmin` shows them)
+    source_started: float | None  # when the last completed one began, by the source's clock
+
+
+def _last_run(target: PgSpool, key: str) -> _Record | None:
     def read(conn: psycopg.Connection[Any]) -> Any:
         row = conn.execute("SELECT value FROM jobspool_settings WHERE key = %s",
                            (key,)).fetchone()
@@ -196,35 +213,37 @@ def _last_run(target: PgSpool, key: str) -> tuple[float, float] | None:
     value = target.db.run(read, what="migrate")
     if not isinstance(value, dict):
         return None
-    started, ended = value.get("source_started"), value.get("target_ended")
-    if (isinstance(started, bool) or isinstance(ended, bool)
-            or not isinstance(started, int | float) or not isinstance(ended, int | float)):
-        return None
-    return float(started), float(ended)
+    xids = value.get("xids")
+    started = value.get("source_started")
+    if isinstance(started, bool) or not isinstance(started, int | float):
+        started = None
+    return _Record(xids=frozenset(x for x in xids if isinstance(x, int))
+                   if isinstance(xids, list) else frozenset(),
+                   source_started=None if started is None else float(started))
 
 
-def _judge(job: Job, held: Job, source_updated: float,
-           last: tuple[float, float] | None) -> str:
-    """"repeat", "update" or "diverged" for a job the target already holds as `held`
-    (`job`: what this run would write; `source_updated`: the source's own `updated_at`)."""
+def _judge(job: Job, held: Job, source_updated: float, xmin: int,
+           last: _Record | None) -> str:
+    """"repeat", "update" or "diverged" for a job the target already holds as `held` (its
+    row last written by transaction `xmin`); `job` is what this run would write and
+    `source_updated` the source's own `updated_at`."""
     same = ((held.state, held.revision, held.attempts, held.rescues)
             == (job.state, job.revision, job.attempts, job.rescues)
             and held.result == job.result)
-    if same:
-        return "repeat"
-    untouched = held.state.value in _UNTOUCHED
-    if last is not None:
-        source_started, target_ended = last
-        if source_updated <= source_started:
-            return "repeat"  # the source did not move since the last run: the target did
-        if untouched and held.updated_at <= target_ended:
-            return "update"
+    if last is not None and xmin in last.xids:
+        # As a run copied it: whatever differs is the source's doing since.
+        return "repeat" if same else "update"
+    if last is not None and last.source_started is not None:
+        # Changed on the target since it was copied (or by an older release's run).
+        if source_updated <= last.source_started:
+            return "repeat"  # and not on the source since the last run: its own progress
         return "diverged"
+    # No record to go by: revisions and contents.
+    if same or job.revision < held.revision:
+        return "repeat"
     if job.revision == held.revision:
         return "diverged"  # as many changes on each side, and not the same ones
-    if job.revision > held.revision:
-        return "update" if untouched else "diverged"
-    return "repeat"
+    return "update" if held.state.value in _UNTOUCHED else "diverged"
 
 
 def _unfit(job: Job) -> str | None:
