@@ -129,3 +129,29 @@ def test_an_object_store_that_does_not_answer_defers_the_jobs_uncounted(
         assert report.completed == 0 and report.dead_lettered == 0 and report.deferred == 1
         got = spool.get("j1")
         assert (got.state, got.attempts) == (JobState.RETRYABLE, 0), got
+
+
+def test_a_drain_stops_claiming_once_the_projection_storage_fails(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Each batch claimed into the outage was run, given back, and doubled the delay: a
+    drain of a backlog ran every handler, pushed the jobs a minute out within a second,
+    and logged an error line per batch. Now the first failure ends the drain's claims."""
+    proj = tmp_path / "proj"
+    app = App(handlers={"p": _project}, projection=str(proj))
+    with Spool(tmp_path / "spool") as spool:
+        spool.enqueue("p", {"n": 0}, job_id="j0")
+        assert Worker(spool, app, maintenance=False).run_until_idle().completed == 1
+        newest = sorted((proj / "t.lance" / "_versions").glob("*.manifest"),
+                        key=lambda p: p.stat().st_mtime_ns)[-1]
+        with open(newest, "r+b") as f:
+            f.truncate(100)
+        spool.enqueue_many("p", [{"n": n} for n in range(1, 41)])
+        caplog.set_level(logging.WARNING, logger="jobspool")
+        report = Worker(spool, app, concurrency=1, batch_size=5,
+                        maintenance=False).run_until_idle(wait_for_retries=0)
+        assert (report.claimed, report.deferred, report.retried) == (5, 5, 0)
+        states = [(j.state, j.attempts) for j in spool.jobs(kind="p") if j.id != "j0"]
+        assert states.count((JobState.READY, 0)) == 35  # never claimed, never run
+        assert states.count((JobState.RETRYABLE, 0)) == 5
+    lines = [r for r in caplog.records if "for its storage" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].levelno == logging.ERROR

@@ -224,7 +224,8 @@ class Pipeline(IdleWaits):
                 if self.life.stopping:
                     return
                 if self.until_idle:
-                    if self._budget_spent() or not self.config.kinds:
+                    if (self._budget_spent() or not self.config.kinds
+                            or self.settler.outage_since is not None):
                         return
                     if tried_claim and not await self._wait_for_due():
                         if await self._took_back_dead(now_or_never=True):
@@ -283,7 +284,8 @@ class Pipeline(IdleWaits):
             # What it gave back (a retry due now, a release) is claimable at once, and a
             # claim that came back empty while it ran proved nothing: claim again now, not
             # after the idle backoff that empty claim set (10 ms at the end of every drain).
-            self.next_claim_at = 0.0
+            # Unless the projection's storage is failing: claims wait for its delay.
+            self.next_claim_at = self.settler.claims_paused_until
             self._report_progress()
             self.wake.set()
 
@@ -303,6 +305,10 @@ class Pipeline(IdleWaits):
             return False
         if self.rescued_in_hand:
             # It runs alone: what this claim took would wait for it, leased, unstarted.
+            return False
+        if self.until_idle and self.settler.outage_since is not None:
+            # The projection's storage fails: what a drain claimed now would only be given
+            # back (a run of a script ends, saying what it deferred; a service waits).
             return False
         return time.monotonic() >= self.next_claim_at
 

@@ -73,6 +73,9 @@ class Settler:
         self.in_hand = in_hand
         self.shunned: dict[str, float] = {}  # job id -> when this run may claim it again
         self.storage_faults = 0  # projection storage failures in a row (`_defer`)
+        self.outage_since: float | None = None  # monotonic: this run of failures' first
+        self.claims_paused_until = 0.0  # monotonic: no claim before (the pipeline reads it)
+        self._outage_logged_at = 0.0
 
     async def settle(self, group: list[Context]) -> None:
         """Project the group's writes (fenced), then settle every run in it."""
@@ -144,20 +147,39 @@ class Settler:
         if faulty:
             self._defer([by_id[j] for j in faulty if j in by_id], next(iter(faulty.values())))
         else:
+            if self.outage_since is not None:
+                log.warning("the projection's storage answers again, after %.0f s",
+                            time.monotonic() - self.outage_since)
             self.storage_faults = self.counters.projection_failing = 0
+            self.outage_since = None
         self.counters.projected_rows += sum(result.tables.values())
 
     def _defer(self, runs: list[Context], exc: BaseException) -> None:
-        """The projection's storage failed: give the runs back uncounted, due after a delay
-        that doubles while it goes on failing (1 s to a minute), and say so in one line."""
+        """The projection's storage failed: give the runs back uncounted, due after as long
+        as the failures have lasted so far (1 s to a minute), claim nothing meanwhile, and
+        say so in one line (again each minute it lasts).
+
+        By time, not per failed batch: a worker claiming batch after batch into an outage
+        doubled the delay per batch, pushed a whole backlog a minute out within a second
+        of an 8 s outage, and logged an error line per batch."""
+        now = time.monotonic()
+        if self.outage_since is None:
+            self.outage_since = now
         self.storage_faults += 1
         self.counters.projection_failing = self.storage_faults
-        delay = min(DEFER_MAX_SECONDS, 2.0 ** (self.storage_faults - 1))
+        delay = min(DEFER_MAX_SECONDS, max(1.0, now - self.outage_since))
+        self.claims_paused_until = now + delay
         error = plain(f"{type(exc).__name__}: {exc}")
-        log.error("the projection could not be written, for its storage (%s): %d jobs given "
-                  "back uncounted, due again in %g s; fix its storage (space, permissions, "
-                  "a damaged table: `jobspool maintain`), nothing is lost meanwhile",
-                  " ".join(error.split())[:300], len(runs), delay)
+        if self.storage_faults == 1 or now - self._outage_logged_at >= DEFER_MAX_SECONDS:
+            self._outage_logged_at = now
+            log.error("the projection could not be written, for its storage (%s): %d jobs "
+                      "given back uncounted, due again in %g s (no claim meanwhile; the "
+                      "delay grows with the outage, to a minute); fix its storage (space, "
+                      "permissions, a damaged table: `jobspool maintain`), nothing is lost "
+                      "meanwhile", " ".join(error.split())[:300], len(runs), delay)
+        else:
+            log.debug("the projection's storage still fails: %d jobs given back, due again "
+                      "in %g s", len(runs), delay)
         self.counters.deferred += len(runs)
         for c in runs:
             c.outcome = Deferred(clip_error(error), delay)
