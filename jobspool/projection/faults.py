@@ -48,4 +48,23 @@ def plain(text: str) -> str:
     return _RUST_PATH.sub("", text)
 
 
-__all__ = ["plain", "storage_fault"]
+_KIND = re.compile(r"\bkind: (\w+)")
+_STATUS = re.compile(r"\b(?:status(?: code)?:? ?|HTTP )(\d{3})\b")
+_WORDS = re.compile(r"(?<=[a-z])(?=[A-Z])")
+
+
+def summary(exc: BaseException) -> str:
+    """A storage fault in a few words for one line: what LanceDB says in Rust's debug form
+    (800 characters of nested structs) cut to its cause where one is named (`connection
+    refused`, `HTTP 403`), else its first 200 characters without source paths."""
+    text = " ".join(plain(str(exc)).split()).removeprefix("Invalid input, ")
+    found = [m.group(1) for m in _KIND.finditer(text) if m.group(1) != "Other"]
+    status = _STATUS.search(text)
+    if status is not None:
+        return f"HTTP {status.group(1)}"
+    if found:
+        return _WORDS.sub(" ", found[-1]).lower()
+    return text[:200] + ("..." if len(text) > 200 else "")
+
+
+__all__ = ["plain", "storage_fault", "summary"]

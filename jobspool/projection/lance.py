@@ -51,6 +51,7 @@ from jobspool.errors import InvalidType, ProjectionError
 from jobspool.projection import objectstore as obj
 from jobspool.projection.database import ProjectionDatabase
 from jobspool.projection.database import uri_of as uri_of
+from jobspool.projection.faults import storage_fault, summary
 from jobspool.projection.handler import (
     FENCE_COLUMN,
     LIVE_FILTER,
@@ -217,6 +218,14 @@ class ProjectionStore(ProjectionDatabase):
                     # LanceDB makes the directory: a file in the way came out as a raw OSError.
                     raise ProjectionError(f"projection database {self._uri!r} cannot be a "
                                           f"directory: {_one_line(exc)}") from exc
+                except (ValueError, RuntimeError, OSError) as exc:
+                    if not storage_fault(exc):
+                        raise
+                    # An object store down or refusing: LanceDB's ~800 characters of Rust
+                    # debug form (source paths included) reached readers and `maintain`.
+                    # Chained: writers still tell it for a storage fault and defer.
+                    raise ProjectionError(f"projection database {self._uri!r}: its storage "
+                                          f"did not answer ({summary(exc)})") from exc
             return self._conn
 
     def open(self, name: str) -> Any | None:
