@@ -192,3 +192,42 @@ def test_a_reader_of_an_object_store_that_does_not_answer_gets_one_short_line(
     assert done.code in (1, 2), done.err
     assert "connection refused" in done.err and ".cargo" not in done.err
     assert len(done.err.strip().splitlines()) == 1, done.err
+
+
+def test_an_arrival_during_a_storage_outage_waits_for_the_pause(tmp_path: Path) -> None:
+    """An enqueue's wakeup cleared the claim pause: during an outage, every arrival was
+    claimed and run at once (a regression probe). The pause is at least 1 s."""
+    import threading
+
+    from tests.waiting import wait_until
+
+    proj = tmp_path / "proj"
+    started: dict[str, float] = {}
+
+    def plain(job: Job, ctx: Context) -> None:
+        started[job.id] = time.time()
+
+    app = App(handlers={"p": _project, "plain": plain}, projection=str(proj))
+    with Spool(tmp_path / "spool") as spool:
+        spool.enqueue("p", {"n": 0}, job_id="j0")
+        assert Worker(spool, app, maintenance=False).run_until_idle().completed == 1
+        newest = sorted((proj / "t.lance" / "_versions").glob("*.manifest"),
+                        key=lambda p: p.stat().st_mtime_ns)[-1]
+        with open(newest, "r+b") as f:
+            f.truncate(100)
+        worker = Worker(spool, app, maintenance=False)
+        runner = threading.Thread(target=worker.run_forever,
+                                  kwargs={"handle_signals": False, "poll_seconds": 0.05})
+        runner.start()
+        try:
+            spool.enqueue("p", {"n": 1}, job_id="j1")
+            wait_until(lambda: (spool.get("j1").last_error or "").startswith("deferred"), 60,
+                       "the projection write to be deferred")
+            deferred_at = spool.get("j1").updated_at
+            spool.enqueue("plain", {}, job_id="q1")
+            wait_until(lambda: "q1" in started, 60, "the plain job to run")
+        finally:
+            worker.stop()
+            runner.join(60)
+        assert started["q1"] - deferred_at >= 0.5  # a lower bound: load only delays it
+        assert spool.get("j1").attempts == 0

@@ -310,7 +310,10 @@ class Pipeline(IdleWaits):
             # The projection's storage fails: what a drain claimed now would only be given
             # back (a run of a script ends, saying what it deferred; a service waits).
             return False
-        return time.monotonic() >= self.next_claim_at
+        now = time.monotonic()
+        # The storage's pause too: an arrival's wakeup clears `next_claim_at`, and every
+        # enqueue during an outage ran a handler into it.
+        return now >= self.next_claim_at and now >= self.settler.claims_paused_until
 
     def _unfinished(self) -> int:
         """Jobs in hand whose handlers have not finished (queued or running)."""

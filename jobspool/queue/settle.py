@@ -148,8 +148,8 @@ class Settler:
             self._defer([by_id[j] for j in faulty if j in by_id], next(iter(faulty.values())))
         else:
             if self.outage_since is not None:
-                log.warning("the projection's storage answers again, after %.0f s",
-                            time.monotonic() - self.outage_since)
+                log.warning("the projection's storage answers again (it first failed %.0f s "
+                            "ago)", time.monotonic() - self.outage_since)
             self.storage_faults = self.counters.projection_failing = 0
             self.outage_since = None
         self.counters.projected_rows += sum(result.tables.values())
