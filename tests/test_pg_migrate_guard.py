@@ -141,7 +141,7 @@ def test_a_migration_run_again_after_the_source_ran_jobs_brings_them_up_to_date(
     assert (doc["updated"], doc["diverged"]) == (0, 0)
 
 
-def test_what_moved_is_told_by_transactions_not_by_clocks_or_outcomes(
+def test_what_moved_is_told_by_revisions_not_by_clocks_or_outcomes(
         tmp_path: Path, pg_url: str) -> None:
     """A regression probe's cases: a source host whose clock runs ahead made a job changed
     on the source alone "diverged" (a row's copied `updated_at` was compared with the
@@ -169,6 +169,39 @@ def test_what_moved_is_told_by_transactions_not_by_clocks_or_outcomes(
         assert target.get("done").state is JobState.READY
 
 
+def test_the_books_survive_a_rewrite_of_the_table_and_see_the_targets_own_attempts(
+        tmp_path: Path, pg_url: str) -> None:
+    """Judged by transaction ids, a dump and restore (every row rewritten) made a job moved
+    on the source alone "diverged", and a target's failed attempt was overwritten after a
+    run cut off before it recorded its start (a regression probe). A job the target
+    finished and pruned is not copied again (it would run again)."""
+    root = tmp_path / "s"
+    with make_spool(root) as spool:
+        for name in ("src", "both", "gone"):
+            spool.enqueue(name, {}, job_id=name)
+    assert run_jobspool("--root", str(root), "migrate", "--to", pg_url).returncode == 0
+    with make_spool(pg_url) as target:
+        target.db.run(lambda conn: [conn.execute(sql) for sql in (  # every row rewritten
+            "CREATE TEMP TABLE keep AS SELECT * FROM jobspool_jobs",
+            "DELETE FROM jobspool_jobs", "INSERT INTO jobspool_jobs SELECT * FROM keep")])
+        target.fail(target.claim(kinds=["both"])[0], "target's try", delay=0)
+        target.complete(target.claim(kinds=["gone"])[0])
+        assert target.prune(keep=0).to_dict()["pruned"] == 1
+    with make_spool(root) as spool:
+        spool.complete(spool.claim(kinds=["src"])[0], {"on": "file"})
+        spool.fail(spool.claim(kinds=["both"])[0], "source's try", delay=0)
+        spool.complete(spool.claim(kinds=["both"])[0], {"on": "file"})
+    again = run_jobspool("--root", str(root), "migrate", "--to", pg_url, "--json")
+    doc = json.loads(again.stdout)
+    assert doc["updated_ids"] == ["src"] and doc["diverged_ids"] == ["both"], doc
+    assert doc["copied"] == 0
+    with make_spool(pg_url) as target:
+        both = target.get("both")
+        assert (both.state, both.attempts, both.last_error) == (
+            JobState.RETRYABLE, 1, "target's try")  # the target's own attempt stands
+        assert "gone" not in {j.id for j in target.jobs()}
+
+
 def test_a_job_run_once_on_each_side_is_diverged_also_without_a_record_of_the_last_run(
         tmp_path: Path, pg_url: str) -> None:
     """A first run cut off before it recorded itself (or one of an older release): equal
@@ -179,7 +212,7 @@ def test_a_job_run_once_on_each_side_is_diverged_also_without_a_record_of_the_la
     assert run_jobspool("--root", str(root), "migrate", "--to", pg_url).returncode == 0
     with make_spool(pg_url) as target:
         target.db.run(lambda conn: conn.execute(
-            "DELETE FROM jobspool_settings WHERE key LIKE 'migration:%'"))
+            "DELETE FROM jobspool_migrated"))
         target.complete(target.claim()[0], {"on": "pg"})
     with make_spool(root) as spool:
         spool.complete(spool.claim()[0], {"on": "file"})

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
@@ -52,11 +51,10 @@ def cmd_migrate(args: argparse.Namespace) -> int:
                 read += 1
                 yield job
 
-        started = time.time()
         with Spool(args.to, create=True, **settings) as target:
             report = copy_jobs(counted(), target,  # type: ignore[arg-type]
                                source_fence=source.fence_value(),
-                               source=os.path.realpath(source.root), started=started)
+                               source=os.path.realpath(source.root))
             report.marks = copy_marks(read_marks(source.root, rules=True),
                                       target)  # type: ignore[arg-type]
             created = bool(getattr(target, "created", False))

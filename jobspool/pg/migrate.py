@@ -12,14 +12,15 @@ one the source moved on since (its workers ran it between two tries of the
 migration) takes the source's newer version while no worker of the target
 has started it, and is reported as diverged (exit 2) otherwise.
 
-Whether a side moved is read from a record in the target's settings table
-(`migration:<root>`): the transactions every run from that source wrote rows in
-(added by each chunk's own transaction, so a run cut off leaves them too), and
-when the last completed run started, by the source's clock. A row whose `xmin`
-is not one of those transactions was changed on the target since it was
-copied; a source job whose `updated_at` is past that start moved on the source.
-No clock is compared with another's, and revisions alone could not tell: a job
-run once on each side has the same revision on both. Without a record (an
+Whether a side moved is read from the migration's own bookkeeping, a table
+`jobspool_migrated` (source root, job id, the source's revision copied, the
+revision the target was given), written in the transaction that writes the
+job: every transition bumps a job's revision on either side, so the source
+moved when its revision is no longer the one copied, and the target when its
+row's is no longer the one written. No clock or transaction id is compared
+(each differs between hosts, servers, and a dump and its restore), and a job
+run once on each side, to the same end or not, is seen as changed on both. A
+job the target finished and pruned is not copied again. Without a record (an
 older release's copy), a job whose revisions agree but whose contents do not
 moved on both sides; one whose target copy is further on is taken as the
 target's own progress.
@@ -48,8 +49,16 @@ if TYPE_CHECKING:
     from jobspool.pg.core import PgCore as PgSpool
 
 CHUNK = 500
-RECORD = "migration:"  # + the source's root: what runs from it wrote, and when (a setting)
-_XID = "txid_current() & 4294967295"  # this transaction's id as a row's xmin shows it
+_LOCK_KEY = 0x6A6F626D  # "jobm": the advisory lock around creating the bookkeeping table
+_BOOKS = """CREATE TABLE IF NOT EXISTS jobspool_migrated (
+    source text NOT NULL,
+    id text NOT NULL,
+    src_revision bigint NOT NULL,
+    tgt_revision bigint NOT NULL,
+    PRIMARY KEY (source, id))"""
+_NOTE = ("INSERT INTO jobspool_migrated (source, id, src_revision, tgt_revision) "
+         "VALUES (%s, %s, %s, %s) ON CONFLICT (source, id) DO UPDATE SET "
+         "src_revision = EXCLUDED.src_revision, tgt_revision = EXCLUDED.tgt_revision")
 _BIGINT = range(-(1 << 63), 1 << 63)
 
 
@@ -88,25 +97,29 @@ def _chunks(jobs: Iterable[Job]) -> Iterator[list[Job]]:
 
 
 def copy_jobs(jobs: Iterable[Job], target: PgSpool, *, source_fence: int,
-              source: str = "", started: float | None = None) -> MigrationReport:
+              source: str = "") -> MigrationReport:
     """Insert `jobs` into `target` (one transaction per chunk); see the module docstring.
-    `source` names the source (its root) and `started` is when this run began by the
-    source's clock: the record the next run judges what moved by."""
+    `source` names the source (its real path): the key of its bookkeeping."""
     report = MigrationReport()
     now = target.now()
-    key = RECORD + source
-    last = _last_run(target, key) if source else None
+
+    def books(conn: psycopg.Connection[Any]) -> None:
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+            conn.execute(_BOOKS)
+
+    target.db.run(books, what="migrate")
     for chunk in _chunks(jobs):
         rows: list[Job] = []
         unleased: set[str] = set()
-        source_updated: dict[str, float] = {}
+        source_rev: dict[str, int] = {}
         for job in chunk:
             why = _unfit(job)
             if why is not None:
                 report.refused.append(job.id)
                 report.refused_why = report.refused_why or f"{job.id!r}: {why}"
                 continue
-            source_updated[job.id] = job.updated_at
+            source_rev[job.id] = job.revision
             if job.state is JobState.LEASED:
                 job = evolve(job, state=JobState.READY, lease=None, run_at=now,
                              attempts=max(0, job.attempts - 1),
@@ -115,23 +128,35 @@ def copy_jobs(jobs: Iterable[Job], target: PgSpool, *, source_fence: int,
             rows.append(job)
 
         def go(conn: psycopg.Connection[Any], rows: list[Job] = rows,
-               source_updated: dict[str, float] = source_updated) -> _Repeat:
+               source_rev: dict[str, int] = source_rev) -> _Repeat:
             out = _Repeat()
+            ids = [job.id for job in rows]
             with conn.transaction():
-                for job in rows:
-                    cur = conn.execute(INSERT_SQL, [job.id, *write_values(job)])
-                    if cur.rowcount == 0:
-                        out.skipped.append(job.id)
+                noted = {r[0]: (int(r[1]), int(r[2])) for r in conn.execute(
+                    "SELECT id, src_revision, tgt_revision FROM jobspool_migrated "
+                    "WHERE source = %s AND id = ANY(%s)", (source, ids)).fetchall()}
                 theirs = {r[0]: r for r in conn.execute(
-                    f"SELECT {COLUMNS}, xmin::text::bigint FROM jobspool_jobs "
-                    "WHERE id = ANY(%s)", (out.skipped,)).fetchall()} if out.skipped else {}
-                mine = {job.id: job for job in rows}
-                for i in out.skipped:
+                    f"SELECT {COLUMNS} FROM jobspool_jobs WHERE id = ANY(%s) FOR UPDATE",
+                    (ids,)).fetchall()}
+                for job in rows:
+                    i = job.id
                     if i not in theirs:
+                        if i in noted:
+                            # Copied once, then gone from the target (finished and pruned,
+                            # or deleted): copied again, it would run again.
+                            out.skipped.append(i)
+                            if source_rev[i] != noted[i][0]:
+                                out.diverged.append(i)
+                            continue
+                        cur = conn.execute(INSERT_SQL, [i, *write_values(job)])
+                        if cur.rowcount == 0:  # a concurrent migration's
+                            out.skipped.append(i)
+                            continue
+                        conn.execute(_NOTE, (source, i, source_rev[i], job.revision))
                         continue
-                    job = mine[i]
+                    out.skipped.append(i)
                     try:
-                        held = to_job(theirs[i][:-1])
+                        held = to_job(theirs[i])
                     except UnreadableJob:
                         out.diverged.append(i)  # a hand-edited row: a person decides
                         continue
@@ -139,26 +164,26 @@ def copy_jobs(jobs: Iterable[Job], target: PgSpool, *, source_fence: int,
                         # Another job under the id: this one was not copied.
                         out.other.append(i)
                         continue
-                    verdict = _judge(job, held, source_updated[i], int(theirs[i][-1]), last)
+                    verdict = _judge(job, held, source_rev[i], noted.get(i))
                     if verdict == "update":
                         # A repeat after the source moved on (its workers ran the job between
                         # two tries of the migration) while the target left it as copied:
                         # the target takes the source's newer version.
                         cur = conn.execute(UPDATE_SQL, [*write_values(job), i, held.revision])
-                        (out.updated if cur.rowcount else out.diverged).append(i)
+                        if cur.rowcount:
+                            conn.execute(_NOTE, (source, i, source_rev[i], job.revision))
+                            out.updated.append(i)
+                        else:
+                            out.diverged.append(i)
                     elif verdict == "diverged":
                         out.diverged.append(i)  # moved on both sides: a person decides
+                        # Reported by the run that finds it: the next one judges what moves
+                        # from here (else every run exited 2 with no way to settle it).
+                        conn.execute(_NOTE, (source, i, source_rev[i], held.revision))
+                    elif verdict == "same":
+                        conn.execute(_NOTE, (source, i, source_rev[i], held.revision))
                     # Else the target has it as copied, or moved it on (its workers ran it
                     # since): a repeat of the migration, left alone.
-                if source and (len(out.skipped) < len(rows) or out.updated):
-                    # In the transaction that wrote the rows: a run cut off after it still
-                    # knows these rows as its own copies.
-                    conn.execute(
-                        "INSERT INTO jobspool_settings (key, value) VALUES "
-                        f"(%(k)s, jsonb_build_object('xids', jsonb_build_array({_XID}))) "
-                        "ON CONFLICT (key) DO UPDATE SET value = jsonb_set("
-                        "jobspool_settings.value, '{xids}', coalesce(jobspool_settings.value"
-                        f" -> 'xids', '[]'::jsonb) || to_jsonb({_XID}))", {"k": key})
             return out
 
         repeat = target.db.run(go, what="migrate")
@@ -175,14 +200,6 @@ def copy_jobs(jobs: Iterable[Job], target: PgSpool, *, source_fence: int,
             "SELECT setval('jobspool_fence', greatest(%s::bigint, "
             "(SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM jobspool_fence), 1))",
             (source_fence,)).fetchone()
-        if source and started is not None:
-            # Written last: a run cut off before here leaves the previous start, which
-            # judges conservatively (a change since it counts as a change).
-            conn.execute("INSERT INTO jobspool_settings (key, value) VALUES (%(k)s, "
-                         "jsonb_build_object('source_started', %(t)s::float8, 'xids', "
-                         "'[]'::jsonb)) ON CONFLICT (key) DO UPDATE SET value = jsonb_set("
-                         "jobspool_settings.value, '{source_started}', to_jsonb(%(t)s::float8))",
-                         {"k": key, "t": started})
         return int(row[0]) if row else 0
 
     report.fence = target.db.run(raise_fence, what="migrate")
@@ -196,50 +213,22 @@ def stored_settings(target: PgSpool) -> dict[str, Any]:
     return dict(target.db.run(load_settings, what="migrate"))
 
 
-@dataclass
-class _Record:
-    """What the target knows of earlier runs from one source."""
-
-    xids: frozenset[int]  # the transactions they wrote rows in (as `xmin` shows them)
-    source_started: float | None  # when the last completed one began, by the source's clock
-
-
-def _last_run(target: PgSpool, key: str) -> _Record | None:
-    def read(conn: psycopg.Connection[Any]) -> Any:
-        row = conn.execute("SELECT value FROM jobspool_settings WHERE key = %s",
-                           (key,)).fetchone()
-        return row[0] if row else None
-
-    value = target.db.run(read, what="migrate")
-    if not isinstance(value, dict):
-        return None
-    xids = value.get("xids")
-    started = value.get("source_started")
-    if isinstance(started, bool) or not isinstance(started, int | float):
-        started = None
-    return _Record(xids=frozenset(x for x in xids if isinstance(x, int))
-                   if isinstance(xids, list) else frozenset(),
-                   source_started=None if started is None else float(started))
-
-
-def _judge(job: Job, held: Job, source_updated: float, xmin: int,
-           last: _Record | None) -> str:
-    """"repeat", "update" or "diverged" for a job the target already holds as `held` (its
-    row last written by transaction `xmin`); `job` is what this run would write and
-    `source_updated` the source's own `updated_at`."""
+def _judge(job: Job, held: Job, source_revision: int, noted: tuple[int, int] | None) -> str:
+    """"repeat", "same" (a repeat, as copied), "update" or "diverged" for a job the target
+    already holds as `held`; `job` is what this run would write, `source_revision` the
+    source's own revision, `noted` the (source, target) revisions its last copy recorded
+    (None: no record)."""
+    if noted is not None:
+        if source_revision == noted[0]:
+            return "repeat"  # the source did not move since: whatever the target did stands
+        return "update" if held.revision == noted[1] else "diverged"
+    # No record (an older release's copy): revisions and contents.
     same = ((held.state, held.revision, held.attempts, held.rescues)
             == (job.state, job.revision, job.attempts, job.rescues)
             and held.result == job.result)
-    if last is not None and xmin in last.xids:
-        # As a run copied it: whatever differs is the source's doing since.
-        return "repeat" if same else "update"
-    if last is not None and last.source_started is not None:
-        # Changed on the target since it was copied (or by an older release's run).
-        if source_updated <= last.source_started:
-            return "repeat"  # and not on the source since the last run: its own progress
-        return "diverged"
-    # No record to go by: revisions and contents.
-    if same or job.revision < held.revision:
+    if same:
+        return "same"  # as copied: bookkept from now on
+    if job.revision < held.revision:
         return "repeat"
     if job.revision == held.revision:
         return "diverged"  # as many changes on each side, and not the same ones
