@@ -275,16 +275,23 @@ def test_a_worker_refuses_to_run_against_such_an_endpoint_and_claims_nothing(
         assert spool.get("j1").state.value == "ready" and spool.get("j1").attempts == 0
 
 
-def test_the_cli_refuses_such_an_endpoint_with_one_error_line(stub_endpoint: str, tmp_path: Path) -> None:
-    app = tmp_path / "s3app.py"
-    app.write_text("from jobspool import App\n"
-                   "def note(job, ctx):\n    ctx.upsert('notes', {'id': 'a'})\n"
-                   "app = App(handlers={'note': note}, projection='s3://stub/db')\n")
+def _s3_app_with_a_job(tmp_path: Path) -> tuple[Path, dict[str, str | None]]:
+    """An app (`s3app:app`) projecting to s3://stub/db, a spool with one job for it, and
+    the environment that imports the app."""
+    (tmp_path / "s3app.py").write_text(
+        "from jobspool import App\n"
+        "def note(job, ctx):\n    ctx.upsert('notes', {'id': 'a'})\n"
+        "app = App(handlers={'note': note}, projection='s3://stub/db')\n")
     root = tmp_path / "spool"
     env: dict[str, str | None] = {"PYTHONPATH": f"{ROOT}:{tmp_path}"}
     for setup in (["init"], ["enqueue", "note", "{}"]):
         done = run_jobspool(*setup, root=root, env=env, cwd=tmp_path)
         assert done.code == 0, done.err
+    return root, env
+
+
+def test_the_cli_refuses_such_an_endpoint_with_one_error_line(stub_endpoint: str, tmp_path: Path) -> None:
+    root, env = _s3_app_with_a_job(tmp_path)
     opts = [x for k, v in _stub_options(stub_endpoint).items() for x in ("--projection-option", f"{k}={v}")]
     proc = run_jobspool("run-until-idle", "--app", "s3app:app", *opts, root=root, env=env, cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr
@@ -299,15 +306,7 @@ def test_the_cli_refuses_such_an_endpoint_with_one_error_line(stub_endpoint: str
 def test_a_worker_pool_gives_up_on_such_an_endpoint_instead_of_restarting_for_ever(
         stub_endpoint: str, tmp_path: Path) -> None:
     """Each child refused in one line and exited 1; the pool restarted it, for ever."""
-    app = tmp_path / "s3app.py"
-    app.write_text("from jobspool import App\n"
-                   "def note(job, ctx):\n    ctx.upsert('notes', {'id': 'a'})\n"
-                   "app = App(handlers={'note': note}, projection='s3://stub/db')\n")
-    root = tmp_path / "spool"
-    env: dict[str, str | None] = {"PYTHONPATH": f"{ROOT}:{tmp_path}"}
-    for setup in (["init"], ["enqueue", "note", "{}"]):
-        done = run_jobspool(*setup, root=root, env=env, cwd=tmp_path)
-        assert done.code == 0, done.err
+    root, env = _s3_app_with_a_job(tmp_path)
     opts = [x for k, v in _stub_options(stub_endpoint).items()
             for x in ("--projection-option", f"{k}={v}")]
     proc = run_jobspool("worker", "--processes", "2", "--app", "s3app:app", *opts, root=root,

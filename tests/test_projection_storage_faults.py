@@ -61,6 +61,18 @@ def test_a_damaged_table_defers_its_jobs_uncounted_and_they_run_once_it_is_fixed
     assert sorted(rows.to_arrow().column("id").to_pylist()) == [f"j{n}" for n in range(6)]
 
 
+def _project_once_then_damage(spool: Spool, app: App, proj: Path) -> Path:
+    """Project one job (the table exists), then damage the table's newest manifest: every
+    commit to it fails for its storage. Returns that manifest."""
+    spool.enqueue("p", {"n": 0}, job_id="j0")
+    assert Worker(spool, app, maintenance=False).run_until_idle().completed == 1
+    newest = sorted((proj / "t.lance" / "_versions").glob("*.manifest"),
+                    key=lambda p: p.stat().st_mtime_ns)[-1]
+    with open(newest, "r+b") as f:
+        f.truncate(100)
+    return newest
+
+
 def test_storage_faults_are_told_from_row_faults() -> None:
     io = RuntimeError('lance error: LanceError(IO): Read-only file system (os error 30) at '
                       'path "/p/t.lance/data/x", /root/.cargo/registry/src/i/lance-io-13/src/'
@@ -112,17 +124,8 @@ def test_an_object_store_that_does_not_answer_defers_the_jobs_uncounted(
     in Rust's debug form (`IO { source: Generic { store: "S3" ... ConnectionRefused`):
     taken for the job's own fault, the jobs were retried on their attempts and dead-
     lettered (an S3 probe; with the conditional-PUT check off, as for AWS S3 itself)."""
-    import socket
-
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    options = {"aws_endpoint": f"http://127.0.0.1:{port}", "allow_http": "true",
-               "aws_access_key_id": "k", "aws_secret_access_key": "s",
-               "aws_region": "us-east-1", "client_max_retries": "0",
-               "client_retry_timeout": "1", "jobspool_check_conditional_put": "false"}
     app = App(handlers={"p": _project}, projection="s3://bucket/idx",
-              storage_options=options)
+              storage_options=_closed_endpoint_options())
     with Spool(tmp_path / "spool") as spool:
         spool.enqueue("p", {"n": 1}, job_id="j1", max_attempts=1)
         report = Worker(spool, app, maintenance=False).run_until_idle(wait_for_retries=0)
@@ -139,12 +142,7 @@ def test_a_drain_stops_claiming_once_the_projection_storage_fails(
     proj = tmp_path / "proj"
     app = App(handlers={"p": _project}, projection=str(proj))
     with Spool(tmp_path / "spool") as spool:
-        spool.enqueue("p", {"n": 0}, job_id="j0")
-        assert Worker(spool, app, maintenance=False).run_until_idle().completed == 1
-        newest = sorted((proj / "t.lance" / "_versions").glob("*.manifest"),
-                        key=lambda p: p.stat().st_mtime_ns)[-1]
-        with open(newest, "r+b") as f:
-            f.truncate(100)
+        _project_once_then_damage(spool, app, proj)
         spool.enqueue_many("p", [{"n": n} for n in range(1, 41)])
         caplog.set_level(logging.WARNING, logger="jobspool")
         report = Worker(spool, app, concurrency=1, batch_size=5,
@@ -209,12 +207,7 @@ def test_an_arrival_during_a_storage_outage_waits_for_the_pause(tmp_path: Path) 
 
     app = App(handlers={"p": _project, "plain": plain}, projection=str(proj))
     with Spool(tmp_path / "spool") as spool:
-        spool.enqueue("p", {"n": 0}, job_id="j0")
-        assert Worker(spool, app, maintenance=False).run_until_idle().completed == 1
-        newest = sorted((proj / "t.lance" / "_versions").glob("*.manifest"),
-                        key=lambda p: p.stat().st_mtime_ns)[-1]
-        with open(newest, "r+b") as f:
-            f.truncate(100)
+        _project_once_then_damage(spool, app, proj)
         worker = Worker(spool, app, maintenance=False)
         runner = threading.Thread(target=worker.run_forever,
                                   kwargs={"handle_signals": False, "poll_seconds": 0.05})
