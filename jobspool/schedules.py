@@ -57,8 +57,17 @@ _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 # How far ahead of the clock a schedule's last fired tick must be to count as a clock that
-# jumped ahead and came back, rather than the skew between machines sharing the marks.
-CLOCK_JUMP_SECONDS = 3600.0
+# was wrong (set ahead by mistake, then corrected) rather than one stepped back a little (an
+# NTP correction, a VM restored with a stale clock) or the skew between machines sharing the
+# marks. Up to this, the schedule waits for its mark: every tick up to it was fired already
+# (by the clock that ran ahead), and a tick never fires twice, its job pruned or not. Beyond
+# it, waiting would silence the schedule for as long (a year, after a one-year mistake).
+CLOCK_JUMP_SECONDS = 86400.0
+_BEHIND_LOGGED: dict[str, float] = {}  # schedule name -> when its wait was last logged
+
+
+def _iso(tick: int) -> str:
+    return datetime.fromtimestamp(tick, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # How late a worker's wake for a tick may be and the tick still count as on time, whatever
@@ -157,6 +166,14 @@ class Schedule:
         start = datetime.fromtimestamp(math.floor(after), self._zone)
         return int(next(CronSim(self._expr, start)).timestamp())
 
+    def _due_to_log(self, now: float) -> bool:
+        """At most one wait line per schedule every ten minutes (plan runs at every tick)."""
+        last = _BEHIND_LOGGED.get(self.key)
+        if last is not None and abs(now - last) < 600:
+            return False
+        _BEHIND_LOGGED[self.key] = now
+        return True
+
     def last_tick(self, at: float) -> int:
         """The latest tick at or before `at`."""
         if self.cron is None:
@@ -209,11 +226,19 @@ class Schedule:
         `rule_changed`: the mark was left by another rule under this schedule's name."""
         latest = self.last_tick(now)
         if last is not None and last > now + CLOCK_JUMP_SECONDS:
-            # The last tick fired is far in the future: the clock jumped ahead and came
-            # back. Kept, it would silence the schedule until the clock caught up with it
-            # (a year, after a one-year jump). Start over as at first sight; a tick
-            # fired before is not fired twice (its job id is taken).
+            # The last tick fired is far in the future: the clock was wrong and came back.
+            # Kept, it would silence the schedule until the clock caught up with it (a year,
+            # after a one-year mistake). Start over as at first sight; a tick the wrong
+            # clock fired fires again if its job was pruned since (its id is free again).
+            log.error("schedule %s: its last tick fired (%s) is %.0f s ahead of this clock, "
+                      "more than %.0f s: taken for a clock that was wrong; starting over "
+                      "(ticks that clock fired may fire again)", self.key,
+                      _iso(last), last - now, CLOCK_JUMP_SECONDS)
             last = None
+        elif last is not None and last > now + 60 and self._due_to_log(now):
+            log.warning("schedule %s: its last tick fired (%s) is %.0f s ahead of this clock "
+                        "(stepped back?); no tick fires until the clock passes it (each "
+                        "fired already)", self.key, _iso(last), last - now)
         floor: int | None = None
         if last is not None and (rule_changed or self.last_tick(last) != last):
             # The rule changed under its name (every 3600 s became every 60 s): known by

@@ -203,6 +203,28 @@ def test_a_clock_that_jumped_ahead_and_came_back_does_not_silence_a_schedule(
     assert scheduler.tick(spool, back + 50) == []
 
 
+def test_a_clock_stepped_back_hours_waits_for_its_mark_and_fires_no_tick_twice(
+        spool: Spool, caplog: pytest.LogCaptureFixture) -> None:
+    """A clock that ran two hours ahead for three hours, then corrected: the mark was taken
+    for a wrong clock (over an hour ahead) and dropped, and each tick fired before fired
+    again once its job was pruned (110 in two hours, a time probe)."""
+    import logging
+
+    scheduler = Scheduler([Schedule("tick", every=60, catch_up="skip")])
+    fired: list[int] = []
+    for m in range(180):
+        fired += [t for f in scheduler.tick(spool, T0 + m * 60) for t in f.ticks]
+    while leases := spool.claim(limit=50):
+        spool.complete_many([(lease, None) for lease in leases])
+    spool.prune(keep=0)  # their jobs are gone: the ids no longer stop a second firing
+    now = T0 + 60 * 60  # two hours back
+    caplog.set_level(logging.WARNING, logger="jobspool")
+    again = [t for m in range(150) for f in scheduler.tick(spool, now + m * 60) for t in f.ticks]
+    assert not set(again) & set(fired)
+    assert again and min(again) > max(fired)  # and it fires again once past its mark
+    assert any("ahead of this clock" in r.getMessage() for r in caplog.records)
+
+
 def test_a_new_schedule_does_not_fire_a_tick_long_past(spool: Spool) -> None:
     scheduler = Scheduler([Schedule("report", cron="0 3 * * *", catch_up="all")])
     assert scheduler.tick(spool, datetime(2026, 3, 1, 10, 0, tzinfo=UTC).timestamp()) == []
