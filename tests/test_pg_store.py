@@ -285,3 +285,21 @@ def test_this_machines_directory_for_a_database_spool_is_private_whatever_the_um
             assert (local.stat().st_mode & 0o777) == 0o700
     finally:
         os.umask(old)
+
+
+def test_a_worker_follows_the_database_clock_when_it_steps_back(pg_url: str) -> None:
+    """The estimate of the database's clock was measured once, at open: after the database's
+    clock stepped back by more than a lease (an NTP correction there, a failover to a
+    replica behind), every lease looked expired to the worker, which claimed and dropped
+    jobs for ever without starting one (a time probe, with the server under libfaketime).
+    Here the estimate is put 90 s ahead, as such a step leaves it."""
+    from jobspool import Worker
+
+    with make_spool(pg_url, lease_seconds=60.0) as spool:
+        for i in range(3):
+            spool.enqueue("work", {"i": i})
+        spool.follow_clock(spool.now() + 90)  # type: ignore[attr-defined]
+        report = Worker(spool, {"work": lambda job, ctx: job.payload["i"]},
+                        maintenance=False).run_until_idle()
+        assert report.completed == 3 and report.released == 0
+        assert abs(spool.now() - time.time()) < 30  # it follows the database again

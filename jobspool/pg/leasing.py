@@ -89,6 +89,8 @@ def claim(spool: PgSpool, *, kinds: Iterable[str] | str | None, limit: int, owne
         return c.execute(statement, params, binary=True).fetchall()
 
     rows = spool.db.run(go, what="claim")
+    if rows and tries == 1:
+        _follow_the_database_clock(spool, rows, lease_seconds)
     now = time.monotonic()
     exhausted = bool(rows) and bool(rows[0][-1])
     if spool.sweep_enabled and (not rows or exhausted or now >= spool.next_sweep):
@@ -106,6 +108,26 @@ def claim(spool: PgSpool, *, kinds: Iterable[str] | str | None, limit: int, owne
 
 
 _TOKEN = [c.strip() for c in COLUMNS.split(",")].index("token")
+_EXPIRES = [c.strip() for c in COLUMNS.split(",")].index("expires_at")
+
+
+def _follow_the_database_clock(spool: PgSpool, rows: list[Any], lease_seconds: float) -> None:
+    """A fresh claim says what the database's clock read when it ran (its leases expire a
+    lease from then): when this process's estimate is off by a quarter lease or more, it
+    follows. The estimate was measured once, at open: after the database's clock stepped
+    back by more than a lease (an NTP correction there, a failover to a replica behind),
+    every lease it handed out looked expired here, and the worker claimed and dropped
+    jobs for ever without starting one."""
+    expires = rows[0][_EXPIRES]
+    if spool.now_param() is not None or not isinstance(expires, float):  # a given clock
+        return
+    said = expires - lease_seconds  # a lower bound: the claim's transaction began then
+    off = spool.now() - said
+    if abs(off) >= max(1.0, lease_seconds / 4):
+        spool.follow_clock(said)
+        log.warning("the database's clock is %.1f s %s this process's estimate of it (a "
+                    "clock stepped there?); following it", abs(off),
+                    "behind" if off > 0 else "ahead of")
 
 
 def _readable(spool: PgSpool, rows: list[Any]) -> list[Job]:

@@ -28,6 +28,7 @@ from jobspool.errors import (
     SpoolError,
 )
 from jobspool.pg import admin, leasing, marks, produce
+from jobspool.pg.clock import steady
 from jobspool.pg.db import Database
 from jobspool.pg.opening import (
     DEFAULTS,
@@ -97,15 +98,6 @@ def _one(out: T | JobspoolError) -> T:
     return out
 
 
-
-# Counts on through a suspend (a resumed VM or laptop), unlike CLOCK_MONOTONIC, and is
-# never stepped; slewed at the same rate as the wall clock by NTP.
-_steady_clock = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
-
-
-def _steady() -> float:
-    return time.clock_gettime(_steady_clock)
-
 class PgSpool(EnqueueForms):
     """A durable job queue in a PostgreSQL database, shared by processes on many machines."""
 
@@ -153,7 +145,7 @@ class PgSpool(EnqueueForms):
         # which a step of the host's wall clock (NTP, an operator's `date -s`) leaves alone:
         # an offset added to `time.time()` was measured once, and after a +2 h step the
         # worker fired schedules 2 h early and let leases run out before handlers started.
-        self._anchor = time.time() + opened.clock_offset - _steady()
+        self._anchor = time.time() + opened.clock_offset - steady()
         st = self.settings = opened.settings
         self.lease_seconds, self.max_attempts = st.lease_seconds, st.max_attempts
         self.retry_base_seconds, self.retry_max_seconds = (st.retry_base_seconds,
@@ -215,7 +207,11 @@ class PgSpool(EnqueueForms):
 
     def now(self) -> float:
         """Seconds since the epoch on the database's clock (or the clock given)."""
-        return self.clock() if self.clock is not None else self._anchor + _steady()
+        return self.clock() if self.clock is not None else self._anchor + steady()
+
+    def follow_clock(self, database_now: float) -> None:
+        """Estimate the database's clock from `database_now`, read just now (a claim)."""
+        self._anchor = database_now - steady()
 
     def now_param(self) -> float | None:
         """What statements get as `%(now)s`: None means the database's own clock."""
