@@ -277,3 +277,38 @@ def test_a_rule_made_finer_after_migrating_starts_over_instead_of_catching_up(
         fired = Scheduler([Schedule("tick", catch_up="all", every=60)]).tick(
             target, now=hour + 50 * 60 + 1)
     assert sum(len(f.ticks) for f in fired) == 1, fired
+
+
+def test_a_job_changed_on_both_sides_is_reported_once_and_the_target_run_never_replaced(
+        tmp_path: Path, pg_url: str) -> None:
+    """After a "diverged" report, a later change of the source replaced the target's finished
+    run (it ran a third time); a job the target finished and pruned, run on the source too,
+    was reported diverged by every run, for ever (a regression probe)."""
+    root = tmp_path / "s"
+    with make_spool(root) as spool:
+        for name in ("both", "pruned"):
+            spool.enqueue(name, {}, job_id=name)
+    assert run_jobspool("--root", str(root), "migrate", "--to", pg_url).returncode == 0
+    with make_spool(pg_url) as target:
+        target.fail(target.claim(kinds=["both"])[0], "target's try", delay=3600)
+        target.complete(target.claim(kinds=["pruned"])[0], {"on": "pg"})
+        target.prune(keep=0)  # "pruned" is gone from the target
+    with make_spool(root) as spool:
+        for name in ("both", "pruned"):
+            spool.complete(spool.claim(kinds=[name])[0], {"on": "file"})
+    first = json.loads(run_jobspool("--root", str(root), "migrate", "--to", pg_url,
+                                    "--json").stdout)
+    assert sorted(first["diverged_ids"]) == ["both", "pruned"]
+    again = run_jobspool("--root", str(root), "migrate", "--to", pg_url, "--json")
+    assert again.returncode == 0 and json.loads(again.stdout)["diverged"] == 0
+    with make_spool(root) as spool:
+        for name in ("both", "pruned"):
+            spool.requeue(name)  # the source moves again
+    third = json.loads(run_jobspool("--root", str(root), "migrate", "--to", pg_url,
+                                    "--json").stdout)
+    assert sorted(third["diverged_ids"]) == ["both", "pruned"]
+    assert third["updated"] == 0 and third["copied"] == 0
+    with make_spool(pg_url) as target:
+        both = target.get("both")
+        assert (both.state, both.last_error) == (JobState.RETRYABLE, "target's try")
+        assert "pruned" not in {j.id for j in target.jobs()}

@@ -303,3 +303,36 @@ def test_a_worker_follows_the_database_clock_when_it_steps_back(pg_url: str) -> 
                         maintenance=False).run_until_idle()
         assert report.completed == 3 and report.released == 0
         assert abs(spool.now() - time.time()) < 30  # it follows the database again
+
+
+def test_a_claim_that_waited_on_a_lock_does_not_move_the_clock_estimate(pg_url: str) -> None:
+    """Its transaction began long before its rows came back: taken for the database's clock
+    now, it put the estimate behind by the wait, a lease that had run out looked live, and
+    its handler started — a second run (a regression probe)."""
+    import threading
+
+    with make_spool(pg_url, lease_seconds=2.0) as spool:
+        spool.enqueue("work", {})
+        locked, release = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with psycopg.connect(pg_url, autocommit=True) as conn, conn.transaction():
+                conn.execute("LOCK TABLE jobspool_jobs IN SHARE MODE")
+                locked.set()
+                release.wait(30)
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        assert locked.wait(30)
+        timer = threading.Timer(1.5, release.set)
+        timer.start()
+        try:
+            (lease,) = spool.claim()
+        finally:
+            release.set()
+            holder.join(30)
+        with psycopg.connect(pg_url) as conn:
+            (db_now,) = conn.execute("SELECT extract(epoch from clock_timestamp())::float8"
+                                     ).fetchone()  # type: ignore[misc]
+        assert abs(spool.now() - db_now) < 0.5
+        assert lease.expires_at - spool.now() < 1.0  # the wait ate most of it, and it shows

@@ -283,8 +283,9 @@ def test_a_storage_fault_adding_the_first_columns_is_judged_as_a_failed_merge(
         spool.enqueue("project", {}, job_id="again")  # a second job, due now
         Worker(spool, handlers={"project": project}, projection=str(index)).run_until_idle()
         assert spool.get("again").state is JobState.COMPLETED
-    assert LanceProjection(str(index), "notes").get("a") == {
-        "id": "a", "title": "t", "version": 1.0, "fence": 2}
+    row = LanceProjection(str(index), "notes").get("a")
+    assert row is not None and row.pop("fence") > 1  # above the tombstone's token
+    assert row == {"id": "a", "title": "t", "version": 1.0}
 
 
 def test_a_stale_upsert_fenced_out_by_the_tombstones_does_not_set_the_columns(

@@ -88,9 +88,10 @@ def claim(spool: PgSpool, *, kinds: Iterable[str] | str | None, limit: int, owne
         # (floats and integers are not parsed), ~9% of a claim + complete's client time.
         return c.execute(statement, params, binary=True).fetchall()
 
+    sent = spool.now()
     rows = spool.db.run(go, what="claim")
     if rows and tries == 1:
-        _follow_the_database_clock(spool, rows, lease_seconds)
+        _follow_the_database_clock(spool, rows, lease_seconds, sent)
     now = time.monotonic()
     exhausted = bool(rows) and bool(rows[0][-1])
     if spool.sweep_enabled and (not rows or exhausted or now >= spool.next_sweep):
@@ -111,23 +112,28 @@ _TOKEN = [c.strip() for c in COLUMNS.split(",")].index("token")
 _EXPIRES = [c.strip() for c in COLUMNS.split(",")].index("expires_at")
 
 
-def _follow_the_database_clock(spool: PgSpool, rows: list[Any], lease_seconds: float) -> None:
-    """A fresh claim says what the database's clock read when it ran (its leases expire a
-    lease from then): when this process's estimate is off by a quarter lease or more, it
-    follows. The estimate was measured once, at open: after the database's clock stepped
-    back by more than a lease (an NTP correction there, a failover to a replica behind),
-    every lease it handed out looked expired here, and the worker claimed and dropped
-    jobs for ever without starting one."""
+def _follow_the_database_clock(spool: PgSpool, rows: list[Any], lease_seconds: float,
+                               sent: float) -> None:
+    """A fresh claim says what the database's clock read while it ran (its leases expire a
+    lease from then): when that falls outside what this process's estimate read between
+    sending the claim and getting its rows, by more than a little, the process follows.
+    The estimate was measured once, at open: after the database's clock stepped back by
+    more than a lease (an NTP correction there, a failover to a replica behind), every
+    lease it handed out looked expired here, and the worker claimed and dropped jobs for
+    ever without starting one. Inside the window is no evidence of a step: a claim that
+    waited on a lock began long before its rows came back."""
     expires = rows[0][_EXPIRES]
     if spool.now_param() is not None or not isinstance(expires, float):  # a given clock
         return
-    said = expires - lease_seconds  # a lower bound: the claim's transaction began then
-    off = spool.now() - said
-    if abs(off) >= max(1.0, lease_seconds / 4):
-        spool.follow_clock(said)
-        log.warning("the database's clock is %.1f s %s this process's estimate of it (a "
-                    "clock stepped there?); following it", abs(off),
-                    "behind" if off > 0 else "ahead of")
+    said = expires - lease_seconds  # the claim's transaction began then
+    got = spool.now()
+    slack = max(0.05, min(1.0, lease_seconds / 4))
+    if sent - slack <= said <= got + slack:
+        return
+    spool.follow_clock(said)  # at or below the database's clock now: never ahead of it
+    log.warning("the database's clock is %.1f s %s this process's estimate of it (a clock "
+                "stepped there?); following it", abs(said - (sent if said < sent else got)),
+                "behind" if said < sent else "ahead of")
 
 
 def _readable(spool: PgSpool, rows: list[Any]) -> list[Job]:
@@ -466,3 +472,12 @@ def live_tokens(spool: PgSpool) -> list[int]:
         "SELECT token FROM jobspool_jobs WHERE state = 'leased' AND expires_at > %s",
         (spool.now(),)).fetchall(), what="reading leases")
     return [int(r[0]) for r in rows]
+
+
+def keep_tokens_above(spool: PgSpool, token: int) -> bool:
+    """Raise the token sequence to `token` when it is below (never lowers it)."""
+    row = spool.db.run(lambda c: c.execute(
+        "SELECT setval('jobspool_fence', %s::bigint) FROM jobspool_fence "
+        "WHERE (CASE WHEN is_called THEN last_value ELSE 0 END) < %s::bigint",
+        (token, token)).fetchone(), what="raising the fence")
+    return row is not None

@@ -56,6 +56,7 @@ _BOOKS = """CREATE TABLE IF NOT EXISTS jobspool_migrated (
     src_revision bigint NOT NULL,
     tgt_revision bigint NOT NULL,
     PRIMARY KEY (source, id))"""
+_RAN = -1  # a recorded target revision: the target ran the job (reported diverged)
 _NOTE = ("INSERT INTO jobspool_migrated (source, id, src_revision, tgt_revision) "
          "VALUES (%s, %s, %s, %s) ON CONFLICT (source, id) DO UPDATE SET "
          "src_revision = EXCLUDED.src_revision, tgt_revision = EXCLUDED.tgt_revision")
@@ -104,6 +105,12 @@ def copy_jobs(jobs: Iterable[Job], target: PgSpool, *, source_fence: int,
     now = target.now()
 
     def books(conn: psycopg.Connection[Any]) -> None:
+        # Looked up first: CREATE ... IF NOT EXISTS checks the privilege to create before
+        # it checks whether the table exists (an application role without CREATE on the
+        # schema was refused on a database that had the table).
+        row = conn.execute("SELECT to_regclass('jobspool_migrated')").fetchone()
+        if row is not None and row[0] is not None:
+            return
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
             conn.execute(_BOOKS)
@@ -146,7 +153,8 @@ def copy_jobs(jobs: Iterable[Job], target: PgSpool, *, source_fence: int,
                             # or deleted): copied again, it would run again.
                             out.skipped.append(i)
                             if source_rev[i] != noted[i][0]:
-                                out.diverged.append(i)
+                                out.diverged.append(i)  # reported once, as below
+                                conn.execute(_NOTE, (source, i, source_rev[i], _RAN))
                             continue
                         cur = conn.execute(INSERT_SQL, [i, *write_values(job)])
                         if cur.rowcount == 0:  # a concurrent migration's
@@ -177,9 +185,10 @@ def copy_jobs(jobs: Iterable[Job], target: PgSpool, *, source_fence: int,
                             out.diverged.append(i)
                     elif verdict == "diverged":
                         out.diverged.append(i)  # moved on both sides: a person decides
-                        # Reported by the run that finds it: the next one judges what moves
-                        # from here (else every run exited 2 with no way to settle it).
-                        conn.execute(_NOTE, (source, i, source_rev[i], held.revision))
+                        # Reported by the run that finds it (else every run exited 2 with no
+                        # way to settle it); the target ran it, so a later change of the
+                        # source never replaces what it did: it is reported again instead.
+                        conn.execute(_NOTE, (source, i, source_rev[i], _RAN))
                     elif verdict == "same":
                         conn.execute(_NOTE, (source, i, source_rev[i], held.revision))
                     # Else the target has it as copied, or moved it on (its workers ran it

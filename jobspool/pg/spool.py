@@ -536,6 +536,10 @@ class PgSpool(EnqueueForms):
     def fence_value(self) -> int:
         return leasing.fence_value(self)
 
+    def keep_tokens_above(self, token: int) -> bool:
+        """Hand out no token at or below `token` from now on; whether the sequence moved."""
+        return leasing.keep_tokens_above(self, token)
+
     def live_tokens(self) -> list[int]:
         return leasing.live_tokens(self)
 

@@ -419,6 +419,20 @@ class Journal(JournalReads, JournalSettings):
             self.fence.raised(token)
         return wrote
 
+    def keep_tokens_above(self, token: int) -> bool:
+        """Hand out no token at or below `token` from now on (one seen outside the counter:
+        a projection row written before an older backup was restored). Whether the fence
+        moved."""
+        with self.lock.hold():
+            if token <= self.fence_value():
+                return False
+            try:
+                ceiling = self.fence_file.read()
+            except SpoolError:  # unreadable: rewritten with the token
+                ceiling = 0
+            self.fence_above(token, ceiling)
+            return True
+
     def maybe_autoprune(self) -> None:
         """Amortized retention: prune once per `max(64, keep_terminal // 4)` terminal writes.
 

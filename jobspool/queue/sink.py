@@ -92,6 +92,7 @@ class LanceSink:
         self._min_live_token = min_live_token
         self._store: ProjectionStore | None = None
         self._beat: MaintenanceBeat | None = None
+        self._fence_checked = False
 
     def store(self) -> ProjectionStore:
         """The projection store (opened on first use)."""
@@ -132,6 +133,31 @@ class LanceSink:
                 check_conditional_put(spec, self.storage_options)
         except ObjectStoreUnreachable as exc:  # an outage, not a verdict: checked again at first write
             log.warning("%s", exc)
+
+    def keep_fence_above(self, spool: Any) -> None:
+        """Before a run's first claim: raise the spool's token counter above every token the
+        projection's rows hold (`projection/fencetop.py`). An outage or damage is left to
+        the writes, which defer for it; a projection not made yet has no rows."""
+        if self._fence_checked:
+            return
+        if self.spec is None and not os.path.isdir(self._default_uri):
+            self._fence_checked = True  # no projection written yet (nor lancedb imported)
+            return
+        from jobspool.projection.faults import plain
+        from jobspool.projection.fencetop import fence_top
+
+        try:
+            fence = spool.fence_value()
+            top = fence_top(self.store(), fence)
+        except Exception as exc:  # advisory: the writes meet the same fault and say so
+            log.warning("could not read the projection's highest fencing token: %s: %s",
+                        type(exc).__name__, plain(str(exc))[:300])
+            return
+        self._fence_checked = True
+        if top is not None and spool.keep_tokens_above(top):
+            log.warning("the projection holds rows written under tokens up to %d, above this "
+                        "spool's fence %d (an older backup of the spool restored?): tokens go "
+                        "on above them, so that new runs' writes win", top, fence)
 
     def apply(self, writes: Sequence[PendingWrite]) -> ApplyResult:
         store = self.store()

@@ -232,6 +232,11 @@ class Spool(EnqueueForms):
         disk, which is at or above it)."""
         return self.journal.fence_value()
 
+    def keep_tokens_above(self, token: int) -> bool:
+        """Hand out no token at or below `token` from now on (see `Journal`); whether the
+        fence moved."""
+        return self.journal.keep_tokens_above(token)
+
     def close(self) -> None:
         """Stop the workers running on this spool (as `Worker.stop()`: handlers finish within
         their grace, jobs not begun go back), then release its files and locks.

@@ -250,6 +250,7 @@ class Worker:
         """
         # Before any task group, so a refused endpoint is raised as itself (not in a group).
         await anyio.to_thread.run_sync(self.sink.check)
+        await anyio.to_thread.run_sync(self.sink.keep_fence_above, self.spool)
         if handle_signals and threading.current_thread() is threading.main_thread():
             result: RunReport | WorkerCrashed | None = None
             async with anyio.create_task_group() as tg:
@@ -332,6 +333,7 @@ class Worker:
                              f"poll: new jobs wake an idle worker at once), got "
                              f"{poll_seconds!r}", field="poll_seconds")
         await anyio.to_thread.run_sync(self.sink.check)
+        await anyio.to_thread.run_sync(self.sink.keep_fence_above, self.spool)
         self._begin_run()
         counters = Counters()
         self._live = counters
