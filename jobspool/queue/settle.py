@@ -152,6 +152,7 @@ class Settler:
                             "ago)", time.monotonic() - self.outage_since)
             self.storage_faults = self.counters.projection_failing = 0
             self.outage_since = None
+            self.claims_paused_until = 0.0  # a write landed: claims need not wait it out
         self.counters.projected_rows += sum(result.tables.values())
 
     def _defer(self, runs: list[Context], exc: BaseException) -> None:
