@@ -192,11 +192,13 @@ def test_a_reader_of_an_object_store_that_does_not_answer_gets_one_short_line(
     assert len(done.err.strip().splitlines()) == 1, done.err
 
 
-def test_an_arrival_during_a_storage_outage_waits_for_the_pause(tmp_path: Path) -> None:
+def test_an_arrival_during_a_storage_outage_waits_for_the_pause(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """An enqueue's wakeup cleared the claim pause: during an outage, every arrival was
     claimed and run at once (a regression probe). The pause is at least 1 s."""
     import threading
 
+    from jobspool.queue.pipeline import Pipeline
     from tests.waiting import wait_until
 
     proj = tmp_path / "proj"
@@ -208,6 +210,14 @@ def test_an_arrival_during_a_storage_outage_waits_for_the_pause(tmp_path: Path) 
     app = App(handlers={"p": _project, "plain": plain}, projection=str(proj))
     with Spool(tmp_path / "spool") as spool:
         _project_once_then_damage(spool, app, proj)
+        looks: list[float] = []
+        real = Pipeline._may_claim  # noqa: SLF001 - counting the loop's looks
+
+        def counted(self: Pipeline) -> bool:
+            looks.append(time.monotonic())
+            return real(self)
+
+        monkeypatch.setattr(Pipeline, "_may_claim", counted)
         worker = Worker(spool, app, maintenance=False)
         runner = threading.Thread(target=worker.run_forever,
                                   kwargs={"handle_signals": False, "poll_seconds": 0.05})
@@ -217,10 +227,14 @@ def test_an_arrival_during_a_storage_outage_waits_for_the_pause(tmp_path: Path) 
             wait_until(lambda: (spool.get("j1").last_error or "").startswith("deferred"), 60,
                        "the projection write to be deferred")
             deferred_at = spool.get("j1").updated_at
+            looks.clear()
             spool.enqueue("plain", {}, job_id="q1")
             wait_until(lambda: "q1" in started, 60, "the plain job to run")
         finally:
             worker.stop()
             runner.join(60)
         assert started["q1"] - deferred_at >= 0.5  # a lower bound: load only delays it
+        # Its loop slept out the pause: it spun, asking whether it may claim, thousands of
+        # times (an arrival's wakeup had cleared the time it slept to).
+        assert len(looks) < 100, len(looks)
         assert spool.get("j1").attempts == 0

@@ -233,9 +233,9 @@ class Pipeline(IdleWaits):
                             continue  # jobs a dead worker held: drained too
                         return
                     if not tried_claim:
-                        await self._sleep(max(0.0, self.next_claim_at - time.monotonic()))
+                        await self._sleep(max(0.0, self._claim_at() - time.monotonic()))
                     continue
-                await self._sleep(max(0.0, self.next_claim_at - time.monotonic()))
+                await self._sleep(max(0.0, self._claim_at() - time.monotonic()))
                 continue
             await self._wait_for_progress()
 
@@ -284,8 +284,7 @@ class Pipeline(IdleWaits):
             # What it gave back (a retry due now, a release) is claimable at once, and a
             # claim that came back empty while it ran proved nothing: claim again now, not
             # after the idle backoff that empty claim set (10 ms at the end of every drain).
-            # Unless the projection's storage is failing: claims wait for its delay.
-            self.next_claim_at = self.settler.claims_paused_until
+            self.next_claim_at = 0.0
             self._report_progress()
             self.wake.set()
 
@@ -310,10 +309,13 @@ class Pipeline(IdleWaits):
             # The projection's storage fails: what a drain claimed now would only be given
             # back (a run of a script ends, saying what it deferred; a service waits).
             return False
-        now = time.monotonic()
-        # The storage's pause too: an arrival's wakeup clears `next_claim_at`, and every
-        # enqueue during an outage ran a handler into it.
-        return now >= self.next_claim_at and now >= self.settler.claims_paused_until
+        return time.monotonic() >= self._claim_at()
+
+    def _claim_at(self) -> float:
+        """When the next claim may go out (monotonic): the idle backoff's time, or the
+        projection storage's pause when later. Kept apart, an arrival's wakeup (which
+        clears `next_claim_at`) ran a handler into an outage, or spun the idle loop."""
+        return max(self.next_claim_at, self.settler.claims_paused_until)
 
     def _unfinished(self) -> int:
         """Jobs in hand whose handlers have not finished (queued or running)."""
