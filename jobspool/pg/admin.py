@@ -28,6 +28,7 @@ from jobspool.health import (
 from jobspool.health.reasons import ids as some_ids
 from jobspool.pg.leasing import sweep
 from jobspool.pg.rows import COLUMNS, to_job
+from jobspool.pg.schema import FENCE_MARGIN
 from jobspool.queue import machine
 from jobspool.queue.job import JOB_ID_PATTERN, KIND_PATTERN, Job, validate_int, validate_seconds
 from jobspool.queue.states import ALL_STATES, TERMINAL, JobState
@@ -240,7 +241,7 @@ def _log_recovery(spool: PgSpool, report: Any, *, swept_dead: int) -> None:
 
 # Claims may draw tokens while the sequence is set: it is set this far above the highest
 # token on disk, so no token they drew meanwhile can be handed out again afterwards.
-_FENCE_MARGIN = 100_000
+_FENCE_MARGIN = FENCE_MARGIN
 
 
 def _still_above(spool: PgSpool, rows: list[Any]) -> list[Any]:

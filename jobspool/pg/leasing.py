@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from jobspool.errors import JobspoolError, JobTooLarge, LeaseLost, UnreadableJob
+from jobspool.errors import JobspoolError, JobTooLarge, LeaseLost, SpoolError, UnreadableJob
 from jobspool.pg import sql
 from jobspool.pg.rows import COLUMNS, dump, text, to_job
+from jobspool.pg.schema import FENCE_GONE
 from jobspool.queue import machine
 from jobspool.queue.job import Job, Lease, LeaseInfo, evolve, fill_in
 from jobspool.queue.jobsize import encode_completed, fitted_anyway
@@ -453,16 +454,20 @@ def fence_value(spool: PgSpool) -> int:
     highest token the jobs still hold, a lower bound (GRANT SELECT ON SEQUENCE
     jobspool_fence for the exact value)."""
     row = spool.db.run(lambda c: c.execute(_FENCE_VALUE).fetchone(), what="reading the fence")
+    if row is not None and row[0] is None:
+        raise SpoolError(f"{spool.display}: {FENCE_GONE}")
     return int(row[0]) if row else 0
 
 
 # pg_sequence_last_value is called only when the role may read the sequence: a plain
-# SELECT from it is checked before anything runs, whatever the CASE around it says.
+# SELECT from it is checked before anything runs, whatever the CASE around it says. Its
+# argument is looked up when the row is read, not when the text is parsed, so that a
+# missing sequence reads as NULL (named in one line) rather than a parse error.
 _FENCE_VALUE = """
-SELECT COALESCE(
+SELECT CASE WHEN to_regclass('jobspool_fence') IS NOT NULL THEN COALESCE(
   CASE WHEN has_sequence_privilege('jobspool_fence', 'SELECT')
-       THEN COALESCE(pg_sequence_last_value('jobspool_fence'), 0) END,
-  (SELECT COALESCE(max(token), 0) FROM jobspool_jobs))
+       THEN COALESCE(pg_sequence_last_value(to_regclass('jobspool_fence')), 0) END,
+  (SELECT COALESCE(max(token), 0) FROM jobspool_jobs)) END
 """
 
 

@@ -20,7 +20,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jobspool.errors import InvalidJob, SpoolError, one_line
-from jobspool.pg.schema import SCHEMA_VERSION, check, load_settings, migrate, schema_problem
+from jobspool.pg.schema import (
+    FENCE_GONE,
+    SCHEMA_VERSION,
+    check,
+    fence_missing,
+    load_settings,
+    migrate,
+    restore_fence,
+    schema_problem,
+)
 from jobspool.queue.job import MAX_JOB_BYTES, validate_int, validate_seconds
 from jobspool.queue.layout import SpoolSettings
 from jobspool.queue.payload import MAX_JOB_BYTES_LIMIT
@@ -110,6 +119,8 @@ def open_database(db: Database, *, create: bool, read_only: bool,
         # (no CREATE on the schema: the usual application role) can open it.
         created = False if read_only or version == SCHEMA_VERSION else migrate(
             conn, db.display, {**DEFAULTS, **given})
+        if version is not None and not read_only and fence_missing(conn):
+            _restore_fence(conn, db.display, create=create)
         if not read_only:
             _check_may_write(conn, db.display)
         stored = load_settings(conn)
@@ -206,6 +217,27 @@ def check_process_options(*, pool_size: object, reconnect_seconds: object, max_d
                    durable=durable, sync_mode=sync_mode, read_only=read_only)  # type: ignore[arg-type]
     validate_int("pool_size", pool_size, minimum=1)
     validate_seconds("reconnect_seconds", reconnect_seconds)
+
+
+def _restore_fence(conn: psycopg.Connection[Any], where: str, *, create: bool) -> None:
+    """A writing open of a schema whose token sequence is gone: recreated above every token
+    the jobs hold (as a file spool rebuilds a deleted fence file), when this open may
+    create; refused in one line otherwise. Every command failed on it before, `init`
+    included ('relation "jobspool_fence" does not exist')."""
+    import psycopg
+
+    if not create:
+        raise SpoolError(f"{where}: {FENCE_GONE}")
+    try:
+        top = restore_fence(conn)
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise SpoolError(f"database {where}: {one_line(exc)}: the token sequence "
+                         "jobspool_fence is missing and this role may not create it; run "
+                         "`jobspool init` as a role that may create in the schema") from None
+    if top is not None:
+        log.warning("%s: the token sequence jobspool_fence was missing (a dump restored "
+                    "without it?); recreated at %d, above every token the jobs hold. "
+                    "Grant USAGE on it again to the roles that run workers", where, top)
 
 
 _MAY_WRITE = """

@@ -176,5 +176,37 @@ def migrate(conn: psycopg.Connection[Any], where: str, settings: dict[str, Any])
     return version == 0
 
 
+# Far enough above the highest token a row holds that no token issued before (and held
+# only by rows pruned since, or drawn by a claim meanwhile) is issued again.
+FENCE_MARGIN = 100_000
+
+FENCE_GONE = ("the token sequence jobspool_fence is missing (a dump restored without it?); "
+              "run `jobspool init` to recreate it above every token the jobs hold")
+
+_FENCE_MISSING = "SELECT to_regclass('jobspool_fence') IS NULL"
+
+
+def fence_missing(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the token sequence is gone from a schema that has the tables (a dump
+    restored without it: `pg_dump -t 'jobspool_*'` takes tables, not sequences)."""
+    row = conn.execute(_FENCE_MISSING).fetchone()
+    return bool(row and row[0])
+
+
+def restore_fence(conn: psycopg.Connection[Any]) -> int | None:
+    """Recreate a missing token sequence above every token the jobs hold; the value it
+    now holds, or None when another process recreated it first."""
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+        if not fence_missing(conn):
+            return None
+        conn.execute("CREATE SEQUENCE jobspool_fence AS bigint MINVALUE 1 CACHE 1")
+        row = conn.execute("SELECT COALESCE(max(token), 0) + %s FROM jobspool_jobs",
+                           (FENCE_MARGIN,)).fetchone()
+        top = int(row[0]) if row else FENCE_MARGIN
+        conn.execute("SELECT setval('jobspool_fence', %s)", (top,))
+    return top
+
+
 def load_settings(conn: psycopg.Connection[Any]) -> dict[str, Any]:
     return {k: v for k, v in conn.execute("SELECT key, value FROM jobspool_settings")}

@@ -1,0 +1,60 @@
+"""The token sequence lost (a dump of the tables restored without it): commands say so in
+one line, and `jobspool init` (or any open that may create) recreates it above every token
+the jobs hold, so that no token is issued twice and a stale lease stays fenced."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from tests.cli_harness import run_jobspool
+from tests.spools import make_spool
+
+pytestmark = pytest.mark.slow
+
+GONE = "the token sequence jobspool_fence is missing"
+
+
+def _drop_sequence(url: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("DROP SEQUENCE jobspool_fence")
+
+
+def test_a_lost_sequence_is_named_in_one_line_then_init_recreates_it_above_every_token(
+        pg_url: str) -> None:
+    with make_spool(pg_url) as spool:
+        spool.enqueue_many("k", range(3))
+        leases = spool.claim(limit=3, owner="old")
+        held = max(lease.token for lease in leases)
+    _drop_sequence(pg_url)
+
+    for args in (("health",), ("fsck",), ("run-until-idle", "--app", "tests.apps.ledger:app")):
+        out = run_jobspool(*args, root=pg_url)
+        assert out.code != 0, args
+        assert GONE in out.stderr and "Traceback" not in out.stderr, (args, out.stderr)
+        assert len(out.stderr.strip().splitlines()) == 1, (args, out.stderr)
+    assert run_jobspool("list", root=pg_url).code == 0  # reading the jobs needs no token
+
+    out = run_jobspool("init", root=pg_url)
+    assert out.code == 0, out.stderr
+    assert "was missing" in out.stderr
+    with make_spool(pg_url) as spool:
+        assert spool.fence_value() > held
+        spool.complete(leases[0], result="held on")  # a live lease is still the job's
+        spool.enqueue("k", "after")
+        (fresh,) = spool.claim(limit=1, owner="new", kinds=["k"])
+        assert fresh.token > held
+    assert run_jobspool("health", root=pg_url).code in (0, 1)  # no error: leases expire later
+    assert run_jobspool("fsck", root=pg_url).code == 0
+
+
+def test_a_writing_open_that_may_create_recreates_a_lost_sequence(pg_url: str) -> None:
+    with make_spool(pg_url) as spool:
+        spool.enqueue("k", 1)
+        (lease,) = spool.claim(limit=1, owner="w")
+    _drop_sequence(pg_url)
+    with make_spool(pg_url) as spool:  # create=True is the default, as for a file spool
+        assert spool.fence_value() > lease.token
+        spool.enqueue("k", 2)
+        (nxt,) = spool.claim(limit=1, owner="w", kinds=["k"])
+        assert nxt.token > lease.token
