@@ -238,3 +238,63 @@ def test_an_arrival_during_a_storage_outage_waits_for_the_pause(
         # times (an arrival's wakeup had cleared the time it slept to).
         assert len(looks) < 100, len(looks)
         assert spool.get("j1").attempts == 0
+
+
+def test_a_projection_write_that_lands_ends_the_claim_pause(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write landing while claims were paused for an outage ends the pause at once: the
+    pause went on up to its delay (a minute, in a long outage) after the storage was back.
+    The pause is made an hour here, so a worker still waiting it out never runs `q1`."""
+    import threading
+
+    from jobspool.queue import settle
+    from tests.waiting import wait_until
+
+    proj = tmp_path / "proj"
+    started: dict[str, float] = {}
+    release = threading.Event()
+
+    def slow(job: Job, ctx: Context) -> None:
+        assert release.wait(60)
+        _project(job, ctx)
+
+    def plain(job: Job, ctx: Context) -> None:
+        started[job.id] = time.time()
+
+    real_defer = settle.Settler._defer  # noqa: SLF001 - a long outage, without waiting one
+
+    def long_outage(self: settle.Settler, runs: Any, exc: BaseException) -> None:
+        real_defer(self, runs, exc)
+        self.claims_paused_until = time.monotonic() + 3600
+
+    monkeypatch.setattr(settle.Settler, "_defer", long_outage)
+    app = App(handlers={"p": _project, "slow": slow, "plain": plain}, projection=str(proj))
+    with Spool(tmp_path / "spool") as spool:
+        spool.enqueue("p", {"n": 0}, job_id="j0")
+        assert Worker(spool, app, maintenance=False).run_until_idle().completed == 1
+        newest = sorted((proj / "t.lance" / "_versions").glob("*.manifest"),
+                        key=lambda p: p.stat().st_mtime_ns)[-1]
+        kept = tmp_path / "manifest.bak"
+        shutil.copy2(newest, kept)
+        with open(newest, "r+b") as f:
+            f.truncate(100)  # every commit to the table fails for its storage
+        worker = Worker(spool, app, maintenance=False, concurrency=2, batch_size=2)
+        spool.enqueue("p", {"n": 1}, job_id="j1")
+        spool.enqueue("slow", {"n": 2}, job_id="j2")
+        runner = threading.Thread(target=worker.run_forever,
+                                  kwargs={"handle_signals": False, "poll_seconds": 0.05})
+        runner.start()
+        try:
+            wait_until(lambda: (spool.get("j1").last_error or "").startswith("deferred"), 60,
+                       "the projection write to be deferred")
+            shutil.copy2(kept, newest)  # the operator repairs the table
+            assert spool.get("j2").state is JobState.LEASED  # claimed before the pause
+            release.set()
+            wait_until(lambda: spool.get("j2").state is JobState.COMPLETED, 60,
+                       "the slow job's write to land")
+            spool.enqueue("plain", {}, job_id="q1")
+            wait_until(lambda: "q1" in started, 60, "the plain job to run")
+        finally:
+            release.set()
+            worker.stop()
+            runner.join(60)
