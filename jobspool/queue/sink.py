@@ -112,6 +112,11 @@ class LanceSink:
                     keys=self._keys, storage_options=self.storage_options)
         return self._store
 
+    def before_claims(self, spool: Any) -> None:
+        """What a run does before its first claim: the endpoint's check, then the fence."""
+        self.check()
+        self.keep_fence_above(spool)
+
     def check(self) -> None:
         """Before claiming: refuse an s3:// projection whose endpoint would lose commits."""
         from jobspool.projection.objectstore import (

@@ -249,8 +249,7 @@ class Worker:
         `grace_seconds`, the rest are released, and it returns normally.
         """
         # Before any task group, so a refused endpoint is raised as itself (not in a group).
-        await anyio.to_thread.run_sync(self.sink.check)
-        await anyio.to_thread.run_sync(self.sink.keep_fence_above, self.spool)
+        await anyio.to_thread.run_sync(self.sink.before_claims, self.spool)
         if handle_signals and threading.current_thread() is threading.main_thread():
             result: RunReport | WorkerCrashed | None = None
             async with anyio.create_task_group() as tg:
@@ -332,8 +331,7 @@ class Worker:
             raise InvalidJob(f"poll_seconds must be at least {MIN_POLL_SECONDS:g} (a safety "
                              f"poll: new jobs wake an idle worker at once), got "
                              f"{poll_seconds!r}", field="poll_seconds")
-        await anyio.to_thread.run_sync(self.sink.check)
-        await anyio.to_thread.run_sync(self.sink.keep_fence_above, self.spool)
+        await anyio.to_thread.run_sync(self.sink.before_claims, self.spool)
         self._begin_run()
         counters = Counters()
         self._live = counters
