@@ -5,12 +5,13 @@ taken for a directory."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from jobspool.urls import redact_url
+from jobspool.urls import redact_url, scrub_password
 from tests.cli_harness import run_cli
 
 
@@ -140,3 +141,27 @@ def test_a_url_root_of_another_kind_is_named_as_typed(tmp_path: Path, root: str,
     assert shown in err and says in err and "KvPw" not in out + err, err
     assert shown in str(raised.value) and says in str(raised.value)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("password", ["se/cretword", "abc?defghij", "abc#defghij", "p@ss/word",
+                                      "p@ss/w?rd#1"])
+def test_a_password_with_an_unencoded_slash_question_or_hash_is_refused_unshown(
+        password: str) -> None:
+    # Found by an operator-slips probe: the password pattern stopped at the first '/?#' and
+    # the whole password was shown ("cannot connect to postgresql://app:se/cretword@..."),
+    # or its first letter taken for it and every "p" of the message blanked.
+    r = run_cli("list", root=f"postgresql://app:{password}@127.0.0.1:1/postgres")
+    assert r.code == 1, r
+    line = r.err.strip()
+    assert len(line.splitlines()) == 1 and password not in line, line
+    assert re.findall(r"postgresql://\S+", line) == ["postgresql://app:***@127.0.0.1:1/postgres:"]
+    rest = line.replace("postgresql://app:***@127.0.0.1:1/postgres:", "")
+    assert "postgresql" not in rest and "127.0.0.1" not in rest, line  # no other URL shown
+
+
+def test_a_short_password_is_hidden_where_it_stands_and_nowhere_else() -> None:
+    # A one-letter password blanked every such letter of a message: "cannot e***ecute".
+    url = "postgresql://rotx:x@127.0.0.1:1/db"
+    said = scrub_password(f"cannot execute INSERT in a read-only transaction ({url})", url)
+    assert said == ("cannot execute INSERT in a read-only transaction "
+                    "(postgresql://rotx:***@127.0.0.1:1/db)")

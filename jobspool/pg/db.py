@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from jobspool.errors import ConfigError, SpoolClosed, SpoolError, StoreUnavailable, one_line
-from jobspool.urls import redact_url, scrub_password
+from jobspool.urls import redact_url, scrub_password, stray_at
 
 try:
     import psycopg
@@ -61,18 +61,19 @@ CONFLICT_RETRIES = 8  # a statement chosen as a deadlock's victim is sent again 
 def display_url(url: str) -> str:
     """The URL without its password, for messages and `jobspool init`; the rest (query
     options such as a search_path) is kept, so the URL shown still names this spool."""
+    shown = redact_url(url)
+    if stray_at(url):
+        # First: libpq splits at the first '@' or '/', and the rest became the host
+        # ("failed to resolve host 'abc@db'") or a query it quoted back, showing the part
+        # of the password after it.
+        raise ConfigError(f"bad PostgreSQL URL {shown}: an '@' stands where no user or "
+                          "password can be: percent-encode the password's '@', '/', '?' "
+                          "and '#' (%40, %2F, %3F, %23), and an '@' in a query value (%40)")
     try:
         _conninfo.conninfo_to_dict(url)
     except psycopg.Error as exc:
         # Bad input, not a spool that refuses: the CLI exits 1 for it (DESIGN §8).
         raise ConfigError(f"bad PostgreSQL URL: {scrub_password(one_line(exc), url)}") from None
-    shown = redact_url(url)
-    _scheme, sep, rest = url.partition("://")
-    if sep and re.split(r"[/?#]", rest, maxsplit=1)[0].count("@") > 1:
-        # libpq splits at the first '@' and the rest became the host: "failed to resolve
-        # host 'abc@db'" showed the part of the password after its '@'.
-        raise ConfigError(f"bad PostgreSQL URL {shown}: its user or password holds an '@' "
-                          "that is not percent-encoded; write it as %40")
     return shown
 
 
@@ -84,8 +85,17 @@ _IDLE = psycopg.pq.TransactionStatus.IDLE
 # connections (53300), a server shutting down or starting up (57P0x). Other failures to
 # connect (a wrong password, a database that does not exist) are refusals: waiting does
 # not cure them.
-_NOT_SERVING = frozenset({"57P01", "57P02", "57P03"})
+# 57P05: a session the server ended for idling past `idle_session_timeout` (a pooled
+# connection: producers got "refused enqueue", and workers exited). 57014 and 55P03: a
+# statement cut off by the role's `statement_timeout` or `lock_timeout` (an operator's
+# `LOCK TABLE` held longer ended every worker; without the timeouts they waited) or by
+# `pg_cancel_backend`: sent again, and waited out as an outage while it lasts.
+_NOT_SERVING = frozenset({"57P01", "57P02", "57P03", "57P05", "57014", "55P03"})
+# For a failed connect, which carries no SQLSTATE. An ordinary role meets the slots kept
+# for superusers first ("remaining connection slots are reserved ..."), not "too many
+# clients" (53300): its workers exited 2 when the server's connections ran out.
 _NOT_SERVING_WORDS = ("starting up", "shutting down", "in recovery", "too many clients",
+                      "remaining connection slots are reserved",
                       "terminating connection", "not yet accepting connections")
 # libpq refusing the URL's own options before it reaches any server ("connection is bad:
 # invalid sslmode value", a port that is no number): a typo no wait cures. A worker
@@ -94,6 +104,10 @@ _BAD_OPTION = re.compile(r"connection is bad: invalid [\w ]*value|invalid connec
                          r"invalid port number")
 
 
+# A statement cut off is not a lost connection: inside a transaction block it is the
+# block's own failure (its handler's policy decides), as it always was.
+_CUT_OFF = frozenset({"57014", "55P03"})
+
 _CONFLICTS = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
 
 
@@ -101,8 +115,7 @@ def transient(exc: BaseException) -> bool:
     """Whether a database error means "unreachable for now", not "refused"."""
     if isinstance(exc, PoolExhausted):
         return True
-    if isinstance(exc, psycopg.errors.QueryCanceled) or not isinstance(
-            exc, psycopg.OperationalError):
+    if not isinstance(exc, psycopg.OperationalError):
         return False
     state = exc.sqlstate
     if state is None:
@@ -459,7 +472,8 @@ class Database:
             try:
                 return fn(pinned)
             except psycopg.Error as exc:
-                if isinstance(exc, psycopg.OperationalError) and transient(exc):
+                if isinstance(exc, psycopg.OperationalError) and transient(exc) and \
+                        exc.sqlstate not in _CUT_OFF:
                     # "refused" read as the server's refusal of the statement.
                     raise _connect_error(exc, f"database {self.display}: connection lost "
                                               f"during {what}, inside a transaction block "
@@ -513,8 +527,7 @@ class Database:
                     continue
                 if self._down_since is None and not isinstance(exc, PoolExhausted):
                     self._down_since = time.monotonic()
-                if isinstance(exc, psycopg.errors.QueryCanceled) or self.stop_retrying.is_set() \
-                        or time.monotonic() + delay > deadline:
+                if self.stop_retrying.is_set() or time.monotonic() + delay > deadline:
                     err = _connect_error(exc, f"database {self.display} unavailable during "
                                               f"{what}: {self._line(exc)}")
                     if isinstance(err, StoreUnavailable) and self._down_since is not None:
