@@ -64,6 +64,12 @@ def stats(spool: PgSpool, *, by_kind: bool = False) -> Stats:
     due = scheduled = 0
     oldest: float | None = None
     for state, kind, n, n_due, first_due, n_sched in rows:
+        if state not in counts:
+            # A row edited by hand past the CHECK constraint: `fsck` names it; `stats` and
+            # `health` ended in a KeyError traceback.
+            log.warning("%s: %d job(s) in unknown state %r; run `jobspool fsck`",
+                        spool.display, n, state)
+            continue
         counts[state] += n
         due += n_due
         scheduled += n_sched

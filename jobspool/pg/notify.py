@@ -17,6 +17,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import psycopg
+from psycopg import sql
 
 from jobspool.errors import SpoolError
 
@@ -42,7 +43,9 @@ class NotifyWatcher:
     def _listen(self) -> bool:
         try:
             conn = self.db.connect()
-            conn.execute(f'LISTEN "{self.channel}"')
+            # Quoted as an identifier: a schema name holding '"' made a LISTEN that did not
+            # parse, and idle workers polled for good.
+            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
         except (SpoolError, psycopg.Error) as exc:
             log.info("cannot LISTEN on %s (%s): idle workers poll until it is back",
                      self.db.display, exc)

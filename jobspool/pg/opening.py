@@ -172,7 +172,7 @@ def open_database(db: Database, *, create: bool, read_only: bool,
         raise SpoolError(f"{db.display}: jobspool_settings holds a bad setting: {exc}; fix "
                          "it in that table") from None
     return Opened(created=created, settings=settings,
-                  channel=f"jobspool_{(schema[0] if schema else 'public')}"[:63],
+                  channel=channel_name(schema[0] if schema else "public"),
                   # Against the reply's arrival, not the round trip's midpoint: the
                   # estimate then never puts this host ahead of the database, so a job
                   # due "now" (enqueued, requeued) is due for the very next claim; from
@@ -181,6 +181,13 @@ def open_database(db: Database, *, create: bool, read_only: bool,
                   clock_offset=(float(row[0]) - t1) if row else 0.0,
                   upgraded_from=version if version is not None and not read_only
                   and version < SCHEMA_VERSION else None)
+
+
+def channel_name(schema: str) -> str:
+    """The NOTIFY channel of a schema: at most 63 *bytes*, as PostgreSQL takes them (cut at
+    63 characters, a schema named in Cyrillic made a name `pg_notify` refused, and every
+    enqueue failed on "channel name too long"); never cut inside a character."""
+    return f"jobspool_{schema}".encode()[:63].decode(errors="ignore")
 
 
 def validated(s: dict[str, Any]) -> SpoolSettings:
