@@ -5,6 +5,7 @@ that is none of jobspool's past a dropped CHECK constraint."""
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 from collections.abc import Iterator
 
 import psycopg
@@ -65,3 +66,31 @@ def test_a_row_in_an_unknown_state_is_named_not_a_traceback(pg_url: str) -> None
         '"ready":3' in out.stdout, out.stdout
     fsck = run_jobspool("fsck", root=pg_url)
     assert fsck.code != 0 and "odd" in fsck.stdout + fsck.stderr
+
+
+def test_a_search_path_whose_case_was_folded_names_the_schema_that_exists(
+        pg_server: PgServer) -> None:
+    name = f"MyQueue{uuid.uuid4().hex[:4]}"
+    with psycopg.connect(pg_server.url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(name)))
+    try:
+        out = run_jobspool("init", root=with_search_path(pg_server.url, name))
+        assert out.code != 0 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+        # It said "may not use schema 'MyQueue...'; grant it", to a superuser.
+        assert "grant" not in out.stderr and f"schema {name!r} does" in out.stderr, out.stderr
+        assert run_jobspool("init", root=with_search_path(pg_server.url, f'"{name}"')).code == 0
+    finally:
+        drop_schema(pg_server.url, name)
+
+
+def test_migrate_as_a_role_that_may_not_create_its_books_says_so(
+        pg_server: PgServer, pg_url: str, tmp_path: Path) -> None:
+    from tests.test_pg_readonly import _role_url
+
+    source = tmp_path / "spool"
+    with make_spool(source) as spool:
+        spool.enqueue("k", 1)
+    for url in _role_url(pg_server, pg_url, ("SELECT, INSERT, UPDATE, DELETE", "USAGE, SELECT")):
+        out = run_jobspool("migrate", "--to", url, root=source)
+        assert out.code != 0 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+        assert "jobspool_migrated" in out.stderr and "Traceback" not in out.stderr, out.stderr

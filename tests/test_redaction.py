@@ -123,6 +123,9 @@ def test_an_unencoded_at_in_the_password_is_refused_without_showing_any_of_it(
     # libpq takes the scheme in lower case only: say so rather than "not a postgresql URL".
     ("POSTGRESQL://u:KvPw@127.0.0.1:1/db", "'POSTGRESQL://u:***@127.0.0.1:1/db'",
      "write the scheme in lower case (postgresql://)"),
+    # A slash missing: it said "write the scheme in lower case" and showed the URL fixed.
+    ("postgresql:/u:KvPw@127.0.0.1:1/db", "'postgresql:/u:***@127.0.0.1:1/db'",
+     "two slashes after its scheme (postgresql://...)"),
 ])
 def test_a_url_root_of_another_kind_is_named_as_typed(tmp_path: Path, root: str, shown: str,
                                                       says: str) -> None:

@@ -37,7 +37,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from jobspool.errors import UnreadableJob
+from jobspool.errors import SpoolError, UnreadableJob, one_line
 from jobspool.pg.rows import COLUMNS, INSERT_SQL, UPDATE_SQL, to_job, write_values
 from jobspool.queue.job import Job, evolve
 from jobspool.queue.marks import RULE_MARK
@@ -111,9 +111,19 @@ def copy_jobs(jobs: Iterable[Job], target: PgSpool, *, source_fence: int,
         row = conn.execute("SELECT to_regclass('jobspool_migrated')").fetchone()
         if row is not None and row[0] is not None:
             return
-        with conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
-            conn.execute(_BOOKS)
+        import psycopg
+
+        try:
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+                conn.execute(_BOOKS)
+        except psycopg.errors.InsufficientPrivilege as exc:
+            # "refused migrate: permission denied for schema public" did not say what
+            # migrate wanted to create there.
+            raise SpoolError(f"database {target.display}: {one_line(exc)}: migrate keeps "
+                             "what it copied in a table jobspool_migrated, which this role "
+                             "may not create; run it once as a role that may create tables "
+                             "in the schema (later runs need only write it)") from None
 
     target.db.run(books, what="migrate")
     for chunk in _chunks(jobs):

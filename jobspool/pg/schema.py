@@ -140,13 +140,22 @@ def schema_problem(conn: psycopg.Connection[Any]) -> str | None:
     if row is None or row[0] is not None:
         return None
     role, path = row[1], row[2]
-    first = (path.split(",")[0].strip().strip('"') if path else "") or "public"
+    given = (path.split(",")[0].strip() if path else "") or "public"
+    # As PostgreSQL reads it: a quoted name as written, any other folded to lower case.
+    first = given[1:-1].replace('""', '"') if given.startswith('"') else given.lower()
     if first == "$user":
         first = role
     exists = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (first,)).fetchone()
     if exists:
         return (f"role {role!r} may not use schema {first!r}; grant it (GRANT USAGE ON "
                 f"SCHEMA {first} TO {role}, and SELECT/INSERT/UPDATE/DELETE on its tables)")
+    other = conn.execute("SELECT nspname FROM pg_namespace WHERE lower(nspname) = lower(%s) "
+                         "LIMIT 1", (first,)).fetchone()
+    if other is not None and not given.startswith('"'):
+        # "may not use schema 'MyQueue'; grant it" sent a superuser to grant what it had.
+        return (f"the search_path names schema {first!r} (an unquoted name is folded to "
+                f"lower case), which does not exist; schema {other[0]!r} does: quote it "
+                f"in the search_path (\"{other[0]}\", %22{other[0]}%22 in a URL)")
     return (f"the search_path names schema {first!r}, which does not exist; create it "
             "first")
 
