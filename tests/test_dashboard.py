@@ -867,3 +867,44 @@ def test_a_quick_first_count_per_kind_is_on_the_first_page(spool: Spool) -> None
         doc = client.get("/api/overview").json()
     assert doc["by_kind_pending"] is False
     assert doc["by_kind"]["mail"]["ready"] == 1
+
+
+def test_a_request_still_open_at_a_stop_is_one_line_not_tracebacks(tmp_path: Path) -> None:
+    """A client that sent half a form when SIGTERM came: uvicorn cancels it after the grace
+    and logged three chained tracebacks (57 lines) for it. One line says it now."""
+    import socket
+    import urllib.request
+
+    root = tmp_path / "spool"
+    make_spool(root).close()
+    proc = start_jobspool("dashboard", "--port", "0", root=root)
+    client = None
+    try:
+        line = LineReader(proc.stdout).wait_for("http://", 120, "the dashboard's URL")
+        url = next(w for w in line.split() if w.startswith("http://"))
+        direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+        def answers() -> bool:
+            try:
+                with direct.open(url + "api/overview", timeout=5) as r:
+                    return bool(r.status == 200)
+            except OSError:
+                return False
+
+        wait_until(answers, 60, "the dashboard to serve")
+        port = int(url.rstrip("/").rsplit(":", 1)[1])
+        client = socket.create_connection(("127.0.0.1", port))
+        client.sendall(b"POST /job/x/cancel HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+                       b"application/x-www-form-urlencoded\r\nContent-Length: 100\r\n\r\ncsrf=")
+        time.sleep(0.5)  # the request is in the app, waiting for the rest of its body
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if client is not None:
+            client.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    text = err.decode(errors="replace")
+    assert proc.returncode == 0, text
+    assert "Traceback" not in text and len(text.strip().splitlines()) <= 1, text

@@ -163,12 +163,47 @@ def serve(root: Path | str, *, host: str = DEFAULT_HOST, port: int = DEFAULT_POR
         # a death by signal (143). Handlers of ours are found instead: a stop is success.
         stopped = {sig: signal.signal(sig, lambda *_: None)
                    for sig in (signal.SIGTERM, signal.SIGINT)}
+        quiet = _CutAtShutdown()
+        uv_log = logging.getLogger("uvicorn.error")
+        uv_log.addFilter(quiet)
         try:
             uvicorn.Server(config).run(sockets=[sock])
         finally:
+            uv_log.removeFilter(quiet)
             for sig, previous in stopped.items():
                 signal.signal(sig, previous)
     return EXIT_OK
+
+
+class _CutAtShutdown(logging.Filter):
+    """A request still open when a stop's grace ran out is cancelled, and uvicorn logged it
+    as "Exception in ASGI application" with three chained tracebacks (57 lines for one
+    slow client). Its own one line ("Cancel 1 running task(s), timeout graceful shutdown
+    exceeded") says it; the tracebacks go."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return exc is None or not _cancelled(exc)
+
+
+def _cancelled(exc: BaseException) -> bool:
+    """Whether a cancellation ended it: the exception itself, one in a group, or one it was
+    raised from or while handling."""
+    import asyncio
+
+    seen: set[int] = set()
+    todo: list[BaseException] = [exc]
+    while todo:
+        e = todo.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, asyncio.CancelledError):
+            return True
+        if isinstance(e, BaseExceptionGroup):
+            todo.extend(e.exceptions)
+        todo.extend(x for x in (e.__cause__, e.__context__) if x is not None)
+    return False
 
 
 def add_demo_options(sub: Any) -> None:
