@@ -284,3 +284,17 @@ def _no_ambient_token() -> Iterator[None]:
     yield
     if saved is not None:
         os.environ["JOBSPOOL_DASHBOARD_TOKEN"] = saved
+
+
+def test_a_scheduled_jobs_pill_keeps_saying_scheduled_after_a_poll(
+        root: Path, served: Server, browser: webdriver.Chrome) -> None:
+    # The page rendered "scheduled"; the first poll wrote the job's state ("retryable") over
+    # it, though the API sends the status too.
+    with make_spool(root) as spool:
+        job = spool.enqueue("thumb", {}, delay=600)
+    browser.get(served.url + f"/job/{job.id}")
+    pill = browser.find_element(By.CSS_SELECTOR, "[data-job=state]")
+    assert pill.text == "scheduled"
+    _wait(browser, lambda b: int(b.find_element(By.TAG_NAME, "body")
+                                 .get_attribute("data-polls") or "0") >= 3)
+    assert browser.find_element(By.CSS_SELECTOR, "[data-job=state]").text == "scheduled"

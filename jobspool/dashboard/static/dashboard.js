@@ -142,7 +142,7 @@
   function applyJob(job) {
     document.querySelectorAll("[data-job]").forEach(function (e) {
       var f = e.getAttribute("data-job");
-      if (f === "state") { e.textContent = job.state; e.className = "pill state-" + job.state; }
+      if (f === "state") { e.textContent = job.status || job.state; e.className = "pill state-" + job.state; }
       else if (f === "attempts") e.textContent = job.attempts + " of " + job.max_attempts;
       else if (job[f] !== undefined) e.textContent = String(job[f]);
     });
