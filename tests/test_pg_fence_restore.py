@@ -28,16 +28,19 @@ def test_a_lost_sequence_is_named_in_one_line_then_init_recreates_it_above_every
         held = max(lease.token for lease in leases)
     _drop_sequence(pg_url)
 
-    for args in (("health",), ("fsck",), ("run-until-idle", "--app", "tests.apps.ledger:app")):
+    for args in (("health",), ("run-until-idle", "--app", "tests.apps.ledger:app")):
         out = run_jobspool(*args, root=pg_url)
         assert out.code != 0, args
         assert GONE in out.stderr and "Traceback" not in out.stderr, (args, out.stderr)
         assert len(out.stderr.strip().splitlines()) == 1, (args, out.stderr)
+    out = run_jobspool("fsck", root=pg_url)  # a problem it lists, with the rest it checks
+    assert out.code == 2 and "Traceback" not in out.stderr, out.stderr
+    assert "jobspool_fence is missing; `jobspool init` makes it again" in out.stdout
     assert run_jobspool("list", root=pg_url).code == 0  # reading the jobs needs no token
 
     out = run_jobspool("init", root=pg_url)
     assert out.code == 0, out.stderr
-    assert "was missing" in out.stderr
+    assert "jobspool_fence is missing" in out.stderr and "starts above every token" in out.stderr
     with make_spool(pg_url) as spool:
         assert spool.fence_value() > held
         spool.complete(leases[0], result="held on")  # a live lease is still the job's

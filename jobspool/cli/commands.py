@@ -53,6 +53,9 @@ def cmd_init(args: argparse.Namespace) -> int:
         if args.access is not None:
             raise UsageError("--access sets a spool directory's file modes; a postgresql:// "
                              "spool's access is the database's roles")
+        from jobspool.pg.opening import repair_damage
+
+        repair_damage(root, opts)  # a schema damaged by hand: made whole before opening
         with Spool(root, create=True, **opts) as spool:
             existed = not getattr(spool, "created", True)
             doc = {"root": getattr(spool, "display", root), "created": not existed,

@@ -28,7 +28,7 @@ from jobspool.health import (
 from jobspool.health.reasons import ids as some_ids
 from jobspool.pg.leasing import sweep
 from jobspool.pg.rows import COLUMNS, to_job
-from jobspool.pg.schema import FENCE_MARGIN
+from jobspool.pg.schema import FENCE_MARGIN, NO_PRIMARY_KEY, damage
 from jobspool.queue import machine
 from jobspool.queue.job import JOB_ID_PATTERN, KIND_PATTERN, Job, validate_int, validate_seconds
 from jobspool.queue.states import ALL_STATES, TERMINAL, JobState
@@ -285,7 +285,13 @@ def fsck(spool: PgSpool) -> FsckReport:
     """Check the invariants a database can still break (the schema enforces the rest)."""
     from jobspool.recovery.fsck import FsckReport
 
-    problems: list[str] = []
+    problems: list[str] = [
+        f"schema: {d}; `jobspool init` makes it again" if d != NO_PRIMARY_KEY else
+        f"schema: {d}: ids may be doubled; see the warning of `jobspool init`"
+        for d in spool.db.run(damage, what="fsck")]
+    if any(d.startswith(("schema: jobspool_jobs is", "schema: jobspool_fence is"))
+           for d in problems):
+        return FsckReport(ok=False, problems=tuple(problems))  # nothing more can be read
     rows = spool.db.run(lambda c: c.execute(
         "SELECT state, count(*), max(token) FROM jobspool_jobs GROUP BY state").fetchall(),
         what="fsck")

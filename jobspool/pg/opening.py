@@ -22,11 +22,13 @@ from typing import TYPE_CHECKING, Any
 from jobspool.errors import InvalidJob, SpoolError, one_line
 from jobspool.pg.schema import (
     FENCE_GONE,
+    NO_PRIMARY_KEY,
     SCHEMA_VERSION,
     check,
     fence_missing,
     load_settings,
     migrate,
+    repair,
     restore_fence,
     schema_problem,
 )
@@ -153,6 +155,11 @@ def open_database(db: Database, *, create: bool, read_only: bool,
             raise SpoolError(f"database {db.display}: {one_line(exc)}; creating or upgrading "
                              "the schema needs a role that may create tables in it: run "
                              "`jobspool init` as that role once") from None
+        if isinstance(exc, psycopg.errors.UndefinedTable) and version == SCHEMA_VERSION:
+            # Dropped by hand under a version table that says all is there.
+            raise SpoolError(f"database {db.display}: {one_line(exc)}: the schema lacks "
+                             "what this release's holds; `jobspool init` makes it again "
+                             "(`jobspool fsck` lists what is missing)") from None
         if isinstance(exc, psycopg.errors.UndefinedColumn | psycopg.errors.WrongObjectType):
             # CREATE ... IF NOT EXISTS kept a table of someone else's under one of our names,
             # and the next statement failed on it ('column "state" does not exist').
@@ -181,6 +188,43 @@ def open_database(db: Database, *, create: bool, read_only: bool,
                   clock_offset=(float(row[0]) - t1) if row else 0.0,
                   upgraded_from=version if version is not None and not read_only
                   and version < SCHEMA_VERSION else None)
+
+
+def repair_damage(url: str, given: dict[str, Any]) -> list[str]:
+    """`jobspool init` on a schema at this release's version: recreate what was dropped by
+    hand (`schema.repair`), saying what in a warning. What was found missing."""
+    import psycopg
+
+    from jobspool.pg.db import Database
+
+    db = Database(url)
+    conn = db.connect()
+    try:
+        if check(conn, db.display) != SCHEMA_VERSION:
+            return []  # none yet, or older: opening creates or upgrades it
+        found = repair(conn, {**DEFAULTS, **given})
+    except psycopg.Error as exc:
+        raise SpoolError(f"database {db.display}: {one_line(exc)}") from None
+    finally:
+        conn.close()
+    fixed = [d for d in found if d != NO_PRIMARY_KEY]
+    if fixed:
+        tables = [d for d in fixed if d.split()[0] in _TABLES]
+        log.warning("%s: the schema lacked what this release's holds (%s); made again%s%s",
+                    db.display, "; ".join(fixed),
+                    " (a table made again is empty: restore its rows from a backup if it "
+                    "held any)" if tables else "",
+                    "; the token sequence starts above every token the jobs hold"
+                    if "jobspool_fence is missing" in fixed else "")
+    if NO_PRIMARY_KEY in found:
+        log.warning("%s: %s: not made again, as ids may be doubled meanwhile; find them "
+                    "(SELECT id FROM jobspool_jobs GROUP BY id HAVING count(*) > 1), keep "
+                    "one row each, then ALTER TABLE jobspool_jobs ADD PRIMARY KEY (id)",
+                    db.display, NO_PRIMARY_KEY)
+    return found
+
+
+_TABLES = ("jobspool_settings", "jobspool_jobs", "jobspool_schedule_marks")
 
 
 def channel_name(schema: str) -> str:

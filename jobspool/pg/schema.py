@@ -217,5 +217,60 @@ def restore_fence(conn: psycopg.Connection[Any]) -> int | None:
     return top
 
 
+# What a schema at `SCHEMA_VERSION` holds: its relations, and the job table's columns.
+_RELATIONS = ("jobspool_settings", "jobspool_jobs", "jobspool_schedule_marks", "jobspool_fence",
+              "jobspool_jobs_due", "jobspool_jobs_leased", "jobspool_jobs_prepared",
+              "jobspool_jobs_due_kind", "jobspool_jobs_terminal")
+_JOB_COLUMNS = ("id", "kind", "state", "priority", "attempts", "max_attempts", "revision",
+                "created_at", "updated_at", "run_at", "token", "owner", "expires_at", "proc",
+                "payload", "result", "last_error", "traceback", "reservations", "rescues",
+                "timeout", "started")
+NO_PRIMARY_KEY = "jobspool_jobs has no primary key on id"
+
+
+def damage(conn: psycopg.Connection[Any]) -> list[str]:
+    """What a current schema lacks (a table, an index or a column dropped by hand): the
+    version table says nothing of it, and `health` and `fsck` said ok while every claim
+    failed."""
+    gone = [r for r, missing in conn.execute(
+        "SELECT r, to_regclass(r) IS NULL FROM unnest(%s::text[]) AS r", (list(_RELATIONS),))
+        if missing]
+    found = [f"{r} is missing" for r in gone]
+    if "jobspool_jobs" not in gone:
+        have = {r[0] for r in conn.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass('jobspool_jobs') "
+            "AND attnum > 0 AND NOT attisdropped")}
+        found += [f"column jobspool_jobs.{c} is missing" for c in _JOB_COLUMNS if c not in have]
+        if conn.execute("SELECT 1 FROM pg_index WHERE indrelid = to_regclass('jobspool_jobs') "
+                        "AND indisprimary").fetchone() is None:
+            found.append(NO_PRIMARY_KEY)
+    return found
+
+
+def repair(conn: psycopg.Connection[Any], settings: dict[str, Any]) -> list[str]:
+    """Recreate what a current schema lacks (`jobspool init`): the migrations' statements
+    again (each makes only what is not there), the settings' defaults where a setting is
+    gone, and a lost sequence above every token the jobs hold. A lost primary key is not
+    made again (ids may have been doubled meanwhile): it stays reported. Returns what was
+    found missing."""
+    from psycopg.types.json import Jsonb
+
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+        found = damage(conn)
+        if not [d for d in found if d != NO_PRIMARY_KEY]:
+            return found
+        fence_lost = fence_missing(conn)
+        for v in sorted(MIGRATIONS):
+            conn.execute(MIGRATIONS[v])
+        for key, value in settings.items():
+            conn.execute("INSERT INTO jobspool_settings (key, value) VALUES (%s, %s) "
+                         "ON CONFLICT (key) DO NOTHING", (key, Jsonb(value)))
+        if fence_lost:  # v1 made it again, from 1: above every token instead
+            conn.execute("SELECT setval('jobspool_fence', (SELECT COALESCE(max(token), 0) "
+                         "FROM jobspool_jobs) + %s)", (FENCE_MARGIN,))
+    return found
+
+
 def load_settings(conn: psycopg.Connection[Any]) -> dict[str, Any]:
     return {k: v for k, v in conn.execute("SELECT key, value FROM jobspool_settings")}

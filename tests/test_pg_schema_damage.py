@@ -1,0 +1,63 @@
+"""A schema damaged by hand under a version table that says all is there (found by an
+operator-slips probe): `health` and `fsck` said ok while every claim failed, and `init`
+said "already initialized" or failed on the very table it should have made. Now `fsck`
+names what is missing, opening names `init`, and `init` makes again what it can."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from jobspool import JobState
+from tests.cli_harness import run_jobspool
+from tests.spools import make_spool
+
+pytestmark = pytest.mark.slow
+
+
+def _sql(url: str, *statements: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        for statement in statements:
+            conn.execute(statement)
+
+
+def test_init_makes_again_what_was_dropped_and_fsck_names_it_until_then(pg_url: str) -> None:
+    with make_spool(pg_url) as spool:
+        spool.enqueue("k", 1, job_id="kept")
+        (lease,) = spool.claim(limit=1, owner="w")
+    _sql(pg_url, "DROP INDEX jobspool_jobs_due_kind", "DROP TABLE jobspool_schedule_marks",
+         "ALTER TABLE jobspool_jobs DROP COLUMN started")
+    fsck = run_jobspool("fsck", root=pg_url)
+    assert fsck.code != 0 and "Traceback" not in fsck.stderr, fsck.stderr
+    said = fsck.stdout + fsck.stderr
+    for missing in ("jobspool_jobs_due_kind is missing", "jobspool_schedule_marks is missing",
+                    "column jobspool_jobs.started is missing"):
+        assert missing in said, said
+
+    _sql(pg_url, "DROP TABLE jobspool_settings")
+    out = run_jobspool("health", root=pg_url)
+    assert out.code == 2 and "`jobspool init`" in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+    out = run_jobspool("init", root=pg_url)
+    assert out.code == 0, out.stderr
+    assert "jobspool_settings is missing" in out.stderr and "made again" in out.stderr
+    assert run_jobspool("fsck", root=pg_url).code == 0
+    with make_spool(pg_url) as spool:
+        assert spool.get("kept").state is JobState.LEASED  # the rows stayed
+        spool.complete(lease, result="done")
+        spool.enqueue("k", 2, job_id="next")
+        (fresh,) = spool.claim(limit=1, owner="w", kinds=["k"])
+        assert fresh.token > lease.token
+
+
+def test_a_lost_primary_key_is_named_not_remade(pg_url: str) -> None:
+    with make_spool(pg_url) as spool:
+        spool.enqueue("k", 1, job_id="one")
+    _sql(pg_url, "ALTER TABLE jobspool_jobs DROP CONSTRAINT jobspool_jobs_pkey",
+         "INSERT INTO jobspool_jobs SELECT * FROM jobspool_jobs WHERE id = 'one'")
+    fsck = run_jobspool("fsck", root=pg_url)
+    assert fsck.code != 0 and "no primary key" in fsck.stdout + fsck.stderr
+    out = run_jobspool("init", root=pg_url)
+    assert out.code == 0 and "ADD PRIMARY KEY" in out.stderr, out.stderr
+    assert run_jobspool("fsck", root=pg_url).code != 0  # still named: a person decides
