@@ -203,12 +203,14 @@ def _snapshot_path(spool: Spool, owner: str) -> Path:
     return Path(spool.root) / METRICS_DIR / (_SAFE_NAME.sub("_", owner)[:150] + ".json")
 
 
-def publish_worker_report(spool: Spool, owner: str, report: RunReport) -> None:
+def publish_worker_report(spool: Spool, owner: str, report: RunReport, *,
+                          final: bool = False) -> None:
     """Write a worker's run counters to `<root>/metrics/<owner>.json` for `stats --prometheus`.
 
     Advisory data: replaced atomically (write to a sibling, rename) but not
     fsynced — losing the last snapshot in a power cut costs nothing. A
-    worker calls this every few seconds and `remove_worker_report` on exit;
+    worker calls this every few seconds, and with `final` on exit (its snapshot goes,
+    its last counters stay in `<owner>.final` for the dashboard's throughput);
     a snapshot older than `WORKER_STALE_SECONDS` is ignored by readers, so a
     worker that died is dropped from the metrics.
     """
@@ -225,6 +227,10 @@ def publish_worker_report(spool: Spool, owner: str, report: RunReport) -> None:
     doc = {"format": 1, "owner": owner, "pid": os.getpid(), "host": socket.gethostname(),
            "boot": boot_id(), "written_at": time.time(), **_report_counters(report),
            "projection_failing": int(getattr(report, "projection_failing", 0) or 0)}
+    if final:
+        # Beside the live snapshots, not among them (`.json`): health, the workers' list
+        # and `stats --prometheus` see only those; the dashboard's throughput reads these.
+        path = path.with_suffix(FINAL_SUFFIX)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, file_mode(access))
     try:
@@ -233,7 +239,53 @@ def publish_worker_report(spool: Spool, owner: str, report: RunReport) -> None:
     finally:
         os.close(fd)
     os.replace(tmp, path)
+    if final:
+        remove_worker_report(spool, owner)
+        _drop_old_finals(path.parent)
+        return
     remove_dead_worker_reports(spool, keep=path.name)
+
+
+# A worker's counters at its exit: the dashboard's throughput counts what they add to its
+# last snapshot (a `run-until-idle` shorter than the 5 s between snapshots had none, and
+# was never counted). Kept for the hour the chart shows.
+FINAL_SUFFIX = ".final"
+FINAL_KEEP_SECONDS = 3600.0
+
+
+def read_final_reports(spool: Spool, *, since: float) -> dict[str, tuple[float, dict[str, Any]]]:
+    """Workers' last counters written at their exit since `since`: owner -> (when, counters)."""
+    directory = Path(spool.root) / METRICS_DIR
+    try:
+        names = [n for n in os.listdir(directory) if n.endswith(FINAL_SUFFIX)]
+    except OSError:
+        return {}
+    out: dict[str, tuple[float, dict[str, Any]]] = {}
+    for name in names:
+        try:
+            doc = orjson.loads((directory / name).read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            continue
+        if not isinstance(doc, dict):
+            continue
+        written, owner = doc.get("written_at"), doc.get("owner")
+        if isinstance(written, int | float) and not isinstance(written, bool) \
+                and isinstance(owner, str) and written >= since:
+            out[owner] = (float(written), _report_counters(doc))
+    return out
+
+
+def _drop_old_finals(directory: Path) -> None:
+    """Remove final counters past the chart's hour, by their files' age."""
+    cutoff = time.time() - FINAL_KEEP_SECONDS
+    try:
+        names = [n for n in os.listdir(directory) if n.endswith(FINAL_SUFFIX)]
+    except OSError:
+        return
+    for name in names:
+        with contextlib.suppress(OSError):
+            if (directory / name).stat().st_mtime < cutoff:
+                (directory / name).unlink()
 
 
 def remove_dead_worker_reports(spool: Spool, *, keep: str | None = None) -> list[str]:

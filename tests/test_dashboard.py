@@ -7,6 +7,7 @@ user meets them; these pin the HTTP contract down case by case.
 from __future__ import annotations
 
 import re
+import os
 import signal
 import sys
 import threading
@@ -415,6 +416,33 @@ def test_throughput_counts_what_published_counters_grew_by(spool: Spool) -> None
     assert series["rows"][-1]["completed"] == 10
     assert len(series["rows"]) == 60
     assert series["chart"]["max"] == 20
+
+
+def test_throughput_counts_runs_too_short_to_publish_and_each_runs_last_seconds(
+        spool: Spool) -> None:
+    """A worker removed its snapshot at exit: a `run-until-idle` shorter than the 5 s between
+    snapshots was never counted (the chart said 0 next to 2,000 completions), nor the last
+    seconds of any run."""
+    from jobspool import Worker
+    from jobspool.metrics import publish_worker_report
+    from jobspool.queue.report import RunReport
+
+    tp = Throughput(spool)
+    tp.sample()  # the dashboard's first look: nothing running
+    spool.enqueue_many("k", range(20))
+    report = Worker(spool, handlers={"k": lambda job, ctx: None}).run_until_idle()
+    assert report.completed == 20
+    tp.sample()
+    assert tp.series()["totals"]["completed"] == 20
+    tp.sample()  # counted once
+    assert tp.series()["totals"]["completed"] == 20
+    # A long run seen at 7 completed, exiting at 10: its last 3 count.
+    publish_worker_report(spool, "long", RunReport(completed=7))
+    tp.sample()
+    publish_worker_report(spool, "long", RunReport(completed=10), final=True)
+    tp.sample()
+    assert tp.series()["totals"]["completed"] == 20 + 7 + 3
+    assert [n for n in os.listdir(spool.root / "metrics") if n.endswith(".json")] == []
 
 
 def test_the_chart_stacks_failed_on_completed_within_its_height() -> None:

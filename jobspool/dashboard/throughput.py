@@ -11,8 +11,10 @@ the terminal jobs still on disk (their `updated_at`), so the chart is not
 empty when it opens after a batch (`jobspool demo --dashboard`); retention
 pruning bounds that pass.
 
-What it misses: the last few seconds of a worker that exits (it removes its
-snapshot), and, in the backfill, jobs that retention already pruned.
+A worker that exits leaves its last counters in `<owner>.final` (kept an
+hour): what they add to the last snapshot seen of it is counted once, so a
+run shorter than the 5 s between snapshots counts too. What it misses: in the
+backfill, jobs that retention already pruned.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class Throughput:
         self._lock = threading.Lock()
         self._buckets: dict[int, dict[str, int]] = {}
         self._last: dict[str, dict[str, Any]] | None = None
+        self._counted: set[str] = set()  # exited workers whose last counters were added
         self._started = clock()
 
     def _add(self, at: float, series: str, n: int) -> None:
@@ -66,15 +69,22 @@ class Throughput:
 
     def sample(self) -> None:
         """Read the published worker counters and add what grew since the last sample."""
-        from jobspool.metrics import read_worker_reports
+        from jobspool.metrics import read_final_reports, read_worker_reports
 
         reports = read_worker_reports(self.spool)
+        # Workers that exited since we started: what their last counters add to the last
+        # snapshot we saw of them (all of it for a run shorter than the snapshots' 5 s).
+        finals = read_final_reports(self.spool, since=self._started)
         now = self.clock()
         with self._lock:
             first = self._last is None
             last = self._last or {}
+            for owner, (_, counters) in finals.items():
+                if owner not in self._counted and owner not in reports:
+                    self._counted.add(owner)
+                    reports[owner] = counters
             for owner, counters in reports.items():
-                if first:
+                if first and owner not in finals:
                     continue  # a baseline: what it did before we looked is in the backfill
                 prev = last.get(owner, {})
                 for series, names in (("completed", ("completed",)), ("failed", _FAILED)):

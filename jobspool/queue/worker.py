@@ -389,7 +389,8 @@ class Worker:
         now = time.monotonic()
         try:
             if final:
-                metrics.remove_worker_report(self.spool, self.owner)
+                metrics.publish_worker_report(self.spool, self.owner, counters.freeze(),
+                                              final=True)
             elif now - self._published >= 5.0:
                 self._published = now
                 metrics.publish_worker_report(self.spool, self.owner, counters.freeze())
