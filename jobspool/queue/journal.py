@@ -319,10 +319,13 @@ class Journal(JournalReads, JournalSettings):
                 continue
             except OSError:
                 # Could not look (out of file descriptors, as the write may have been): a
-                # file in a state it moved into is its new version. Said "not landed", the
-                # caller settled the old copy again: two copies of one revision.
+                # file seen in a state it moved into is its new version. Said "not landed",
+                # the caller settled the old copy again: two copies of one revision. Seen,
+                # not merely "could not look": a directory the worker may not search
+                # (EACCES, as the failed rename was) counted as there, the old copy was
+                # removed, and the job was gone from every directory.
                 if (old is None or old.state is not new.state) and \
-                        self.store.present(new.state.value, name):
+                        self.store.surely_present(new.state.value, name):
                     out.add(new.id)
                 continue
             try:

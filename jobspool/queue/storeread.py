@@ -40,6 +40,15 @@ class StoreReader:
             return True
         return True
 
+    def surely_present(self, directory: str, name: str) -> bool:
+        """Whether something is seen at that name: an error (no permission to search the
+        directory) is "cannot tell", not "there"."""
+        try:
+            os.lstat(f"{self._root_s}/{directory}/{name}")
+        except OSError:
+            return False
+        return True
+
     def read(self, directory: str, name: str) -> bytes:
         """The bytes of one file; raises FileNotFoundError when it is not there."""
         path = f"{self._root_s}/{directory}/{name}"
