@@ -64,3 +64,24 @@ def test_metrics_quarantine_reasons_and_the_index_keep_the_spools_modes(
     assert wrong == {}, f"expected {oct(dirs)} / {oct(files)}: {wrong}"
     with make_spool(root) as spool:  # and the spool still opens: nothing in it is world-writable
         assert spool.get("n1").state == "completed"
+
+
+@pytest.mark.parametrize("edit", ["drop the access key", "rename the settings object"])
+def test_a_spool_json_that_lost_its_access_keeps_the_directorys(tmp_path: Path,
+                                                                 edit: str) -> None:
+    """A hand edit of spool.json dropped `access` (or the whole `settings` object): the
+    default made a group spool's new files private, and its group's workers could not read
+    them (found by a hand-damage probe)."""
+    import orjson
+
+    root = tmp_path / "spool"
+    make_spool(root, access="group").close()
+    doc = orjson.loads((root / "spool.json").read_bytes())
+    if edit == "drop the access key":
+        del doc["settings"]["access"]
+    else:
+        doc["settingz"] = doc.pop("settings")
+    (root / "spool.json").write_bytes(orjson.dumps(doc))
+    with make_spool(root) as spool:
+        job = spool.enqueue("k", {})
+    assert stat.S_IMODE((root / "ready" / f"{job.id}.json").stat().st_mode) == 0o660

@@ -344,6 +344,12 @@ def _open_layout(root: Path, *, create: bool, durable: bool, read_only: bool = F
                  and all(os.path.isdir(root / s.value) for s in ALL_STATES))
     if (orphaned or half_made) and saved is None and access is None:
         saved = _access_of(st.st_mode) if st is not None else None
+    if doc is not None and saved is None and st is not None:
+        # A spool.json without its access (an older release's, or a hand edit that lost
+        # the key or the whole settings object): the directory's mode says it. The
+        # default made a group spool's new files private, and its group's workers could
+        # not read them.
+        saved = _access_of(st.st_mode)
     chosen = validate_access(saved if saved is not None else (access or DEFAULT_ACCESS))
     if orphaned:
         log.warning("%s is missing from the spool %s (deleted?): its settings are back to "
