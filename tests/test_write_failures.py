@@ -127,3 +127,19 @@ def test_an_enqueue_whose_shared_flush_fails_names_the_jobs_it_published(
     assert info.value.landed == on_disk
     assert all(job_id in str(info.value) for job_id in on_disk)
     assert "\n" not in str(info.value)
+
+
+def test_a_rename_into_a_deleted_state_directory_names_that_directory(tmp_path: Path) -> None:
+    """`rm -rf completed` under a worker: the rename's error names its source (the staging
+    file, which is there), and the message sent the operator to tmp/ (a hand-damage probe)."""
+    import errno as errno_mod
+
+    from jobspool.queue.diskerrors import write_failed
+
+    (tmp_path / "tmp").mkdir()
+    (tmp_path / "tmp" / "x.tmp").write_bytes(b"{}")
+    exc = OSError(errno_mod.ENOENT, "No such file or directory", str(tmp_path / "tmp" / "x.tmp"),
+                  None, str(tmp_path / "completed" / "a.json"))
+    said = str(write_failed(exc, tmp_path))
+    assert f"{tmp_path / 'completed'}/ is missing" in said and "jobspool init" in said, said
+    assert "x.tmp" not in said

@@ -37,9 +37,23 @@ def write_failed(exc: OSError, root: Path, landed: frozenset[str] = frozenset())
     """A one-line `WriteFailed` for an OSError met while writing the spool at `root`."""
     where, path = _where(exc, root)
     hint = _HINTS.get(exc.errno or 0, "run `jobspool recover` once the cause is fixed")
+    gone = _missing_target(exc)
+    if gone is not None:
+        # `rm -rf completed` under a worker: the rename's error names its source, the
+        # staging file in tmp/, which is there; the directory it went to is not.
+        where, path = f"{gone}/ is missing", gone
+        hint = "`jobspool init` makes it again (then `jobspool recover`)"
     message = f"cannot write to spool {root}: {exc.strerror or exc} ({where}); {hint}"
     return WriteFailed(message + _published(landed), path=path, errno=exc.errno,
                        landed=landed)
+
+
+def _missing_target(exc: OSError) -> str | None:
+    """The directory a rename went to, when that is what does not exist."""
+    if exc.errno != errno.ENOENT or exc.filename2 is None:
+        return None
+    parent = os.path.dirname(os.fsdecode(exc.filename2))
+    return parent if parent and not os.path.isdir(parent) else None
 
 
 def _where(exc: OSError, root: Path) -> tuple[str, str]:
