@@ -11,9 +11,10 @@ _USERINFO_PASSWORD = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://[^:@/?#]*):[^/?#]*
 # A password holding an unencoded '/', '?' or '#' as well: the pattern above stopped at it
 # and showed all of the password ("app:se/cretword@host"), or took its first letters for
 # the password ("p@ss/w?rd#1@host" gave "p", and every "p" of a message was blanked).
-# Then the password runs to the string's last '@'; hiding more than the password (an '@'
-# in a query value) only hides more.
+# Such a URL (`stray_at`) is shown with everything from the user's ':' to its last '@'
+# hidden, or from the scheme when it has no plain user first ("postgresql:///u:pw@h/db").
 _USERINFO_TO_LAST_AT = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://[^:@/?#]*):.*@", re.DOTALL)
+_ALL_TO_LAST_AT = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://).*@", re.DOTALL)
 _QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
 # libpq's key=value form ("host=h password=pw" or password='p w').
 _KEYWORD_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S*)", re.IGNORECASE)
@@ -31,20 +32,32 @@ def redact_url(url: str) -> str:
         return lead + redact_url(core) + url[len(url.rstrip()):] if core else url
     if "://" not in url:
         return _KEYWORD_PASSWORD.sub(r"\1***", url)
-    userinfo = _USERINFO_TO_LAST_AT if stray_at(url) else _USERINFO_PASSWORD
-    return _QUERY_PASSWORD.sub(r"\1***", userinfo.sub(r"\1:***@", url))
+    if stray_at(url):
+        # Misformed: from the scheme to the last '@' may all be the password (a third
+        # slash typed, "postgresql:///u:pw@h/db", kept it whole before the pattern).
+        shown = _USERINFO_TO_LAST_AT.sub(r"\1:***@", url)
+        if shown == url:
+            shown = _ALL_TO_LAST_AT.sub(r"\1***@", url)
+        return _QUERY_PASSWORD.sub(r"\1***", shown)
+    return _QUERY_PASSWORD.sub(r"\1***", _USERINFO_PASSWORD.sub(r"\1:***@", url))
 
 
 def stray_at(url: str) -> bool:
-    """Whether an '@' stands where libpq does not read the user and password: a second one
-    in the authority, or any past the first '/', '?' or '#' after it. The password
-    then holds an unencoded '@', '/', '?' or '#' (libpq splits at the first '@' or '/',
-    and tries the rest as a host)."""
+    """Whether an '@' stands where libpq does not read the end of the user and password: a
+    second one in the authority, one in the path or after a '#', or one in a query
+    parameter before any '='. The password then holds an unencoded '@', '/', '?' or '#'
+    (libpq splits at the first '@' or '/', and reads the rest as a host, a database or
+    query options it quotes back). An '@' in a query value (`application_name=a@b`) is
+    libpq's to read."""
     _scheme, sep, rest = url.partition("://")
     if not sep:
         return False
-    parts = re.split(r"[/?#]", rest, maxsplit=1)
-    return parts[0].count("@") > 1 or (len(parts) > 1 and "@" in parts[1])
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    tail = rest[len(authority):]
+    tail, _hash, fragment = tail.partition("#")
+    path, _q, query = tail.partition("?")
+    return (authority.count("@") > 1 or "@" in path or "@" in fragment
+            or any("@" in param.split("=", 1)[0] for param in query.split("&")))
 
 
 def scrub_password(text: str, url: str) -> str:
@@ -52,7 +65,7 @@ def scrub_password(text: str, url: str) -> str:
     psycopg quotes what it could not parse (`invalid percent-encoded token: "s3cr%t"`) and
     a password holding an unencoded '@' ends up in the host it names."""
     secrets: set[str] = set()
-    patterns = (_USERINFO_SECRET_TO_LAST_AT if stray_at(url) else _USERINFO_SECRET,
+    patterns = (_ALL_SECRET_TO_LAST_AT if stray_at(url) else _USERINFO_SECRET,
                 _QUERY_SECRET, _KEYWORD_SECRET)
     for pattern in patterns:
         for found in pattern.findall(url):
@@ -69,15 +82,17 @@ def scrub_password(text: str, url: str) -> str:
             text = text.replace(secret, "***")
         else:
             # A password this short is a common word's letters ("x" blanked every x of
-            # "cannot execute"): hidden only where it stands as a password.
-            text = re.sub(rf"(:){re.escape(secret)}(@)|(password=){re.escape(secret)}\b",
-                          lambda m: f"{m.group(1) or m.group(3)}***{m.group(2) or ''}", text)
+            # "cannot execute"): hidden only where it stands as a password, or alone in
+            # the quotes of a driver's message ('invalid percent-encoded token: "a%z"').
+            esc = re.escape(secret)
+            text = re.sub(rf":{esc}@", ":***@", text)
+            text = re.sub(rf"(password=){esc}(?=[\s&'\"]|$)", r"\1***", text)
+            text = re.sub(rf"([\"']){esc}\1", r"\1***\1", text)
     return text
 
 
 _USERINFO_SECRET = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^:@/?#]*:([^/?#]*)@")
-_USERINFO_SECRET_TO_LAST_AT = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^:@/?#]*:(.*)@",
-                                         re.DOTALL)
+_ALL_SECRET_TO_LAST_AT = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^:]*:(.*)@", re.DOTALL)
 _QUERY_SECRET = re.compile(r"[?&]password=([^&#]*)", re.IGNORECASE)
 _KEYWORD_SECRET = re.compile(r"\bpassword\s*=\s*('(?:[^'\\]|\\.)*'|\S*)", re.IGNORECASE)
 

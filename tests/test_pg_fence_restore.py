@@ -8,6 +8,7 @@ import psycopg
 import pytest
 
 from tests.cli_harness import run_jobspool
+from tests.pgserver import PgServer, drop_schema, new_schema, with_search_path
 from tests.spools import make_spool
 
 pytestmark = pytest.mark.slow
@@ -61,3 +62,32 @@ def test_a_writing_open_that_may_create_recreates_a_lost_sequence(pg_url: str) -
         spool.enqueue("k", 2)
         (nxt,) = spool.claim(limit=1, owner="w", kinds=["k"])
         assert nxt.token > lease.token
+
+
+def test_the_sequence_is_looked_up_in_the_queues_own_schema(pg_server: PgServer) -> None:
+    """With `search_path=q1,q2` and a queue in each, q1's sequence dropped was looked up
+    by name alone and found in q2: init said all was well, and q1's claims drew q2's
+    tokens, below those q1's rows held (a regression probe)."""
+    q1, url1 = new_schema(pg_server.url)
+    q2, url2 = new_schema(pg_server.url)
+    both = with_search_path(pg_server.url, f"{q1},{q2}")
+    try:
+        for url in (url1, url2):
+            make_spool(url).close()
+        with psycopg.connect(url1, autocommit=True) as conn:
+            conn.execute("SELECT setval('jobspool_fence', 1000)")
+        with make_spool(both) as spool:
+            spool.enqueue("k", 1)
+            (lease,) = spool.claim(limit=1, owner="w")
+        assert lease.token == 1001
+        _drop_sequence(url1)
+        out = run_jobspool("init", root=both)
+        assert out.code == 0 and "jobspool_fence is missing" in out.stderr, out.stderr
+        with make_spool(both) as spool:
+            spool.enqueue("k", 2)
+            (fresh,) = spool.claim(limit=1, owner="w", kinds=["k"])
+            assert fresh.token > lease.token
+        assert run_jobspool("fsck", root=both).code == 0
+    finally:
+        drop_schema(pg_server.url, q1)
+        drop_schema(pg_server.url, q2)

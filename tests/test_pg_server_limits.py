@@ -4,9 +4,10 @@ as conditions to wait out, not refusals (found by an operator-slips probe):
 - `idle_session_timeout`: the server ends a pooled connection that idled; the next statement
   failed ("refused enqueue: terminating connection due to idle-session timeout") and
   workers exited after five such failures;
-- `statement_timeout` (or `lock_timeout`) with an operator's `LOCK TABLE` held longer: every
-  statement was cut off and taken for a refusal; workers exited with finished results
-  thrown away, where without the timeouts they waited for the lock;
+- `lock_timeout` with an operator's `LOCK TABLE` held longer: every statement was cut off
+  and taken for a refusal; workers exited with finished results thrown away, where
+  without the timeout they waited for the lock (a `statement_timeout` stays a refusal: a
+  statement always past it would be retried for ever);
 - the connection slots kept for superusers: an ordinary role is told "remaining connection
   slots are reserved", which was not recognised as "too many clients".
 """
@@ -52,9 +53,9 @@ def test_a_connection_the_server_ended_for_idling_is_replaced_not_refused(pg_url
         assert {spool.get(i).state for i in ("a", "b")} == {JobState.COMPLETED}
 
 
-def test_a_statement_cut_off_by_statement_timeout_is_sent_again_after_a_held_lock(
+def test_a_statement_cut_off_by_lock_timeout_is_sent_again_after_a_held_lock(
         pg_url: str) -> None:
-    url = _with_options(pg_url, statement_timeout="200")
+    url = _with_options(pg_url, lock_timeout="200")
     with make_spool(pg_url) as setup:
         setup.enqueue("k", 0, job_id="before")
     locked = threading.Event()
@@ -63,7 +64,7 @@ def test_a_statement_cut_off_by_statement_timeout_is_sent_again_after_a_held_loc
         with psycopg.connect(pg_url) as conn, conn.transaction():
             conn.execute("LOCK TABLE jobspool_jobs IN ACCESS EXCLUSIVE MODE")
             locked.set()
-            time.sleep(1.5)  # several statement timeouts of the spool's role
+            time.sleep(1.5)  # several lock timeouts of the spool's role
 
     holder = threading.Thread(target=operator)
     with make_spool(url) as spool:
@@ -76,6 +77,21 @@ def test_a_statement_cut_off_by_statement_timeout_is_sent_again_after_a_held_loc
             holder.join(60)
         assert report.completed == 2
         assert spool.get("during").state is JobState.COMPLETED
+
+
+def test_a_statement_that_always_runs_past_statement_timeout_is_refused_at_once(
+        pg_url: str) -> None:
+    """Retried as an outage, a statement that always exceeds the role's timeout took 28 s
+    and 19 lines to fail, and a worker ran every handler and settled nothing, for ever
+    (a regression probe). It is a refusal: one line, at once."""
+    from jobspool.errors import SpoolError, StoreUnavailable
+
+    with make_spool(_with_options(pg_url, statement_timeout="300")) as spool:
+        with pytest.raises(SpoolError) as caught:
+            spool.db.run(lambda c: c.execute("SELECT pg_sleep(1)"),  # type: ignore[attr-defined]
+                         what="a slow statement")
+    assert not isinstance(caught.value, StoreUnavailable)
+    assert "statement timeout" in str(caught.value)
 
 
 def test_the_slots_kept_for_superusers_are_a_wait_not_a_refusal() -> None:

@@ -125,7 +125,9 @@ def test_an_unencoded_at_in_the_password_is_refused_without_showing_any_of_it(
      "write the scheme in lower case (postgresql://)"),
     # A slash missing: it said "write the scheme in lower case" and showed the URL fixed.
     ("postgresql:/u:KvPw@127.0.0.1:1/db", "'postgresql:/u:***@127.0.0.1:1/db'",
-     "two slashes after its scheme (postgresql://...)"),
+     "two slashes after its scheme, in lower case (postgresql://...)"),
+    ("PostgreSQL:/u:KvPw@127.0.0.1:1/db", "'PostgreSQL:/u:***@127.0.0.1:1/db'",
+     "two slashes after its scheme, in lower case (postgresql://...)"),
 ])
 def test_a_url_root_of_another_kind_is_named_as_typed(tmp_path: Path, root: str, shown: str,
                                                       says: str) -> None:
@@ -168,3 +170,25 @@ def test_a_short_password_is_hidden_where_it_stands_and_nowhere_else() -> None:
     said = scrub_password(f"cannot execute INSERT in a read-only transaction ({url})", url)
     assert said == ("cannot execute INSERT in a read-only transaction "
                     "(postgresql://rotx:***@127.0.0.1:1/db)")
+
+
+@pytest.mark.parametrize("url", [
+    "postgresql://postgres:a%z@127.0.0.1:1/postgres",  # a short password libpq quotes back
+    "postgresql://h/app?password=a%z",
+    "postgresql:///u:s3cretpw@h/db",  # a third slash typed: the pattern missed it whole
+])
+def test_a_misformed_url_shows_none_of_its_password(url: str) -> None:
+    secret = "a%z" if "a%z" in url else "s3cretpw"
+    r = run_cli("stats", root=url)
+    assert r.code == 1 and len(r.err.strip().splitlines()) == 1, r
+    assert secret not in r.err and "***" in r.err, r.err
+
+
+@pytest.mark.parametrize("url", [
+    "postgresql://u@127.0.0.1:1/db?application_name=a@b",
+    "postgresql://u@127.0.0.1:1/db?sslrootcert=/etc/ssl/a@b.pem",
+])
+def test_an_at_in_a_query_value_is_libpqs_to_read(url: str) -> None:
+    # Refused as a misplaced password: libpq reads these (a regression probe).
+    r = run_cli("stats", root=url)
+    assert r.code == 2 and "cannot connect" in r.err and "percent-encode" not in r.err, r.err

@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from jobspool.errors import ConfigError, SpoolClosed, SpoolError, StoreUnavailable, one_line
+from jobspool.pg.schema import FENCE_GONE
 from jobspool.urls import redact_url, scrub_password, stray_at
 
 try:
@@ -86,11 +87,13 @@ _IDLE = psycopg.pq.TransactionStatus.IDLE
 # connect (a wrong password, a database that does not exist) are refusals: waiting does
 # not cure them.
 # 57P05: a session the server ended for idling past `idle_session_timeout` (a pooled
-# connection: producers got "refused enqueue", and workers exited). 57014 and 55P03: a
-# statement cut off by the role's `statement_timeout` or `lock_timeout` (an operator's
-# `LOCK TABLE` held longer ended every worker; without the timeouts they waited) or by
-# `pg_cancel_backend`: sent again, and waited out as an outage while it lasts.
-_NOT_SERVING = frozenset({"57P01", "57P02", "57P03", "57P05", "57014", "55P03"})
+# connection: producers got "refused enqueue", and workers exited). 55P03: a statement
+# cut off by the role's `lock_timeout` (an operator's `LOCK TABLE` held longer ended
+# every worker): a lock is held for a while, so it is sent again and waited out as an
+# outage. Not 57014 (`statement_timeout`, `pg_cancel_backend`): a statement that always
+# runs past a role's timeout would be retried for ever (a worker ran every handler and
+# settled nothing); it is refused at once, as before.
+_NOT_SERVING = frozenset({"57P01", "57P02", "57P03", "57P05", "55P03"})
 # For a failed connect, which carries no SQLSTATE. An ordinary role meets the slots kept
 # for superusers first ("remaining connection slots are reserved ..."), not "too many
 # clients" (53300): its workers exited 2 when the server's connections ran out.
@@ -106,7 +109,7 @@ _BAD_OPTION = re.compile(r"connection is bad: invalid [\w ]*value|invalid connec
 
 # A statement cut off is not a lost connection: inside a transaction block it is the
 # block's own failure (its handler's policy decides), as it always was.
-_CUT_OFF = frozenset({"57014", "55P03"})
+_CUT_OFF = frozenset({"55P03"})
 
 _CONFLICTS = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
 
@@ -541,6 +544,10 @@ class Database:
                     continue  # asked to stop meanwhile: one last try, then give up
                 delay = min(2.0, delay * 2)
             except psycopg.Error as exc:
+                if isinstance(exc, psycopg.errors.UndefinedTable) and \
+                        "jobspool_fence" in str(exc):
+                    # Dropped under a running worker: say what to do, as an open does.
+                    raise SpoolError(f"{self.display}: {FENCE_GONE}") from None
                 raise SpoolError(f"database {self.display} refused {what}: "
                                  f"{self._line(exc)}") from None
 

@@ -23,7 +23,7 @@ import orjson
 from jobspool.errors import JobspoolError, JobTooLarge, LeaseLost, SpoolError, UnreadableJob
 from jobspool.pg import sql
 from jobspool.pg.rows import COLUMNS, dump, text, to_job
-from jobspool.pg.schema import FENCE_GONE
+from jobspool.pg.schema import FENCE_GONE, FENCE_REL
 from jobspool.queue import machine
 from jobspool.queue.job import Job, Lease, LeaseInfo, evolve, fill_in
 from jobspool.queue.jobsize import encode_completed, fitted_anyway
@@ -464,10 +464,11 @@ def fence_value(spool: PgSpool) -> int:
 # argument is looked up when the row is read, not when the text is parsed, so that a
 # missing sequence reads as NULL (named in one line) rather than a parse error.
 _FENCE_VALUE = """
-SELECT CASE WHEN to_regclass('jobspool_fence') IS NOT NULL THEN COALESCE(
-  CASE WHEN has_sequence_privilege('jobspool_fence', 'SELECT')
-       THEN COALESCE(pg_sequence_last_value(to_regclass('jobspool_fence')), 0) END,
+SELECT CASE WHEN f.rel IS NOT NULL THEN COALESCE(
+  CASE WHEN has_sequence_privilege(f.rel, 'SELECT')
+       THEN COALESCE(pg_sequence_last_value(f.rel::regclass), 0) END,
   (SELECT COALESCE(max(token), 0) FROM jobspool_jobs)) END
+FROM (SELECT """ + FENCE_REL + """ AS rel) AS f
 """
 
 

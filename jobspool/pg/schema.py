@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from jobspool.errors import SpoolError
 
@@ -150,7 +151,7 @@ def schema_problem(conn: psycopg.Connection[Any]) -> str | None:
         return (f"role {role!r} may not use schema {first!r}; grant it (GRANT USAGE ON "
                 f"SCHEMA {first} TO {role}, and SELECT/INSERT/UPDATE/DELETE on its tables)")
     other = conn.execute("SELECT nspname FROM pg_namespace WHERE lower(nspname) = lower(%s) "
-                         "LIMIT 1", (first,)).fetchone()
+                         "ORDER BY nspname LIMIT 1", (first,)).fetchone()
     if other is not None and not given.startswith('"'):
         # "may not use schema 'MyQueue'; grant it" sent a superuser to grant what it had.
         return (f"the search_path names schema {first!r} (an unquoted name is folded to "
@@ -192,7 +193,14 @@ FENCE_MARGIN = 100_000
 FENCE_GONE = ("the token sequence jobspool_fence is missing (a dump restored without it?); "
               "run `jobspool init` to recreate it above every token the jobs hold")
 
-_FENCE_MISSING = "SELECT to_regclass('jobspool_fence') IS NULL"
+# The schema of this queue: the one whose `jobspool_jobs` the search_path finds (with
+# `q1,public`, a name looked up alone found public's sequence when q1's was gone, and
+# claims in q1 drew another queue's tokens, below the ones q1's rows hold).
+HOME = ("COALESCE((SELECT relnamespace FROM pg_class WHERE oid = to_regclass('jobspool_jobs')),"
+        " (SELECT oid FROM pg_namespace WHERE nspname = current_schema()))")
+FENCE_REL = ("(SELECT oid FROM pg_class WHERE relname = 'jobspool_fence' AND relkind = 'S' "
+             f"AND relnamespace = {HOME})")
+_FENCE_MISSING = f"SELECT {FENCE_REL} IS NULL"
 
 
 def fence_missing(conn: psycopg.Connection[Any]) -> bool:
@@ -209,11 +217,15 @@ def restore_fence(conn: psycopg.Connection[Any]) -> int | None:
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
         if not fence_missing(conn):
             return None
-        conn.execute("CREATE SEQUENCE jobspool_fence AS bigint MINVALUE 1 CACHE 1")
+        home = conn.execute(f"SELECT nspname FROM pg_namespace WHERE oid = {HOME}").fetchone()
+        assert home is not None
+        fence = sql.Identifier(home[0], "jobspool_fence")
+        conn.execute(sql.SQL("CREATE SEQUENCE {} AS bigint MINVALUE 1 CACHE 1").format(fence))
         row = conn.execute("SELECT COALESCE(max(token), 0) + %s FROM jobspool_jobs",
                            (FENCE_MARGIN,)).fetchone()
         top = int(row[0]) if row else FENCE_MARGIN
-        conn.execute("SELECT setval('jobspool_fence', %s)", (top,))
+        conn.execute(sql.SQL("SELECT setval({}, %s)").format(
+            sql.Literal(fence.as_string(conn))), (top,))
     return top
 
 
@@ -233,7 +245,8 @@ def damage(conn: psycopg.Connection[Any]) -> list[str]:
     version table says nothing of it, and `health` and `fsck` said ok while every claim
     failed."""
     gone = [r for r, missing in conn.execute(
-        "SELECT r, to_regclass(r) IS NULL FROM unnest(%s::text[]) AS r", (list(_RELATIONS),))
+        "SELECT r, NOT EXISTS (SELECT 1 FROM pg_class WHERE relname = r "
+        f"AND relnamespace = {HOME}) FROM unnest(%s::text[]) AS r", (list(_RELATIONS),))
         if missing]
     found = [f"{r} is missing" for r in gone]
     if "jobspool_jobs" not in gone:

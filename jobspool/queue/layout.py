@@ -206,11 +206,12 @@ def refuse_url(root: str | os.PathLike[str]) -> None:
                          "URL; remove it", path=shown)
     if "://" not in text:
         shown = redact_url(text.replace(":/", "://", 1))
-        if scheme in ("postgresql", "postgres"):
+        if scheme.lower() in ("postgresql", "postgres"):
             # "write the scheme in lower case" said a URL already in lower case, shown
             # with the slash it lacked already added.
             raise SpoolError(f"spool root {shown.replace('://', ':/', 1)!r}: a URL needs "
-                             f"two slashes after its scheme ({scheme}://...)", path=shown)
+                             f"two slashes after its scheme, in lower case "
+                             f"({scheme.lower()}://...)", path=shown)
     if scheme.lower() in ("postgresql", "postgres"):
         # libpq takes the scheme in lower case only.
         raise SpoolError(f"spool root {shown!r}: write the scheme in lower case "
