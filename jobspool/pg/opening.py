@@ -214,8 +214,8 @@ def repair_damage(url: str, given: dict[str, Any]) -> list[str]:
                     db.display, "; ".join(fixed),
                     " (a table made again is empty: restore its rows from a backup if it "
                     "held any)" if tables else "",
-                    "; the token sequence starts above every token the jobs hold"
-                    if "jobspool_fence is missing" in fixed else "")
+                    "; the token sequence starts above every token the jobs hold. "
+                    + _GRANT_AGAIN if "jobspool_fence is missing" in fixed else "")
     if NO_PRIMARY_KEY in found:
         log.warning("%s: %s: not made again, as ids may be doubled meanwhile; find them "
                     "(SELECT id FROM jobspool_jobs GROUP BY id HAVING count(*) > 1), keep "
@@ -225,6 +225,9 @@ def repair_damage(url: str, given: dict[str, Any]) -> list[str]:
 
 
 _TABLES = ("jobspool_settings", "jobspool_jobs", "jobspool_schedule_marks")
+# A sequence made again has only its maker's grants.
+_GRANT_AGAIN = ("Grant it again to the roles that run workers (USAGE, SELECT, UPDATE ON "
+                "SEQUENCE jobspool_fence: a worker raises it above its projection's tokens)")
 
 
 def channel_name(schema: str) -> str:
@@ -288,7 +291,7 @@ def _restore_fence(conn: psycopg.Connection[Any], where: str, *, create: bool) -
     if top is not None:
         log.warning("%s: the token sequence jobspool_fence was missing (a dump restored "
                     "without it?); recreated at %d, above every token the jobs hold. "
-                    "Grant USAGE on it again to the roles that run workers", where, top)
+                    "%s", where, top, _GRANT_AGAIN)
 
 
 _MAY_WRITE = """
