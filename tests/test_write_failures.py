@@ -143,3 +143,20 @@ def test_a_rename_into_a_deleted_state_directory_names_that_directory(tmp_path: 
     said = str(write_failed(exc, tmp_path))
     assert f"{tmp_path / 'completed'}/ is missing" in said and "jobspool init" in said, said
     assert "x.tmp" not in said
+
+
+def test_a_broken_spool_json_says_how_to_go_on_and_that_way_works(tmp_path: Path) -> None:
+    """A truncated spool.json was refused as "not valid JSON" by every command, init too,
+    with no word on what to do (a hand-damage probe)."""
+    from tests.cli_harness import run_cli
+
+    root = tmp_path / "spool"
+    with make_spool(root) as spool:
+        spool.enqueue("k", {}, job_id="kept")
+    (root / "spool.json").write_bytes(b"")
+    code, _out, err = run_cli("--root", str(root), "stats")
+    assert code == 2 and "move it away and run `jobspool init`" in err, err
+    (root / "spool.json").rename(tmp_path / "spool.json.bak")
+    assert run_cli("--root", str(root), "init").code == 0
+    with make_spool(root) as spool:
+        assert spool.get("kept").payload == {}

@@ -151,6 +151,12 @@ class Layout:
                      durable=self.durable, mode=file_mode(self.access))
 
 
+# What to do about a spool.json that cannot be read as one (a truncated or hand-broken
+# file): `init` refused it without a word on how to go on.
+_SETTINGS_LOST = ("; fix it by hand, or move it away and run `jobspool init` (the settings "
+                  "then go back to their defaults or the options given; the jobs stay)")
+
+
 def read_spool_file(root: Path) -> dict[str, Any] | None:
     path = root / SPOOL_FILE
     try:
@@ -166,9 +172,9 @@ def read_spool_file(root: Path) -> dict[str, Any] | None:
     try:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        raise SpoolError(f"{path} is not valid JSON", path=str(path)) from None
+        raise SpoolError(f"{path} is not valid JSON{_SETTINGS_LOST}", path=str(path)) from None
     if not isinstance(doc, dict):
-        raise SpoolError(f"{path} is not a JSON object", path=str(path))
+        raise SpoolError(f"{path} is not a JSON object{_SETTINGS_LOST}", path=str(path))
     version = doc.get("format")
     if not isinstance(version, int) or isinstance(version, bool):
         raise SpoolError(f"{path} has no integer format version", path=str(path))
