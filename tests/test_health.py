@@ -270,3 +270,21 @@ def test_a_table_always_deferred_since_its_first_attempt_goes_stale(
     assert health.codes() == ["maintenance_stale"]
     assert health.reasons[0].value == pytest.approx(200.0)
     assert codes(spool, maintenance_cadence=100.0) == []  # 200 s is under 3x 100 s
+
+
+def test_a_deleted_fence_file_is_a_health_reason(tmp_path: Path) -> None:
+    """fsck named a deleted fence file and health said ok (a hand-damage probe; a garbled
+    one fails `stats`, and so health, in one line naming recover)."""
+    said = "is missing"
+    root = tmp_path / "spool"
+    make_spool(root).close()
+    (root / "fence").unlink()
+    with make_spool(root, read_only=True) as spool:
+        health = check_health(spool)
+    assert "fence_unreadable" in health.codes()
+    (reason,) = [r for r in health.reasons if r.code == "fence_unreadable"]
+    assert said in reason.message and "jobspool recover" in reason.message
+    with make_spool(root) as spool:
+        spool.recover()
+    with make_spool(root, read_only=True) as spool:
+        assert "fence_unreadable" not in check_health(spool).codes()

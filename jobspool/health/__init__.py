@@ -15,6 +15,8 @@ tripped it.
 |                         | liveness file unlocked); `recover` takes it back at once       |
 | `fence_behind`          | the fence counter is below a token a lease holds: tokens could |
 |                         | be issued twice (a restored backup, a sequence reset by hand)  |
+| `fence_unreadable`      | a file spool's `fence` file is missing, unreadable or holds no |
+|                         | counter (deleted or edited by hand)                            |
 | `stale_prepared`        | a prepared job is older than `prepare_grace_seconds`           |
 | `quarantined_files`     | `quarantine/` holds files                                      |
 | `maintenance_stale`     | a projection table has not been maintained successfully for    |
@@ -161,8 +163,15 @@ def check_health(
                if j.lease is not None and j.lease.expires_at <= now - lease_grace]
     if expired:
         reasons.append(expired_reason(expired, len(expired)))
-    behind = fence_behind_reason(_fence_ceiling(spool), [(j.lease.token, j.id) for j in leased
-                                                         if j.lease is not None])
+    ceiling, fence_problem = _fence_ceiling(spool)
+    if fence_problem is not None:
+        reasons.append(Reason(
+            "fence_unreadable",
+            f"the fence file {fence_problem}: a worker that opens the spool now cannot "
+            "tell which tokens were handed out; run `jobspool recover` (it rebuilds the "
+            "file above every token on disk)", 1))
+    behind = fence_behind_reason(ceiling, [(j.lease.token, j.id) for j in leased
+                                           if j.lease is not None])
     if behind is not None:
         reasons.append(behind)
     lapsed = set(expired)
@@ -310,18 +319,23 @@ def _held_by_the_dead(spool: Spool, leased: list[Any]) -> list[str]:
     return out
 
 
-def _fence_ceiling(spool: Spool) -> int | None:
-    """The fence counter on disk (None when missing or unreadable: fsck names that)."""
+def _fence_ceiling(spool: Spool) -> tuple[int | None, str | None]:
+    """The fence counter on disk, or what is wrong with its file (a file spool's; fsck
+    named a missing, unreadable or garbled one and health said ok)."""
     from jobspool.queue.fence import FENCE_FILE, decode_fence
     from jobspool.queue.journal import journal_of
 
     journal = journal_of(spool)
     if journal is None:
-        return None
+        return None, None
     try:
-        return decode_fence(journal.store.read("", FENCE_FILE))
-    except (OSError, ValueError):
-        return None
+        return decode_fence(journal.store.read("", FENCE_FILE)), None
+    except FileNotFoundError:
+        return None, "is missing"
+    except OSError as exc:
+        return None, f"cannot be read ({exc.strerror or exc})"
+    except ValueError:
+        return None, "does not hold a counter"
 
 
 def fence_behind_reason(fence: int | None, held: Iterable[tuple[int, str]]) -> Reason | None:
