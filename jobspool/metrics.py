@@ -231,16 +231,25 @@ def publish_worker_report(spool: Spool, owner: str, report: RunReport, *,
         # Beside the live snapshots, not among them (`.json`): health, the workers' list
         # and `stats --prometheus` see only those; the dashboard's throughput reads these.
         path = path.with_suffix(FINAL_SUFFIX)
+        # When the run began: a dashboard started after it must not count its earlier jobs
+        # twice (its backfill read them from the disk).
+        doc["run_started_at"] = doc["written_at"] - float(getattr(report, "duration", 0.0) or 0.0)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, file_mode(access))
     try:
-        set_fd_mode(fd, file_mode(access))
-        os.write(fd, orjson.dumps(doc))
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
+                     file_mode(access))
+        try:
+            set_fd_mode(fd, file_mode(access))
+            os.write(fd, orjson.dumps(doc))
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
     finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        if final:
+            # Whatever became of the final counters (a full disk): the live snapshot of a
+            # worker that exited must go, or health took it for a stuck worker.
+            remove_worker_report(spool, owner)
     if final:
-        remove_worker_report(spool, owner)
         _drop_old_finals(path.parent)
         return
     remove_dead_worker_reports(spool, keep=path.name)
@@ -253,14 +262,16 @@ FINAL_SUFFIX = ".final"
 FINAL_KEEP_SECONDS = 3600.0
 
 
-def read_final_reports(spool: Spool, *, since: float) -> dict[str, tuple[float, dict[str, Any]]]:
-    """Workers' last counters written at their exit since `since`: owner -> (when, counters)."""
+def read_final_reports(spool: Spool, *, since: float
+                       ) -> dict[str, tuple[float, float | None, dict[str, Any]]]:
+    """Workers' last counters written at their exit since `since`: owner -> (when written,
+    when the run began if known, counters)."""
     directory = Path(spool.root) / METRICS_DIR
     try:
         names = [n for n in os.listdir(directory) if n.endswith(FINAL_SUFFIX)]
     except OSError:
         return {}
-    out: dict[str, tuple[float, dict[str, Any]]] = {}
+    out: dict[str, tuple[float, float | None, dict[str, Any]]] = {}
     for name in names:
         try:
             doc = orjson.loads((directory / name).read_bytes())
@@ -271,7 +282,9 @@ def read_final_reports(spool: Spool, *, since: float) -> dict[str, tuple[float, 
         written, owner = doc.get("written_at"), doc.get("owner")
         if isinstance(written, int | float) and not isinstance(written, bool) \
                 and isinstance(owner, str) and written >= since:
-            out[owner] = (float(written), _report_counters(doc))
+            began = doc.get("run_started_at")
+            out[owner] = (float(written), float(began) if isinstance(began, int | float)
+                          and not isinstance(began, bool) else None, _report_counters(doc))
     return out
 
 

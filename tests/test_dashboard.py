@@ -445,6 +445,49 @@ def test_throughput_counts_runs_too_short_to_publish_and_each_runs_last_seconds(
     assert [n for n in os.listdir(spool.root / "metrics") if n.endswith(".json")] == []
 
 
+def test_throughput_counts_each_run_of_one_worker_and_not_a_run_older_than_it(
+        spool: Spool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One `Worker` run three times has one owner: only its first final was counted; and a
+    final of a run begun before the dashboard counted jobs its backfill had read too
+    (a regression probe)."""
+    from jobspool import Worker, metrics
+    from jobspool.queue.report import RunReport
+
+    tp = Throughput(spool)
+    tp.sample()
+    worker = Worker(spool, handlers={"k": lambda job, ctx: None})
+    for n in (1, 2, 3):
+        spool.enqueue_many("k", range(5))
+        assert worker.run_until_idle().completed == 5
+        tp.sample()
+        assert tp.series()["totals"]["completed"] == 5 * n
+    older = RunReport(completed=8, duration=3600.0)  # begun an hour before the dashboard
+    metrics.publish_worker_report(spool, "old-run", older, final=True)
+    tp.sample()
+    assert tp.series()["totals"]["completed"] == 15
+
+
+def test_a_worker_that_cannot_write_its_final_counters_leaves_no_live_snapshot(
+        spool: Spool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk at exit left the live snapshot behind: health called the worker stuck."""
+    from jobspool import metrics
+    from jobspool.queue.report import RunReport
+
+    metrics.publish_worker_report(spool, "w", RunReport(completed=1))
+    real_open = os.open
+
+    def full(path: Any, *args: Any, **kwargs: Any) -> int:
+        if str(path).endswith(".tmp") and ".final." in str(path):
+            raise OSError(28, "No space left on device")
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(metrics.os, "open", full)
+    with pytest.raises(OSError):
+        metrics.publish_worker_report(spool, "w", RunReport(completed=2), final=True)
+    monkeypatch.undo()
+    assert metrics.read_worker_reports(spool) == {}
+
+
 def test_the_chart_stacks_failed_on_completed_within_its_height() -> None:
     rows = [{"minute": 60 * i, "completed": c, "failed": f}
             for i, (c, f) in enumerate([(0, 0), (3, 1), (1, 0)])]

@@ -128,6 +128,9 @@ def test_an_unencoded_at_in_the_password_is_refused_without_showing_any_of_it(
      "two slashes after its scheme, in lower case (postgresql://...)"),
     ("PostgreSQL:/u:KvPw@127.0.0.1:1/db", "'PostgreSQL:/u:***@127.0.0.1:1/db'",
      "two slashes after its scheme, in lower case (postgresql://...)"),
+    # Both slashes missing: taken for a path, a directory named after it, password and all.
+    ("postgresql:u:KvPw@127.0.0.1:1/db", "'postgresql://u:***@127.0.0.1:1/db'",
+     "two slashes after its scheme (postgresql://..."),
 ])
 def test_a_url_root_of_another_kind_is_named_as_typed(tmp_path: Path, root: str, shown: str,
                                                       says: str) -> None:

@@ -44,7 +44,8 @@ class Throughput:
         self._lock = threading.Lock()
         self._buckets: dict[int, dict[str, int]] = {}
         self._last: dict[str, dict[str, Any]] | None = None
-        self._counted: set[str] = set()  # exited workers whose last counters were added
+        self._finals: dict[str, float] = {}  # owner -> the final counters added (their time)
+        self._ended: set[str] = set()  # owners whose last counters seen were a final
         self._started = clock()
 
     def _add(self, at: float, series: str, n: int) -> None:
@@ -79,19 +80,30 @@ class Throughput:
         with self._lock:
             first = self._last is None
             last = self._last or {}
-            for owner, (_, counters) in finals.items():
-                if owner not in self._counted and owner not in reports:
-                    self._counted.add(owner)
-                    reports[owner] = counters
+            ended: set[str] = set()
+            for owner, (written, began, counters) in finals.items():
+                # One owner may run again (a `Worker` reused): a final is new by its time.
+                if self._finals.get(owner) == written or owner in reports:
+                    continue
+                self._finals[owner] = written
+                if owner not in last and (began is None or began < self._started):
+                    # Never seen running, and begun before we looked: its earlier jobs are
+                    # in the backfill, and its counters cannot tell them apart.
+                    continue
+                reports[owner] = counters
+                ended.add(owner)
             for owner, counters in reports.items():
-                if first and owner not in finals:
+                if first and owner not in ended:
                     continue  # a baseline: what it did before we looked is in the backfill
-                prev = last.get(owner, {})
+                # Counters after a final are another run's, from zero (a reused `Worker`
+                # ran 5 jobs twice: 5 after 5 read as no progress).
+                prev = {} if owner in self._ended else last.get(owner, {})
                 for series, names in (("completed", ("completed",)), ("failed", _FAILED)):
                     cur = sum(_int(counters.get(n)) for n in names)
                     before = sum(_int(prev.get(n)) for n in names)
                     self._add(now, series, cur - before if cur >= before else cur)
             self._last = reports
+            self._ended = (self._ended - set(reports)) | ended
             horizon = int(now // BUCKET_SECONDS) - BUCKETS
             for minute in [m for m in self._buckets if m <= horizon]:
                 del self._buckets[minute]

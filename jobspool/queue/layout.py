@@ -190,6 +190,7 @@ log = logging.getLogger(__name__)
 # `Path("postgresql://h/db")` is the relative directory `postgresql:/h/db`: without this check a
 # database URL would silently become a file spool in a directory tree named after it.
 _URL_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+:/")
+_BARE_PG_SCHEME = re.compile(r"(postgres(?:ql)?):(?!/)", re.IGNORECASE)
 
 
 def refuse_url(root: str | os.PathLike[str]) -> None:
@@ -202,6 +203,14 @@ def refuse_url(root: str | os.PathLike[str]) -> None:
         # Taken for a path it became a directory named after it, password and all.
         raise SpoolError(f"spool root {shown!r} looks like a libpq connection string "
                          "(key=value); give the database as a postgresql:// URL",
+                         path=shown)
+    bare = _BARE_PG_SCHEME.match(text.lstrip())
+    if bare is not None:
+        # "postgresql:u:pw@host/db", both slashes missing, was taken for a path: a
+        # directory named after the URL, password and all, and messages showing it.
+        shown = redact_url(f"{bare.group(1).lower()}://{text.lstrip()[bare.end():]}")
+        raise SpoolError(f"spool root {bare.group(1)}:...: a URL needs two slashes after "
+                         f"its scheme ({bare.group(1).lower()}://...; read as {shown!r})",
                          path=shown)
     match = _URL_SCHEME.match(text.lstrip())
     if match is None:
