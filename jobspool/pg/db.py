@@ -80,6 +80,31 @@ def display_url(url: str) -> str:
 
 _IDLE = psycopg.pq.TransactionStatus.IDLE
 
+# Where a connection keeps its cursors for `execute_hot` (an attribute of its own: the
+# cursors live and die with it, and a connection is used by one thread at a time).
+_HOT_CURSORS = "_jobspool_hot_cursors"
+
+
+def execute_hot(conn: psycopg.Connection[Any], query: str, params: Any, *,
+                binary: bool = False) -> psycopg.Cursor[Any]:
+    """`conn.execute(query, params)` on a cursor the connection keeps for this statement.
+
+    For the statements sent once per call or batch (the enqueue's INSERT, the claim, the
+    settle): `conn.execute` makes a cursor each time, and its new `Transformer` looks up
+    every parameter's dumper and every column's loader again. A cursor that executes the
+    same query object again keeps them (psycopg's own `_last_query` check), so each
+    statement gets its own cursor. The caller reads the rows before the next statement
+    on the connection, as it does with `conn.execute`.
+    """
+    cursors: dict[str, psycopg.Cursor[Any]] | None = getattr(conn, _HOT_CURSORS, None)
+    if cursors is None:
+        cursors = {}
+        setattr(conn, _HOT_CURSORS, cursors)
+    cur = cursors.get(query)
+    if cur is None:
+        cur = cursors[query] = conn.cursor()
+    return cur.execute(query, params, binary=binary)
+
 
 # Failures that mean "not reachable for now", which a worker waits out (StoreUnavailable):
 # no SQLSTATE (refused, reset, timed out), a connection exception (class 08), too many

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg.errors
 
 from jobspool.pg import sql
+from jobspool.pg.db import execute_hot
 from jobspool.pg.rows import COLUMNS, INSERT_SQL, UPDATE_SQL, dump, to_job, write_values
 from jobspool.queue import machine
 from jobspool.queue.job import EnqueueResult, Job
@@ -42,11 +43,11 @@ def insert_fresh(spool: PgSpool, fresh: list[Job]) -> set[str]:
 
     def go(c: psycopg.Connection[Any]) -> Any:
         try:
-            return c.execute(fast, params).fetchone()
+            return execute_hot(c, fast, params).fetchone()
         except psycopg.errors.UniqueViolation:
             # Sent again after a lost reply (see sql.INSERT_FRESH): autocommit, so the
             # failed statement left the connection idle for the form that skips them.
-            return c.execute(safe, params).fetchone()
+            return execute_hot(c, safe, params).fetchone()
 
     row = spool.db.run(go, what="enqueue")
     if row is None:
