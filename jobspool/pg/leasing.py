@@ -26,7 +26,7 @@ from jobspool.pg.db import execute_hot
 from jobspool.pg.rows import COLUMNS, dump, text, to_job
 from jobspool.pg.schema import FENCE_GONE, FENCE_REL
 from jobspool.queue import machine
-from jobspool.queue.job import Job, Lease, LeaseInfo, evolve, fill_in
+from jobspool.queue.job import Job, Lease, LeaseInfo, evolve, fill_in, new_lease
 from jobspool.queue.jobsize import encode_completed, fitted_anyway
 from jobspool.queue.states import JobState
 
@@ -103,8 +103,8 @@ def claim(spool: PgSpool, *, kinds: Iterable[str] | str | None, limit: int, owne
     out = []
     for job in jobs:
         assert job.lease is not None
-        out.append(Lease(job_id=job.id, token=job.lease.token, owner=job.lease.owner,
-                         expires_at=job.lease.expires_at, job=job, seconds=lease_seconds))
+        out.append(new_lease(job_id=job.id, token=job.lease.token, owner=job.lease.owner,
+                             expires_at=job.lease.expires_at, job=job, seconds=lease_seconds))
         if starts_noted and job.rescues:
             spool.unnoted_starts.add(job.lease.token)  # `note_started` records it
     return out

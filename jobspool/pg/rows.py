@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from jobspool.errors import UnreadableJob
-from jobspool.queue.job import Job, LeaseInfo, implausible
+from jobspool.queue.job import Job, implausible, new_job_snapshot, new_lease_info
 from jobspool.queue.payload import MAX_RUN_AT
 from jobspool.queue.states import JobState
 
@@ -81,10 +81,11 @@ def _decode(row: Sequence[Any]) -> Job:
      run_at, token, owner, expires_at, proc, payload, result, last_error, traceback,
      reservations, rescues, timeout) = row
     st = _STATES[state]  # a dict lookup: `JobState(state)` goes through Enum.__call__
-    lease = (LeaseInfo(token=int(token), owner=owner or "", expires_at=float(expires_at),
+    # `Job(...)` and `LeaseInfo(...)` as built without the frozen `__init__` (job.py).
+    lease = (new_lease_info(token=int(token), owner=owner or "", expires_at=float(expires_at),
                        proc=proc)
              if st is JobState.LEASED and token is not None and expires_at is not None else None)
-    return Job(id=jid, kind=kind, payload=None if payload is None else orjson.loads(payload),
+    return new_job_snapshot(id=jid, kind=kind, payload=None if payload is None else orjson.loads(payload),
                state=st, priority=priority, attempts=attempts, max_attempts=max_attempts,
                revision=int(revision), created_at=created_at, updated_at=updated_at,
                run_at=run_at, lease=lease, last_error=last_error,

@@ -16,8 +16,8 @@ import os
 import re
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, TypeVar
 
 import orjson
 
@@ -37,6 +37,7 @@ from jobspool.queue.payload import validate_seconds as validate_seconds
 from jobspool.queue.states import ALL_STATES, JobState
 
 _log = logging.getLogger("jobspool.queue")
+T = TypeVar("T")
 
 FORMAT_VERSION = 1
 MAX_JOB_BYTES = 64 * 1024
@@ -479,6 +480,40 @@ Slot by slot rather than `dataclasses.replace`, which goes through `__init__`. J
 no `__post_init__` to skip; an unknown field is a `TypeError`."""
 
 evolve: Callable[..., Job] = _compile_evolve()
+
+
+def _compile_constructor(cls: type[T]) -> Callable[..., T]:
+    """A constructor for the frozen, slotted dataclass `cls` with `cls(...)`'s signature
+    and result, setting each slot by its own setter. A frozen dataclass's `__init__` goes
+    through `object.__setattr__` per field: `Job(...)` took ~5 µs against ~2.5 here, and
+    the PostgreSQL store builds a job per enqueued job and per claimed row (with its
+    `LeaseInfo` and `Lease`). Only for classes without `__post_init__` or default factories
+    (checked here), so that nothing `__init__` does is skipped."""
+    if hasattr(cls, "__post_init__") or any(f.default_factory is not MISSING or not f.init
+                                             for f in fields(cls)):  # type: ignore[arg-type]
+        raise TypeError(f"{cls.__name__}: __init__ does more than set its fields")
+    ns: dict[str, Any] = {"_new": object.__new__, "_cls": cls}
+    params, body = [], []
+    for f in fields(cls):  # type: ignore[arg-type]
+        if f.default is MISSING:
+            params.append(f.name)
+        else:
+            ns[f"_default_{f.name}"] = f.default
+            params.append(f"{f.name}=_default_{f.name}")
+        ns[f"_set_{f.name}"] = getattr(cls, f.name).__set__
+        body.append(f"    _set_{f.name}(new, {f.name})")
+    # Keyword-only, as every caller passes them: a positional slip cannot swap two fields.
+    source = "\n".join([f"def new(*, {', '.join(params)}):", "    new = _new(_cls)", *body,
+                        "    return new"])
+    exec(source, ns)
+    fn: Callable[..., T] = ns["new"]
+    fn.__doc__ = f"`{cls.__name__}(...)`, faster (see `_compile_constructor`)."
+    return fn
+
+
+new_job_snapshot: Callable[..., Job] = _compile_constructor(Job)
+new_lease_info: Callable[..., LeaseInfo] = _compile_constructor(LeaseInfo)
+new_lease: Callable[..., Lease] = _compile_constructor(Lease)
 
 
 # A tie in revision cannot come from one crash (a state change always writes revision + 1),

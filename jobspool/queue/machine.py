@@ -21,6 +21,7 @@ from jobspool.queue.job import (
     LeaseInfo,
     clip_error,
     evolve,
+    new_job_snapshot,
     validate_delay,
 )
 from jobspool.queue.jobsize import clip_traceback, encode_admitted
@@ -91,9 +92,11 @@ def new_job(*, job_id: str, kind: str, payload: Any, now: float, delay: float, p
     run_at = now + delay if run_at is None else run_at
     if state is None:
         state = JobState.RETRYABLE if run_at > now else JobState.READY
-    return Job(id=job_id, kind=kind, payload=payload, state=state, priority=priority,
-               attempts=0, max_attempts=max_attempts, revision=1, created_at=now,
-               updated_at=now, run_at=run_at, reservations=reservations, timeout=timeout)
+    # `Job(...)`, without the frozen `__init__`'s cost (one per enqueued job; job.py)
+    return new_job_snapshot(id=job_id, kind=kind, payload=payload, state=state,
+                            priority=priority, attempts=0, max_attempts=max_attempts,
+                            revision=1, created_at=now, updated_at=now, run_at=run_at,
+                            reservations=reservations, timeout=timeout)
 
 
 def reopen(job: Job, *, kind: str, payload: Any, now: float, delay: float, priority: int,
