@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
@@ -146,17 +146,28 @@ def list_payloads(payloads: Iterable[Any]) -> list[Any]:
                           f"{type(payloads).__name__}", field="payloads")
     return listed("payloads", payloads, "payloads, one per job")
 
-@contextlib.contextmanager
-def naming_item(index: int, count: int) -> Iterator[None]:
+
+class naming_item:  # lower case: used as the function it was, `with naming_item(i, n):`
     """An `InvalidJob` about one payload of a batch says which (a generated id the caller
-    never saw, or "payload['a'] is nan", left them searching)."""
-    try:
-        yield
-    except InvalidJob as exc:
-        if count > 1:
-            exc.message = f"payload {index} of the batch of {count}: {exc.message}"
+    never saw, or "payload['a'] is nan", left them searching).
+
+    A class, not a `contextlib.contextmanager`: entered twice per enqueued job, the
+    generator-based form cost ~2 us a time on the one-job enqueue."""
+
+    __slots__ = ("count", "index")
+
+    def __init__(self, index: int, count: int) -> None:
+        self.index, self.count = index, count
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: object) -> None:
+        if isinstance(exc, InvalidJob) and self.count > 1:
+            exc.message = f"payload {self.index} of the batch of {self.count}: {exc.message}"
             exc.args = (exc.message,)
-        raise
+        # None: the exception, if any, goes on
 
 
 def new_batch(kind: str, payloads: Iterable[Any], *, job_ids: Sequence[str | None] | None,
