@@ -200,7 +200,11 @@ def repair_damage(url: str, given: dict[str, Any]) -> list[str]:
     db = Database(url)
     conn = db.connect()
     try:
-        if check(conn, db.display) != SCHEMA_VERSION:
+        try:
+            current = check(conn, db.display) == SCHEMA_VERSION
+        except psycopg.Error:
+            current = False  # a table not jobspool's under its name: opening names it
+        if not current:
             return []  # none yet, or older: opening creates or upgrades it
         found = repair(conn, {**DEFAULTS, **given})
     except psycopg.Error as exc:
