@@ -49,7 +49,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -272,13 +272,7 @@ def read_final_reports(spool: Spool, *, since: float
     except OSError:
         return {}
     out: dict[str, tuple[float, float | None, dict[str, Any]]] = {}
-    for name in names:
-        try:
-            doc = orjson.loads((directory / name).read_bytes())
-        except (OSError, orjson.JSONDecodeError):
-            continue
-        if not isinstance(doc, dict):
-            continue
+    for doc in _docs(directory, names):
         written, owner = doc.get("written_at"), doc.get("owner")
         if isinstance(written, int | float) and not isinstance(written, bool) \
                 and isinstance(owner, str) and written >= since:
@@ -286,6 +280,17 @@ def read_final_reports(spool: Spool, *, since: float
             out[owner] = (float(written), float(began) if isinstance(began, int | float)
                           and not isinstance(began, bool) else None, _report_counters(doc))
     return out
+
+
+def _docs(directory: Path, names: Iterable[str]) -> Iterator[dict[str, Any]]:
+    """The JSON objects of these files of `directory`; unreadable or other ones skipped."""
+    for name in names:
+        try:
+            doc = orjson.loads((directory / name).read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            continue
+        if isinstance(doc, dict):
+            yield doc
 
 
 def _drop_old_finals(directory: Path) -> None:
@@ -390,13 +395,7 @@ def _fresh_snapshots(spool: Spool, stale_after: float,
     except (FileNotFoundError, NotADirectoryError):
         return
     wall = time.time() if now is None else now
-    for name in names:
-        try:
-            doc = orjson.loads((directory / name).read_bytes())
-        except (OSError, orjson.JSONDecodeError):
-            continue
-        if not isinstance(doc, dict):
-            continue
+    for doc in _docs(directory, names):
         written = doc.get("written_at")
         if not isinstance(written, int | float) or not isinstance(doc.get("owner"), str):
             continue

@@ -836,28 +836,34 @@ def test_a_spool_deleted_under_the_dashboard_gives_one_line_503s_then_recovers(
         assert client.get("/api/job/b").json()["state"] == "ready"
 
 
+def _serving(proc: Any) -> str:
+    """Wait until a `jobspool dashboard` process answers; its URL."""
+    import urllib.request
+
+    line = LineReader(proc.stdout).wait_for("http://", 120, "the dashboard's URL")
+    url = next(w for w in line.split() if w.startswith("http://"))
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    def answers() -> bool:
+        try:
+            with direct.open(url + "api/overview", timeout=5) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
+
+    wait_until(answers, 60, "the dashboard to serve")
+    return str(url)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_the_dashboard_stopped_by_a_signal_exits_0(tmp_path: Path, sig: int) -> None:
     """A normal stop (systemd and docker send SIGTERM) exited 143, a death by signal:
     uvicorn raises the signal again after its shutdown, with the default handler."""
-    import urllib.request
-
     root = tmp_path / "spool"
     make_spool(root).close()
     proc = start_jobspool("dashboard", "--port", "0", root=root)
     try:
-        line = LineReader(proc.stdout).wait_for("http://", 120, "the dashboard's URL")
-        url = next(w for w in line.split() if w.startswith("http://"))
-        direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-        def answers() -> bool:
-            try:
-                with direct.open(url + "api/overview", timeout=5) as r:
-                    return bool(r.status == 200)
-            except OSError:
-                return False
-
-        wait_until(answers, 60, "the dashboard to serve")  # its signal handling set up
+        _serving(proc)  # its signal handling set up
         proc.send_signal(sig)
         _, err = proc.communicate(timeout=60)
     finally:
@@ -944,25 +950,13 @@ def test_a_request_still_open_at_a_stop_is_one_line_not_tracebacks(tmp_path: Pat
     """A client that sent half a form when SIGTERM came: uvicorn cancels it after the grace
     and logged three chained tracebacks (57 lines) for it. One line says it now."""
     import socket
-    import urllib.request
 
     root = tmp_path / "spool"
     make_spool(root).close()
     proc = start_jobspool("dashboard", "--port", "0", root=root)
     client = None
     try:
-        line = LineReader(proc.stdout).wait_for("http://", 120, "the dashboard's URL")
-        url = next(w for w in line.split() if w.startswith("http://"))
-        direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-        def answers() -> bool:
-            try:
-                with direct.open(url + "api/overview", timeout=5) as r:
-                    return bool(r.status == 200)
-            except OSError:
-                return False
-
-        wait_until(answers, 60, "the dashboard to serve")
+        url = _serving(proc)
         port = int(url.rstrip("/").rsplit(":", 1)[1])
         client = socket.create_connection(("127.0.0.1", port))
         client.sendall(b"POST /job/x/cancel HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
