@@ -103,3 +103,28 @@ def test_the_slots_kept_for_superusers_are_a_wait_not_a_refusal() -> None:
         'connection failed: connection to server at "127.0.0.1", port 5432 failed: FATAL:  '
         'password authentication failed for user "app"')
     assert not transient(wrong)
+
+
+def test_claims_of_many_sizes_keep_no_payloads_on_pooled_connections(pg_url: str) -> None:
+    """Cursors kept per statement (to reuse their converters) kept their last result: the
+    claim's text varies with its limit, so claiming 1..300 jobs of 60 KB kept one cursor
+    and one claimed batch per limit on the connection, 2.7 GB (a regression probe)."""
+    from jobspool.pg import db as dbmod
+
+    with make_spool(pg_url) as spool:
+        spool.enqueue_many("big", ["x" * 20_000 for _ in range(40)])
+        for limit in range(1, 41):
+            for lease in spool.claim(kinds="big", limit=limit, owner="o", lease_seconds=60):
+                spool.release(lease)
+        for _ in range(3):
+            spool.enqueue("small", 1)  # the INSERT's cursor is kept: its rows are ids
+        pool = spool.db._pool  # type: ignore[attr-defined]
+        assert pool is not None
+        for conn in pool._idle:  # noqa: SLF001 - what each idle connection holds
+            kept = getattr(conn, dbmod._HOT_CURSORS, {})  # noqa: SLF001
+            assert len(kept) <= dbmod._HOT_MAX  # noqa: SLF001
+            held = sum(len(cur.pgresult.get_value(r, c) or b"")
+                       for cur in kept.values() if cur.pgresult is not None
+                       for r in range(cur.pgresult.ntuples)
+                       for c in range(cur.pgresult.nfields))
+            assert held < 10_000, held
