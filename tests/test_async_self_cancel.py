@@ -6,6 +6,7 @@ and `jobspool worker` exited 0 (a unit with Restart=on-failure stayed down)."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from pathlib import Path
 
 from jobspool import Context, Job, JobState, Spool, Worker
@@ -51,3 +52,73 @@ def test_the_worker_command_goes_on_after_a_self_cancelling_handler(tmp_path: Pa
     with Spool(root) as spool:
         counts = spool.stats()
     assert counts["completed"] == 3 and counts["dead_letter"] == 1, counts
+
+
+async def cancels_itself_and_returns(job: Job, ctx: Context) -> str:
+    task = asyncio.current_task()
+    assert task is not None
+    task.cancel()  # never awaited past: the cancel is still pending when it returns
+    return "returned"
+
+
+async def cancels_itself_and_catches_it(job: Job, ctx: Context) -> str:
+    task = asyncio.current_task()
+    assert task is not None
+    task.cancel()
+    try:
+        await asyncio.sleep(0.1)
+    except asyncio.CancelledError:
+        return "caught"
+    return "not cancelled"
+
+
+async def times_itself_out(job: Job, ctx: Context) -> None:
+    async with asyncio.timeout(0.01):
+        await asyncio.sleep(1)
+
+
+def test_a_cancel_left_pending_fails_its_own_job_only(spool: Spool) -> None:
+    bad = spool.enqueue("pending", max_attempts=1)
+    good = [spool.enqueue("good", n, max_attempts=1) for n in range(5)]
+    report = Worker(spool, {"pending": cancels_itself_and_returns, "good": fine},
+                    concurrency=1, maintenance=False).run_until_idle()
+    assert report.completed == 5 and report.dead_lettered == 1 and report.released == 0
+    assert all(spool.get(job.id).state is JobState.COMPLETED for job in good)
+    assert "CancelledError" in (spool.get(bad.id).last_error or "")
+
+
+def test_a_cancel_the_handler_caught_leaves_its_result(spool: Spool) -> None:
+    caught = spool.enqueue("caught", max_attempts=1)
+    after = spool.enqueue("good", 1, max_attempts=1)
+    report = Worker(spool, {"caught": cancels_itself_and_catches_it, "good": fine},
+                    concurrency=1, maintenance=False).run_until_idle()
+    assert report.completed == 2 and report.released == 0
+    assert spool.get(caught.id).result == "caught"
+    assert spool.get(after.id).result == "ok"
+
+
+def test_asyncio_timeout_inside_a_handler_fails_that_job_only(spool: Spool) -> None:
+    slow = spool.enqueue("slow", max_attempts=1)
+    good = spool.enqueue("good", 1, max_attempts=1)
+    report = Worker(spool, {"slow": times_itself_out, "good": fine},
+                    concurrency=1, maintenance=False).run_until_idle()
+    assert report.completed == 1 and report.dead_lettered == 1
+    assert "TimeoutError" in (spool.get(slow.id).last_error or "")
+    assert spool.get(good.id).state is JobState.COMPLETED
+
+
+_seen: contextvars.ContextVar[str] = contextvars.ContextVar("_seen", default="unset")
+
+
+async def sets_a_context_variable(job: Job, ctx: Context) -> str:
+    before = _seen.get()
+    _seen.set(f"set by {job.id}")
+    return before
+
+
+def test_context_variables_a_handler_sets_do_not_reach_the_next_job(spool: Spool) -> None:
+    jobs = [spool.enqueue("vars", n) for n in range(3)]
+    report = Worker(spool, {"vars": sets_a_context_variable}, concurrency=1,
+                    maintenance=False).run_until_idle()
+    assert report.completed == 3
+    assert [spool.get(job.id).result for job in jobs] == ["unset"] * 3

@@ -13,6 +13,7 @@ its job's failure: only a real signal stops a worker.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import logging
 import math
@@ -48,8 +49,8 @@ from jobspool.queue.runtime import (
     Monitor,
     Tracked,
     cancel_requested,
+    contained,
     format_traceback,
-    in_own_task,
     thread_stack,
 )
 from jobspool.queue.signals import Fail, Retry
@@ -72,12 +73,11 @@ async def invoke(ctx: Context, fn: Callable[..., Any], *, is_async: bool,
     try:
         with anyio.move_on_after(math.inf if timeout is None else timeout) as limit:
             if is_async:
-                tracked = Tracked(fn(ctx.job, ctx), monitor,
-                                  f"the handler of kind {kind!r} "
-                                  f"({_name(fn)}, job {ctx.job_id})")
+                tracked = Tracked(fn(ctx.job, ctx), monitor, functools.partial(
+                    _label, kind, fn, ctx.job_id))
                 if timeout is not None:
                     monitor.limits[tracked] = (limit, ctx)
-                result = await in_own_task(tracked)
+                result = await contained(tracked)
             else:
                 result = await anyio.to_thread.run_sync(
                     gate.run, fn, ctx, limiter=threads, abandon_on_cancel=True)
@@ -316,6 +316,10 @@ def _child_ends(pid: int, exc: BaseException | None = None) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
     os._exit(code)
+
+
+def _label(kind: str, fn: Callable[..., Any], job_id: str) -> str:
+    return f"the handler of kind {kind!r} ({_name(fn)}, job {job_id})"
 
 
 def _name(fn: Callable[..., Any]) -> str:
