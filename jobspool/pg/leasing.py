@@ -26,6 +26,7 @@ from jobspool.pg.db import execute_hot
 from jobspool.pg.rows import COLUMNS, dump, text, to_job
 from jobspool.pg.schema import FENCE_GONE, FENCE_REL
 from jobspool.queue import machine
+from jobspool.queue.backlog import Waiting
 from jobspool.queue.job import Job, Lease, LeaseInfo, evolve, fill_in, new_lease
 from jobspool.queue.jobsize import encode_completed, fitted_anyway
 from jobspool.queue.states import JobState
@@ -408,6 +409,16 @@ def next_due_at(spool: PgSpool, kinds: Iterable[str] | None) -> float | None:
         return None
     # In this process's clock (`PgSpool.now`), which the worker compares it with.
     return float(row[0]) - float(row[1]) + spool.now()
+
+
+def waiting(spool: PgSpool) -> dict[str, Waiting]:
+    params = {"now": spool.now_param()}
+    rows = spool.db.run(lambda c: c.execute(sql.WAITING, params).fetchall(),
+                        what="counting the jobs waiting")
+    # `next_at` in this process's clock (`PgSpool.now`), as `next_due_at` gives it.
+    return {kind: Waiting(due, later, None if first is None
+                          else float(first) - float(db_now) + spool.now())
+            for kind, due, later, first, db_now in rows}
 
 
 @contextmanager

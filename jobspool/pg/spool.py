@@ -54,6 +54,7 @@ from jobspool.queue.arguments import (
     new_reservation,
     wait_until_terminal,
 )
+from jobspool.queue.backlog import Waiting
 from jobspool.queue.bulk import Match, match
 from jobspool.queue.job import (
     EnqueueResult,
@@ -521,6 +522,10 @@ class PgSpool(EnqueueForms):
 
     def next_due_at(self, kinds: Iterable[str] | None = None) -> float | None:
         return leasing.next_due_at(self, kinds)
+
+    def waiting(self) -> dict[str, Waiting]:
+        """Jobs waiting to be claimed (ready, retryable), per kind: due now or later."""
+        return leasing.waiting(self)
 
     def note_running(self, tokens: Iterable[int], *, started: bool) -> None:
         """Record the start of a rescued job's handler before it runs, for rescue counting

@@ -283,6 +283,15 @@ WHERE j.token = u.token AND j.created_at = u.created AND j.state = 'leased'
   AND j.expires_at > {NOW}
 """
 
+# Jobs waiting to be claimed per kind (`backlog.py`): counted, no row read out, the
+# partial claim index bounds the scan to the waiting states.
+WAITING = f"""
+SELECT kind, count(*) FILTER (WHERE state = 'ready' OR run_at <= {NOW}),
+       count(*) FILTER (WHERE state = 'retryable' AND run_at > {NOW}),
+       min(run_at) FILTER (WHERE state = 'retryable' AND run_at > {NOW}), {NOW}
+FROM jobspool_jobs WHERE state IN ('ready', 'retryable') GROUP BY kind
+"""
+
 # When the next job not yet due becomes claimable (a retry, a scheduled job, an expiring
 # lease), as the file spool answers: jobs due already do not count (they made an idle
 # worker claim again at once, in a loop, when a claim could not take them).

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from jobspool.errors import JobspoolError, LeaseLost
+    from jobspool.queue.backlog import Waiting
     from jobspool.queue.job import EnqueueResult, Job, Lease, Reservation
     from jobspool.queue.layout import SpoolSettings
     from jobspool.queue.states import JobState
@@ -158,6 +159,8 @@ class SpoolAPI(Protocol):
     def fenced(self, lease: Lease) -> AbstractContextManager[Lease]: ...
 
     def next_due_at(self, kinds: Iterable[str] | None = None) -> float | None: ...
+
+    def waiting(self) -> dict[str, Waiting]: ...
 
     def note_running(self, tokens: Iterable[int], *, started: bool) -> None: ...
 

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 import orjson
 
+from jobspool.queue.backlog import Waiting, tally
 from jobspool.queue.changelog import ADD, ChangeRing
 from jobspool.queue.job import CorruptJob, Job, decode_job, report_unreadable
 from jobspool.queue.states import ALL_STATES, JobState
@@ -367,6 +368,13 @@ class ClaimIndex:
             heapq.heappush(heap, item)
         return [Candidate(p, r, j, state, kind) for p, r, j in out]
 
+
+    def waiting(self, now: float) -> dict[str, Waiting]:
+        """Cached ready and retryable jobs per kind: due now or later (`backlog.py`). A
+        ready job counts as due, as a claim takes it."""
+        entries = [(key[2], True, key[1]) for key in self._ready.values()]
+        entries += [(key[2], key[1] <= now, key[1]) for key, _ in self._retry.values()]
+        return tally(entries)
 
     def next_due_at(self, now: float, kinds: frozenset[str] | None) -> float | None:
         """The earliest future time a cached retryable job or lease becomes claimable."""

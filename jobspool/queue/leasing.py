@@ -11,6 +11,7 @@ from collections.abc import Collection, Iterable
 from jobspool.errors import FULL_DISK, WriteFailed
 from jobspool.queue import interrupts, liveness, machine
 from jobspool.queue.arguments import listed
+from jobspool.queue.backlog import Waiting
 from jobspool.queue.diskerrors import write_failed
 from jobspool.queue.holding import Holding
 from jobspool.queue.job import (
@@ -351,6 +352,12 @@ class Leasing(Holding):
         with self.journal.lock.hold():
             self.journal.index.refresh()
             return self.journal.index.next_due_at(self.journal.now(), kind_set)
+
+    def waiting(self) -> dict[str, Waiting]:
+        """Jobs waiting to be claimed, per kind, from the claim index (no job file read)."""
+        with self.journal.lock.hold():
+            self.journal.index.refresh()
+            return self.journal.index.waiting(self.journal.now())
 
     def live_tokens(self) -> list[int]:
         """Tokens of every unexpired lease (maintenance keeps tombstones newer than the least)."""

@@ -37,6 +37,7 @@ from jobspool.queue.arguments import (
     job_states,
     wait_until_terminal,
 )
+from jobspool.queue.backlog import Waiting
 from jobspool.queue.diskerrors import listing_failed, write_failed
 from jobspool.queue.job import (
     MAX_JOB_BYTES,
@@ -360,6 +361,10 @@ class Spool(EnqueueForms):
     def next_due_at(self, kinds: Iterable[str] | None = None) -> float | None:
         """When the next not-yet-due job (retryable, or an expiring lease) becomes claimable."""
         return self.leasing.next_due_at(kinds)
+
+    def waiting(self) -> dict[str, Waiting]:
+        """Jobs waiting to be claimed (ready, retryable), per kind: due now or later."""
+        return self.leasing.waiting()
 
     def live_tokens(self) -> list[int]:
         """Tokens of every unexpired lease."""

@@ -47,7 +47,6 @@ from jobspool.queue.report import Counters, FinishedRun
 from jobspool.queue.report import RunReport as RunReport
 from jobspool.queue.runs import Runs
 from jobspool.queue.sink import LanceSink
-from jobspool.queue.states import JobState
 from jobspool.queue.supervisor import Supervisor
 
 if TYPE_CHECKING:
@@ -492,17 +491,16 @@ class Worker:
         waiting, first, due_now = 0, None, 0
         now = self.spool.now()
         try:
-            for state in (JobState.READY, JobState.RETRYABLE):
-                for job in self.spool.jobs(state=state):
-                    due = state is JobState.READY or job.run_at <= now
-                    if job.kind not in self.kinds:
-                        if due:
-                            out[job.kind] = out.get(job.kind, 0) + 1
-                    else:
-                        waiting += 1
-                        due_now += due
-                        at = job.run_at if not due else now
-                        first = at if first is None else min(first, at)
+            for kind, left in self.spool.waiting().items():
+                if kind not in self.kinds:
+                    if left.due:
+                        out[kind] = left.due
+                    continue
+                waiting += left.due + left.later
+                due_now += left.due
+                at = now if left.due else left.next_at
+                if at is not None:
+                    first = at if first is None else min(first, at)
         except (JobspoolError, OSError) as exc:
             # A report's footnote: a store that went away must not turn a finished run
             # (or a clean stop) into a crash.
