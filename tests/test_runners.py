@@ -390,3 +390,29 @@ def test_the_cli_does_not_exit_past_a_live_thread_that_runs_no_handler() -> None
     finally:
         idle.set()
         bystander.join(20)
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_an_async_job_claimed_while_every_runner_waits_in_a_handler_runs_beside_them(
+        spool: Spool, backend: str) -> None:
+    """Runners multiply as handlers wait (`AsyncRunners.spread`): a job claimed later, while
+    the only runner left waits in a handler, gets a runner of its own. Here that job is the
+    one the waiting handler waits for."""
+    released: list[anyio.Event] = []
+
+    async def handler(job: Job, ctx: Context) -> str:
+        if not released:
+            released.append(anyio.Event())
+        if job.payload == "waits":
+            with anyio.fail_after(10):
+                await released[0].wait()
+        elif job.payload == "releases":
+            released[0].set()
+        return str(job.payload)
+
+    jobs = [spool.enqueue("plain", p) for p in ("waits", "quick", "releases")]
+    worker = Worker(spool, {"plain": handler}, concurrency=2, batch_size=2,
+                    maintenance=False)
+    report = anyio.run(worker.arun_until_idle, backend=backend)
+    assert report.completed == 3 and report.retried == 0 and report.dead_lettered == 0
+    assert [spool.get(j.id).result for j in jobs] == ["waits", "quick", "releases"]

@@ -60,7 +60,8 @@ log = logging.getLogger("jobspool.queue.worker")
 
 async def invoke(ctx: Context, fn: Callable[..., Any], *, is_async: bool,
                  timeout: float | None, monitor: Monitor, threads: anyio.CapacityLimiter,
-                 on_hung: Callable[[Context], None]) -> None:
+                 on_hung: Callable[[Context], None],
+                 on_wait: Callable[[], None] | None = None) -> None:
     """Run `fn(ctx.job, ctx)` within `timeout` and record how it ended in `ctx.outcome`.
 
     Raises only our own cancellation (after recording `interrupted`). A sync
@@ -74,7 +75,7 @@ async def invoke(ctx: Context, fn: Callable[..., Any], *, is_async: bool,
         with anyio.move_on_after(math.inf if timeout is None else timeout) as limit:
             if is_async:
                 tracked = Tracked(fn(ctx.job, ctx), monitor, functools.partial(
-                    _label, kind, fn, ctx.job_id))
+                    _label, kind, fn, ctx.job_id), on_wait=on_wait)
                 if timeout is not None:
                     monitor.limits[tracked] = (limit, ctx)
                 result = await contained(tracked)

@@ -485,8 +485,9 @@ class Pipeline(IdleWaits):
         if not self.life.stopping and ctx.runnable():
             await self._call(ctx)
 
-    async def _call(self, ctx: Context) -> None:
-        """Run one handler (`invoke.py`): how it ended lands in `ctx.outcome`."""
+    async def _call(self, ctx: Context, on_wait: Callable[[], None] | None = None) -> None:
+        """Run one handler (`invoke.py`): how it ended lands in `ctx.outcome`; `on_wait` is
+        called when an async one first suspends."""
         kind = ctx.job.kind
         fn = self.config.handlers[kind]
         # The job's own limit, given at enqueue, wins over its kind's policy.
@@ -495,7 +496,8 @@ class Pipeline(IdleWaits):
                     deadline=None if timeout is None else time.monotonic() + timeout)
         try:
             await invoke(ctx, fn, is_async=self.config.is_async(kind), timeout=timeout,
-                         monitor=self.monitor, threads=self.threads, on_hung=self.life.note_hung)
+                         monitor=self.monitor, threads=self.threads, on_hung=self.life.note_hung,
+                         on_wait=on_wait)
         finally:
             run_ended(ctx, self.life)
         self._count_timeout(ctx)

@@ -159,8 +159,10 @@ class Tracked:
     stops driving it when it goes on past a swallowed cancellation (`Abandoned`)."""
 
     def __init__(self, coro: Coroutine[Any, Any, Any], monitor: Monitor,
-                 label: Callable[[], str]) -> None:
+                 label: Callable[[], str], *, on_wait: Callable[[], None] | None = None
+                 ) -> None:
         self.coro = coro
+        self.on_wait = on_wait  # told once, when the handler first suspends
         self.monitor = monitor
         self._label = label  # built when read: a blocked loop or an abandonment, not per job
         # Its steps run in a copy of the runner's context variables, as a task of its own
@@ -234,6 +236,9 @@ class Tracked:
                 with contextlib.suppress(BaseException):  # it may ignore GeneratorExit too
                     self.coro.close()
                 raise Abandoned(self.label)
+            if self.on_wait is not None:
+                self.on_wait()
+                self.on_wait = None
             try:
                 value = yield step
                 error = None
