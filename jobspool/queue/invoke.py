@@ -72,11 +72,13 @@ async def invoke(ctx: Context, fn: Callable[..., Any], *, is_async: bool,
     tracked: Tracked | None = None
     gate = _StartGate()
     try:
-        with anyio.move_on_after(math.inf if timeout is None else timeout) as limit:
+        limit: anyio.CancelScope | _NoLimit = (
+            _NO_LIMIT if timeout is None else anyio.move_on_after(timeout))
+        with limit:
             if is_async:
                 tracked = Tracked(fn(ctx.job, ctx), monitor, functools.partial(
                     _label, kind, fn, ctx.job_id), on_wait=on_wait)
-                if timeout is not None:
+                if isinstance(limit, anyio.CancelScope):
                     monitor.limits[tracked] = (limit, ctx)
                 result = await contained(tracked)
             else:
@@ -125,7 +127,7 @@ async def invoke(ctx: Context, fn: Callable[..., Any], *, is_async: bool,
                        stack=tracked.stack() if tracked is not None else None)
             if not is_async:
                 on_hung(ctx)
-        elif is_async and anyio.current_time() > limit.deadline:
+        elif is_async and timeout is not None and anyio.current_time() > limit.deadline:
             # It returned past its limit before the cancellation could reach it: an async
             # handler that blocked the loop. Past the limit is past it: its result is void.
             _timed_out(ctx, timeout or 0.0, sync=False, late=True)
@@ -317,6 +319,23 @@ def _child_ends(pid: int, exc: BaseException | None = None) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
     os._exit(code)
+
+
+class _NoLimit:
+    """What `anyio.move_on_after(math.inf)` is to `invoke`, without a cancel scope to make
+    and enter for each job of the many that have no time limit."""
+
+    cancel_called = False
+    deadline = math.inf
+
+    def __enter__(self) -> _NoLimit:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_NO_LIMIT = _NoLimit()
 
 
 def _label(kind: str, fn: Callable[..., Any], job_id: str) -> str:
