@@ -28,7 +28,7 @@ from jobspool.health import (
 from jobspool.health.reasons import ids as some_ids
 from jobspool.pg.leasing import sweep
 from jobspool.pg.rows import COLUMNS, to_job
-from jobspool.pg.schema import FENCE_MARGIN, NO_PRIMARY_KEY, damage
+from jobspool.pg.schema import NO_PRIMARY_KEY, damage, fence_above_tokens
 from jobspool.queue import machine
 from jobspool.queue.job import JOB_ID_PATTERN, KIND_PATTERN, Job, validate_int, validate_seconds
 from jobspool.queue.states import ALL_STATES, TERMINAL, JobState
@@ -245,11 +245,6 @@ def _log_recovery(spool: PgSpool, report: Any, *, swept_dead: int) -> None:
                  {k: v for k, v in report.counts.items() if v})
 
 
-# Claims may draw tokens while the sequence is set: it is set this far above the highest
-# token on disk, so no token they drew meanwhile can be handed out again afterwards.
-_FENCE_MARGIN = FENCE_MARGIN
-
-
 def _still_above(spool: PgSpool, rows: list[Any]) -> list[Any]:
     """Of (id, token) rows read as above a fence read before them, those above the fence
     read now. Claims draw tokens between the two reads: each token a row held when it was
@@ -272,9 +267,9 @@ def _raise_fence(spool: PgSpool, fence: int) -> tuple[str, ...]:
     rows = _still_above(spool, rows)
     if not rows:
         return ()
-    spool.db.run(lambda c: c.execute(
-        "SELECT setval('jobspool_fence', (SELECT max(token) FROM jobspool_jobs) + %s)",
-        (_FENCE_MARGIN,)), what="raising the fence")
+    # Claims may draw tokens while it is set: `FENCE_MARGIN` above the highest token on
+    # disk, no token they drew meanwhile is handed out again afterwards.
+    spool.db.run(fence_above_tokens, what="raising the fence")
     ids = tuple(r[0] for r in rows)
     log.warning("fence of %s raised from %d (tokens in rows above it: %s)", spool.display,
                 fence, ", ".join(ids[:10]))

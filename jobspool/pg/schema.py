@@ -217,16 +217,28 @@ def restore_fence(conn: psycopg.Connection[Any]) -> int | None:
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
         if not fence_missing(conn):
             return None
-        home = conn.execute(f"SELECT nspname FROM pg_namespace WHERE oid = {HOME}").fetchone()
-        assert home is not None
-        fence = sql.Identifier(home[0], "jobspool_fence")
-        conn.execute(sql.SQL("CREATE SEQUENCE {} AS bigint MINVALUE 1 CACHE 1").format(fence))
-        row = conn.execute("SELECT COALESCE(max(token), 0) + %s FROM jobspool_jobs",
-                           (FENCE_MARGIN,)).fetchone()
-        top = int(row[0]) if row else FENCE_MARGIN
-        conn.execute(sql.SQL("SELECT setval({}, %s)").format(
-            sql.Literal(fence.as_string(conn))), (top,))
-    return top
+        conn.execute(sql.SQL("CREATE SEQUENCE {} AS bigint MINVALUE 1 CACHE 1").format(
+            _fence_name(conn)))
+        return fence_above_tokens(conn)
+
+
+def fence_above_tokens(conn: psycopg.Connection[Any]) -> int:
+    """Set this queue's token sequence `FENCE_MARGIN` above the highest token a row holds
+    (none: above 0); the value it now holds. The one way the fence is raised: after a
+    restore without the sequence, a repair, and `recover` finding rows above it."""
+    fence = _fence_name(conn)
+    row = conn.execute(sql.SQL(
+        "SELECT setval({}, (SELECT COALESCE(max(token), 0) FROM jobspool_jobs) + %s)"
+    ).format(sql.Literal(fence.as_string(conn))), (FENCE_MARGIN,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _fence_name(conn: psycopg.Connection[Any]) -> sql.Identifier:
+    """The token sequence of this queue, named in the schema of its jobs table (`HOME`)."""
+    home = conn.execute(f"SELECT nspname FROM pg_namespace WHERE oid = {HOME}").fetchone()
+    assert home is not None
+    return sql.Identifier(home[0], "jobspool_fence")
 
 
 # What a schema at `SCHEMA_VERSION` holds: its relations, and the job table's columns.
@@ -280,8 +292,7 @@ def repair(conn: psycopg.Connection[Any], settings: dict[str, Any]) -> list[str]
             conn.execute("INSERT INTO jobspool_settings (key, value) VALUES (%s, %s) "
                          "ON CONFLICT (key) DO NOTHING", (key, Jsonb(value)))
         if fence_lost:  # v1 made it again, from 1: above every token instead
-            conn.execute("SELECT setval('jobspool_fence', (SELECT COALESCE(max(token), 0) "
-                         "FROM jobspool_jobs) + %s)", (FENCE_MARGIN,))
+            fence_above_tokens(conn)
     return found
 
 
