@@ -122,3 +122,42 @@ def test_context_variables_a_handler_sets_do_not_reach_the_next_job(spool: Spool
                     maintenance=False).run_until_idle()
     assert report.completed == 3
     assert [spool.get(job.id).result for job in jobs] == ["unset"] * 3
+
+
+async def cancels_itself_then_raises(job: Job, ctx: Context) -> None:
+    task = asyncio.current_task()
+    assert task is not None
+    task.cancel()
+    raise ValueError("after cancelling itself")
+
+
+async def cancels_itself_later(job: Job, ctx: Context) -> None:
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().call_later(0.2, task.cancel)  # fires after it returned
+
+
+async def sleeps(job: Job, ctx: Context) -> str:
+    await asyncio.sleep(0.5)
+    return "slept"
+
+
+def test_a_cancel_left_behind_by_a_raising_handler_reaches_no_other_job(spool: Spool) -> None:
+    bad = spool.enqueue("raises", max_attempts=1)
+    good = [spool.enqueue("good", n, max_attempts=1) for n in range(4)]
+    report = Worker(spool, {"raises": cancels_itself_then_raises, "good": fine},
+                    concurrency=1, maintenance=False).run_until_idle()
+    assert report.completed == 4 and report.dead_lettered == 1 and report.released == 0
+    assert all(spool.get(job.id).state is JobState.COMPLETED for job in good)
+    assert "ValueError" in (spool.get(bad.id).last_error or "")
+
+
+def test_a_cancel_of_its_task_after_the_handler_ended_reaches_no_later_job(
+        spool: Spool) -> None:
+    early = spool.enqueue("later", max_attempts=1)
+    slow = spool.enqueue("slow", max_attempts=1)
+    report = Worker(spool, {"later": cancels_itself_later, "slow": sleeps},
+                    concurrency=1, maintenance=False).run_until_idle()
+    assert report.completed == 2 and report.dead_lettered == 0
+    assert spool.get(early.id).state is JobState.COMPLETED
+    assert spool.get(slow.id).result == "slept"

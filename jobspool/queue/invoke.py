@@ -49,8 +49,8 @@ from jobspool.queue.runtime import (
     Monitor,
     Tracked,
     cancel_requested,
-    contained,
     format_traceback,
+    in_own_task,
     thread_stack,
 )
 from jobspool.queue.signals import Fail, Retry
@@ -80,7 +80,7 @@ async def invoke(ctx: Context, fn: Callable[..., Any], *, is_async: bool,
                     _label, kind, fn, ctx.job_id), on_wait=on_wait)
                 if isinstance(limit, anyio.CancelScope):
                     monitor.limits[tracked] = (limit, ctx)
-                result = await contained(tracked)
+                result = await in_own_task(tracked)
             else:
                 result = await anyio.to_thread.run_sync(
                     gate.run, fn, ctx, limiter=threads, abandon_on_cancel=True)

@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Coroutine, Generator
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from typing import TYPE_CHECKING, Any
 
 from jobspool.errors import JobspoolError, LeaseLost
@@ -105,53 +105,54 @@ class Abandoned(Exception):
     a core busy) for ever, past its time limit and both SIGTERMs."""
 
 
-async def contained(tracked: Tracked) -> Any:
-    """Await an async handler in the runner's own task, as though it ran in a task of its own.
+async def in_own_task(awaitable: Awaitable[Any]) -> Any:
+    """Await `awaitable` in an asyncio task of its own.
 
     A handler that cancels "its" task (`asyncio.current_task().cancel()`, a pattern of
-    code written for a task of its own) cancels the runner carrying it: unseen, the whole
-    worker unwound as if shut down, batch mates charged, exit 0. Such a cancel is told from
-    ours by the scopes: ours cancel an anyio scope around the runner (effective deadline
-    -inf), the handler's cancels none. It is taken back (`uncancel`) and the handler is
-    seen to have raised a cancellation: its own failure. A cancel it requested and
-    never awaited past is delivered here and counts the same; one it caught is forgotten.
-    A task per job did the same at ~40 µs per job (the loop turning twice more, and a
-    claim for half a batch at every turn). On trio nothing can cancel a task from inside
-    it that way: awaited as it is.
+    code written for a task of its own) cancelled the runner carrying it: the whole worker
+    unwound as if shut down, batch mates charged, exit 0. In a task of its own it cancels
+    only itself, and the runner sees a handler that raised a cancellation (a failure).
+    Ours still reach it: cancelling a task that awaits another cancels that one. On trio
+    nothing can cancel a task from inside it that way: awaited as it is.
+
+    Not inlined into the runner's task (measured: ~10 µs per job less): a cancel the
+    handler left behind (requested and then raised past, or from a watchdog firing after
+    it ended) reached the runner and stopped the worker or failed the next job, a
+    handler's shielded scope held off the shutdown's cut-off past its grace, and state kept
+    per task leaked from job to job (a probe of that change).
     """
     import asyncio
 
     try:
-        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
     except RuntimeError:
-        task = None
-    if task is None:
-        return await tracked
-    before = task.cancelling()
-    try:
-        result = await tracked
-    except asyncio.CancelledError:
-        _take_back_own_cancel(task, before)
-        raise
-    if task.cancelling() > before and _take_back_own_cancel(task, before):
+        loop = None
+    if loop is None:
+        # Awaited outside the `except`: inside it, every exception a handler raised carried
+        # "RuntimeError: no running event loop" as its context, and each stored traceback
+        # on trio began with an error that never happened.
+        return await awaitable
+
+    async def body() -> Any:
         try:
-            await asyncio.sleep(0)  # a cancel still pending on the task lands here
-        except asyncio.CancelledError:
-            if _cancelled_here():
-                raise  # ours, arrived meanwhile
-            raise asyncio.CancelledError(
-                "the handler cancelled its own task") from None
+            return await awaitable
+        except (Exception, asyncio.CancelledError):
+            raise
+        except BaseException as exc:
+            # A task lets KeyboardInterrupt and SystemExit out of the event loop itself, and
+            # a GeneratorExit out of a task ends its awaiter oddly: carried to the runner
+            # instead, where each is the job's failure like any exception.
+            return _Carried(exc)
+
+    result = await loop.create_task(body())
+    if isinstance(result, _Carried):
+        raise result.exc
     return result
 
 
-def _take_back_own_cancel(task: Any, before: int) -> bool:
-    """Undo the cancels a handler requested on the runner's task (none of ours: no
-    enclosing anyio scope is cancelled). True when there were some."""
-    if task.cancelling() <= before or _cancelled_here():
-        return False
-    while task.cancelling() > before:
-        task.uncancel()
-    return True
+class _Carried:
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
 
 
 class Tracked:
@@ -165,8 +166,9 @@ class Tracked:
         self.on_wait = on_wait  # told once, when the handler first suspends
         self.monitor = monitor
         self._label = label  # built when read: a blocked loop or an abandonment, not per job
-        # Its steps run in a copy of the runner's context variables, as a task of its own
-        # would: what one job's handler sets does not leak into the next job's.
+        # Its steps run in a copy of the runner's context variables, as in the task of its
+        # own it gets on asyncio: on trio, where it runs in the runner's task, what one
+        # job's handler set was seen by the next job's.
         self.context = contextvars.copy_context()
         self.raised: BaseException | None = None  # what left the handler, with its frames
         self.swallowed_at: float | None = None  # when it first went on past a cancellation
