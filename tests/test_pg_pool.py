@@ -1,4 +1,4 @@
-"""The PostgreSQL store's connection pool (jobspool/pg/db.py): bounded, LIFO, self-healing.
+"""The PostgreSQL store's connection pool (jobspool/pg/pool.py): bounded, LIFO, self-healing.
 
 Against the real server of the test session: a checkout never exceeds the pool's size,
 the connection given back last goes out first (its statements are prepared), a broken
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from jobspool.pg.db import Pool, PoolExhausted
+from jobspool.pg.pool import Pool, PoolExhausted
 from jobspool.queue.states import JobState
 
 

@@ -109,7 +109,7 @@ def test_claims_of_many_sizes_keep_no_payloads_on_pooled_connections(pg_url: str
     """Cursors kept per statement (to reuse their converters) kept their last result: the
     claim's text varies with its limit, so claiming 1..300 jobs of 60 KB kept one cursor
     and one claimed batch per limit on the connection, 2.7 GB (a regression probe)."""
-    from jobspool.pg import db as dbmod
+    from jobspool.pg import hotcursor as dbmod
 
     with make_spool(pg_url) as spool:
         spool.enqueue_many("big", ["x" * 20_000 for _ in range(40)])

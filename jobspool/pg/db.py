@@ -35,24 +35,11 @@ except ImportError as exc:  # the `postgres` extra is optional
     raise SpoolError("a postgresql:// spool needs the postgres extra: "
                      "pip install 'jobspool[postgres]'") from exc
 
+from jobspool.pg.pool import CONNECT_TIMEOUT, CONNECTIONS, Pool, PoolExhausted
+
 log = logging.getLogger("jobspool.pg")
 T = TypeVar("T")
 
-# psycopg prepares a statement on the server after this many uses on one connection:
-# the claim, settle and insert statements are sent thousands of times.
-PREPARE_THRESHOLD = 2
-CONNECT_TIMEOUT = 5
-# Every pooled connection plans without bitmap scans. A claim looks for expired leases
-# through the `leased` partial index, whose entries of jobs settled since the last vacuum
-# are dead; a bitmap scan visits their heap pages on every claim and never marks them dead
-# (1,877 dead entries, 736 heap pages, a third of a claim's 3.5 ms after 5,000 jobs), where
-# an index scan marks each dead once and skips it after (the same claim: 2.1 ms).
-# And it plans prepared statements once, generically: the claim and settle statements are
-# the same shape every time (states, limits and kind filters written in, `claim_sql`), so
-# the custom plans PostgreSQL would otherwise make first and keep comparing against buy
-# nothing (the batched Worker: +3% jobs/s, 14,845 against 14,359, 3 interleaved rounds).
-# Statements must therefore never bind a state as a parameter (admin.py writes it in).
-SESSION = "SET enable_bitmapscan = off; SET plan_cache_mode = force_generic_plan"
 POOL_WAIT = 10.0  # seconds a thread waits for a free connection before the retry loop
 # Openings of a transaction block (`block`), each after the outage was waited out.
 BLOCK_OPEN_TRIES = 3
@@ -76,44 +63,6 @@ def display_url(url: str) -> str:
         # Bad input, not a spool that refuses: the CLI exits 1 for it (DESIGN §8).
         raise ConfigError(f"bad PostgreSQL URL: {scrub_password(one_line(exc), url)}") from None
     return shown
-
-
-_IDLE = psycopg.pq.TransactionStatus.IDLE
-
-# Where a connection keeps its cursors for `execute_hot` (an attribute of its own: the
-# cursors live and die with it, and a connection is used by one thread at a time).
-_HOT_CURSORS = "_jobspool_hot_cursors"
-
-
-def execute_hot(conn: psycopg.Connection[Any], query: str, params: Any, *,
-                binary: bool = False) -> psycopg.Cursor[Any]:
-    """`conn.execute(query, params)` on a cursor the connection keeps for this statement.
-
-    For the statements sent once per call or batch whose rows are small (the enqueue's
-    INSERT, the settles): `conn.execute` makes a cursor each time, and its new
-    `Transformer` looks up every parameter's dumper and every column's loader again. A
-    cursor that executes the same query object again keeps them (psycopg's own
-    `_last_query` check), so each statement gets its own cursor. The caller reads the
-    rows before the next statement on the connection, as it does with `conn.execute`.
-
-    A kept cursor also keeps its last result until it runs again: not for statements
-    that return payloads (the claim, whose text varies with its limit: one cursor per
-    limit held each limit's last claimed rows, 2.7 GB for a caller claiming 1..300 jobs
-    of 60 KB), and at most `_HOT_MAX` per connection; past that, `conn.execute`.
-    """
-    cursors: dict[str, psycopg.Cursor[Any]] | None = getattr(conn, _HOT_CURSORS, None)
-    if cursors is None:
-        cursors = {}
-        setattr(conn, _HOT_CURSORS, cursors)
-    cur = cursors.get(query)
-    if cur is None:
-        if len(cursors) >= _HOT_MAX:
-            return conn.execute(query, params, binary=binary)
-        cur = cursors[query] = conn.cursor()
-    return cur.execute(query, params, binary=binary)
-
-
-_HOT_MAX = 8
 
 
 # Failures that mean "not reachable for now", which a worker waits out (StoreUnavailable):
@@ -175,137 +124,6 @@ def _check_options(exc: BaseException, display: str, line: str) -> None:
         raise ConfigError(f"bad PostgreSQL URL {display}: {line}") from None
 
 
-class Pool:
-    """A bounded LIFO pool of autocommit connections, made on demand.
-
-    Why not psycopg_pool: measured on the one-job enqueue (bench/pg.py), its
-    checkout and return cost ~20% of the statement's own time, and it hands
-    connections out in rotation, so a thread alternates between cold ones.
-    Here a checkout is one lock and a list pop; the most recently returned
-    (warm, its statements prepared) connection goes out first; a connection
-    that broke (server restart, killed backend) is dropped on return, and the
-    next checkout connects afresh — `Database.run` retries the statement.
-    """
-
-    def __init__(self, url: str, size: int, display: str = "") -> None:
-        self.url = url
-        self.size = size
-        self.display = display or url
-        self._idle: list[psycopg.Connection[Any]] = []
-        self._busy = 0  # connections handed out (or being made); idle + busy <= size
-        self._forsaken: set[int] = set()  # ids of connections out but no longer counted
-        self._lock = threading.Lock()
-        self._freed = threading.Condition(self._lock)
-        self.closed = False
-
-    def take(self, timeout: float) -> psycopg.Connection[Any]:
-        """A connection: the most recently returned idle one, else a new one while fewer
-        than `size` are out, else the first given back within `timeout` (`PoolExhausted`)."""
-        with self._lock:
-            if (not self._idle and self._busy >= self.size and not self.closed
-                    and not self._freed.wait_for(
-                        lambda: self._idle or self._busy < self.size or self.closed, timeout)):
-                raise PoolExhausted(f"no free connection within {timeout:g}s")
-            if self.closed:
-                # A thread that got the pool before `close()` connected afresh after it
-                # and wrote once close had returned.
-                raise SpoolClosed(self.display)
-            self._busy += 1
-            if self._idle:
-                return self._idle.pop()
-        try:
-            conn = psycopg.connect(self.url, autocommit=True,
-                                   prepare_threshold=PREPARE_THRESHOLD,
-                                   connect_timeout=CONNECT_TIMEOUT)
-            _CONNECTIONS.add(conn)
-            conn.execute(SESSION)
-            return conn
-        except BaseException:
-            self._release_slot()
-            raise
-
-    def give(self, conn: psycopg.Connection[Any]) -> None:
-        """Return a connection taken with `take`; a broken one (or one left inside a
-        transaction) is closed instead of kept."""
-        # (pgconn's status directly: `conn.info` builds an object per call, ~0.6 µs of a
-        # ~25 µs one-job enqueue's client time)
-        healthy = (not conn.closed and not conn.broken
-                   and conn.pgconn.transaction_status == _IDLE)
-        with self._lock:
-            if id(conn) in self._forsaken:  # its slot was given back already
-                self._forsaken.discard(id(conn))
-                healthy = False
-            else:
-                self._busy -= 1
-            if healthy and not self.closed:
-                self._idle.append(conn)
-                self._freed.notify()
-                return
-            if self.closed:  # `close()` waits on the same condition as takers
-                self._freed.notify_all()
-            else:
-                self._freed.notify()
-        with contextlib.suppress(psycopg.Error):
-            conn.close()
-
-    def forsake(self, conn: psycopg.Connection[Any]) -> None:
-        """Give back the slot of a connection a thread still holds but will not use again
-        (an abandoned handler's fenced block, its backend ended): each such block kept its
-        slot until the handler's thread left it, and a dozen hung handlers used up the pool,
-        every statement of the worker then waiting for a connection. Its `give`, if it ever
-        comes, closes it."""
-        with self._lock:
-            if id(conn) in self._forsaken:
-                return
-            self._forsaken.add(id(conn))
-            self._busy -= 1
-            self._freed.notify()
-
-    def drop_idle(self) -> None:
-        """Close every idle connection: after one of them was found dead (a server restart,
-        a killed backend) the others, made before it, most likely are too."""
-        with self._lock:
-            idle, self._idle = self._idle, []
-        for conn in idle:
-            with contextlib.suppress(psycopg.Error):
-                conn.close()
-
-    def _release_slot(self) -> None:
-        with self._lock:
-            self._busy -= 1
-            self._freed.notify()
-
-    @contextmanager
-    def connection(self, timeout: float) -> Iterator[psycopg.Connection[Any]]:
-        conn = self.take(timeout)
-        try:
-            yield conn
-        finally:
-            self.give(conn)
-
-    def close(self, *, wait: bool = True) -> None:
-        """Close, once the connections other threads have out are back (README: `close()`
-        waits for the operations other threads have in flight): a statement or a `fenced`
-        block running in another thread committed after close had returned. `wait=False`
-        from inside the caller's own `fenced` block: the others may be waiting for that
-        block's row lock, which goes only when the block ends, after close returns
-        (waiting hung for ever). As on the file store, close does not wait then; what
-        they have in flight finishes and its connection is closed."""
-        with self._lock:
-            self.closed = True
-            idle, self._idle = self._idle, []
-            self._freed.notify_all()  # takers waiting for a free connection: SpoolClosed
-        for conn in idle:
-            with contextlib.suppress(psycopg.Error):
-                conn.close()
-        if not wait:
-            return
-        with self._lock:
-            self._freed.wait_for(lambda: self._busy == 0)
-
-
-# Every connection jobspool made in this process, for `_release_after_fork`.
-_CONNECTIONS: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
 _DATABASES: weakref.WeakSet[Database] = weakref.WeakSet()
 
 
@@ -320,7 +138,7 @@ def _release_after_fork() -> None:
     devnull = -1
     try:
         devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-        for conn in list(_CONNECTIONS):
+        for conn in list(CONNECTIONS):
             with contextlib.suppress(Exception):
                 os.dup2(devnull, conn.pgconn.socket, inheritable=False)
     except OSError:
@@ -333,10 +151,6 @@ def _release_after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_release_after_fork)
-
-
-class PoolExhausted(Exception):
-    """Every connection of the pool stayed busy for the whole wait."""
 
 
 class Database:
@@ -478,7 +292,7 @@ class Database:
         try:
             conn = psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT,
                                    **kwargs)
-            _CONNECTIONS.add(conn)
+            CONNECTIONS.add(conn)
             return conn
         except psycopg.Error as exc:
             _check_options(exc, self.display, self._line(exc))

@@ -22,7 +22,7 @@ import orjson
 
 from jobspool.errors import JobspoolError, JobTooLarge, LeaseLost, SpoolError, UnreadableJob
 from jobspool.pg import sql
-from jobspool.pg.db import execute_hot
+from jobspool.pg.hotcursor import execute_hot
 from jobspool.pg.rows import COLUMNS, dump, text, to_job
 from jobspool.pg.schema import FENCE_GONE, FENCE_REL
 from jobspool.queue import machine

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg.errors
 
 from jobspool.pg import sql
-from jobspool.pg.db import execute_hot
+from jobspool.pg.hotcursor import execute_hot
 from jobspool.pg.rows import COLUMNS, INSERT_SQL, UPDATE_SQL, dump, to_job, write_values
 from jobspool.queue import machine
 from jobspool.queue.job import EnqueueResult, Job
