@@ -4,8 +4,10 @@ its fix: a traceback, a hang, a silent exit, a wrong answer."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import shutil
 import stat as stat_mod
 import time
 from pathlib import Path
@@ -248,3 +250,21 @@ def test_a_spool_whose_spool_json_was_deleted_keeps_its_access_and_says_its_sett
     assert stat_mod.S_IMODE(root.stat().st_mode) == 0o2770
     assert any("spool.json is missing" in r.getMessage() and "defaults" in r.getMessage()
                for r in caplog.records)
+
+
+def test_init_says_which_deleted_directories_it_made_again(tmp_path: Path) -> None:
+    """`init` on a spool whose state directories were deleted by hand makes them again
+    empty; it printed "spool already initialized" alone, as if all were well."""
+    root = tmp_path / "s"
+    with Spool(root) as spool:
+        spool.enqueue("k", 1)
+    shutil.rmtree(root / "ready")
+    (root / "live").rmdir()
+    done = run_jobspool("init", "--json", root=root)
+    assert done.code == 0, done.err
+    assert json.loads(done.out)["recreated"] == ["ready", "live"]
+    assert "recreated missing ready/, live/ empty: the jobs a state directory held are gone" \
+        in done.err
+    assert (root / "ready").is_dir() and (root / "live").is_dir()
+    again = run_jobspool("init", root=root)
+    assert again.code == 0 and "recreated" not in again.err

@@ -39,7 +39,9 @@ from jobspool.cli.run import cmd_worker as cmd_worker
 
 
 def cmd_init(args: argparse.Namespace) -> int:
+    from jobspool.queue.layout import SUBDIRS
     from jobspool.queue.spool import Spool
+    from jobspool.queue.states import ALL_STATES
 
     root = _root_spec(args)
     opts = {k: v for k, v in (("lease_seconds", args.lease_seconds),
@@ -74,9 +76,18 @@ def cmd_init(args: argparse.Namespace) -> int:
         existed = (root / "spool.json").exists()
         if args.access is not None:
             opts["access"] = args.access
+        # A state directory deleted by hand is made again empty: said, not done silently
+        # (the jobs it held are gone, and "already initialized" read as all well).
+        missing = [d for d in SUBDIRS if existed and not (root / d).is_dir()]
         with Spool(root, create=True, **opts) as spool:
             doc = {"root": str(spool.root.resolve()), "created": not existed,
                    "settings": _settings_dict(spool)}
+        if missing:
+            doc["recreated"] = missing
+            lost = any(d in {s.value for s in ALL_STATES} for d in missing)
+            print(f"jobspool: warning: recreated missing {', '.join(d + '/' for d in missing)}"
+                  + (" empty: the jobs a state directory held are gone" if lost else ""),
+                  file=sys.stderr)
     if existed:
         # Settings are fixed at creation: show the stored ones, and say which given
         # values were not saved (they printed as if they had been).
