@@ -11,9 +11,10 @@ import json
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
-from jobspool import JobState
+from jobspool import Job, JobState
 from tests.cli_harness import run_jobspool, start_jobspool
 from tests.spools import make_spool
 from tests.waiting import wait_until
@@ -312,3 +313,47 @@ def test_a_job_changed_on_both_sides_is_reported_once_and_the_target_run_never_r
         both = target.get("both")
         assert (both.state, both.last_error) == (JobState.RETRYABLE, "target's try")
         assert "pruned" not in {j.id for j in target.jobs()}
+
+
+def test_the_token_sequence_is_raised_before_the_first_job_is_copied(
+        tmp_path: Path, pg_url: str) -> None:
+    """A copy cut off midway (Ctrl-C, a kill) left the sequence at 1 until its last chunk:
+    workers serving the database drew tokens below those the file spool had issued."""
+    import pytest
+
+    from jobspool.pg.migrate import copy_jobs
+
+    def cut_off() -> Iterator[Job]:
+        raise KeyboardInterrupt
+        yield  # a generator
+
+    with make_spool(pg_url) as target:
+        with pytest.raises(KeyboardInterrupt):
+            copy_jobs(cut_off(), target, source_fence=5_000)  # type: ignore[arg-type]
+        target.enqueue("k", 1)
+        (lease,) = target.claim()
+        assert lease.token > 5_000
+
+
+def test_the_target_is_shown_without_a_password_given_as_a_query_parameter(
+        tmp_path: Path, pg_url: str) -> None:
+    make_spool(tmp_path / "s").close()
+    url = pg_url + ("&" if "?" in pg_url else "?") + "password=hunter2&application_name=a@b"
+    out = run_jobspool("migrate", "--to", url, root=tmp_path / "s")
+    assert out.code == 0, out.err
+    assert "hunter2" not in out.out + out.err
+    assert "copied 0 job(s) to postgresql://" in out.out
+
+
+def test_a_ready_job_written_by_a_clock_ahead_is_claimable_at_once_after_the_move(
+        tmp_path: Path, pg_url: str) -> None:
+    """Ready is due on a file spool whatever its run_at; the database claims only what its
+    clock reached, so a job from a producer whose clock ran ahead waited that long there."""
+    ahead = make_spool(tmp_path / "s", clock=lambda: time.time() + 3 * 86400)
+    ahead.enqueue("k", 1, job_id="ahead")
+    ahead.close()
+    out = run_jobspool("migrate", "--to", pg_url, root=tmp_path / "s")
+    assert out.code == 0, out.err
+    with make_spool(pg_url) as target:
+        (lease,) = target.claim()
+        assert lease.job_id == "ahead"

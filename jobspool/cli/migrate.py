@@ -52,11 +52,14 @@ def cmd_migrate(args: argparse.Namespace) -> int:
                 yield job
 
         with Spool(args.to, create=True, **settings) as target:
+            where = str(getattr(target, "display", "the database"))  # password hidden
+            # Marks first: a copy interrupted after them fires no tick twice on the target.
+            marks = copy_marks(read_marks(source.root, rules=True),
+                               target)  # type: ignore[arg-type]
             report = copy_jobs(counted(), target,  # type: ignore[arg-type]
                                source_fence=source.fence_value(),
                                source=os.path.realpath(source.root))
-            report.marks = copy_marks(read_marks(source.root, rules=True),
-                                      target)  # type: ignore[arg-type]
+            report.marks = marks
             created = bool(getattr(target, "created", False))
             stored = stored_settings(target) if not created else {}  # type: ignore[arg-type]
             differing = {k: (v, stored[k]) for k, v in settings.items()
@@ -70,7 +73,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         print(f"jobspool: note: the target spool keeps its own settings ({shown}): a "
               "spool's settings are fixed when it is created", file=sys.stderr)
     _notes(args, report, unreadable, quarantined, source.root)
-    _emit(args, d, f"copied {report.copied} job(s) to {args.to.split('@')[-1]} "
+    _emit(args, d, f"copied {report.copied} job(s) to {where} "
                    f"({report.unleased} leased ones as ready); {len(report.skipped)} already "
                    f"there ({len(report.updated)} of them brought up to the source's newer "
                    f"state); token sequence at {report.fence}")

@@ -126,6 +126,18 @@ def copy_jobs(jobs: Iterable[Job], target: PgSpool, *, source_fence: int,
                              "in the schema (later runs need only write it)") from None
 
     target.db.run(books, what="migrate")
+
+    def raise_fence(conn: psycopg.Connection[Any]) -> int:
+        # Before the first chunk as well as after the last: a worker already serving the
+        # database, or one started after an interrupted copy, drew tokens from 1 meanwhile,
+        # below those the source issued (its projection rows would win over new runs).
+        row = conn.execute(
+            "SELECT setval('jobspool_fence', greatest(%s::bigint, "
+            "(SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM jobspool_fence), 1))",
+            (source_fence,)).fetchone()
+        return int(row[0]) if row else 0
+
+    target.db.run(raise_fence, what="migrate")
     for chunk in _chunks(jobs):
         rows: list[Job] = []
         unleased: set[str] = set()
@@ -142,6 +154,11 @@ def copy_jobs(jobs: Iterable[Job], target: PgSpool, *, source_fence: int,
                              attempts=max(0, job.attempts - 1),
                              revision=job.revision + 1, updated_at=now)
                 unleased.add(job.id)
+            elif job.state is JobState.READY and job.run_at > now:
+                # Ready is due on a file spool whatever its run_at (a producer whose clock
+                # ran ahead wrote it); the database claims only what its clock has reached:
+                # it waited that long, while stats counted it due.
+                job = evolve(job, run_at=now)
             rows.append(job)
 
         def go(conn: psycopg.Connection[Any], rows: list[Job] = rows,
@@ -213,13 +230,6 @@ def copy_jobs(jobs: Iterable[Job], target: PgSpool, *, source_fence: int,
         report.diverged.extend(repeat.diverged)
         report.copied += len(rows) - len(skipped)
         report.unleased += len(unleased - set(skipped))  # of those copied, not left alone
-
-    def raise_fence(conn: psycopg.Connection[Any]) -> int:
-        row = conn.execute(
-            "SELECT setval('jobspool_fence', greatest(%s::bigint, "
-            "(SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM jobspool_fence), 1))",
-            (source_fence,)).fetchone()
-        return int(row[0]) if row else 0
 
     report.fence = target.db.run(raise_fence, what="migrate")
     return report
