@@ -412,13 +412,19 @@ class Scheduler:
         """Per schedule: name, kind, rule, catch-up, last tick and next tick (ISO too).
 
         The last tick is the latest one the schedule has passed: fired, or passed over
-        by its catch-up rule or at first sight. `last_job_state` tells them apart: the
-        state of that tick's job, or None when there is none (not fired, or pruned)."""
+        by its catch-up rule or at first sight (None: none yet under its current rule).
+        `last_job_state` tells them apart: the state of that tick's job, or None when
+        there is none (not fired, or pruned)."""
         at = spool.now() if now is None else float(now)
-        marks = spool.schedule_marks()
+        marks = spool.schedule_marks(rules=True)
         rows = []
         for s in self.schedules:
             last = marks.get(s.key)
+            rule = marks.get(s.key + RULE_MARK)
+            if last is not None and rule is not None and not s.same_rule(rule):
+                # The mark of the rule this name had before (`tick` starts over from it):
+                # no tick of this one, and it was listed as this rule's last.
+                last = None
             nxt = s.next_tick(at)
             state = None
             if last is not None:

@@ -506,3 +506,18 @@ def test_replacing_a_prepared_job_checks_its_size_with_its_reservations(tmp_path
             spool.enqueue("k", "x" * 63_205, job_id="pp", on_conflict="replace")
         assert spool.get("pp").payload == "y"
         assert spool.fsck().ok
+
+
+def test_the_listing_does_not_show_a_previous_rules_mark_as_the_last_tick(
+        make_any_spool: Callable[..., Spool]) -> None:
+    """A rule changed under its name: `tick` starts over from the old rule's mark; the
+    listing showed that mark as the new rule's last tick (a time that is no tick of it)."""
+    from jobspool import Scheduler
+
+    spool = make_any_spool()
+    now = float(Schedule("s", every=60).last_tick(spool.now()) + 1)
+    Scheduler([Schedule("s", every=60)]).tick(spool, now)
+    changed = Scheduler([Schedule("s", cron="0 0 1 1 *")])
+    assert [r["last_tick"] for r in changed.status(spool, now)] == [None]
+    assert [r["last_tick"] for r in Scheduler([Schedule("s", every=60)]).status(
+        spool, now)] != [None]  # the old rule still sees its own mark

@@ -22,13 +22,13 @@ if TYPE_CHECKING:
 _LOCK_KEY = 0x6A6F6274  # the advisory lock schedulers take turns under
 
 
-def read(spool: PgCore) -> dict[str, int]:
-    """The last tick per schedule name; the rule fingerprints kept beside them (rows named
-    with `RULE_MARK`) only a scheduler holding the marks sees (`held`)."""
+def read(spool: PgCore, *, rules: bool = False) -> dict[str, int]:
+    """The last tick per schedule name; with `rules`, the rule fingerprints kept beside
+    them too (rows named with `RULE_MARK`)."""
     rows = spool.db.run(lambda c: c.execute(
         "SELECT name, last_tick FROM jobspool_schedule_marks").fetchall(),
         what="reading schedule marks")
-    return {name: int(tick) for name, tick in rows if not name.endswith(RULE_MARK)}
+    return {name: int(tick) for name, tick in rows if rules or not name.endswith(RULE_MARK)}
 
 
 @contextmanager

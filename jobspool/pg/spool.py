@@ -551,9 +551,10 @@ class PgSpool(EnqueueForms):
     def min_live_token(self) -> int:
         return min(self.live_tokens(), default=self.fence_value() + 1)
 
-    def schedule_marks(self) -> dict[str, int]:
-        """The last fired tick of each schedule, shared by every machine (a table)."""
-        return marks.read(self)
+    def schedule_marks(self, *, rules: bool = False) -> dict[str, int]:
+        """The last fired tick of each schedule, shared by every machine (a table); with
+        `rules`, the fingerprint of the rule that fired it too (as the file store)."""
+        return marks.read(self, rules=rules)
 
     def hold_schedule_marks(self) -> AbstractContextManager[dict[str, int]]:
         return marks.held(self)

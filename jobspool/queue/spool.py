@@ -268,9 +268,10 @@ class Spool(EnqueueForms):
 
         prune_if_over(self.journal)
 
-    def schedule_marks(self) -> dict[str, int]:
-        """The last fired tick of each schedule (`<root>/schedules.json`)."""
-        return read_marks(self.root)
+    def schedule_marks(self, *, rules: bool = False) -> dict[str, int]:
+        """The last fired tick of each schedule (`<root>/schedules.json`); with `rules`,
+        the fingerprint of the rule that fired it too, under its name plus `RULE_MARK`."""
+        return read_marks(self.root, rules=rules)
 
     @contextmanager
     def hold_schedule_marks(self) -> Iterator[dict[str, int]]:
