@@ -368,7 +368,6 @@ class ClaimIndex:
             heapq.heappush(heap, item)
         return [Candidate(p, r, j, state, kind) for p, r, j in out]
 
-
     def waiting(self, now: float) -> dict[str, Waiting]:
         """Cached ready and retryable jobs per kind: due now or later (`backlog.py`). A
         ready job counts as due, as a claim takes it."""
