@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from jobspool.errors import JobspoolError, LeaseLost
-from jobspool.queue.job import Job, Lease
+from jobspool.queue.job import Job, Lease, evolve
 from jobspool.queue.jobprogress import Progress, make_progress, remove_progress, write_progress
+from jobspool.queue.payload import json_snapshot
 from jobspool.queue.signals import Retry
 
 log = logging.getLogger("jobspool.queue.worker")
@@ -103,7 +104,7 @@ class Context:
                  ) -> None:
         self.spool = spool
         self.lease = lease
-        self.job: Job = lease.job
+        self.job: Job = _handlers_copy(lease.job)
         self.writes: list[PendingWrite] = []
         self.lost = False
         self.outcome: Outcome | None = None
@@ -266,3 +267,13 @@ class Context:
 
     def __repr__(self) -> str:
         return f"Context(job_id={self.job_id!r}, token={self.token})"
+
+
+def _handlers_copy(job: Job) -> Job:
+    """The job as its handler gets it: a payload of its own when the payload can change
+    (a dict or a list). A handler that added to its payload (an embedding beside each row,
+    a common pattern) changed the lease's job, which the settle encodes: on PostgreSQL the
+    job stayed leased, its failure not recordable, and ran again at every expiry; with
+    projection writes it was dead-lettered, "handler result refused" blaming its result."""
+    own = json_snapshot(job.payload)  # a scalar is its own
+    return job if own is job.payload else evolve(job, payload=own)
