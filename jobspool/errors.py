@@ -202,7 +202,13 @@ class ProjectionError(JobspoolError):
         self.field = field
 
 
-class ConditionalPutUnsupported(ProjectionError):
+class ProjectionUnusable(ProjectionError):
+    """Raised when a projection cannot be used as configured: its URI or storage options are
+    refused before any I/O (an `az://` URI without an account, an option that does not
+    parse), or its endpoint would lose commits. No job's fault: a worker stops, none charged."""
+
+
+class ConditionalPutUnsupported(ProjectionUnusable):
     """Raised when an s3:// endpoint overwrites on a create-only PUT: LanceDB commits would be lost."""
 
 
@@ -293,6 +299,7 @@ __all__ = [
     "PolicyError",
     "PoolFailed",
     "ProjectionError",
+    "ProjectionUnusable",
     "RunningLoopError",
     "ScheduleError",
     "SpoolClosed",

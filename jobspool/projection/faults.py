@@ -43,6 +43,18 @@ def storage_fault(exc: BaseException | str) -> bool:
     return False
 
 
+def config_fault(exc: BaseException) -> bool:
+    """Whether LanceDB refused the storage's URI or options themselves, before any I/O: a
+    `ValueError("Invalid input, ...")` that is no storage fault (`az://c/x` without an
+    account name, `oss://` without an endpoint), or an option that does not parse
+    (`Generic Config error: failed to parse "maybe" as boolean`). Retrying cannot cure
+    it: every job was charged an attempt until the queue was dead-lettered."""
+    for e in _chain(exc):
+        if "Config error" in str(e):
+            return True
+    return isinstance(exc, ValueError) and not storage_fault(exc)
+
+
 def plain(text: str) -> str:
     """`text` without the Rust source locations LanceDB appends to its errors."""
     return _RUST_PATH.sub("", text)
@@ -67,4 +79,4 @@ def summary(exc: BaseException) -> str:
     return text[:200] + ("..." if len(text) > 200 else "")
 
 
-__all__ = ["plain", "storage_fault", "summary"]
+__all__ = ["config_fault", "plain", "storage_fault", "summary"]

@@ -47,11 +47,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from jobspool.errors import InvalidType, ProjectionError
+from jobspool.errors import InvalidType, ProjectionError, ProjectionUnusable
 from jobspool.projection import objectstore as obj
 from jobspool.projection.database import ProjectionDatabase
 from jobspool.projection.database import uri_of as uri_of
-from jobspool.projection.faults import storage_fault, summary
+from jobspool.projection.faults import config_fault, storage_fault, summary
 from jobspool.projection.handler import (
     FENCE_COLUMN,
     LIVE_FILTER,
@@ -219,6 +219,10 @@ class ProjectionStore(ProjectionDatabase):
                     raise ProjectionError(f"projection database {self._uri!r} cannot be a "
                                           f"directory: {_one_line(exc)}") from exc
                 except (ValueError, RuntimeError, OSError) as exc:
+                    if config_fault(exc):
+                        raise ProjectionUnusable(
+                            f"projection database {self._uri!r} cannot be used as configured: "
+                            f"{summary(exc)} (see its storage options)") from None
                     if not storage_fault(exc):
                         raise
                     # An object store down or refusing: LanceDB's ~800 characters of Rust

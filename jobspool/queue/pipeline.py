@@ -47,8 +47,8 @@ import anyio.lowlevel
 import anyio.to_thread
 
 from jobspool.errors import (
-    ConditionalPutUnsupported,
     JobspoolError,
+    ProjectionUnusable,
     StoreUnavailable,
     TimeLimitExceeded,
     WorkerCrashed,
@@ -109,7 +109,7 @@ class Pipeline(IdleWaits):
         self.slots = Slots(config.concurrency)
         self.threads = anyio.CapacityLimiter(config.concurrency)
         self.scopes: set[anyio.CancelScope] = set()
-        self.crashed: WorkerCrashed | ConditionalPutUnsupported | None = None
+        self.crashed: WorkerCrashed | ProjectionUnusable | None = None
         self.next_claim_at = 0.0
         self.next_dead_check = 0.0
         self._due_hint: Any = NO_HINT  # next_due_at, read beside the last empty claim
@@ -270,7 +270,7 @@ class Pipeline(IdleWaits):
                     self.refused_on_stop = self.life.stopping
                 else:
                     await anyio.to_thread.run_sync(self.settler.release_unsettled, group)
-                if isinstance(exc, ConditionalPutUnsupported):
+                if isinstance(exc, ProjectionUnusable):
                     # Found at a first write (the endpoint was down when the run began): the
                     # refusal a run gets up front, not a failure to retry and charge jobs for.
                     self._stop_with(exc)
@@ -415,7 +415,7 @@ class Pipeline(IdleWaits):
         self._stop_with(gave_up)
         return False
 
-    def _stop_with(self, verdict: WorkerCrashed | ConditionalPutUnsupported) -> None:
+    def _stop_with(self, verdict: WorkerCrashed | ProjectionUnusable) -> None:
         """Stop this run: it gives back its leases and raises `verdict`."""
         self.crashed = verdict
         self.life.stop()

@@ -27,10 +27,10 @@ import anyio
 import anyio.to_thread
 
 from jobspool.errors import (
-    ConditionalPutUnsupported,
     JobspoolError,
     JobTooLarge,
     LeaseLost,
+    ProjectionUnusable,
     WriteFailed,
 )
 from jobspool.projection.faults import plain, storage_fault
@@ -125,8 +125,8 @@ class Settler:
         writes = [w for c in done for w in c.writes]
         try:
             result = await anyio.to_thread.run_sync(self.sink.apply, writes)
-        except ConditionalPutUnsupported:
-            raise  # a verdict on the endpoint, no job's fault: the worker stops (pipeline.py)
+        except ProjectionUnusable:
+            raise  # a verdict on its configuration, no job's fault: the worker stops (pipeline.py)
         except Exception as exc:  # outcome unknown: retry all; the fenced merge is idempotent
             if storage_fault(exc):
                 self._defer(done, exc)

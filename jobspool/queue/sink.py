@@ -20,6 +20,8 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from jobspool.errors import ProjectionUnusable
+
 if TYPE_CHECKING:
     from jobspool.projection.handler import PendingWrite
     from jobspool.projection.lance import ProjectionStore
@@ -154,6 +156,8 @@ class LanceSink:
         try:
             fence = spool.fence_value()
             top = fence_top(self.store(), fence)
+        except ProjectionUnusable:
+            raise  # refused before any job is claimed: it would fail every write
         except Exception as exc:  # advisory: the writes meet the same fault and say so
             log.warning("could not read the projection's highest fencing token: %s: %s",
                         type(exc).__name__, plain(str(exc))[:300])
