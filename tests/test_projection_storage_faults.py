@@ -7,6 +7,7 @@ source path of its author's machine, and nothing was said until then."""
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import time
 from pathlib import Path
@@ -298,3 +299,27 @@ def test_a_projection_write_that_lands_ends_the_claim_pause(
             release.set()
             worker.stop()
             runner.join(60)
+
+
+def test_a_table_whose_versions_were_lost_is_not_made_anew_inside_its_directory(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """`_versions/` deleted by hand: a fresh worker found no table, made one anew inside
+    the damaged directory (the rows before gone, a key's version 100 lost to a version 1
+    write, the schema inferred afresh) and completed the job, saying nothing."""
+    proj = tmp_path / "proj"
+    app = App(handlers={"p": _project}, projection=str(proj))
+    with Spool(tmp_path / "spool") as spool:
+        spool.enqueue("p", {"n": 100}, job_id="k1")
+        assert Worker(spool, app, maintenance=False).run_until_idle().completed == 1
+        table = proj / "t.lance"
+        shutil.rmtree(table / "_versions")
+        old = time.time() - 120
+        os.utime(table, (old, old))  # lost a while ago, not a creation in progress
+        spool.enqueue("p", {"n": 1}, job_id="k2")
+        caplog.set_level(logging.WARNING, logger="jobspool")
+        report = Worker(spool, app, maintenance=False).run_until_idle(wait_for_retries=0)
+        assert report.completed == 0 and report.deferred == 1 and report.retried == 0
+        got = spool.get("k2")
+        assert (got.state, got.attempts) == (JobState.RETRYABLE, 0)
+        assert "is damaged" in (got.last_error or "")
+        assert not (table / "_versions").exists()  # nothing made in its place

@@ -9,7 +9,9 @@ attributes and makes every LanceDB call (through the seams there, which tests pa
 from __future__ import annotations
 
 import os
+import stat
 import threading
+import time
 from typing import Any
 
 import pyarrow as pa
@@ -24,6 +26,24 @@ def uri_of(target: str | os.PathLike[str] | Any) -> str | None:
         return os.fspath(target)
     uri = getattr(target, "uri", None)
     return uri if isinstance(uri, str) else None
+
+
+# A table directory younger than this without a table in it may be another process's
+# creation in progress (its data files land before its first manifest).
+CREATING_SECONDS = 30.0
+
+
+def damaged_table_dir(uri: str | None, name: str, *, settled_for: float = 0.0) -> bool:
+    """Whether table `name`'s directory is there (a local database) though LanceDB found no
+    table in it, for at least `settled_for` seconds: damaged, not absent."""
+    local = None if uri is None else obj.local_path(uri)
+    if local is None:
+        return False
+    try:
+        st = os.stat(os.path.join(local, f"{name}.lance"))
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and time.time() - st.st_mtime >= settled_for
 
 
 class ProjectionDatabase:

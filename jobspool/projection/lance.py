@@ -37,6 +37,7 @@ projection is first used, never when this module is imported.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
@@ -49,7 +50,7 @@ import pyarrow as pa
 
 from jobspool.errors import InvalidType, ProjectionError, ProjectionUnusable
 from jobspool.projection import objectstore as obj
-from jobspool.projection.database import ProjectionDatabase
+from jobspool.projection.database import CREATING_SECONDS, ProjectionDatabase, damaged_table_dir
 from jobspool.projection.database import uri_of as uri_of
 from jobspool.projection.faults import config_fault, storage_fault, summary
 from jobspool.projection.handler import (
@@ -411,6 +412,15 @@ class ProjectionStore(ProjectionDatabase):
         return now is not None and not columns_pending(now.schema, self.key_of(plan.table))
 
     def _create(self, name: str, schema: pa.Schema) -> Any:
+        if damaged_table_dir(self._uri, name, settled_for=CREATING_SECONDS):
+            # Made anew inside the old directory, the table silently lost its rows (and a
+            # key's version 100 lost to a version 1 write), its schema inferred afresh; the
+            # old data files stayed behind, orphaned. A storage fault: its jobs wait, as
+            # for a damaged manifest, and `health` says so.
+            raise OSError(errno.EIO, f"projection table {name!r} is damaged: {name}.lance is "
+                          "there but holds no table LanceDB can open (its _versions/ or "
+                          "manifest lost?); restore it from a backup, or move it away to "
+                          "start the table anew")
         if name in self._opened:
             # It was there and is gone (deleted or moved by hand): made anew, it holds none of
             # the rows written before — said once, not left for readers to find out.

@@ -52,6 +52,7 @@ from typing import Any, TypeVar
 
 from jobspool.projection.beat import Beat
 from jobspool.projection.calls import CallTimedOut, _busy, _call_with_deadline, is_conflict
+from jobspool.projection.database import damaged_table_dir
 from jobspool.projection.handler import (
     DELETED_COLUMN,
     FENCE_COLUMN,
@@ -260,11 +261,6 @@ def check_table_names(tables: Sequence[str]) -> None:
                          "only")
 
 
-def _local_table_dir(uri: str | None, name: str) -> bool:
-    local = None if uri is None else local_path(uri)
-    return local is not None and os.path.isdir(os.path.join(local, f"{name}.lance"))
-
-
 def _maintain_table(run: _Run, name: str) -> TableOutcome:
     started = run.clock()
     slot = (run.store.uri or "", name)
@@ -302,7 +298,7 @@ def _maintain_table(run: _Run, name: str) -> TableOutcome:
         conn = run.store.connection
         tbl = call(lambda: _open_table(conn, name))
         if tbl is None:
-            if _local_table_dir(run.store.uri, name):
+            if damaged_table_dir(run.store.uri, name):
                 # Its directory is there but LanceDB finds no table: damaged, not absent.
                 return done("failed", f"{name}.lance exists but is not a readable table "
                                       "(damaged: its _versions/ or manifest missing?)")
