@@ -104,6 +104,8 @@ def test_maintain_refuses_a_missing_or_misplaced_projection_and_a_bad_table_name
         (("--projection", str(tmp_path / "typo")), "no such directory"),
         (("--projection", str(root / "completed")), "inside the spool's own completed/"),
         (("--tables", "../typo"), "invalid table name '../typo'"),
+        (("--tables", ".."), "invalid table name '..'"),
+        (("--tables", ".x"), "invalid table name '.x'"),
     ]:
         code, out, err = run_cli("maintain", *args, root=root)
         assert code == 1 and out == "", (args, code, out, err)

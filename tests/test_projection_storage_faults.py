@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from jobspool import App, Context, Job, JobState, Spool, Worker
+from jobspool import App, Context, Job, JobState, ProjectionError, Spool, Worker
 from jobspool.projection.faults import plain, storage_fault
 from jobspool.projection.lance import LanceProjection
 
@@ -323,3 +323,21 @@ def test_a_table_whose_versions_were_lost_is_not_made_anew_inside_its_directory(
         assert (got.state, got.attempts) == (JobState.RETRYABLE, 0)
         assert "is damaged" in (got.last_error or "")
         assert not (table / "_versions").exists()  # nothing made in its place
+
+
+def test_a_reader_of_a_table_missing_a_data_file_gets_one_line_without_source_paths(
+        tmp_path: Path) -> None:
+    proj = tmp_path / "proj"
+    app = App(handlers={"p": _project}, projection=str(proj))
+    with Spool(tmp_path / "spool") as spool:
+        spool.enqueue("p", {"n": 1}, job_id="k1")
+        assert Worker(spool, app, maintenance=False).run_until_idle().completed == 1
+    for data in (proj / "t.lance" / "data").iterdir():
+        data.unlink()
+    rows = LanceProjection(str(proj), "t")
+    for read in (rows.count, rows.to_arrow, lambda: rows.get("k1")):
+        with pytest.raises(ProjectionError) as info:
+            read()
+        text = str(info.value)
+        assert text.startswith("reading table 't': ") and "\n" not in text
+        assert "rustc" not in text and ".cargo" not in text

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -56,6 +55,7 @@ from jobspool.projection.database import damaged_table_dir
 from jobspool.projection.handler import (
     DELETED_COLUMN,
     FENCE_COLUMN,
+    TABLE_NAME_RE,
     WRITTEN_AT_COLUMN,
     _one_line,
 )
@@ -249,16 +249,15 @@ def maintain(
 
 
 NO_SUCH_TABLE = "table does not exist"
-# LanceDB's own rule for table names.
-_TABLE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
 
 def check_table_names(tables: Sequence[str]) -> None:
-    """`ValueError` naming the first name LanceDB would refuse."""
-    bad = [t for t in tables if not isinstance(t, str) or not _TABLE_NAME.fullmatch(t)]
+    """`ValueError` naming the first name no handler could have written (`TABLE_NAME_RE`:
+    `..` or `.x` reached LanceDB, which failed the table or called it missing)."""
+    bad = [t for t in tables if not isinstance(t, str) or not TABLE_NAME_RE.fullmatch(t)]
     if bad:
-        raise ValueError(f"invalid table name {bad[0]!r}: letters, digits, '_', '-' and '.' "
-                         "only")
+        raise ValueError(f"invalid table name {bad[0]!r}: letters, digits, '_', '-' and '.', "
+                         "not starting with '-' or '.', at most 128 characters")
 
 
 def _maintain_table(run: _Run, name: str) -> TableOutcome:

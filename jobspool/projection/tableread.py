@@ -15,6 +15,7 @@ from typing import Any
 import pyarrow as pa
 
 from jobspool.errors import InvalidType, ProjectionError
+from jobspool.projection.faults import plain
 from jobspool.projection.handler import (
     FENCE_COLUMN,
     HIDDEN_COLUMNS,
@@ -88,8 +89,10 @@ class LiveReads:
         ValueErrors listing its internal columns."""
         try:
             yield
-        except ValueError as exc:
-            text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        except (ValueError, RuntimeError) as exc:
+            # RuntimeError: a data file gone or damaged ("lance error: LanceError(IO): ...",
+            # with the Rust source paths of LanceDB's build machine).
+            text = (plain(str(exc)).strip().splitlines() or [type(exc).__name__])[0]
             text = text.removeprefix("Invalid input, ")
             raise ProjectionError(f"reading table {self.name!r}: "
                                   f"{text.split('. Valid fields', 1)[0]}",

@@ -176,8 +176,9 @@ class Settler:
             log.error("the projection could not be written, for its storage (%s): %d jobs "
                       "given back uncounted, due again in %g s (no claim meanwhile; the "
                       "delay grows with the outage, to a minute); fix its storage (space, "
-                      "permissions, a damaged table: `jobspool maintain`), nothing is lost "
-                      "meanwhile", " ".join(error.split())[:300], len(runs), delay)
+                      "permissions; a damaged table, which `jobspool maintain` names: restore "
+                      "it from a backup), nothing is lost meanwhile",
+                      " ".join(error.split())[:300], len(runs), delay)
         else:
             log.debug("the projection's storage still fails: %d jobs given back, due again "
                       "in %g s", len(runs), delay)
