@@ -288,6 +288,22 @@ def test_a_column_null_in_the_first_write_takes_later_text_and_refuses_other_typ
     assert not result.ok and "text" in str(result)
 
 
+def test_an_empty_vector_in_every_row_of_the_first_write_is_left_out_with_its_column(
+        tmp_path: Path) -> None:
+    """README: a vector column null or empty in every row of the first write is left out.
+    `[]` failed the job, saying the field was not in a table that did not exist yet."""
+    import numpy as np
+
+    store = ProjectionStore(tmp_path / "db")
+    result = store.apply([make_upsert("j1", "docs", {"id": "a", "embedding": []}, 1.0, 1),
+                          make_upsert("j2", "docs", {"id": "b", "embedding": np.zeros(0)},
+                                      1.0, 2),
+                          make_upsert("j3", "docs", {"id": "c", "embedding": None}, 1.0, 3)])
+    assert result.ok, result
+    assert store.table("docs").count() == 3
+    assert "embedding" not in store.table("docs").raw.schema.names
+
+
 @pytest.mark.parametrize(("bad", "good"), [(1j, "fine"), (2**64, 5), ("\udc80", "ok"),
                                           ([1, "a"], [1, 2]), ({1: "x"}, {"a": "b"})],
                          ids=["complex", "int-past-64-bits", "lone-surrogate", "mixed-list",

@@ -27,6 +27,7 @@ from jobspool.projection.schema import (
     primary_key_of,
     required_columns,
     table_schema,
+    unset_vector,
     user_columns,
 )
 
@@ -228,7 +229,7 @@ def check_write(w: PendingWrite, allowed: frozenset[str], key: str,
                         table=w.table,
                         field=field,
                     )
-                if field not in allowed and value is not None:
+                if field not in allowed and not unset_vector(field, value):
                     return ProjectionError(
                         f"field {field!r} is not in the schema of table {w.table!r} "
                         f"(columns: {', '.join(sorted(allowed))}){_unstorable(value)}",

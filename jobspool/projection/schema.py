@@ -186,6 +186,19 @@ def _suggests_vector(name: str) -> bool:
     return "vector" in lowered or "embedding" in lowered
 
 
+def unset_vector(name: str, value: Any) -> bool:
+    """Whether `value` leaves a vector column unset, as None does: empty (`[]`, a numpy
+    array of length 0). Such a column, unset in every row of a table's first write, is
+    left out of its schema (`infer_schema`), and its empty values with it."""
+    if value is None:
+        return True
+    if not _suggests_vector(name):
+        return False
+    if isinstance(value, list | tuple):
+        return len(value) == 0
+    return getattr(value, "ndim", None) == 1 and getattr(value, "size", None) == 0
+
+
 def infer_schema(rows: Sequence[dict[str, Any]], key: str) -> pa.Schema:
     """Infer a user schema from the first rows written to a new table.
 
@@ -214,7 +227,7 @@ def infer_schema(rows: Sequence[dict[str, Any]], key: str) -> pa.Schema:
     for name in names:
         if name == key or name in RESERVED_COLUMNS:
             continue
-        values = [row[name] for row in rows if row.get(name) is not None]
+        values = [row[name] for row in rows if not unset_vector(name, row.get(name))]
         if not values:
             if not _suggests_vector(name):
                 fields.append(pa.field(name, pa.string(), nullable=True))
