@@ -8,8 +8,11 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from pathlib import Path
+from typing import Any
 
-from jobspool import Context, Job, JobState, Spool, Worker
+import pytest
+
+from jobspool import Context, Job, JobState, RunReport, Spool, Worker
 from tests.cli_harness import run_jobspool
 
 
@@ -77,34 +80,26 @@ async def times_itself_out(job: Job, ctx: Context) -> None:
         await asyncio.sleep(1)
 
 
-def test_a_cancel_left_pending_fails_its_own_job_only(spool: Spool) -> None:
-    bad = spool.enqueue("pending", max_attempts=1)
-    good = [spool.enqueue("good", n, max_attempts=1) for n in range(5)]
-    report = Worker(spool, {"pending": cancels_itself_and_returns, "good": fine},
-                    concurrency=1, maintenance=False).run_until_idle()
-    assert report.completed == 5 and report.dead_lettered == 1 and report.released == 0
-    assert all(spool.get(job.id).state is JobState.COMPLETED for job in good)
-    assert "CancelledError" in (spool.get(bad.id).last_error or "")
+def _beside_a_good_job(spool: Spool, handler: Any) -> tuple[Job, Job, RunReport]:
+    """Run `handler`'s job, then a plain one, one at a time: both as they ended."""
+    odd = spool.enqueue("odd", max_attempts=1)
+    good = spool.enqueue("good", 1, max_attempts=1)
+    report = Worker(spool, {"odd": handler, "good": fine}, concurrency=1,
+                    maintenance=False).run_until_idle()
+    return spool.get(odd.id), spool.get(good.id), report
 
 
 def test_a_cancel_the_handler_caught_leaves_its_result(spool: Spool) -> None:
-    caught = spool.enqueue("caught", max_attempts=1)
-    after = spool.enqueue("good", 1, max_attempts=1)
-    report = Worker(spool, {"caught": cancels_itself_and_catches_it, "good": fine},
-                    concurrency=1, maintenance=False).run_until_idle()
+    caught, after, report = _beside_a_good_job(spool, cancels_itself_and_catches_it)
     assert report.completed == 2 and report.released == 0
-    assert spool.get(caught.id).result == "caught"
-    assert spool.get(after.id).result == "ok"
+    assert (caught.result, after.result) == ("caught", "ok")
 
 
 def test_asyncio_timeout_inside_a_handler_fails_that_job_only(spool: Spool) -> None:
-    slow = spool.enqueue("slow", max_attempts=1)
-    good = spool.enqueue("good", 1, max_attempts=1)
-    report = Worker(spool, {"slow": times_itself_out, "good": fine},
-                    concurrency=1, maintenance=False).run_until_idle()
+    slow, good, report = _beside_a_good_job(spool, times_itself_out)
     assert report.completed == 1 and report.dead_lettered == 1
-    assert "TimeoutError" in (spool.get(slow.id).last_error or "")
-    assert spool.get(good.id).state is JobState.COMPLETED
+    assert "TimeoutError" in (slow.last_error or "")
+    assert good.state is JobState.COMPLETED
 
 
 _seen: contextvars.ContextVar[str] = contextvars.ContextVar("_seen", default="unset")
@@ -142,14 +137,19 @@ async def sleeps(job: Job, ctx: Context) -> str:
     return "slept"
 
 
-def test_a_cancel_left_behind_by_a_raising_handler_reaches_no_other_job(spool: Spool) -> None:
-    bad = spool.enqueue("raises", max_attempts=1)
+@pytest.mark.parametrize(("handler", "error"), [
+    (cancels_itself_and_returns, "CancelledError"),  # the cancel still pending at its return
+    (cancels_itself_then_raises, "ValueError"),  # the cancel left behind by its exception
+], ids=["left-pending", "raised-past"])
+def test_a_cancel_the_handler_left_on_its_task_fails_its_own_job_only(
+        spool: Spool, handler: Any, error: str) -> None:
+    bad = spool.enqueue("bad", max_attempts=1)
     good = [spool.enqueue("good", n, max_attempts=1) for n in range(4)]
-    report = Worker(spool, {"raises": cancels_itself_then_raises, "good": fine},
+    report = Worker(spool, {"bad": handler, "good": fine},
                     concurrency=1, maintenance=False).run_until_idle()
     assert report.completed == 4 and report.dead_lettered == 1 and report.released == 0
     assert all(spool.get(job.id).state is JobState.COMPLETED for job in good)
-    assert "ValueError" in (spool.get(bad.id).last_error or "")
+    assert error in (spool.get(bad.id).last_error or "")
 
 
 def test_a_cancel_of_its_task_after_the_handler_ended_reaches_no_later_job(
