@@ -171,6 +171,9 @@ def test_a_value_arrow_cannot_store_is_named_not_blamed_on_the_schema(
     error = bad.last_error or ""
     assert bad.state is JobState.DEAD_LETTER
     assert "field 'x'" in error and "cannot be stored" in error and says in error, error
+    # The table did not exist: its columns came from this write (it said "not in the
+    # schema of table 'docs'", of a table no one had made).
+    assert "left out of the columns of the new table 'docs'" in error, error
     assert "\n" not in error
 
 

@@ -172,7 +172,7 @@ def plan_table(
     allowed = user_columns(schema) if schema is not None else frozenset({key})
     required = required_columns(schema) if schema is not None else frozenset()
     for w in writes:
-        err = check_write(w, allowed, key, required)
+        err = check_write(w, allowed, key, required, new=not exists)
         if err is not None:
             bad.setdefault(w.job_id, err)
     if bad:
@@ -202,8 +202,10 @@ def _keyed_rows(writes: list[PendingWrite], key: str) -> list[dict[str, Any]]:
 
 
 def check_write(w: PendingWrite, allowed: frozenset[str], key: str,
-                required: frozenset[str] = frozenset()) -> ProjectionError | None:
-    """The reason one job's write does not fit the table (None when it does)."""
+                required: frozenset[str] = frozenset(), *, new: bool = False
+                ) -> ProjectionError | None:
+    """The reason one job's write does not fit the table (None when it does). `new`: the
+    table is made by this write, its columns inferred from it."""
     try:
         if w.op == "delete":
             for k in w.keys:
@@ -230,8 +232,13 @@ def check_write(w: PendingWrite, allowed: frozenset[str], key: str,
                         field=field,
                     )
                 if field not in allowed and not unset_vector(field, value):
+                    # A new table's columns come from its first write: a field left out of
+                    # them was not "not in the schema" of a table that did not exist.
+                    where = (f"was left out of the columns of the new table {w.table!r}, "
+                             "inferred from its first write" if new else
+                             f"is not in the schema of table {w.table!r}")
                     return ProjectionError(
-                        f"field {field!r} is not in the schema of table {w.table!r} "
+                        f"field {field!r} {where} "
                         f"(columns: {', '.join(sorted(allowed))}){_unstorable(value)}",
                         table=w.table,
                         field=field,
