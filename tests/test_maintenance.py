@@ -313,7 +313,10 @@ def test_beat_runs_early_after_many_commits(store: ProjectionStore) -> None:
         beat.note_commit("b", 2)
         assert beat.maybe_run() is False
         beat.note_commit("c", 3)
-        assert beat.maybe_run() is True
+        # Due now: maybe_run says so, unless the beat's thread (woken by the commit that
+        # reached the threshold) took the table first; either way it runs, long before
+        # its hour (True asserted alone failed 2 runs in 8 on a loaded machine).
+        beat.maybe_run()
         report = beat.wait_for_run(timeout=30)
         assert report is not None and [t.table for t in report.tables] == ["c"]
     finally:

@@ -53,6 +53,22 @@ def test_a_claim_dead_letters_an_unreadable_row_and_runs_its_batch_mates(
         assert spool.stats().counts["leased"] == 0  # no lease stranded
 
 
+def test_a_payload_edited_deeper_than_orjson_writes_still_runs_with_its_batch_mates(
+        pg_url: str) -> None:
+    """orjson reads 1,024 levels and writes 254: the handler's own copy of such a payload
+    failed the whole claim ('Recursion limit reached'), every job of it left leased."""
+    ran: list[str] = []
+    with make_spool(pg_url) as spool:
+        spool.enqueue("work", 1, job_id="deep")
+        spool.enqueue("work", 2, job_id="plain")
+        _edit(pg_url, "UPDATE jobspool_jobs SET payload = '" + "[" * 300 + "]" * 300
+              + "'::json WHERE id = %s", "deep")
+        report = Worker(spool, {"work": lambda job, ctx: ran.append(job.id)},
+                        batch_size=10, maintenance=False).run_until_idle()
+        assert report.completed == 2 and sorted(ran) == ["deep", "plain"]
+        assert spool.stats().counts["leased"] == 0
+
+
 def test_listings_skip_an_unreadable_row_and_show_names_it(
         pg_url: str, caplog: pytest.LogCaptureFixture) -> None:
     with make_spool(pg_url) as spool:

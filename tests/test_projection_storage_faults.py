@@ -341,3 +341,20 @@ def test_a_reader_of_a_table_missing_a_data_file_gets_one_line_without_source_pa
         text = str(info.value)
         assert text.startswith("reading table 't': ") and "\n" not in text
         assert "rustc" not in text and ".cargo" not in text
+
+
+def test_what_a_failed_first_creation_left_is_no_damage(tmp_path: Path) -> None:
+    """A first creation cut off (a full disk) leaves `<table>.lance/` with empty
+    `_versions/` and no data: no table ever was, nothing to restore. Taken for damage, its
+    writes waited for good, told to restore a backup that cannot exist."""
+    proj = tmp_path / "proj"
+    for sub in ("_versions", "_transactions"):
+        (proj / "t.lance" / sub).mkdir(parents=True)
+    old = time.time() - 120
+    os.utime(proj / "t.lance", (old, old))
+    app = App(handlers={"p": _project}, projection=str(proj))
+    with Spool(tmp_path / "spool") as spool:
+        spool.enqueue("p", {"n": 1}, job_id="k1")
+        report = Worker(spool, app, maintenance=False).run_until_idle(wait_for_retries=0)
+        assert report.completed == 1 and report.deferred == 0
+    assert LanceProjection(str(proj), "t").count() == 1

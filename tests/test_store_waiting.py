@@ -4,6 +4,8 @@ comes due. Counted by the store (`Spool.waiting`), not by reading every waiting 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from jobspool import Context, Job, Spool, Worker
 
 
@@ -39,3 +41,19 @@ def test_waiting_counts_per_kind_what_a_claim_could_take_now_or_later(any_spool:
     any_spool.complete(lease)
     any_spool.claim(kinds=["a"], limit=1)
     assert "a" not in any_spool.waiting()
+
+
+def test_a_job_file_placed_by_hand_a_moment_ago_is_counted(tmp_path: Path) -> None:
+    """The file spool counts from its claim index, which looks for files placed behind its
+    back once a second: one placed just before the count was missed by the run's report."""
+    import shutil
+
+    with Spool(tmp_path / "other") as elsewhere:
+        placed = elsewhere.enqueue("other", 1)
+    with Spool(tmp_path / "s") as spool:
+        spool.enqueue("mine", 1)
+        assert spool.waiting().keys() == {"mine"}  # the index is fresh, and checked now
+        shutil.copy(tmp_path / "other" / "ready" / f"{placed.id}.json",
+                    tmp_path / "s" / "ready" / f"{placed.id}.json")
+        counts = spool.waiting()
+        assert counts["other"].due == 1

@@ -34,16 +34,23 @@ CREATING_SECONDS = 30.0
 
 
 def damaged_table_dir(uri: str | None, name: str, *, settled_for: float = 0.0) -> bool:
-    """Whether table `name`'s directory is there (a local database) though LanceDB found no
-    table in it, for at least `settled_for` seconds: damaged, not absent."""
+    """Whether table `name`'s directory (a local database) holds data files though LanceDB
+    found no table in it, unchanged for at least `settled_for` seconds: rows were written
+    there once, so it is damaged, not absent. A directory without data files is what a
+    failed first creation (a full disk) leaves: no table ever was, nothing to restore;
+    the next write makes it."""
     local = None if uri is None else obj.local_path(uri)
     if local is None:
         return False
+    table = os.path.join(local, f"{name}.lance")
     try:
-        st = os.stat(os.path.join(local, f"{name}.lance"))
+        st = os.stat(table)
+        if not stat.S_ISDIR(st.st_mode) or time.time() - st.st_mtime < settled_for:
+            return False
+        with os.scandir(os.path.join(table, "data")) as files:
+            return any(f.is_file() for f in files)
     except OSError:
         return False
-    return stat.S_ISDIR(st.st_mode) and time.time() - st.st_mtime >= settled_for
 
 
 class ProjectionDatabase:

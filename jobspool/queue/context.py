@@ -275,5 +275,10 @@ def _handlers_copy(job: Job) -> Job:
     a common pattern) changed the lease's job, which the settle encodes: on PostgreSQL the
     job stayed leased, its failure not recordable, and ran again at every expiry; with
     projection writes it was dead-lettered, "handler result refused" blaming its result."""
-    own = json_snapshot(job.payload)  # a scalar is its own
+    try:
+        own = json_snapshot(job.payload)  # a scalar is its own
+    except (TypeError, ValueError):
+        # A row edited by hand past orjson's depth for writing (it reads deeper): such a
+        # payload stays shared, as before, rather than fail the whole claim it came in.
+        return job
     return job if own is job.payload else evolve(job, payload=own)

@@ -132,11 +132,12 @@ class ClaimIndex:
         for state in self._gen:
             self._gen[state] = None
 
-    def refresh(self) -> None:
+    def refresh(self, *, look: bool = False) -> None:
         """Relist every directory whose generation moved, and (at most once per
-        `check_seconds`) every directory changed behind the spool's back (under the lock)."""
+        `check_seconds`, or now with `look`) every directory changed behind the spool's
+        back (under the lock)."""
         started = time.monotonic()
-        check = started >= self._next_check
+        check = look or started >= self._next_check
         relisted = False
         for state in (JobState.READY, JobState.RETRYABLE, JobState.LEASED):
             g = self._generation(SLOT[state])

@@ -354,9 +354,10 @@ class Leasing(Holding):
             return self.journal.index.next_due_at(self.journal.now(), kind_set)
 
     def waiting(self) -> dict[str, Waiting]:
-        """Jobs waiting to be claimed, per kind, from the claim index (no job file read)."""
+        """Jobs waiting to be claimed, per kind, from the claim index (no job file read); a
+        file placed by hand a moment ago is seen (`look`: three directory stats)."""
         with self.journal.lock.hold():
-            self.journal.index.refresh()
+            self.journal.index.refresh(look=True)
             return self.journal.index.waiting(self.journal.now())
 
     def live_tokens(self) -> list[int]:
