@@ -267,12 +267,8 @@ def read_final_reports(spool: Spool, *, since: float
     """Workers' last counters written at their exit since `since`: owner -> (when written,
     when the run began if known, counters)."""
     directory = Path(spool.root) / METRICS_DIR
-    try:
-        names = [n for n in os.listdir(directory) if n.endswith(FINAL_SUFFIX)]
-    except OSError:
-        return {}
     out: dict[str, tuple[float, float | None, dict[str, Any]]] = {}
-    for doc in _docs(directory, names):
+    for doc in _docs(directory, _final_names(directory)):
         written, owner = doc.get("written_at"), doc.get("owner")
         if isinstance(written, int | float) and not isinstance(written, bool) \
                 and isinstance(owner, str) and written >= since:
@@ -293,14 +289,18 @@ def _docs(directory: Path, names: Iterable[str]) -> Iterator[dict[str, Any]]:
             yield doc
 
 
+def _final_names(directory: Path) -> list[str]:
+    """The names of the final counters in `directory` (none when it cannot be listed)."""
+    try:
+        return [n for n in os.listdir(directory) if n.endswith(FINAL_SUFFIX)]
+    except OSError:
+        return []
+
+
 def _drop_old_finals(directory: Path) -> None:
     """Remove final counters past the chart's hour, by their files' age."""
     cutoff = time.time() - FINAL_KEEP_SECONDS
-    try:
-        names = [n for n in os.listdir(directory) if n.endswith(FINAL_SUFFIX)]
-    except OSError:
-        return
-    for name in names:
+    for name in _final_names(directory):
         with contextlib.suppress(OSError):
             if (directory / name).stat().st_mtime < cutoff:
                 (directory / name).unlink()

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from jobspool.errors import SpoolError, UnreadableJob, one_line
+from jobspool.pg.leasing import fence_value, keep_tokens_above
 from jobspool.pg.rows import COLUMNS, INSERT_SQL, UPDATE_SQL, to_job, write_values
 from jobspool.queue.job import Job, evolve
 from jobspool.queue.marks import RULE_MARK
@@ -127,17 +128,10 @@ def copy_jobs(jobs: Iterable[Job], target: PgSpool, *, source_fence: int,
 
     target.db.run(books, what="migrate")
 
-    def raise_fence(conn: psycopg.Connection[Any]) -> int:
-        # Before the first chunk as well as after the last: a worker already serving the
-        # database, or one started after an interrupted copy, drew tokens from 1 meanwhile,
-        # below those the source issued (its projection rows would win over new runs).
-        row = conn.execute(
-            "SELECT setval('jobspool_fence', greatest(%s::bigint, "
-            "(SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM jobspool_fence), 1))",
-            (source_fence,)).fetchone()
-        return int(row[0]) if row else 0
-
-    target.db.run(raise_fence, what="migrate")
+    # Before the first chunk: a worker already serving the database, or one started after
+    # an interrupted copy, drew tokens from 1 meanwhile, below those the source issued (its
+    # projection rows would win over new runs).
+    keep_tokens_above(target, source_fence)
     for chunk in _chunks(jobs):
         rows: list[Job] = []
         unleased: set[str] = set()
@@ -231,7 +225,7 @@ def copy_jobs(jobs: Iterable[Job], target: PgSpool, *, source_fence: int,
         report.copied += len(rows) - len(skipped)
         report.unleased += len(unleased - set(skipped))  # of those copied, not left alone
 
-    report.fence = target.db.run(raise_fence, what="migrate")
+    report.fence = fence_value(target)
     return report
 
 

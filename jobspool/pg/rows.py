@@ -83,15 +83,16 @@ def _decode(row: Sequence[Any]) -> Job:
     st = _STATES[state]  # a dict lookup: `JobState(state)` goes through Enum.__call__
     # `Job(...)` and `LeaseInfo(...)` as built without the frozen `__init__` (job.py).
     lease = (new_lease_info(token=int(token), owner=owner or "", expires_at=float(expires_at),
-                       proc=proc)
+                            proc=proc)
              if st is JobState.LEASED and token is not None and expires_at is not None else None)
-    return new_job_snapshot(id=jid, kind=kind, payload=None if payload is None else orjson.loads(payload),
-               state=st, priority=priority, attempts=attempts, max_attempts=max_attempts,
-               revision=int(revision), created_at=created_at, updated_at=updated_at,
-               run_at=run_at, lease=lease, last_error=last_error,
-               result=None if result is None else orjson.loads(result),
-               reservations=tuple(reservations or ()), rescues=rescues, traceback=traceback,
-               timeout=timeout)
+    return new_job_snapshot(
+        id=jid, kind=kind, payload=None if payload is None else orjson.loads(payload),
+        state=st, priority=priority, attempts=attempts, max_attempts=max_attempts,
+        revision=int(revision), created_at=created_at, updated_at=updated_at,
+        run_at=run_at, lease=lease, last_error=last_error,
+        result=None if result is None else orjson.loads(result),
+        reservations=tuple(reservations or ()), rescues=rescues, traceback=traceback,
+        timeout=timeout)
 
 
 def write_values(job: Job, token: int | None = None) -> list[Any]:
