@@ -125,8 +125,8 @@ class LeaseLost(JobspoolError):
 class InvalidTransition(JobspoolError):
     """Raised when a job's current state does not allow the requested change."""
 
-    def __init__(self, job_id: str, state: str, action: str) -> None:
-        super().__init__(f"cannot {action} job {job_id!r} in state {state!r}")
+    def __init__(self, job_id: str, state: str, action: str, message: str | None = None) -> None:
+        super().__init__(message or f"cannot {action} job {job_id!r} in state {state!r}")
         self.job_id = job_id
         self.state = state
         self.action = action

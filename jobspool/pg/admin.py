@@ -1,4 +1,4 @@
-"""Stats, recovery, retention, fsck and health for the PostgreSQL store.
+"""Stats, retention, fsck and health for the PostgreSQL store (recovery: `recovering.py`).
 
 The same reports as the file spool's (`Stats`, `RecoveryReport`,
 `PruneReport`, `FsckReport`, `Health`), so the CLI, the dashboard and
@@ -8,14 +8,13 @@ stale copies) are zero or empty: a database has none.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from jobspool.errors import JobspoolError, UnreadableJob
+from jobspool.errors import UnreadableJob
 from jobspool.health import (
     DEFAULT_MAINTENANCE_CADENCE,
     DEFAULT_MAX_DUE_AGE,
@@ -26,10 +25,8 @@ from jobspool.health import (
     MAX_FILES_READ,
 )
 from jobspool.health.reasons import ids as some_ids
-from jobspool.pg.leasing import sweep
 from jobspool.pg.rows import COLUMNS, to_job
-from jobspool.pg.schema import NO_PRIMARY_KEY, damage, fence_above_tokens
-from jobspool.queue import machine
+from jobspool.pg.schema import NO_PRIMARY_KEY, damage
 from jobspool.queue.job import JOB_ID_PATTERN, KIND_PATTERN, Job, validate_int, validate_seconds
 from jobspool.queue.states import ALL_STATES, TERMINAL, JobState
 from jobspool.queue.stats import Stats
@@ -42,7 +39,6 @@ if TYPE_CHECKING:
     from jobspool.queue.bulk import Match
     from jobspool.recovery.fsck import FsckReport
     from jobspool.recovery.prune import PruneReport
-    from jobspool.recovery.recover import RecoveryReport
 
 _TERMINAL = (JobState.COMPLETED, JobState.DEAD_LETTER, JobState.CANCELED)
 
@@ -167,85 +163,7 @@ def _count(conn: psycopg.Connection[Any], state: JobState) -> int:
     return int(row[0]) if row else 0
 
 
-def recover(spool: PgSpool, replay: Any = None) -> RecoveryReport:
-    """Reclaim expired leases, replay prepared jobs older than the grace period, prune."""
-    from jobspool.recovery.recover import RecoveryReport
-    from jobspool.recovery.replay import ask, hook_for
-
-    fence_before = spool.fence_value()
-    raised = _raise_fence(spool, fence_before)
-    swept = sweep(spool)
-    reclaimed = tuple(i for i, s in swept if s == JobState.RETRYABLE.value)
-    dead = [i for i, s in swept if s == JobState.DEAD_LETTER.value]
-    swept_dead = len(dead)  # replay's dead letters follow
-    cutoff = spool.now() - spool.prepare_grace_seconds
-    committed: list[str] = []
-    aborted: list[str] = []
-    unknown: list[str] = []
-    pending: list[str] = []
-    for job in list(spool.jobs(state=JobState.PREPARED)):
-        if job.updated_at > cutoff:
-            continue
-        hook = hook_for(replay, job.kind)
-        if hook is None:
-            pending.append(job.id)
-            continue
-        verdict = ask(hook, job)
-
-        def decide(cur: Job, now: float, v: Any = verdict) -> Job:
-            if cur.state is not JobState.PREPARED or cur.revision != v.job.revision:
-                return cur  # committed, aborted or changed meanwhile: its producer is alive
-            return machine.replay(cur, v.outcome, now=now, error=v.error)
-
-        try:
-            new: Job = spool.mutate_job(job.id, decide, missing=lambda: None,
-                                     what="replay")
-        except JobspoolError:
-            continue
-        if new is None or new.revision == job.revision:
-            continue
-        if new.state is JobState.READY:
-            committed.append(job.id)
-        elif new.state is JobState.CANCELED:
-            aborted.append(job.id)
-        elif new.state is JobState.DEAD_LETTER:
-            dead.append(job.id)
-        else:
-            unknown.append(job.id)
-    fence_after = spool.fence_value()
-    pruned = prune(spool).pruned
-    report = RecoveryReport(leases_reclaimed=reclaimed, dead_lettered=tuple(dead),
-                            replayed_committed=tuple(committed),
-                            replayed_aborted=tuple(aborted), replay_unknown=tuple(unknown),
-                            prepared_pending=tuple(pending), pruned=tuple(pruned),
-                            fence_before=fence_before, fence_after=fence_after,
-                            fence_raised=raised)
-    _log_recovery(spool, report, swept_dead=swept_dead)
-    return report
-
-
-def _log_recovery(spool: PgSpool, report: Any, *, swept_dead: int) -> None:
-    """What the file spool's recovery logs: each dead letter (a human must look), then the
-    counts. Silent here, a boot log never said that recovery dead-lettered jobs."""
-    from jobspool.recovery.recover import warn_dead
-
-    ids = list(report.dead_lettered)
-    if ids:
-        rows = spool.db.run(lambda c: c.execute(
-            f"SELECT {COLUMNS} FROM jobspool_jobs WHERE id = ANY(%s)", (ids,)).fetchall(),
-            what="recover")
-        held = {row[0]: row for row in rows}
-        for n, job_id in enumerate(ids):
-            if job_id in held:  # else pruned or requeued since: nothing left to point at
-                with contextlib.suppress(JobspoolError):
-                    warn_dead(to_job(held[job_id]),
-                              "on reclaim by recovery" if n < swept_dead else "by replay")
-    if report.changed:
-        log.info("recovery of %s: %s", spool.display,
-                 {k: v for k, v in report.counts.items() if v})
-
-
-def _still_above(spool: PgSpool, rows: list[Any]) -> list[Any]:
+def still_above(spool: PgSpool, rows: list[Any]) -> list[Any]:
     """Of (id, token) rows read as above a fence read before them, those above the fence
     read now. Claims draw tokens between the two reads: each token a row held when it was
     read had been drawn by then, so a fence read afterwards is at or above it unless the
@@ -256,24 +174,6 @@ def _still_above(spool: PgSpool, rows: list[Any]) -> list[Any]:
         return rows
     fence = spool.fence_value()
     return [r for r in rows if int(r[1]) > fence]
-
-
-def _raise_fence(spool: PgSpool, fence: int) -> tuple[str, ...]:
-    """Raise the token sequence above every token a row holds (rows restored from a
-    backup, or written by hand): otherwise claims would hand those tokens out again."""
-    rows = spool.db.run(lambda c: c.execute(
-        "SELECT id, token FROM jobspool_jobs WHERE token > %s ORDER BY id", (fence,)
-    ).fetchall(), what="reading tokens above the fence")
-    rows = _still_above(spool, rows)
-    if not rows:
-        return ()
-    # Claims may draw tokens while it is set: `FENCE_MARGIN` above the highest token on
-    # disk, no token they drew meanwhile is handed out again afterwards.
-    spool.db.run(fence_above_tokens, what="raising the fence")
-    ids = tuple(r[0] for r in rows)
-    log.warning("fence of %s raised from %d (tokens in rows above it: %s)", spool.display,
-                fence, ", ".join(ids[:10]))
-    return ids
 
 
 def fsck(spool: PgSpool) -> FsckReport:
@@ -412,7 +312,7 @@ def health(spool: PgSpool, *, max_due_age: float = DEFAULT_MAX_DUE_AGE,
             "SELECT id FROM jobspool_jobs WHERE state = 'leased' AND expires_at <= %s "
             "ORDER BY id LIMIT 5", (now - lease_grace,)).fetchall(), what="health")]
         reasons.append(expired_reason(ids, expired))
-    above = _still_above(spool, spool.db.run(lambda c: c.execute(
+    above = still_above(spool, spool.db.run(lambda c: c.execute(
         "SELECT id, token FROM jobspool_jobs WHERE state = 'leased' AND token > %s "
         "ORDER BY token DESC LIMIT 100", (st.fence,)).fetchall(), what="health"))
     if above:

@@ -22,6 +22,7 @@ from jobspool.queue.states import JobState
 
 if TYPE_CHECKING:
     from jobspool.pg.core import PgCore as PgSpool
+    from jobspool.queue.backpressure import Backlog
 
 
 def insert_fresh(spool: PgSpool, fresh: list[Job]) -> set[str]:
@@ -53,6 +54,40 @@ def insert_fresh(spool: PgSpool, fresh: list[Job]) -> set[str]:
     if row is None:
         return set()
     return {row[0]} if one else set(row[0])
+
+
+def insert_generated(spool: PgSpool, fresh: list[Job]) -> list[EnqueueResult]:
+    """Insert jobs whose ids this call generated; each is "created" unless a resend after
+    a lost reply met a row it did not write."""
+    inserted = insert_fresh(spool, fresh)
+    missing = [j for j in fresh if j.id not in inserted]
+    if not missing:
+        return [EnqueueResult(j, "created") for j in fresh]
+    # A reply lost to a dropped connection, the insert sent again: the rows are this
+    # call's own (created by it), unless a generated id met another job's.
+    out = []
+    for j in fresh:
+        if j.id in inserted:
+            out.append(EnqueueResult(j, "created"))
+            continue
+        there = spool.get(j.id)
+        ours = there.created_at == j.created_at and there.kind == j.kind
+        out.append(EnqueueResult(there, "created" if ours else "existing"))
+    return out
+
+
+def measure_backlog(spool: PgSpool) -> Backlog:
+    """The ready rows' count and how long the first of them (in claim order, an index
+    scan rather than every row) has waited since `run_at`, or its arrival when later."""
+    from jobspool.queue.backpressure import Backlog  # only where backpressure is on
+
+    row = spool.db.run(lambda c: c.execute(
+        "SELECT (SELECT count(*) FROM jobspool_jobs WHERE state = 'ready'), "
+        "(SELECT min(greatest(run_at, updated_at)) FROM (SELECT run_at, updated_at "
+        "FROM jobspool_jobs WHERE state = 'ready' ORDER BY priority, run_at, id "
+        "LIMIT 100) s)").fetchone(), what="measuring the backlog")
+    due, oldest = (int(row[0]), row[1]) if row else (0, None)
+    return Backlog(due=due, oldest_run_at=oldest, measured_at=spool.now())
 
 
 def lock_rows(conn: psycopg.Connection[Any], ids: list[str]) -> dict[str, Job]:
@@ -87,8 +122,14 @@ def insert_given(spool: PgSpool, fresh: list[Job], *, on_conflict: str,
                  reservation: str | None = None) -> list[EnqueueResult]:
     """Insert jobs whose ids the caller chose, deciding every conflict under a row lock."""
     ids = sorted({j.id for j in fresh})
+    # Set once a try got as far as its commit: only a try after such a one can meet rows
+    # this call wrote. Judged on every try, a clock that reads the same twice (a test's
+    # frozen clock) made an earlier job with this id, kind and payload "this call's own":
+    # a duplicate passed `on_conflict="error"`, and a canceled job was not reopened.
+    committing = [False]
 
     def go(conn: psycopg.Connection[Any]) -> list[EnqueueResult]:
+        resent = committing[0]
         with conn.transaction():
             # Lock the ids first (an advisory lock also covers ids with no row yet, so two
             # producers of one new id cannot both insert it): one lock per bucket of ids,
@@ -111,7 +152,7 @@ def insert_given(spool: PgSpool, fresh: list[Job], *, on_conflict: str,
                 if old is None:
                     result = EnqueueResult(job, "created")
                     writes.append((None, job))
-                elif _written_by_this_call(old, job, reservation):
+                elif resent and _written_by_this_call(old, job, reservation):
                     # Sent again after a lost connection: the first try committed and its
                     # reply was lost. Deciding again would call our own row a conflict
                     # (`DuplicateJob` under on_conflict="error").
@@ -138,6 +179,7 @@ def insert_given(spool: PgSpool, fresh: list[Job], *, on_conflict: str,
             if any(r.outcome != "existing" and r.job.state in (JobState.READY, JobState.RETRYABLE)
                    for r in out):
                 conn.execute("SELECT pg_notify(%s, '')", (spool.channel,))
+            committing[0] = True
             return out
 
     return spool.db.run(go, what="enqueue")

@@ -27,7 +27,7 @@ from jobspool.errors import (
     SpoolClosed,
     SpoolError,
 )
-from jobspool.pg import admin, leasing, marks, produce
+from jobspool.pg import admin, leasing, marks, produce, recovering
 from jobspool.pg.clock import steady
 from jobspool.pg.db import Database
 from jobspool.pg.opening import (
@@ -55,7 +55,7 @@ from jobspool.queue.arguments import (
     wait_until_terminal,
 )
 from jobspool.queue.backlog import Waiting
-from jobspool.queue.bulk import Match, match
+from jobspool.queue.bulk import Match, match, requeue_source
 from jobspool.queue.job import (
     EnqueueResult,
     Job,
@@ -240,24 +240,12 @@ class PgSpool(EnqueueForms):
 
     def admit(self, n: int) -> None:
         """Writer backpressure (off unless `max_due`/`max_lag_seconds` are set): the same
-        rule and hysteresis as the file spool's (`queue/backpressure.py`), measured here as
-        a count of ready rows and the oldest one's `run_at`."""
+        rule and hysteresis as the file spool's (`queue/backpressure.py`)."""
         if n == 0 or (self.max_due is None and self.max_lag_seconds is None):
             return
-        from jobspool.queue.backpressure import Backlog, admit
+        from jobspool.queue.backpressure import admit
 
-        def measure() -> Backlog:
-            # Waiting since `waiting_since` (run_at, or arrival when later), over the first
-            # ready rows in claim order (an index scan, not every row).
-            row = self.db.run(lambda c: c.execute(
-                "SELECT (SELECT count(*) FROM jobspool_jobs WHERE state = 'ready'), "
-                "(SELECT min(greatest(run_at, updated_at)) FROM (SELECT run_at, updated_at "
-                "FROM jobspool_jobs WHERE state = 'ready' ORDER BY priority, run_at, id "
-                "LIMIT 100) s)").fetchone(), what="measuring the backlog")
-            due, oldest = (int(row[0]), row[1]) if row else (0, None)
-            return Backlog(due=due, oldest_run_at=oldest, measured_at=self.now())
-
-        admit(self, n, measure)
+        admit(self, n, lambda: produce.measure_backlog(self))
 
     # ------------------------------------------------------------ producing
 
@@ -281,21 +269,7 @@ class PgSpool(EnqueueForms):
             return []
         if not batch.given_ids:
             self.admit(len(fresh))
-            inserted = produce.insert_fresh(self, fresh)
-            missing = [j for j in fresh if j.id not in inserted]
-            if not missing:
-                return [EnqueueResult(j, "created") for j in fresh]
-            # A reply lost to a dropped connection, the insert sent again: the rows are
-            # this call's own (created by it), unless a generated id met another job's.
-            out = []
-            for j in fresh:
-                if j.id in inserted:
-                    out.append(EnqueueResult(j, "created"))
-                    continue
-                there = self.get(j.id)
-                ours = there.created_at == j.created_at and there.kind == j.kind
-                out.append(EnqueueResult(there, "created" if ours else "existing"))
-            return out
+            return produce.insert_generated(self, fresh)
         return produce.insert_given(self, fresh, on_conflict=batch.on_conflict,
                                     unique_states=batch.unique_states)
 
@@ -353,15 +327,19 @@ class PgSpool(EnqueueForms):
         changed: list[Job] = []
 
         def decide(job: Job, now: float) -> Job:
-            if job.state is not JobState.PREPARED or \
-                    reservation.reservation_id not in job.reservations:
-                return job
-            new = machine.abort(job, reservation.reservation_id, now=now)
-            changed.append(new)
+            new = machine.abort_reserved(job, reservation.reservation_id, now=now)
+            if new is not job:
+                changed.append(new)
             return new
 
         self.mutate_job(reservation.job_id, decide, missing=lambda: None, what="abort")
-        return changed[-1] if changed and changed[-1].state is JobState.CANCELED else None
+        if changed and changed[-1].state is JobState.CANCELED:
+            # Terminal writes count toward retention however they are made: counted on
+            # the settle path alone, canceled rows grew without bound under producers
+            # that abort and operators that cancel.
+            self.note_terminal(1)
+            return changed[-1]
+        return None
 
     # ------------------------------------------------------------ administration
 
@@ -377,23 +355,26 @@ class PgSpool(EnqueueForms):
 
     def cancel(self, job_id: str) -> Job:
         """Cancel a job that has not finished (a leased one too: its holder is fenced out)."""
-        return self._admin_move(job_id, "cancel", machine.cancel)
+        canceled = self._admin_move(job_id, "cancel", machine.cancel)
+        self.note_terminal(1)
+        return canceled
 
     def requeue(self, job_id: str) -> Job:
         """Run a dead-lettered or canceled job again from scratch (attempts reset)."""
         return self._admin_move(job_id, "requeue", machine.requeue)
 
     def requeue_all(self, state: JobState | str = JobState.DEAD_LETTER) -> list[Job]:
-        src = JobState(state)
-        check_source("*", "requeue", src)
-        return admin.apply_matching(self, "requeue", Match((src,)), machine.requeue)
+        return admin.apply_matching(self, "requeue", Match((requeue_source(state),)),
+                                    machine.requeue)
 
     def cancel_matching(self, *, kind: str | None = None,
                         states: Iterable[JobState | str] | str | None = None,
                         older_than: float | None = None) -> list[Job]:
         """Cancel every unfinished job of `kind`, in `states`, older than `older_than` s."""
         which = match("cancel", kind=kind, states=states, older_than=older_than)
-        return admin.apply_matching(self, "cancel", which, machine.cancel)
+        moved = admin.apply_matching(self, "cancel", which, machine.cancel)
+        self.note_terminal(len(moved))
+        return moved
 
     def requeue_matching(self, *, kind: str | None = None,
                          states: Iterable[JobState | str] | str | None = None,
@@ -585,7 +566,7 @@ class PgSpool(EnqueueForms):
 
         check_hooks(replay)
         self.check_writable("recover")
-        return admin.recover(self, replay)
+        return recovering.recover(self, replay)
 
     def prune(self, keep: int | None = None, older_than: float | None = None, *,
               keep_dead: int | None = None) -> PruneReport:

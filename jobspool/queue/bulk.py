@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from jobspool.errors import InvalidJob
+from jobspool.errors import InvalidJob, InvalidTransition
 from jobspool.queue import machine
-from jobspool.queue.arguments import listed
+from jobspool.queue.arguments import job_states, listed
 from jobspool.queue.job import Job, validate_job_id, validate_kind, validate_seconds
 from jobspool.queue.states import CANCELABLE, REQUEUEABLE, JobState, check_source
 
@@ -176,6 +176,16 @@ def move_one(spool: Journal, job_id: str, action: str, decide: Callable[..., Job
 def requeue_all(spool: Journal, state: JobState | str) -> list[Job]:
     """Requeue every job in `state`, in chunks of `CHUNK` (one lock hold for 20,000 dead
     letters stalled every producer and worker for the 7 s it took)."""
-    src = JobState(state)
-    check_source("*", "requeue", src)
-    return apply_matching(spool, "requeue", Match((src,)), machine.requeue)
+    return apply_matching(spool, "requeue", Match((requeue_source(state),)), machine.requeue)
+
+
+def requeue_source(state: JobState | str) -> JobState:
+    """The state `requeue_all` empties: `InvalidJob` naming a value that is no state (a
+    bare ValueError before), `InvalidTransition` naming the states it takes (it named a
+    job '*' before)."""
+    (src,) = job_states(state)
+    if src not in REQUEUEABLE:
+        raise InvalidTransition("*", src.value, "requeue",
+                                f"cannot requeue the jobs in state {src.value!r}: requeue "
+                                "takes dead_letter or canceled jobs")
+    return src

@@ -359,7 +359,7 @@ def cancel(job: Job, *, now: float) -> Job:
 def requeue(job: Job, *, now: float) -> Job:
     # A completed job's old result goes: it would read as this run's until it finishes.
     return _move(job, "requeue", JobState.READY, now, lease=None, attempts=0, run_at=now,
-                 rescues=0, result=None)
+                 rescues=0, result=None, reservations=())
 
 
 def commit(job: Job, *, now: float, why: str = "commit") -> Job:
@@ -390,7 +390,7 @@ def commit_reserved(job: Job, reservation_id: str, *, now: float) -> Job:
         return commit(job, now=now)
     if job.state is JobState.CANCELED:
         raise InvalidTransition(job.id, job.state.value, "commit")
-    if job.state is JobState.DEAD_LETTER and (job.last_error or "").startswith(REPLAY_GAVE_UP):
+    if job.state is JobState.DEAD_LETTER and _replay_gave_up(job):
         dst = JobState.RETRYABLE if job.run_at > now else JobState.READY
         return _move(job, "commit", dst, now, attempts=0, last_error=None, reservations=())
     return job
@@ -417,9 +417,27 @@ def abort(job: Job, reservation_id: str, *, now: float) -> Job:
     """Drop one producer's reservation; the last one out cancels the job."""
     left = tuple(r for r in job.reservations if r != reservation_id)
     if left:
-        return _move(job, "abort", JobState.PREPARED, now, reservations=left)
+        return _move(job, "abort", job.state, now, reservations=left)
     return _move(job, "abort", JobState.CANCELED, now, reservations=(),
                  last_error="aborted by its producer")
+
+
+def abort_reserved(job: Job, reservation_id: str, *, now: float) -> Job:
+    """What `abort(reservation)` makes of `job` (both stores): the reservation dropped
+    from a prepared job, or from one recovery dead-lettered because its replay hook kept
+    saying "unknown" (its producer was slow, not dead, and rolled its change back: as a
+    late commit publishes such a job, a late abort cancels it once no producer holds
+    it); any other job, or a reservation it no longer holds, returned as it is."""
+    if reservation_id not in job.reservations:
+        return job
+    if job.state is JobState.PREPARED or (job.state is JobState.DEAD_LETTER
+                                          and _replay_gave_up(job)):
+        return abort(job, reservation_id, now=now)
+    return job
+
+
+def _replay_gave_up(job: Job) -> bool:
+    return (job.last_error or "").startswith(REPLAY_GAVE_UP)
 
 
 def replay(job: Job, outcome: str, *, now: float, error: str | None = None) -> Job:
@@ -433,7 +451,8 @@ def replay(job: Job, outcome: str, *, now: float, error: str | None = None) -> J
     attempts = job.attempts + 1
     message = clip_error(error or "replay outcome unknown")
     if attempts >= job.max_attempts:
-        return _move(job, "replay", JobState.DEAD_LETTER, now, attempts=attempts, reservations=(),
+        # The reservations stay: a producer that was only slow may still commit or abort it.
+        return _move(job, "replay", JobState.DEAD_LETTER, now, attempts=attempts,
                      last_error=clip_error(f"{REPLAY_GAVE_UP} {attempts} attempts; "
                                            f"last: {message}"))
     return _move(job, "replay", JobState.PREPARED, now, attempts=attempts, last_error=message)

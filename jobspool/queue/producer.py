@@ -191,10 +191,11 @@ class Producer:
         """Release one reservation; returns the canceled job when it was the last, else None."""
         with self.journal.lock.hold():
             job, stale = self.journal.locate(reservation.job_id)
-            if job is None or job.state is not JobState.PREPARED:
+            if job is None:
                 return None
-            if reservation.reservation_id not in job.reservations:
+            new = machine.abort_reserved(job, reservation.reservation_id,
+                                         now=self.journal.now())
+            if new is job:
                 return None
-            new = machine.abort(job, reservation.reservation_id, now=self.journal.now())
             self.journal.commit_changes([(job, new)], self.journal.stale_removals(job.id, stale))
             return new if new.state is JobState.CANCELED else None

@@ -424,7 +424,10 @@ class Spool(EnqueueForms):
     def abort(self, reservation: Reservation) -> Job | None:
         """Release one reservation; returns the canceled job when it was the last, else None."""
         check_reservation(reservation)
-        return self.producer.abort(reservation)
+        canceled = self.producer.abort(reservation)
+        if canceled is not None:  # a terminal write: producers that mostly abort prune too
+            self.journal.maybe_autoprune()
+        return canceled
 
     # ------------------------------------------------------------ administration (bulk.py)
 

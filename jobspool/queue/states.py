@@ -36,7 +36,10 @@ ALLOWED: dict[str, dict[JobState, frozenset[JobState]]] = {
     # late, not dead (`machine.commit_reserved`).
     "commit": {s: frozenset({JobState.READY, JobState.RETRYABLE})
                for s in (JobState.PREPARED, JobState.DEAD_LETTER)},
-    "abort": {JobState.PREPARED: frozenset({JobState.CANCELED, JobState.PREPARED})},
+    # And cancels one it dead-lettered so, once the last producer holding it aborts (a
+    # requeue would otherwise run a job whose producer rolled its change back).
+    "abort": {JobState.PREPARED: frozenset({JobState.CANCELED, JobState.PREPARED}),
+              JobState.DEAD_LETTER: frozenset({JobState.CANCELED, JobState.DEAD_LETTER})},
     "claim": {s: frozenset({JobState.LEASED}) for s in CLAIMABLE},
     "heartbeat": {JobState.LEASED: frozenset({JobState.LEASED})},
     "complete": {JobState.LEASED: frozenset({JobState.COMPLETED})},
