@@ -106,6 +106,11 @@ class WorkerConfig:
                               "lease within it)")
         grace = validate_seconds("grace_seconds", grace_seconds)
         if kinds is not None:
+            if not kinds:
+                # Claiming nothing, it would report its own kinds as unhandled and idle for
+                # ever: refused, as `--kinds ""` is on the CLI (None serves every kind).
+                raise ConfigError(f"kinds names no kind (it handles: "
+                                  f"{', '.join(sorted(table))}); pass None for all of them")
             missing = sorted(set(kinds) - set(table))
             if missing:
                 raise ConfigError(f"kinds without a handler in this worker: "

@@ -123,9 +123,13 @@ async def invoke(ctx: Context, fn: Callable[..., Any], *, is_async: bool,
         if in_time:
             ctx.outcome = Completed(result)
         elif limit.cancel_called:  # the limit passed, even if the handler swallowed it
-            _timed_out(ctx, timeout or 0.0, sync=not is_async,
+            # A sync handler that returned an awaitable (a decorator's sync wrapper of an
+            # async one) was past its thread: the await on the loop was cancelled, and no
+            # thread is left running. Called hung, its process was replaced for nothing.
+            in_thread = not is_async and not gate.handed_back_awaitable()
+            _timed_out(ctx, timeout or 0.0, sync=in_thread,
                        stack=tracked.stack() if tracked is not None else None)
-            if not is_async:
+            if in_thread:
                 on_hung(ctx)
         elif is_async and timeout is not None and anyio.current_time() > limit.deadline:
             # It returned past its limit before the cancellation could reach it: an async
@@ -276,6 +280,10 @@ class _StartGate:
         """Whether the handler returned (or raised) within `timeout` of its own start."""
         return bool(self._ended) and self._ended - self._began <= timeout \
             and not inspect.isawaitable(self.result)
+
+    def handed_back_awaitable(self) -> bool:
+        """Whether the thread's part returned an awaitable, awaited on the loop since."""
+        return bool(self._ended) and inspect.isawaitable(self.result)
 
     def drop(self) -> bool:
         """True when the handler had not started (and now never will)."""

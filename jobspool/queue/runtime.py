@@ -37,9 +37,13 @@ log = logging.getLogger("jobspool.queue.worker")
 
 # A loop that has not turned for this long is reported (once per stall).
 BLOCKED_SECONDS = 1.0
-# A handler's step on the loop longer than this moves the other async handlers' time
-# limits back by as much (`Monitor.held_back`); shorter ones are a loop's normal sharing.
+# A handler's step on the loop longer than this may move the other async handlers' time
+# limits (`Monitor.held_back`); shorter ones are a loop's normal sharing.
 HELD_BACK_SECONDS = 0.02
+# A limit that passed while another handler held the loop moves this far past the hold (the
+# held handler's ready step runs first), at most `MAX_HOLD_MOVES` times in one run.
+HOLD_GRACE_SECONDS = 0.1
+MAX_HOLD_MOVES = 3
 # How often the loop proves it turns and the heartbeat thread looks (beats themselves are
 # on time: the thread wakes for them). 0.1 s made 20 wakeups a second of an idle worker.
 _TICK = 0.25
@@ -178,6 +182,7 @@ class Tracked:
         self.started_at: float | None = None
         self.returned_at: float | None = None
         self.value: Any = None
+        self.limit_moves = 0  # how often another's hold of the loop moved its limit
 
     @property
     def label(self) -> str:
@@ -308,17 +313,31 @@ class Monitor:
             self._thread.join(timeout=5.0)
 
     def held_back(self, by: Tracked, seconds: float) -> None:
-        """`by`'s step held the loop for `seconds`: every other async handler with a time
-        limit was held back that long, by no doing of its own, so its limit moves on. A
+        """`by`'s step held the loop for `seconds`, until now. An async handler whose time
+        limit passed meanwhile was held back by no doing of its own: its limit moves to just
+        past the hold, so that a step it was ready to take runs before its cancellation (a
         handler awaiting a 0.1 s sleep under a 0.5 s limit was cancelled when the loop came
-        back from another's 1.5 s block, and dead-lettered as past its limit."""
+        back from another's 1.5 s block, and dead-lettered as past its limit).
+
+        Only those, and only `MAX_HOLD_MOVES` times a run: every limit moved back by every
+        hold, a handler hung in a 3,600 s sleep under a 0.5 s limit was cancelled after
+        7 s, when a neighbour doing CPU work in 50 ms slices ended (never, had it gone on),
+        and its lease was extended all along."""
+        import anyio
+
+        now = anyio.current_time()  # the clock of the scopes' deadlines (trio has its own)
         for tracked, (scope, ctx) in self.limits.items():
             # Not `scope.cancel_called`: on trio, asking cancels a scope whose deadline
-            # passed (the very one to push back). A cancelled scope stays cancelled.
-            if tracked is not by:
-                scope.deadline += seconds
-                if ctx.deadline is not None:
-                    ctx.deadline += seconds
+            # passed (the very one to move). A cancelled scope stays cancelled.
+            if tracked is by or tracked.limit_moves >= MAX_HOLD_MOVES:
+                continue
+            if not now - seconds < scope.deadline <= now + HOLD_GRACE_SECONDS:
+                continue  # still ahead (it lost no chance to run), or passed before the hold
+            moved = now + HOLD_GRACE_SECONDS - scope.deadline
+            tracked.limit_moves += 1
+            scope.deadline += moved
+            if ctx.deadline is not None:
+                ctx.deadline += moved
 
     async def ticker(self) -> None:
         """On the loop: prove every `_TICK` that it still turns."""

@@ -1,0 +1,86 @@
+"""Time limits among neighbours, and worker arguments a runtime probe found unchecked:
+
+- a hung async handler is cancelled near its limit while another async handler keeps the
+  loop busy in slices (every limit moved back by every slice: cancelled only once the busy
+  neighbour ended, and never had it gone on);
+- a sync handler that returns a coroutine (a decorator's sync wrapper of an async handler)
+  and passes its limit was cancelled on the loop: it is not a hung thread, and its process
+  is not replaced for it;
+- `Worker(kinds=[])` is refused (it claimed nothing and called its own kinds unhandled).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from jobspool import Context, Job, JobState, Policy, Worker
+from jobspool.errors import ConfigError
+from tests.spools import make_spool
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_hung_handler_is_cancelled_while_a_neighbour_works_in_slices(
+        tmp_path: Path, backend: str) -> None:
+    events: list[str] = []
+
+    async def hang(job: Job, ctx: Context) -> None:
+        try:
+            await anyio.sleep(3600)  # a network call that never answers
+        finally:
+            events.append("hang cancelled")
+
+    async def busy(job: Job, ctx: Context) -> str:
+        for _ in range(80):  # CPU work in 50 ms slices, giving the loop a turn between
+            began = time.monotonic()
+            while time.monotonic() - began < 0.05:
+                pass
+            await anyio.sleep(0)
+        events.append("busy done")
+        return "done"
+
+    with make_spool(tmp_path / backend, max_attempts=1) as spool:
+        spool.enqueue("busy", job_id="b")
+        spool.enqueue("hang", job_id="h")
+        worker = Worker(spool, {"busy": busy, "hang": hang}, concurrency=2, batch_size=2,
+                        policies={"hang": Policy(timeout=0.3)}, maintenance=False)
+        anyio.run(worker.arun_until_idle, backend=backend)
+        assert events == ["hang cancelled", "busy done"]
+        hung = spool.get("h")
+        assert hung.state is JobState.DEAD_LETTER
+        assert "TimeLimitExceeded" in (hung.last_error or "")
+        assert spool.get("b").result == "done"
+
+
+def test_a_sync_wrapper_of_an_async_handler_past_its_limit_is_cancelled_not_hung(
+        tmp_path: Path) -> None:
+    async def real(job: Job, ctx: Context) -> str:
+        await anyio.sleep(30)
+        return "late"
+
+    def wrapper(job: Job, ctx: Context) -> Any:
+        return real(job, ctx)  # what a decorator's sync wrapper hands back
+
+    hung: list[str] = []
+    with make_spool(tmp_path / "s", max_attempts=1) as spool:
+        spool.enqueue("wrapped", job_id="w")
+        worker = Worker(spool, {"wrapped": wrapper}, maintenance=False,
+                        policies={"wrapped": Policy(timeout=0.3)})
+        worker.on_hung = lambda ctx: hung.append(ctx.job_id)
+        report = worker.run_until_idle()
+        job = spool.get("w")
+    assert report.timed_out == 1
+    assert job.state is JobState.DEAD_LETTER
+    assert "the handler was cancelled" in (job.last_error or "")
+    assert "thread cannot be stopped" not in (job.last_error or "")
+    assert hung == []
+
+
+def test_a_worker_given_no_kinds_is_refused(tmp_path: Path) -> None:
+    with make_spool(tmp_path / "s") as spool, \
+            pytest.raises(ConfigError, match="kinds names no kind"):
+        Worker(spool, {"a": lambda job, ctx: None}, kinds=[])
