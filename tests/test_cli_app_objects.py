@@ -89,3 +89,19 @@ def test_a_good_app_object_still_runs_its_jobs(tmp_path: Path, root: Path) -> No
     res = run_jobspool("run-until-idle", "--app", "goodobj:app", "--json", root=root, env=env)
     assert res.code == 0, res.err
     assert orjson.loads(res.out)["completed"] == 1
+
+
+# ---------------------------------------------------------------- output at import
+
+_SCHEDULED = ("from jobspool import App, Schedule\n\n" + _HANDLER
+              + "app = App(handlers={'ok': ok}, schedules=[Schedule('ok', every=60)])\n")
+
+
+def test_schedules_json_keeps_what_the_app_prints_at_import_off_stdout(
+        tmp_path: Path, root: Path) -> None:
+    env = app_module(tmp_path, "chatty", "print('loading my app...')\n" + _SCHEDULED)
+    res = run_jobspool("schedules", "--app", "chatty:app", "--json", root=root, env=env)
+    assert res.code == 0, res.err
+    assert [row["kind"] for row in orjson.loads(res.out)] == ["ok"]
+    assert "loading my app..." in res.err
+
