@@ -105,3 +105,25 @@ def test_schedules_json_keeps_what_the_app_prints_at_import_off_stdout(
     assert [row["kind"] for row in orjson.loads(res.out)] == ["ok"]
     assert "loading my app..." in res.err
 
+
+@pytest.mark.parametrize("command", [("run-until-idle",), ("schedules",)])
+def test_what_the_app_writes_to_fd_1_at_import_stays_off_stdout_under_json(
+        tmp_path: Path, root: Path, command: tuple[str, ...]) -> None:
+    # os.write(1, ...) stands for a child process or a C extension: none goes by sys.stdout.
+    env = app_module(tmp_path, "rawapp", "import os\nos.write(1, b'raw at import\\n')\n"
+                     + _SCHEDULED)
+    res = run_jobspool(*command, "--app", "rawapp:app", "--json", root=root, env=env)
+    assert res.code == 0, res.err
+    orjson.loads(res.out)  # one JSON document, nothing before it
+    assert "raw at import" in res.err
+
+
+def test_stdout_is_given_back_when_the_app_fails_after_writing_to_fd_1(
+        tmp_path: Path, root: Path) -> None:
+    env = app_module(tmp_path, "rawfail", "import os\nos.write(1, b'raw at import\\n')\n"
+                     "raise RuntimeError('cannot load')\n")
+    res = run_jobspool("run-until-idle", "--app", "rawfail:app", "--json", root=root, env=env)
+    assert res.code == 1 and "Traceback" not in res.err, res.err
+    doc = orjson.loads(res.out)  # the error document reached stdout, and nothing else did
+    assert doc["ok"] is False and "cannot load" in doc["error"], doc
+    assert res.err.splitlines() == ["raw at import", f"jobspool: error: {doc['error']}"]
