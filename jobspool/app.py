@@ -73,27 +73,51 @@ class App:
             raise AppError(str(exc)) from None
 
 
+# What `as_app` reads of an object with `handlers`, beside them; each left to App's default
+# when the object has none.
+_APP_FIELDS = ("replay", "projection", "keys", "policies", "schedules", "storage_options")
+
+
 def as_app(obj: Any, *, name: str = "app") -> App:
     """Accept an `App`, any object with a `handlers` mapping, or a plain mapping of handlers."""
     if isinstance(obj, App):
         app = obj
     elif isinstance(obj, Mapping):
-        app = App(handlers=dict(obj))
-    elif isinstance(getattr(obj, "handlers", None), Mapping):
-        replay = getattr(obj, "replay", None) or {}
-        app = App(handlers=dict(obj.handlers),
-                  replay=dict(replay) if isinstance(replay, Mapping) else replay,
-                  projection=getattr(obj, "projection", None),
-                  keys=dict(getattr(obj, "keys", None) or {}),
-                  policies=dict(getattr(obj, "policies", None) or {}),
-                  schedules=getattr(obj, "schedules", None) or (),  # checked by App
-                  storage_options=getattr(obj, "storage_options", None))
+        app = _built(name, handlers=_field(obj, None, name))
     else:
-        raise AppError(f"{name} is not an App, an object with a 'handlers' mapping, or a "
-                       f"mapping of kind -> handler (got {type(obj).__name__})")
+        handlers = _field(obj, "handlers", name)
+        if not isinstance(handlers, Mapping):
+            raise AppError(f"{name} is not an App, an object with a 'handlers' mapping, or a "
+                           f"mapping of kind -> handler (got {type(obj).__name__})")
+        fields = {attr: value for attr in _APP_FIELDS
+                  if (value := _field(obj, attr, name)) is not None}
+        app = _built(name, handlers=handlers, **fields)
     if not app.handlers:
         raise AppError(f"{name} has no handlers")
     return app
+
+
+def _field(obj: Any, attr: str | None, name: str) -> Any:
+    """`obj.attr` (`obj` itself for None; None when it has no such attribute), a mapping
+    copied so that the app cannot change under the worker. The object is the user's code:
+    a property or `__getattr__` that raises, or a mapping that cannot be read, is a line
+    naming it, not a traceback out of the CLI."""
+    what = "it" if attr is None else f"its {attr!r}"
+    try:
+        value = obj if attr is None else getattr(obj, attr, None)
+        return dict(value) if isinstance(value, Mapping) else value
+    except Exception as exc:
+        raise AppError(f"{name}: reading {what} failed: {_described(exc)}") from None
+
+
+def _built(name: str, **fields: Any) -> App:
+    """`App(**fields)`, its refusal said of `name` (what `--app` named): App's own checks,
+    not a second copy of them, decide what a plain object or mapping may hold."""
+    try:
+        return App(**fields)
+    except ConfigError as exc:
+        # The same type (a PolicyError stays one), its message now naming the object.
+        raise type(exc)(f"{name}: {exc}") from None
 
 
 def _described(exc: BaseException) -> str:

@@ -185,6 +185,29 @@ def test_enqueue_takes_its_payload_after_a_double_dash(spool_with_jobs: Path, ar
     assert ok_json("--root", spool_with_jobs, "show", job["id"])["payload"] == payload
 
 
+@pytest.mark.parametrize(("argv", "payload"), [
+    (["work", "--id", "j1", "-1"], -1),
+    (["work", "-1e5"], -1e5),
+    (["work", "--id", "j1", "-1e5"], -1e5),
+    (["work", "-0.5", "--id", "j1"], -0.5),
+    (["work", "--priority", "2", "-2E-3"], -2e-3),
+])
+def test_enqueue_takes_a_negative_number_as_its_payload_wherever_it_stands(
+        spool_with_jobs: Path, argv: list[str], payload: Any) -> None:
+    """A JSON number starting with '-' is not an option (it was refused after one, and
+    `-1e5` anywhere)."""
+    job = ok("--root", spool_with_jobs, "--json", "enqueue", *argv).json()
+    assert job["payload"] == payload
+
+
+def test_enqueue_still_refuses_a_dash_argument_that_is_not_a_number(
+        spool_with_jobs: Path) -> None:
+    for extra in ("-x", "-1e", "-01"):
+        r = run_jobspool("--root", spool_with_jobs, "enqueue", "work", "--id", "j1", extra)
+        assert r.code == 1 and f"unrecognized arguments: {extra}" in r.err, r.err
+    assert job_files(spool_with_jobs).get("j1") is None
+
+
 def test_enqueue_refuses_a_missing_spool_unless_told_to_create_it(root: Path) -> None:
     r = run_jobspool("--root", root, "enqueue", "work")
     assert r.code == 2 and "jobspool init" in r.err and len(r.err.splitlines()) == 1

@@ -377,6 +377,17 @@ def test_show_of_an_unreadable_job_file_says_so_once(tmp_path: Path) -> None:
     assert got.err.count("skipping unreadable job file") <= 1, got.err
 
 
+def test_health_warns_once_of_an_unreadable_file_it_meets_in_several_reads(
+        populated: Path) -> None:
+    # A completed job's file copied into dead_letter/: its id is in two directories, so
+    # each read of the spool health makes (stats, leased, prepared) reads the bad copy.
+    shutil.copy(populated / "completed" / "done-1.json", populated / "dead_letter" / "done-1.json")
+    got = run_jobspool("--root", populated, "health")  # a process of its own: its log is stderr
+    assert got.code == 2 and "Traceback" not in got.err, got.err
+    warned = [line for line in got.err.splitlines() if "skipping unreadable job file" in line]
+    assert len(warned) == 1 and "dead_letter/done-1.json" in warned[0], got.err
+
+
 def test_an_empty_kinds_list_is_bad_input_not_every_kind(tmp_path: Path) -> None:
     """`--kinds "$KINDS"` with the variable empty ran every kind."""
     from tests.cli_harness import run_cli

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import signal
 import sys
 import threading
@@ -47,6 +48,12 @@ def _exit_code_for(exc: JobspoolError) -> int:
 _ARGV: list[str] = []  # for `_fail`: errors found before logging is set up
 
 
+# A JSON number (RFC 8259). A negative one is a payload, not an option: argparse leaves
+# it over once the payload's place has passed (`enqueue ok --id n1 -1`), and anywhere when
+# it is not a plain `-1`/`-0.5` (`-1e5`).
+_JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+
+
 def _parse(argv: list[str]) -> argparse.Namespace:
     """The command line, with `enqueue`'s optional PAYLOAD taken after options too
     (`enqueue KIND --id X PAYLOAD`, `... --id X -- PAYLOAD`): argparse fills an optional
@@ -57,7 +64,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     if getattr(args, "payload", "") is None:
         if extra[:1] == ["--"] and len(extra) <= 2:  # `--id X -- [PAYLOAD]` keeps the `--`
             args.payload, extra = (extra[1] if len(extra) == 2 else None), []
-        elif len(extra) == 1 and (extra[0] == "-" or not extra[0].startswith("-")):
+        elif len(extra) == 1 and (extra[0] == "-" or not extra[0].startswith("-")
+                                  or _JSON_NUMBER.fullmatch(extra[0])):
             args.payload, extra = extra[0], []
     if extra:
         parser.error("unrecognized arguments: " + " ".join(extra))

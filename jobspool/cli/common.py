@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import os
 import re
@@ -224,11 +223,12 @@ def _load_app(spec: str | None) -> Any:
     if spec is None:
         return None
     from jobspool.app import AppError, load_app
+    from jobspool.cli.render import stdout_to_stderr
 
     try:
         # What the module prints as it loads is diagnostics: stdout carries the command's
         # answer (one JSON document under --json).
-        with contextlib.redirect_stdout(sys.stderr):
+        with stdout_to_stderr():
             return load_app(spec)
     except AppError as exc:
         raise UsageError(str(exc)) from None

@@ -62,13 +62,20 @@ class StdoutFailed(Exception):
 
 @contextlib.contextmanager
 def handlers_print_to_stderr(args: argparse.Namespace) -> Iterator[None]:
-    """With `--json`, what handlers print goes to stderr for the run: stdout must hold one
-    JSON document, the summary, for whatever parses it. File descriptor 1 is pointed at
-    stderr too (given back for the summary): a handler's child process, a C extension or
-    `os.write(1, ...)` bypass `sys.stdout`, and worker processes inherit the descriptor."""
+    """With `--json`, what handlers print goes to stderr for the run (`stdout_to_stderr`):
+    stdout must hold one JSON document, the summary, for whatever parses it."""
     if not getattr(args, "json", False):
         yield
         return
+    with stdout_to_stderr():
+        yield
+
+
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """What is printed meanwhile goes to stderr, and stdout is given back afterwards, also
+    on error. File descriptor 1 is pointed at stderr too: a child process, a C extension or
+    `os.write(1, ...)` bypass `sys.stdout`, and worker processes inherit the descriptor."""
     sys.stdout.flush()
     try:
         saved: int | None = os.dup(1)

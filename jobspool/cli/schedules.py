@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from jobspool.cli.common import EXIT_OK, UsageError, _open
+from jobspool.cli.common import EXIT_OK, _load_app, _open
 from jobspool.cli.render import _emit
 
 
@@ -25,13 +25,9 @@ def _last(row: dict[str, Any]) -> str:
 
 
 def cmd_schedules(args: argparse.Namespace) -> int:
-    from jobspool.app import AppError, load_app
     from jobspool.schedules import Scheduler
 
-    try:
-        app = load_app(args.app)
-    except AppError as exc:
-        raise UsageError(str(exc)) from None
+    app = _load_app(args.app)
     with _open(args, read_only=True) as spool:
         rows = Scheduler(app.schedules).status(spool)
 

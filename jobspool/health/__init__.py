@@ -66,6 +66,7 @@ from jobspool.health.host import disk_figures, host_reasons
 from jobspool.health.reasons import Health, Reason, default_projection
 from jobspool.health.reasons import ids as _ids
 from jobspool.health.reasons import plural as _plural
+from jobspool.queue.job import reported_once
 from jobspool.queue.states import JobState
 from jobspool.queue.store import JOB_SUFFIX, ignored_name
 
@@ -122,6 +123,7 @@ def check_max_files_read(max_files_read: object) -> None:
         raise ValueError(f"max_files_read must be a whole number >= 0, not {max_files_read!r}")
 
 
+@reported_once()
 def check_health(
     spool: Spool,
     *,
