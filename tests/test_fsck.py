@@ -167,3 +167,21 @@ def test_values_no_writer_writes_are_problems_naming_the_file(
         assert spool.claim() == []
     assert spool.recover().quarantined == ("ready/j.json",)
     assert spool.fsck().ok
+
+
+def test_fsck_and_stats_say_the_same_fence(tmp_path: Path) -> None:
+    # Found by a CLI probe: `stats` said fence 2 and `fsck --json` 1024 on one spool at one
+    # moment (fsck, always read-only, reported the ceiling reserved on disk).
+    from tests.cli_harness import run_cli
+
+    root = tmp_path / "s"
+    with make_spool(root) as spool:
+        spool.enqueue_many("k", [1, 2])
+        for lease in spool.claim(limit=2):
+            spool.complete(lease)
+        last = spool.fence_value()
+        stats = orjson.loads(run_cli("stats", "--json", root=root).out)
+        checked = run_cli("fsck", "--json", root=root)
+    assert checked.code == 0, checked.err
+    assert stats["fence"] == last
+    assert orjson.loads(checked.out)["fence"] == last

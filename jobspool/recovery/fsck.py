@@ -83,7 +83,10 @@ def fsck(spool: Journal) -> FsckReport:
     top, _ = scan.max_token()
     with spool.lock.hold():
         fence, fence_problem = _read_fence(spool)  # the ceiling on disk (fence.py)
-        issued = fence if fence is None or spool.read_only else spool.fence_value()
+        # The last token handed out, as `stats` says it (a reader too: `fence_value` reads
+        # this boot's shared counter); it said the ceiling on disk to a read-only reader,
+        # which `jobspool fsck` always is, so the two commands disagreed on "fence".
+        issued = fence if fence is None else spool.fence_value()
         temps = _temp_files(spool)
         if fence is not None and fence < top:
             # Tokens only grow and the counter only grows: re-read the holder to be sure.
