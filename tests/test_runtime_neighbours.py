@@ -17,6 +17,7 @@ from typing import Any
 
 import anyio
 import pytest
+import sniffio
 
 from jobspool import Context, Job, JobState, Policy, Worker
 from jobspool.errors import ConfigError
@@ -89,10 +90,15 @@ def test_a_worker_given_no_kinds_is_refused(tmp_path: Path) -> None:
 async def _stubborn(job: Job, ctx: Context) -> None:
     # A bare except, as sloppy code has: it catches Cancelled and GeneratorExit too.
     while True:
-        try:  # noqa: SIM105
+        try:
             await anyio.sleep(5)
         except:  # noqa: E722
-            pass
+            # ...until no event loop runs it: closed by the garbage collector after the test,
+            # a coroutine that goes on awaiting would spin there for ever.
+            try:
+                sniffio.current_async_library()
+            except sniffio.AsyncLibraryNotFoundError:
+                return
 
 
 # An abandoned handler that ignores GeneratorExit cannot be closed when it is collected
