@@ -179,3 +179,29 @@ def test_reading_after_a_reboot_gives_no_token_below_those_handed_out(tmp_path: 
         s.lock.put(s.lock.BOOT_SLOT, 12345)  # a reboot, as in the test above
         s.lock.put(s.lock.FENCE_NEXT_SLOT, 0)
         assert s.fence_value() >= before
+
+
+def test_a_garbled_fence_file_is_a_health_reason_and_recover_names_it(tmp_path: Path) -> None:
+    # Found by a README probe: `health` and `stats` (and `stats --prometheus`) failed whole
+    # with the file's error, where the README promises health's `fence_unreadable`; and
+    # `recover` moved the file to quarantine/ but reported nothing quarantined.
+    import orjson
+
+    from tests.cli_harness import run_cli
+
+    root = tmp_path / "s"
+    with make_spool(root) as spool:
+        spool.enqueue("k", 1)
+    (root / "fence").write_bytes(b"garbage")
+    health = run_cli("health", "--json", root=root)
+    assert health.code == 2
+    doc = orjson.loads(health.out)
+    assert doc["status"] != "ok"
+    assert "fence_unreadable" in [r["code"] for r in doc["reasons"]]
+    stats = run_cli("stats", "--json", root=root)
+    assert stats.code == 0, stats.err
+    assert orjson.loads(stats.out)["counts"]["ready"] == 1
+    recovered = run_cli("recover", "--json", root=root)
+    assert recovered.code == 0, recovered.err
+    assert orjson.loads(recovered.out)["quarantined"] == ["fence"]
+    assert decode_fence((root / "fence").read_bytes()) > 0

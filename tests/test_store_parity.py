@@ -72,6 +72,32 @@ def test_recover_says_why_an_expired_lease_waits_again(any_spool: Spool) -> None
     assert job.last_error == "lease expired (worker died or stalled)"
 
 
+def test_a_reclaimed_job_says_why_this_run_ended_not_an_earlier_one(any_spool: Spool
+                                                                    ) -> None:
+    """Found by a README probe: a job failed once, dead-lettered, requeued and then left by
+    a dead worker still said "old: bad input" (both stores kept the earlier error)."""
+    any_spool.enqueue("k", {}, job_id="r2", max_attempts=1)
+    [lease] = any_spool.claim(kinds="k")
+    any_spool.fail(lease, "old: bad input")
+    any_spool.requeue("r2")
+    [_lease] = any_spool.claim(kinds="k", lease_seconds=0.05)
+    time.sleep(0.15)
+    any_spool.recover()
+    job = any_spool.get("r2")
+    assert job.state.value == "dead_letter"  # its one attempt is spent
+    assert job.last_error == ("attempts exhausted; last: lease expired (worker died or "
+                              "stalled); before it: old: bad input")
+    any_spool.enqueue("k", {}, job_id="r3", max_attempts=3)
+    [lease] = any_spool.claim(kinds="k")
+    any_spool.fail(lease, "flaky", delay=0)
+    [_lease] = any_spool.claim(kinds="k", lease_seconds=0.05)
+    time.sleep(0.15)
+    any_spool.recover()
+    job = any_spool.get("r3")
+    assert (job.state.value, job.rescues) == ("retryable", 1)
+    assert job.last_error == "lease expired (worker died or stalled)"
+
+
 @pytest.mark.parametrize("bad", [-1, True, 2.5, "10"])
 def test_health_refuses_a_bad_max_files_read_on_either_store(any_spool: Spool, bad: object
                                                               ) -> None:

@@ -188,11 +188,12 @@ UPDATE jobspool_jobs j
 SET state = CASE WHEN x.dead THEN 'dead_letter' ELSE 'retryable' END,
     last_error = left(CASE
       WHEN {_eff_attempts('j.')} >= j.max_attempts THEN
-        'attempts exhausted; last: ' || coalesce(j.last_error, 'lease expired (worker died or stalled)')
+        'attempts exhausted; last: lease expired (worker died or stalled)'
+        || coalesce('; before it: ' || j.last_error, '')
       WHEN %(max_rescues)s::int IS NOT NULL AND {_new_rescues('j.')} > %(max_rescues)s::int THEN
         'poison pill: lease expired ' || {_new_rescues('j.')} || ' times'
       WHEN {_uncounted('j.')} THEN j.last_error
-      ELSE coalesce(j.last_error, 'lease expired (worker died or stalled)') END, 1024),
+      ELSE 'lease expired (worker died or stalled)' END, 1024),
     attempts = {_eff_attempts('j.')}, rescues = {_new_rescues('j.')},
     revision = j.revision + 1, updated_at = {NOW},
     run_at = CASE WHEN x.dead THEN j.run_at

@@ -227,14 +227,22 @@ def take_back(job: Job, *, now: float, running: set[int] | None, policy: RetryPo
     return reclaim(job, now=now, policy=policy, max_rescues=max_rescues, rng=rng)
 
 
+# Why a reclaimed job waits again (both stores: pg/sql.py writes the same words).
+EXPIRED = "lease expired (worker died or stalled)"
+
+
 def reclaim(job: Job, *, now: float, policy: RetryPolicy, max_rescues: int | None,
             rng: random.Random | None = None) -> Job:
     """An expired lease given back: retryable, or dead letter when attempts (or rescues) run out."""
     rescues = job.rescues + 1
-    error = job.last_error or "lease expired (worker died or stalled)"
+    # This run's end, not an earlier run's error: a job requeued after a failure, or cut
+    # off at a shutdown before, kept saying so when its next worker died. The earlier error
+    # stays in a dead letter's message, where it may say why the runs kept dying.
+    error = EXPIRED
     if job.attempts >= job.max_attempts:
+        before = f"; before it: {job.last_error}" if job.last_error else ""
         return _move(job, "reclaim", JobState.DEAD_LETTER, now, lease=None, rescues=rescues,
-                     last_error=clip_error(f"attempts exhausted; last: {error}"))
+                     last_error=clip_error(f"attempts exhausted; last: {error}{before}"))
     if max_rescues is not None and rescues > max_rescues:
         return _move(job, "reclaim", JobState.DEAD_LETTER, now, lease=None, rescues=rescues,
                      last_error=clip_error(f"poison pill: lease expired {rescues} times"))

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from jobspool.errors import SpoolError
 from jobspool.queue.backpressure import waiting_since
 from jobspool.queue.states import ALL_STATES, JobState
 from jobspool.queue.store import STAGE_SUFFIX
@@ -99,7 +100,13 @@ def collect_stats(spool: Journal, *, by_kind: bool = False) -> Stats:
     with spool.lock.hold():
         now = spool.now()
         names = {s: store.names(s.value) for s in ALL_STATES}
-        fence = spool.fence_value()
+        try:
+            fence = spool.fence_value()
+        except SpoolError:
+            # A garbled fence file: stats still answers (health names the file, recover
+            # rebuilds it), with the last token this boot's shared counter knows (0: none).
+            # Refused whole, `health` and `stats --prometheus` said nothing else at all.
+            fence = spool.lock.generation(spool.lock.FENCE_NEXT_SLOT)
     names = spool.without_stale(names)
     read: dict[tuple[JobState, str], Job | None] = {}  # each file read once, at most
     for s, n in names.items():

@@ -127,7 +127,7 @@ def recover(spool: Journal, replay: ReplayHooks | None = None) -> RecoveryReport
     dups, stale, moved = _repair(spool, scan)
     temps, trimmed = _clean_tmp(spool)
     try:
-        fence_ids, before, after = _raise_fence(spool, scan)
+        fence_ids, before, after = _raise_fence(spool, scan, moved)
         if spool.fence_rebuilt and "fence" not in fence_ids:
             # Opening the spool to recover it rebuilt a deleted fence file (`Journal`):
             # the same repair as a garbage one's, reported alike.
@@ -274,8 +274,11 @@ def _older_than(path: os.PathLike[str], seconds: float) -> bool:
 # ---------------------------------------------------------------- 4: fence
 
 
-def _raise_fence(spool: Journal, scan: Scan) -> tuple[list[str], int | None, int | None]:
-    """Make the fence at least every token the scan saw.
+def _raise_fence(spool: Journal, scan: Scan, moved: list[tuple[str, str]]
+                 ) -> tuple[list[str], int | None, int | None]:
+    """Make the fence at least every token the scan saw; a damaged fence file moved to
+    quarantine is added to `moved` (reported with the job files quarantined: the next
+    `health` counted a quarantined file this report had not named).
 
     The scan is enough: a token written after it was minted from the counter
     as it then stood (a claim refuses to run on an unreadable counter), so
@@ -290,12 +293,14 @@ def _raise_fence(spool: Journal, scan: Scan) -> tuple[list[str], int | None, int
             current = None
         except ValueError as exc:
             current = None
-            quarantine_root_file(spool, FENCE_FILE, f"unreadable fence counter: {exc}")
+            _note(moved, quarantine_root_file(spool, FENCE_FILE,
+                                              f"unreadable fence counter: {exc}"))
         except OSError as exc:
             if exc.errno != errno.ELOOP:
                 raise
             current = None  # never followed: what it points at is not the spool's
-            quarantine_root_file(spool, FENCE_FILE, "a symlink where the fence file belongs")
+            _note(moved, quarantine_root_file(spool, FENCE_FILE,
+                                              "a symlink where the fence file belongs"))
         floor = current or 0
         if current is not None:
             # (Below the ceiling but above every token handed out, a file put back by hand,
@@ -320,6 +325,11 @@ def _raise_fence(spool: Journal, scan: Scan) -> tuple[list[str], int | None, int
     log.warning("fence of %s raised from %s to %d (tokens on disk above it: %s)", spool.root,
                 current, value, ids or "none")
     return ids or [FENCE_FILE], current, value
+
+
+def _note(moved: list[tuple[str, str]], qname: str | None) -> None:
+    if qname is not None:
+        moved.append((FENCE_FILE, qname))
 
 
 # ---------------------------------------------------------------- 5: expired leases
