@@ -146,3 +146,85 @@ def test_a_handler_that_swallows_everything_is_cut_off_at_shutdown(
     assert report.interrupted == 1
     assert (job.state, job.attempts) == (JobState.READY, 1)
     assert (job.last_error or "").startswith("interrupted")
+
+
+def _wrapped(handler: Any) -> Any:
+    def wrapper(job: Job, ctx: Context) -> Any:
+        return handler(job, ctx)  # a decorator's sync wrapper of an async handler
+    return wrapper
+
+
+async def _quick(job: Job, ctx: Context) -> str:
+    await anyio.sleep(0)
+    return "ok"
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_sync_wrapper_of_an_async_handler_runs_under_a_limit_on_both_backends(
+        tmp_path: Path, backend: str) -> None:
+    # On trio it was dead-lettered with trio's "expected a sync function" TypeError.
+    with make_spool(tmp_path / backend, max_attempts=1) as spool:
+        spool.enqueue("w", job_id="w")
+        worker = Worker(spool, {"w": _wrapped(_quick)}, maintenance=False,
+                        policies={"w": Policy(timeout=5)})
+        anyio.run(worker.arun_until_idle, backend=backend)
+        job = spool.get("w")
+    assert (job.state, job.result) == (JobState.COMPLETED, "ok"), job.last_error
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_sync_wrapper_whose_coroutine_swallows_everything_is_abandoned(tmp_path: Path
+                                                                          ) -> None:
+    # Awaited bare, it held the worker for ever, past its limit.
+    with make_spool(tmp_path / "s", max_attempts=1) as spool:
+        spool.enqueue("w", job_id="w")
+        worker = Worker(spool, {"w": _wrapped(_stubborn)}, maintenance=False,
+                        policies={"w": Policy(timeout=0.3)})
+        report = worker.run_until_idle()
+        job = spool.get("w")
+    assert report.timed_out == 1
+    assert "went on through its cancellation" in (job.last_error or "")
+
+
+def test_on_trio_a_handler_raising_a_cancellation_of_its_own_fails_its_job_alone(
+        tmp_path: Path) -> None:
+    # It failed with an IndexError from jobspool's own code (before that, the run unwound as
+    # if shut down, and a batch mate was dead-lettered).
+    async def stray(job: Job, ctx: Context) -> None:
+        caught = None
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            try:
+                await anyio.sleep(1)
+            except anyio.get_cancelled_exc_class() as exc:
+                caught = exc
+        assert caught is not None
+        raise caught
+
+    with make_spool(tmp_path / "s", max_attempts=1) as spool:
+        spool.enqueue("stray", job_id="s")
+        spool.enqueue("quick", job_id="q")
+        worker = Worker(spool, {"stray": stray, "quick": _quick}, maintenance=False)
+        anyio.run(worker.arun_until_idle, backend="trio")
+        failed, done = spool.get("s"), spool.get("q")
+    assert failed.state is JobState.DEAD_LETTER
+    assert "cancellation of its own" in (failed.last_error or "")
+    assert (done.state, done.result) == (JobState.COMPLETED, "ok")
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_handler_blocking_the_loop_past_its_limit_is_said_to_have_returned_late(
+        tmp_path: Path, backend: str) -> None:
+    async def blocks(job: Job, ctx: Context) -> str:
+        await anyio.sleep(0.01)
+        time.sleep(0.8)  # blocks the loop: the cancellation cannot reach it
+        return "blocked"
+
+    with make_spool(tmp_path / backend, max_attempts=1) as spool:
+        spool.enqueue("b", job_id="b")
+        worker = Worker(spool, {"b": blocks}, maintenance=False,
+                        policies={"b": Policy(timeout=0.3)})
+        anyio.run(worker.arun_until_idle, backend=backend)
+        job = spool.get("b")
+    assert job.state is JobState.DEAD_LETTER
+    assert "it returned only then, having blocked the event loop" in (job.last_error or "")

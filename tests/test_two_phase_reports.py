@@ -88,10 +88,12 @@ def test_requeue_all_names_a_bad_state(store_root: str | Path) -> None:
     with make_spool(store_root) as spool:
         with pytest.raises(InvalidJob, match="'bogus' is not a job state"):
             spool.requeue_all("bogus")
-        with pytest.raises(InvalidTransition, match="requeue takes dead_letter or canceled") \
+        with pytest.raises(InvalidTransition, match="takes dead_letter, canceled or completed") \
                 as refused:
             spool.requeue_all("ready")
         assert "'*'" not in str(refused.value)
+        with pytest.raises(InvalidJob, match="requeue_all needs a state"):
+            spool.requeue_all(None)  # type: ignore[arg-type]
 
 
 def test_a_late_abort_cancels_the_job_recovery_gave_up_on(store_root: str | Path) -> None:
@@ -103,6 +105,8 @@ def test_a_late_abort_cancels_the_job_recovery_gave_up_on(store_root: str | Path
         assert spool.get("o7").state is JobState.DEAD_LETTER
         assert spool.abort(first) is None  # another producer still holds it
         assert spool.get("o7").state is JobState.DEAD_LETTER
+        with pytest.raises(InvalidTransition, match="reservation released"):
+            spool.commit(first)  # its producer aborted: it cannot publish the job now
         canceled = spool.abort(second)  # ...and rolled its change back too
         assert canceled is not None and canceled.state is JobState.CANCELED
         assert spool.get("o7").state is JobState.CANCELED

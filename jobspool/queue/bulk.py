@@ -183,9 +183,12 @@ def requeue_source(state: JobState | str) -> JobState:
     """The state `requeue_all` empties: `InvalidJob` naming a value that is no state (a
     bare ValueError before), `InvalidTransition` naming the states it takes (it named a
     job '*' before)."""
+    if state is None:
+        raise InvalidJob("requeue_all needs a state: dead_letter, canceled or completed",
+                         field="state")
     (src,) = job_states(state)
     if src not in REQUEUEABLE:
         raise InvalidTransition("*", src.value, "requeue",
                                 f"cannot requeue the jobs in state {src.value!r}: requeue "
-                                "takes dead_letter or canceled jobs")
+                                "takes dead_letter, canceled or completed jobs")
     return src

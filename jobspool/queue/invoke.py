@@ -84,8 +84,15 @@ async def invoke(ctx: Context, fn: Callable[..., Any], *, is_async: bool,
             else:
                 result = await anyio.to_thread.run_sync(
                     gate.run, fn, ctx, limiter=threads, abandon_on_cancel=True)
-                if inspect.isawaitable(result):
-                    result = await result
+                if isinstance(result, _HandedBack):
+                    # A decorator's sync wrapper of an async handler: its coroutine gets what
+                    # an async handler's gets (a task, the monitor, abandonment). Awaited
+                    # bare, one that swallowed its cancellation held the worker for ever.
+                    tracked = Tracked(_awaited(result.awaitable), monitor, functools.partial(
+                        _label, kind, fn, ctx.job_id), on_wait=on_wait)
+                    if isinstance(limit, anyio.CancelScope):
+                        monitor.limits[tracked] = (limit, ctx)
+                    result = await in_own_task(tracked)
         in_time = False
         if is_async and timeout is not None and tracked is not None \
                 and (limit.cancel_called or anyio.current_time() > limit.deadline):
@@ -122,7 +129,9 @@ async def invoke(ctx: Context, fn: Callable[..., Any], *, is_async: bool,
                 result = gate.result
         if in_time:
             ctx.outcome = Completed(result)
-        elif limit.cancel_called:  # the limit passed, even if the handler swallowed it
+        elif limit.cancel_called and (tracked is None or tracked.returned_at is None):
+            # The limit passed, even if the handler swallowed it (one that returned, on trio
+            # leaving its task's nursery after its limit, is judged as returning late below).
             # A sync handler that returned an awaitable (a decorator's sync wrapper of an
             # async one) was past its thread: the await on the loop was cancelled, and no
             # thread is left running. Called hung, its process was replaced for nothing.
@@ -268,7 +277,11 @@ class _StartGate:
             self._started = True
         self._began = time.monotonic()
         try:
-            self.result = _in_thread(fn, ctx)
+            result = _in_thread(fn, ctx)
+            # Boxed: trio refuses a thread's function that returns a coroutine ("appears
+            # to be asynchronous"), and the job was dead-lettered with that TypeError.
+            self.result = _HandedBack(result) if result is not None \
+                and inspect.isawaitable(result) else result
         except BaseException as exc:
             self.error = exc
             raise
@@ -279,11 +292,11 @@ class _StartGate:
     def ended_within(self, timeout: float) -> bool:
         """Whether the handler returned (or raised) within `timeout` of its own start."""
         return bool(self._ended) and self._ended - self._began <= timeout \
-            and not inspect.isawaitable(self.result)
+            and not isinstance(self.result, _HandedBack)
 
     def handed_back_awaitable(self) -> bool:
         """Whether the thread's part returned an awaitable, awaited on the loop since."""
-        return bool(self._ended) and inspect.isawaitable(self.result)
+        return bool(self._ended) and isinstance(self.result, _HandedBack)
 
     def drop(self) -> bool:
         """True when the handler had not started (and now never will)."""
@@ -291,6 +304,13 @@ class _StartGate:
             if not self._started:
                 self._dropped = True
             return self._dropped
+
+
+class _HandedBack:
+    """An awaitable a sync handler returned, carried out of its thread to be awaited."""
+
+    def __init__(self, awaitable: Any) -> None:
+        self.awaitable = awaitable
 
 
 def _in_thread(fn: Callable[..., Any], ctx: Context) -> Any:

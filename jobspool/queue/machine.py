@@ -399,6 +399,9 @@ def commit_reserved(job: Job, reservation_id: str, *, now: float) -> Job:
     if job.state is JobState.CANCELED:
         raise InvalidTransition(job.id, job.state.value, "commit")
     if job.state is JobState.DEAD_LETTER and _replay_gave_up(job):
+        if job.reservations and reservation_id not in job.reservations:
+            # Its producer aborted it since (a dead letter of an older release holds none).
+            raise InvalidTransition(job.id, "dead_letter (reservation released)", "commit")
         dst = JobState.RETRYABLE if job.run_at > now else JobState.READY
         return _move(job, "commit", dst, now, attempts=0, last_error=None, reservations=())
     return job

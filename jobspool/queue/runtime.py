@@ -177,13 +177,25 @@ async def _in_trio_task(awaitable: Awaitable[Any]) -> Any:
     async def body() -> None:
         try:
             box.append(await awaitable)
-        except trio.Cancelled:
-            raise  # the runner's scopes' own: they catch it where they were cancelled
+        except trio.Cancelled as exc:
+            if _cancelled_here():
+                raise  # the runner's scopes' own: they catch it where they were cancelled
+            # A Cancelled of a scope the handler had left, raised by the handler itself: its
+            # failure (as asyncio's CancelledError of its own is), not ours to catch.
+            box.append(_Carried(RuntimeError(f"the handler raised a cancellation of its own "
+                                             f"(trio.Cancelled: {exc})")))
         except BaseException as exc:
             box.append(_Carried(exc))  # raised in the runner's task, as if inline
 
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(body)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(body)
+    except trio.Cancelled:
+        if not box:
+            raise
+        # The handler returned, and only then did leaving the nursery (a checkpoint) meet a
+        # limit that passed while it blocked the loop: its return is what the caller judges
+        # ("returned past its limit"), not a cancellation that never reached it.
     result = box[0]
     if isinstance(result, _Carried):
         raise result.exc
