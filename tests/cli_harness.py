@@ -27,6 +27,7 @@ import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, Any
 
 import orjson
@@ -266,3 +267,11 @@ def one_error_line(result: Result, code: int | None = None) -> str:
     assert len(lines) == 1, f"expected one line on stderr, got {len(lines)}: {result.err!r}"
     assert lines[0].startswith("jobspool: error: "), lines[0]
     return lines[0]
+
+
+def app_module(tmp_path: os.PathLike[str], name: str, source: str) -> dict[str, str | None]:
+    """Write `name.py` into a directory of its own; the environment that makes it importable."""
+    d = Path(tmp_path) / "apps"
+    d.mkdir(exist_ok=True)
+    (d / f"{name}.py").write_text(source)
+    return {"PYTHONPATH": os.pathsep.join([str(REPO), str(d)])}

@@ -8,15 +8,13 @@ and what reaches file descriptor 1 are what only a real process shows.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import orjson
 import pytest
 
-from tests.cli_harness import Result, one_error_line, run_jobspool
+from tests.cli_harness import Result, app_module, one_error_line, run_jobspool
 from tests.spools import make_spool
-from tests.subproc import REPO
 
 
 @pytest.fixture
@@ -24,14 +22,6 @@ def root(tmp_path: Path) -> Path:
     path = tmp_path / "spool"
     make_spool(path).close()
     return path
-
-
-def app_module(tmp_path: Path, name: str, source: str) -> dict[str, str | None]:
-    """Write `name.py` into a directory of its own; the environment that makes it importable."""
-    d = tmp_path / "apps"
-    d.mkdir(exist_ok=True)
-    (d / f"{name}.py").write_text(source)
-    return {"PYTHONPATH": os.pathsep.join([str(REPO), str(d)])}
 
 
 def failed_as_json(res: Result) -> str:

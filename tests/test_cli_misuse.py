@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.cli_harness import one_error_line, reap, run_jobspool, start_jobspool
+from tests.cli_harness import app_module, one_error_line, reap, run_jobspool, start_jobspool
 from tests.spools import make_spool
-from tests.subproc import REPO
 
 
 @pytest.fixture
@@ -26,14 +24,6 @@ def root(tmp_path: Path) -> Path:
     path = tmp_path / "spool"
     make_spool(path).close()
     return path
-
-
-def app_module(tmp_path: Path, name: str, source: str) -> dict[str, str | None]:
-    """Write `name.py` into a directory of its own; the environment that makes it importable."""
-    d = tmp_path / "apps"
-    d.mkdir(exist_ok=True)
-    (d / f"{name}.py").write_text(source)
-    return {"PYTHONPATH": os.pathsep.join([str(REPO), str(d)])}
 
 
 # ---------------------------------------------------------------- --app raising at import

@@ -105,6 +105,12 @@ async def _stubborn(job: Job, ctx: Context) -> None:
                 raise
 
 
+# An abandoned handler that ignores GeneratorExit cannot be closed when it is collected
+# during its test either: Python reports that ("Exception ignored in: <coroutine ...>").
+_ignored_generator_exit = pytest.mark.filterwarnings(
+    "ignore::pytest.PytestUnraisableExceptionWarning")
+
+
 @pytest.fixture
 def stubborn() -> Iterator[Callable[..., Any]]:
     _LET_GO[0] = False
@@ -113,9 +119,7 @@ def stubborn() -> Iterator[Callable[..., Any]]:
     gc.collect()
 
 
-# An abandoned handler that ignores GeneratorExit cannot be closed when it is collected
-# either: Python reports that ("Exception ignored in: <coroutine ...>"), which is true.
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@_ignored_generator_exit
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_a_handler_that_swallows_everything_times_out_like_any_other(
         tmp_path: Path, backend: str, stubborn: Callable[..., Any]) -> None:
@@ -133,9 +137,7 @@ def test_a_handler_that_swallows_everything_times_out_like_any_other(
     assert "went on through its cancellation" in (job.last_error or "")
 
 
-# An abandoned handler that ignores GeneratorExit cannot be closed when it is collected
-# either: Python reports that ("Exception ignored in: <coroutine ...>"), which is true.
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@_ignored_generator_exit
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_a_handler_that_swallows_everything_is_cut_off_at_shutdown(
         tmp_path: Path, backend: str, stubborn: Callable[..., Any]) -> None:
@@ -184,7 +186,7 @@ def test_a_sync_wrapper_of_an_async_handler_runs_under_a_limit_on_both_backends(
     assert (job.state, job.result) == (JobState.COMPLETED, "ok"), job.last_error
 
 
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@_ignored_generator_exit
 def test_a_sync_wrapper_whose_coroutine_swallows_everything_is_abandoned(
         tmp_path: Path, stubborn: Callable[..., Any]) -> None:
     # Awaited bare, it held the worker for ever, past its limit.
