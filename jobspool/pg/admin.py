@@ -127,24 +127,37 @@ def prune(spool: PgSpool, *, keep: int | None = None, older_than: float | None =
 # subquery once per terminal row, a quadratic 0.2 s per 1,000 rows kept, on the settle
 # path. Nor a SELECT of the ids then a DELETE of them: two round trips and every id sent
 # both ways.
-def _prune_one(state: str) -> str:
+def _prune_one(state: str, bounded: bool, cutoff: bool) -> str:
+    conditions = [f"state = '{state}'"]
+    if bounded:
+        conditions.append(f"""(updated_at, id) < (
+            SELECT updated_at, id FROM jobspool_jobs WHERE state = '{state}'
+            ORDER BY updated_at DESC, id DESC OFFSET %({state})s - 1 LIMIT 1)""")
+    if cutoff:
+        conditions.append("updated_at < %(cutoff)s::float8")
+    where = "\n      AND ".join(conditions)
     return f"""
   {state} AS (DELETE FROM jobspool_jobs
-    WHERE state = '{state}'
-      AND (%({state})s = 0 OR (updated_at, id) < (
-            SELECT updated_at, id FROM jobspool_jobs WHERE state = '{state}'
-            ORDER BY updated_at DESC, id DESC OFFSET greatest(%({state})s - 1, 0) LIMIT 1))
-      AND (%(cutoff)s::float8 IS NULL OR updated_at < %(cutoff)s)
+    WHERE {where}
     RETURNING id, state)"""
 
 
-_PRUNE = ("WITH" + ",".join(_prune_one(s.value) for s in _TERMINAL) + "\n"
-          + "\nUNION ALL ".join(f"SELECT id, state FROM {s.value}" for s in _TERMINAL))
+# One text per shape (which states keep a number, whether an age applies): pooled
+# connections plan generically (db.SESSION), and a generic plan of `$keep = 0 OR (updated_at,
+# id) < bound` could not use the bound as an index condition; it read every kept row of the
+# state from the heap at each prune (1,000 by default, bench/pg.py `--statements`).
+@functools.lru_cache(maxsize=32)
+def _prune_sql(bounded: tuple[bool, ...], cutoff: bool) -> str:
+    states = zip(_TERMINAL, bounded, strict=True)
+    return ("WITH" + ",".join(_prune_one(s.value, b, cutoff) for s, b in states)
+            + "\n" + "\nUNION ALL ".join(f"SELECT id, state FROM {s.value}" for s in _TERMINAL))
 
 
 def _prune_states(conn: psycopg.Connection[Any], params: dict[str, Any]
                   ) -> list[tuple[str, str]]:
-    return [(r[0], r[1]) for r in conn.execute(_PRUNE, params).fetchall()]
+    statement = _prune_sql(tuple(params[s.value] > 0 for s in _TERMINAL),
+                           params["cutoff"] is not None)
+    return [(r[0], r[1]) for r in conn.execute(statement, params).fetchall()]
 
 
 # A statement per state, its state written in: pooled connections plan prepared
