@@ -62,11 +62,11 @@ def sweep(spool: PgSpool, kinds: list[str] | None = None, *, exhausted_only: boo
 
 def claim(spool: PgSpool, *, kinds: Iterable[str] | str | None, limit: int, owner: str,
           lease_seconds: float, exclude: Collection[str] = (),
-          starts_noted: bool = False) -> list[Lease]:
+          starts_noted: bool = False, take_over: bool = True) -> list[Lease]:
     """Lease due jobs, taking over expired leases in claim order as the file spool does
-    (one statement). Expired leases out of attempts or rescues are dead-lettered by a
-    sweep of the claim's kinds when one waits, when the claim came back empty, and at
-    least once a second."""
+    (one statement; `take_over=False`: due jobs only). Expired leases out of attempts or
+    rescues are dead-lettered by a sweep of the claim's kinds when one waits, when the
+    claim came back empty, and at least once a second."""
     wanted = kinds_param(kinds)
     if wanted is not None and not wanted:
         return []  # no kind wanted: nothing (unfiltered, it took jobs of every kind)
@@ -74,7 +74,7 @@ def claim(spool: PgSpool, *, kinds: Iterable[str] | str | None, limit: int, owne
               "kind": wanted[0] if wanted else None, "max_rescues": spool.max_rescues,
               "owner": owner, "lease": lease_seconds, "proc": secrets.token_hex(8),
               "exclude": list(exclude), "started": False if starts_noted else None}
-    statement = sql.claim_sql(wanted, limit)
+    statement = sql.claim_sql(wanted, limit, take_over=take_over)
     tries = 0
 
     def go(c: psycopg.Connection[Any]) -> list[Any]:

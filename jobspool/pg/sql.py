@@ -89,6 +89,24 @@ def _new_rescues(p: str = "") -> str:
 # job over an expired lease of higher priority behind them).
 _EXHAUSTED = (f"({_eff_attempts()} >= max_attempts OR (%(max_rescues)s::bigint IS NOT NULL "
               f"AND {_new_rescues()} > %(max_rescues)s::bigint))")
+# Expired leases a claim takes over, and whether one out of attempts or rescues waits for
+# the sweep; `take_over=False` (a Worker's claims between take-overs, `claim_sql`) leaves
+# both out.
+_LAPSED = f"""lapsed AS MATERIALIZED (
+  SELECT id, priority, run_at FROM jobspool_jobs
+  WHERE state = 'leased' AND expires_at <= {NOW} AND NOT {_EXHAUSTED}
+    {{kinds}}
+    AND NOT (id = ANY(%(exclude)b::text[]))
+  ORDER BY priority, run_at, id
+  LIMIT {{limit}}
+  FOR UPDATE SKIP LOCKED),
+"""
+_EXHAUSTED_ANY = f"""EXISTS (
+  SELECT 1 FROM jobspool_jobs WHERE state = 'leased' AND expires_at <= {NOW} AND {_EXHAUSTED}
+    {{kinds}})"""
+_NONE_LAPSED = ("lapsed AS (SELECT NULL::text AS id, 0::bigint AS priority, "
+                "0::float8 AS run_at WHERE false),\n")
+
 _CLAIM = f"""
 WITH due AS MATERIALIZED (
   SELECT id, priority, run_at FROM jobspool_jobs
@@ -98,15 +116,7 @@ WITH due AS MATERIALIZED (
   ORDER BY priority, run_at, id
   LIMIT {{limit}}
   FOR UPDATE SKIP LOCKED),
-lapsed AS MATERIALIZED (
-  SELECT id, priority, run_at FROM jobspool_jobs
-  WHERE state = 'leased' AND expires_at <= {NOW} AND NOT {_EXHAUSTED}
-    {{kinds}}
-    AND NOT (id = ANY(%(exclude)b::text[]))
-  ORDER BY priority, run_at, id
-  LIMIT {{limit}}
-  FOR UPDATE SKIP LOCKED),
-c AS MATERIALIZED (
+{{lapsed}}c AS MATERIALIZED (
   SELECT s.id, nextval('jobspool_fence') AS token FROM (
     SELECT id, priority, run_at FROM due
     UNION ALL SELECT id, priority, run_at FROM lapsed
@@ -119,9 +129,7 @@ SET state = 'leased', revision = j.revision + 1,
     expires_at = {NOW} + greatest(%(lease)s::float8, 1e-6), proc = %(proc)s,
     started = %(started)s::boolean
 FROM c WHERE j.id = c.id
-RETURNING {J_COLUMNS}, EXISTS (
-  SELECT 1 FROM jobspool_jobs WHERE state = 'leased' AND expires_at <= {NOW} AND {_EXHAUSTED}
-    {{kinds}}) AS exhausted
+RETURNING {J_COLUMNS}, {{exhausted}} AS exhausted
 """
 
 # Claimed rows that cannot be read as jobs (leasing.py `_readable`), to dead_letter with
@@ -143,15 +151,16 @@ SELECT {J_COLUMNS} FROM jobspool_jobs j WHERE j.state = 'leased' AND j.proc = %(
 _KIND_FILTERS = {0: "", 1: "AND kind = %(kind)s", 2: "AND kind = ANY(%(kinds)s::text[])"}
 
 
-def claim_sql(kinds: list[str] | None, limit: int) -> str:
+def claim_sql(kinds: list[str] | None, limit: int, *, take_over: bool = True) -> str:
     """The claim statement for no kind filter, one kind, or several (not for none: the
-    caller claims nothing then, as the file spool does), taking at most `limit` jobs."""
+    caller claims nothing then, as the file spool does), taking at most `limit` jobs;
+    without `take_over`, due jobs only (no scan of the leased rows)."""
     if kinds is not None and not kinds:
         raise ValueError("claim_sql: an empty kinds list claims nothing")
     if limit < 1:
         raise ValueError(f"claim_sql: limit must be at least 1, got {limit!r}")
     # int(): the text must hold digits, whatever int subclass the caller passed
-    return _claim_text(0 if kinds is None else min(len(kinds), 2), int(limit))
+    return _claim_text(0 if kinds is None else min(len(kinds), 2), int(limit), take_over)
 
 
 # The limit is written into the text, not bound: bound, the server cannot tell a plan for
@@ -161,8 +170,10 @@ def claim_sql(kinds: list[str] | None, limit: int) -> str:
 # one or two limits; each text is its own prepared statement (psycopg keeps the 100 most
 # recent per connection).
 @functools.lru_cache(maxsize=256)
-def _claim_text(filter_form: int, limit: int) -> str:
-    return _CLAIM.replace("{kinds}", _KIND_FILTERS[filter_form]).replace("{limit}", str(limit))
+def _claim_text(filter_form: int, limit: int, take_over: bool) -> str:
+    text = _CLAIM.replace("{lapsed}", _LAPSED if take_over else _NONE_LAPSED)
+    text = text.replace("{exhausted}", _EXHAUSTED_ANY if take_over else "false")
+    return text.replace("{kinds}", _KIND_FILTERS[filter_form]).replace("{limit}", str(limit))
 
 
 # Expired leases back to retryable, due after the spool's backoff for the attempts made

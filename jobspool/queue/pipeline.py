@@ -76,6 +76,9 @@ log = logging.getLogger("jobspool.queue.worker")
 
 # How long the first finished job of a group waits for its batch mates before settling.
 SETTLE_SECONDS = 0.05
+# While claims come back full, how often one also takes over expired leases (on a store
+# where that is a separate read of the leased rows: `_take_over_now`).
+TAKE_OVER_SECONDS = 1.0
 # On the way out, a settle refused (a full disk, an unreachable store) is tried again
 # after these pauses before what it held is released.
 _LAST_SETTLE_PAUSES = (0.2, 0.5, 1.0)
@@ -137,6 +140,8 @@ class Pipeline(IdleWaits):
         # a store that counts on that promise is told so (PgSpool.claim).
         self._claim_options: dict[str, Any] = (
             {"starts_noted": True} if getattr(spool, "notes_starts", False) else {})
+        self._lazy_take_over = bool(getattr(spool, "lazy_take_over", False))
+        self._next_take_over = 0.0  # monotonic; before it, full claims skip expired leases
 
     # ------------------------------------------------------------ the loop
 
@@ -338,8 +343,10 @@ class Pipeline(IdleWaits):
             self.spool.claim, kinds=self.config.kinds, limit=want, owner=self.config.owner,
             lease_seconds=self.config.lease_seconds,
             exclude=frozenset(self.in_hand) | self.settler.avoided() | self._strays,
-            **self._claim_options)
+            **self._claim_options, **self._take_over_now())
         leases, self._due_hint = await anyio.to_thread.run_sync(self._claim_or_due, claim)
+        if len(leases) < want:
+            self._next_take_over = 0.0  # the due jobs ran short: the next claim looks too
         strays = 0
         if any(lease.job.kind not in self.config.handlers for lease in leases):
             kept = await anyio.to_thread.run_sync(self._give_back_strays, leases)
@@ -362,6 +369,19 @@ class Pipeline(IdleWaits):
             self.runners.submit(tg, queued)
         self.async_runners.submit(tg, awaited)
         return len(leases) + strays  # strays count: claim again (without them), not idle
+
+    def _take_over_now(self) -> dict[str, bool]:
+        """Whether this claim takes over expired leases too, on a store where that costs a
+        read of every leased row (`lazy_take_over`): at most once a second while claims
+        come back full, and at once after one came back short (a drained or idle queue,
+        where an expired lease is all there may be to take)."""
+        if not self._lazy_take_over:
+            return {}
+        now = time.monotonic()
+        if now < self._next_take_over:
+            return {"take_over": False}
+        self._next_take_over = now + TAKE_OVER_SECONDS
+        return {"take_over": True}
 
     def _give_back_strays(self, leases: list[Lease]) -> list[Lease]:
         """Release, uncounted, claimed jobs of a kind this worker has no handler for (a
