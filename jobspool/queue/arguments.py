@@ -328,6 +328,13 @@ def check_reservation(value: object) -> None:
     if not isinstance(value, Reservation):
         raise InvalidType(f"expected a Reservation (as prepare returns), got {_short(value)}",
                          field="reservation")
+    # An outbox keeps (job_id, reservation_id) in its own database and builds the
+    # Reservation again later: a `../x` id from there opened paths outside the spool
+    # (DESIGN §2: never touched), a NUL raised a bare ValueError.
+    validate_job_id(value.job_id)
+    if not isinstance(value.reservation_id, str):
+        raise InvalidType("Reservation.reservation_id must be a str (as prepare returns), got "
+                          f"{_short(value.reservation_id)}", field="reservation")
 
 
 def _short(value: object) -> str:
