@@ -318,6 +318,14 @@ async def _finished_then_cancelled(call: Callable[[], T],
     """
     import asyncio
 
+    # Cancelled before it began (a cancel scope already cancelled or past its deadline, a
+    # cancel asked of the task): raised here, with nothing done. The thread's task starts
+    # outside the caller's scope, so without this the job was written and the caller told
+    # "cancelled" (a retry under a new id ran it twice); trio's path checks first too.
+    me = asyncio.current_task()
+    if me is not None and me.cancelling():
+        await asyncio.sleep(0)
+    await anyio.lowlevel.checkpoint_if_cancelled()
     task = asyncio.ensure_future(anyio.to_thread.run_sync(call, limiter=limiter))
     cancelled: asyncio.CancelledError | None = None
     while True:
