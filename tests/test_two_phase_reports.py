@@ -122,3 +122,24 @@ def test_an_abort_after_the_job_was_requeued_changes_nothing(store_root: str | P
         assert spool.get("o8").reservations == ()
         assert spool.abort(held) is None
         assert spool.get("o8").state is JobState.READY
+
+
+def test_a_producer_joining_a_job_recovery_gave_up_on_can_commit_or_abort_it(
+        store_root: str | Path) -> None:
+    """Before, its `prepare` handed back a reservation the job never recorded, and its
+    commit was refused as "reservation released", a release it never made."""
+    with make_spool(store_root, prepare_grace_seconds=0.1) as spool:
+        slow = spool.prepare("charge", {"order": 9}, job_id="o9", max_attempts=1)
+        time.sleep(0.3)
+        spool.recover(replay={"charge": lambda job: "unknown"})
+        assert spool.get("o9").state is JobState.DEAD_LETTER
+        joined = spool.prepare("charge", {"order": 9}, job_id="o9")
+        assert joined.job.state is JobState.DEAD_LETTER
+        assert spool.get("o9").reservations == (slow.reservation_id, joined.reservation_id)
+        assert spool.abort(joined) is None  # the slow producer still holds it
+        assert spool.get("o9").reservations == (slow.reservation_id,)
+        again = spool.prepare("charge", {"order": 9}, job_id="o9")
+        published = spool.commit(again)
+        assert published.state is JobState.READY
+        assert published.reservations == ()
+        assert spool.commit(slow).state is JobState.READY  # idempotent once published

@@ -142,7 +142,7 @@ def decide_enqueue(existing: Job, fresh: Job, *, now: float, on_conflict: str,
                 max_attempts=fresh.max_attempts, run_at=fresh.run_at,
                 state=fresh.state if reservation else None, reservations=fresh.reservations),
                 timeout=fresh.timeout)
-        if reservation is not None and state is JobState.PREPARED:
+        if reservation is not None and (state is JobState.PREPARED or _undecided(existing)):
             new = add_reservation(existing, reservation, now=now)
             if max_bytes is not None:
                 _check_reservation_fits(new, max_bytes)
@@ -449,6 +449,14 @@ def abort_reserved(job: Job, reservation_id: str, *, now: float) -> Job:
 
 def _replay_gave_up(job: Job) -> bool:
     return (job.last_error or "").startswith(REPLAY_GAVE_UP)
+
+
+def _undecided(job: Job) -> bool:
+    """A dead letter of a replay that never resolved, whose producers still hold their
+    reservations: as good as prepared to a producer joining it. Handed a reservation the
+    job did not record, the joiner's commit was refused as "reservation released" (a
+    release it never made), where a prepared job's joiner publishes it."""
+    return job.state is JobState.DEAD_LETTER and bool(job.reservations) and _replay_gave_up(job)
 
 
 def replay(job: Job, outcome: str, *, now: float, error: str | None = None) -> Job:
