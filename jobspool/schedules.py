@@ -359,9 +359,16 @@ class Scheduler:
             raise ScheduleError(f"Scheduler takes a list of jobspool.Schedule objects, got "
                                 f"{schedules!r}")
         self.schedules = tuple(schedules)
+        seen: set[str] = set()
         for s in self.schedules:
             if not isinstance(s, Schedule):
                 raise ScheduleError(f"Scheduler takes jobspool.Schedule objects, got {s!r}")
+            # One mark per name in the marks file: two schedules of one name shared it, as
+            # `App` and `Worker` (`check_schedules`) refuse.
+            if s.key in seen:
+                raise ScheduleError(f"Scheduler: two schedules named {s.key!r}; give one a "
+                                    "name=")
+            seen.add(s.key)
 
     def tick(self, spool: Spool, now: float | None = None) -> list[Fired]:
         """Enqueue every tick due at `now` (default: the spool's clock) not fired yet.

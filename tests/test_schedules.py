@@ -94,6 +94,11 @@ def test_an_app_refuses_a_schedule_for_a_kind_without_a_handler() -> None:
     with pytest.raises(ScheduleError, match="two schedules named 'tick'"):
         App(handlers={"tick": _noop}, schedules=[Schedule("tick", every=1),
                                                  Schedule("tick", every=2)])
+    # A Scheduler used alone refuses them too: the two shared one mark in schedules.json.
+    with pytest.raises(ScheduleError, match="two schedules named 'tick'"):
+        Scheduler([Schedule("tick", every=10), Schedule("tick", every=15)])
+    assert len(Scheduler([Schedule("tick", every=10),
+                          Schedule("tick", every=15, name="tick-15")]).schedules) == 2
 
 
 def test_a_worker_given_schedules_directly_refuses_one_without_a_handler(
