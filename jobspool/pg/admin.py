@@ -394,22 +394,54 @@ def _page(conn: psycopg.Connection[Any], state: JobState, params: tuple[Any, ...
 
 def apply_matching(spool: PgSpool, action: str, which: Match, decide: Callable[..., Job]
                    ) -> list[Job]:
-    """A bulk cancel or requeue: each job re-read under its row lock before it moves (one
-    finished meanwhile is left alone); one transaction per job, so workers never wait."""
+    """A bulk cancel or requeue: each job re-read under its row lock and moved only if it
+    is *now* in a chosen state and matches (one finished meanwhile is left alone); one
+    transaction per job, so workers never wait. As on the file store (`queue/bulk.py`): a
+    job that moved between the listing and its turn into another chosen state (ready ->
+    leased under a worker) is moved, not skipped; a second listing takes the jobs that
+    moved into an already-listed state meanwhile; each job is listed once, however often
+    it moved while the states were read; and only what this call moved is reported.
+    Before, a job claimed in that gap kept running after "cancel every job of this kind",
+    and one a worker completed meanwhile was reported canceled (its row compared with the
+    listed snapshot, not with what this call wrote)."""
     # Refused up front, as on the file store, even when nothing matches.
     spool.check_writable(action)
     moved: list[Job] = []
-    for job in list(iter_jobs(spool, which.states, which.kind)):
-        def step(cur: Job, now: float, was: JobState = job.state) -> Job:
-            if cur.state is not was or not which(cur, now):
-                return cur
-            return decide(cur, now=now)
-
-        new: Job | None = spool.mutate_job(job.id, step, missing=lambda: None,
-                                        what=action)
-        if new is not None and new.revision != job.revision and new.state is not job.state:
-            moved.append(new)
+    seen: set[str] = set()
+    for _ in range(_PASSES):
+        ids = sorted({job.id for job in iter_jobs(spool, which.states, which.kind)} - seen)
+        if not ids:
+            break
+        seen.update(ids)
+        for job_id in ids:
+            wrote = _move_one(spool, action, job_id, which, decide)
+            if wrote is not None:
+                moved.append(wrote)
     return sorted(moved, key=lambda j: j.id)  # by id, as the file store lists them
+
+
+def _move_one(spool: PgSpool, action: str, job_id: str, which: Match,
+              decide: Callable[..., Job]) -> Job | None:
+    """Move one job if it is now chosen; what this call wrote, or None."""
+    last: list[Job | None] = [None]
+
+    def step(cur: Job, now: float) -> Job:
+        mine = last[0]
+        if mine is not None and (cur.revision, cur.state) == (mine.revision, mine.state):
+            return cur  # sent again after a lost reply: the first try's write committed
+        last[0] = None
+        if cur.state not in which.states or not which(cur, now):
+            return cur
+        new = decide(cur, now=now)
+        last[0] = None if new is cur else new
+        return new
+
+    spool.mutate_job(job_id, step, missing=lambda: None, what=action)
+    return last[0]
+
+
+# Listings of the chosen states: the first, and one for jobs that moved during it.
+_PASSES = 2
 
 
 def remove_terminal(spool: PgSpool, ids: Sequence[str], state: JobState) -> list[str]:
