@@ -312,9 +312,10 @@ def test_a_table_whose_versions_were_lost_is_not_made_anew_inside_its_directory(
         spool.enqueue("p", {"n": 100}, job_id="k1")
         assert Worker(spool, app, maintenance=False).run_until_idle().completed == 1
         table = proj / "t.lance"
-        shutil.rmtree(table / "_versions")
         old = time.time() - 120
-        os.utime(table, (old, old))  # lost a while ago, not a creation in progress
+        for data in (table / "data").iterdir():  # rows written a while ago: no creation
+            os.utime(data, (old, old))            # in progress (its files are all new)
+        shutil.rmtree(table / "_versions")
         spool.enqueue("p", {"n": 1}, job_id="k2")
         caplog.set_level(logging.WARNING, logger="jobspool")
         report = Worker(spool, app, maintenance=False).run_until_idle(wait_for_retries=0)

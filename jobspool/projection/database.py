@@ -28,29 +28,39 @@ def uri_of(target: str | os.PathLike[str] | Any) -> str | None:
     return uri if isinstance(uri, str) else None
 
 
-# A table directory younger than this without a table in it may be another process's
-# creation in progress (its data files land before its first manifest).
+# A table directory whose data files are all younger than this, without a table in it,
+# may be another process's creation in progress (its data files land before its first
+# manifest).
 CREATING_SECONDS = 30.0
 
 
 def damaged_table_dir(uri: str | None, name: str, *, settled_for: float = 0.0) -> bool:
     """Whether table `name`'s directory (a local database) holds data files though LanceDB
-    found no table in it, unchanged for at least `settled_for` seconds: rows were written
-    there once, so it is damaged, not absent. A directory without data files is what a
-    failed first creation (a full disk) leaves: no table ever was, nothing to restore;
-    the next write makes it."""
+    found no table in it, the oldest of them written at least `settled_for` seconds ago:
+    rows were written there once, so it is damaged, not absent. A directory without data
+    files is what a failed first creation (a full disk) leaves: no table ever was, nothing
+    to restore; the next write makes it.
+
+    By the data files' age, not the directory's: deleting `_versions/` (the damage itself)
+    touched the directory, so a table damaged less than `settled_for` ago — any running
+    worker, which tries again within a second — looked like a creation in progress and
+    was made anew inside it, its rows lost and a key's version 100 lost to a version 1."""
     local = None if uri is None else obj.local_path(uri)
     if local is None:
         return False
     table = os.path.join(local, f"{name}.lance")
     try:
-        st = os.stat(table)
-        if not stat.S_ISDIR(st.st_mode) or time.time() - st.st_mtime < settled_for:
+        if not stat.S_ISDIR(os.stat(table).st_mode):
             return False
+        oldest = None
         with os.scandir(os.path.join(table, "data")) as files:
-            return any(f.is_file() for f in files)
+            for f in files:
+                if f.is_file():
+                    written = f.stat().st_mtime
+                    oldest = written if oldest is None else min(oldest, written)
     except OSError:
         return False
+    return oldest is not None and time.time() - oldest >= settled_for
 
 
 class ProjectionDatabase:

@@ -21,6 +21,10 @@ _OS_ERROR = re.compile(r"\(os error \d+\)")
 # not answering: `ValueError("Invalid input, Failed to connect to namespace: IO { source:
 # Generic { store: "S3", ... Os { code: 111, kind: ConnectionRefused ...`).
 _DEBUG_FORM = re.compile(r"\bIO \{ source:|\bGeneric \{ store:|\bOs \{ code: \d+")
+# A file of the table gone under an open handle (its `_versions/` or the whole table
+# removed by hand while a worker ran): charged to the next job as its failure, where the
+# retry of a deferral opens the table afresh (made anew, or refused as damaged).
+_NOT_FOUND = re.compile(r"lance error: Not found: ")
 
 
 def _chain(exc: BaseException) -> list[BaseException]:
@@ -38,7 +42,8 @@ def storage_fault(exc: BaseException | str) -> bool:
         if isinstance(e, OSError):
             return True
         text = e if isinstance(e, str) else str(e)
-        if "LanceError(IO)" in text or _OS_ERROR.search(text) or _DEBUG_FORM.search(text):
+        if "LanceError(IO)" in text or _OS_ERROR.search(text) or _DEBUG_FORM.search(text) \
+                or _NOT_FOUND.search(text):
             return True
     return False
 
