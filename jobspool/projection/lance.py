@@ -353,6 +353,8 @@ class ProjectionStore(ProjectionDatabase):
                     f"table {plan.table!r} was created concurrently with another schema; retry",
                     table=plan.table,
                 )
+        elif primary_key_of(tbl.schema) is None:
+            tbl = self._keyed(plan.table, tbl)
         if plan.add_fields:
             self._add_columns(tbl, plan)
         batch = plan.batch
@@ -364,6 +366,26 @@ class ProjectionStore(ProjectionDatabase):
         # Unknown outcome, throttling, timeouts: try again (the fenced merge is idempotent).
         result = obj.retry_transient(merge, self._commit_retry, what=f"merge into {plan.table!r}")
         return int(result.num_inserted_rows) + int(result.num_updated_rows)
+
+    def _keyed(self, name: str, tbl: Any) -> Any:
+        """A table made without jobspool (by hand, another tool) given its unenforced
+        primary key before its first fenced merge: without it LanceDB cannot tell two
+        concurrent inserts of one new key apart, and both land, for good (3 processes: 75
+        keys three times). Another process setting it at the same moment is as good."""
+        try:
+            tbl.set_unenforced_primary_key(self.key_of(name))
+        except ValueError as exc:
+            if "already set" not in str(exc):
+                raise
+        self._forget(name)
+        again = self.open(name)
+        if again is None or primary_key_of(again.schema) is None:
+            raise ProjectionError(f"table {name!r}: its primary key could not be set; retry",
+                                  table=name)
+        log.warning("projection table %r had no primary key (made without jobspool?): set "
+                    "on %r, so that concurrent writers cannot insert one key twice",
+                    name, self.key_of(name))
+        return again
 
     def _add_columns(self, tbl: Any, plan: TablePlan) -> None:
         """Give a table made by deletes alone the columns of its first rows, once.
