@@ -40,6 +40,11 @@ from jobspool.errors import InvalidType, ProjectionError
 VERSION_COLUMN = "version"  # float64: the source version of the row
 _EXACT_INT = 2**53  # float64 holds every integer up to this exactly
 FENCE_COLUMN = "fence"  # int64: the lease token of the write that produced the row
+# The largest fence a write may carry: int64 with room above it. A worker raises its
+# spool's token counter above the largest fence a table holds (`sink.py`), so one near
+# 2**63 handed every later job a token the column cannot hold: each write that followed
+# failed with OverflowError until the jobs were dead-lettered.
+MAX_FENCE = 2**62
 DELETED_COLUMN = "_deleted"  # bool: True for a tombstone
 WRITTEN_AT_COLUMN = "_written_at"  # float64: wall-clock seconds of the commit (tombstone GC)
 RESERVED_COLUMNS: frozenset[str] = frozenset(
@@ -160,9 +165,10 @@ def _check_common(job_id: object, table: object, version: object, fence: object)
             f"table name {table!r} must match [A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}}",
             table=str(table),
         )
-    if isinstance(fence, bool) or not isinstance(fence, int) or fence < 0:
+    if isinstance(fence, bool) or not isinstance(fence, int) or not 0 <= fence <= MAX_FENCE:
         raise ProjectionError(
-            f"field 'fence' must be a non-negative integer (the lease token), got {fence!r}",
+            f"field 'fence' must be an integer from 0 to 2**62 (the lease token), got "
+            f"{fence!r}",
             table=table,
             field=FENCE_COLUMN,
         )

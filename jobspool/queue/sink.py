@@ -152,6 +152,7 @@ class LanceSink:
             return
         from jobspool.projection.faults import plain
         from jobspool.projection.fencetop import fence_top
+        from jobspool.projection.handler import MAX_FENCE
 
         try:
             fence = spool.fence_value()
@@ -163,6 +164,12 @@ class LanceSink:
                         type(exc).__name__, plain(str(exc))[:300])
             return
         self._fence_checked = True
+        if top is not None and top > MAX_FENCE:
+            # Not written by jobspool (a hand edit): followed, every later token would be
+            # one the column cannot hold.
+            log.error("the projection holds a row with fencing token %d, past any a spool "
+                      "hands out (2**62): not followed; fix that row by hand", top)
+            return
         if top is not None and spool.keep_tokens_above(top):
             log.warning("the projection holds rows written under tokens up to %d, above this "
                         "spool's fence %d (an older backup of the spool restored?): tokens go "
