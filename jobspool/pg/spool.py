@@ -53,6 +53,9 @@ from jobspool.queue.arguments import (
     new_batch,
     new_reservation,
     wait_until_terminal,
+    whole_items,
+    whole_lease,
+    whole_leases,
 )
 from jobspool.queue.backlog import Waiting
 from jobspool.queue.bulk import Match, match, requeue_source
@@ -466,14 +469,14 @@ class PgSpool(EnqueueForms):
                        ) -> list[Lease | LeaseLost]:
         check_leases(leases, pairs=False)
         given = None if lease_seconds is None else self._seconds(lease_seconds)
-        return leasing.heartbeat_many(self, leases, given)
+        return leasing.heartbeat_many(self, whole_leases(leases, self.get), given)
 
     def check_leases(self, leases: Sequence[Lease], *, margin: float = 0.0,
                      lease_seconds: float | None = None) -> list[Lease | LeaseLost]:
         check_leases(leases, pairs=False)
         margin = validate_seconds("margin", margin)
         given = None if lease_seconds is None else self._seconds(lease_seconds)
-        return leasing.check_leases(self, leases, margin, given)
+        return leasing.check_leases(self, whole_leases(leases, self.get), margin, given)
 
     def complete(self, lease: Lease, result: Any = None) -> Job:
         check_lease(lease)
@@ -481,6 +484,7 @@ class PgSpool(EnqueueForms):
 
     def complete_many(self, items: Sequence[tuple[Lease, Any]]) -> list[Job | JobspoolError]:
         check_leases(items, pairs=True)
+        items = whole_items(items, self.get)
         return leasing.settle(self, [x for x, _ in items], [("complete", r) for _, r in items])
 
     def fail(self, lease: Lease, error: object, *, retryable: bool = True,
@@ -494,6 +498,7 @@ class PgSpool(EnqueueForms):
     def fail_many(self, items: Sequence[tuple[Lease, object, bool, float | None]]
                   ) -> list[Job | JobspoolError]:
         check_fail_items(items)
+        items = whole_items(items, self.get)
         return leasing.settle(self, [x[0] for x in items],
                               [("fail", (e, r, d)) for _, e, r, d in items])
 
@@ -502,13 +507,14 @@ class PgSpool(EnqueueForms):
         given, is kept as its `last_error`."""
         check_lease(lease)
         delay = validate_delay(delay)
-        return _one(leasing.settle(self, [lease], [("release", (delay, reason))])[0])
+        return _one(leasing.settle(self, [whole_lease(lease, self.get)],
+                                   [("release", (delay, reason))])[0])
 
     def fenced(self, lease: Lease) -> AbstractContextManager[Lease]:
         """Run a block while `lease` is current, holding its row lock (no sweep or cancel
         can move the job meanwhile); the lease is extended before the lock is released."""
         check_lease(lease)
-        return leasing.fenced(self, lease)
+        return leasing.fenced(self, whole_lease(lease, self.get))
 
     def next_due_at(self, kinds: Iterable[str] | None = None) -> float | None:
         return leasing.next_due_at(self, kinds)

@@ -8,7 +8,7 @@ import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -18,6 +18,7 @@ from jobspool.errors import (
     InvalidType,
     JobNotFound,
     JobPruned,
+    LeaseLost,
     WaitTimeout,
 )
 from jobspool.queue import machine
@@ -285,6 +286,36 @@ def check_lease(value: object) -> None:
         validate_seconds("Lease.seconds", value.seconds, positive=True)
 
 
+def whole_lease(lease: Lease, get: Callable[[str], Job | None]) -> Lease:
+    """A lease built by hand from its four fields (`Lease(job_id, token, owner,
+    expires_at)`, as DESIGN §4 names it) with the job it names, read now; the store's own
+    check then fences it like any other (a token not the job's current one: `LeaseLost`).
+    It failed with AttributeError on both stores."""
+    if lease.job is not None:
+        return lease
+    try:
+        job = get(lease.job_id)
+    except JobNotFound:  # pruned ids too (`JobPruned` is one)
+        job = None
+    if job is None:
+        raise LeaseLost(lease.job_id, lease.token, "job not found")
+    return replace(lease, job=job)
+
+
+def whole_leases(leases: Sequence[Lease], get: Callable[[str], Job | None]) -> Sequence[Lease]:
+    """`whole_lease` for a batch (the batch itself when every lease has its job)."""
+    if all(lease.job is not None for lease in leases):
+        return leases
+    return [whole_lease(lease, get) for lease in leases]
+
+
+def whole_items(items: Sequence[Any], get: Callable[[str], Job | None]) -> Sequence[Any]:
+    """`whole_lease` for the first member of each (lease, ...) tuple of a batch."""
+    if all(item[0].job is not None for item in items):
+        return items
+    return [(whole_lease(item[0], get), *item[1:]) for item in items]
+
+
 def check_leases(items: Iterable[object], *, pairs: bool) -> None:
     """`check_lease` for each lease of a batch: the items themselves, or their first
     member when they are tuples (`complete_many`, `fail_many`)."""
@@ -361,4 +392,7 @@ __all__ = [
     "new_reservation",
     "validate_wait",
     "wait_until_terminal",
+    "whole_items",
+    "whole_lease",
+    "whole_leases",
 ]

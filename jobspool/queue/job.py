@@ -122,7 +122,9 @@ class Lease:
     token: int
     owner: str
     expires_at: float
-    job: Job = field(compare=False, repr=False)
+    # None only in a lease built by hand from DESIGN's four fields (a holder that kept its
+    # lease elsewhere): the spool reads the job it names when it is used (`whole_lease`).
+    job: Job = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
     # The length it was claimed (or last extended) for: a heartbeat or a fenced block that
     # names none extends it by as much, not by the spool's default (a worker's 3 s leases
     # became 60 s at a handler's `ctx.heartbeat()`). None: the spool's default.

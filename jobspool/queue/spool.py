@@ -36,6 +36,9 @@ from jobspool.queue.arguments import (
     check_reservation,
     job_states,
     wait_until_terminal,
+    whole_items,
+    whole_lease,
+    whole_leases,
 )
 from jobspool.queue.backlog import Waiting
 from jobspool.queue.diskerrors import listing_failed, write_failed
@@ -306,54 +309,57 @@ class Spool(EnqueueForms):
     def heartbeat(self, lease: Lease, *, lease_seconds: float | None = None) -> Lease:
         """Extend a lease; `LeaseLost` (and no change) unless it is current and unexpired."""
         check_lease(lease)
-        return self.leasing.heartbeat(lease, lease_seconds=lease_seconds)
+        return self.leasing.heartbeat(whole_lease(lease, self.get), lease_seconds=lease_seconds)
 
     def heartbeat_many(self, leases: Sequence[Lease], *, lease_seconds: float | None = None
                        ) -> list[Lease | LeaseLost]:
         """Extend many leases under one lock hold and one shared flush (the worker's beat)."""
         check_leases(leases, pairs=False)
-        return self.leasing.heartbeat_many(leases, lease_seconds=lease_seconds)
+        return self.leasing.heartbeat_many(whole_leases(leases, self.get),
+                                           lease_seconds=lease_seconds)
 
     def check_leases(self, leases: Sequence[Lease], *, margin: float = 0.0,
                      lease_seconds: float | None = None) -> list[Lease | LeaseLost]:
         """Which leases are still current, extending those with less than `margin` left."""
         check_leases(leases, pairs=False)
         margin = validate_seconds("margin", margin)
-        return self.leasing.check_leases(leases, margin=margin, lease_seconds=lease_seconds)
+        return self.leasing.check_leases(whole_leases(leases, self.get), margin=margin,
+                                         lease_seconds=lease_seconds)
 
     def complete(self, lease: Lease, result: Any = None) -> Job:
         """Mark a leased job completed (fenced: `LeaseLost` if the lease is not current)."""
         check_lease(lease)
-        return self.leasing.complete(lease, result)
+        return self.leasing.complete(whole_lease(lease, self.get), result)
 
     def complete_many(self, items: Sequence[tuple[Lease, Any]]) -> list[Job | JobspoolError]:
         """Complete many leases in one batch; per item the job or the error refusing it."""
         check_leases(items, pairs=True)
-        return self.leasing.complete_many(items)
+        return self.leasing.complete_many(whole_items(items, self.get))
 
     def fail(self, lease: Lease, error: object, *, retryable: bool = True,
              delay: float | None = None) -> Job:
         """Record a failed attempt: `retryable` with backoff, or `dead_letter` (fenced)."""
         check_lease(lease)
         check_flag("retryable", retryable)
-        return self.leasing.fail(lease, error, retryable=retryable, delay=delay)
+        return self.leasing.fail(whole_lease(lease, self.get), error, retryable=retryable,
+                                 delay=delay)
 
     def fail_many(self, items: Sequence[tuple[Lease, object, bool, float | None]]
                   ) -> list[Job | JobspoolError]:
         """Fail many leases in one batch (see `complete_many`)."""
         check_fail_items(items)
-        return self.leasing.fail_many(items)
+        return self.leasing.fail_many(whole_items(items, self.get))
 
     def release(self, lease: Lease, *, delay: float = 0.0, reason: str | None = None) -> Job:
         """Give a leased job back without counting the attempt (fenced); `reason`, when
         given, is kept as its `last_error` (why it waits)."""
         check_lease(lease)
-        return self.leasing.release(lease, delay=delay, reason=reason)
+        return self.leasing.release(whole_lease(lease, self.get), delay=delay, reason=reason)
 
     def fenced(self, lease: Lease) -> AbstractContextManager[Lease]:
         """Run a block under the spool lock, only while `lease` is current (`Leasing.fenced`)."""
         check_lease(lease)
-        return self.leasing.fenced(lease)
+        return self.leasing.fenced(whole_lease(lease, self.get))
 
     def preload(self) -> None:
         """Read the claimable backlog into this process's claim index now (`Leasing.preload`)."""
