@@ -79,3 +79,24 @@ def test_a_table_dropped_under_a_running_worker_costs_no_attempt(
         assert got.attempts == 1  # the deferral was not charged
         assert LanceProjection(str(proj), "t").get("a")["n"] == 2  # type: ignore[index]
         assert "creating it anew" in caplog.text
+
+
+@pytest.mark.filterwarnings("ignore:optimize\\(cleanup_older_than=0\\):UserWarning")
+def test_a_compacted_table_that_lost_its_versions_is_not_made_anew(tmp_path: Path) -> None:
+    """After a compaction and cleanup the only data file is new, as a creation's are: the
+    transaction files (a commit on top of version 3) say the table existed."""
+    from datetime import timedelta
+
+    proj = tmp_path / "proj"
+    app = App(handlers={"p": _project}, projection=str(proj))
+    with Spool(tmp_path / "spool") as spool:
+        for i in range(4):
+            spool.enqueue("p", {"key": f"k{i}", "n": 100})
+            assert Worker(spool, app, maintenance=False).run_until_idle().completed == 1
+        table = proj / "t.lance"
+        lancedb.connect(str(proj)).open_table("t").optimize(cleanup_older_than=timedelta(0))
+        shutil.rmtree(table / "_versions")
+        spool.enqueue("p", {"key": "k0", "n": 1}, job_id="stale")
+        report = Worker(spool, app, maintenance=False).run_until_idle(wait_for_retries=0)
+        assert report.completed == 0 and report.deferred >= 1
+        assert not (table / "_versions").exists()

@@ -36,15 +36,19 @@ CREATING_SECONDS = 30.0
 
 def damaged_table_dir(uri: str | None, name: str, *, settled_for: float = 0.0) -> bool:
     """Whether table `name`'s directory (a local database) holds data files though LanceDB
-    found no table in it, the oldest of them written at least `settled_for` seconds ago:
-    rows were written there once, so it is damaged, not absent. A directory without data
-    files is what a failed first creation (a full disk) leaves: no table ever was, nothing
-    to restore; the next write makes it.
+    found no table in it, and it is no creation in progress: rows were written there
+    once, so it is damaged, not absent. A directory without data files is what a failed
+    first creation (a full disk) leaves: no table ever was, nothing to restore; the next
+    write makes it.
 
-    By the data files' age, not the directory's: deleting `_versions/` (the damage itself)
-    touched the directory, so a table damaged less than `settled_for` ago — any running
-    worker, which tries again within a second — looked like a creation in progress and
-    was made anew inside it, its rows lost and a key's version 100 lost to a version 1."""
+    A creation in progress (another process's: its data files land before its first
+    manifest) has only fresh data files and no commit past the first. So the directory is
+    damaged when a transaction file was read from a version past 0 (`<read version>-
+    <uuid>.txn`: a commit on top of an existing table) or its oldest data file is at least
+    `settled_for` seconds old. By the directory's own age, deleting `_versions/` (the
+    damage itself) made any table look new, and one compacted and cleaned up has only new
+    data files: either was made anew inside it, its rows lost and a key's version 100 lost
+    to a version 1 write."""
     local = None if uri is None else obj.local_path(uri)
     if local is None:
         return False
@@ -60,7 +64,19 @@ def damaged_table_dir(uri: str | None, name: str, *, settled_for: float = 0.0) -
                     oldest = written if oldest is None else min(oldest, written)
     except OSError:
         return False
-    return oldest is not None and time.time() - oldest >= settled_for
+    if oldest is None:
+        return False
+    return time.time() - oldest >= settled_for or _committed_on_top(table)
+
+
+def _committed_on_top(table: str) -> bool:
+    """Whether a transaction file of the table was written on top of a version past 0."""
+    try:
+        with os.scandir(os.path.join(table, "_transactions")) as files:
+            return any(f.name.partition("-")[0] not in ("", "0") and f.name.endswith(".txn")
+                       for f in files)
+    except OSError:
+        return False
 
 
 class ProjectionDatabase:
