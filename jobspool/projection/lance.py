@@ -47,6 +47,7 @@ from datetime import timedelta
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from jobspool.errors import InvalidType, ProjectionError, ProjectionUnusable
 from jobspool.projection import objectstore as obj
@@ -68,6 +69,7 @@ from jobspool.projection.schema import (
     PK_METADATA_KEY,
     check_key_name,
     columns_pending,
+    foreign_table_problem,
     primary_key_of,
     table_schema,
 )
@@ -332,8 +334,11 @@ class ProjectionStore(ProjectionDatabase):
         self, name: str, writes: list[PendingWrite], written_at: float
     ) -> tuple[TablePlan | None, dict[str, ProjectionError]]:
         tbl = self.open(name)
-        schema: pa.Schema | None = tbl.schema if tbl is not None else self._schemas.get(name)
         key = self.key_of(name)
+        if tbl is not None and primary_key_of(tbl.schema) is None \
+                and foreign_table_problem(tbl.schema, key) is None:
+            tbl = self._keyed(name, tbl)  # planned against the keyed (NOT NULL) schema
+        schema: pa.Schema | None = tbl.schema if tbl is not None else self._schemas.get(name)
         stored = None
         if tbl is not None and schema is not None and columns_pending(schema, key):
             stored = _stored_fences(tbl, key, writes)
@@ -353,8 +358,6 @@ class ProjectionStore(ProjectionDatabase):
                     f"table {plan.table!r} was created concurrently with another schema; retry",
                     table=plan.table,
                 )
-        elif primary_key_of(tbl.schema) is None:
-            tbl = self._keyed(plan.table, tbl)
         if plan.add_fields:
             self._add_columns(tbl, plan)
         batch = plan.batch
@@ -371,9 +374,26 @@ class ProjectionStore(ProjectionDatabase):
         """A table made without jobspool (by hand, another tool) given its unenforced
         primary key before its first fenced merge: without it LanceDB cannot tell two
         concurrent inserts of one new key apart, and both land, for good (3 processes: 75
-        keys three times). Another process setting it at the same moment is as good."""
+        keys three times). Its key column is made NOT NULL first (a table made from data
+        has it nullable, and LanceDB keys only NOT NULL columns). One holding a key twice
+        or a row without a key cannot be fenced: a storage fault, as a damaged table is
+        (its jobs wait uncounted, `health` says so) until it is mended by hand. Another
+        process setting the key at the same moment is as good."""
+        key = self.key_of(name)
+        keys = tbl.search().select([key]).limit(None).to_arrow().column(key)
+        problem = None
+        if keys.null_count:
+            problem = f"{keys.null_count} row(s) without a key ({key!r} is null)"
+        elif len(pc.unique(keys)) != len(keys):
+            problem = f"{len(keys) - len(pc.unique(keys))} key(s) held more than once"
+        if problem is not None:
+            raise OSError(errno.EIO, f"projection table {name!r} (made without jobspool?) "
+                          f"has {problem}: fenced writes need each key once; remove those "
+                          "rows by hand, then its writes resume")
         try:
-            tbl.set_unenforced_primary_key(self.key_of(name))
+            if tbl.schema.field(key).nullable:
+                tbl.alter_columns({"path": key, "nullable": False})
+            tbl.set_unenforced_primary_key(key)
         except ValueError as exc:
             if "already set" not in str(exc):
                 raise
@@ -383,8 +403,7 @@ class ProjectionStore(ProjectionDatabase):
             raise ProjectionError(f"table {name!r}: its primary key could not be set; retry",
                                   table=name)
         log.warning("projection table %r had no primary key (made without jobspool?): set "
-                    "on %r, so that concurrent writers cannot insert one key twice",
-                    name, self.key_of(name))
+                    "on %r, so that concurrent writers cannot insert one key twice", name, key)
         return again
 
     def _add_columns(self, tbl: Any, plan: TablePlan) -> None:

@@ -114,12 +114,6 @@ def foreign_table_problem(schema: pa.Schema, key: str) -> str | None:
     typ = schema.field(key).type
     if not (pa.types.is_string(typ) or pa.types.is_large_string(typ)):
         return f"its key column {key!r} is {typ}, not a string"
-    if primary_key_of(schema) is None and schema.field(key).nullable:
-        # Without the primary key, concurrent merges of one new key each inserted it (a
-        # probe: 3 processes, 75 keys three times, for good); LanceDB sets one only on a
-        # NOT NULL column (`ProjectionStore._keyed` sets it on the others).
-        return (f"its key column {key!r} is nullable and no primary key is set (made by "
-                "hand?): concurrent writers would insert one key twice")
     reserved = {f.name for f in RESERVED_FIELDS}
     strict = [f.name for f in schema if not f.nullable and f.name != key
               and f.name not in reserved]
