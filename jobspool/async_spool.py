@@ -322,9 +322,9 @@ async def _finished_then_cancelled(call: Callable[[], T],
     # cancel asked of the task): raised here, with nothing done. The thread's task starts
     # outside the caller's scope, so without this the job was written and the caller told
     # "cancelled" (a retry under a new id ran it twice); trio's path checks first too.
-    me = asyncio.current_task()
-    if me is not None and me.cancelling():
-        await asyncio.sleep(0)
+    # One loop turn first: `asyncio.timeout(0)` (a deadline already passed) cancels from a
+    # callback scheduled on the loop, not yet run when the call starts.
+    await asyncio.sleep(0)
     await anyio.lowlevel.checkpoint_if_cancelled()
     task = asyncio.ensure_future(anyio.to_thread.run_sync(call, limiter=limiter))
     cancelled: asyncio.CancelledError | None = None

@@ -70,6 +70,30 @@ def test_an_asyncio_task_cancelled_before_the_call_writes_nothing(tmp_path: Path
     assert _ready(root) == 0
 
 
+@pytest.mark.parametrize("method", ["enqueue", "enqueue_many", "prepare", "cancel"])
+def test_an_asyncio_timeout_already_past_writes_nothing(tmp_path: Path, method: str) -> None:
+    """`asyncio.timeout(0)` cancels from a loop callback not yet run when the call starts."""
+    root = tmp_path / "s"
+    with Spool(root) as spool:
+        spool.enqueue("k", {"i": 0}, job_id="there")
+    calls = {"enqueue": ("k", {"i": 1}), "enqueue_many": ("k", [{"i": 2}]),
+             "prepare": ("k", {"i": 3}), "cancel": ("there",)}
+
+    async def main() -> str:
+        async with AsyncSpool(root) as spool:
+            try:
+                async with asyncio.timeout(0):
+                    await getattr(spool, method)(*calls[method])
+            except TimeoutError:
+                return "timed out"
+            return "returned"
+
+    assert asyncio.run(main()) == "timed out"
+    with Spool(root) as spool:
+        assert [j.id for j in spool.jobs()] == ["there"]
+        assert spool.get("there").state is JobState.READY  # type: ignore[union-attr]
+
+
 def test_a_call_that_began_still_finishes_and_is_found(tmp_path: Path) -> None:
     """The promise for a cancellation while the thread runs is unchanged: the operation
     completes (here: it is on disk once the scope is left)."""
