@@ -14,7 +14,6 @@ from typing import Any
 
 import lancedb
 import pyarrow as pa
-
 import pytest
 
 from jobspool import App, Context, Job, JobState, Spool, Worker

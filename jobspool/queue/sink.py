@@ -164,11 +164,13 @@ class LanceSink:
                         type(exc).__name__, plain(str(exc))[:300])
             return
         self._fence_checked = True
-        if top is not None and top > MAX_FENCE:
-            # Not written by jobspool (a hand edit): followed, every later token would be
-            # one the column cannot hold.
-            log.error("the projection holds a row with fencing token %d, past any a spool "
-                      "hands out (2**62): not followed; fix that row by hand", top)
+        if top is not None and top > MAX_FENCE // 2:
+            # Not written by a spool's tokens (a hand edit, a fence given by hand): followed,
+            # the tokens after it would soon pass what a write may carry (2**62), and every
+            # job writing the projection would fail from then on, for good.
+            log.error("the projection holds a row with fencing token %d, past 2**61: not "
+                      "followed (this spool's tokens would run out of room below 2**62); "
+                      "fix that row by hand", top)
             return
         if top is not None and spool.keep_tokens_above(top):
             log.warning("the projection holds rows written under tokens up to %d, above this "
