@@ -8,6 +8,7 @@ attributes and makes every LanceDB call (through the seams there, which tests pa
 
 from __future__ import annotations
 
+import inspect
 import os
 import stat
 import threading
@@ -77,6 +78,19 @@ def _committed_on_top(table: str) -> bool:
                        for f in files)
     except OSError:
         return False
+
+
+# `lancedb.connect_async(...)`: its methods are coroutines, which every write called as if
+# they were not ('coroutine' object has no attribute 'schema', each job charged).
+ASYNC_REFUSED = ("projection: an async LanceDB connection (lancedb.connect_async) cannot be "
+                 "used; give its URI, or a lancedb.connect(...) connection (the worker "
+                 "writes from its own threads, so async code loses nothing)")
+
+
+def is_async_connection(spec: Any) -> bool:
+    """Whether `spec` is a LanceDB connection whose methods are coroutines."""
+    open_table = getattr(spec, "open_table", None)
+    return open_table is not None and inspect.iscoroutinefunction(open_table)
 
 
 class ProjectionDatabase:

@@ -51,7 +51,13 @@ import pyarrow.compute as pc
 
 from jobspool.errors import InvalidType, ProjectionError, ProjectionUnusable
 from jobspool.projection import objectstore as obj
-from jobspool.projection.database import CREATING_SECONDS, ProjectionDatabase, damaged_table_dir
+from jobspool.projection.database import (
+    ASYNC_REFUSED,
+    CREATING_SECONDS,
+    ProjectionDatabase,
+    damaged_table_dir,
+    is_async_connection,
+)
 from jobspool.projection.database import uri_of as uri_of
 from jobspool.projection.faults import config_fault, storage_fault, summary
 from jobspool.projection.handler import (
@@ -192,6 +198,8 @@ class ProjectionStore(ProjectionDatabase):
             self._uri: str | None = os.fspath(uri_or_connection)
             self._conn: Any = None
         else:
+            if is_async_connection(uri_or_connection):
+                raise ProjectionError(ASYNC_REFUSED)
             self._uri = uri_of(uri_or_connection)
             self._conn = uri_or_connection
         self._commit_timeout = commit_timeout

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from jobspool.errors import ConfigError
+from jobspool.projection.database import ASYNC_REFUSED, is_async_connection
 from jobspool.projection.handler import TABLE_NAME_RE
 from jobspool.projection.objectstore import is_object_store, scheme_of
 from jobspool.projection.schema import check_key_name
@@ -43,6 +44,8 @@ def check_projection(spec: Any, keys: Mapping[str, str] | None = None) -> None:
                 raise ConfigError(f"projection keys[{table!r}] is {key!r} but the "
                                   f"ProjectionStore given keys that table on "
                                   f"{key_of(table)!r}: give the keys to one of them")
+    if is_async_connection(spec):
+        raise ConfigError(ASYNC_REFUSED)
     if spec is None or hasattr(spec, "open_table") or hasattr(spec, "apply"):
         return  # the default, a LanceDB connection, or a ProjectionStore
     if not isinstance(spec, str | os.PathLike):
