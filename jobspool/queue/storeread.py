@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 from pathlib import Path
 
 from jobspool.errors import SpoolError
@@ -65,6 +66,11 @@ class StoreReader:
             # A regular file returns everything up to EOF in one read: one syscall for a
             # job file (at most 64 KiB), a loop only for something larger.
             data = os.read(fd, _READ_CHUNK)
+            if not data and not stat.S_ISREG(os.fstat(fd).st_mode):
+                # A FIFO (or a device, a socket) read empty without blocking: said as what
+                # it is, not as "empty file" (`recover` quarantined it under that reason).
+                raise OSError(errno.EINVAL, "a FIFO or special file where a job file belongs",
+                              os.path.normpath(path))
             if len(data) < _READ_CHUNK:
                 return data
             chunks = [data]
