@@ -455,6 +455,10 @@ def implausible(job: Job) -> str | None:
         return f"max_attempts is {job.max_attempts} (at least 1)"
     if job.lease is not None and job.state is not JobState.LEASED:
         return f"a {job.state.value} job carries a lease (token {job.lease.token})"
+    if job.lease is not None and (job.lease.token < 0 or not job.lease.owner):
+        # No claim writes either (tokens count from 1, an owner is 1 to 128 characters).
+        return (f"its lease has token {job.lease.token} and owner {job.lease.owner!r} "
+                "(a token is positive, an owner not empty)")
     if job.rescues < 0:
         return f"rescues is {job.rescues} (negative)"
     return None
