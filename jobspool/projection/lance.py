@@ -37,12 +37,13 @@ projection is first used, never when this module is imported.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -118,6 +119,37 @@ def _open_table(conn: Any, name: str) -> Any | None:
         if "not found" in str(exc).lower():
             return None
         raise
+
+
+@contextlib.contextmanager
+def _creating(uri: str | None, name: str) -> Iterator[None]:
+    """Held around making table `name` in a local database, across processes. Lance commits
+    a creation that lost its race as an overwrite on top of the winner's table: of 400
+    rounds of 4 processes making one new table at once, one ended with an empty overwrite
+    at version 3, wiping a merge another process had been told was written (version 2).
+    Serialised, the second one finds the table and writes into it. Object storage has no
+    such lock here (its create-only PUT decides the first version)."""
+    local = None if uri is None else obj.local_path(uri)
+    if local is None or "://" in local:
+        yield
+        return
+    import portalocker
+
+    lock = portalocker.Lock(os.path.join(local, f".{name}.creating.lock"), mode="a",
+                            timeout=60)
+    try:
+        os.makedirs(local, exist_ok=True)
+        lock.acquire()
+    except (OSError, portalocker.LockException) as exc:
+        # A directory this user may not write a file in (a group's projection made by
+        # another member): created as before, unserialised, rather than not at all.
+        log.debug("making table %r without its creation lock: %s", name, exc)
+        yield
+        return
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _create_table(conn: Any, name: str, schema: pa.Schema) -> Any:
@@ -461,6 +493,16 @@ class ProjectionStore(ProjectionDatabase):
         return now is not None and not columns_pending(now.schema, self.key_of(plan.table))
 
     def _create(self, name: str, schema: pa.Schema) -> Any:
+        with _creating(self._uri, name):
+            # Made by another process while this one waited: written into, never made again.
+            self._forget(name)
+            made = self.open(name)
+            if made is not None:
+                self._opened.add(name)
+                return made
+            return self._create_alone(name, schema)
+
+    def _create_alone(self, name: str, schema: pa.Schema) -> Any:
         if damaged_table_dir(self._uri, name, settled_for=CREATING_SECONDS):
             # Made anew inside the old directory, the table silently lost its rows (and a
             # key's version 100 lost to a version 1 write), its schema inferred afresh; the
