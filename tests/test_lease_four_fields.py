@@ -55,3 +55,32 @@ def test_a_forged_lease_of_four_fields_is_fenced(store_root: str | Path, op: str
         kept = Lease("x1", real.token, real.owner, real.expires_at)
         [done] = spool.complete_many([(kept, 1)])
         assert not isinstance(done, Exception) and done.result == 1
+
+
+def test_in_a_batch_a_four_field_lease_of_no_job_gets_its_own_lease_lost(
+        store_root: str | Path) -> None:
+    with make_spool(store_root) as spool:
+        spool.enqueue("k", {}, job_id="x1")
+        [real] = spool.claim(kinds="k", lease_seconds=30)
+        ghost = Lease("nope", 999, "o", real.expires_at)
+        beats = spool.heartbeat_many([real, ghost])
+        assert isinstance(beats[0], Lease) and isinstance(beats[1], LeaseLost)
+        checks = spool.check_leases([ghost, real])
+        assert isinstance(checks[0], LeaseLost) and isinstance(checks[1], Lease)
+        done = spool.complete_many([(ghost, None), (real, {"ok": 1})])
+        assert isinstance(done[0], LeaseLost)
+        assert not isinstance(done[1], Exception) and done[1].result == {"ok": 1}
+
+
+def test_a_four_field_lease_of_the_current_token_under_another_owner_is_lost(
+        store_root: str | Path) -> None:
+    """Another spool's lease (its tokens count apart) names this job's token by chance: the
+    owner, one of DESIGN's four fields, tells them apart."""
+    with make_spool(store_root) as spool:
+        spool.enqueue("k", {}, job_id="x1")
+        [real] = spool.claim(kinds="k", owner="worker-B", lease_seconds=30)
+        other = Lease("x1", real.token, "worker-A", real.expires_at)
+        for call in (spool.heartbeat, spool.complete):
+            with pytest.raises(LeaseLost, match="held by 'worker-B'"):
+                call(other)
+        assert spool.get("x1").state is JobState.LEASED  # type: ignore[union-attr]

@@ -47,15 +47,14 @@ from jobspool.queue.arguments import (
     check_lease,
     check_leases,
     check_reservation,
+    each_whole,
     job_states,
     listed,
     naming_item,
     new_batch,
     new_reservation,
     wait_until_terminal,
-    whole_items,
     whole_lease,
-    whole_leases,
 )
 from jobspool.queue.backlog import Waiting
 from jobspool.queue.bulk import Match, match, requeue_source
@@ -469,14 +468,17 @@ class PgSpool(EnqueueForms):
                        ) -> list[Lease | LeaseLost]:
         check_leases(leases, pairs=False)
         given = None if lease_seconds is None else self._seconds(lease_seconds)
-        return leasing.heartbeat_many(self, whole_leases(leases, self.get), given)
+        return each_whole(leases, self.get,
+                          lambda batch: leasing.heartbeat_many(self, batch, given), pairs=False)
 
     def check_leases(self, leases: Sequence[Lease], *, margin: float = 0.0,
                      lease_seconds: float | None = None) -> list[Lease | LeaseLost]:
         check_leases(leases, pairs=False)
         margin = validate_seconds("margin", margin)
         given = None if lease_seconds is None else self._seconds(lease_seconds)
-        return leasing.check_leases(self, whole_leases(leases, self.get), margin, given)
+        return each_whole(leases, self.get,
+                          lambda batch: leasing.check_leases(self, batch, margin, given),
+                          pairs=False)
 
     def complete(self, lease: Lease, result: Any = None) -> Job:
         check_lease(lease)
@@ -484,8 +486,8 @@ class PgSpool(EnqueueForms):
 
     def complete_many(self, items: Sequence[tuple[Lease, Any]]) -> list[Job | JobspoolError]:
         check_leases(items, pairs=True)
-        items = whole_items(items, self.get)
-        return leasing.settle(self, [x for x, _ in items], [("complete", r) for _, r in items])
+        return each_whole(items, self.get, lambda batch: leasing.settle(
+            self, [x for x, _ in batch], [("complete", r) for _, r in batch]), pairs=True)
 
     def fail(self, lease: Lease, error: object, *, retryable: bool = True,
              delay: float | None = None) -> Job:
@@ -498,9 +500,9 @@ class PgSpool(EnqueueForms):
     def fail_many(self, items: Sequence[tuple[Lease, object, bool, float | None]]
                   ) -> list[Job | JobspoolError]:
         check_fail_items(items)
-        items = whole_items(items, self.get)
-        return leasing.settle(self, [x[0] for x in items],
-                              [("fail", (e, r, d)) for _, e, r, d in items])
+        return each_whole(items, self.get, lambda batch: leasing.settle(
+            self, [x[0] for x in batch], [("fail", (e, r, d)) for _, e, r, d in batch]),
+            pairs=True)
 
     def release(self, lease: Lease, *, delay: float = 0.0, reason: str | None = None) -> Job:
         """Give a leased job back without counting the attempt (fenced); `reason`, when

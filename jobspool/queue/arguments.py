@@ -19,6 +19,7 @@ from jobspool.errors import (
     JobNotFound,
     JobPruned,
     LeaseLost,
+    UnreadableJob,
     WaitTimeout,
 )
 from jobspool.queue import machine
@@ -290,30 +291,52 @@ def whole_lease(lease: Lease, get: Callable[[str], Job | None]) -> Lease:
     """A lease built by hand from its four fields (`Lease(job_id, token, owner,
     expires_at)`, as DESIGN §4 names it) with the job it names, read now; the store's own
     check then fences it like any other (a token not the job's current one: `LeaseLost`).
-    It failed with AttributeError on both stores."""
+    It failed with AttributeError on both stores. The owner is one of the four: a lease
+    of the current token under another owner (another spool's, whose tokens count apart)
+    is not this job's."""
     if lease.job is not None:
         return lease
     try:
         job = get(lease.job_id)
     except JobNotFound:  # pruned ids too (`JobPruned` is one)
         job = None
+    except UnreadableJob as exc:  # as for a claimed lease: the file, not the call, is bad
+        raise LeaseLost(lease.job_id, lease.token, f"its file cannot be read ({exc})") from None
     if job is None:
         raise LeaseLost(lease.job_id, lease.token, "job not found")
+    if job.lease is not None and job.lease.token == lease.token \
+            and job.lease.owner != lease.owner:
+        raise LeaseLost(lease.job_id, lease.token,
+                        f"its lease is held by {job.lease.owner!r}, not {lease.owner!r} "
+                        "(a lease of another spool?)")
     return replace(lease, job=job)
 
 
-def whole_leases(leases: Sequence[Lease], get: Callable[[str], Job | None]) -> Sequence[Lease]:
-    """`whole_lease` for a batch (the batch itself when every lease has its job)."""
-    if all(lease.job is not None for lease in leases):
-        return leases
-    return [whole_lease(lease, get) for lease in leases]
+def each_whole(items: Sequence[Any], get: Callable[[str], Job | None],
+               run: Callable[[Sequence[Any]], list[Any]], *, pairs: bool) -> list[Any]:
+    """`run` a batch call (settle, beat, check) on its items, the hand-built leases among
+    them made whole first (`whole_lease`); an item whose lease names no job it can hold
+    gets its `LeaseLost` in its own slot, as a claimed lease of a gone job does, instead
+    of failing the whole batch."""
+    def lease_of(item: Any) -> Lease:
+        return item[0] if pairs else item  # type: ignore[no-any-return]
 
-
-def whole_items(items: Sequence[Any], get: Callable[[str], Job | None]) -> Sequence[Any]:
-    """`whole_lease` for the first member of each (lease, ...) tuple of a batch."""
-    if all(item[0].job is not None for item in items):
-        return items
-    return [(whole_lease(item[0], get), *item[1:]) for item in items]
+    if all(lease_of(item).job is not None for item in items):
+        return run(items)
+    out: list[Any] = [None] * len(items)
+    kept: list[Any] = []
+    slots: list[int] = []
+    for n, item in enumerate(items):
+        try:
+            lease = whole_lease(lease_of(item), get)
+        except LeaseLost as exc:
+            out[n] = exc
+            continue
+        kept.append((lease, *item[1:]) if pairs else lease)
+        slots.append(n)
+    for n, result in zip(slots, run(kept) if kept else [], strict=True):
+        out[n] = result
+    return out
 
 
 def check_leases(items: Iterable[object], *, pairs: bool) -> None:
@@ -384,6 +407,7 @@ __all__ = [
     "check_run_at",
     "check_timeout",
     "check_unique_states",
+    "each_whole",
     "job_ids_for",
     "job_states",
     "list_payloads",
@@ -392,7 +416,5 @@ __all__ = [
     "new_reservation",
     "validate_wait",
     "wait_until_terminal",
-    "whole_items",
     "whole_lease",
-    "whole_leases",
 ]

@@ -34,11 +34,10 @@ from jobspool.queue.arguments import (
     check_lease,
     check_leases,
     check_reservation,
+    each_whole,
     job_states,
     wait_until_terminal,
-    whole_items,
     whole_lease,
-    whole_leases,
 )
 from jobspool.queue.backlog import Waiting
 from jobspool.queue.diskerrors import listing_failed, write_failed
@@ -315,16 +314,16 @@ class Spool(EnqueueForms):
                        ) -> list[Lease | LeaseLost]:
         """Extend many leases under one lock hold and one shared flush (the worker's beat)."""
         check_leases(leases, pairs=False)
-        return self.leasing.heartbeat_many(whole_leases(leases, self.get),
-                                           lease_seconds=lease_seconds)
+        return each_whole(leases, self.get, lambda batch: self.leasing.heartbeat_many(
+            batch, lease_seconds=lease_seconds), pairs=False)
 
     def check_leases(self, leases: Sequence[Lease], *, margin: float = 0.0,
                      lease_seconds: float | None = None) -> list[Lease | LeaseLost]:
         """Which leases are still current, extending those with less than `margin` left."""
         check_leases(leases, pairs=False)
         margin = validate_seconds("margin", margin)
-        return self.leasing.check_leases(whole_leases(leases, self.get), margin=margin,
-                                         lease_seconds=lease_seconds)
+        return each_whole(leases, self.get, lambda batch: self.leasing.check_leases(
+            batch, margin=margin, lease_seconds=lease_seconds), pairs=False)
 
     def complete(self, lease: Lease, result: Any = None) -> Job:
         """Mark a leased job completed (fenced: `LeaseLost` if the lease is not current)."""
@@ -334,7 +333,7 @@ class Spool(EnqueueForms):
     def complete_many(self, items: Sequence[tuple[Lease, Any]]) -> list[Job | JobspoolError]:
         """Complete many leases in one batch; per item the job or the error refusing it."""
         check_leases(items, pairs=True)
-        return self.leasing.complete_many(whole_items(items, self.get))
+        return each_whole(items, self.get, self.leasing.complete_many, pairs=True)
 
     def fail(self, lease: Lease, error: object, *, retryable: bool = True,
              delay: float | None = None) -> Job:
@@ -348,7 +347,7 @@ class Spool(EnqueueForms):
                   ) -> list[Job | JobspoolError]:
         """Fail many leases in one batch (see `complete_many`)."""
         check_fail_items(items)
-        return self.leasing.fail_many(whole_items(items, self.get))
+        return each_whole(items, self.get, self.leasing.fail_many, pairs=True)
 
     def release(self, lease: Lease, *, delay: float = 0.0, reason: str | None = None) -> Job:
         """Give a leased job back without counting the attempt (fenced); `reason`, when
