@@ -44,3 +44,23 @@ def test_a_row_with_a_huge_fence_is_not_followed(tmp_path: Path, huge: int) -> N
         assert spool.stats().fence < 2**61  # its tokens were not pushed up to the bound
         job = spool.get("j2")
         assert job is not None and job.state is JobState.COMPLETED
+
+
+def test_a_huge_fence_in_one_table_does_not_stop_following_the_others(tmp_path: Path) -> None:
+    """An older spool's rows (fences up to 50) and one row fenced by hand past 2**61: the
+    rows below are still followed, so a fresh spool's write of a key wins. Ignoring them all
+    for that one row lost the new run's write to the old one, silently."""
+    proj = str(tmp_path / "proj")
+    LanceProjection(proj, "t").upsert({"id": "x", "text": "old spool"}, fence=50)
+    LanceProjection(proj, "other").upsert({"id": "y", "text": "hand"}, fence=2**62)
+
+    def write_x(job: Job, ctx: Context) -> None:
+        ctx.upsert("t", {"id": "x", "text": "new run"})  # its version: its token
+
+    with Spool(tmp_path / "spool") as spool:
+        spool.enqueue("w", {}, job_id="j1")
+        report = Worker(spool, handlers={"w": write_x}, projection=proj,
+                        maintenance=False).run_until_idle()
+        assert report.completed == 1
+        assert 50 < spool.stats().fence < 2**61
+    assert LanceProjection(proj, "t").get("x")["text"] == "new run"  # type: ignore[index]

@@ -20,15 +20,18 @@ if TYPE_CHECKING:
     from jobspool.projection.lance import ProjectionStore
 
 
-def fence_top(store: ProjectionStore, floor: int) -> int | None:
+def fence_top(store: ProjectionStore, floor: int, ceiling: int | None = None) -> int | None:
     """The highest fence any row of the store's tables holds above `floor` (tombstones
-    included: they fence too), or None when none does."""
+    included: they fence too) and at most `ceiling` when given, or None when none does."""
     top: int | None = None
+    where = f"{FENCE_COLUMN} > {int(floor)}"
+    if ceiling is not None:
+        where += f" AND {FENCE_COLUMN} <= {int(ceiling)}"
     for name in store.table_names():
         tbl = store.open(name)
         if tbl is None or FENCE_COLUMN not in tbl.schema.names:
             continue
-        found = (tbl.search().where(f"{FENCE_COLUMN} > {int(floor)}")
+        found = (tbl.search().where(where)
                  .select([FENCE_COLUMN]).limit(None).to_arrow())
         if found.num_rows:
             high = int(pc.max(found.column(FENCE_COLUMN)).as_py())

@@ -154,9 +154,16 @@ class LanceSink:
         from jobspool.projection.fencetop import fence_top
         from jobspool.projection.handler import MAX_FENCE
 
+        # Rows fenced past 2**61 are not a spool's tokens (a hand edit, a fence given by
+        # hand): followed, the tokens after them would soon pass what a write may carry
+        # (2**62) and every projection write would fail from then on, for good. The rows
+        # below are followed as ever (ignoring them all for one such row lost every new
+        # run's write to an older backup's rows).
+        ceiling = MAX_FENCE // 2
         try:
             fence = spool.fence_value()
-            top = fence_top(self.store(), fence)
+            top = fence_top(self.store(), fence, ceiling)
+            beyond = fence_top(self.store(), max(fence, ceiling))
         except ProjectionUnusable:
             raise  # refused before any job is claimed: it would fail every write
         except Exception as exc:  # advisory: the writes meet the same fault and say so
@@ -164,14 +171,10 @@ class LanceSink:
                         type(exc).__name__, plain(str(exc))[:300])
             return
         self._fence_checked = True
-        if top is not None and top > MAX_FENCE // 2:
-            # Not written by a spool's tokens (a hand edit, a fence given by hand): followed,
-            # the tokens after it would soon pass what a write may carry (2**62), and every
-            # job writing the projection would fail from then on, for good.
+        if beyond is not None:
             log.error("the projection holds a row with fencing token %d, past 2**61: not "
                       "followed (this spool's tokens would run out of room below 2**62); "
-                      "fix that row by hand", top)
-            return
+                      "writes to that row's key lose to it until it is fixed by hand", beyond)
         if top is not None and spool.keep_tokens_above(top):
             log.warning("the projection holds rows written under tokens up to %d, above this "
                         "spool's fence %d (an older backup of the spool restored?): tokens go "
