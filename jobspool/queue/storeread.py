@@ -20,6 +20,11 @@ _READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
 _READ_CHUNK = 1 << 17
 
 
+def _special(path: str) -> OSError:
+    return OSError(errno.EINVAL, "a FIFO or special file where a job file belongs",
+                   os.path.normpath(path))
+
+
 class StoreReader:
     """Reads the files of one spool root; never writes."""
 
@@ -61,16 +66,24 @@ class StoreReader:
             if exc.errno == errno.ELOOP:
                 raise OSError(errno.ELOOP, "a symlink where a job file belongs",
                               os.path.normpath(path)) from None
+            if exc.errno == errno.ENXIO:  # a socket (or a FIFO no one may open so)
+                raise _special(path) from None
             raise
         try:
             # A regular file returns everything up to EOF in one read: one syscall for a
             # job file (at most 64 KiB), a loop only for something larger.
-            data = os.read(fd, _READ_CHUNK)
+            try:
+                data = os.read(fd, _READ_CHUNK)
+            except BlockingIOError:
+                # A FIFO another process holds open for writing: EAGAIN, which read as the
+                # machine short of resources failed `stats`, `list` and `health` whole.
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise _special(path) from None
+                raise
             if not data and not stat.S_ISREG(os.fstat(fd).st_mode):
-                # A FIFO (or a device, a socket) read empty without blocking: said as what
-                # it is, not as "empty file" (`recover` quarantined it under that reason).
-                raise OSError(errno.EINVAL, "a FIFO or special file where a job file belongs",
-                              os.path.normpath(path))
+                # A FIFO (or a device) read empty without blocking: said as what it is, not
+                # as "empty file" (`recover` quarantined it under that reason).
+                raise _special(path)
             if len(data) < _READ_CHUNK:
                 return data
             chunks = [data]
