@@ -7,7 +7,6 @@ which looked before the first had made it, writes into the table instead of maki
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import threading
 from collections import Counter
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 from jobspool.projection import lance
 from jobspool.projection.handler import make_upsert
 from jobspool.projection.lance import ProjectionStore
+from tests.spawned import at_once
 
 
 def test_a_second_creator_waits_for_the_first_and_writes_into_its_table(
@@ -68,14 +68,7 @@ def _writer(index: int, uri: str, barrier: Any) -> None:
 
 def test_processes_making_one_table_at_once_lose_no_confirmed_write(tmp_path: Path) -> None:
     uri = str(tmp_path / "proj")
-    ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(WRITERS)
-    procs = [ctx.Process(target=_writer, args=(i, uri, barrier)) for i in range(WRITERS)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(300)
-        assert p.exitcode == 0
+    at_once(_writer, WRITERS, uri, timeout=300)
     conn = lancedb.connect(uri)
     for r in range(ROUNDS):
         ids = Counter(conn.open_table(f"t{r}").to_arrow().column("id").to_pylist())

@@ -7,7 +7,6 @@ mended by hand."""
 
 from __future__ import annotations
 
-import multiprocessing
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import pytest
 from jobspool import App, Context, Job, JobState, Spool, Worker
 from jobspool.projection.lance import LanceProjection
 from jobspool.projection.schema import primary_key_of
+from tests.spawned import at_once
 
 ROUNDS, WRITERS = 8, 3
 
@@ -45,14 +45,7 @@ def _writer(index: int, uri: str, barrier: Any) -> None:
 def test_concurrent_writers_of_a_hand_made_table_insert_each_key_once(tmp_path: Path) -> None:
     uri = str(tmp_path / "proj")
     lancedb.connect(uri).create_table("kv", schema=pa.schema(_fields(nullable_key=False)))
-    ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(WRITERS)
-    procs = [ctx.Process(target=_writer, args=(i, uri, barrier)) for i in range(WRITERS)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(120)
-        assert p.exitcode == 0
+    at_once(_writer, WRITERS, uri, timeout=120)
     rows = lancedb.connect(uri).open_table("kv").to_arrow().to_pylist()
     counts = Counter(r["id"] for r in rows)
     assert {k: n for k, n in counts.items() if n > 1} == {}
