@@ -128,7 +128,7 @@ def _creating(uri: str | None, name: str) -> Iterator[None]:
     rounds of 4 processes making one new table at once, one ended with an empty overwrite
     at version 3, wiping a merge another process had been told was written (version 2).
     Serialised, the second one finds the table and writes into it. Object storage has no
-    such lock here (its create-only PUT decides the first version)."""
+    such lock here: that race remains there (not measured)."""
     local = None if uri is None else obj.local_path(uri)
     if local is None or "://" in local:
         yield
