@@ -84,3 +84,17 @@ def test_a_four_field_lease_of_the_current_token_under_another_owner_is_lost(
             with pytest.raises(LeaseLost, match="held by 'worker-B'"):
                 call(other)
         assert spool.get("x1").state is JobState.LEASED  # type: ignore[union-attr]
+
+
+def test_a_lease_with_a_token_above_the_jobs_is_not_said_to_be_claimed_again(
+        store_root: str | Path) -> None:
+    with make_spool(store_root) as spool:
+        spool.enqueue("k", {}, job_id="x1")
+        [real] = spool.claim(kinds="k", lease_seconds=30)
+        ahead = Lease("x1", real.token + 1, real.owner, real.expires_at)
+        with pytest.raises(LeaseLost, match="above the job's lease") as info:
+            spool.complete(ahead, 1)
+        assert "claimed again" not in str(info.value)
+        behind = Lease("x1", real.token - 1, real.owner, real.expires_at)
+        with pytest.raises(LeaseLost, match="claimed again"):
+            spool.complete(behind, 1)

@@ -40,7 +40,7 @@ def test_a_second_creator_waits_for_the_first_and_writes_into_its_table(
         assert not done.wait(2.0)  # the second creator waits instead of making it too
         # The first creator (this test holds its lock, as that process would) makes the
         # table and writes its row.
-        monkeypatch.setattr(lance, "_creating", lambda uri, name: contextlib.nullcontext())
+        monkeypatch.setattr(lance, "creating", lambda uri, name: contextlib.nullcontext())
         first = ProjectionStore(uri)
         assert first.apply([make_upsert("a", "t", [{"id": "a", "n": 1}], 1.0, 1)]).ok
         monkeypatch.undo()

@@ -204,7 +204,7 @@ def _refusal(conn: psycopg.Connection[Any], lease: Lease, resent: bool = False,
             return job
         return LeaseLost(lease.job_id, lease.token, f"job is {job.state.value}")
     if token != lease.token:
-        return LeaseLost(lease.job_id, lease.token, f"job was claimed again (token {token})")
+        return LeaseLost(lease.job_id, lease.token, machine.token_mismatch(token, lease.token))
     if not same_job:
         return LeaseLost(lease.job_id, lease.token, "the lease is for another job of this id "
                                                     "(issued by another spool?)")

@@ -111,10 +111,7 @@ class PgSpool(EnqueueForms):
     # The Worker claims with `starts_noted=True` (see `claim`); a file spool needs no such
     # promise: its liveness files say which handlers a dead process had started.
     notes_starts = True
-    # A claim can leave expired leases out (`take_over=False`): reading the leased rows for
-    # them is a quarter of a claim's server time at 400 leases in flight, and a Worker
-    # taking them over once a second (`Pipeline._take_over_now`) loses nothing a lease's
-    # length would notice.
+    # A claim may leave expired leases out (`take_over=False`, see `claim`).
     lazy_take_over = True
     access = "private"
 
@@ -439,8 +436,7 @@ class PgSpool(EnqueueForms):
         `starts_noted`: the caller (a Worker) runs rescued jobs alone and calls
         `note_running(started=True)` before each handler, so an expired lease of one
         whose start was never noted is given back uncounted (sql.py). `take_over=False`:
-        due jobs only, without reading the leased rows for expired ones (a Worker's
-        claims between take-overs, `Pipeline._take_over_now`)."""
+        due jobs only, no read of every leased row (`Pipeline._take_over_now`)."""
         self.check_writable("claim")
         limit = validate_int("limit", limit, minimum=1)
         seconds = self.lease_seconds if lease_seconds is None else validate_seconds(
@@ -476,9 +472,8 @@ class PgSpool(EnqueueForms):
         check_leases(leases, pairs=False)
         margin = validate_seconds("margin", margin)
         given = None if lease_seconds is None else self._seconds(lease_seconds)
-        return each_whole(leases, self.get,
-                          lambda batch: leasing.check_leases(self, batch, margin, given),
-                          pairs=False)
+        return each_whole(leases, self.get, lambda batch: leasing.check_leases(
+            self, batch, margin, given), pairs=False)
 
     def complete(self, lease: Lease, result: Any = None) -> Job:
         check_lease(lease)

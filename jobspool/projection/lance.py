@@ -37,18 +37,16 @@ projection is first used, never when this module is imported.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from jobspool.errors import InvalidType, ProjectionError, ProjectionUnusable
 from jobspool.projection import objectstore as obj
@@ -71,6 +69,7 @@ from jobspool.projection.handler import (
     make_delete,
     make_upsert,
 )
+from jobspool.projection.keying import creating, key_table
 from jobspool.projection.plan import ApplyResult, TablePlan, decide, plan_table
 from jobspool.projection.schema import (
     PK_METADATA_KEY,
@@ -119,37 +118,6 @@ def _open_table(conn: Any, name: str) -> Any | None:
         if "not found" in str(exc).lower():
             return None
         raise
-
-
-@contextlib.contextmanager
-def _creating(uri: str | None, name: str) -> Iterator[None]:
-    """Held around making table `name` in a local database, across processes. Lance commits
-    a creation that lost its race as an overwrite on top of the winner's table: of 400
-    rounds of 4 processes making one new table at once, one ended with an empty overwrite
-    at version 3, wiping a merge another process had been told was written (version 2).
-    Serialised, the second one finds the table and writes into it. Object storage has no
-    such lock here: that race remains there (not measured)."""
-    local = None if uri is None else obj.local_path(uri)
-    if local is None or "://" in local:
-        yield
-        return
-    import portalocker
-
-    lock = portalocker.Lock(os.path.join(local, f".{name}.creating.lock"), mode="a",
-                            timeout=60)
-    try:
-        os.makedirs(local, exist_ok=True)
-        lock.acquire()
-    except (OSError, portalocker.LockException) as exc:
-        # A directory this user may not write a file in (a group's projection made by
-        # another member): created as before, unserialised, rather than not at all.
-        log.debug("making table %r without its creation lock: %s", name, exc)
-        yield
-        return
-    try:
-        yield
-    finally:
-        lock.release()
 
 
 def _create_table(conn: Any, name: str, schema: pa.Schema) -> Any:
@@ -411,39 +379,13 @@ class ProjectionStore(ProjectionDatabase):
         return int(result.num_inserted_rows) + int(result.num_updated_rows)
 
     def _keyed(self, name: str, tbl: Any) -> Any:
-        """A table made without jobspool (by hand, another tool) given its unenforced
-        primary key before its first fenced merge: without it LanceDB cannot tell two
-        concurrent inserts of one new key apart, and both land, for good (3 processes: 75
-        keys three times). Its key column is made NOT NULL first (a table made from data
-        has it nullable, and LanceDB keys only NOT NULL columns). One holding a key twice
-        or a row without a key cannot be fenced: a storage fault, as a damaged table is
-        (its jobs wait uncounted, `health` says so) until it is mended by hand. Another
-        process setting the key at the same moment is as good."""
-        key = self.key_of(name)
-        keys = tbl.search().select([key]).limit(None).to_arrow().column(key)
-        problem = None
-        if keys.null_count:
-            problem = f"{keys.null_count} row(s) without a key ({key!r} is null)"
-        elif len(pc.unique(keys)) != len(keys):
-            problem = f"{len(keys) - len(pc.unique(keys))} key(s) held more than once"
-        if problem is not None:
-            raise OSError(errno.EIO, f"projection table {name!r} (made without jobspool?) "
-                          f"has {problem}: fenced writes need each key once; remove those "
-                          "rows by hand, then its writes resume")
-        try:
-            if tbl.schema.field(key).nullable:
-                tbl.alter_columns({"path": key, "nullable": False})
-            tbl.set_unenforced_primary_key(key)
-        except ValueError as exc:
-            if "already set" not in str(exc):
-                raise
+        """A table made without jobspool keyed before its first fenced merge (`keying.py`)."""
+        key_table(tbl, name, self.key_of(name))
         self._forget(name)
         again = self.open(name)
         if again is None or primary_key_of(again.schema) is None:
             raise ProjectionError(f"table {name!r}: its primary key could not be set; retry",
                                   table=name)
-        log.warning("projection table %r had no primary key (made without jobspool?): set "
-                    "on %r, so that concurrent writers cannot insert one key twice", name, key)
         return again
 
     def _add_columns(self, tbl: Any, plan: TablePlan) -> None:
@@ -493,7 +435,7 @@ class ProjectionStore(ProjectionDatabase):
         return now is not None and not columns_pending(now.schema, self.key_of(plan.table))
 
     def _create(self, name: str, schema: pa.Schema) -> Any:
-        with _creating(self._uri, name):
+        with creating(self._uri, name):
             # Made by another process while this one waited: written into, never made again.
             self._forget(name)
             made = self.open(name)

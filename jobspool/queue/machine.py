@@ -252,12 +252,20 @@ def reclaim(job: Job, *, now: float, policy: RetryPolicy, max_rescues: int | Non
                  run_at=_due(now, policy.delay(job.attempts, rng)), last_error=clip_error(error))
 
 
+def token_mismatch(current: int, held: int) -> str:
+    """Why a lease of token `held` is not the job's current one (token `current`): a later
+    claim took it, or the lease was never this job's (a token above every claim of it)."""
+    if held > current:
+        return f"its token is above the job's lease (token {current}): not a lease of this job"
+    return f"job was claimed again (token {current})"
+
+
 def check_lease(job: Job, lease: Lease, now: float) -> None:
     """Raise `LeaseLost` unless `lease` is the job's current, unexpired lease."""
     if job.state is not JobState.LEASED or job.lease is None:
         raise LeaseLost(lease.job_id, lease.token, f"job is {job.state.value}")
     if job.lease.token != lease.token:
-        raise LeaseLost(lease.job_id, lease.token, f"job was claimed again (token {job.lease.token})")
+        raise LeaseLost(lease.job_id, lease.token, token_mismatch(job.lease.token, lease.token))
     if lease.job.created_at != job.created_at:
         # Tokens are unique per spool only: another spool's lease on a job of the same id
         # (per-tenant spools, deterministic ids) can carry the very same token.
