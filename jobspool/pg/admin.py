@@ -27,6 +27,7 @@ from jobspool.health import (
 from jobspool.health.reasons import ids as some_ids
 from jobspool.pg.rows import COLUMNS, to_job
 from jobspool.pg.schema import NO_PRIMARY_KEY, damage
+from jobspool.queue.bulk import LISTING_PASSES
 from jobspool.queue.job import JOB_ID_PATTERN, KIND_PATTERN, Job, validate_int, validate_seconds
 from jobspool.queue.states import ALL_STATES, TERMINAL, JobState
 from jobspool.queue.stats import Stats
@@ -408,7 +409,7 @@ def apply_matching(spool: PgSpool, action: str, which: Match, decide: Callable[.
     spool.check_writable(action)
     moved: list[Job] = []
     seen: set[str] = set()
-    for _ in range(_PASSES):
+    for _ in range(LISTING_PASSES):
         ids = sorted({job.id for job in iter_jobs(spool, which.states, which.kind)} - seen)
         if not ids:
             break
@@ -438,10 +439,6 @@ def _move_one(spool: PgSpool, action: str, job_id: str, which: Match,
 
     spool.mutate_job(job_id, step, missing=lambda: None, what=action)
     return last[0]
-
-
-# Listings of the chosen states: the first, and one for jobs that moved during it.
-_PASSES = 2
 
 
 def remove_terminal(spool: PgSpool, ids: Sequence[str], state: JobState) -> list[str]:

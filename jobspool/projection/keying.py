@@ -62,8 +62,8 @@ def key_table(tbl: Any, name: str, key: str) -> None:
     problem = None
     if keys.null_count:
         problem = f"{keys.null_count} row(s) without a key ({key!r} is null)"
-    elif len(pc.unique(keys)) != len(keys):
-        problem = f"{len(keys) - len(pc.unique(keys))} key(s) held more than once"
+    elif (extra := len(keys) - len(pc.unique(keys))) > 0:
+        problem = f"{extra} key(s) held more than once"
     if problem is not None:
         raise OSError(errno.EIO, f"projection table {name!r} (made without jobspool?) "
                       f"has {problem}: fenced writes need each key once; remove those "

@@ -94,7 +94,7 @@ def apply_matching(spool: Journal, action: str, which: Match,
     """
     moved: list[Job] = []
     seen: set[str] = set()
-    for _ in range(_PASSES):
+    for _ in range(LISTING_PASSES):
         listed: dict[str, JobState] = {}
         for state in which.states:
             for job_id in spool.store.names(state.value):
@@ -121,8 +121,9 @@ def apply_matching(spool: Journal, action: str, which: Match,
     return moved
 
 
-# Listings of the chosen states: the first, and one for jobs that moved during it.
-_PASSES = 2
+# Listings of the chosen states: the first, and one for jobs that moved during it (both
+# stores' bulk moves).
+LISTING_PASSES = 2
 
 
 def _current(spool: Journal, job_id: str, listed_in: JobState, *,

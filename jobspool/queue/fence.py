@@ -174,6 +174,11 @@ class FenceCounter:
         self._seen = last
         return first
 
+    def cached_last(self) -> int:
+        """The last token this boot's shared counter handed out (0: none), without
+        reading the fence file: for reports when that file cannot be read."""
+        return self._lock.generation(self._lock.FENCE_NEXT_SLOT)
+
     def last(self) -> int:
         """The last token handed out (call under the lock)."""
         if self._lock.read_only:

@@ -106,7 +106,7 @@ def collect_stats(spool: Journal, *, by_kind: bool = False) -> Stats:
             # A garbled fence file: stats still answers (health names the file, recover
             # rebuilds it), with the last token this boot's shared counter knows (0: none).
             # Refused whole, `health` and `stats --prometheus` said nothing else at all.
-            fence = spool.lock.generation(spool.lock.FENCE_NEXT_SLOT)
+            fence = spool.fence.cached_last()
     names = spool.without_stale(names)
     read: dict[tuple[JobState, str], Job | None] = {}  # each file read once, at most
     for s, n in names.items():
