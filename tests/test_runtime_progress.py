@@ -14,6 +14,7 @@ import pytest
 
 from jobspool import Context, Job, JobState, Spool, Worker
 from jobspool.errors import InvalidJob
+from jobspool.queue.context import Context as RunContext
 from jobspool.queue.jobprogress import (
     PROGRESS_DIR,
     Progress,
@@ -22,6 +23,7 @@ from jobspool.queue.jobprogress import (
     write_progress,
 )
 from tests.cli_harness import run_jobspool, start_jobspool
+from tests.helpers_spool import FakeClock
 from tests.spools import SpoolFactory, make_spool
 from tests.waiting import wait_until
 
@@ -62,7 +64,7 @@ def test_progress_is_readable_while_the_job_runs_and_gone_once_it_settles(
         assert seen.text() == "3/10 (30%) step three"
     assert spool.get(job.id).state is JobState.COMPLETED
     assert read_progress(spool.root, spool.get(job.id)) is None
-    assert not (spool.root / PROGRESS_DIR / f"{job.id}.json").exists()
+    assert not list((spool.root / PROGRESS_DIR).glob(f"{job.id}.*"))
 
 
 def test_a_progress_file_from_an_earlier_run_is_not_shown_against_a_later_one(
@@ -105,7 +107,7 @@ def test_show_and_list_print_a_running_jobs_progress(tmp_path: Path) -> None:
         return done.out
 
     try:
-        wait_until(lambda: (root / PROGRESS_DIR / f"{job.id}.json").exists(), GUARD,
+        wait_until(lambda: list((root / PROGRESS_DIR).glob(f"{job.id}.*.json")), GUARD,
                    "the worker's first progress file", proc=proc)
         assert "progress: 40/100 (40%) resizing" in cli("show", job.id)
         assert orjson.loads(cli("show", job.id, "--json"))["progress"]["done"] == 40
@@ -117,7 +119,7 @@ def test_show_and_list_print_a_running_jobs_progress(tmp_path: Path) -> None:
         _, err = proc.communicate(timeout=GUARD)
     assert proc.returncode == 0, err.decode(errors="replace")
     assert "progress:" not in cli("show", job.id)  # finished: nothing left to show
-    assert not (root / PROGRESS_DIR / f"{job.id}.json").exists()
+    assert not list((root / PROGRESS_DIR).glob(f"{job.id}.*"))
 
 
 def test_a_worker_removes_progress_files_no_current_run_owns(spool: Spool) -> None:
@@ -143,7 +145,7 @@ def test_a_dead_workers_progress_is_not_shown(tmp_path: Path) -> None:
     proc = start_jobspool("run-until-idle", "--app", "tests.apps.runtime:app",
                           "--no-maintenance", root=root)
     try:
-        wait_until(lambda: (root / PROGRESS_DIR / f"{job.id}.json").exists(), GUARD,
+        wait_until(lambda: list((root / PROGRESS_DIR).glob(f"{job.id}.*.json")), GUARD,
                    "the worker's first progress file", proc=proc)
     finally:
         proc.send_signal(signal.SIGKILL)
@@ -152,6 +154,26 @@ def test_a_dead_workers_progress_is_not_shown(tmp_path: Path) -> None:
     assert shown.code == 0 and "leased" in shown.out, shown.err
     assert "progress:" not in shown.out
     assert "progress=" not in run_jobspool("list", root=root, timeout=GUARD).out
+
+
+def test_a_run_whose_lease_was_lost_leaves_the_holders_progress_alone(
+        spool: Spool, clock: FakeClock) -> None:
+    # A worker stalled past its lease, then resumed: its last flush and its settle's
+    # removal hit the one file of the job, and the new holder's report vanished.
+    job = spool.enqueue("work")
+    (stale,) = spool.claim()
+    late = RunContext(spool, stale)
+    late.progress(1, 10, "stale run")
+    clock.advance(31)  # past the 30 s lease
+    (holder,) = spool.claim()
+    assert holder.token > stale.token
+    current = RunContext(spool, holder)
+    current.progress(7, 10, "holder")
+    current.flush_progress()
+    late.flush_progress()  # the stale run's heartbeat thread, resumed
+    late.drop_progress()  # and its settle
+    shown = read_progress(spool.root, spool.get(job.id))
+    assert shown is not None and shown.text() == "7/10 (70%) holder"
 
 
 def test_a_note_with_no_utf8_form_is_refused_at_the_call() -> None:

@@ -215,7 +215,7 @@ class Context:
             self.settled = True
             if self._progress_file:
                 self._progress_file = False
-                remove_progress(self.spool.root, self.job_id)
+                remove_progress(self.spool.root, self.job_id, self.token)
 
     @contextmanager
     def fenced(self) -> Iterator[Lease]:

@@ -2,11 +2,14 @@
 
 Recorded cheaply: the handler's call only stores the numbers in memory; the
 worker's heartbeat thread writes at most one small file per job every
-half second, `<root>/progress/<job_id>.json`, replaced atomically and never
-fsynced (advisory data, like `<root>/metrics/`). The file carries the
-lease's token, and readers show it only while that lease is the job's
-current one, so a file left by a worker that died is never shown against a
-later run. The worker removes it when it settles the job.
+half second, `<root>/progress/<job_id>.<token>.json`, replaced atomically and
+never fsynced (advisory data, like `<root>/metrics/`). The file is named for
+the lease's token, and readers show only the one of the job's current lease,
+so a file left by a worker that died is never shown against a later run. The
+worker removes its own file when it settles the job; a run whose lease was
+lost (stalled, then taken over) writes and removes only its own token's file,
+never the current holder's (one name for every run let it remove the holder's
+report, or replace it with its own stale one).
 """
 
 from __future__ import annotations
@@ -80,13 +83,22 @@ def make_progress(token: int, done: object, total: object, note: object) -> Prog
                     note=None if note is None else note[:MAX_NOTE_CHARS], at=time.time())
 
 
-def _path(root: Path, job_id: str) -> Path:
-    return Path(root) / PROGRESS_DIR / f"{job_id}.json"
+def progress_path(root: Path, job_id: str, token: int) -> Path:
+    """Where the run of `job_id` under lease `token` writes its progress."""
+    return Path(root) / PROGRESS_DIR / f"{job_id}.{token}.json"
+
+
+def _owner(name: str) -> tuple[str, int] | None:
+    """(job id, token) of a progress file's name, or None for a name not of that form."""
+    job_id, _, rest = name.removesuffix(".json").rpartition(".")
+    if not name.endswith(".json") or not job_id or not rest.isdigit():
+        return None
+    return job_id, int(rest)
 
 
 def write_progress(root: Path, job_id: str, progress: Progress, mode: int = 0o600) -> None:
-    """Replace the job's progress file (atomic rename, no fsync: advisory)."""
-    path = _path(root, job_id)
+    """Replace this run's progress file (atomic rename, no fsync: advisory)."""
+    path = progress_path(root, job_id, progress.token)
     # The group gets on the directory what it gets on the files (group-read: r-x, not rwx).
     group = (0o050 if mode & 0o040 else 0) | (0o020 if mode & 0o020 else 0)
     path.parent.mkdir(mode=0o700 | group, exist_ok=True)
@@ -99,9 +111,10 @@ def write_progress(root: Path, job_id: str, progress: Progress, mode: int = 0o60
     os.replace(tmp, path)
 
 
-def remove_progress(root: Path, job_id: str) -> None:
+def remove_progress(root: Path, job_id: str, token: int) -> None:
+    """Remove the progress file of the run under lease `token` (no other run's)."""
     with contextlib.suppress(OSError):
-        _path(root, job_id).unlink()
+        progress_path(root, job_id, token).unlink()
 
 
 def prune_stale_progress(spool: Any) -> int:
@@ -118,13 +131,16 @@ def prune_stale_progress(spool: Any) -> int:
         return 0
     removed = 0
     for name in names:
-        job_id = name[: -len(".json")]
-        try:
-            job = spool.get(job_id)
-        except Exception:  # gone, unreadable: nothing runs it under this file
-            job = None
+        owner = _owner(name)
+        job = None
+        if owner is not None:
+            try:
+                job = spool.get(owner[0])
+            except Exception:  # gone, unreadable: nothing runs it under this file
+                job = None
         path = directory / name
-        if job is not None and read_progress(spool.root, job) is not None:
+        if owner is not None and job is not None and job.lease is not None \
+                and job.lease.token == owner[1] and read_progress(spool.root, job) is not None:
             continue
         with contextlib.suppress(OSError):
             path.unlink()
@@ -137,7 +153,7 @@ def read_progress(root: Path, job: Job) -> Progress | None:
     if job.state is not JobState.LEASED or job.lease is None:
         return None
     try:
-        doc = orjson.loads(_path(root, job.id).read_bytes())
+        doc = orjson.loads(progress_path(root, job.id, job.lease.token).read_bytes())
         progress = Progress(token=int(doc["token"]), done=float(doc["done"]),
                             total=None if doc.get("total") is None else float(doc["total"]),
                             note=doc.get("note") if isinstance(doc.get("note"), str) else None,
