@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
+import threading
 from collections.abc import Iterable
 from typing import Any, Protocol
 
@@ -64,8 +65,45 @@ def leave(worker: Stoppable, signals: Iterable[int]) -> None:
 
 
 def attach(worker: Stoppable) -> None:
-    """`worker` serves in a thread other than the main one: stopped with the others."""
+    """`worker` serves in a thread other than the main one: stopped with the others.
+
+    Python hears signals in the main thread only, and a thread cannot install a
+    handler. Such a worker is stopped by a signal when a worker in the main thread
+    listens, by `stop()`, and when the main thread ends (a Ctrl-C's KeyboardInterrupt
+    out of `thread.join()` included): before, that Ctrl-C printed a traceback and the
+    worker thread went on claiming, the process held open by it.
+    """
+    global _main_exit_hooked, _warned_unheard
     _elsewhere.append(worker)
+    if not _main_exit_hooked:
+        _main_exit_hooked = True
+        # Run by the interpreter's shutdown before it joins non-daemon threads (as
+        # concurrent.futures stops its workers); private, hence looked up defensively.
+        register = getattr(threading, "_register_atexit", None)
+        if register is not None:
+            with contextlib.suppress(RuntimeError):  # the shutdown has begun already
+                register(_main_thread_ended)
+    if not _members and not _warned_unheard:
+        _warned_unheard = True
+        log.warning("a worker serving in thread %r cannot hear SIGTERM/SIGINT (Python "
+                    "delivers signals to the main thread only): it stops on worker.stop(), "
+                    "on a signal to a worker in the main thread, or when the main thread "
+                    "ends; a SIGTERM with no handler ends the process at once, its leases "
+                    "left to expire", threading.current_thread().name)
+
+
+def _main_thread_ended() -> None:
+    """The main thread is done (returned or raised): stop the workers serving elsewhere,
+    which then drain as on a signal (their grace, then their leases released)."""
+    for worker in list(_elsewhere):
+        if not worker.stopping:
+            log.warning("the main thread ended: stopping the worker serving in another "
+                        "thread (running handlers get %g s)", worker.grace_seconds)
+            worker.stop()
+
+
+_main_exit_hooked = False
+_warned_unheard = False
 
 
 def detach(worker: Stoppable) -> None:
