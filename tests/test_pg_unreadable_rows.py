@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 
+import orjson
 import psycopg
 import pytest
 
@@ -53,10 +54,12 @@ def test_a_claim_dead_letters_an_unreadable_row_and_runs_its_batch_mates(
         assert spool.stats().counts["leased"] == 0  # no lease stranded
 
 
-def test_a_payload_edited_deeper_than_orjson_writes_still_runs_with_its_batch_mates(
+def test_a_payload_edited_deeper_than_jobspool_writes_is_dead_lettered_alone(
         pg_url: str) -> None:
-    """orjson reads 1,024 levels and writes 254: the handler's own copy of such a payload
-    failed the whole claim ('Recursion limit reached'), every job of it left leased."""
+    """orjson reads 1,024 levels and writes 254: such a payload failed the whole claim
+    ('Recursion limit reached'), and `show`/`list --json` of it ended in a traceback. As
+    the file store refuses such a file, the claim dead-letters it (its batch mates run)
+    and `show` names it in one line."""
     ran: list[str] = []
     with make_spool(pg_url) as spool:
         spool.enqueue("work", 1, job_id="deep")
@@ -65,8 +68,18 @@ def test_a_payload_edited_deeper_than_orjson_writes_still_runs_with_its_batch_ma
               + "'::json WHERE id = %s", "deep")
         report = Worker(spool, {"work": lambda job, ctx: ran.append(job.id)},
                         batch_size=10, maintenance=False).run_until_idle()
-        assert report.completed == 2 and sorted(ran) == ["deep", "plain"]
+        assert report.completed == 1 and ran == ["plain"]
         assert spool.stats().counts["leased"] == 0
+        with psycopg.connect(pg_url) as conn:
+            row = conn.execute("SELECT state, last_error FROM jobspool_jobs "
+                               "WHERE id = 'deep'").fetchone()
+        assert row is not None and row[0] == "dead_letter" and "nested deeper" in row[1]
+    shown = run_jobspool("show", "deep", root=pg_url)
+    assert shown.code != 0 and "Traceback" not in shown.err
+    assert "nested deeper" in shown.err and len(shown.err.strip().splitlines()) == 1
+    listed = run_jobspool("list", "--json", root=pg_url)
+    assert listed.code == 0 and "Traceback" not in listed.err
+    assert [j["id"] for j in orjson.loads(listed.out)] == ["plain"]
 
 
 def test_listings_skip_an_unreadable_row_and_show_names_it(

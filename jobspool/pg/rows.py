@@ -15,7 +15,7 @@ import orjson
 
 from jobspool.errors import UnreadableJob
 from jobspool.queue.job import Job, implausible, new_job_snapshot, new_lease_info
-from jobspool.queue.payload import MAX_RUN_AT
+from jobspool.queue.payload import MAX_JSON_DEPTH, MAX_RUN_AT, nested_deeper_than
 from jobspool.queue.states import JobState
 
 COLUMNS = ("id, kind, state, priority, attempts, max_attempts, revision, created_at, "
@@ -80,6 +80,12 @@ def _decode(row: Sequence[Any]) -> Job:
     (jid, kind, state, priority, attempts, max_attempts, revision, created_at, updated_at,
      run_at, token, owner, expires_at, proc, payload, result, last_error, traceback,
      reservations, rescues, timeout) = row
+    for name, text in (("payload", payload), ("result", result)):
+        # As the file store's reader: what no transition could write back is unreadable.
+        if text is not None and nested_deeper_than(text, lambda t=text: orjson.loads(t),
+                                                   MAX_JSON_DEPTH):
+            raise ValueError(f"its {name} is nested deeper than {MAX_JSON_DEPTH} levels, "
+                             "which jobspool cannot write back")
     st = _STATES[state]  # a dict lookup: `JobState(state)` goes through Enum.__call__
     # `Job(...)` and `LeaseInfo(...)` as built without the frozen `__init__` (job.py).
     lease = (new_lease_info(token=int(token), owner=owner or "", expires_at=float(expires_at),

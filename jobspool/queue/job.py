@@ -32,6 +32,7 @@ from jobspool.queue.payload import MAX_RUN_AT_PAST as MAX_RUN_AT_PAST
 from jobspool.queue.payload import check_json as check_json
 from jobspool.queue.payload import iso_time as iso_time
 from jobspool.queue.payload import json_snapshot as json_snapshot
+from jobspool.queue.payload import nested_deeper_than
 from jobspool.queue.payload import validate_delay as validate_delay
 from jobspool.queue.payload import validate_int as validate_int
 from jobspool.queue.payload import validate_run_at as validate_run_at
@@ -373,6 +374,9 @@ def decode_job(data: bytes, *, expect_id: str | None = None,
         raise CorruptJob(f"bad JSON: {exc}") from None
     if not isinstance(d, dict):
         raise CorruptJob("not a JSON object")
+    if nested_deeper_than(data, d, MAX_JSON_DEPTH + 1):
+        raise CorruptJob(f"nested deeper than JSON allows here ({MAX_JSON_DEPTH} levels in a "
+                         "payload or result): it could not be written back")
     version = d.get("v", FORMAT_VERSION)
     if version != FORMAT_VERSION:
         raise CorruptJob(f"unknown job format version {version!r}")

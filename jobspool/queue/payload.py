@@ -48,6 +48,40 @@ _HINTS = {
 }
 
 
+def may_nest_deeper_than(text: bytes | str, limit: int) -> bool:
+    if isinstance(text, str):
+        return text.count("[") + text.count("{") > limit
+    return text.count(b"[") + text.count(b"{") > limit
+
+
+def nested_deeper_than(text: bytes | str, value: Any, limit: int) -> bool:
+    """Whether `value`, parsed from `text`, nests containers more than `limit` deep.
+
+    For readers: orjson parses deeper documents than it writes (about 1,024 levels
+    against 254), so a hand-made file or row between the two read as a job that no
+    transition could write back (every claim of it failed, and its batch mates with it).
+    The openers in `text` bound the depth: most documents cost two `count`s
+    (`may_nest_deeper_than`), and `value` may be a function that parses `text`, called
+    only past that bound."""
+    if not may_nest_deeper_than(text, limit):
+        return False
+    if callable(value):
+        value = value()
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, dict):
+            children: Any = v.values()
+        elif isinstance(v, list):
+            children = v
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((c, depth + 1) for c in children)
+    return False
+
+
 class _NotJson(Exception):
     def __init__(self, path: list[object], what: str) -> None:
         super().__init__(what)
