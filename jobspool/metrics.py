@@ -180,8 +180,13 @@ def failing_projections(spool: Spool, *, stale_after: float = WORKER_STALE_SECON
 
 
 def _report_counters(report: RunReport | dict[str, Any]) -> dict[str, Any]:
-    d = report if isinstance(report, dict) else asdict(report)
-    return {k: d.get(k, 0) for k in WORKER_COUNTERS}
+    if not isinstance(report, dict):
+        d = asdict(report)
+        return {k: d.get(k, 0) for k in WORKER_COUNTERS}
+    # Read from a file: a counter that is not a count (1e30, an integer past 64 bits, which
+    # orjson reads as a float) counts 0. Kept, it broke the dashboard's JSON for an hour.
+    return {k: v if type(v := report.get(k, 0)) is int and 0 <= v < 2**63 else 0
+            for k in WORKER_COUNTERS}
 
 
 def registry_for(spool: Spool, worker: object = None) -> CollectorRegistry:

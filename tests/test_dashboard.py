@@ -19,7 +19,7 @@ import orjson
 import pytest
 from starlette.testclient import TestClient
 
-from jobspool import Spool
+from jobspool import RunReport, Spool
 from jobspool.dashboard import create_app
 from jobspool.dashboard.data import page
 from jobspool.dashboard.throughput import Throughput, chart
@@ -66,6 +66,26 @@ def test_overview_json_has_the_counts_of_stats(spool: Spool) -> None:
     assert doc["by_kind"]["thumb"]["ready"] == 1
     assert doc["health"]["status"] == "degraded"
     assert "dead_letters" in [r["code"] for r in doc["health"]["reasons"]]
+
+
+def test_a_worker_snapshot_with_counters_that_are_not_counts_does_not_break_the_overview(
+        spool: Spool) -> None:
+    # `"completed": 1e30` (or an integer past 64 bits, which orjson reads as a float) went
+    # into the throughput buckets: every /api/overview was a 500 for the next hour.
+    from jobspool.metrics import publish_worker_report, read_worker_reports
+
+    publish_worker_report(spool, "w1", RunReport(completed=2))
+    with _client(spool) as client:
+        assert client.get("/api/overview").status_code == 200
+        path = spool.root / "metrics" / "w1.json"
+        doc = orjson.loads(path.read_bytes())
+        path.write_bytes(orjson.dumps({**doc, "completed": 1e30, "claimed": -5}).replace(
+            b'"retried":0', b'"retried":' + str(2**70).encode()))
+        assert read_worker_reports(spool)["w1"]["completed"] == 0
+        assert read_worker_reports(spool)["w1"]["retried"] == 0
+        for _ in range(2):  # the sample that takes the bad file in, and the next one
+            answer = client.get("/api/overview")
+            assert answer.status_code == 200, answer.text
 
 
 @pytest.mark.parametrize("stray", ["zzbad.json", "zz has space.json", "zz-<b>.json"])

@@ -122,7 +122,8 @@ class Throughput:
 
 
 def _int(value: object) -> int:
-    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0
+    """A count, or 0 for anything else (the snapshots are files anyone may write)."""
+    return value if type(value) is int and 0 <= value < 2**63 else 0
 
 
 def _nice_max(value: int) -> int:
