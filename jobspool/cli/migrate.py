@@ -42,13 +42,12 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         # The source's settings, stored if this creates the target (a file spool's
         # retention of 50,000 must not become the default 1,000 at the next prune).
         settings = {k: v for k, v in asdict(source.settings).items() if k != "access"}
-        listed = _listed(source)
-        read = 0
+        listed, quarantined = _listed(source)
+        read: set[str] = set()
 
         def counted() -> Iterator[Any]:
-            nonlocal read
             for job in source.jobs():
-                read += 1
+                read.add(job.id)
                 yield job
 
         with Spool(args.to, create=True, **settings) as target:
@@ -64,32 +63,84 @@ def cmd_migrate(args: argparse.Namespace) -> int:
             stored = stored_settings(target) if not created else {}  # type: ignore[arg-type]
             differing = {k: (v, stored[k]) for k, v in settings.items()
                          if k in stored and stored[k] != v}
-    unreadable, quarantined = max(0, listed[0] - read), listed[1]
-    d = {**report.to_dict(), "unreadable": unreadable, "quarantined": quarantined,
+        unreadable, moved, gone = _not_read(source, listed - read)
+        started = _workers_now(source)
+    d = {**report.to_dict(), "unreadable": len(unreadable), "quarantined": quarantined,
+         "moved_during_copy": len(moved), "moved_ids": moved[:100],
+         "removed_during_copy": len(gone), "workers_started_during_copy": started,
          "settings": "copied" if created else "kept (the target existed)"}
     if not created and differing:
         shown = ", ".join(f"{k} {theirs} (the source's {mine})"
                           for k, (mine, theirs) in sorted(differing.items()))
         print(f"jobspool: note: the target spool keeps its own settings ({shown}): a "
               "spool's settings are fixed when it is created", file=sys.stderr)
-    _notes(args, report, unreadable, quarantined, source.root)
+    _notes(args, report, len(unreadable), quarantined, source.root)
+    _during(moved, gone, started)
     _emit(args, d, f"copied {report.copied} job(s) to {where} "
                    f"({report.unleased} leased ones as ready); {len(report.skipped)} already "
                    f"there ({len(report.updated)} of them brought up to the source's newer "
                    f"state); token sequence at {report.fence}")
     # Something was not copied that the user would lose by retiring the directory.
     return (EXIT_UNHEALTHY if report.conflicts or report.diverged or report.refused
-            or unreadable else EXIT_OK)
+            or unreadable or moved or started else EXIT_OK)
 
 
-def _listed(source: Any) -> tuple[int, int]:
-    """Job files the source lists (stale copies of a crash counted once) and files in its
-    quarantine: what `jobs()` yields fewer of than the first is what it could not read."""
+def _listed(source: Any) -> tuple[set[str], int]:
+    """The ids of the job files the source lists (stale copies of a crash once) and how
+    many files its quarantine holds: what `jobs()` did not yield of the first is what it
+    could not read, or what moved or went while it read (`_not_read`)."""
     from jobspool.queue.states import ALL_STATES
     from jobspool.recovery.quarantine import quarantined_files
 
     names = source.journal.without_stale({s: source.store.names(s.value) for s in ALL_STATES})
-    return sum(len(n) for n in names.values()), len(quarantined_files(source.journal))
+    return {i for n in names.values() for i in n}, len(quarantined_files(source.journal))
+
+
+def _not_read(source: Any, missed: set[str]) -> tuple[list[str], list[str], list[str]]:
+    """The listed jobs the copy did not read, told apart: (unreadable, moved, gone). A job
+    that moved to another state while the states were read (a cancel from another shell, a
+    worker) reads fine now and a re-run copies it; one gone was removed meanwhile (pruned,
+    purged). Before, all of them were "could not be read, see the warnings above", with no
+    warning above, and `recover` found nothing to quarantine."""
+    from jobspool.errors import JobNotFound, JobspoolError
+
+    unreadable, moved, gone = [], [], []
+    for job_id in sorted(missed):
+        try:
+            source.get(job_id)
+        except JobNotFound:
+            gone.append(job_id)
+        except JobspoolError:
+            unreadable.append(job_id)
+        else:
+            moved.append(job_id)
+    return unreadable, moved, gone
+
+
+def _workers_now(source: Any) -> list[str]:
+    """Workers running on the source now: checked before the copy (refused), and after it,
+    for one started meanwhile (jobs it ran may be ready on the database too)."""
+    from jobspool import metrics
+
+    metrics.remove_dead_worker_reports(source)
+    return sorted(metrics.read_worker_reports(source))
+
+
+def _during(moved: list[str], gone: list[str], started: list[str]) -> None:
+    if started:
+        print(f"jobspool: warning: {len(started)} worker(s) started on this spool during the "
+              f"copy ({', '.join(started[:5])}): jobs they ran there may also be ready on "
+              "PostgreSQL and run twice; stop them, then run migrate again (it brings the "
+              "copied jobs up to the spool's newer state while no database worker has "
+              "started them)", file=sys.stderr)
+    if moved:
+        print(f"jobspool: warning: {len(moved)} job(s) changed state while the spool was "
+              f"read and were NOT copied (e.g. {moved[0]!r}); run migrate again to copy them",
+              file=sys.stderr)
+    if gone:
+        print(f"jobspool: note: {len(gone)} job(s) were removed from the spool while it was "
+              f"read (pruned or purged, e.g. {gone[0]!r}): nothing of them to copy",
+              file=sys.stderr)
 
 
 def _notes(args: argparse.Namespace, report: Any, unreadable: int, quarantined: int,
@@ -131,8 +182,7 @@ def _refuse_live_processes(source: Any) -> None:
 
     # A worker killed (SIGKILL, a crash) leaves its snapshot fresh for minutes: one whose
     # process is gone from this host is no worker (migrate refused for five minutes).
-    metrics.remove_dead_worker_reports(source)
-    workers = metrics.read_worker_reports(source)
+    workers = _workers_now(source)
     if workers:
         shown = ", ".join(sorted(workers)[:5])
         raise Refused(f"{len(workers)} worker(s) are running on this spool ({shown}"

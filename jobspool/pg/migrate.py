@@ -14,16 +14,21 @@ has started it, and is reported as diverged (exit 2) otherwise.
 
 Whether a side moved is read from the migration's own bookkeeping, a table
 `jobspool_migrated` (source root, job id, the source's revision copied, the
-revision the target was given), written in the transaction that writes the
-job: every transition bumps a job's revision on either side, so the source
+revision the target was given, the job's creation time), written in the
+transaction that writes the job: every transition bumps a job's revision on either side, so the source
 moved when its revision is no longer the one copied, and the target when its
 row's is no longer the one written. No clock or transaction id is compared
 (each differs between hosts, servers, and a dump and its restore), and a job
 run once on each side, to the same end or not, is seen as changed on both. A
-job the target finished and pruned is not copied again. Without a record (an
-older release's copy), a job whose revisions agree but whose contents do not
-moved on both sides; one whose target copy is further on is taken as the
-target's own progress.
+job the target finished and pruned is not copied again, also from the spool
+under another path (renamed, mounted elsewhere, a copy of it): a record of
+another source counts when it names the same job, by id and creation time
+(keyed by path alone, a renamed spool's second run copied every pruned job
+back, and they ran again). A row of the same id, kind and payload created at
+another time was enqueued on the database itself: left alone, never replaced.
+Without a record (an older release's copy), a job whose revisions agree but
+whose contents do not moved on both sides; one whose target copy is further
+on is taken as the target's own progress.
 A job holding a value the database's columns cannot (a priority past 64
 bits, which old releases accepted) is refused alone and listed.
 The target's token sequence is raised above every token the source issued:
@@ -33,6 +38,7 @@ run's writes must never lose to them.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -56,11 +62,19 @@ _BOOKS = """CREATE TABLE IF NOT EXISTS jobspool_migrated (
     id text NOT NULL,
     src_revision bigint NOT NULL,
     tgt_revision bigint NOT NULL,
+    created_at float8,
     PRIMARY KEY (source, id))"""
+# Added after the first release of the table: its rows have none (matched by source only).
+_BOOKS_CREATED = "ALTER TABLE jobspool_migrated ADD COLUMN IF NOT EXISTS created_at float8"
 _RAN = -1  # a recorded target revision: the target ran the job (reported diverged)
-_NOTE = ("INSERT INTO jobspool_migrated (source, id, src_revision, tgt_revision) "
-         "VALUES (%s, %s, %s, %s) ON CONFLICT (source, id) DO UPDATE SET "
-         "src_revision = EXCLUDED.src_revision, tgt_revision = EXCLUDED.tgt_revision")
+_NOTE = ("INSERT INTO jobspool_migrated (source, id, src_revision, tgt_revision, created_at) "
+         "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (source, id) DO UPDATE SET "
+         "src_revision = EXCLUDED.src_revision, tgt_revision = EXCLUDED.tgt_revision, "
+         "created_at = EXCLUDED.created_at")
+# This source's records, and other sources' that name the same job (id and creation time).
+_NOTED = ("SELECT id, src_revision, tgt_revision, source = %s AS own, created_at "
+          "FROM jobspool_migrated WHERE id = ANY(%s) AND (source = %s OR created_at IS NOT NULL) "
+          "ORDER BY own")
 _BIGINT = range(-(1 << 63), 1 << 63)
 
 
@@ -109,10 +123,20 @@ def copy_jobs(jobs: Iterable[Job], target: PgSpool, *, source_fence: int,
         # Looked up first: CREATE ... IF NOT EXISTS checks the privilege to create before
         # it checks whether the table exists (an application role without CREATE on the
         # schema was refused on a database that had the table).
+        import psycopg
+
         row = conn.execute("SELECT to_regclass('jobspool_migrated')").fetchone()
         if row is not None and row[0] is not None:
+            has = conn.execute("SELECT 1 FROM pg_attribute WHERE attrelid = "
+                               "'jobspool_migrated'::regclass AND attname = 'created_at' "
+                               "AND NOT attisdropped").fetchone()
+            if has is None:
+                # A table of an earlier release: its own records still work by path; a
+                # role that may not alter it keeps that (no match across paths).
+                with contextlib.suppress(psycopg.errors.InsufficientPrivilege), \
+                        conn.transaction():
+                    conn.execute(_BOOKS_CREATED)
             return
-        import psycopg
 
         try:
             with conn.transaction():
@@ -160,9 +184,12 @@ def copy_jobs(jobs: Iterable[Job], target: PgSpool, *, source_fence: int,
             out = _Repeat()
             ids = [job.id for job in rows]
             with conn.transaction():
-                noted = {r[0]: (int(r[1]), int(r[2])) for r in conn.execute(
-                    "SELECT id, src_revision, tgt_revision FROM jobspool_migrated "
-                    "WHERE source = %s AND id = ANY(%s)", (source, ids)).fetchall()}
+                created = {job.id: job.created_at for job in rows}
+                noted: dict[str, tuple[int, int]] = {}
+                # Ordered other sources first, own last: this source's record wins.
+                for r in conn.execute(_NOTED, (source, ids, source)).fetchall():
+                    if r[3] or r[4] == created[r[0]]:
+                        noted[r[0]] = (int(r[1]), int(r[2]))
                 theirs = {r[0]: r for r in conn.execute(
                     f"SELECT {COLUMNS} FROM jobspool_jobs WHERE id = ANY(%s) FOR UPDATE",
                     (ids,)).fetchall()}
@@ -175,13 +202,15 @@ def copy_jobs(jobs: Iterable[Job], target: PgSpool, *, source_fence: int,
                             out.skipped.append(i)
                             if source_rev[i] != noted[i][0]:
                                 out.diverged.append(i)  # reported once, as below
-                                conn.execute(_NOTE, (source, i, source_rev[i], _RAN))
+                                conn.execute(_NOTE, (source, i, source_rev[i], _RAN,
+                                                     job.created_at))
                             continue
                         cur = conn.execute(INSERT_SQL, [i, *write_values(job)])
                         if cur.rowcount == 0:  # a concurrent migration's
                             out.skipped.append(i)
                             continue
-                        conn.execute(_NOTE, (source, i, source_rev[i], job.revision))
+                        conn.execute(_NOTE, (source, i, source_rev[i], job.revision,
+                                             job.created_at))
                         continue
                     out.skipped.append(i)
                     try:
@@ -200,7 +229,8 @@ def copy_jobs(jobs: Iterable[Job], target: PgSpool, *, source_fence: int,
                         # the target takes the source's newer version.
                         cur = conn.execute(UPDATE_SQL, [*write_values(job), i, held.revision])
                         if cur.rowcount:
-                            conn.execute(_NOTE, (source, i, source_rev[i], job.revision))
+                            conn.execute(_NOTE, (source, i, source_rev[i], job.revision,
+                                                 job.created_at))
                             out.updated.append(i)
                         else:
                             out.diverged.append(i)
@@ -209,9 +239,10 @@ def copy_jobs(jobs: Iterable[Job], target: PgSpool, *, source_fence: int,
                         # Reported by the run that finds it (else every run exited 2 with no
                         # way to settle it); the target ran it, so a later change of the
                         # source never replaces what it did: it is reported again instead.
-                        conn.execute(_NOTE, (source, i, source_rev[i], _RAN))
+                        conn.execute(_NOTE, (source, i, source_rev[i], _RAN, job.created_at))
                     elif verdict == "same":
-                        conn.execute(_NOTE, (source, i, source_rev[i], held.revision))
+                        conn.execute(_NOTE, (source, i, source_rev[i], held.revision,
+                                             job.created_at))
                     # Else the target has it as copied, or moved it on (its workers ran it
                     # since): a repeat of the migration, left alone.
             return out
@@ -245,6 +276,11 @@ def _judge(job: Job, held: Job, source_revision: int, noted: tuple[int, int] | N
         if source_revision == noted[0]:
             return "repeat"  # the source did not move since: whatever the target did stands
         return "update" if held.revision == noted[1] else "diverged"
+    if held.created_at != job.created_at:
+        # Enqueued on the database itself under the id, kind and payload (every copy keeps
+        # the source's creation time): its own job, left alone as an enqueue with
+        # on_conflict="keep" leaves it. It was replaced when the file's revision was higher.
+        return "repeat"
     # No record (an older release's copy): revisions and contents.
     same = ((held.state, held.revision, held.attempts, held.rescues)
             == (job.state, job.revision, job.attempts, job.rescues)

@@ -1,0 +1,93 @@
+"""`migrate` knows a job by what it is, not by where its spool lives (probe findings):
+- a spool renamed (or mounted elsewhere, or a copy of it) migrated again copied back every
+  job the database had run and pruned, and they ran a second time;
+- a job enqueued on the database itself, with the id, kind and payload of a file-spool
+  job, was overwritten by the file spool's version (it is left alone, as an enqueue with
+  on_conflict="keep" leaves it);
+- a job that moved to another state while the spool was read was copied in neither and
+  reported as an unreadable file, pointing at warnings never printed."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobspool import JobState
+from tests.cli_harness import run_cli, run_jobspool
+from tests.spools import make_spool
+
+
+def test_a_renamed_spool_migrated_again_does_not_bring_back_pruned_jobs(
+        tmp_path: Path, pg_url: str) -> None:
+    first_root, moved_root = tmp_path / "a", tmp_path / "b"
+    with make_spool(first_root) as spool:
+        spool.enqueue_many("mail", [{"i": i} for i in range(3)], job_ids=["m1", "m2", "m3"])
+    first = run_jobspool("--root", str(first_root), "migrate", "--to", pg_url, "--json")
+    assert first.returncode == 0, first.stderr
+    with make_spool(pg_url) as target:
+        for lease in target.claim(limit=3):
+            target.complete(lease, "sent")
+        target.prune(keep=0)
+        assert list(target.jobs()) == []
+    first_root.rename(moved_root)
+    again = run_jobspool("--root", str(moved_root), "migrate", "--to", pg_url, "--json")
+    assert again.returncode == 0, again.stdout + again.stderr
+    doc = json.loads(again.stdout)
+    assert doc["copied"] == 0 and doc["skipped"] == 3
+    with make_spool(pg_url) as target:
+        assert list(target.jobs()) == []  # nothing to run a second time
+
+
+def test_a_job_enqueued_on_the_database_is_not_replaced_by_a_file_spool_namesake(
+        tmp_path: Path, pg_url: str) -> None:
+    with make_spool(pg_url) as target:
+        target.enqueue("report", {"day": 1}, job_id="report-1", priority=-5, max_attempts=9)
+    root = tmp_path / "s"
+    with make_spool(root) as spool:
+        spool.enqueue("report", {"day": 1}, job_id="report-1")
+        (lease,) = spool.claim()
+        spool.fail(lease, "smtp down", delay=3600)
+    out = run_jobspool("--root", str(root), "migrate", "--to", pg_url, "--json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    doc = json.loads(out.stdout)  # left alone, as an enqueue with on_conflict="keep"
+    assert doc["skipped_ids"] == ["report-1"] and doc["updated"] == 0
+    with make_spool(pg_url) as target:
+        kept = target.get("report-1")
+    assert (kept.state, kept.priority, kept.max_attempts, kept.attempts) == \
+        (JobState.READY, -5, 9, 0)
+
+
+def test_a_job_that_moves_while_the_spool_is_read_is_named_for_a_rerun(
+        tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from jobspool.queue.spool import Spool
+
+    root = tmp_path / "s"
+    with make_spool(root) as spool:
+        spool.enqueue("k", {}, job_id="early")
+        spool.enqueue("k", {}, job_id="late")
+        spool.cancel("late")
+    reading = Spool.jobs
+
+    def jobs(self: Spool, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        for n, job in enumerate(reading(self, *args, **kwargs)):
+            if n == 0:  # ready/ read: a shell requeues the canceled job into it meanwhile
+                with make_spool(root) as other:
+                    other.requeue("late")
+            yield job
+
+    monkeypatch.setattr(Spool, "jobs", jobs)
+    out = run_cli("--root", str(root), "migrate", "--to", pg_url, "--json")
+    monkeypatch.undo()
+    assert out.code == 2, out.out + out.err
+    doc = json.loads(out.out)
+    assert (doc["unreadable"], doc["moved_during_copy"], doc["moved_ids"]) == (0, 1, ["late"])
+    assert "changed state while the spool was read" in out.err
+    assert "could not be read" not in out.err
+    again = run_jobspool("--root", str(root), "migrate", "--to", pg_url, "--json")
+    assert again.returncode == 0, again.stdout + again.stderr
+    with make_spool(pg_url) as target:
+        assert target.get("late").state is JobState.READY
