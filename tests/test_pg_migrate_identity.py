@@ -91,3 +91,33 @@ def test_a_job_that_moves_while_the_spool_is_read_is_named_for_a_rerun(
     assert again.returncode == 0, again.stdout + again.stderr
     with make_spool(pg_url) as target:
         assert target.get("late").state is JobState.READY
+
+
+def test_a_worker_started_during_the_copy_is_named_and_the_exit_is_2(
+        tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from jobspool import RunReport
+    from jobspool.metrics import publish_worker_report, remove_worker_report
+    from jobspool.queue.spool import Spool
+
+    root = tmp_path / "s"
+    with make_spool(root) as spool:
+        spool.enqueue_many("k", [{}, {}], job_ids=["a", "b"])
+    reading = Spool.jobs
+
+    def jobs(self: Spool, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        for n, job in enumerate(reading(self, *args, **kwargs)):
+            if n == 0:  # a worker starts on the spool while it is read (this process: alive)
+                publish_worker_report(self, "late-worker", RunReport())
+            yield job
+
+    monkeypatch.setattr(Spool, "jobs", jobs)
+    try:
+        out = run_cli("--root", str(root), "migrate", "--to", pg_url, "--json")
+    finally:
+        monkeypatch.undo()
+        with make_spool(root) as spool:
+            remove_worker_report(spool, "late-worker")
+    assert out.code == 2, out.out + out.err
+    doc = json.loads(out.out)
+    assert doc["copied"] == 2 and doc["workers_started_during_copy"] == ["late-worker"]
+    assert "started on this spool during the copy" in out.err
