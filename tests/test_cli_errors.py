@@ -571,3 +571,14 @@ def test_a_root_no_shell_expanded_is_refused_and_nothing_is_made(
                      cwd=tmp_path)
     assert r.returncode == 1 and "no shell expanded" in one_error_line(r)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("host", ["", "  ", " 127.0.0.1"])
+def test_a_blank_or_padded_metrics_host_is_refused_not_every_interface(
+        tmp_path: Path, host: str) -> None:
+    # `--metrics-host "$HOST"` with HOST unset listened on 0.0.0.0.
+    make_spool(tmp_path / "s").close()
+    got = run_jobspool("worker", "--app", "tests.apps.simple:app", "--metrics-port", "0",
+                       "--metrics-host", host, root=tmp_path / "s")
+    assert got.code == 1
+    assert "--metrics-host" in one_error_line(got) and "not an address" in got.err

@@ -98,6 +98,16 @@ def _port(text: str) -> int:
     return value
 
 
+def _listen_host(text: str) -> str:
+    """An address to listen on, named: blank (an unset `$HOST` in `--metrics-host "$HOST"`)
+    made the server listen on every interface, where 127.0.0.1 was meant."""
+    if not text.strip() or text != text.strip():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an address: give one (127.0.0.1 for this host only; 0.0.0.0 "
+            "for every interface, said as such)")
+    return text
+
+
 def _version() -> str:
     from jobspool import __version__
 

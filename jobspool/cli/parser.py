@@ -6,6 +6,7 @@ import argparse
 
 from jobspool.cli import commands, maintain
 from jobspool.cli.common import (
+    _listen_host,
     _nonneg_float,
     _nonneg_int,
     _Parser,
@@ -143,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
             c.add_argument("--metrics-port", type=_port,
                            help="serve Prometheus metrics on 127.0.0.1:PORT")
             c.add_argument("--metrics-host", default="127.0.0.1", metavar="ADDRESS",
+                           type=_listen_host,
                            help="address --metrics-port listens on (default: 127.0.0.1)")
         c.set_defaults(func=func)
 
