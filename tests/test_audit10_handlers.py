@@ -88,3 +88,21 @@ def test_an_exception_whose_str_raises_systemexit_or_keyboardinterrupt_fails_onl
             job = spool.get(job_id)
             assert job.state is JobState.DEAD_LETTER, job
             assert job.last_error == f"{name}: <{name}: str() failed>"
+
+
+def test_an_exception_without_a_message_is_stored_as_its_type_alone(tmp_path: Path) -> None:
+    # A bare `raise KeyboardInterrupt` was stored as "KeyboardInterrupt: ".
+    with make_spool(tmp_path / "spool", clock=FakeClock(), max_attempts=1) as spool:
+        bare = spool.enqueue("bare").id
+        said = spool.enqueue("said").id
+
+        def raise_bare(job: Any, ctx: Any) -> None:
+            raise KeyboardInterrupt
+
+        def raise_said(job: Any, ctx: Any) -> None:
+            raise ValueError("bad input")
+
+        Worker(spool, {"bare": raise_bare, "said": raise_said},
+               maintenance=False).run_until_idle()
+        assert spool.get(bare).last_error == "KeyboardInterrupt"
+        assert spool.get(said).last_error == "ValueError: bad input"

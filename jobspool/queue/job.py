@@ -228,7 +228,13 @@ def validate_kind(kind: object) -> str:
 
 
 def clip_error(error: object) -> str:
-    text = error if isinstance(error, str) else f"{type(error).__name__}: {safe_str(error)}"
+    if isinstance(error, str):
+        text = error
+    else:
+        # The type alone for an exception without a message: a bare `raise KeyboardInterrupt`
+        # was stored as "KeyboardInterrupt: ".
+        said = safe_str(error)
+        text = f"{type(error).__name__}: {said}" if said else type(error).__name__
     text = storable_text(text)
     return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
 
