@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from jobspool.errors import JobNotFound, JobspoolError, SpoolError, UnreadableJob
-from jobspool.queue.diskerrors import SHORT_OF_RESOURCES, read_failed
+from jobspool.queue.diskerrors import SHORT_OF_RESOURCES, listing_failed, read_failed
 from jobspool.queue.job import CorruptJob, Job, decode_job, report_unreadable, survivor_key
 from jobspool.queue.layout import SpoolSettings, effective_keep_dead
 from jobspool.queue.options import ProcessOptions
@@ -81,6 +81,11 @@ class JournalReads:
         readable copy (no permission, garbage): the id is not free, nor the job missing."""
         for state in ALL_STATES:
             if self.store.present(state.value, job_id + JOB_SUFFIX):
+                denied = self.store.denied(state.value, job_id + JOB_SUFFIX)
+                if denied is not None:
+                    # A directory this user may not search: no file is known to be there
+                    # (it was "taken by an unreadable file", one that did not exist).
+                    raise listing_failed(denied, self.root)
                 return f"{state.value}/{job_id}{JOB_SUFFIX}"
         return None
 

@@ -258,7 +258,12 @@ class Store(StoreReader, RecycledPool):
         (see `recovery.strays.stray_tmp_files`). The caller must `discard` the ones it does
         not publish.
         """
-        self._check_fork()
+        try:
+            # The pool listed on first use: `tmp/pool/` that cannot be read (chmod 000) is
+            # the same one-line WriteFailed as any other write, not a bare PermissionError.
+            self._check_fork()
+        except OSError as exc:
+            raise write_failed(exc, self.root) from None
         self._check_real_dirs(set())
         try:
             liveness.mark_for(self.root, self.file_mode)

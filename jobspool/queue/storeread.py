@@ -46,6 +46,19 @@ class StoreReader:
             return True
         return True
 
+    def denied(self, directory: str, name: str) -> OSError | None:
+        """The error when the name cannot even be looked up for want of permission (the
+        directory, not the file: an lstat needs search permission on the directory alone);
+        None when it can."""
+        try:
+            os.lstat(f"{self._root_s}/{directory}/{name}")
+        except PermissionError as exc:
+            exc.filename = f"{self._root_s}/{directory}"
+            return exc
+        except OSError:
+            return None
+        return None
+
     def surely_present(self, directory: str, name: str) -> bool:
         """Whether something is seen at that name: an error (no permission to search the
         directory) is "cannot tell", not "there"."""

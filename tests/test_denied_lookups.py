@@ -1,0 +1,110 @@
+"""Permissions taken away from parts of a spool, met by producers (probe findings):
+- `tmp/pool/` that cannot be listed made `Spool.enqueue` raise a bare PermissionError
+  (not a `JobspoolError`) on the pool's first use in a process;
+- a state directory that cannot be searched made `enqueue --id` say the id "is taken by
+  an unreadable file" that did not exist, and suggest `recover`.
+
+Run as root, the calls drop to `nobody` in a forked child (root bypasses permissions);
+without root, the directory is made unreadable with chmod."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from jobspool import Spool
+from tests.cli_harness import run_cli
+from tests.forked_cli import forked_cli
+from tests.spools import make_spool
+
+AS_ROOT = os.geteuid() == 0
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    base = Path(tempfile.mkdtemp(prefix="jobspool-denied-"))
+    os.chmod(base, 0o755)  # outside pytest's private temp tree, so `nobody` can reach it
+    try:
+        yield base / "spool"
+    finally:
+        for dirpath, dirs, _files in os.walk(base):
+            for name in dirs:
+                os.chmod(os.path.join(dirpath, name), 0o755)
+        shutil.rmtree(base)
+
+
+def _deny(root: Path, relative: str) -> None:
+    """Make `root/relative` unreadable and unsearchable for whoever runs the call."""
+    if AS_ROOT:
+        nobody = pwd.getpwnam("nobody")
+        for dirpath, dirs, files in os.walk(root):
+            for name in [*dirs, *files]:
+                os.lchown(os.path.join(dirpath, name), nobody.pw_uid, nobody.pw_gid)
+        os.lchown(root, nobody.pw_uid, nobody.pw_gid)
+        os.chown(root / relative, 0, 0)
+    os.chmod(root / relative, 0)
+
+
+def _forked(call: Callable[[], object]) -> str:
+    """Run `call` in a forked child (as `nobody` when we are root): 'ok' or the type and
+    message of what it raised."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # never return into pytest
+        said = "child did not report"
+        try:
+            os.close(read_fd)
+            if AS_ROOT:
+                nobody = pwd.getpwnam("nobody")
+                os.setgroups([])
+                os.setgid(nobody.pw_gid)
+                os.setuid(nobody.pw_uid)
+            call()
+            said = "ok"
+        except BaseException as exc:
+            said = f"{type(exc).__module__}.{type(exc).__name__}: {exc}"
+        finally:
+            os.write(write_fd, orjson.dumps(said))
+            os._exit(0)
+    os.close(write_fd)
+    chunks = []
+    while chunk := os.read(read_fd, 1 << 16):
+        chunks.append(chunk)
+    os.close(read_fd)
+    os.waitpid(pid, 0)
+    return str(orjson.loads(b"".join(chunks)))
+
+
+def test_an_unlistable_pool_fails_an_enqueue_with_a_jobspool_error(root: Path) -> None:
+    make_spool(root).close()
+    (root / "tmp" / "pool").mkdir(parents=True, exist_ok=True)
+    _deny(root, "tmp/pool")
+
+    def enqueue() -> None:
+        with Spool(root) as spool:
+            spool.enqueue("work", {})
+
+    said = _forked(enqueue)
+    assert said.startswith("jobspool.errors."), said  # WriteFailed, one line
+    assert "tmp/pool" in said and "\n" not in said
+
+
+def test_an_unsearchable_state_directory_is_named_not_an_unreadable_file(
+        root: Path) -> None:
+    make_spool(root).close()
+    run_cli("--root", str(root.parent / "scratch"), "init")  # warm the CLI's imports
+    run_cli("--root", str(root.parent / "scratch"), "enqueue", "k", "--id", "warm")
+    _deny(root, "canceled")
+    got = forked_cli(["--root", str(root), "enqueue", "k", "--id", "brand-new-id"],
+                     as_nobody=True)
+    assert got["code"] != 0, got
+    last = got["err"].strip().splitlines()[-1]
+    assert "canceled" in last and "Permission denied" in last, got["err"]
+    assert "taken by an unreadable file" not in got["err"]
