@@ -22,6 +22,8 @@ EDITS = {
     "payload": "UPDATE jobspool_jobs SET payload = '1e999' WHERE id = %s",
     "created_at": "UPDATE jobspool_jobs SET created_at = 'NaN' WHERE id = %s",
     "timeout": "UPDATE jobspool_jobs SET timeout = -1 WHERE id = %s",
+    # The claim's own `attempts + 1` made -1 a valid 0 before the row was judged: it ran.
+    "attempts": "UPDATE jobspool_jobs SET attempts = -1 WHERE id = %s",
 }
 
 

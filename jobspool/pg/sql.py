@@ -123,7 +123,9 @@ WITH due AS MATERIALIZED (
     ORDER BY priority, run_at, id LIMIT {{limit}}) s)
 UPDATE jobspool_jobs j
 SET state = 'leased', revision = j.revision + 1,
-    attempts = CASE WHEN j.state = 'leased' THEN {_eff_attempts('j.')} ELSE j.attempts END + 1,
+    attempts = CASE WHEN j.attempts < 0 THEN j.attempts  -- a hand edit: judged as it is
+                    WHEN j.state = 'leased' THEN {_eff_attempts('j.')} + 1
+                    ELSE j.attempts + 1 END,
     rescues = CASE WHEN j.state = 'leased' THEN {_new_rescues('j.')} ELSE j.rescues END,
     updated_at = {NOW}, token = c.token, owner = %(owner)s,
     expires_at = {NOW} + greatest(%(lease)s::float8, 1e-6), proc = %(proc)s,
