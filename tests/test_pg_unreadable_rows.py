@@ -149,3 +149,23 @@ def test_fsck_names_a_row_whose_id_no_command_can_name(pg_url: str) -> None:
     fsck = run_jobspool("fsck", root=pg_url)
     assert fsck.returncode == 2
     assert "'../x'" in fsck.stdout + fsck.stderr and "naming rules" in fsck.stdout + fsck.stderr
+
+
+def test_a_row_whose_kind_breaks_the_rules_is_unreadable_as_on_the_file_store(
+        pg_url: str) -> None:
+    """A hand's `kind = 'a/b'`: `show`, `cancel` and `requeue` acted on it and `health`
+    said ok, where the file store's same damage is an unreadable file; fsck said twice
+    that no command could name it."""
+    with make_spool(pg_url) as spool:
+        spool.enqueue("work", {}, job_id="kslash")
+        spool.enqueue("work", {}, job_id="fine")
+    _edit(pg_url, "UPDATE jobspool_jobs SET kind = 'a/b' WHERE id = %s", "kslash")
+    for command in (("show", "kslash"), ("cancel", "kslash")):
+        got = run_jobspool(*command, root=pg_url)
+        assert got.returncode == 2 and "Traceback" not in got.stderr, got.stderr
+        assert "'a/b'" in got.stderr and "naming rules" in got.stderr
+    assert run_jobspool("health", root=pg_url).returncode != 0
+    fsck = run_jobspool("fsck", root=pg_url)
+    assert fsck.returncode == 2 and fsck.stdout.count("kslash") == 1, fsck.stdout
+    with make_spool(pg_url) as spool:
+        assert [j.id for j in spool.jobs()] == ["fine"]

@@ -28,7 +28,7 @@ from jobspool.health.reasons import ids as some_ids
 from jobspool.pg.rows import COLUMNS, to_job
 from jobspool.pg.schema import NO_PRIMARY_KEY, damage
 from jobspool.queue.bulk import LISTING_PASSES
-from jobspool.queue.job import JOB_ID_PATTERN, KIND_PATTERN, Job, validate_int, validate_seconds
+from jobspool.queue.job import Job, validate_int, validate_seconds
 from jobspool.queue.states import ALL_STATES, TERMINAL, JobState
 from jobspool.queue.stats import Stats
 
@@ -217,19 +217,17 @@ def fsck(spool: PgSpool) -> FsckReport:
     if highest > fence:
         problems.append(f"a job holds token {highest}, above the fence sequence's {fence}: "
                         "tokens could be issued twice")
+    # Rows no reader can take (a hand's edit: an id or kind no producer could give, a
+    # negative attempt count, JSON past what jobspool writes) name why, once each: the
+    # checks below list what the reader lets through but the invariants do not.
+    unreadable = _unreadable_rows(spool, limit=100)[0]
+    said = {i for i, _ in unreadable}
     bad = spool.db.run(lambda c: c.execute(
         "SELECT id, state FROM jobspool_jobs WHERE attempts < 0 OR max_attempts < 1 "
         "OR revision < 1 "
         "OR (state <> 'leased' AND owner IS NOT NULL) LIMIT 100").fetchall(), what="fsck")
-    problems.extend(f"job {i} ({s}): fields out of range" for i, s in bad)
-    # A hand's row with an id or kind no producer could give: workers ran it, but no
-    # command can name it (`show ../x` is refused). Only SQL can fix or delete it.
-    named = spool.db.run(lambda c: c.execute(
-        "SELECT id, state FROM jobspool_jobs WHERE id !~ %s OR kind !~ %s LIMIT 100",
-        (f"^{JOB_ID_PATTERN}$", f"^{KIND_PATTERN}$")).fetchall(), what="fsck")
-    problems.extend(f"job {i!r} ({s}): its id or kind breaks the naming rules, so no "
-                    "command can name it; fix or delete it by hand" for i, s in named)
-    problems.extend(why for _, why in _unreadable_rows(spool, limit=100)[0])
+    problems.extend(f"job {i} ({s}): fields out of range" for i, s in bad if i not in said)
+    problems.extend(why for _, why in unreadable)
     notes: list[str] = []
     expired = spool.db.run(lambda c: c.execute(
         "SELECT count(*) FROM jobspool_jobs WHERE state = 'leased' AND expires_at <= %s",

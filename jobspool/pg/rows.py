@@ -14,7 +14,14 @@ from typing import Any
 import orjson
 
 from jobspool.errors import UnreadableJob
-from jobspool.queue.job import Job, implausible, new_job_snapshot, new_lease_info
+from jobspool.queue.job import (
+    JOB_ID_RE,
+    KIND_RE,
+    Job,
+    implausible,
+    new_job_snapshot,
+    new_lease_info,
+)
 from jobspool.queue.payload import MAX_JSON_DEPTH, MAX_RUN_AT, nested_deeper_than
 from jobspool.queue.states import JobState
 
@@ -64,7 +71,13 @@ def to_job(row: Sequence[Any]) -> Job:
 
 def _out_of_range(job: Job) -> str | None:
     """What the schema lets a hand write that no transition does (the file store's decoder
-    refuses the same in a file: `queue/job.py` `_time`, `_timeout`)."""
+    refuses the same in a file: `queue/job.py` `_time`, `_timeout`, the id and kind
+    rules). A kind such as `a/b` was claimed, run, shown and canceled by its id on
+    PostgreSQL, and an unreadable file on the file store."""
+    if JOB_ID_RE.fullmatch(job.id) is None:
+        return f"its id {job.id!r} breaks the naming rules"
+    if KIND_RE.fullmatch(job.kind) is None:
+        return f"its kind {job.kind!r} breaks the naming rules"
     for name in ("created_at", "updated_at", "run_at"):
         value = getattr(job, name)
         if not -MAX_RUN_AT <= value <= MAX_RUN_AT:  # NaN fails too
