@@ -346,7 +346,12 @@ def test_a_malformed_postgresql_url_is_bad_input_exit_1() -> None:
 
 
 @pytest.mark.parametrize("url", ["postgresql://u@127.0.0.1:1/db?sslmode=bogus",
-                                 "postgresql://u@127.0.0.1:abc/db"])
+                                 "postgresql://u@127.0.0.1:abc/db",
+                                 # a host name: libpq looked the port up as a service name,
+                                 # "failed to resolve host 'localhost'" (exit 2)
+                                 "postgresql://u@localhost:abc/db",
+                                 "postgresql://u@localhost:-5/db",
+                                 "postgresql://u@localhost:70000/db"])
 def test_a_url_option_libpq_refuses_is_bad_input_not_an_outage(url: str) -> None:
     """Found by a CLI fuzz: `?sslmode=bogus` read as a database that is down (exit 2), and
     a worker waited 30 s for it to come back. libpq refuses it before reaching any server."""

@@ -58,10 +58,17 @@ def display_url(url: str) -> str:
                           "password can be: percent-encode the password's '@', '/', '?' "
                           "and '#' (%40, %2F, %3F, %23), and an '@' in a query value (%40)")
     try:
-        _conninfo.conninfo_to_dict(url)
+        parts = _conninfo.conninfo_to_dict(url)
     except psycopg.Error as exc:
         # Bad input, not a spool that refuses: the CLI exits 1 for it (DESIGN §8).
         raise ConfigError(f"bad PostgreSQL URL: {scrub_password(one_line(exc), url)}") from None
+    # Checked here: with a host name, libpq hands the port to the name lookup as a service
+    # name, and `localhost:abc` was "failed to resolve host 'localhost'" (a DNS failure,
+    # exit 2) where `127.0.0.1:abc` named the port.
+    for port in str(parts.get("port") or "").split(","):
+        if port and not (port.isdigit() and 0 < int(port) < 65536):
+            raise ConfigError(f"bad PostgreSQL URL {shown}: port {port!r} is not a TCP port "
+                              "(a number from 1 to 65535)")
     return shown
 
 
