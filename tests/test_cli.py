@@ -704,3 +704,20 @@ def test_a_job_of_its_kinds_that_came_due_after_the_last_claim_is_reported_left(
         spool.enqueue("work", job_id="later", delay=60)
         unhandled, waiting, next_due_in, due = worker._left_behind()  # noqa: SLF001
     assert unhandled == {} and waiting == 2 and next_due_in == 0.0 and due == 1
+
+
+def test_maintain_names_a_mistyped_table_instead_of_passing_it_as_nothing_to_do(
+        spool_with_jobs: Path) -> None:
+    import lancedb
+
+    root = spool_with_jobs
+    before = run_jobspool("--root", root, "maintain", "--tables", "notes", "--json",
+                          timeout=120)
+    assert before.code == 0, before.err  # no table yet: a cron line before the first job
+    lancedb.connect(str(root / "index")).create_table("notes", data=[{"id": "a", "v": 1}])
+    typo = run_jobspool("--root", root, "maintain", "--tables", "ntoes", "--json",
+                        timeout=120)
+    assert typo.code == 1
+    assert "'ntoes'" in typo.err and "notes" in typo.err and "Traceback" not in typo.err
+    assert run_jobspool("--root", root, "maintain", "--tables", "notes",
+                        timeout=120).code == 0

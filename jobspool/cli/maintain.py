@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from typing import Any
 
 from jobspool.cli.commands import _setup_logging
-from jobspool.cli.common import EXIT_OK, EXIT_UNHEALTHY, UsageError, _load_app, _open
+from jobspool.cli.common import EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE, UsageError, _load_app, _open
 from jobspool.cli.render import _emit
 
 
@@ -69,9 +70,33 @@ def cmd_maintain(args: argparse.Namespace) -> int:
                                          keys=dict(app.keys) if app else None)
         report = maintain(store, tables=tables, budget_seconds=args.budget,
                           min_live_token=spool.min_live_token())
+        typo = _unknown_tables(store, report) if tables else None
     d = report.to_dict() if hasattr(report, "to_dict") else {"report": str(report)}
     _emit(args, d, lambda: _maintain_text(report))
+    if typo:
+        # A name given that the projection does not hold, while it holds others: a typo,
+        # which passed as "nothing to do" (exit 0). A projection with no table yet (a cron
+        # line written before the first job) still passes.
+        print(f"jobspool: error: --tables: {typo}", file=sys.stderr)
+        return EXIT_USAGE
     return EXIT_OK if report.ok else EXIT_UNHEALTHY
+
+
+def _unknown_tables(store: Any, report: Any) -> str | None:
+    from jobspool.projection.maintenance import NO_SUCH_TABLE
+
+    missing = [t.table for t in report.tables if t.reason == NO_SUCH_TABLE]
+    if not missing:
+        return None
+    try:
+        held = sorted(store.table_names())
+    except Exception:  # the report said what it could; a listing fault is not a typo
+        return None
+    if not held:
+        return None
+    shown = ", ".join(held[:10]) + (", ..." if len(held) > 10 else "")
+    return (f"no table named {', '.join(repr(m) for m in missing)} in the projection "
+            f"(it holds: {shown})")
 
 
 def _maintain_text(report: Any) -> str:
