@@ -26,6 +26,7 @@ from jobspool.errors import InvalidType, LeaseLost, SpoolClosed, WorkerCrashed
 from jobspool.queue import signalhub
 from tests.spools import make_spool
 from tests.subproc import REPO, cli_env
+from tests.waiting import wait_until
 
 _FORK_CHILD = textwrap.dedent("""
     import faulthandler, os, sys, threading
@@ -160,6 +161,40 @@ def test_a_handler_releasing_its_own_lease_does_not_loop_the_run(spool: Spool) -
         guard.cancel()
     assert (report.claimed, report.lease_lost) == (1, 1)
     assert spool.get("j").state is JobState.READY
+
+
+def test_a_running_job_canceled_then_requeued_runs_again_well_before_its_lease_time(
+        tmp_path: Path) -> None:
+    # Found by a dashboard probe: the worker took the requeued job for one its handler had
+    # released itself and left it alone for the whole 60 s lease, due and unexplained.
+    runs: list[int] = []
+    first_started, go_on = threading.Event(), threading.Event()
+
+    def handler(job: Job, ctx: Context) -> str:
+        runs.append(ctx.token)
+        if len(runs) == 1:
+            first_started.set()
+            go_on.wait(60)
+        return "done"
+
+    with make_spool(tmp_path / "s", lease_seconds=60.0) as spool:
+        spool.enqueue("k", job_id="j")
+        worker = Worker(spool, {"k": handler}, concurrency=1, maintenance=False)
+        serving = threading.Thread(target=worker.run_forever, kwargs={"handle_signals": False})
+        serving.start()
+        try:
+            assert first_started.wait(60)
+            spool.cancel("j")  # an operator, from the dashboard or the CLI
+            spool.requeue("j")
+            go_on.set()  # the first run ends: its lease is lost ("job is ready")
+            # Well within the 60 s lease: the bound is 5 s (a guard, not a timing claim).
+            wait_until(lambda: spool.get("j").state is JobState.COMPLETED, 30,
+                       "the requeued job to run again")
+        finally:
+            go_on.set()
+            worker.stop()
+            serving.join(60)
+    assert len(runs) == 2 and runs[1] > runs[0]
 
 
 def test_a_ctx_kept_past_its_run_refuses_writes(spool: Spool) -> None:

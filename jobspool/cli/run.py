@@ -79,7 +79,8 @@ def cmd_run_until_idle(args: argparse.Namespace) -> int:
             why = "it came due after the run's last claim"
             if report.lease_lost:
                 why += (f", or the run let it go: {report.lease_lost} lease(s) lost or "
-                        "released by a handler, whose jobs it leaves for one lease's time")
+                        "released by a handler, whose jobs it leaves for one lease's time, "
+                        "at most 5 s")
             lines.append(f"left {report.waiting} job(s) of its kinds, the first due now "
                          f"({why}); run again, or --wait-retries SECONDS waits for those "
                          "due within SECONDS")

@@ -61,6 +61,10 @@ log = logging.getLogger("jobspool.queue.worker")
 DEFER_MAX_SECONDS = 60.0
 
 
+# The longest a run leaves alone a job given back behind its back (`Settler._shun`).
+SHUN_SECONDS = 5.0
+
+
 class Settler:
     """Settles the finished runs of one pipeline; `in_hand` is the pipeline's own dict."""
 
@@ -315,11 +319,14 @@ class Settler:
                     c.job_id, c.token, err.reason, extra={"job_id": c.job_id, "token": c.token})
 
     def _shun(self, c: Context) -> None:
-        """Leave a job given back behind this run's back alone for a lease's time: a handler
-        that released its own job made the run claim it again at once, for ever (no
-        attempt counted) — `run_until_idle` never returned, at full CPU. A lease that
-        merely lapsed is not shunned: its job's next claim counts an attempt."""
-        self.shunned[c.job_id] = time.monotonic() + self.config.lease_seconds
+        """Leave a job given back behind this run's back alone for a lease's time, at most
+        `SHUN_SECONDS`: a handler that released its own job made the run claim it again at
+        once, for ever (no attempt counted) — `run_until_idle` never returned, at full CPU.
+        Bounded, because an operator's cancel then requeue of the running job looks the
+        same: with a 60 s lease it sat due and unclaimed for a minute, unexplained. A lease
+        that merely lapsed is not shunned: its job's next claim counts an attempt."""
+        self.shunned[c.job_id] = time.monotonic() + min(self.config.lease_seconds,
+                                                        SHUN_SECONDS)
 
     def avoided(self) -> frozenset[str]:
         """The jobs the next claim leaves alone (`_shun`); forgets the ones whose time is up."""
