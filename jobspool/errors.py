@@ -140,6 +140,12 @@ class SpoolError(JobspoolError):
         self.path = path
 
 
+class InvalidRoot(SpoolError, ConfigError):
+    """Raised when a spool root is given malformed: a URL or a libpq string this store
+    cannot serve, whitespace around it. Bad input (the CLI exits 1), yet a `SpoolError`
+    as it always was for callers of `Spool()`."""
+
+
 class UnreadableJob(SpoolError):
     """Raised when a job's file is there but cannot be read: damaged (`recover` moves it to
     quarantine/), or not readable by this user. Listings skip such a file with a warning."""
@@ -286,6 +292,7 @@ __all__ = [
     "CorruptFileWarning",
     "DuplicateJob",
     "InvalidJob",
+    "InvalidRoot",
     "InvalidTransition",
     "InvalidType",
     "JobFailed",

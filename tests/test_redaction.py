@@ -57,7 +57,7 @@ def test_a_url_with_leading_whitespace_is_refused_and_nothing_is_created(
         code, _, err = run_cli("init", root=" postgresql://u@127.0.0.1:1/db")
     finally:
         os.chdir(cwd)
-    assert code == 2 and "whitespace" in err and len(err.strip().splitlines()) == 1
+    assert code == 1 and "whitespace" in err and len(err.strip().splitlines()) == 1
     assert list(tmp_path.iterdir()) == []
 
 
@@ -73,7 +73,7 @@ def test_a_root_that_is_no_spool_is_refused_without_its_password(
     try:
         for command in ("init", "stats"):
             code, out, err = run_cli(command, root=root)
-            assert code == 2 and len(err.strip().splitlines()) == 1, err
+            assert code == 1 and len(err.strip().splitlines()) == 1, err
             assert "KvPw" not in out + err and "cret" not in out + err, err
     finally:
         os.chdir(cwd)
@@ -145,7 +145,7 @@ def test_a_url_root_of_another_kind_is_named_as_typed(tmp_path: Path, root: str,
             Spool(root)
     finally:
         os.chdir(cwd)
-    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert code == 1 and len(err.strip().splitlines()) == 1, err
     assert shown in err and says in err and "KvPw" not in out + err, err
     assert shown in str(raised.value) and says in str(raised.value)
     assert list(tmp_path.iterdir()) == []

@@ -22,6 +22,7 @@ from jobspool.cli.parser import build_parser
 from jobspool.cli.render import StdoutFailed
 from jobspool.errors import (
     Backpressure,
+    ConfigError,
     DuplicateJob,
     InvalidTransition,
     JobspoolError,
@@ -38,6 +39,8 @@ __all__ = ["EXIT_OK", "EXIT_UNHEALTHY", "EXIT_USAGE", "build_parser", "main"]
 def _exit_code_for(exc: JobspoolError) -> int:
     from jobspool.queue.worker import WorkerCrashed
 
+    if isinstance(exc, ConfigError):  # an `InvalidRoot` too: bad input, not a refusal
+        return EXIT_USAGE
     # A taken id under --on-conflict error is the spool refusing, like a bad transition.
     if isinstance(exc, SpoolError | InvalidTransition | DuplicateJob | Backpressure
                   | WorkerCrashed):

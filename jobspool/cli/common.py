@@ -137,12 +137,12 @@ def _given_root(args: argparse.Namespace) -> str | None:
         raise UsageError(f"{where} {root!r} is {'only whitespace' if root else 'empty'}: give "
                          "a spool directory or a postgresql:// URL")
     if root != stripped:
-        from jobspool.errors import SpoolError
+        from jobspool.errors import InvalidRoot
         from jobspool.urls import redact_url
 
-        # SpoolError (exit 2), as the spool layer refuses the same mistake (`Spool()`).
+        # As the spool layer refuses the same mistake (`Spool()`): bad input, exit 1.
         shown = redact_url(root)  # the padding kept: it is what is wrong
-        raise SpoolError(f"{where} {shown!r} has leading or trailing whitespace: give the "
+        raise InvalidRoot(f"{where} {shown!r} has leading or trailing whitespace: give the "
                          "spool directory or URL without it", path=shown)
     # Quoted in a unit file or an env file, `~/spool` and `$HOME/spool` reach us as
     # written: `init` made ./~/spool in the working directory, and a worker served it.

@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from jobspool.errors import SpoolError
+from jobspool.errors import InvalidRoot, SpoolError
 from jobspool.queue.fence import decode_fence
 from jobspool.queue.job import MAX_JOB_BYTES
 from jobspool.queue.perms import (
@@ -201,7 +201,7 @@ def refuse_url(root: str | os.PathLike[str]) -> None:
     shown = redact_url(text)  # never a password in an error
     if looks_like_libpq_dsn(text):
         # Taken for a path it became a directory named after it, password and all.
-        raise SpoolError(f"spool root {shown!r} looks like a libpq connection string "
+        raise InvalidRoot(f"spool root {shown!r} looks like a libpq connection string "
                          "(key=value); give the database as a postgresql:// URL",
                          path=shown)
     bare = _BARE_PG_SCHEME.match(text.lstrip())
@@ -209,7 +209,7 @@ def refuse_url(root: str | os.PathLike[str]) -> None:
         # "postgresql:u:pw@host/db", both slashes missing, was taken for a path: a
         # directory named after the URL, password and all, and messages showing it.
         shown = redact_url(f"{bare.group(1).lower()}://{text.lstrip()[bare.end():]}")
-        raise SpoolError(f"spool root {bare.group(1)}:...: a URL needs two slashes after "
+        raise InvalidRoot(f"spool root {bare.group(1)}:...: a URL needs two slashes after "
                          f"its scheme ({bare.group(1).lower()}://...; read as {shown!r})",
                          path=shown)
     match = _URL_SCHEME.match(text.lstrip())
@@ -217,21 +217,21 @@ def refuse_url(root: str | os.PathLike[str]) -> None:
         return
     scheme = match.group()[:-2]
     if text != text.lstrip():
-        raise SpoolError(f"spool root {shown!r} starts with whitespace before a {scheme}: "
+        raise InvalidRoot(f"spool root {shown!r} starts with whitespace before a {scheme}: "
                          "URL; remove it", path=shown)
     if "://" not in text:
         shown = redact_url(text.replace(":/", "://", 1))
         if scheme.lower() in ("postgresql", "postgres"):
             # "write the scheme in lower case" said a URL already in lower case, shown
             # with the slash it lacked already added.
-            raise SpoolError(f"spool root {shown.replace('://', ':/', 1)!r}: a URL needs "
+            raise InvalidRoot(f"spool root {shown.replace('://', ':/', 1)!r}: a URL needs "
                              f"two slashes after its scheme, in lower case "
                              f"({scheme.lower()}://...)", path=shown)
     if scheme.lower() in ("postgresql", "postgres"):
         # libpq takes the scheme in lower case only.
-        raise SpoolError(f"spool root {shown!r}: write the scheme in lower case "
+        raise InvalidRoot(f"spool root {shown!r}: write the scheme in lower case "
                          f"({scheme.lower()}://)", path=shown)
-    raise SpoolError(f"spool root {shown!r} is a {scheme}:// URL; a spool is a directory "
+    raise InvalidRoot(f"spool root {shown!r} is a {scheme}:// URL; a spool is a directory "
                      "or a postgresql:// URL", path=shown)
 
 
