@@ -587,3 +587,15 @@ def test_a_blank_or_padded_metrics_host_is_refused_not_every_interface(
                        "--metrics-host", host, root=tmp_path / "s")
     assert got.code == 1
     assert "--metrics-host" in one_error_line(got) and "not an address" in got.err
+
+
+def test_a_one_shot_command_names_each_unreadable_file_once(tmp_path: Path) -> None:
+    # `cancel --kind` lists the state, then reads each job again under the lock: every
+    # skipped file was said twice.
+    root = tmp_path / "s"
+    with make_spool(root) as spool:
+        spool.enqueue("ok", job_id="a")
+    (root / "ready" / "bad.json").write_bytes(b"garbage")
+    got = run_jobspool("cancel", "--kind", "ok", root=root)
+    assert got.code == 0, got.err
+    assert got.err.count("skipping unreadable job file ready/bad.json") == 1, got.err

@@ -48,6 +48,10 @@ def _exit_code_for(exc: JobspoolError) -> int:
     return EXIT_USAGE
 
 
+# Commands that serve until stopped: a file reported once would never be again, however
+# often it was mended and damaged meanwhile.
+_SERVING = frozenset({"worker", "run-until-idle", "dashboard", "demo"})
+
 _ARGV: list[str] = []  # for `_fail`: errors found before logging is set up
 
 
@@ -161,7 +165,14 @@ def _main(argv: Sequence[str] | None) -> int:
         if not hasattr(args, "json") or args.json is None:
             args.json = False
         as_json = bool(args.json)
-        return _ungrouped(args.func, args)
+        if getattr(args, "command", None) in _SERVING:
+            return _ungrouped(args.func, args)
+        from jobspool.queue.job import reported_once
+
+        # A one-shot command says each unreadable file once: `cancel --kind` listed then
+        # read under the lock, and printed every skip twice.
+        with reported_once():
+            return _ungrouped(args.func, args)
     except UsageError as exc:
         return _fail(str(exc), EXIT_USAGE, as_json)
     except Refused as exc:
