@@ -121,3 +121,62 @@ def test_a_worker_started_during_the_copy_is_named_and_the_exit_is_2(
     doc = json.loads(out.out)
     assert doc["copied"] == 2 and doc["workers_started_during_copy"] == ["late-worker"]
     assert "started on this spool during the copy" in out.err
+
+
+def test_an_id_used_again_for_a_new_job_after_its_first_was_migrated_and_pruned_is_copied(
+        tmp_path: Path, pg_url: str) -> None:
+    root = tmp_path / "s"
+    with make_spool(root) as spool:
+        spool.enqueue("k", {"n": 1}, job_id="j1")
+    assert run_jobspool("--root", str(root), "migrate", "--to", pg_url).returncode == 0
+    with make_spool(pg_url) as target:
+        (lease,) = target.claim()
+        target.complete(lease, "done")
+        target.prune(keep=0)
+    with make_spool(root) as spool:  # the file spool's own j1 ends; a new one takes the id
+        spool.cancel("j1")
+        spool.prune(keep=0)
+        spool.enqueue("k", {"n": 2}, job_id="j1")
+    again = run_jobspool("--root", str(root), "migrate", "--to", pg_url, "--json")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert json.loads(again.stdout)["copied"] == 1
+    with make_spool(pg_url) as target:
+        assert target.get("j1").payload == {"n": 2}
+
+
+def test_books_of_an_older_layout_that_the_role_may_not_alter_still_work_by_path(
+        tmp_path: Path, pg_url: str) -> None:
+    import psycopg
+
+    from jobspool.pg.migrate import _BOOKS
+
+    with make_spool(pg_url):
+        pass  # the schema, made by its owner
+    old = _BOOKS.replace("    created_at float8,\n", "")
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(old)
+        conn.execute("DROP ROLE IF EXISTS mig_app")
+        conn.execute("CREATE ROLE mig_app LOGIN")
+        row = conn.execute("SELECT current_schema()").fetchone()
+        assert row is not None
+        schema = row[0]
+        conn.execute(f'GRANT USAGE ON SCHEMA "{schema}" TO mig_app')
+        conn.execute(f'GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA "{schema}" '
+                     "TO mig_app")
+        conn.execute(f'GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA "{schema}" '
+                     "TO mig_app")
+    as_app = pg_url.replace("://", "://mig_app@", 1) if "@" not in pg_url else \
+        pg_url.split("://", 1)[0] + "://mig_app@" + pg_url.split("@", 1)[1]
+    root = tmp_path / "s"
+    with make_spool(root) as spool:
+        spool.enqueue("k", {}, job_id="a")
+    try:
+        out = run_jobspool("--root", str(root), "migrate", "--to", as_app, "--json")
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert json.loads(out.stdout)["copied"] == 1
+        again = run_jobspool("--root", str(root), "migrate", "--to", as_app, "--json")
+        assert again.returncode == 0 and json.loads(again.stdout)["skipped"] == 1
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute("DROP OWNED BY mig_app")
+            conn.execute("DROP ROLE mig_app")

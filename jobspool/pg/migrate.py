@@ -38,7 +38,6 @@ run's writes must never lose to them.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -71,6 +70,12 @@ _NOTE = ("INSERT INTO jobspool_migrated (source, id, src_revision, tgt_revision,
          "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (source, id) DO UPDATE SET "
          "src_revision = EXCLUDED.src_revision, tgt_revision = EXCLUDED.tgt_revision, "
          "created_at = EXCLUDED.created_at")
+# A table of an earlier release, which this role may not alter: records by path alone.
+_NOTE_BY_PATH = ("INSERT INTO jobspool_migrated (source, id, src_revision, tgt_revision) "
+                 "VALUES (%s, %s, %s, %s) ON CONFLICT (source, id) DO UPDATE SET "
+                 "src_revision = EXCLUDED.src_revision, tgt_revision = EXCLUDED.tgt_revision")
+_NOTED_BY_PATH = ("SELECT id, src_revision, tgt_revision, true AS own, NULL::float8 "
+                  "FROM jobspool_migrated WHERE source = %s AND id = ANY(%s) AND source = %s")
 # This source's records, and other sources' that name the same job (id and creation time).
 _NOTED = ("SELECT id, src_revision, tgt_revision, source = %s AS own, created_at "
           "FROM jobspool_migrated WHERE id = ANY(%s) AND (source = %s OR created_at IS NOT NULL) "
@@ -119,7 +124,8 @@ def copy_jobs(jobs: Iterable[Job], target: PgSpool, *, source_fence: int,
     report = MigrationReport()
     now = target.now()
 
-    def books(conn: psycopg.Connection[Any]) -> None:
+    def books(conn: psycopg.Connection[Any]) -> bool:
+        """Make the bookkeeping table when missing; whether it has `created_at`."""
         # Looked up first: CREATE ... IF NOT EXISTS checks the privilege to create before
         # it checks whether the table exists (an application role without CREATE on the
         # schema was refused on a database that had the table).
@@ -133,10 +139,12 @@ def copy_jobs(jobs: Iterable[Job], target: PgSpool, *, source_fence: int,
             if has is None:
                 # A table of an earlier release: its own records still work by path; a
                 # role that may not alter it keeps that (no match across paths).
-                with contextlib.suppress(psycopg.errors.InsufficientPrivilege), \
-                        conn.transaction():
-                    conn.execute(_BOOKS_CREATED)
-            return
+                try:
+                    with conn.transaction():
+                        conn.execute(_BOOKS_CREATED)
+                except psycopg.errors.InsufficientPrivilege:
+                    return False
+            return True
 
         try:
             with conn.transaction():
@@ -149,8 +157,10 @@ def copy_jobs(jobs: Iterable[Job], target: PgSpool, *, source_fence: int,
                              "what it copied in a table jobspool_migrated, which this role "
                              "may not create; run it once as a role that may create tables "
                              "in the schema (later runs need only write it)") from None
+        return True
 
-    target.db.run(books, what="migrate")
+    with_created = target.db.run(books, what="migrate")
+    note_sql, noted_sql = (_NOTE, _NOTED) if with_created else (_NOTE_BY_PATH, _NOTED_BY_PATH)
 
     # Before the first chunk: a worker already serving the database, or one started after
     # an interrupted copy, drew tokens from 1 meanwhile, below those the source issued (its
@@ -187,9 +197,14 @@ def copy_jobs(jobs: Iterable[Job], target: PgSpool, *, source_fence: int,
                 created = {job.id: job.created_at for job in rows}
                 noted: dict[str, tuple[int, int]] = {}
                 # Ordered other sources first, own last: this source's record wins.
-                for r in conn.execute(_NOTED, (source, ids, source)).fetchall():
-                    if r[3] or r[4] == created[r[0]]:
+                for r in conn.execute(noted_sql, (source, ids, source)).fetchall():
+                    # This source's record names the job unless it was made for another
+                    # of that id (pruned there, the id used again: a new creation time).
+                    if r[4] == created[r[0]] or (r[3] and r[4] is None):
                         noted[r[0]] = (int(r[1]), int(r[2]))
+
+                def note(*values: Any) -> None:
+                    conn.execute(note_sql, values if with_created else values[:4])
                 theirs = {r[0]: r for r in conn.execute(
                     f"SELECT {COLUMNS} FROM jobspool_jobs WHERE id = ANY(%s) FOR UPDATE",
                     (ids,)).fetchall()}
@@ -202,15 +217,15 @@ def copy_jobs(jobs: Iterable[Job], target: PgSpool, *, source_fence: int,
                             out.skipped.append(i)
                             if source_rev[i] != noted[i][0]:
                                 out.diverged.append(i)  # reported once, as below
-                                conn.execute(_NOTE, (source, i, source_rev[i], _RAN,
-                                                     job.created_at))
+                                note(source, i, source_rev[i], _RAN,
+                                                     job.created_at)
                             continue
                         cur = conn.execute(INSERT_SQL, [i, *write_values(job)])
                         if cur.rowcount == 0:  # a concurrent migration's
                             out.skipped.append(i)
                             continue
-                        conn.execute(_NOTE, (source, i, source_rev[i], job.revision,
-                                             job.created_at))
+                        note(source, i, source_rev[i], job.revision,
+                                             job.created_at)
                         continue
                     out.skipped.append(i)
                     try:
@@ -229,8 +244,8 @@ def copy_jobs(jobs: Iterable[Job], target: PgSpool, *, source_fence: int,
                         # the target takes the source's newer version.
                         cur = conn.execute(UPDATE_SQL, [*write_values(job), i, held.revision])
                         if cur.rowcount:
-                            conn.execute(_NOTE, (source, i, source_rev[i], job.revision,
-                                                 job.created_at))
+                            note(source, i, source_rev[i], job.revision,
+                                                 job.created_at)
                             out.updated.append(i)
                         else:
                             out.diverged.append(i)
@@ -239,10 +254,10 @@ def copy_jobs(jobs: Iterable[Job], target: PgSpool, *, source_fence: int,
                         # Reported by the run that finds it (else every run exited 2 with no
                         # way to settle it); the target ran it, so a later change of the
                         # source never replaces what it did: it is reported again instead.
-                        conn.execute(_NOTE, (source, i, source_rev[i], _RAN, job.created_at))
+                        note(source, i, source_rev[i], _RAN, job.created_at)
                     elif verdict == "same":
-                        conn.execute(_NOTE, (source, i, source_rev[i], held.revision,
-                                             job.created_at))
+                        note(source, i, source_rev[i], held.revision,
+                                             job.created_at)
                     # Else the target has it as copied, or moved it on (its workers ran it
                     # since): a repeat of the migration, left alone.
             return out
