@@ -292,3 +292,21 @@ def test_idle_children_killed_from_outside_are_replaced_not_taken_for_boot_failu
             _stop(proc)
         else:
             reap(proc)
+
+
+def test_a_process_a_pool_child_starts_is_not_taken_for_a_pool_child() -> None:
+    # Found by a pool probe: a `jobspool worker` a handler started inherited the child's
+    # pool variables, took itself for a pool child ("the pool supervisor is gone"), ran
+    # nothing and wrote to a descriptor number that meant nothing in it.
+    import subprocess
+    import sys
+
+    script = ("import os\n"
+              "from jobspool.queue.poolchild import is_pool_child\n"
+              "print(is_pool_child(), [k for k in os.environ if k.startswith('JOBSPOOL_POOL')])\n")
+    env = {**os.environ, "JOBSPOOL_POOL_FD": "9", "JOBSPOOL_POOL_OWNER": "vm:pool1.0.1",
+           "JOBSPOOL_POOL_PARENT": "1"}  # a supervisor that is not this process's parent
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False []"

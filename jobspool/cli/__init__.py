@@ -211,9 +211,9 @@ def _main(argv: Sequence[str] | None) -> int:
 
 
 def _pool_child() -> bool:
-    from jobspool.queue.poolchild import POOL_PARENT_ENV
+    from jobspool.queue.poolchild import is_pool_child
 
-    return os.environ.get(POOL_PARENT_ENV) == str(os.getppid())
+    return is_pool_child()
 
 
 def _ungrouped(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:

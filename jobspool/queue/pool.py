@@ -246,7 +246,11 @@ class WorkerPool:
         # (a margin alone after a second signal), it is killed; its leases are settled
         # as any dead child's.
         grace = self.grace_seconds if self._signals == 1 else 0.0
-        self._stop_deadline = time.monotonic() + grace + _STOP_MARGIN
+        # Only ever sooner: each later signal pushed the kill back (a supervisor signalled
+        # every few seconds kept a child that ignores SIGTERM up for as long).
+        deadline = time.monotonic() + grace + _STOP_MARGIN
+        if self._stop_deadline is None or deadline < self._stop_deadline:
+            self._stop_deadline = deadline
         self._restart_at.clear()
         log.warning("pool: stopping %d worker process(es) on %s%s", len(self.children),
                     self._last_signal, "" if self._signals == 1 else " now (second signal)")

@@ -36,14 +36,37 @@ POOL_OWNER_ENV = "JOBSPOOL_POOL_OWNER"
 POOL_PARENT_ENV = "JOBSPOOL_POOL_PARENT"
 
 
+_CHILD: list[tuple[int, str | None, int] | None] = []  # read once: (fd, owner, parent)
+
+
+def _pool_child() -> tuple[int, str | None, int] | None:
+    """(pipe fd, owner, supervisor pid) when this process is a pool child, else None.
+
+    Read once and taken out of the environment: a `jobspool worker` a handler started
+    inherited them, took itself for a pool child ("the pool supervisor is gone"), ran
+    nothing, and wrote to a descriptor number that meant nothing in it. Its parent must
+    be the supervisor named, for the same reason."""
+    if not _CHILD:
+        fd_text = os.environ.pop(POOL_FD_ENV, None)
+        owner = os.environ.pop(POOL_OWNER_ENV, None)
+        parent = int(os.environ.pop(POOL_PARENT_ENV, None) or 0)
+        ours = fd_text is not None and fd_text.isdigit() and (not parent or os.getppid() == parent)
+        _CHILD.append((int(fd_text), owner, parent) if ours and fd_text else None)
+    return _CHILD[0]
+
+
+def is_pool_child() -> bool:
+    return _pool_child() is not None
+
+
 def report_to_supervisor(report: dict[str, Any]) -> bool:
     """In a pool child, hand the run's report to the supervisor (`R <json>`, one line), which
     sums the children's; False (nothing sent) when this process is not a pool child."""
-    fd_text = os.environ.get(POOL_FD_ENV)
-    if not fd_text:
+    child = _pool_child()
+    if child is None:
         return False
     with contextlib.suppress(OSError):  # the supervisor is gone: nobody to tell
-        os.write(int(fd_text), b"R " + orjson.dumps(report) + b"\n")
+        os.write(child[0], b"R " + orjson.dumps(report) + b"\n")
     return True
 
 
@@ -51,11 +74,11 @@ def attach_child(worker: Worker) -> Callable[[RunReport], None] | None:
     """In a pool child (its environment says so), report to the supervisor, and return the
     `progress` callback for its run, which sends the counts after every settle (`P <json>`);
     None when this process is not a pool child."""
-    fd_text = os.environ.get(POOL_FD_ENV)
-    if not fd_text:
+    child = _pool_child()
+    if child is None:
         return None
-    fd = int(fd_text)
-    worker.owner = os.environ.get(POOL_OWNER_ENV) or worker.owner
+    fd, owner, parent = child
+    worker.owner = owner or worker.owner
     # The children share the pool's stdout: block-buffered, one child's 8 KiB write cut
     # another's line in two; unbuffered (PYTHONUNBUFFERED, `-u`: write-through), print()'s
     # text and its newline are two writes, and another child's line lands between them.
@@ -64,8 +87,6 @@ def attach_child(worker: Worker) -> Callable[[RunReport], None] | None:
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:
             reconfigure(line_buffering=True, write_through=False)
-    parent = int(os.environ.get(POOL_PARENT_ENV) or 0)
-
     def send(line: str) -> None:
         # One short write: atomic on a pipe. If the supervisor is gone the write fails,
         # and the parent watch below stops us.
