@@ -719,5 +719,6 @@ def test_maintain_names_a_mistyped_table_instead_of_passing_it_as_nothing_to_do(
                         timeout=120)
     assert typo.code == 1
     assert "'ntoes'" in typo.err and "notes" in typo.err and "Traceback" not in typo.err
+    assert orjson.loads(typo.out)["ok"] is False  # --json: the error document, not the report
     assert run_jobspool("--root", root, "maintain", "--tables", "notes",
                         timeout=120).code == 0

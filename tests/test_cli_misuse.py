@@ -162,3 +162,15 @@ def test_a_blank_or_padded_root_is_refused_naming_it_and_where_it_came_from(
     assert shown in line, line
     assert "S3CRET" not in res.out + res.err
     assert list(cwd.iterdir()) == [], "a spool was created in the working directory"
+
+
+@pytest.mark.parametrize("root", ["", "  ", " /tmp/spool", "/tmp/spool\n"])
+def test_spool_refuses_a_blank_or_padded_root_as_an_invalid_root(root: str) -> None:
+    # The README says `Spool()` raises InvalidRoot for a root given malformed; the
+    # padded and blank ones were a plain SpoolError (not a ConfigError).
+    from jobspool import InvalidRoot, Spool
+    from jobspool.errors import ConfigError, SpoolError
+
+    with pytest.raises(InvalidRoot) as raised:
+        Spool(root)
+    assert isinstance(raised.value, SpoolError) and isinstance(raised.value, ConfigError)

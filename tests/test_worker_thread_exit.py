@@ -62,3 +62,21 @@ def test_ctrl_c_in_the_main_thread_stops_a_worker_serving_in_another(tmp_path: P
         assert done.state is JobState.COMPLETED and done.result == "done"
         # Stopped, not merely ended: a job enqueued now stays unclaimed.
         assert spool.stats().counts.get(JobState.LEASED, 0) == 0
+
+
+def test_a_main_thread_that_returns_at_once_still_stops_the_worker_thread(
+        tmp_path: Path) -> None:
+    # The hook was registered by the worker thread itself: a main thread that had returned
+    # before the run began refused it, and that worker served for ever.
+    root = tmp_path / "spool"
+    make_spool(root).close()
+    script = textwrap.dedent("""
+        import sys, threading
+        from jobspool import Spool, Worker
+        worker = Worker(Spool(sys.argv[1]), {"k": lambda job, ctx: None}, maintenance=False)
+        threading.Thread(target=worker.run_forever).start()
+    """)
+    done = subprocess.run([sys.executable, "-c", script, str(root)], capture_output=True,
+                          text=True, timeout=GUARD)
+    assert done.returncode == 0, done.stderr
+    assert "the main thread ended: stopping the worker" in done.stderr

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from typing import Any
 
 from jobspool.cli.commands import _setup_logging
-from jobspool.cli.common import EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE, UsageError, _load_app, _open
+from jobspool.cli.common import EXIT_OK, EXIT_UNHEALTHY, UsageError, _load_app, _open
 from jobspool.cli.render import _emit
 
 
@@ -71,14 +70,14 @@ def cmd_maintain(args: argparse.Namespace) -> int:
         report = maintain(store, tables=tables, budget_seconds=args.budget,
                           min_live_token=spool.min_live_token())
         typo = _unknown_tables(store, report) if tables else None
-    d = report.to_dict() if hasattr(report, "to_dict") else {"report": str(report)}
-    _emit(args, d, lambda: _maintain_text(report))
     if typo:
         # A name given that the projection does not hold, while it holds others: a typo,
         # which passed as "nothing to do" (exit 0). A projection with no table yet (a cron
-        # line written before the first job) still passes.
-        print(f"jobspool: error: --tables: {typo}", file=sys.stderr)
-        return EXIT_USAGE
+        # line written before the first job) still passes. An error, not the report: with
+        # --json the report said "ok": true beside exit 1.
+        raise UsageError(f"--tables: {typo}")
+    d = report.to_dict() if hasattr(report, "to_dict") else {"report": str(report)}
+    _emit(args, d, lambda: _maintain_text(report))
     return EXIT_OK if report.ok else EXIT_UNHEALTHY
 
 

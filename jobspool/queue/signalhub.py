@@ -73,16 +73,13 @@ def attach(worker: Stoppable) -> None:
     out of `thread.join()` included): before, that Ctrl-C printed a traceback and the
     worker thread went on claiming, the process held open by it.
     """
-    global _main_exit_hooked, _warned_unheard
+    global _warned_unheard
     _elsewhere.append(worker)
-    if not _main_exit_hooked:
-        _main_exit_hooked = True
-        # Run by the interpreter's shutdown before it joins non-daemon threads (as
-        # concurrent.futures stops its workers); private, hence looked up defensively.
-        register = getattr(threading, "_register_atexit", None)
-        if register is not None:
-            with contextlib.suppress(RuntimeError):  # the shutdown has begun already
-                register(_main_thread_ended)
+    if not threading.main_thread().is_alive():
+        # The main thread ended before this run began (it started the thread and
+        # returned): the hook below ran already, or could not be registered any more.
+        _main_thread_ended()
+        return
     if not _members and not _warned_unheard:
         _warned_unheard = True
         log.warning("a worker serving in thread %r cannot hear SIGTERM/SIGINT (Python "
@@ -92,18 +89,39 @@ def attach(worker: Stoppable) -> None:
                     "left to expire", threading.current_thread().name)
 
 
+def _daemon_run(worker: Stoppable) -> bool:
+    # A daemon thread's run is cut off at exit whatever it is told: "running handlers get
+    # 30 s" would be false. Which thread runs a worker is not kept; the daemon flag of the
+    # caller (the thread that attached, or the shutdown) cannot tell, so ask the worker.
+    return bool(getattr(worker, "serving_daemon", False))
+
+
 def _main_thread_ended() -> None:
     """The main thread is done (returned or raised): stop the workers serving elsewhere,
     which then drain as on a signal (their grace, then their leases released)."""
     for worker in list(_elsewhere):
-        if not worker.stopping:
+        if not worker.stopping and not _daemon_run(worker):
             log.warning("the main thread ended: stopping the worker serving in another "
                         "thread (running handlers get %g s)", worker.grace_seconds)
             worker.stop()
 
 
-_main_exit_hooked = False
 _warned_unheard = False
+
+
+def _hook_main_exit() -> None:
+    # Run by the interpreter's shutdown before it joins non-daemon threads (as
+    # concurrent.futures stops its workers); private, hence looked up defensively.
+    # Registered at import (in the thread importing jobspool, before any worker thread
+    # can start): registered by the worker thread, a main thread that had returned already
+    # refused it, and that worker served for ever.
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None:
+        with contextlib.suppress(RuntimeError):  # imported during the shutdown itself
+            register(_main_thread_ended)
+
+
+_hook_main_exit()
 
 
 def detach(worker: Stoppable) -> None:

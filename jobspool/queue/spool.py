@@ -26,7 +26,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self, cast
 
-from jobspool.errors import InvalidJob, JobspoolError, LeaseLost, SpoolError
+from jobspool.errors import InvalidJob, InvalidRoot, JobspoolError, LeaseLost, SpoolError
 from jobspool.queue import bulk, liveness, machine
 from jobspool.queue.arguments import (
     check_fail_items,
@@ -118,7 +118,7 @@ class Spool(EnqueueForms):
             shown = redact_url(text)
             what = "is empty" if not text else ("is only whitespace" if not text.strip()
                                                else "has leading or trailing whitespace")
-            raise SpoolError(f"spool root {shown!r} {what}: give a spool directory or a "
+            raise InvalidRoot(f"spool root {shown!r} {what}: give a spool directory or a "
                              "postgresql:// URL", path=shown)
         if not is_url(root):
             refuse_url(text)

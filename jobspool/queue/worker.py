@@ -141,6 +141,7 @@ class Worker:
         self._hurry = threading.Event()
         self._waker: Callable[[], None] | None = None  # wakes the running pipeline (on_stop)
         self._honored = False  # the standing stop()/hurry() has ended a run (see _begin_run)
+        self.serving_daemon = False  # its run serves in a daemon thread (signalhub)
         self.supervisor = Supervisor(max_crashes=max_crashes,
                                      crash_window_seconds=crash_window_seconds,
                                      stopping=self._stop.is_set)
@@ -352,6 +353,7 @@ class Worker:
         crashed: WorkerCrashed | None = None
         elsewhere = handle_signals and threading.current_thread() is not threading.main_thread()
         if elsewhere:
+            self.serving_daemon = threading.current_thread().daemon
             signalhub.attach(self)  # only the main thread hears signals: stopped from there
         async with anyio.create_task_group() as tg:
             if handle_signals and not elsewhere:
