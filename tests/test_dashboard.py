@@ -6,8 +6,8 @@ user meets them; these pin the HTTP contract down case by case.
 
 from __future__ import annotations
 
-import re
 import os
+import re
 import signal
 import sys
 import threading
