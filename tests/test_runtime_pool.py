@@ -310,3 +310,31 @@ def test_a_process_a_pool_child_starts_is_not_taken_for_a_pool_child() -> None:
                          text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False []"
+
+
+def test_a_pools_children_get_the_database_url_by_environment_not_command_line(
+        pg_url: str) -> None:
+    # Found by a pool probe: `ps` showed `--root postgresql://user:PASSWORD@...` for every
+    # child, to any local user, though the URL was given by the environment alone.
+    import signal
+
+    from tests.cli_harness import start_jobspool
+    from tests.waiting import wait_until
+
+    scheme, rest = pg_url.split("://", 1)
+    user_host = rest.split("@", 1)
+    secret = (f"{scheme}://{user_host[0]}:s3cretpw@{user_host[1]}" if len(user_host) == 2
+              else f"{scheme}://postgres:s3cretpw@{rest}")
+    make_spool(pg_url).close()
+    proc = start_jobspool("worker", "--app", "tests.apps.runtime:app", "--processes", "2",
+                          env={"JOBSPOOL_ROOT": secret})
+    try:
+        kids = wait_until(lambda: len(_children(proc.pid)) == 2 and _children(proc.pid),
+                          60, "two children", proc=proc)
+        for pid in [proc.pid, *kids]:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            assert b"s3cretpw" not in cmdline, cmdline
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err

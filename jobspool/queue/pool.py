@@ -121,8 +121,12 @@ def child_command(root: str | Path, app: str, options: Sequence[str] = ()) -> li
     supervisor's, so it prints no report there (and its errors, without
     `--json`, are one line on stderr).
     """
-    return [sys.executable, "-m", "jobspool", "--root", str(root), "worker", "--app", app,
-            *options]
+    from jobspool.pg import is_url
+
+    # A database URL goes by the environment (`WorkerPool` sets JOBSPOOL_ROOT): on the
+    # command line its password was in `ps` for every local user, for every child.
+    where = [] if is_url(str(root)) else ["--root", str(root)]
+    return [sys.executable, "-m", "jobspool", *where, "worker", "--app", app, *options]
 
 
 class WorkerPool:
@@ -289,6 +293,9 @@ class WorkerPool:
         env = dict(self.env)
         env.update({POOL_FD_ENV: str(wfd), POOL_OWNER_ENV: owner,
                     POOL_PARENT_ENV: str(os.getpid())})
+        url = getattr(self.spool, "url", None)
+        if url:
+            env["JOBSPOOL_ROOT"] = str(url)  # see `child_command`
         try:
             # A session of its own: a terminal's Ctrl-C reaches the supervisor only, which
             # forwards it once; the child would otherwise count it twice.
