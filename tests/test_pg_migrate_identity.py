@@ -180,3 +180,28 @@ def test_books_of_an_older_layout_that_the_role_may_not_alter_still_work_by_path
         with psycopg.connect(pg_url, autocommit=True) as conn:
             conn.execute("DROP OWNED BY mig_app")
             conn.execute("DROP ROLE mig_app")
+
+
+def test_a_job_enqueued_while_the_spool_is_read_is_named_for_a_rerun(
+        tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from jobspool.queue.spool import Spool
+
+    root = tmp_path / "s"
+    with make_spool(root) as spool:
+        spool.enqueue_many("k", [{}, {}], job_ids=["a", "b"])
+    reading = Spool.jobs
+
+    def jobs(self: Spool, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        for n, job in enumerate(reading(self, *args, **kwargs)):
+            if n == 1:  # a producer left running adds a job after ready/ was listed
+                with make_spool(root) as other:
+                    other.enqueue("k", {}, job_id="zz-late")
+            yield job
+
+    monkeypatch.setattr(Spool, "jobs", jobs)
+    out = run_cli("--root", str(root), "migrate", "--to", pg_url, "--json")
+    monkeypatch.undo()
+    assert out.code == 2, out.out + out.err
+    doc = json.loads(out.out)
+    assert doc["copied"] == 2 and doc["arrived_ids"] == ["zz-late"]
+    assert "added to the spool while it was read" in out.err

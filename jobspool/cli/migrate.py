@@ -65,9 +65,12 @@ def cmd_migrate(args: argparse.Namespace) -> int:
                          if k in stored and stored[k] != v}
         unreadable, moved, gone = _not_read(source, listed - read)
         started = _workers_now(source)
+        # Enqueued while the spool was read (a producer left running): not copied either.
+        arrived = sorted(_listed(source)[0] - listed - read)
     d = {**report.to_dict(), "unreadable": len(unreadable), "quarantined": quarantined,
          "moved_during_copy": len(moved), "moved_ids": moved[:100],
          "removed_during_copy": len(gone), "workers_started_during_copy": started,
+         "arrived_during_copy": len(arrived), "arrived_ids": arrived[:100],
          "settings": "copied" if created else "kept (the target existed)"}
     if not created and differing:
         shown = ", ".join(f"{k} {theirs} (the source's {mine})"
@@ -76,13 +79,17 @@ def cmd_migrate(args: argparse.Namespace) -> int:
               "spool's settings are fixed when it is created", file=sys.stderr)
     _notes(args, report, len(unreadable), quarantined, source.root)
     _during(moved, gone, started)
+    if arrived:
+        print(f"jobspool: warning: {len(arrived)} job(s) were added to the spool while it "
+              f"was read and were NOT copied (e.g. {arrived[0]!r}); stop its producers, then "
+              "run migrate again to copy them", file=sys.stderr)
     _emit(args, d, f"copied {report.copied} job(s) to {where} "
                    f"({report.unleased} leased ones as ready); {len(report.skipped)} already "
                    f"there ({len(report.updated)} of them brought up to the source's newer "
                    f"state); token sequence at {report.fence}")
     # Something was not copied that the user would lose by retiring the directory.
     return (EXIT_UNHEALTHY if report.conflicts or report.diverged or report.refused
-            or unreadable or moved or started else EXIT_OK)
+            or unreadable or moved or started or arrived else EXIT_OK)
 
 
 def _listed(source: Any) -> tuple[set[str], int]:
