@@ -994,3 +994,19 @@ def test_a_request_still_open_at_a_stop_is_one_line_not_tracebacks(tmp_path: Pat
     text = err.decode(errors="replace")
     assert proc.returncode == 0, text
     assert "Traceback" not in text and len(text.strip().splitlines()) <= 1, text
+
+
+def test_the_jobs_api_lists_a_payload_as_deep_as_enqueue_takes(spool: Spool) -> None:
+    # 253 levels are accepted; a listing put each job two levels deeper than orjson writes,
+    # and /api/jobs/ready was a 500 for the whole page.
+    from jobspool.queue.job import MAX_JSON_DEPTH
+
+    deep: Any = 0
+    for _ in range(MAX_JSON_DEPTH):
+        deep = [deep]
+    spool.enqueue("deep", deep, job_id="deep")
+    spool.enqueue("plain", {}, job_id="plain")
+    with _client(spool) as client:
+        answer = client.get("/api/jobs/ready")
+    assert answer.status_code == 200, answer.text
+    assert sorted(j["id"] for j in answer.json()["jobs"]) == ["deep", "plain"]
