@@ -5,10 +5,13 @@ parent loaded. The parent must have run the same commands once itself (warm impo
 
 from __future__ import annotations
 
-import io
+import contextlib
 import os
 import pwd
-from collections.abc import Callable
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -19,10 +22,21 @@ from tests.cli_harness import run_cli
 def forked_cli(argv: list[str], *, as_nobody: bool,
                before: Callable[[], None] | None = None) -> dict[str, Any]:
     """`before` runs in the child first (a patch the test needs), still as root."""
+    def cli() -> dict[str, Any]:
+        code, printed, complained = run_cli(*argv)
+        return {"code": code, "out": printed, "err": complained}
+
+    return forked_call(cli, as_nobody=as_nobody, before=before)
+
+
+def forked_call(call: Callable[[], dict[str, Any]], *, as_nobody: bool,
+                before: Callable[[], None] | None = None) -> dict[str, Any]:
+    """`call()`'s dict, run in a forked child (as `nobody` when asked and we are root), with
+    the child's final "uid"; what it raised is "raised": "module.Type: message"."""
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never return into pytest
-        code, out, err = 99, io.StringIO(), io.StringIO()
+        doc: dict[str, Any] = {"code": 99, "out": "", "err": ""}
         try:
             os.close(read_fd)
             if before is not None:
@@ -32,14 +46,13 @@ def forked_cli(argv: list[str], *, as_nobody: bool,
                 os.setgroups([])
                 os.setgid(nobody.pw_gid)
                 os.setuid(nobody.pw_uid)
-            code, printed, complained = run_cli(*argv)
-            out.write(printed)
-            err.write(complained)
+            doc.update(call())
         except BaseException as exc:  # report, do not hang the parent
-            err.write(f"child raised {exc!r}")
+            doc["err"] += f"child raised {exc!r}"
+            doc["raised"] = f"{type(exc).__module__}.{type(exc).__name__}: {exc}"
         finally:
-            os.write(write_fd, orjson.dumps({"code": code, "out": out.getvalue(),
-                                             "err": err.getvalue(), "uid": os.geteuid()}))
+            doc["uid"] = os.geteuid()
+            os.write(write_fd, orjson.dumps(doc))
             os._exit(0)
     os.close(write_fd)
     chunks = []
@@ -47,6 +60,21 @@ def forked_cli(argv: list[str], *, as_nobody: bool,
         chunks.append(chunk)
     os.close(read_fd)
     os.waitpid(pid, 0)
-    doc = orjson.loads(b"".join(chunks))
-    assert isinstance(doc, dict)
-    return doc
+    got = orjson.loads(b"".join(chunks))
+    assert isinstance(got, dict)
+    return got
+
+
+@contextlib.contextmanager
+def reachable_root() -> Iterator[Path]:
+    """A spool path outside pytest's private temp tree, so that `nobody` can reach it;
+    every directory under it is made searchable again before it is removed."""
+    base = Path(tempfile.mkdtemp(prefix="jobspool-denied-"))
+    os.chmod(base, 0o755)
+    try:
+        yield base / "spool"
+    finally:
+        for dirpath, dirs, _files in os.walk(base):
+            for name in dirs:
+                os.chmod(os.path.join(dirpath, name), 0o755)
+        shutil.rmtree(base)

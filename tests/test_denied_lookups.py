@@ -11,17 +11,14 @@ from __future__ import annotations
 
 import os
 import pwd
-import shutil
-import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
-import orjson
 import pytest
 
 from jobspool import Spool
 from tests.cli_harness import run_cli
-from tests.forked_cli import forked_cli
+from tests.forked_cli import forked_call, forked_cli, reachable_root
 from tests.spools import make_spool
 
 AS_ROOT = os.geteuid() == 0
@@ -29,15 +26,8 @@ AS_ROOT = os.geteuid() == 0
 
 @pytest.fixture
 def root() -> Iterator[Path]:
-    base = Path(tempfile.mkdtemp(prefix="jobspool-denied-"))
-    os.chmod(base, 0o755)  # outside pytest's private temp tree, so `nobody` can reach it
-    try:
-        yield base / "spool"
-    finally:
-        for dirpath, dirs, _files in os.walk(base):
-            for name in dirs:
-                os.chmod(os.path.join(dirpath, name), 0o755)
-        shutil.rmtree(base)
+    with reachable_root() as path:
+        yield path
 
 
 def _deny(root: Path, relative: str) -> None:
@@ -52,36 +42,6 @@ def _deny(root: Path, relative: str) -> None:
     os.chmod(root / relative, 0)
 
 
-def _forked(call: Callable[[], object]) -> str:
-    """Run `call` in a forked child (as `nobody` when we are root): 'ok' or the type and
-    message of what it raised."""
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # never return into pytest
-        said = "child did not report"
-        try:
-            os.close(read_fd)
-            if AS_ROOT:
-                nobody = pwd.getpwnam("nobody")
-                os.setgroups([])
-                os.setgid(nobody.pw_gid)
-                os.setuid(nobody.pw_uid)
-            call()
-            said = "ok"
-        except BaseException as exc:
-            said = f"{type(exc).__module__}.{type(exc).__name__}: {exc}"
-        finally:
-            os.write(write_fd, orjson.dumps(said))
-            os._exit(0)
-    os.close(write_fd)
-    chunks = []
-    while chunk := os.read(read_fd, 1 << 16):
-        chunks.append(chunk)
-    os.close(read_fd)
-    os.waitpid(pid, 0)
-    return str(orjson.loads(b"".join(chunks)))
-
-
 def test_an_unlistable_pool_fails_an_enqueue_with_a_jobspool_error(root: Path) -> None:
     make_spool(root).close()
     (root / "tmp" / "pool").mkdir(parents=True, exist_ok=True)
@@ -91,7 +51,7 @@ def test_an_unlistable_pool_fails_an_enqueue_with_a_jobspool_error(root: Path) -
         with Spool(root) as spool:
             spool.enqueue("work", {})
 
-    said = _forked(enqueue)
+    said = forked_call(lambda: enqueue() or {}, as_nobody=True).get("raised", "ok")
     assert said.startswith("jobspool.errors."), said  # WriteFailed, one line
     assert "tmp/pool" in said and "\n" not in said
 

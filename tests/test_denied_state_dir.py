@@ -12,8 +12,6 @@ from __future__ import annotations
 import os
 import pwd
 import re
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +19,7 @@ import pytest
 
 from jobspool import JobState
 from tests.cli_harness import run_cli
-from tests.forked_cli import forked_cli
+from tests.forked_cli import forked_cli, reachable_root
 from tests.spools import make_spool
 
 AS_ROOT = os.geteuid() == 0
@@ -29,15 +27,8 @@ AS_ROOT = os.geteuid() == 0
 
 @pytest.fixture
 def root() -> Iterator[Path]:
-    base = Path(tempfile.mkdtemp(prefix="jobspool-denied-"))
-    os.chmod(base, 0o755)  # outside pytest's private temp tree, so `nobody` can reach it
-    try:
-        yield base / "spool"
-    finally:
-        for dirpath, dirs, _files in os.walk(base):
-            for name in dirs:
-                os.chmod(os.path.join(dirpath, name), 0o755)
-        shutil.rmtree(base)
+    with reachable_root() as path:
+        yield path
 
 
 def _warm(root: Path, *args: str) -> None:

@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,27 @@ import pytest
 from jobspool import JobState
 from tests.cli_harness import run_cli, run_jobspool
 from tests.spools import make_spool
+
+
+def _migrate_while_reading(monkeypatch: pytest.MonkeyPatch, root: Path, pg_url: str, at: int,
+                           meanwhile: Callable[[Any], None]) -> Any:
+    """`migrate --json` in this process, calling `meanwhile(spool)` once the copy has read
+    `at` + 1 jobs (what another process does while the spool is read)."""
+    from jobspool.queue.spool import Spool
+
+    reading = Spool.jobs
+
+    def jobs(self: Spool, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        for n, job in enumerate(reading(self, *args, **kwargs)):
+            if n == at:
+                meanwhile(self)
+            yield job
+
+    monkeypatch.setattr(Spool, "jobs", jobs)
+    try:
+        return run_cli("--root", str(root), "migrate", "--to", pg_url, "--json")
+    finally:
+        monkeypatch.undo()
 
 
 def test_a_renamed_spool_migrated_again_does_not_bring_back_pruned_jobs(
@@ -63,25 +84,17 @@ def test_a_job_enqueued_on_the_database_is_not_replaced_by_a_file_spool_namesake
 
 def test_a_job_that_moves_while_the_spool_is_read_is_named_for_a_rerun(
         tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from jobspool.queue.spool import Spool
-
     root = tmp_path / "s"
     with make_spool(root) as spool:
         spool.enqueue("k", {}, job_id="early")
         spool.enqueue("k", {}, job_id="late")
         spool.cancel("late")
-    reading = Spool.jobs
 
-    def jobs(self: Spool, *args: Any, **kwargs: Any) -> Iterator[Any]:
-        for n, job in enumerate(reading(self, *args, **kwargs)):
-            if n == 0:  # ready/ read: a shell requeues the canceled job into it meanwhile
-                with make_spool(root) as other:
-                    other.requeue("late")
-            yield job
+    def requeue(_spool: Any) -> None:  # ready/ read: a shell requeues the canceled job
+        with make_spool(root) as other:
+            other.requeue("late")
 
-    monkeypatch.setattr(Spool, "jobs", jobs)
-    out = run_cli("--root", str(root), "migrate", "--to", pg_url, "--json")
-    monkeypatch.undo()
+    out = _migrate_while_reading(monkeypatch, root, pg_url, 0, requeue)
     assert out.code == 2, out.out + out.err
     doc = json.loads(out.out)
     assert (doc["unreadable"], doc["moved_during_copy"], doc["moved_ids"]) == (0, 1, ["late"])
@@ -97,24 +110,15 @@ def test_a_worker_started_during_the_copy_is_named_and_the_exit_is_2(
         tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from jobspool import RunReport
     from jobspool.metrics import publish_worker_report, remove_worker_report
-    from jobspool.queue.spool import Spool
 
     root = tmp_path / "s"
     with make_spool(root) as spool:
         spool.enqueue_many("k", [{}, {}], job_ids=["a", "b"])
-    reading = Spool.jobs
-
-    def jobs(self: Spool, *args: Any, **kwargs: Any) -> Iterator[Any]:
-        for n, job in enumerate(reading(self, *args, **kwargs)):
-            if n == 0:  # a worker starts on the spool while it is read (this process: alive)
-                publish_worker_report(self, "late-worker", RunReport())
-            yield job
-
-    monkeypatch.setattr(Spool, "jobs", jobs)
-    try:
-        out = run_cli("--root", str(root), "migrate", "--to", pg_url, "--json")
+    try:  # a worker starts on the spool while it is read (this process: alive)
+        out = _migrate_while_reading(
+            monkeypatch, root, pg_url, 0,
+            lambda spool: publish_worker_report(spool, "late-worker", RunReport()))
     finally:
-        monkeypatch.undo()
         with make_spool(root) as spool:
             remove_worker_report(spool, "late-worker")
     assert out.code == 2, out.out + out.err
@@ -184,23 +188,15 @@ def test_books_of_an_older_layout_that_the_role_may_not_alter_still_work_by_path
 
 def test_a_job_enqueued_while_the_spool_is_read_is_named_for_a_rerun(
         tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from jobspool.queue.spool import Spool
-
     root = tmp_path / "s"
     with make_spool(root) as spool:
         spool.enqueue_many("k", [{}, {}], job_ids=["a", "b"])
-    reading = Spool.jobs
 
-    def jobs(self: Spool, *args: Any, **kwargs: Any) -> Iterator[Any]:
-        for n, job in enumerate(reading(self, *args, **kwargs)):
-            if n == 1:  # a producer left running adds a job after ready/ was listed
-                with make_spool(root) as other:
-                    other.enqueue("k", {}, job_id="zz-late")
-            yield job
+    def produce(_spool: Any) -> None:  # a producer left running, after ready/ was listed
+        with make_spool(root) as other:
+            other.enqueue("k", {}, job_id="zz-late")
 
-    monkeypatch.setattr(Spool, "jobs", jobs)
-    out = run_cli("--root", str(root), "migrate", "--to", pg_url, "--json")
-    monkeypatch.undo()
+    out = _migrate_while_reading(monkeypatch, root, pg_url, 1, produce)
     assert out.code == 2, out.out + out.err
     doc = json.loads(out.out)
     assert doc["copied"] == 2 and doc["arrived_ids"] == ["zz-late"]
