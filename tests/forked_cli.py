@@ -78,3 +78,17 @@ def reachable_root() -> Iterator[Path]:
             for name in dirs:
                 os.chmod(os.path.join(dirpath, name), 0o755)
         shutil.rmtree(base)
+
+
+def deny_to_caller(root: Path, relative: str) -> None:
+    """Make `root/relative` unreadable and unsearchable for whoever runs the forked call:
+    as root, the spool is given to `nobody` and that one entry kept root's, mode 0;
+    otherwise, mode 0 alone."""
+    if os.geteuid() == 0:
+        nobody = pwd.getpwnam("nobody")
+        for dirpath, dirs, files in os.walk(root):
+            for name in [*dirs, *files]:
+                os.lchown(os.path.join(dirpath, name), nobody.pw_uid, nobody.pw_gid)
+        os.lchown(root, nobody.pw_uid, nobody.pw_gid)
+        os.chown(root / relative, 0, 0)
+    os.chmod(root / relative, 0)

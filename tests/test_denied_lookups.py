@@ -10,7 +10,6 @@ without root, the directory is made unreadable with chmod."""
 from __future__ import annotations
 
 import os
-import pwd
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import pytest
 
 from jobspool import Spool
 from tests.cli_harness import run_cli
-from tests.forked_cli import forked_call, forked_cli, reachable_root
+from tests.forked_cli import deny_to_caller, forked_call, forked_cli, reachable_root
 from tests.spools import make_spool
 
 AS_ROOT = os.geteuid() == 0
@@ -30,22 +29,10 @@ def root() -> Iterator[Path]:
         yield path
 
 
-def _deny(root: Path, relative: str) -> None:
-    """Make `root/relative` unreadable and unsearchable for whoever runs the call."""
-    if AS_ROOT:
-        nobody = pwd.getpwnam("nobody")
-        for dirpath, dirs, files in os.walk(root):
-            for name in [*dirs, *files]:
-                os.lchown(os.path.join(dirpath, name), nobody.pw_uid, nobody.pw_gid)
-        os.lchown(root, nobody.pw_uid, nobody.pw_gid)
-        os.chown(root / relative, 0, 0)
-    os.chmod(root / relative, 0)
-
-
 def test_an_unlistable_pool_fails_an_enqueue_with_a_jobspool_error(root: Path) -> None:
     make_spool(root).close()
     (root / "tmp" / "pool").mkdir(parents=True, exist_ok=True)
-    _deny(root, "tmp/pool")
+    deny_to_caller(root, "tmp/pool")
 
     def enqueue() -> None:
         with Spool(root) as spool:
@@ -61,7 +48,7 @@ def test_an_unsearchable_state_directory_is_named_not_an_unreadable_file(
     make_spool(root).close()
     run_cli("--root", str(root.parent / "scratch"), "init")  # warm the CLI's imports
     run_cli("--root", str(root.parent / "scratch"), "enqueue", "k", "--id", "warm")
-    _deny(root, "canceled")
+    deny_to_caller(root, "canceled")
     got = forked_cli(["--root", str(root), "enqueue", "k", "--id", "brand-new-id"],
                      as_nobody=True)
     assert got["code"] != 0, got

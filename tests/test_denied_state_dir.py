@@ -19,7 +19,7 @@ import pytest
 
 from jobspool import JobState
 from tests.cli_harness import run_cli
-from tests.forked_cli import forked_cli, reachable_root
+from tests.forked_cli import deny_to_caller, forked_cli, reachable_root
 from tests.spools import make_spool
 
 AS_ROOT = os.geteuid() == 0
@@ -39,18 +39,6 @@ def _warm(root: Path, *args: str) -> None:
     run_cli("--root", str(scratch), *args)
 
 
-def _deny(root: Path, state: str) -> None:
-    if AS_ROOT:
-        nobody = pwd.getpwnam("nobody")
-        for dirpath, dirs, files in os.walk(root):
-            for name in [*dirs, *files]:
-                os.lchown(os.path.join(dirpath, name), nobody.pw_uid, nobody.pw_gid)
-        os.lchown(root, nobody.pw_uid, nobody.pw_gid)
-        os.chown(root / state, 0, 0)  # root's now, mode 0700: nobody may not search it
-    else:
-        os.chmod(root / state, 0)
-
-
 def _allow(root: Path, state: str) -> None:
     os.chmod(root / state, 0o700)
     if AS_ROOT:
@@ -66,7 +54,7 @@ def test_a_settle_into_an_unsearchable_directory_keeps_every_job(
         ids = [spool.enqueue(kind, {}, job_id=f"a{i}").id for i in range(3)]
     argv = ["--root", str(root), "run-until-idle", "--app", app]
     _warm(root, "run-until-idle", "--app", app)
-    _deny(root, state)
+    deny_to_caller(root, state)
     got = forked_cli(argv, as_nobody=True)
     # (the handler's own traceback is logged for the `boom` jobs: the CLI ends in one line)
     assert got["code"] != 0, got["err"]
@@ -84,7 +72,7 @@ def test_a_cancel_into_an_unsearchable_directory_keeps_the_job(root: Path) -> No
     with make_spool(root) as spool:
         spool.enqueue("work", {}, job_id="c1")
     _warm(root, "cancel", "nothing-here")
-    _deny(root, "canceled")
+    deny_to_caller(root, "canceled")
     got = forked_cli(["--root", str(root), "cancel", "c1"], as_nobody=True)
     assert got["code"] != 0 and "Traceback" not in got["err"], got["err"]
     _allow(root, "canceled")
