@@ -201,3 +201,19 @@ def test_a_job_enqueued_while_the_spool_is_read_is_named_for_a_rerun(
     doc = json.loads(out.out)
     assert doc["copied"] == 2 and doc["arrived_ids"] == ["zz-late"]
     assert "added to the spool while it was read" in out.err
+
+
+def test_the_books_are_indexed_by_id_for_the_lookup_across_sources(
+        tmp_path: Path, pg_url: str) -> None:
+    # Records are looked up by id whatever their source: without an index on it, every
+    # chunk of 500 read the whole table (quadratic in the spool's size).
+    import psycopg
+
+    root = tmp_path / "s"
+    with make_spool(root) as spool:
+        spool.enqueue("k", {}, job_id="a")
+    assert run_jobspool("--root", str(root), "migrate", "--to", pg_url).returncode == 0
+    with psycopg.connect(pg_url) as conn:
+        defs = [r[0] for r in conn.execute(
+            "SELECT indexdef FROM pg_indexes WHERE tablename = 'jobspool_migrated'")]
+    assert any(d.endswith("(id)") for d in defs), defs
