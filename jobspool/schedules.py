@@ -19,8 +19,10 @@ the others. After downtime, `catch_up` says what happens to the ticks missed:
 `"skip"` fires none of them (only a tick at most `grace_seconds` late counts as
 on time; never less than `WAKE_SLACK_SECONDS`, what a worker's wake may lag),
 `"once"` fires the latest one, `"all"` fires each, oldest first, up to
-`max_catch_up`. A schedule seen for the first time starts with its next tick:
-deploying a daily 03:00 job at 10:00 does not run it at once. A rule changed under
+`max_catch_up` (the latest ones; a warning names the older ones skipped). A schedule
+seen for the first time fires the tick happening now (at most `grace_seconds` late),
+else starts with its next tick: deploying a daily 03:00 job at 10:00 does not run it
+at once. A rule changed under
 the same name (03:00 became 04:00 while the workers were down) fires, with "once" or
 "all", its latest tick once if it falls after the old rule's last (its earlier ticks
 are not missed ones: it did not exist), with "skip" as at first sight; the same rule
@@ -221,9 +223,11 @@ class Schedule:
             self.cron is not None and rule_id == fingerprint(f"cron {self._expr} {self.tz}"))
 
     def plan(self, last: int | None, now: float, *,
-             rule_changed: bool = False) -> tuple[list[int], int]:
+             rule_changed: bool | None = None) -> tuple[list[int], int]:
         """The ticks to fire at `now` given the last tick fired, and the new last tick.
-        `rule_changed`: the mark was left by another rule under this schedule's name."""
+        `rule_changed`: the mark was left by another rule under this schedule's name (True),
+        by this rule (False), or by a version that kept no fingerprint (None: told by the
+        mark being no tick of this rule)."""
         latest = self.last_tick(now)
         if last is not None and last > now + CLOCK_JUMP_SECONDS:
             # The last tick fired is far in the future: the clock was wrong and came back.
@@ -237,10 +241,12 @@ class Schedule:
             last = None
         elif last is not None and last > now + 60 and self._due_to_log(now):
             log.warning("schedule %s: its last tick fired (%s) is %.0f s ahead of this clock "
-                        "(stepped back?); no tick fires until the clock passes it (each "
-                        "fired already)", self.key, _iso(last), last - now)
+                        "(the clock stepped back, or the one that fired it runs ahead); the "
+                        "ticks up to it fired already, so none fires until this clock "
+                        "passes it", self.key, _iso(last), last - now)
         floor: int | None = None
-        if last is not None and (rule_changed or self.last_tick(last) != last):
+        if last is not None and (rule_changed or (rule_changed is None
+                                                  and self.last_tick(last) != last)):
             # The rule changed under its name (every 3600 s became every 60 s): known by
             # the fingerprint kept beside the mark, or, for a mark from before fingerprints,
             # by the mark being no tick of this rule (which misses a mark that is a tick of
@@ -248,7 +254,10 @@ class Schedule:
             # its ticks since (100 jobs at once with "all"): start over as at first sight,
             # but never at or before that mark. Two rules live at once (a rolling deploy)
             # otherwise fired a tick again, its first job already pruned: each took the
-            # other's mark for a rule change and re-fired its own latest tick.
+            # other's mark for a rule change and re-fired its own latest tick. That floor
+            # is then kept as this rule's mark, under its fingerprint: a mark that is no
+            # tick of this rule is no rule change once the fingerprint says it is this one
+            # (else "all" lost each tick missed after it, firing only the latest).
             floor, last = last, None
         if last is None:
             if floor is not None and self.catch_up != "skip" and latest > floor:
@@ -262,7 +271,13 @@ class Schedule:
         if latest <= last:
             return [], last
         if self.catch_up == "all":
-            return self.ticks_between(last, now, limit=self.max_catch_up), latest
+            ticks = self.ticks_between(last, now, limit=self.max_catch_up)
+            if len(ticks) == self.max_catch_up and self.last_tick(ticks[0] - 1) > last:
+                log.warning("schedule %s: more than max_catch_up=%d ticks were missed since "
+                            "%s; firing the latest %d, from %s (the older ones are skipped)",
+                            self.key, self.max_catch_up, _iso(last), len(ticks),
+                            _iso(ticks[0]))
+            return ticks, latest
         if self.catch_up == "once" or self._on_time(latest, now):
             return [latest], latest
         return [], latest  # skip: the latest tick is late too
@@ -388,7 +403,7 @@ class Scheduler:
             for s in self.schedules:
                 rule = marks.get(s.key + RULE_MARK)
                 ticks, last = s.plan(marks.get(s.key), at,
-                                     rule_changed=rule is not None and not s.same_rule(rule))
+                                     rule_changed=None if rule is None else not s.same_rule(rule))
                 created = []
                 try:
                     for t in ticks:
@@ -411,9 +426,8 @@ class Scheduler:
 
     def next_wake(self, now: float) -> float:
         """Seconds until the earliest next tick of any schedule (at least 0)."""
-        if not self.schedules:
-            return math.inf
-        return max(0.0, min(s.next_tick(now) for s in self.schedules) - now)
+        ticks = [t for t in (_next_tick(s, now) for s in self.schedules) if t is not None]
+        return max(0.0, min(ticks) - now) if ticks else math.inf
 
     def status(self, spool: Spool, now: float | None = None) -> list[dict[str, Any]]:
         """Per schedule: name, kind, rule, catch-up, last tick and next tick (ISO too).
@@ -428,11 +442,14 @@ class Scheduler:
         for s in self.schedules:
             last = marks.get(s.key)
             rule = marks.get(s.key + RULE_MARK)
-            if last is not None and rule is not None and not s.same_rule(rule):
-                # The mark of the rule this name had before (`tick` starts over from it):
-                # no tick of this one, and it was listed as this rule's last.
+            if last is not None and ((rule is not None and not s.same_rule(rule))
+                                     or s.last_tick(last) != last):
+                # The mark of the rule this name had before (`tick` starts over from it,
+                # and keeps it as a floor under this rule's fingerprint when it is later
+                # than this rule's latest tick): no tick of this one, and it was listed as
+                # this rule's last.
                 last = None
-            nxt = s.next_tick(at)
+            nxt = _next_tick(s, at)
             state = None
             if last is not None:
                 with contextlib.suppress(JobNotFound):  # passed over, or pruned since
@@ -442,8 +459,17 @@ class Scheduler:
                          "last_tick": last, "last_tick_iso": None if last is None else iso_time(last),
                          "last_job_id": None if last is None else s.job_id(last),
                          "last_job_state": state,
-                         "next_tick": nxt, "next_tick_iso": iso_time(nxt)})
+                         "next_tick": nxt, "next_tick_iso": None if nxt is None else iso_time(nxt)})
         return rows
+
+
+def _next_tick(schedule: Schedule, now: float) -> int | None:
+    """`schedule.next_tick(now)`, None past the year 9999 (a clock set that far wrong must
+    not stop the worker, nor `jobspool schedules`)."""
+    try:
+        return schedule.next_tick(now)
+    except (OverflowError, ValueError, OSError):
+        return None
 
 
 class _Serving(Protocol):

@@ -36,7 +36,7 @@ def cmd_schedules(args: argparse.Namespace) -> int:
             return f"--app {args.app} has no schedules"
         table = [("NAME", "KIND", "RULE", "CATCH-UP", "LAST TICK", "NEXT TICK")]
         table += [(r["name"], r["kind"], r["rule"], r["catch_up"], _last(r),
-                   r["next_tick_iso"]) for r in rows]
+                   r["next_tick_iso"] or "none (past the year 9999)") for r in rows]
         # Columns as wide as their widest cell: a long name or cron rule never shifts the rest.
         widths = [max(len(row[i]) for row in table) for i in range(5)]
         return "\n".join(" ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False))
