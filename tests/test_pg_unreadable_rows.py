@@ -24,6 +24,9 @@ EDITS = {
     "timeout": "UPDATE jobspool_jobs SET timeout = -1 WHERE id = %s",
     # The claim's own `attempts + 1` made -1 a valid 0 before the row was judged: it ran.
     "attempts": "UPDATE jobspool_jobs SET attempts = -1 WHERE id = %s",
+    # At the bigint top the claim's own `+ 1` overflowed: every claim failed, for everyone.
+    "attempts_top": "UPDATE jobspool_jobs SET attempts = 9223372036854775807 WHERE id = %s",
+    "revision_top": "UPDATE jobspool_jobs SET revision = 9223372036854775807 WHERE id = %s",
 }
 
 

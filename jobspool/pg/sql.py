@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 
 from jobspool.pg.rows import J_COLUMNS
+from jobspool.queue.job import COUNT_TOP
 from jobspool.queue.payload import MAX_RUN_AT
 
 NOW = "COALESCE(%(now)s::float8, extract(epoch from now()))"
@@ -70,6 +71,16 @@ def _new_rescues(p: str = "") -> str:
     return f"({p}rescues + CASE WHEN {_uncounted(p)} THEN 0 ELSE 1 END)"
 
 
+# A count a hand edit set at or near the bigint top (9223372036854775807) overflowed the
+# claim's `+ 1`: the statement failed, and with it every claim of every worker, for as long
+# as the row was due. Past 2**62 a count is unreadable anyway (`job.implausible`): it is
+# kept as it is, so the claim takes it and dead-letters it alone.
+
+
+def _bumped(expr: str, column: str) -> str:
+    return f"(CASE WHEN {column} >= {COUNT_TOP} THEN {column} ELSE {expr} END)"
+
+
 # Due jobs in claim order (priority, then run_at, then id), skipping rows another
 # claimer holds: waiting ones (ready, retryable past run_at) and, as on the file spool,
 # expired leases of a dead or stalled worker (taken over: attempt and rescue counted)
@@ -122,11 +133,13 @@ WITH due AS MATERIALIZED (
     UNION ALL SELECT id, priority, run_at FROM lapsed
     ORDER BY priority, run_at, id LIMIT {{limit}}) s)
 UPDATE jobspool_jobs j
-SET state = 'leased', revision = j.revision + 1,
-    attempts = CASE WHEN j.attempts < 0 THEN j.attempts  -- a hand edit: judged as it is
+SET state = 'leased', revision = {_bumped('j.revision + 1', 'j.revision')},
+    attempts = CASE WHEN j.attempts < 0 OR j.attempts >= {COUNT_TOP}
+                      THEN j.attempts  -- a hand edit: judged as it is
                     WHEN j.state = 'leased' THEN {_eff_attempts('j.')} + 1
                     ELSE j.attempts + 1 END,
-    rescues = CASE WHEN j.state = 'leased' THEN {_new_rescues('j.')} ELSE j.rescues END,
+    rescues = CASE WHEN j.state = 'leased' THEN {_bumped(_new_rescues('j.'), 'j.rescues')}
+                   ELSE j.rescues END,
     updated_at = {NOW}, token = c.token, owner = %(owner)s,
     expires_at = {NOW} + greatest(%(lease)s::float8, 1e-6), proc = %(proc)s,
     started = %(started)s::boolean
@@ -138,7 +151,8 @@ RETURNING {J_COLUMNS}, {{exhausted}} AS exhausted
 # the reason, each only while the claim's lease on it holds.
 DEAD_LETTER_UNREADABLE = f"""
 UPDATE jobspool_jobs j
-SET state = 'dead_letter', last_error = u.why, revision = j.revision + 1, updated_at = {NOW},
+SET state = 'dead_letter', last_error = u.why, revision = {_bumped('j.revision + 1', 'j.revision')},
+    updated_at = {NOW},
     token = NULL, owner = NULL, expires_at = NULL, proc = NULL, started = NULL
 FROM json_to_recordset(%(rows)s::json) AS u(id text, token bigint, why text)
 WHERE j.id = u.id AND j.token = u.token AND j.state = 'leased'

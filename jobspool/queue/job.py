@@ -472,14 +472,14 @@ def implausible(job: Job) -> str | None:
     if job.rescues < 0:
         return f"rescues is {job.rescues} (negative)"
     for name in ("attempts", "revision", "rescues"):
-        if getattr(job, name) >= _COUNT_TOP:
+        if getattr(job, name) >= COUNT_TOP:
             # Counted up by every claim: at the 64-bit edge the next write failed, and with
             # it every claim of the batch (`run-until-idle` gave up; fsck said consistent).
             return f"{name} is {getattr(job, name)} (no run counts that far)"
     return None
 
 
-_COUNT_TOP = 2**62
+COUNT_TOP = 2**62
 
 
 def _timeout(d: dict[str, Any]) -> float | None:
