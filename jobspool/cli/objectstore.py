@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+
+import orjson
 
 from jobspool.projection.objectstore import CHECK_OPTION
 
@@ -24,17 +28,38 @@ def add_projection_option(parser: argparse.ArgumentParser) -> None:
         "default: the app's, and the AWS_* environment")
 
 
+# How a pool's children get the supervisor's `--projection-option`s: by the environment,
+# which only their user can read. On the command line, a secret key given there was in
+# `ps` for every local user, for every child.
+OPTIONS_ENV = "JOBSPOOL_POOL_PROJECTION_OPTIONS"
+_INHERITED: list[list[tuple[str, str]]] = []  # read once, then out of the environment
+
+
+def _inherited() -> list[tuple[str, str]]:
+    """The options a pool supervisor handed this process (a pool child only), else none.
+    Taken out of the environment, so that a process a handler starts does not inherit them."""
+    if not _INHERITED:
+        from jobspool.queue.poolchild import is_pool_child
+
+        text = os.environ.pop(OPTIONS_ENV, None)
+        pairs: list[tuple[str, str]] = []
+        if text is not None and is_pool_child():
+            with contextlib.suppress(ValueError, TypeError):
+                pairs = [(str(k), str(v)) for k, v in orjson.loads(text)]
+        _INHERITED.append(pairs)
+    return _INHERITED[0]
+
+
 def storage_options(args: argparse.Namespace, app_options: dict[str, str] | None = None
                     ) -> dict[str, str] | None:
-    """The storage options a command runs with: the app's, overridden key by key by the flags."""
-    given = dict(getattr(args, "projection_options", None) or [])
+    """The storage options a command runs with: the app's, overridden key by key by the flags
+    (in a pool child, its supervisor's)."""
+    given = dict(_inherited() + list(getattr(args, "projection_options", None) or []))
     merged = {**(app_options or {}), **given}
     return merged or None
 
 
-def child_options(args: argparse.Namespace) -> list[str]:
-    """The flags that hand the same storage options to a pool's child processes."""
-    out: list[str] = []
-    for key, value in getattr(args, "projection_options", None) or []:
-        out += ["--projection-option", f"{key}={value}"]
-    return out
+def child_env(args: argparse.Namespace) -> dict[str, str]:
+    """The environment that hands the same storage options to a pool's child processes."""
+    pairs = list(getattr(args, "projection_options", None) or [])
+    return {OPTIONS_ENV: orjson.dumps(pairs).decode()} if pairs else {}

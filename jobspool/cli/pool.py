@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from jobspool.cli.common import EXIT_OK, EXIT_UNHEALTHY, Refused, UsageError, _open_waiting
-from jobspool.cli.objectstore import child_options
+from jobspool.cli.objectstore import child_env
 from jobspool.cli.render import _emit, handlers_print_to_stderr, interrupted_text
 
 
@@ -25,7 +26,6 @@ def _child_options(args: argparse.Namespace) -> list[str]:
         opts += ["--lease-seconds", repr(args.lease_seconds)]
     if args.projection:
         opts += ["--projection", args.projection]
-    opts += child_options(args)  # --projection-option KEY=VALUE, each
     if args.no_maintenance:
         opts.append("--no-maintenance")
     return opts
@@ -49,6 +49,7 @@ def cmd_worker_pool(args: argparse.Namespace) -> int:
             with handlers_print_to_stderr(args):
                 report = WorkerPool(spool, command, args.processes, grace_seconds=args.grace,
                                     policies=worker.policies,
+                                    env={**os.environ, **child_env(args)},
                                     ignore_signals_after_stop=True).run()
         except PoolFailed as exc:
             raise Refused(str(exc)) from None
