@@ -221,6 +221,26 @@ def test_the_summary_counts_what_a_killed_child_did(tmp_path: Path) -> None:
     assert report["rescued"] == 1 and report["restarts"] == 1, report
 
 
+def test_a_child_killed_at_shutdown_leaves_no_metrics_snapshot_for_health_to_flag(
+        tmp_path: Path) -> None:
+    # Found in a pool probe: a child frozen in C past --grace was killed at shutdown; its
+    # live snapshot stayed, and `jobspool health` said worker_stale (exit 2) a minute later,
+    # until some other worker happened to start on the host.
+    root = tmp_path / "spool"
+    frozen = tmp_path / "frozen"
+    with make_spool(root) as spool:
+        spool.enqueue("frozen", {"sleep": 600, "metricsdir": str(root / "metrics"),
+                                 "frozenfile": str(frozen)})
+    proc = _pool(root, "--processes", "1", "--grace", "1")
+    try:
+        wait_until(frozen.exists, GUARD, proc=proc)
+        assert list((root / "metrics").glob("*.json"))
+        _stop(proc)
+    finally:
+        reap(proc)
+    assert list((root / "metrics").glob("*.json")) == []
+
+
 def test_a_pool_of_absurd_size_is_a_one_line_error_and_starts_nothing(tmp_path: Path) -> None:
     """`--processes 100000` was accepted: the supervisor spawned children for minutes, past
     two SIGTERMs, leaving hundreds of orphans when it was finally killed."""

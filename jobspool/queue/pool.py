@@ -359,6 +359,14 @@ class WorkerPool:
             os.close(child.fd)
         code = child.proc.wait()
         self.children.pop(child.slot, None)
+        if code != 0:
+            # Killed (a hung handler, outliving --grace) or crashed, it left its live metrics
+            # snapshot behind: health called the pool's host `worker_stale` a minute later,
+            # until another worker happened to start there.
+            from jobspool.metrics import remove_worker_report
+
+            with contextlib.suppress(OSError, AttributeError, TypeError):
+                remove_worker_report(self.spool, child.owner)
         # A child killed (or crashed) never sent its final report: its last counts stand in,
         # else a summary left out everything a replaced child had done.
         self._add_report(child.report)

@@ -63,6 +63,23 @@ def die(job: Job, ctx: Context) -> None:
     time.sleep(float(payload.get("sleep", 60)))
 
 
+def frozen(job: Job, ctx: Context) -> None:
+    """Once `payload["metricsdir"]` holds a worker snapshot, block the whole interpreter in C
+    (the GIL held, SIGTERM ignored) for `payload["sleep"]` seconds: only SIGKILL ends it."""
+    import ctypes
+    import signal
+
+    payload = _evidence(job, ctx)
+    deadline = time.monotonic() + 60
+    while not list(Path(payload["metricsdir"]).glob("*.json")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    Path(payload["frozenfile"]).touch()
+    libc = ctypes.PyDLL(None)
+    libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    libc.signal(signal.SIGTERM, 1)  # SIG_IGN: a sleep a signal cut short would return
+    libc.sleep(int(payload.get("sleep", 600)))
+
+
 def exits(job: Job, ctx: Context) -> None:
     """What a script-turned-handler does: `sys.exit(3)` (or Ctrl-C's KeyboardInterrupt)."""
     if job.payload == "interrupt":
@@ -82,7 +99,7 @@ def progressing(job: Job, ctx: Context) -> str:
 
 app = App(
     handlers={"quick": quick, "sleepy": sleepy, "asleepy": asleepy, "boom": boom, "die": die,
-              "grace": sleepy, "progressing": progressing, "exits": exits},
+              "grace": sleepy, "progressing": progressing, "exits": exits, "frozen": frozen},
     policies={
         "sleepy": Policy(timeout=1.0, max_attempts=2, retry_base_seconds=0.05,
                          retry_max_seconds=0.05),
