@@ -69,6 +69,11 @@ if TYPE_CHECKING:
     from jobspool.queue.report import RunReport
 
 METRICS_DIR = "metrics"
+# The largest count taken from a snapshot (a file anyone may write): sums of a few such
+# counters, over workers and an hour of minutes, stay far inside the 64 bits JSON is
+# encoded with (counters each just under 2**63 added up past it: the dashboard's
+# /api/overview was a 500 for an hour). 2**53 is also what a browser's numbers hold exactly.
+MAX_COUNT = 2**53
 WORKER_STALE_SECONDS = 300.0
 _PID_MAX = 4_194_304  # Linux's highest pid_max (2**22)
 WORKER_COUNTERS = ("claimed", "completed", "retried", "dead_lettered", "lease_lost",
@@ -185,7 +190,7 @@ def _report_counters(report: RunReport | dict[str, Any]) -> dict[str, Any]:
         return {k: d.get(k, 0) for k in WORKER_COUNTERS}
     # Read from a file: a counter that is not a count (1e30, an integer past 64 bits, which
     # orjson reads as a float) counts 0. Kept, it broke the dashboard's JSON for an hour.
-    return {k: v if type(v := report.get(k, 0)) is int and 0 <= v < 2**63 else 0
+    return {k: v if type(v := report.get(k, 0)) is int and 0 <= v <= MAX_COUNT else 0
             for k in WORKER_COUNTERS}
 
 

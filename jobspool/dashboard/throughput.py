@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from jobspool.metrics import MAX_COUNT
 from jobspool.queue.states import JobState
 
 if TYPE_CHECKING:
@@ -121,16 +122,11 @@ class Throughput:
                 "chart": chart(rows)}
 
 
-# The largest count taken from a snapshot: sums of a few such counters, over workers and
-# an hour of minutes, stay far inside the 64 bits JSON is encoded with (counters each just
-# under 2**63 added up past it: /api/overview was a 500 for an hour). 2**53 is also what a
-# browser's numbers hold exactly.
-_MAX_COUNT = 2**53
 
 
 def _int(value: object) -> int:
     """A count, or 0 for anything else (the snapshots are files anyone may write)."""
-    return value if type(value) is int and 0 <= value <= _MAX_COUNT else 0
+    return value if type(value) is int and 0 <= value <= MAX_COUNT else 0
 
 
 def _nice_max(value: int) -> int:

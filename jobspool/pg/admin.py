@@ -336,11 +336,13 @@ def health(spool: PgSpool, *, max_due_age: float = DEFAULT_MAX_DUE_AGE,
                               "period (run `jobspool recover --app ...` to replay them)", stale))
     broken, read = _unreadable_rows(spool, limit=100, max_rows=max_files_read, live=True)
     if broken:
-        # A file spool's `unreadable_files`: claims skip such rows, so they never run.
+        # A file spool's `unreadable_files`. Here a claim dead-letters such a row once it
+        # is due (naming why): the job never runs as it was meant to.
         reasons.append(Reason("unreadable_files", f"{len(broken)} unfinished row(s) no "
-                              f"reader can take ({some_ids([i for i, _ in broken])}): claims skip "
-                              "them, so those jobs never run; `jobspool fsck` says why each, "
-                              "fix or delete them by hand", len(broken)))
+                              f"reader can take ({some_ids([i for i, _ in broken])}): a claim "
+                              "dead-letters each once it is due, so those jobs never run; "
+                              "`jobspool fsck` says why each, fix or delete them by hand",
+                              len(broken)))
     local, local_figures = host_reasons(
         spool, now=now, projection=projection, maintenance_cadence=maintenance_cadence,
         max_maintenance_failures=max_maintenance_failures, min_free_bytes=min_free_bytes,
