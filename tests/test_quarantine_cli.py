@@ -64,7 +64,8 @@ def test_show_finds_a_file_by_job_id_or_prefix_and_prints_its_content(
     assert isinstance(doc, dict)
     assert doc["content"] == "{not json" and doc["readable"] is False
     assert doc["source"] == "ready/broken.json" and "JSON" in doc["problem"]
-    by_prefix = run_json(root, "quarantine", "show", doc["name"][:12])
+    past_time = doc["name"][:doc["name"].index("-") + 2]
+    by_prefix = run_json(root, "quarantine", "show", past_time)
     assert isinstance(by_prefix, dict) and by_prefix["name"] == doc["name"]
     code, out, _ = run_cli("quarantine", "show", "broken", root=root)
     assert code == 0 and "{not json" in out and "now readable: no" in out
@@ -139,11 +140,28 @@ def test_a_quarantined_directory_is_shown_refused_on_restore_and_purged(root: Pa
     assert list((root / "quarantine").iterdir()) == []
 
 
-def test_an_ambiguous_prefix_says_how_many_match_not_that_none_does(root: Path) -> None:
+def test_an_ambiguous_id_says_how_many_match_not_that_none_does(root: Path) -> None:
     # It said "no quarantined file '1796': 3 files match".
-    _quarantine(root, {"ready/a1.json": b"{bad", "ready/a2.json": b"{bad"})
+    _quarantine(root, {"ready/a1.json": b"{bad", "retryable/a1.json": b"{bad"})
     listed = run_json(root, "quarantine", "list")
     assert isinstance(listed, dict) and listed["count"] == 2
-    common = listed["files"][0]["name"][:2]
-    code, _, err = run_cli("quarantine", "show", common, root=root)
+    code, _, err = run_cli("quarantine", "show", "a1", root=root)
     assert code == 1 and "2 quarantined files match" in err and "no quarantined" not in err
+
+
+def test_a_short_id_is_a_job_id_never_a_prefix_of_another_jobs_quarantined_file(
+        root: Path) -> None:
+    # Found in a policy probe: names start with the time in nanoseconds (`1796...`), and
+    # prefixes were tried before job ids: `purge 17`, meant for job 17, deleted job abc's
+    # quarantined file for good; with 17's own file there too, `show 17` was "ambiguous".
+    _quarantine(root, {"ready/abc.json": b"{bad"})
+    (name,) = [f["name"] for f in run_json(root, "quarantine", "list")["files"]]  # type: ignore[index]
+    short = name[:2]
+    code, _, err = run_cli("quarantine", "purge", short, root=root)
+    assert code == 1 and f"'{short}'" in err
+    assert [f["name"] for f in run_json(root, "quarantine", "list")["files"]] == [name]  # type: ignore[index]
+    _quarantine(root, {f"ready/{short}.json": b"{bad too"})
+    doc = run_json(root, "quarantine", "show", short)
+    assert isinstance(doc, dict) and doc["source"] == f"ready/{short}.json"
+    assert run_json(root, "quarantine", "purge", short)["count"] == 1  # type: ignore[index]
+    assert [f["name"] for f in run_json(root, "quarantine", "list")["files"]] == [name]  # type: ignore[index]

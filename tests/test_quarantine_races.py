@@ -9,6 +9,8 @@ from __future__ import annotations
 import multiprocessing
 from pathlib import Path
 
+import pytest
+
 from jobspool import JobState
 from jobspool.errors import NotQuarantined
 from jobspool.recovery.quarantine import (
@@ -73,3 +75,25 @@ def test_restore_racing_purge_ends_each_file_restored_or_purged(tmp_path: Path) 
         assert quarantined_files(spool.journal) == []
         report = spool.fsck()
         assert report.ok, report.problems
+
+
+def test_purging_everything_keeps_the_reason_of_a_file_quarantined_after_its_listing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Found in a policy probe (a `recover` beside a purge loop): the sweep for orphan
+    # reason files, after the purge, removed every `.reason`, unlocked, also those of files
+    # quarantined after the purge listed its files: "no reason recorded" for good.
+    from jobspool.recovery import quarantine
+
+    root = tmp_path / "spool"
+    with make_spool(root) as spool:
+        (root / "ready" / "late.json").write_bytes(b"{bad")
+        assert len(spool.recover().quarantined) == 1
+        (name,) = quarantined_files(spool.journal)
+        (root / "quarantine" / "orphan.ready.x.json.reason").write_bytes(b"{}")
+        monkeypatch.setattr(quarantine, "quarantined_files", lambda journal: [])
+        assert purge_quarantined(spool.journal) == []  # listed before `late` came in
+        monkeypatch.undo()
+        assert sorted(p.name for p in (root / "quarantine").iterdir()) == [
+            name, name + ".reason"]  # the orphan went; late's reason stayed
+        (info,) = quarantine.list_quarantined(spool.journal)
+        assert "JSON" in info.reason

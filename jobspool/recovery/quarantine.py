@@ -243,16 +243,22 @@ def list_quarantined(spool: Journal) -> list[QuarantinedFile]:
 
 
 def resolve(spool: Journal, ident: str) -> str:
-    """The quarantine name `ident` means: an exact name, a unique prefix of one, or the id
-    of the job (the original file name without `.json`) when exactly one file matches."""
+    """The quarantine name `ident` means: an exact name, the id of the job (the original
+    file name without `.json`) when exactly one file matches, or a unique prefix of a name
+    that goes past its time (`<time_ns>-`).
+
+    The job id is tried before prefixes, and a prefix must hold the whole time: `17`, the
+    id of a healthy job, was a prefix of every name of the years the clock starts with 17,
+    and `purge 17` deleted another job's quarantined file for good."""
     if not ident or "/" in ident or ident in (".", ".."):
         raise NotQuarantined(ident)
     names = quarantined_files(spool)
     if ident in names:
         return ident
-    by_prefix = [n for n in names if n.startswith(ident)]
     by_job = [n for n in names if n.split(".", 2)[-1] in (ident, ident + JOB_SUFFIX)]
-    for found in (by_prefix, by_job):
+    by_prefix = [n for n in names
+                 if n.startswith(ident) and len(ident) > n.find("-") > 0]
+    for found in (by_job, by_prefix):
         if len(found) == 1:
             return found[0]
         if len(found) > 1:
@@ -392,9 +398,13 @@ def purge_quarantined(spool: Journal, idents: Sequence[str] = (), *,
             continue
         purged.append(name)
     if not idents and older_than is None:
-        with contextlib.suppress(FileNotFoundError):
-            for orphan in os.listdir(qdir):  # a crash between a reason file and its move
-                if orphan.endswith(REASON_SUFFIX):
+        # Reason files left by a crash between writing one and moving its file in. Under
+        # the lock, and only those without their file: a `recover` quarantining alongside
+        # writes the reason first, and lost it to this sweep ("no reason recorded").
+        with contextlib.suppress(FileNotFoundError), spool.lock.hold():
+            for orphan in os.listdir(qdir):
+                if orphan.endswith(REASON_SUFFIX) and \
+                        not os.path.lexists(qdir / orphan[:-len(REASON_SUFFIX)]):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(qdir / orphan)
     if purged and spool.durable:
