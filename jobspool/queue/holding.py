@@ -13,18 +13,30 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from jobspool.errors import JobspoolError, JobTooLarge, LeaseLost, WriteFailed
 from jobspool.queue import machine
-from jobspool.queue.job import Job, Lease, evolve, json_snapshot, validate_delay, validate_seconds
+from jobspool.queue.job import (
+    Job,
+    Lease,
+    evolve,
+    json_snapshot,
+    survivor_key,
+    validate_delay,
+    validate_seconds,
+)
 from jobspool.queue.jobsize import encode_completed
 from jobspool.queue.journal import Journal
-from jobspool.queue.states import JobState
+from jobspool.queue.states import ALL_STATES, JobState
+from jobspool.queue.storenames import JOB_SUFFIX
 
 log = logging.getLogger("jobspool.queue.spool")
+
+
+_CANCELED = (JobState.CANCELED,)
 
 
 class Holding:
@@ -49,7 +61,34 @@ class Holding:
                                 f"its file {self.journal.root / where} cannot be read (edited "
                                 "or damaged; `jobspool recover` quarantines it)")
             raise LeaseLost(lease.job_id, lease.token, "job is gone")
+        # Another process moves a live lease out only to cancel it, writing `canceled/`
+        # first and removing the old file after: a crash between them (or a removal that
+        # failed, or an operator restoring a backup into `leased/`) left the old lease
+        # readable, and its holder heartbeat and completed the job at a revision above the
+        # cancel's: the cancel was undone. (An expired lease's sweep leaves an expired
+        # lease: refused anyway.) One lstat; `canceled/` alone, as each costs a settle ~1 µs.
+        newer = self._newer_copy(job, among=_CANCELED)
+        if newer is not None:
+            raise LeaseLost(lease.job_id, lease.token, f"job is {newer.state.value}")
         return job
+
+    def _newer_copy(self, job: Job, among: Iterable[JobState] = ALL_STATES) -> Job | None:
+        """The copy of `job` in another state directory (of `among`) that readers show and
+        recovery keeps instead of this one (`survivor_key`: the higher revision), if any.
+
+        An lstat per other directory finds none in the common case (7 µs per job for all
+        of them, measured: 10 % of a durable claim + complete in batches of 50); only a
+        copy that is there gets read.
+        """
+        best = job
+        for state in among:
+            if state is job.state or not self.journal.store.present(state.value,
+                                                                   job.id + JOB_SUFFIX):
+                continue
+            other = self.journal.read_job(state, job.id)
+            if other is not None and survivor_key(other) > survivor_key(best):
+                best = other
+        return None if best is job else best
 
     def heartbeat(self, lease: Lease, *, lease_seconds: float | None = None) -> Lease:
         """Extend a lease; `LeaseLost` (and no change) unless it is current and unexpired."""
