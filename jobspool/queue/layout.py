@@ -499,6 +499,44 @@ def _refuse_foreign_directory(root: Path) -> None:
         shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
         raise SpoolError(f"{root} is not empty and is not a spool (no {SPOOL_FILE}; it holds "
                          f"{shown}); pass an empty or new directory", path=str(root))
+    stray = _stray_content(root)
+    if stray is not None:
+        raise SpoolError(f"{root} is not a spool (no {SPOOL_FILE}, .lock or fence) and holds "
+                         f"{stray}, which no spool in the making does; pass an empty or new "
+                         "directory",
+                         path=str(root))
+
+
+def _stray_content(root: Path) -> str | None:
+    """In a directory with spool-named entries but no control file (`.lock`, `fence`: a
+    spool that ever held a job has them), the first entry holding what no spool in the
+    making does: a half-made spool has empty directories (`tmp/pool` in `tmp/`), one
+    copied without its control files has job files in its state directories. A lone
+    `tmp/` of the user's, or a whole spool at `<root>/ready`, was taken for a spool's: the
+    next `recover` deleted what `tmp/` held and quarantined the other spool piece by piece.
+    """
+    if any(os.path.lexists(root / name) for name in (".lock", "fence")):
+        return None
+    for name in sorted(os.listdir(root)):
+        path = root / name
+        if name.startswith((".spool.json.", ".fence.")) or not path.is_dir() \
+                or path.is_symlink():
+            continue  # a file named like a spool's: its own reader says what it is
+        try:
+            inside = sorted(os.listdir(path))
+        except OSError:
+            continue
+        if SPOOL_FILE in inside:
+            return f"{name}/ (a spool of its own)"
+        if name == TMP_DIR and inside == ["pool"]:
+            inside = sorted(os.listdir(path / "pool")) if (path / "pool").is_dir() else inside
+        elif name in _STATE_NAMES:
+            inside = [n for n in inside
+                      if not (n.endswith(".json") and (path / n).is_file()
+                              and not (path / n).is_symlink())]
+        if inside:
+            return f"{name}/{inside[0]}"
+    return None
 
 
 def _ensure_dir(root: Path, name: str, *, create: bool, mode: int) -> None:
