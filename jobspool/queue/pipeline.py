@@ -58,6 +58,7 @@ from jobspool.queue.async_runners import AsyncRunners
 from jobspool.queue.context import Context, Raised
 from jobspool.queue.idle import NO_HINT, IdleWaits
 from jobspool.queue.invoke import invoke
+from jobspool.queue.kindlimit import dead_letter_over_limit, over_kind_limit
 from jobspool.queue.report import Counters, RunReport
 from jobspool.queue.runners import Runners, run_ended, run_started, soon_from_thread
 from jobspool.queue.runtime import Monitor
@@ -352,6 +353,10 @@ class Pipeline(IdleWaits):
             kept = await anyio.to_thread.run_sync(self._give_back_strays, leases)
             strays, leases = len(leases) - len(kept), kept
         self.counters.claimed += len(leases)
+        if over := over_kind_limit(self.config, leases):
+            leases = [lease for lease in leases if lease not in over]
+            self.counters.dead_lettered += await anyio.to_thread.run_sync(
+                dead_letter_over_limit, self.spool, self.config, over)
         queued: list[Context] = []
         awaited: list[Context] = []
         for lease in leases:
