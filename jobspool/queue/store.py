@@ -299,9 +299,15 @@ class Store(StoreReader, RecycledPool):
         return paths
 
     def discard(self, paths: Sequence[str]) -> None:
-        """Remove pre-staged files that will not be published (back into the pool)."""
+        """Remove pre-staged files that will not be published (back into the pool), emptied.
+
+        Emptied first: a batch refused by a full disk kept its payloads in the pool, up to
+        `pool_size` files of them, so the disk stayed full and `recover` (which trims the
+        pool past its size only) freed nothing; a batch refused for a conflict left what it
+        refused readable there. Not the hot path: a retired job file keeps its bytes."""
         for path in paths:
             try:
+                os.truncate(path, 0)
                 self._retire(path)
             except OSError:
                 _quiet_unlink(path)
