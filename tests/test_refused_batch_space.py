@@ -25,17 +25,17 @@ def _pool_bytes(root: Path) -> tuple[int, int]:
 def test_a_batch_cut_short_by_a_full_disk_leaves_its_payloads_nowhere(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = tmp_path / "s"
-    real = store._write_all
+    real = store.os_write
     written = [0]
 
-    def full_after_ten(fd: int, data: bytes) -> None:
+    def full_after_ten(fd: int, data: memoryview) -> int:
         written[0] += 1
         if written[0] > 10:
             raise OSError(errno.ENOSPC, "No space left on device")
-        real(fd, data)
+        return real(fd, data)
 
     with make_spool(root) as spool:
-        monkeypatch.setattr(store, "_write_all", full_after_ten)
+        monkeypatch.setattr(store, "os_write", full_after_ten)
         with pytest.raises(WriteFailed, match="No space left"):
             spool.enqueue_many("k", [BIG] * 40, job_ids=[f"a{i}" for i in range(40)])
         monkeypatch.undo()
