@@ -74,7 +74,11 @@ class Policy:
 def _positive_seconds(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise PolicyError(f"Policy {name} must be a number of seconds, got {value!r}")
-    v = float(value)
+    try:
+        v = float(value)
+    except OverflowError:  # an int past a float's range: a raw OverflowError named nothing
+        raise PolicyError(f"Policy {name} must be a positive finite number of seconds, got an "
+                          f"integer of {len(str(abs(value)))} digits") from None
     if not math.isfinite(v) or v <= 0:
         raise PolicyError(f"Policy {name} must be a positive finite number, got {value!r}")
     if name == "timeout" and v < MIN_TIMEOUT:

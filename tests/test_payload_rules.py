@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import re
 import uuid
 from decimal import Decimal
 from pathlib import Path
@@ -325,8 +326,30 @@ def test_a_str_subclass_key_is_refused_naming_where(tmp_path: Path) -> None:
     class Name(str):
         pass
 
-    with make_spool(tmp_path / "s") as spool:
-        spool.enqueue("k", Name("a str subclass value is fine"))
-        with pytest.raises(InvalidJob) as caught:
-            spool.enqueue("k", {"outer": {Name("k"): 1}})
+    with make_spool(tmp_path / "s") as spool, pytest.raises(InvalidJob) as caught:
+        spool.enqueue("k", {"outer": {Name("k"): 1}})
     assert "outer" in str(caught.value) and "str(key)" in str(caught.value)
+
+
+def test_int_and_str_subclass_values_are_refused_not_converted(tmp_path: Path) -> None:
+    """An IntEnum or StrEnum member was stored as its number or text and read back a plain
+    int or str: converted silently, where the rule says only a tuple is (a producers
+    probe). Float subclasses were refused already."""
+    import enum
+
+    from jobspool.errors import InvalidJob
+
+    class Color(enum.IntEnum):
+        RED = 1
+
+    class Mode(enum.StrEnum):
+        FAST = "fast"
+
+    with make_spool(tmp_path / "s") as spool:
+        for value, says in [(Color.RED, "payload['c'] is a Color (an int subclass)"),
+                            (Mode.FAST, "payload['c'] is a Mode (a str subclass)")]:
+            with pytest.raises(InvalidJob, match=re.escape(says)):
+                spool.enqueue("k", {"c": value})
+        assert list(spool.jobs()) == []
+        spool.enqueue("k", {"c": Color.RED.value, "m": Mode.FAST.value}, job_id="plain")
+        assert spool.get("plain").payload == {"c": 1, "m": "fast"}

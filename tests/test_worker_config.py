@@ -161,7 +161,11 @@ def test_a_policys_base_above_the_spools_cap_is_capped_by_it(
 
 @pytest.mark.parametrize(("kwargs", "named"), [
     ({"max_attempts": 10**20}, str(10**20)), ({"max_attempts": 1 << 63}, str(1 << 63)),
-    ({"retry_on": "OSError"}, "'OSError'")])
+    ({"retry_on": "OSError"}, "'OSError'"),
+    # float() of it raised a raw OverflowError naming no field (a policy probe).
+    ({"timeout": 10**400}, "Policy timeout must be a positive finite number of seconds, "
+                           "got an integer of 401 digits"),
+    ({"retry_base_seconds": -10**400}, "retry_base_seconds")])
 def test_a_policy_value_that_could_never_be_used_is_refused_naming_it(
         kwargs: dict[str, Any], named: str) -> None:
     with pytest.raises(PolicyError) as caught:

@@ -138,6 +138,9 @@ def _check(value: object, path: list[object]) -> None:
     if value is None or isinstance(value, bool):
         return
     if isinstance(value, str):
+        if type(value) is not str:  # a StrEnum member: stored as its text, read back a str
+            raise _NotJson(path, f"a {type(value).__name__} (a str subclass), which JSON "
+                                 "cannot carry unchanged (use str(...) or .value)")
         if not value.isascii():
             try:
                 value.encode("utf-8")
@@ -146,6 +149,9 @@ def _check(value: object, path: list[object]) -> None:
                                      "UTF-8") from None
         return
     if isinstance(value, int):
+        if type(value) is not int:  # an IntEnum member: stored as its number, read back an int
+            raise _NotJson(path, f"a {type(value).__name__} (an int subclass), which JSON "
+                                 "cannot carry unchanged (use int(...) or .value)")
         if not _INT_MIN <= value <= _INT_MAX:
             raise _NotJson(path, "an integer outside the 64-bit range JSON readers support")
         return
