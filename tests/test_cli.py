@@ -720,5 +720,14 @@ def test_maintain_names_a_mistyped_table_instead_of_passing_it_as_nothing_to_do(
     assert typo.code == 1
     assert "'ntoes'" in typo.err and "notes" in typo.err and "Traceback" not in typo.err
     assert orjson.loads(typo.out)["ok"] is False  # --json: the error document, not the report
+    # With a good name beside the typo, nothing is done: checked after the work, "notes"
+    # was compacted and its report thrown away behind the error (a projection probe).
+    table = lancedb.connect(str(root / "index")).open_table("notes")
+    for n in range(3):  # fragments for compaction to merge: work that shows in the version
+        table.add([{"id": f"b{n}", "v": n}])
+    version = lancedb.connect(str(root / "index")).open_table("notes").version
+    both = run_jobspool("--root", root, "maintain", "--tables", "notes,ntoes", timeout=120)
+    assert both.code == 1 and "'ntoes'" in both.err
+    assert lancedb.connect(str(root / "index")).open_table("notes").version == version
     assert run_jobspool("--root", root, "maintain", "--tables", "notes",
                         timeout=120).code == 0

@@ -67,31 +67,27 @@ def cmd_maintain(args: argparse.Namespace) -> int:
             check_projection(uri)  # a URI with no bucket, a path that is a file: one line
         store = given or ProjectionStore(uri, storage_options=options,
                                          keys=dict(app.keys) if app else None)
+        typo = _unknown_tables(store, tables) if tables else None
+        if typo:
+            # A name given that the projection does not hold, while it holds others: a
+            # typo, which passed as "nothing to do" (exit 0). A projection with no table yet
+            # (a cron line written before the first job) still passes. Refused before any
+            # work: checked after, the other tables were maintained and their report lost.
+            raise UsageError(f"--tables: {typo}")
         report = maintain(store, tables=tables, budget_seconds=args.budget,
                           min_live_token=spool.min_live_token())
-        typo = _unknown_tables(store, report) if tables else None
-    if typo:
-        # A name given that the projection does not hold, while it holds others: a typo,
-        # which passed as "nothing to do" (exit 0). A projection with no table yet (a cron
-        # line written before the first job) still passes. An error, not the report: with
-        # --json the report said "ok": true beside exit 1.
-        raise UsageError(f"--tables: {typo}")
     d = report.to_dict() if hasattr(report, "to_dict") else {"report": str(report)}
     _emit(args, d, lambda: _maintain_text(report))
     return EXIT_OK if report.ok else EXIT_UNHEALTHY
 
 
-def _unknown_tables(store: Any, report: Any) -> str | None:
-    from jobspool.projection.maintenance import NO_SUCH_TABLE
-
-    missing = [t.table for t in report.tables if t.reason == NO_SUCH_TABLE]
-    if not missing:
-        return None
+def _unknown_tables(store: Any, tables: list[str]) -> str | None:
     try:
         held = sorted(store.table_names())
-    except Exception:  # the report said what it could; a listing fault is not a typo
+    except Exception:  # maintenance reports what it finds; a listing fault is not a typo
         return None
-    if not held:
+    missing = [t for t in tables if t not in held]
+    if not held or not missing:
         return None
     shown = ", ".join(held[:10]) + (", ..." if len(held) > 10 else "")
     return (f"no table named {', '.join(repr(m) for m in missing)} in the projection "
