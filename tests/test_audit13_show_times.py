@@ -55,3 +55,20 @@ def test_show_escapes_control_characters_in_the_error_and_traceback(tmp_path: Pa
     lines = text.splitlines()
     assert "   last_error: ValueError: bad input \\x1b[2J\\x07 here" in lines
     assert "      ValueError: bad input \\x1b[2J\\x07 here" in lines  # the traceback's end
+
+
+def test_show_escapes_bidirectional_overrides_as_list_does(tmp_path: Path) -> None:
+    # A policy probe: U+202E (right-to-left override) reached the terminal through `show`
+    # and displayed what followed it reversed; `list` escaped it already.
+    from jobspool import Worker
+
+    def tricky(job: object, ctx: object) -> None:
+        raise ValueError("ok \u202etxt.exe\u2066 done")
+
+    root = tmp_path / "spool"
+    with make_spool(root) as spool:
+        spool.enqueue("mail", {}, job_id="tricky", max_attempts=1)
+        Worker(spool, {"mail": tricky}, maintenance=False).run_until_idle()
+    text = _show(root, "tricky")
+    assert "\u202e" not in text and "\u2066" not in text
+    assert "   last_error: ValueError: ok \\u202etxt.exe\\u2066 done" in text.splitlines()

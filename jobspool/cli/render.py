@@ -119,13 +119,17 @@ def _job_line(job: Any) -> str:
 
 
 # Job errors, tracebacks and damaged files may hold anything; on a terminal an escape
-# sequence would act instead of showing.
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# sequence would act instead of showing, and a bidirectional override (U+202E) would show
+# the text after it reversed ("Trojan source"); `list` escapes them already (repr).
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e"
+                      "\u2066-\u2069]")
 
 
 def printable(text: str) -> str:
-    """`text` with control characters other than newline and tab shown as `\\xNN`."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    """`text` with control characters other than newline and tab, and bidirectional
+    controls, shown as `\\xNN` / `\\uNNNN`."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
+                        else f"\\u{ord(m.group()):04x}", text)
 
 
 def _job_text(job: Any) -> str:
