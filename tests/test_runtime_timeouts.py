@@ -277,3 +277,32 @@ def test_an_async_job_held_back_by_another_blocking_the_loop_keeps_its_result(
     assert done.state is JobState.COMPLETED and done.result == "ok", done.last_error
     assert blocked.state is JobState.DEAD_LETTER
     assert "TimeLimitExceeded" in (blocked.last_error or "")
+
+
+def test_an_async_handler_that_swallows_its_cancellation_is_told_so_not_blamed_for_the_loop(
+        tmp_path: Any) -> None:
+    # A policy probe: one that caught its cancellation and returned was failed as having
+    # "blocked the event loop"; one that really blocked it still is.
+    async def swallows(job: Job, ctx: Context) -> str:
+        try:
+            await anyio.sleep(30)
+        except anyio.get_cancelled_exc_class():
+            return "swallowed"
+        return "slept"
+
+    async def blocks(job: Job, ctx: Context) -> str:
+        time.sleep(0.6)  # no await: the loop is held
+        return "blocked"
+
+    with make_spool(tmp_path / "s") as spool:
+        spool.enqueue("swallows", {}, job_id="s", max_attempts=1)
+        spool.enqueue("blocks", {}, job_id="b", max_attempts=1)
+        Worker(spool, {"swallows": swallows, "blocks": blocks}, maintenance=False,
+               policies={"swallows": Policy(timeout=0.2), "blocks": Policy(timeout=0.2)},
+               ).run_until_idle()
+        swallowed, blocked = spool.get("s"), spool.get("b")
+    assert swallowed.state is JobState.DEAD_LETTER and blocked.state is JobState.DEAD_LETTER
+    assert swallowed.last_error is not None and blocked.last_error is not None
+    assert "caught its cancellation and returned anyway" in swallowed.last_error
+    assert "blocked the event loop" not in swallowed.last_error
+    assert "having blocked the event loop" in blocked.last_error

@@ -141,9 +141,11 @@ async def invoke(ctx: Context, fn: Callable[..., Any], *, is_async: bool,
             if in_thread:
                 on_hung(ctx)
         elif is_async and timeout is not None and anyio.current_time() > limit.deadline:
-            # It returned past its limit before the cancellation could reach it: an async
-            # handler that blocked the loop. Past the limit is past it: its result is void.
-            _timed_out(ctx, timeout or 0.0, sync=False, late=True)
+            # It returned past its limit: before the cancellation could reach it (an async
+            # handler that blocked the loop), or after catching it. Past the limit is past
+            # it: its result is void.
+            _timed_out(ctx, timeout or 0.0, sync=False, late=True,
+                       swallowed=limit.cancel_called)
         else:
             ctx.outcome = Completed(result)
     except Abandoned:
@@ -229,13 +231,15 @@ def _handler_raised(ctx: Context, exc: BaseException) -> None:
 
 
 def _timed_out(ctx: Context, timeout: float, *, sync: bool, stack: str | None = None,
-               late: bool = False, abandoned: bool = False) -> None:
+               late: bool = False, abandoned: bool = False, swallowed: bool = False) -> None:
     # Where it was: the thread's stack now, or the cancelled coroutine's frames.
     stack = thread_stack(ctx.thread_ident) if sync else stack
     detail = ("a sync handler's thread cannot be stopped: it is abandoned, still "
               "running (under `worker --processes`, its process is replaced, which "
-              "stops it)" if sync else "it returned only then, having blocked the event "
-              "loop, so it could not be cancelled; its result is discarded" if late else
+              "stops it)" if sync else "it caught its cancellation and returned anyway; its "
+              "result is discarded" if late and swallowed else "it returned only then, "
+              "having blocked the event loop, so it could not be cancelled; its result is "
+              "discarded" if late else
               f"the handler went on through its cancellation for {ABANDON_SECONDS:g} s "
               "and is no longer run" if abandoned else "the handler was cancelled")
     exc = TimeLimitExceeded(ctx.job_id, ctx.job.kind, timeout, detail)
