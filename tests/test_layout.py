@@ -49,6 +49,7 @@ def test_create_false_on_a_missing_spool_names_it(tmp_path: Path) -> None:
     ({"lease_seconds": 0}, "lease_seconds must be a positive"),
     ({"max_attempts": "five"}, "max_attempts"),
     ("not an object", "'settings' is not an object"),
+    ({"access": "public"}, "access must be one of"),  # it named no file (operator probe)
 ])
 def test_a_bad_hand_edited_setting_names_spool_json(
         tmp_path: Path, edit: object, named: str) -> None:

@@ -349,6 +349,11 @@ def _open_layout(root: Path, *, create: bool, durable: bool, read_only: bool = F
                     ", ".join(map(repr, unknown)),
                     ", ".join(f.name for f in fields(SpoolSettings)))
     saved = settings.get("access")
+    if saved is not None:
+        try:
+            validate_access(saved)
+        except SpoolError as exc:  # a hand edit: name the file, as every other setting does
+            raise SpoolError(f"{root / SPOOL_FILE}: {exc}", path=str(root / SPOOL_FILE)) from None
     # A spool whose spool.json was deleted (it has jobs, a fence): its settings are gone,
     # but its directory's mode still says who may use it; resetting that to `private`
     # locked its group out, and defaults replaced its settings without a word.
