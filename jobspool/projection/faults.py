@@ -65,6 +65,19 @@ def plain(text: str) -> str:
     return _RUST_PATH.sub("", text)
 
 
+def one_line(text: str, limit: int = 300) -> str:
+    """`text` on one line of at most about `limit` characters: each word (a path, a URL)
+    longer than 80 characters cut in its middle first, then the line. A long path used up
+    the line, and the cause beside it (File name too long) was cut off."""
+    text = " ".join(plain(text).split())
+    text = _LONG_WORD.sub(lambda m: f"{m.group()[:30]}...{m.group()[-40:]}", text)
+    if len(text) <= limit:
+        return text
+    half = (limit - 5) // 2
+    return f"{text[:half]} ... {text[-half:]}"
+
+
+_LONG_WORD = re.compile(r"\S{81,}")
 _KIND = re.compile(r"\bkind: (\w+)")
 _STATUS = re.compile(r"\b(?:status(?: code)?:? ?|HTTP )(\d{3})\b")
 _WORDS = re.compile(r"(?<=[a-z])(?=[A-Z])")
@@ -81,7 +94,7 @@ def summary(exc: BaseException) -> str:
         return f"HTTP {status.group(1)}"
     if found:
         return _WORDS.sub(" ", found[-1]).lower()
-    return text[:200] + ("..." if len(text) > 200 else "")
+    return one_line(text, 200)
 
 
-__all__ = ["config_fault", "plain", "storage_fault", "summary"]
+__all__ = ["config_fault", "one_line", "plain", "storage_fault", "summary"]

@@ -69,9 +69,9 @@ Op = Literal["upsert", "delete"]
 def _one_line(exc: BaseException) -> str:
     # How the store and maintenance report a LanceDB error: one bounded line.
     # Here because this module loads neither LanceDB nor pyarrow.
-    from jobspool.projection.faults import plain
+    from jobspool.projection.faults import one_line
 
-    return f"{type(exc).__name__}: {' '.join(plain(str(exc)).split())}"[:300]
+    return one_line(f"{type(exc).__name__}: {exc}")
 
 
 # Quoted text in a LanceDB filter: 'string', "identifier", `identifier`. A doubled quote

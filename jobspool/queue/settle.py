@@ -33,7 +33,7 @@ from jobspool.errors import (
     ProjectionUnusable,
     WriteFailed,
 )
-from jobspool.projection.faults import plain, storage_fault
+from jobspool.projection.faults import one_line, plain, storage_fault
 from jobspool.queue.context import (
     Completed,
     Context,
@@ -174,7 +174,7 @@ class Settler:
         self.counters.projection_failing = self.storage_faults
         delay = min(DEFER_MAX_SECONDS, max(1.0, now - self.outage_since))
         self.claims_paused_until = now + delay
-        error = plain(f"{type(exc).__name__}: {exc}")
+        error = one_line(f"{type(exc).__name__}: {exc}")
         if self.storage_faults == 1 or now - self._outage_logged_at >= DEFER_MAX_SECONDS:
             self._outage_logged_at = now
             log.error("the projection could not be written, for its storage (%s): %d jobs "
@@ -182,7 +182,7 @@ class Settler:
                       "delay grows with the outage, to a minute); fix its storage (space, "
                       "permissions; a damaged table, which `jobspool maintain` names: restore "
                       "it from a backup), nothing is lost meanwhile",
-                      " ".join(error.split())[:300], len(runs), delay)
+                      error, len(runs), delay)
         else:
             log.debug("the projection's storage still fails: %d jobs given back, due again "
                       "in %g s", len(runs), delay)
