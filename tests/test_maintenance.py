@@ -120,6 +120,22 @@ def test_a_budget_shorter_than_one_tables_work_still_gets_somewhere_every_run(
     assert seen == ["a", "b", "c"]
 
 
+def test_a_budget_spent_before_the_first_table_still_maintains_it(
+    store: ProjectionStore, monkeypatch: Any
+) -> None:
+    # A projection probe: `--budget 0.000001` was spent by the time the first table was
+    # reached, and every run deferred every table. The first table is always started.
+    class Ticking(StepClock):
+        def __call__(self) -> float:
+            self.now += 1e-3  # each reading a millisecond on: past a 1 µs budget at once
+            return self.now
+
+    clock = Ticking()
+    for expected in ("a", "b"):
+        report = maintain(store, budget_seconds=1e-6, clock=clock)
+        assert (report.tables[0].table, report.tables[0].outcome) == (expected, "optimized")
+
+
 def test_a_failing_table_does_not_stop_the_others(
     store: ProjectionStore, monkeypatch: Any, tmp_path: Path
 ) -> None:

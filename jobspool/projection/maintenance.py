@@ -218,7 +218,10 @@ def maintain(
     outcomes: list[TableOutcome] = []
     resume_at: str | None = None
     for i, name in enumerate(order):
-        run.carry = False
+        # The first table is started whatever the budget (only a cancel stops it): checked
+        # before it too, a budget spent listing the tables (under a millisecond, or a slow
+        # object store) deferred every table on every run.
+        run.carry = i == 0
         stop = run.stop_reason()
         if stop is not None:
             resume_at = name
