@@ -563,9 +563,10 @@ def _ensure_dir(root: Path, name: str, *, create: bool, mode: int) -> None:
                              path=str(path)) from None
         return None
     if stat.S_ISLNK(st.st_mode):
-        raise SpoolError(f"{path} is a symlink; the spool's directories must be real "
-                         "directories inside it (move the link away; `jobspool init` makes "
-                         "the directory again)", path=str(path))
+        raise SpoolError(f"{path} is a symlink (to {os.readlink(path)}); the spool's "
+                         "directories must be real directories inside it: replace the link "
+                         "with a directory and move what its target holds into it (the jobs "
+                         "there are the spool's)", path=str(path))
     if not stat.S_ISDIR(st.st_mode):
         raise SpoolError(f"{path} is not a directory (move it away; `jobspool init` makes "
                          "the directory again)", path=str(path))
