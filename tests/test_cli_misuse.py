@@ -174,3 +174,16 @@ def test_spool_refuses_a_blank_or_padded_root_as_an_invalid_root(root: str) -> N
     with pytest.raises(InvalidRoot) as raised:
         Spool(root)
     assert isinstance(raised.value, SpoolError) and isinstance(raised.value, ConfigError)
+
+
+@pytest.mark.parametrize("root", ["~/spool", "~me/spool", "$HOME/spool", "${XDG_DATA_HOME}/q"])
+def test_spool_refuses_a_root_no_shell_expanded_as_the_cli_does(
+        root: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A README probe: `Spool(os.environ["JOBSPOOL_ROOT"])` with `~/spool` from an env file
+    # made a directory named `~` in the working directory; the CLI refused it already.
+    from jobspool import InvalidRoot, Spool
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InvalidRoot, match="which no shell expanded"):
+        Spool(root)
+    assert list(tmp_path.iterdir()) == []

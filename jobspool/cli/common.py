@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 import sys
 import time
 from collections.abc import Callable
@@ -157,16 +156,14 @@ def _given_root(args: argparse.Namespace) -> str | None:
     return root
 
 
-# A root whose first component is `~`/`~user` or a `$VAR`/`${VAR}` left as written.
-_UNEXPANDED = re.compile(r"^(~[^/]*|\$\{?[A-Za-z_][A-Za-z0-9_]*\}?)(/|$)")
-
-
 def _unexpanded(path: str, shown: str, example: str) -> str | None:
     """Why `path` (as given: `shown`) cannot be meant as written, or None."""
-    found = _UNEXPANDED.match(path)
+    from jobspool.queue.layout import unexpanded_start
+
+    found = unexpanded_start(path)
     if found is None:
         return None
-    return (f"{shown!r} starts with {found.group(1)!r}, which no shell expanded: give the "
+    return (f"{shown!r} starts with {found!r}, which no shell expanded: give the "
             f"path itself (e.g. {example})")
 
 

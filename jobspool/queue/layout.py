@@ -193,12 +193,30 @@ _URL_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+:/")
 _BARE_PG_SCHEME = re.compile(r"(postgres(?:ql)?):(?!/)", re.IGNORECASE)
 
 
+# A path whose first component is `~`/`~user` or a `$VAR`/`${VAR}` left as written.
+_UNEXPANDED = re.compile(r"^(~[^/]*|\$\{?[A-Za-z_][A-Za-z0-9_]*\}?)(/|$)")
+
+
+def unexpanded_start(path: str) -> str | None:
+    """The `~`, `~user`, `$VAR` or `${VAR}` a path starts with, left as written, or None."""
+    found = _UNEXPANDED.match(path)
+    return None if found is None else found.group(1)
+
+
 def refuse_url(root: str | os.PathLike[str]) -> None:
-    """`SpoolError` when `root` is a URL or a libpq string this store cannot serve. Given
-    the caller's own text (`Spool()`), the URL is shown as written: once a `Path`,
-    `file:///tmp/x` reads `file:/tmp/x`."""
+    """`SpoolError` when `root` is a URL or a libpq string this store cannot serve, or a
+    path starting with a `~` or `$VAR` no shell expanded. Given the caller's own text
+    (`Spool()`), the URL is shown as written: once a `Path`, `file:///tmp/x` reads
+    `file:/tmp/x`."""
     text = os.fspath(root)
     shown = redact_url(text)  # never a password in an error
+    start = unexpanded_start(text)
+    if start is not None:
+        # `Spool(os.environ["JOBSPOOL_ROOT"])` from an env file that kept `~/spool` made a
+        # directory named `~` in the working directory, as the command line no longer did.
+        raise InvalidRoot(f"spool root {shown!r} starts with {start!r}, which no shell "
+                          "expanded: give the path itself (os.path.expanduser, "
+                          "os.path.expandvars)", path=shown)
     if looks_like_libpq_dsn(text):
         # Taken for a path it became a directory named after it, password and all.
         raise InvalidRoot(f"spool root {shown!r} looks like a libpq connection string "
