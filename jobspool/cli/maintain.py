@@ -52,8 +52,10 @@ def cmd_maintain(args: argparse.Namespace) -> int:
         if named and local is not None and not os.path.isdir(local):
             # Maintenance must not create a projection (a typo would become one), nor take
             # a typo in the app for a projection with nothing to maintain.
-            raise UsageError(f"{named}: "
-                             f"{'not a directory' if os.path.exists(local) else 'no such directory'}")
+            raise UsageError(f"{named}: " + (
+                "not a directory" if os.path.exists(local) else
+                "no such directory (a typo? else nothing to maintain yet: the first write "
+                "creates it)" if not args.projection else "no such directory"))
         inside = projection_inside_spool(spool.root, uri) if local is not None else None
         if inside is not None:
             raise UsageError(inside)
