@@ -149,7 +149,7 @@ def _given_root(args: argparse.Namespace) -> str | None:
     if why:
         raise UsageError(f"{where} {why}")
     from jobspool.pg import is_url
-    from jobspool.queue.layout import refuse_url
+    from jobspool.queue.rootspec import refuse_url
 
     if not is_url(root):
         refuse_url(root)  # here, while `file:///x` is still as typed
@@ -158,7 +158,7 @@ def _given_root(args: argparse.Namespace) -> str | None:
 
 def _unexpanded(path: str, shown: str, example: str) -> str | None:
     """Why `path` (as given: `shown`) cannot be meant as written, or None."""
-    from jobspool.queue.layout import unexpanded_start
+    from jobspool.queue.rootspec import unexpanded_start
 
     found = unexpanded_start(path)
     if found is None:

@@ -51,7 +51,7 @@ from jobspool.queue.job import (
     validate_kind,
 )
 from jobspool.queue.journal import Journal
-from jobspool.queue.layout import SPOOL_FILE, effective_keep_dead, open_layout, refuse_url
+from jobspool.queue.layout import SPOOL_FILE, effective_keep_dead, open_layout
 from jobspool.queue.leasing import Leasing
 from jobspool.queue.marks import read_marks, write_marks
 from jobspool.queue.options import (
@@ -68,6 +68,7 @@ from jobspool.queue.payload import validate_seconds
 from jobspool.queue.perms import file_mode
 from jobspool.queue.producer import Producer
 from jobspool.queue.producing import EnqueueForms
+from jobspool.queue.rootspec import refuse_url
 from jobspool.queue.runs import Runs
 from jobspool.queue.states import ALL_STATES, JobState
 from jobspool.queue.stats import Stats, collect_stats
