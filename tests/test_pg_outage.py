@@ -284,3 +284,25 @@ def test_a_stopping_worker_settles_through_a_restart_that_killed_its_pooled_conn
         states = {i: after.get(i).state for i in ids}
     assert set(states.values()) == {JobState.COMPLETED}, states
     assert runs == Counter(dict.fromkeys(ids, 1))
+
+
+@pytest.mark.parametrize("kill", ["AdminShutdown", "ConnectionFailure"])
+def test_a_session_killed_while_the_spool_opens_is_unavailable_not_refused(
+        pg_url: str, kill: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A PostgreSQL chaos probe: a backend terminated (57P01) or a connection cut (08006)
+    # after the connect but before the open finished was a plain SpoolError, so `worker
+    # --wait-for-store` exited at once and a `--processes` pool gave up. It is transient,
+    # as the same error at the connect is.
+    import psycopg
+
+    import jobspool.pg.opening as opening
+
+    make_spool(pg_url).close()  # the schema exists: the open reads its settings
+    error = getattr(psycopg.errors, kill)
+
+    def killed(conn: object) -> object:
+        raise error("terminating connection due to administrator command")
+
+    monkeypatch.setattr(opening, "load_settings", killed)
+    with pytest.raises(StoreUnavailable, match="terminating connection"):
+        make_spool(pg_url)

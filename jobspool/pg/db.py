@@ -120,7 +120,8 @@ def transient(exc: BaseException) -> bool:
     return state.startswith("08") or state in _NOT_SERVING or state == "53300"
 
 
-def _connect_error(exc: BaseException, message: str) -> SpoolError:
+def connect_error(exc: BaseException, message: str) -> SpoolError:
+    """`StoreUnavailable` (wait for it) when `exc` is transient, else `SpoolError`."""
     return StoreUnavailable(message) if transient(exc) else SpoolError(message)
 
 
@@ -285,7 +286,7 @@ class Database:
         """A driver error in a transaction block as one line: unavailable (`StoreUnavailable`)
         for a lost connection, refused otherwise."""
         if transient(exc):
-            return _connect_error(exc, f"database {self.display} unavailable during "
+            return connect_error(exc, f"database {self.display} unavailable during "
                                        f"{what}: {self._line(exc)}")
         return SpoolError(f"database {self.display} refused {what}: {self._line(exc)}")
 
@@ -303,7 +304,7 @@ class Database:
             return conn
         except psycopg.Error as exc:
             _check_options(exc, self.display, self._line(exc))
-            raise _connect_error(exc, f"cannot connect to {self.display}: {self._line(exc)}"
+            raise connect_error(exc, f"cannot connect to {self.display}: {self._line(exc)}"
                                  ) from None
 
     def _get_pool(self) -> Pool:
@@ -334,7 +335,7 @@ class Database:
                 if isinstance(exc, psycopg.OperationalError) and transient(exc) and \
                         exc.sqlstate not in _CUT_OFF:
                     # "refused" read as the server's refusal of the statement.
-                    raise _connect_error(exc, f"database {self.display}: connection lost "
+                    raise connect_error(exc, f"database {self.display}: connection lost "
                                               f"during {what}, inside a transaction block "
                                               f"(rolled back): {self._line(exc)}") from None
                 raise SpoolError(f"database {self.display} refused {what}: "
@@ -387,7 +388,7 @@ class Database:
                 if self._down_since is None and not isinstance(exc, PoolExhausted):
                     self._down_since = time.monotonic()
                 if self.stop_retrying.is_set() or time.monotonic() + delay > deadline:
-                    err = _connect_error(exc, f"database {self.display} unavailable during "
+                    err = connect_error(exc, f"database {self.display} unavailable during "
                                               f"{what}: {self._line(exc)}")
                     if isinstance(err, StoreUnavailable) and self._down_since is not None:
                         # The worker's outage log counts from here: it said "reachable

@@ -168,7 +168,12 @@ def open_database(db: Database, *, create: bool, read_only: bool,
                              "it, or give jobspool a schema of its own "
                              "(?options=-csearch_path%3Dmyschema)") from None
         if isinstance(exc, psycopg.Error):
-            raise SpoolError(f"database {db.display}: {one_line(exc)}") from None
+            # A session killed or cut while the spool opened (a failover, a pooler, a
+            # pg_terminate_backend storm) is "unreachable for now", as at the connect: a
+            # SpoolError made `worker --wait-for-store` exit at once, and a pool give up.
+            from jobspool.pg.db import connect_error
+
+            raise connect_error(exc, f"database {db.display}: {one_line(exc)}") from None
         raise
     finally:
         conn.close()
@@ -208,7 +213,9 @@ def repair_damage(url: str, given: dict[str, Any]) -> list[str]:
             return []  # none yet, or older: opening creates or upgrades it
         found = repair(conn, {**DEFAULTS, **given})
     except psycopg.Error as exc:
-        raise SpoolError(f"database {db.display}: {one_line(exc)}") from None
+        from jobspool.pg.db import connect_error
+
+        raise connect_error(exc, f"database {db.display}: {one_line(exc)}") from None
     finally:
         conn.close()
     fixed = [d for d in found if d != NO_PRIMARY_KEY]
