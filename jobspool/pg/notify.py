@@ -36,6 +36,7 @@ class NotifyWatcher:
         self.conn: psycopg.Connection[Any] | None = None
         self._retry_at = 0.0
         self._closing = False
+        self._said_down = False
         # Subscribed now: the first wait reports an arrival, so the worker claims once
         # more after LISTEN took effect and nothing enqueued before it is missed.
         self._fresh = self._listen()
@@ -47,10 +48,17 @@ class NotifyWatcher:
             # parse, and idle workers polled for good.
             conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
         except (SpoolError, psycopg.Error) as exc:
-            log.info("cannot LISTEN on %s (%s): idle workers poll until it is back",
-                     self.db.display, exc)
+            # Said once per outage, not at every retry (once a second per process, for as
+            # long as the outage lasted).
+            if not self._said_down:
+                log.info("cannot LISTEN on %s (%s): idle workers poll until it is back",
+                         self.db.display, exc)
+                self._said_down = True
             self._retry_at = time.monotonic() + 1.0
             return False
+        if self._said_down:
+            log.info("LISTEN on %s again", self.db.display)
+            self._said_down = False
         self.conn = conn
         return True
 
