@@ -122,8 +122,6 @@ class Throughput:
                 "chart": chart(rows)}
 
 
-
-
 def _int(value: object) -> int:
     """A count, or 0 for anything else (the snapshots are files anyone may write)."""
     return value if type(value) is int and 0 <= value <= MAX_COUNT else 0

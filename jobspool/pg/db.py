@@ -287,7 +287,7 @@ class Database:
         for a lost connection, refused otherwise."""
         if transient(exc):
             return connect_error(exc, f"database {self.display} unavailable during "
-                                       f"{what}: {self._line(exc)}")
+                                      f"{what}: {self._line(exc)}")
         return SpoolError(f"database {self.display} refused {what}: {self._line(exc)}")
 
     def _line(self, exc: BaseException) -> str:
@@ -305,7 +305,7 @@ class Database:
         except psycopg.Error as exc:
             _check_options(exc, self.display, self._line(exc))
             raise connect_error(exc, f"cannot connect to {self.display}: {self._line(exc)}"
-                                 ) from None
+                                ) from None
 
     def _get_pool(self) -> Pool:
         pool = self._pool
@@ -336,8 +336,8 @@ class Database:
                         exc.sqlstate not in _CUT_OFF:
                     # "refused" read as the server's refusal of the statement.
                     raise connect_error(exc, f"database {self.display}: connection lost "
-                                              f"during {what}, inside a transaction block "
-                                              f"(rolled back): {self._line(exc)}") from None
+                                             f"during {what}, inside a transaction block "
+                                             f"(rolled back): {self._line(exc)}") from None
                 raise SpoolError(f"database {self.display} refused {what}: "
                                  f"{self._line(exc)}") from None
         # One outage, one budget: once it has lasted `reconnect_seconds`, every statement
@@ -389,7 +389,7 @@ class Database:
                     self._down_since = time.monotonic()
                 if self.stop_retrying.is_set() or time.monotonic() + delay > deadline:
                     err = connect_error(exc, f"database {self.display} unavailable during "
-                                              f"{what}: {self._line(exc)}")
+                                             f"{what}: {self._line(exc)}")
                     if isinstance(err, StoreUnavailable) and self._down_since is not None:
                         # The worker's outage log counts from here: it said "reachable
                         # again after 13 s" of a 41 s outage, the retries' 30 s left out.

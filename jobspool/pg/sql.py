@@ -75,8 +75,6 @@ def _new_rescues(p: str = "") -> str:
 # claim's `+ 1`: the statement failed, and with it every claim of every worker, for as long
 # as the row was due. Past 2**62 a count is unreadable anyway (`job.implausible`): it is
 # kept as it is, so the claim takes it and dead-letters it alone.
-
-
 def _bumped(expr: str, column: str) -> str:
     return f"(CASE WHEN {column} >= {COUNT_TOP} THEN {column} ELSE {expr} END)"
 

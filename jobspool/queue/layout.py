@@ -480,13 +480,13 @@ def _stray_content(root: Path) -> str | None:
             continue  # a file named like a spool's: its own reader says what it is
         try:
             inside = sorted(os.listdir(path))
+            if name == TMP_DIR and inside == ["pool"] and (path / "pool").is_dir():
+                inside = [f"pool/{n}" for n in sorted(os.listdir(path / "pool"))]
         except OSError:
             continue
         if SPOOL_FILE in inside:
             return f"{name}/ (a spool of its own)"
-        if name == TMP_DIR and inside == ["pool"]:
-            inside = sorted(os.listdir(path / "pool")) if (path / "pool").is_dir() else inside
-        elif name in _STATE_NAMES:
+        if name in _STATE_NAMES:
             inside = [n for n in inside
                       if not (n.endswith(".json") and (path / n).is_file()
                               and not (path / n).is_symlink())]
