@@ -172,3 +172,37 @@ def test_a_row_whose_kind_breaks_the_rules_is_unreadable_as_on_the_file_store(
     assert fsck.returncode == 2 and fsck.stdout.count("kslash") == 1, fsck.stdout
     with make_spool(pg_url) as spool:
         assert [j.id for j in spool.jobs()] == ["fine"]
+
+
+@pytest.mark.parametrize("recover_first", [False, True])
+@pytest.mark.parametrize("column", ["rescues", "revision", "attempts"])
+def test_an_expired_lease_with_a_count_at_the_bigint_top_fails_no_claim_nor_recover(
+        pg_url: str, column: str, recover_first: bool) -> None:
+    # A regression probe: the claim's look at expired leases (`rescues + 1`) and the
+    # sweep's writes (`revision + 1`, `rescues + 1`) still overflowed: every claim failed
+    # for every worker, or `recover` did.
+    import time
+
+    with make_spool(pg_url) as spool:
+        for i in range(3):
+            spool.enqueue("work", {"i": i}, job_id=f"j{i}")
+        (lease,) = spool.claim(limit=1, lease_seconds=0.2)
+        _edit(pg_url, f"UPDATE jobspool_jobs SET {column} = 9223372036854775807 WHERE id = %s",
+              lease.job_id)
+        time.sleep(0.3)
+        if recover_first:
+            spool.recover()  # its sweep of expired leases, before any claim takes it over
+        ran: list[str] = []
+        report = Worker(spool, {"work": lambda job, ctx: ran.append(job.id)},
+                        batch_size=10).run_until_idle()
+        assert sorted(ran) == sorted({"j0", "j1", "j2"} - {lease.job_id})
+        assert report.completed == 2
+        spool.recover()
+        with psycopg.connect(pg_url) as conn:
+            row = conn.execute("SELECT state FROM jobspool_jobs WHERE id = %s",
+                               (lease.job_id,)).fetchone()
+        # Dead-lettered by the claim that took it, or swept back to wait out its backoff
+        # (the claim that takes it then dead-letters it): never leased for good.
+        assert row is not None and row[0] in (("retryable", "dead_letter") if recover_first
+                                              else ("dead_letter",))
+        assert spool.stats().counts["leased"] == 0

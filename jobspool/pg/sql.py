@@ -71,6 +71,11 @@ def _new_rescues(p: str = "") -> str:
     return f"({p}rescues + CASE WHEN {_uncounted(p)} THEN 0 ELSE 1 END)"
 
 
+def _past_rescues(p: str, limit: str) -> str:
+    """`_new_rescues(p) > limit`, written so that it cannot overflow (see `_bumped`)."""
+    return f"({p}rescues > {limit} - CASE WHEN {_uncounted(p)} THEN 0 ELSE 1 END)"
+
+
 # A count a hand edit set at or near the bigint top (9223372036854775807) overflowed the
 # claim's `+ 1`: the statement failed, and with it every claim of every worker, for as long
 # as the row was due. Past 2**62 a count is unreadable anyway (`job.implausible`): it is
@@ -97,7 +102,7 @@ def _bumped(expr: str, column: str) -> str:
 # ahead in claim order pushed due ones out (a claim of 1 came back empty, or took a later
 # job over an expired lease of higher priority behind them).
 _EXHAUSTED = (f"({_eff_attempts()} >= max_attempts OR (%(max_rescues)s::bigint IS NOT NULL "
-              f"AND {_new_rescues()} > %(max_rescues)s::bigint))")
+              f"AND {_past_rescues('', '%(max_rescues)s::bigint')}))")
 # Expired leases a claim takes over, and whether one out of attempts or rescues waits for
 # the sweep; `take_over=False` (a Worker's claims between take-overs, `claim_sql`) leaves
 # both out.
@@ -202,7 +207,7 @@ SWEEP = f"""
 WITH x AS MATERIALIZED (
   SELECT id,
          ({_eff_attempts()} >= max_attempts OR (%(max_rescues)s::int IS NOT NULL
-          AND {_new_rescues()} > %(max_rescues)s::int)) AS dead,
+          AND {_past_rescues('', '%(max_rescues)s::int')})) AS dead,
          least(%(retry_max)s::float8, %(retry_base)s::float8
                * 2.0 ^ least(greatest({_eff_attempts()}, 1) - 1, 62)) AS backoff
   FROM jobspool_jobs
@@ -215,12 +220,12 @@ SET state = CASE WHEN x.dead THEN 'dead_letter' ELSE 'retryable' END,
       WHEN {_eff_attempts('j.')} >= j.max_attempts THEN
         'attempts exhausted; last: lease expired (worker died or stalled)'
         || coalesce('; before it: ' || j.last_error, '')
-      WHEN %(max_rescues)s::int IS NOT NULL AND {_new_rescues('j.')} > %(max_rescues)s::int THEN
-        'poison pill: lease expired ' || {_new_rescues('j.')} || ' times'
+      WHEN %(max_rescues)s::int IS NOT NULL AND {_past_rescues('j.', '%(max_rescues)s::int')} THEN
+        'poison pill: lease expired ' || {_bumped(_new_rescues('j.'), 'j.rescues')} || ' times'
       WHEN {_uncounted('j.')} THEN j.last_error
       ELSE 'lease expired (worker died or stalled)' END, 1024),
-    attempts = {_eff_attempts('j.')}, rescues = {_new_rescues('j.')},
-    revision = j.revision + 1, updated_at = {NOW},
+    attempts = {_eff_attempts('j.')}, rescues = {_bumped(_new_rescues('j.'), 'j.rescues')},
+    revision = {_bumped('j.revision + 1', 'j.revision')}, updated_at = {NOW},
     run_at = CASE WHEN x.dead THEN j.run_at
                   ELSE least({NOW} + x.backoff / 2 + random() * x.backoff / 2,
                              {MAX_RUN_AT}) END,
@@ -230,7 +235,7 @@ RETURNING j.id, j.state
 """
 
 _EXHAUSTED = (f"AND ({_eff_attempts()} >= max_attempts OR (%(max_rescues)s::int IS NOT NULL "
-              f"AND {_new_rescues()} > %(max_rescues)s::int))")
+              f"AND {_past_rescues('', '%(max_rescues)s::int')}))")
 
 
 def sweep_sql(kinds: list[str] | None, *, exhausted_only: bool) -> str:
