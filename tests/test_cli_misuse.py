@@ -187,3 +187,18 @@ def test_spool_refuses_a_root_no_shell_expanded_as_the_cli_does(
     with pytest.raises(InvalidRoot, match="which no shell expanded"):
         Spool(root)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_root_that_names_a_tilde_directory_on_purpose_still_opens(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A regression probe: `./~x` (and the Path the CLI makes of it, which drops the `./`)
+    # was refused as an unexpanded `~` once Spool() checked roots too.
+    from jobspool import Spool
+
+    monkeypatch.chdir(tmp_path)
+    Spool(tmp_path / "~x").close()  # made by absolute path
+    for root in ("./~x", Path("~x"), "./$HOME-like"):
+        Spool(root).close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["$HOME-like", "~x"]
+    res = run_jobspool("--root", "./~x", "stats", cwd=tmp_path)
+    assert res.code == 0, res.err

@@ -27,20 +27,26 @@ def unexpanded_start(path: str) -> str | None:
     return None if found is None else found.group(1)
 
 
-def refuse_url(root: str | os.PathLike[str]) -> None:
-    """`SpoolError` when `root` is a URL or a libpq string this store cannot serve, or a
-    path starting with a `~` or `$VAR` no shell expanded. Given the caller's own text
-    (`Spool()`), the URL is shown as written: once a `Path`, `file:///tmp/x` reads
-    `file:/tmp/x`."""
-    text = os.fspath(root)
-    shown = redact_url(text)  # never a password in an error
+def refuse_unexpanded(text: str) -> None:
+    """`InvalidRoot` when a root given as text starts with a `~` or `$VAR` no shell
+    expanded. `Spool(os.environ["JOBSPOOL_ROOT"])` from an env file that kept `~/spool`
+    made a directory named `~` in the working directory. Text only: a `Path` has lost the
+    `./` of `./~x`, which names that directory on purpose."""
     start = unexpanded_start(text)
     if start is not None:
-        # `Spool(os.environ["JOBSPOOL_ROOT"])` from an env file that kept `~/spool` made a
-        # directory named `~` in the working directory, as the command line no longer did.
+        shown = redact_url(text)
         raise InvalidRoot(f"spool root {shown!r} starts with {start!r}, which no shell "
                           "expanded: give the path itself (os.path.expanduser, "
-                          "os.path.expandvars)", path=shown)
+                          "os.path.expandvars; ./ before it for a directory named so)",
+                          path=shown)
+
+
+def refuse_url(root: str | os.PathLike[str]) -> None:
+    """`SpoolError` when `root` is a URL or a libpq string this store cannot serve. Given
+    the caller's own text (`Spool()`), the URL is shown as written: once a `Path`,
+    `file:///tmp/x` reads `file:/tmp/x`."""
+    text = os.fspath(root)
+    shown = redact_url(text)  # never a password in an error
     if looks_like_libpq_dsn(text):
         # Taken for a path it became a directory named after it, password and all.
         raise InvalidRoot(f"spool root {shown!r} looks like a libpq connection string "

@@ -68,7 +68,7 @@ from jobspool.queue.payload import validate_seconds
 from jobspool.queue.perms import file_mode
 from jobspool.queue.producer import Producer
 from jobspool.queue.producing import EnqueueForms
-from jobspool.queue.rootspec import refuse_url
+from jobspool.queue.rootspec import refuse_unexpanded, refuse_url
 from jobspool.queue.runs import Runs
 from jobspool.queue.states import ALL_STATES, JobState
 from jobspool.queue.stats import Stats, collect_stats
@@ -123,6 +123,8 @@ class Spool(EnqueueForms):
                              "postgresql:// URL", path=shown)
         if not is_url(root):
             refuse_url(text)
+            if isinstance(root, str):
+                refuse_unexpanded(root)
         if is_url(root):
             from jobspool.pg.spool import PgSpool
 
