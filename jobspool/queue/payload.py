@@ -140,7 +140,8 @@ def _check(value: object, path: list[object]) -> None:
     if isinstance(value, str):
         if type(value) is not str:  # a StrEnum member: stored as its text, read back a str
             raise _NotJson(path, f"a {type(value).__name__} (a str subclass), which JSON "
-                                 "cannot carry unchanged (use str(...) or .value)")
+                                 "cannot carry unchanged (an enum member: give its .value; "
+                                 "any other: str(...))")
         if not value.isascii():
             try:
                 value.encode("utf-8")
@@ -151,7 +152,8 @@ def _check(value: object, path: list[object]) -> None:
     if isinstance(value, int):
         if type(value) is not int:  # an IntEnum member: stored as its number, read back an int
             raise _NotJson(path, f"a {type(value).__name__} (an int subclass), which JSON "
-                                 "cannot carry unchanged (use int(...) or .value)")
+                                 "cannot carry unchanged (an enum member: give its .value; "
+                                 "any other: int(...))")
         if not _INT_MIN <= value <= _INT_MAX:
             raise _NotJson(path, "an integer outside the 64-bit range JSON readers support")
         return
