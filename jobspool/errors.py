@@ -271,10 +271,12 @@ class PoolFailed(JobspoolError):
 class NotQuarantined(JobspoolError):
     """Raised when a name given to a quarantine command matches no quarantined file."""
 
-    def __init__(self, ident: str, matches: int = 0) -> None:
+    def __init__(self, ident: str, matches: int = 0, *, short_prefix: bool = False) -> None:
         # Several matching is not "no file": it said "no quarantined file 'x': 3 files match".
         what = (f"{matches} quarantined files match {ident!r}; give more of the name"
                 if matches > 1 else f"no quarantined file {ident!r}")
+        if short_prefix:  # it starts names, but stops inside their time: maybe a job's id
+            what += "; a prefix of a name must go past its time (`<time_ns>-`)"
         super().__init__(f"{what} (see `jobspool quarantine list`)")
         self.ident = ident
         self.matches = matches

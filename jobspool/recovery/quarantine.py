@@ -263,7 +263,7 @@ def resolve(spool: Journal, ident: str) -> str:
             return found[0]
         if len(found) > 1:
             raise NotQuarantined(ident, len(found))
-    raise NotQuarantined(ident)
+    raise NotQuarantined(ident, short_prefix=any(n.startswith(ident) for n in names))
 
 
 def show_quarantined(spool: Journal, ident: str) -> dict[str, Any]:
