@@ -14,6 +14,7 @@ import logging
 import math
 import secrets
 import time
+from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -248,8 +249,14 @@ def settle(spool: PgSpool, leases: Sequence[Lease], actions: Sequence[tuple[str,
     chosen: list[tuple[Lease, Job, float | None]] = []
     seen: set[str] = set()
     refused: dict[str, JobTooLarge] = {}  # dead-lettered for a result that does not fit
+    # Two leases of one job in a batch: the store says which is current before any is
+    # settled. The first was taken, and the live lease after a stale one was refused as
+    # "settled twice" (the job then ran again), where the file spool settles it.
+    stale = _stale_doubles(spool, leases)
     for lease, (action, arg) in zip(leases, actions, strict=True):
         try:
+            if id(lease) in stale:
+                raise stale[id(lease)]
             if lease.job_id in seen:
                 raise LeaseLost(lease.job_id, lease.token, "settled twice in one batch")
             if action == "complete":
@@ -345,6 +352,18 @@ def _settle_params(spool: PgSpool, chosen: list[tuple[Lease, Job, float | None]]
     return sql.SETTLE, params
 
 
+def _stale_doubles(spool: PgSpool, leases: Sequence[Lease]) -> dict[int, LeaseLost]:
+    """For a job named by several leases of a batch, the refusals of those not current
+    (by `id()` of the lease): one statement, only when a batch has such a job."""
+    counts = Counter(lease.job_id for lease in leases)
+    doubles = [lease for lease in leases if counts[lease.job_id] > 1]
+    if not doubles:
+        return {}
+    verdicts = check_leases(spool, doubles, margin=0.0, lease_seconds=None)
+    return {id(lease): v for lease, v in zip(doubles, verdicts, strict=True)
+            if isinstance(v, LeaseLost)}
+
+
 def heartbeat_many(spool: PgSpool, leases: Sequence[Lease], lease_seconds: float | None
                    ) -> list[Lease | LeaseLost]:
     """Extend each lease by `lease_seconds`, else by its own length (`Lease.seconds`), else
@@ -364,6 +383,9 @@ def heartbeat_many(spool: PgSpool, leases: Sequence[Lease], lease_seconds: float
                              expires_at=got.lease.expires_at, job=got, seconds=seconds))
         elif isinstance(got, LeaseLost):
             out.append(got)
+        elif got.lease is not None:  # the live lease of its job was in the batch too
+            out.append(LeaseLost(lease.job_id, lease.token,
+                                 machine.token_mismatch(got.lease.token, lease.token)))
         else:
             out.append(LeaseLost(lease.job_id, lease.token, f"job is {got.state.value}"))
     return out
@@ -376,18 +398,21 @@ def check_leases(spool: PgSpool, leases: Sequence[Lease], margin: float,
         return []
     now = spool.now()
     short = [x for x in leases if x.expires_at - now < margin]
-    extended = {x.job_id: x for x in heartbeat_many(spool, short, lease_seconds)
+    # By id and token: keyed by id alone, a stale lease checked beside the live lease of
+    # its job passed for current (and with a margin, came back as the live one's).
+    extended = {(x.job_id, x.token): x for x in heartbeat_many(spool, short, lease_seconds)
                 if isinstance(x, Lease)} if short else {}
-    rest = [x for x in leases if x.job_id not in extended]
+    rest = [x for x in leases if (x.job_id, x.token) not in extended]
     params = {"now": spool.now_param(), "ids": [x.job_id for x in rest],
               "tokens": [x.token for x in rest], "created": [x.job.created_at for x in rest]}
-    live = ({r[0] for r in spool.db.run(lambda c: c.execute(sql.CHECK, params).fetchall(),
-                                         what="checking leases")} if rest else set())
+    live = ({(r[0], r[_TOKEN]) for r in spool.db.run(
+        lambda c: c.execute(sql.CHECK, params).fetchall(), what="checking leases")}
+        if rest else set())
     out: list[Lease | LeaseLost] = []
     for lease in leases:
-        if lease.job_id in extended:
-            out.append(extended[lease.job_id])
-        elif lease.job_id in live:
+        if (lease.job_id, lease.token) in extended:
+            out.append(extended[(lease.job_id, lease.token)])
+        elif (lease.job_id, lease.token) in live:
             out.append(lease)
         else:
             out.append(spool.db.run(functools.partial(_lost, lease=lease), what="checking leases"))
