@@ -306,3 +306,38 @@ def test_a_session_killed_while_the_spool_opens_is_unavailable_not_refused(
     monkeypatch.setattr(opening, "load_settings", killed)
     with pytest.raises(StoreUnavailable, match="terminating connection"):
         make_spool(pg_url)
+
+
+def test_a_pool_stopped_while_the_database_is_down_does_not_wait_out_the_reconnect_budget(
+        pg_server: PgServer, pg_url: str, tmp_path: Path) -> None:
+    # A PostgreSQL chaos probe: a `--processes` pool stopped during an outage listed its
+    # dead children's leases through the whole reconnect budget (30 s by default; an hour
+    # here) before it exited, where a single worker gives up at its stop. Exit 2's message
+    # says the leases run again once they expire.
+    from jobspool.pg.spool import PgSpool
+    from jobspool.queue.pool import WorkerPool, child_command
+
+    started = tmp_path / "started"
+    with make_spool(pg_url) as setup:
+        setup.enqueue("grace", {"sleep": 600, "startfile": str(started)})
+    spool = PgSpool(pg_url, reconnect_seconds=3600.0)
+    pool = WorkerPool(spool, child_command(pg_url, "tests.apps.runtime:app",
+                                           ["--no-maintenance", "--grace", "1"]),
+                      1, grace_seconds=1.0, handle_signals=False)
+    reports: list[object] = []
+    thread = threading.Thread(target=lambda: reports.append(pool.run()), daemon=True)
+    thread.start()
+    try:
+        wait_until(started.exists, GUARD, "the job to start")
+        pg_server.kill()
+        pool.stop()
+        thread.join(GUARD)  # a guard only: the old code waited for the reconnect budget
+        assert not thread.is_alive(), "the pool waited out the database's reconnect budget"
+    finally:
+        pool.stop()
+        pg_server.start_again()
+        thread.join(GUARD)
+        spool.close()
+    (report,) = reports
+    assert report.children.get("unsettled_deaths", 0) + report.children.get(  # type: ignore[attr-defined]
+        "unreleased", 0) >= 1

@@ -202,7 +202,15 @@ class WorkerPool:
                     child.proc.kill()
                 self._reap(child)
             self._settles.put(None)
+            stop_retrying = getattr(self.spool, "stop_retrying", None)
+            if self._signals and stop_retrying is not None:
+                # Stopping: a dead child's leases are settled now or left to expire (exit
+                # 2 says so), not retried through an outage for the store's whole reconnect
+                # budget (30 s past --grace), as a single worker does on its stop.
+                stop_retrying()
             settler.join()  # every child is dead: no lock is held by a frozen one any more
+            if self._signals and stop_retrying is not None:
+                stop_retrying(False)
             self._restore_signals(previous)
             self._sel.close()
         if self._gave_up is not None:
