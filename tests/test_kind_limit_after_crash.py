@@ -10,6 +10,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from jobspool import JobState, Policy, Worker
 from tests.spools import make_spool
 from tests.subproc import cli_env
@@ -32,33 +34,22 @@ def _crash_running(root: str | Path) -> None:
     assert done.returncode == -9, done.stderr
 
 
-def test_a_kind_limited_to_one_attempt_is_not_run_again_after_its_worker_died(
-        store_root: str | Path) -> None:
+@pytest.mark.parametrize("limit", [1, 2])
+def test_a_kinds_attempt_limit_holds_after_its_worker_died_running_the_job(
+        store_root: str | Path, limit: int) -> None:
     with make_spool(store_root) as spool:
-        spool.enqueue("crash", {}, job_id="once")
+        spool.enqueue("crash", {}, job_id="j")
     _crash_running(store_root)
     ran: list[str] = []
     with make_spool(store_root) as spool:
-        assert spool.get("once").state is JobState.LEASED
-        limits = {"crash": Policy(max_attempts=1)}
+        assert spool.get("j").state is JobState.LEASED
         worker = Worker(spool, {"crash": lambda job, ctx: ran.append(job.id)},
-                        policies=limits, lease_seconds=30.0)
+                        policies={"crash": Policy(max_attempts=limit)}, lease_seconds=30.0)
         report = worker.run_until_idle(wait_for_retries=30.0)
+        job = spool.get("j")
+    if limit == 1:  # the crashed run was its one attempt: dead-lettered unrun
         assert ran == [] and report.dead_lettered == 1 and report.completed == 0
-        job = spool.get("once")
-        assert job.state is JobState.DEAD_LETTER
+        assert job.state is JobState.DEAD_LETTER and job.last_error is not None
         assert "past its kind's max_attempts=1 (a worker died running it)" in job.last_error
-
-
-def test_a_kind_allowed_two_attempts_runs_once_more_after_its_worker_died(
-        store_root: str | Path) -> None:
-    with make_spool(store_root) as spool:
-        spool.enqueue("crash", {}, job_id="again")
-    _crash_running(store_root)
-    ran: list[str] = []
-    with make_spool(store_root) as spool:
-        worker = Worker(spool, {"crash": lambda job, ctx: ran.append(job.id)},
-                        policies={"crash": Policy(max_attempts=2)}, lease_seconds=30.0)
-        report = worker.run_until_idle(wait_for_retries=30.0)
-        assert ran == ["again"] and report.completed == 1
-        assert spool.get("again").attempts == 2
+    else:  # one attempt left: it runs once more
+        assert ran == ["j"] and report.completed == 1 and job.attempts == 2

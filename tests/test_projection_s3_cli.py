@@ -21,6 +21,12 @@ def _note(job: Any, ctx: Any) -> None:
     ctx.upsert("notes", {"id": job.payload["k"]})
 
 
+def _projection_flags(uri: str, options: dict[str, str]) -> list[str]:
+    """`--projection URI` and a `--projection-option KEY=VALUE` per storage option."""
+    return ["--projection", uri, *(flag for k, v in options.items()
+                                   for flag in ("--projection-option", f"{k}={v}"))]
+
+
 def test_run_until_idle_and_maintain_reach_s3_through_projection_options(
     s3_server: S3Server, tmp_path: Path
 ) -> None:
@@ -29,9 +35,7 @@ def test_run_until_idle_and_maintain_reach_s3_through_projection_options(
         "def note(job, ctx):\n    ctx.upsert('notes', {'id': job.payload['k'], 'n': job.payload['n']})\n"
         "app = App(handlers={'note': note})\n")
     uri, options = s3_server.uri("cli"), s3_server.options()
-    opts = ["--projection", uri]
-    for k, v in options.items():
-        opts += ["--projection-option", f"{k}={v}"]
+    opts = _projection_flags(uri, options)
 
     def jobspool(*args: str) -> Result:
         return run_jobspool(*args, root=tmp_path / "spool", env={"PYTHONPATH": f"{ROOT}:{tmp_path}"},
@@ -91,9 +95,7 @@ def test_a_pools_children_get_the_projection_options_without_showing_them_in_ps(
         "            'env': sorted(k for k in os.environ if 'PROJECTION' in k)}\n"
         "app = App(handlers={'note': note})\n")
     uri, options = s3_server.uri("pool"), s3_server.options()
-    opts = ["--projection", uri]
-    for k, v in options.items():
-        opts += ["--projection-option", f"{k}={v}"]
+    opts = _projection_flags(uri, options)
     env = {"PYTHONPATH": f"{ROOT}:{tmp_path}"}
     root = tmp_path / "spool"
     with make_spool(root) as spool:
