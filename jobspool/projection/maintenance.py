@@ -218,10 +218,11 @@ def maintain(
     outcomes: list[TableOutcome] = []
     resume_at: str | None = None
     for i, name in enumerate(order):
-        # The first table is started whatever the budget (only a cancel stops it): checked
-        # before it too, a budget spent listing the tables (under a millisecond, or a slow
-        # object store) deferred every table on every run.
-        run.carry = i == 0
+        # The first table is started whatever budget is left (only a cancel, or a budget
+        # of 0, "nothing may start", stops it): checked before it too, a budget spent
+        # listing the tables (under a millisecond, or a slow object store) deferred every
+        # table on every run.
+        run.carry = i == 0 and budget_seconds > 0
         stop = run.stop_reason()
         if stop is not None:
             resume_at = name

@@ -51,6 +51,7 @@ from jobspool.queue.runtime import (
     cancel_requested,
     format_traceback,
     in_own_task,
+    on_trio,
     thread_stack,
 )
 from jobspool.queue.signals import Fail, Retry
@@ -144,8 +145,13 @@ async def invoke(ctx: Context, fn: Callable[..., Any], *, is_async: bool,
             # It returned past its limit: before the cancellation could reach it (an async
             # handler that blocked the loop), or after catching it. Past the limit is past
             # it: its result is void.
-            _timed_out(ctx, timeout or 0.0, sync=False, late=True,
-                       swallowed=limit.cancel_called)
+            # Told apart where the loop can tell: asyncio throws the cancellation in
+            # (`cancel_called` stays False while a blocking handler holds the loop); trio
+            # cancels its own sleeps the same way, so there only a swallow seen over
+            # several steps (`Tracked`) counts.
+            swallowed = tracked is not None and (tracked.swallowed_at is not None or (
+                not on_trio() and limit.cancel_called))
+            _timed_out(ctx, timeout or 0.0, sync=False, late=True, swallowed=swallowed)
         else:
             ctx.outcome = Completed(result)
     except Abandoned:

@@ -255,7 +255,7 @@ class Tracked:
         value: Any = None
         error: BaseException | None = None
         run = self.context.run
-        trio = _on_trio()
+        trio = on_trio()
         while True:
             self.monitor.on_loop = self
             began = time.monotonic()
@@ -309,7 +309,7 @@ def _cancelled_here() -> bool:
         return False
 
 
-def _on_trio() -> bool:
+def on_trio() -> bool:
     """Whether the running loop is not asyncio's (trio): trio raises its cancellation
     inside the handler's frames, so only the scope tells that one arrived (asyncio throws
     it in through `Tracked`)."""
