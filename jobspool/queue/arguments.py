@@ -281,12 +281,12 @@ def check_lease(value: object) -> None:
     if not isinstance(value, Lease):
         raise InvalidType(f"expected a Lease (as claim returns), got {_short(value)}",
                          field="lease")
-    if type(value.token) is not int or not 0 < value.token < 2**63:
+    if type(value.token) is not int or not -(2**63) <= value.token < 2**63:
         # Built by hand (DESIGN §4) from a token read back as text or a float: the file
         # store failed comparing it (a raw TypeError), PostgreSQL settled with "1" or
         # refused "1.0" in SQL. The stores now answer alike, here.
-        raise InvalidType(f"Lease.token must be the claim's token, a whole number from 1, "
-                          f"got {_short(value.token)}", field="lease")
+        raise InvalidType(f"Lease.token must be the claim's token, a whole number, got "
+                          f"{_short(value.token)}", field="lease")
     if not isinstance(value.job_id, str):
         raise InvalidType(f"Lease.job_id must be a job id (str), got {_short(value.job_id)}",
                           field="lease")
