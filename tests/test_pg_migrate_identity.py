@@ -217,3 +217,20 @@ def test_the_books_are_indexed_by_id_for_the_lookup_across_sources(
         defs = [r[0] for r in conn.execute(
             "SELECT indexdef FROM pg_indexes WHERE tablename = 'jobspool_migrated'")]
     assert any(d.endswith("(id)") for d in defs), defs
+
+
+def test_migrate_leaves_the_copied_jobs_analyzed(tmp_path: Path, pg_url: str) -> None:
+    # A scale probe: after migrating 200k jobs the table had no statistics (autovacuum
+    # reaches a freshly loaded table minutes later on a busy server), and a worker's claims
+    # for several kinds read and sorted the whole backlog (2,000 jobs in 17 s, not 0.8 s).
+    import psycopg
+
+    root = tmp_path / "spool"
+    with make_spool(root) as spool:
+        spool.enqueue_many("mail", [{"n": n} for n in range(20)])
+    code, _, err = run_cli("--root", str(root), "migrate", "--to", pg_url)
+    assert code == 0, err
+    with psycopg.connect(pg_url) as conn:
+        row = conn.execute("SELECT last_analyze FROM pg_stat_user_tables WHERE relid = "
+                           "to_regclass('jobspool_jobs')").fetchone()
+    assert row is not None and row[0] is not None

@@ -39,6 +39,7 @@ run's writes must never lose to them.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -49,6 +50,8 @@ from jobspool.pg.rows import COLUMNS, INSERT_SQL, UPDATE_SQL, to_job, write_valu
 from jobspool.queue.job import Job, evolve
 from jobspool.queue.marks import RULE_MARK
 from jobspool.queue.states import JobState
+
+log = logging.getLogger("jobspool.pg")
 
 if TYPE_CHECKING:
     import psycopg
@@ -280,7 +283,25 @@ def copy_jobs(jobs: Iterable[Job], target: PgSpool, *, source_fence: int,
         report.unleased += len(unleased - set(skipped))  # of those copied, not left alone
 
     report.fence = fence_value(target)
+    if report.copied:
+        _analyze(target)
     return report
+
+
+def _analyze(target: PgSpool) -> None:
+    """Statistics for the rows just copied. Without them (autovacuum reaches a freshly
+    loaded table minutes later on a busy server), a claim for several kinds read and sorted
+    the whole backlog: a worker ran 2,000 jobs in 17 s, against 0.8 s after ANALYZE (a
+    scale probe, 200k jobs). A role that may not ANALYZE leaves it to autovacuum."""
+    import psycopg
+
+    def go(conn: psycopg.Connection[Any]) -> None:
+        conn.execute("ANALYZE jobspool_jobs")
+
+    try:
+        target.db.run(go, what="analyzing the copied jobs")
+    except (SpoolError, psycopg.Error) as exc:
+        log.warning("migrate: could not ANALYZE jobspool_jobs (%s); autovacuum will", exc)
 
 
 def stored_settings(target: PgSpool) -> dict[str, Any]:
