@@ -4,6 +4,7 @@ routes (`routes.py`) import it; it imports neither, so they do not import each o
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -41,16 +42,28 @@ class Dashboard:
     overview: Overview
     throughput: Throughput
     _cached: tuple[float, dict[str, Any]] | None = field(default=None, repr=False)
+    _computing: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def snapshot(self) -> dict[str, Any]:
-        """The overview document, recomputed at most once a second (many tabs, one cost)."""
-        now = time.monotonic()
-        if self._cached is not None and now - self._cached[0] < 1.0:
-            return self._cached[1]
-        doc = self.overview.snapshot(self.throughput.series())
-        doc["read_only"] = self.read_only
-        self._cached = (time.monotonic(), doc)
-        return doc
+        """The overview document, recomputed at most once a second (many tabs, one cost),
+        and by one request at a time: the others wait for it and share its result. On a
+        big spool one computation took seconds, and each request of several tabs made its
+        own: they piled up (six at once took 13 s each) and memory grew with them. A
+        result stays fresh as long as it took to compute, so a slow spool is not read back
+        to back."""
+        cached = self._cached
+        if cached is not None and time.monotonic() < cached[0]:
+            return cached[1]
+        with self._computing:
+            cached = self._cached
+            if cached is not None and time.monotonic() < cached[0]:
+                return cached[1]  # computed while this request waited
+            began = time.monotonic()
+            doc = self.overview.snapshot(self.throughput.series())
+            doc["read_only"] = self.read_only
+            took = time.monotonic() - began
+            self._cached = (time.monotonic() + max(1.0, took), doc)
+            return doc
 
     def render(self, request: Request, template: str, status: int = 200,
                **context: Any) -> HTMLResponse:
