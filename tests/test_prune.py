@@ -228,11 +228,11 @@ def test_automatic_pruning_is_amortized_over_terminal_writes(
             reads["inside"] += 1
         return real_read(directory, name)
 
-    def counted_prune_if_over(spool: Spool) -> PruneReport | None:
+    def counted_prune_if_over(spool: Spool, due: Any = None) -> PruneReport | None:
         reads["calls"] += 1
         inside[0] = True
         try:
-            report = real_prune_if_over(spool)
+            report = real_prune_if_over(spool, due)
         finally:
             inside[0] = False
         if report is not None:

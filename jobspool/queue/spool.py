@@ -160,6 +160,7 @@ class Spool(EnqueueForms):
         when it is created (`SpoolSettings`) default every later opener; the rest
         (`ProcessOptions`) are this process's alone (see `options.py`)."""
         self.runs = Runs()  # the workers serving on it: `close` stops them first
+        self._prune_due: dict[JobState, float] = {}  # `prune_if_over`'s: its next worth
         persisted = {"lease_seconds": lease_seconds, "max_attempts": max_attempts,
                      "retry_base_seconds": retry_base_seconds,
                      "retry_max_seconds": retry_max_seconds, "keep_terminal": keep_terminal,
@@ -271,7 +272,7 @@ class Spool(EnqueueForms):
     def _autoprune(self) -> None:
         from jobspool.recovery.prune import prune_if_over
 
-        prune_if_over(self.journal)
+        prune_if_over(self.journal, self._prune_due)
 
     def schedule_marks(self, *, rules: bool = False) -> dict[str, int]:
         """The last fired tick of each schedule (`<root>/schedules.json`); with `rules`,
