@@ -28,7 +28,7 @@ from jobspool.pg.rows import COLUMNS, dump, text, to_job
 from jobspool.pg.schema import FENCE_GONE, FENCE_REL
 from jobspool.queue import machine
 from jobspool.queue.backlog import Waiting
-from jobspool.queue.job import Job, Lease, LeaseInfo, evolve, fill_in, new_lease
+from jobspool.queue.job import KIND_RE, Job, Lease, LeaseInfo, evolve, fill_in, new_lease
 from jobspool.queue.jobsize import encode_completed, fitted_anyway
 from jobspool.queue.states import JobState
 
@@ -52,8 +52,7 @@ def kinds_param(kinds: Iterable[str] | str | None) -> list[str] | None:
 def sweep(spool: PgSpool, kinds: list[str] | None = None, *, exhausted_only: bool = False
           ) -> list[tuple[str, str]]:
     """Return expired leases to retryable (or dead_letter); (id, new state) per job."""
-    params = {"now": spool.now_param(), "max_rescues": spool.max_rescues, "kinds": kinds,
-              "kind": kinds[0] if kinds else None,
+    params = {"now": spool.now_param(), "max_rescues": spool.max_rescues,
               "retry_base": spool.policy.base_seconds, "retry_max": spool.policy.max_seconds}
     statement = sql.sweep_sql(kinds, exhausted_only=exhausted_only)
     rows = spool.db.run(lambda c: c.execute(statement, params).fetchall(),
@@ -71,8 +70,7 @@ def claim(spool: PgSpool, *, kinds: Iterable[str] | str | None, limit: int, owne
     wanted = kinds_param(kinds)
     if wanted is not None and not wanted:
         return []  # no kind wanted: nothing (unfiltered, it took jobs of every kind)
-    params = {"now": spool.now_param(), "kinds": wanted,
-              "kind": wanted[0] if wanted else None, "max_rescues": spool.max_rescues,
+    params = {"now": spool.now_param(), "max_rescues": spool.max_rescues,
               "owner": owner, "lease": lease_seconds, "proc": secrets.token_hex(8),
               "exclude": list(exclude), "started": False if starts_noted else None}
     statement = sql.claim_sql(wanted, limit, take_over=take_over)
@@ -427,8 +425,15 @@ def _lost(conn: psycopg.Connection[Any], lease: Lease) -> LeaseLost:
 
 
 def next_due_at(spool: PgSpool, kinds: Iterable[str] | None) -> float | None:
-    params = {"now": spool.now_param(), "kinds": kinds_param(kinds)}
-    row = spool.db.run(lambda c: c.execute(sql.NEXT_DUE, params).fetchone(),
+    wanted = kinds_param(kinds)
+    if wanted is not None:
+        # A name no kind can have has no job (and is written into the statement's text).
+        wanted = [k for k in wanted if type(k) is str and KIND_RE.fullmatch(k)]
+        if not wanted:
+            return None
+    statement = sql.next_due_sql(None if wanted is None else tuple(sorted(set(wanted))))
+    params = {"now": spool.now_param()}
+    row = spool.db.run(lambda c: c.execute(statement, params).fetchone(),
                        what="finding the next due job")
     if row is None or row[0] is None:
         return None
