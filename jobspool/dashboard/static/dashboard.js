@@ -95,8 +95,9 @@
         if (r.expired) a.className = "expired";
         run.appendChild(a); run.appendChild(document.createTextNode(" "));
       });
-      if (w.running.length > 4) {
-        run.appendChild(el("span", "and " + (w.running.length - 4) + " more leased", "muted"));
+      var total = w.running_total === undefined ? w.running.length : w.running_total;
+      if (total > 4) {
+        run.appendChild(el("span", "and " + (total - 4) + " more leased", "muted"));
       }
       tr.appendChild(run);
       tbody.appendChild(tr);
