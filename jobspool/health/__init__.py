@@ -96,6 +96,15 @@ def expired_reason(ids: list[str], total: int) -> Reason:
                   "worker for their kinds", total)
 
 
+def stale_prepared_reason(ids: list[str], total: int, grace: float) -> Reason:
+    """`stale_prepared`, with the same text on every store (one alert rule serves both)."""
+    return Reason("stale_prepared",
+                  f"{_plural(total, 'prepared job')} older than the replay grace ({grace:g} s): "
+                  f"a producer died between prepare and commit ({_ids(ids, total)}); run "
+                  "`jobspool recover --app MODULE:ATTR` with replay hooks, or look at "
+                  "`jobspool list --state prepared`", total)
+
+
 def queue_reasons(stats: Stats, max_due_age: float) -> list[Reason]:
     """The reasons every store reports from its counts: dead letters, a queue not draining."""
     reasons: list[Reason] = []
@@ -188,13 +197,7 @@ def check_health(
 
     stuck = _stale_prepared(spool, now - spool.prepare_grace_seconds)
     if stuck:
-        reasons.append(Reason(
-            "stale_prepared",
-            f"{_plural(len(stuck), 'prepared job')} older than the replay grace "
-            f"({spool.prepare_grace_seconds:g} s): a producer died between prepare and commit "
-            f"({_ids(stuck)}); run `jobspool recover --app MODULE:ATTR` with replay hooks, or "
-            f"look at `jobspool list --state prepared`",
-            len(stuck)))
+        reasons.append(stale_prepared_reason(stuck, len(stuck), spool.prepare_grace_seconds))
 
     if stats.quarantined:
         reasons.append(Reason(

@@ -26,7 +26,7 @@ from jobspool.health import (
 )
 from jobspool.health.reasons import ids as some_ids
 from jobspool.pg.rows import COLUMNS, to_job
-from jobspool.pg.schema import NO_PRIMARY_KEY, damage
+from jobspool.pg.schema import FOREIGN_HINT, NO_PRIMARY_KEY, damage
 from jobspool.queue.bulk import LISTING_PASSES
 from jobspool.queue.job import Job, validate_int, validate_seconds
 from jobspool.queue.states import ALL_STATES, TERMINAL, JobState
@@ -195,6 +195,7 @@ def fsck(spool: PgSpool) -> FsckReport:
     from jobspool.recovery.fsck import FsckReport
 
     problems: list[str] = [
+        f"schema: {d}" if FOREIGN_HINT in d else
         f"schema: {d}; `jobspool init` makes it again" if d != NO_PRIMARY_KEY else
         f"schema: {d}: ids may be doubled; see the warning of `jobspool init`"
         for d in spool.db.run(damage, what="fsck")]
@@ -293,6 +294,7 @@ def health(spool: PgSpool, *, max_due_age: float = DEFAULT_MAX_DUE_AGE,
         fence_behind_reason,
         host_reasons,
         queue_reasons,
+        stale_prepared_reason,
     )
 
     check_options(max_due_age=max_due_age, lease_grace=lease_grace,
@@ -319,6 +321,13 @@ def health(spool: PgSpool, *, max_due_age: float = DEFAULT_MAX_DUE_AGE,
         reasons.append(Reason("database_read_only", "the database takes no writes (a standby, "
                               "or default_transaction_read_only is on): every claim, enqueue "
                               "and settle fails", 1))
+    damaged = spool.db.run(damage, what="health")
+    if damaged:
+        # Each of these fails a part of the queue (a claim, a schedule's tick) while the
+        # counts look fine; `fsck` lists them with what to do.
+        reasons.append(Reason("schema_damaged", f"the schema is not what this release's "
+                              f"holds: {'; '.join(damaged)}; run `jobspool fsck`",
+                              len(damaged)))
     if expired:
         ids = [r[0] for r in spool.db.run(lambda c: c.execute(
             "SELECT id FROM jobspool_jobs WHERE state = 'leased' AND expires_at <= %s "
@@ -332,8 +341,11 @@ def health(spool: PgSpool, *, max_due_age: float = DEFAULT_MAX_DUE_AGE,
         if behind is not None:
             reasons.append(behind)
     if stale:
-        reasons.append(Reason("stale_prepared", f"{stale} prepared job(s) past the grace "
-                              "period (run `jobspool recover --app ...` to replay them)", stale))
+        ids = [r[0] for r in spool.db.run(lambda c: c.execute(
+            "SELECT id FROM jobspool_jobs WHERE state = 'prepared' AND updated_at <= %s "
+            "ORDER BY id LIMIT 5", (now - spool.prepare_grace_seconds,)).fetchall(),
+            what="health")]
+        reasons.append(stale_prepared_reason(ids, stale, spool.prepare_grace_seconds))
     broken, read = _unreadable_rows(spool, limit=100, max_rows=max_files_read, live=True)
     if broken:
         # A file spool's `unreadable_files`. Here a claim dead-letters such a row once it

@@ -106,7 +106,7 @@ def open_database(db: Database, *, create: bool, read_only: bool,
     try:
         version = check(conn, db.display)
         reading = False
-        if version is None and not create:
+        if version is None and (read_only or not create):
             problem = schema_problem(conn)
             if problem is not None:
                 raise SpoolError(f"{db.display}: {problem}")
@@ -211,7 +211,7 @@ def repair_damage(url: str, given: dict[str, Any]) -> list[str]:
             current = False  # a table not jobspool's under its name: opening names it
         if not current:
             return []  # none yet, or older: opening creates or upgrades it
-        found = repair(conn, {**DEFAULTS, **given})
+        found = repair(conn, {**DEFAULTS, **given}, db.display)
     except psycopg.Error as exc:
         from jobspool.pg.db import connect_error
 

@@ -114,18 +114,66 @@ END $$;
 MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2, 3: _V3, 4: _V4, 5: _V5}
 
 
-def _current(conn: psycopg.Connection[Any]) -> int | None:
+FOREIGN_HINT = ("a table named like jobspool's (jobspool_*) is there and is not jobspool's; "
+                "rename it, or give jobspool a schema of its own "
+                "(?options=-csearch_path%3Dmyschema)")
+
+# The columns jobspool reads from each of its tables by name (and their types, where a
+# value is converted): how its tables are told from someone else's under the same name,
+# which CREATE TABLE IF NOT EXISTS keeps. A foreign jobspool_schedule_marks was adopted,
+# `fsck` and `health` said ok, and every schedule failed to fire for ever; a foreign
+# jobspool_schema with a text version made every command print "invalid literal for
+# int()" and exit 1.
+TABLE_COLUMNS: dict[str, dict[str, tuple[str, ...]]] = {
+    "jobspool_schema": {"version": ("integer", "bigint", "smallint")},
+    "jobspool_settings": {"key": ("text",), "value": ("jsonb", "json")},
+    "jobspool_schedule_marks": {"name": ("text",), "last_tick": ("bigint", "integer")},
+}
+
+
+def foreign_tables(conn: psycopg.Connection[Any],
+                   names: tuple[str, ...] = tuple(TABLE_COLUMNS)) -> list[str]:
+    """Which of `names` exist here without the columns jobspool's have: what is wrong
+    with each, e.g. "jobspool_schedule_marks has no column name"."""
+    rows = conn.execute(
+        "SELECT t, a.attname, format_type(a.atttypid, a.atttypmod) FROM unnest(%s::text[]) "
+        "AS t LEFT JOIN pg_attribute a ON a.attrelid = to_regclass(t) AND a.attnum > 0 "
+        "AND NOT a.attisdropped WHERE to_regclass(t) IS NOT NULL", (list(names),)).fetchall()
+    have: dict[str, dict[str, str]] = {}
+    for table, column, kind in rows:
+        have.setdefault(table, {})
+        if column is not None:
+            have[table][column] = kind
+    out = []
+    for table, columns in have.items():
+        for column, kinds in TABLE_COLUMNS[table].items():
+            if column not in columns:
+                out.append(f"{table} has no column {column}")
+            elif columns[column] not in kinds:
+                out.append(f"{table}.{column} is {columns[column]}, not {kinds[0]}")
+    return out
+
+
+def refuse_foreign(conn: psycopg.Connection[Any], where: str,
+                   names: tuple[str, ...] = tuple(TABLE_COLUMNS)) -> None:
+    found = foreign_tables(conn, names)
+    if found:
+        raise SpoolError(f"{where}: {'; '.join(found)}: {FOREIGN_HINT}")
+
+
+def _current(conn: psycopg.Connection[Any], where: str) -> int | None:
     """The applied schema version, None when this database has no jobspool schema."""
     row = conn.execute("SELECT to_regclass('jobspool_schema') IS NOT NULL").fetchone()
     if not row or not row[0]:
         return None
+    refuse_foreign(conn, where, ("jobspool_schema",))
     row = conn.execute("SELECT max(version) FROM jobspool_schema").fetchone()
     return None if row is None or row[0] is None else int(row[0])
 
 
 def check(conn: psycopg.Connection[Any], where: str) -> int | None:
     """The schema version, refusing a newer one than this code knows."""
-    version = _current(conn)
+    version = _current(conn, where)
     if version is not None and version > SCHEMA_VERSION:
         raise SpoolError(f"{where} has jobspool schema version {version}, newer than this "
                          f"release's {SCHEMA_VERSION}: upgrade jobspool before using it")
@@ -179,6 +227,7 @@ def migrate(conn: psycopg.Connection[Any], where: str, settings: dict[str, Any])
         for v in range(version + 1, SCHEMA_VERSION + 1):
             conn.execute(MIGRATIONS[v])
             conn.execute("INSERT INTO jobspool_schema (version) VALUES (%s)", (v,))
+        refuse_foreign(conn, where)  # raised inside the transaction: nothing is made
         if version == 0:
             for key, value in settings.items():
                 conn.execute("INSERT INTO jobspool_settings (key, value) VALUES (%s, %s) "
@@ -269,10 +318,10 @@ def damage(conn: psycopg.Connection[Any]) -> list[str]:
         if conn.execute("SELECT 1 FROM pg_index WHERE indrelid = to_regclass('jobspool_jobs') "
                         "AND indisprimary").fetchone() is None:
             found.append(NO_PRIMARY_KEY)
-    return found
+    return found + [f"{f} ({FOREIGN_HINT})" for f in foreign_tables(conn)]
 
 
-def repair(conn: psycopg.Connection[Any], settings: dict[str, Any]) -> list[str]:
+def repair(conn: psycopg.Connection[Any], settings: dict[str, Any], where: str) -> list[str]:
     """Recreate what a current schema lacks (`jobspool init`): the migrations' statements
     again (each makes only what is not there), the settings' defaults where a setting is
     gone, and a lost sequence above every token the jobs hold. A lost primary key is not
@@ -282,6 +331,7 @@ def repair(conn: psycopg.Connection[Any], settings: dict[str, Any]) -> list[str]
 
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+        refuse_foreign(conn, where)  # not made again by the migrations: someone else's
         found = damage(conn)
         if not [d for d in found if d != NO_PRIMARY_KEY]:
             return found
