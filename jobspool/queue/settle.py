@@ -31,6 +31,7 @@ from jobspool.errors import (
     JobTooLarge,
     LeaseLost,
     ProjectionUnusable,
+    StoreUnavailable,
     WriteFailed,
 )
 from jobspool.projection.faults import one_line, plain, storage_fault
@@ -191,7 +192,7 @@ class Settler:
             c.outcome = Deferred(clip_error(error), delay)
 
     def _settle_sync(self, group: list[Context]) -> None:
-        refused: WriteFailed | None = None
+        refused: WriteFailed | StoreUnavailable | None = None
         completes: list[tuple[Context, Any]] = []
         fails: list[tuple[Context, Failure, bool, float | None]] = []
         releases: list[Context] = []
@@ -230,8 +231,11 @@ class Settler:
             for (c, _), res in zip(completes, results, strict=True):
                 if isinstance(res, LeaseLost):
                     self._count_lost(c, res)
-                elif isinstance(res, WriteFailed):
-                    refused = refused or res  # still leased: released below, or it expires
+                elif isinstance(res, WriteFailed | StoreUnavailable):
+                    # Still leased, its result kept and settled again after the backoff. A
+                    # read of its file refused for a moment (EMFILE, EIO) is no verdict on
+                    # the result: taken as one, a job that succeeded was dead-lettered.
+                    refused = refused or res
                     continue
                 elif isinstance(res, JobTooLarge):
                     # Dead-lettered by the store itself: its result does not fit (DESIGN §9).
@@ -263,8 +267,8 @@ class Settler:
             raise refused
 
     def _record_failures(self, fails: list[tuple[Context, Failure, bool, float | None]],
-                         refused: WriteFailed | None, *, first: bool = True
-                         ) -> WriteFailed | None:
+                         refused: WriteFailed | StoreUnavailable | None, *,
+                         first: bool = True) -> WriteFailed | StoreUnavailable | None:
         """`fail_many` and its counting. A failure the store refuses as given (a delay
         it cannot take) is recorded again plainly, with why, on the normal backoff:
         left alone, the job sat leased until its lease expired, its error unrecorded."""
@@ -274,7 +278,7 @@ class Settler:
         for (c, err, retry, _), res in zip(fails, results, strict=True):
             if isinstance(res, LeaseLost):
                 self._count_lost(c, res)
-            elif isinstance(res, WriteFailed):
+            elif isinstance(res, WriteFailed | StoreUnavailable):
                 refused = refused or res
                 continue
             elif isinstance(res, JobspoolError):
