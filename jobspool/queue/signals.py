@@ -7,10 +7,14 @@ class Retry(Exception):
     """Raise from a handler to retry the job later (`delay` seconds, or the backoff)."""
 
     def __init__(self, reason: str = "retry requested", *, delay: float | None = None) -> None:
+        from jobspool.queue.payload import validate_delay
+
         reason = "retry requested" if reason is None else str(reason)
         super().__init__(reason)
         self.reason = reason
-        self.delay = delay
+        # Checked here, as `fail(delay=)` checks it: refused only at the settle, a NaN or
+        # negative delay was dropped for the normal backoff with a note in last_error.
+        self.delay = None if delay is None else validate_delay(delay, "Retry(delay=...)")
 
     def __reduce__(self) -> tuple[object, ...]:
         return (_retry, (self.reason, self.delay))
