@@ -54,6 +54,8 @@ if TYPE_CHECKING:
     from jobspool.policy import Policy
     from jobspool.projection.lance import LanceProjection
     from jobspool.queue.worker import Context, RunReport, Worker
+    from jobspool.recovery.prune import PruneReport
+    from jobspool.recovery.recover import RecoveryReport
     from jobspool.schedules import Schedule, Scheduler
 
 __version__ = "0.1.0"
@@ -69,6 +71,8 @@ __all__ += ["App", "Context", "Fail", "Policy", "Retry", "RunReport", "Schedule"
             "Worker"]
 # Reading what workers projected (LanceDB)
 __all__ += ["LanceProjection"]
+# What `recover` and `prune` return (DESIGN §5)
+__all__ += ["PruneReport", "RecoveryReport"]
 # Errors
 __all__ += [
     "AppError",
@@ -116,6 +120,8 @@ _LAZY = {
     "AsyncSpool": "jobspool.async_spool",
     "Schedule": "jobspool.schedules",
     "Scheduler": "jobspool.schedules",  # fires schedules by hand (a test's injected clock)
+    "RecoveryReport": "jobspool.recovery.recover",
+    "PruneReport": "jobspool.recovery.prune",
 }
 
 
