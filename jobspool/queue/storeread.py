@@ -14,15 +14,26 @@ from pathlib import Path
 
 from jobspool.errors import SpoolError
 from jobspool.queue.diskerrors import listing_failed, spool_missing
+from jobspool.queue.payload import MAX_JOB_BYTES_LIMIT
 from jobspool.queue.storenames import JOB_SUFFIX
 
 _READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
 _READ_CHUNK = 1 << 17
+# No job file is larger than the largest `max_job_bytes` a spool may set, plus room for
+# what a lease adds. Anything larger is not a job (a log or a dump copied in by mistake),
+# refused unread: read whole, one 200 MB stray file took every claim, `stats` and
+# `recover` to a 1 GB peak, and a few GB would have killed every worker of the spool.
+MAX_FILE_BYTES = MAX_JOB_BYTES_LIMIT + (1 << 20)
 
 
 def _special(path: str) -> OSError:
     return OSError(errno.EINVAL, "a FIFO or special file where a job file belongs",
                    os.path.normpath(path))
+
+
+def _too_large(path: str, size: int) -> OSError:
+    return OSError(errno.EFBIG, f"{size} bytes, larger than any job file can be (at most "
+                   f"{MAX_FILE_BYTES}): not a job", os.path.normpath(path))
 
 
 class StoreReader:
@@ -99,9 +110,16 @@ class StoreReader:
                 raise _special(path)
             if len(data) < _READ_CHUNK:
                 return data
+            size = os.fstat(fd).st_size
+            if size > MAX_FILE_BYTES:
+                raise _too_large(path, size)
             chunks = [data]
+            total = len(data)
             while chunk := os.read(fd, _READ_CHUNK):
                 chunks.append(chunk)
+                total += len(chunk)
+                if total > MAX_FILE_BYTES:  # grew while read
+                    raise _too_large(path, total)
             return b"".join(chunks)
         except OSError as exc:
             exc.filename = exc.filename or os.path.normpath(path)  # say which file
