@@ -85,7 +85,10 @@ def _bumped(expr: str, column: str) -> str:
 
 
 # Due jobs in claim order (priority, then run_at, then id), skipping rows another
-# claimer holds: waiting ones (ready, retryable past run_at) and, as on the file spool,
+# claimer holds: waiting ones (ready whatever its run_at, as the file spool's `is_due`
+# says: a producer whose estimate of the database's clock ran ahead, or a database clock
+# stepped back, stamped a ready job's run_at in the database's future, and no claim took
+# it until then; retryable past run_at) and, as on the file spool,
 # expired leases of a dead or stalled worker (taken over: attempt and rescue counted)
 # unless out of attempts or rescues (those the sweep dead-letters). Each source is an
 # index scan in claim order, locked as it is read; the top `limit` of both are taken.
@@ -123,7 +126,7 @@ _NONE_LAPSED = ("lapsed AS (SELECT NULL::text AS id, 0::bigint AS priority, "
 _CLAIM = f"""
 WITH due AS MATERIALIZED (
   SELECT id, priority, run_at FROM jobspool_jobs
-  WHERE state IN ('ready', 'retryable') AND run_at <= {NOW}
+  WHERE state IN ('ready', 'retryable') AND (state = 'ready' OR run_at <= {NOW})
     {{kinds}}
     AND NOT (id = ANY(%(exclude)b::text[]))
   ORDER BY priority, run_at, id
@@ -352,7 +355,7 @@ FROM jobspool_jobs WHERE state IN ('ready', 'retryable') GROUP BY kind
 # `run_at` order, so: walk the distinct (kind, priority) pairs (a skip scan, two index
 # probes a pair) and take the first `run_at` past now in each (one probe): 0.2 ms there.
 # Past `_PAIRS` pairs (priorities used as a sort key, one per job), the plain scan;
-# a CASE evaluates only the branch it takes.
+# a CASE evaluates only the branch it takes. A ready job is due whatever its run_at.
 _PAIRS = 256
 _NEXT_DUE = f"""
 WITH RECURSIVE p AS (
@@ -372,10 +375,10 @@ SELECT least(
   CASE WHEN (SELECT count(*) FROM p) < {_PAIRS} THEN
     (SELECT min((SELECT j.run_at FROM jobspool_jobs j WHERE j.state IN ('ready', 'retryable')
                  AND j.kind = p.kind AND j.priority = p.priority AND j.run_at > {NOW}
-                 ORDER BY j.run_at LIMIT 1)) FROM p)
+                 AND j.state = 'retryable' ORDER BY j.run_at LIMIT 1)) FROM p)
   ELSE
     (SELECT min(run_at) FROM jobspool_jobs WHERE state IN ('ready', 'retryable')
-       AND run_at > {NOW} {{kinds}})
+       AND state = 'retryable' AND run_at > {NOW} {{kinds}})
   END,
   (SELECT min(expires_at) FROM jobspool_jobs WHERE state = 'leased' AND expires_at > {NOW}
      {{kinds}}),
