@@ -100,6 +100,11 @@ class Opened:
 
 def open_database(db: Database, *, create: bool, read_only: bool,
                   given: dict[str, Any]) -> Opened:
+    # Stored as checked (plain floats and ints): a numpy or Fraction value the checks
+    # accept reached psycopg's JSON dumper as given ("Object of type float32 is not JSON
+    # serializable", a traceback), where the file spool stored 5.0.
+    checked = validated({**DEFAULTS, **given})
+    given = {k: getattr(checked, k) for k in given}
     conn = db.connect()
     version: int | None = None
     reading = True  # until the version is read: a refusal then is not about creating
