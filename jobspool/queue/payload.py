@@ -225,8 +225,13 @@ def validate_run_at(run_at: object, now: float) -> float:
         raise InvalidJob(f"run_at must be epoch seconds or an aware datetime, got {run_at!r}",
                          field="run_at")
     else:
-        value = float(run_at)
         shown = repr(run_at)
+        if len(shown) > 40:  # a 400-digit int said whole in the message
+            shown = shown[:37] + "..."
+        try:
+            value = float(run_at)
+        except OverflowError:  # an int past any float: past the year 9999 (or before 1 AD)
+            value = MAX_RUN_AT * 2 if run_at > 0 else -MAX_RUN_AT * 2
     if not math.isfinite(value):
         raise InvalidJob(f"run_at must be a finite time, got {run_at!r}", field="run_at")
     if MAX_RUN_AT < value <= MAX_RUN_AT + 1:
