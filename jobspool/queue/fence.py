@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from jobspool.errors import JobspoolError
+from jobspool.errors import JobspoolError, SpoolError
 
 if TYPE_CHECKING:
     from jobspool.queue.lock import SpoolLock
@@ -48,6 +48,11 @@ def decode_fence(data: bytes) -> int:
         if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
             return value
     raise ValueError("fence file has no non-negative integer 'fence'")
+
+
+class FenceEmpty(SpoolError):
+    """The fence file is there and empty: what a power loss leaves of a rename whose data
+    was not on disk yet (a file system without ordering)."""
 
 
 def restart_floor() -> int:
@@ -139,7 +144,16 @@ class FenceCounter:
         ceiling = self._lock.generation(self._lock.FENCE_CEILING_SLOT)
         if ceiling == 0:
             # Nothing cached since the boot (or the map is new): restart above the disk.
-            ceiling = self._read_disk()
+            try:
+                ceiling = self._read_disk()
+            except FenceEmpty as exc:
+                # Restarted as after a deleted file, above the clock: every writer
+                # crash-looped on "fence file is not JSON" until someone ran recover. (Under
+                # a live counter, `_moved_on_disk` goes on from it instead.)
+                ceiling = restart_floor()
+                log.warning("%s is empty after a restart: fencing tokens restart above %d "
+                            "(the clock in microseconds, past any token handed out)",
+                            exc.path, ceiling)
             self._lock.put(self._lock.FENCE_FILE_SLOT, self._disk_ident())
             nxt = max(self._lock.generation(self._lock.FENCE_NEXT_SLOT), ceiling)
             self._lock.put(self._lock.FENCE_NEXT_SLOT, nxt)

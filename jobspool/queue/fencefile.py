@@ -14,7 +14,13 @@ from pathlib import Path
 
 from jobspool.errors import SpoolError
 from jobspool.queue.diskerrors import listing_failed, write_failed
-from jobspool.queue.fence import FENCE_FILE, decode_fence, encode_fence, restart_floor
+from jobspool.queue.fence import (
+    FENCE_FILE,
+    FenceEmpty,
+    decode_fence,
+    encode_fence,
+    restart_floor,
+)
 from jobspool.queue.store import Store, write_atomic
 
 log = logging.getLogger("jobspool.queue.spool")
@@ -36,18 +42,24 @@ class FenceFile:
     def read(self) -> int:
         """The ceiling on disk (a restart floor when the file is gone)."""
         try:
-            return decode_fence(self._store.read("", FENCE_FILE))
+            data = self._store.read("", FENCE_FILE)
         except FileNotFoundError:
             return self.lost()  # deleted under an open spool
-        except ValueError as exc:
-            raise SpoolError(f"{self.path}: {exc}; run `jobspool recover` to rebuild it from "
-                             "the tokens on disk", path=str(self.path)) from None
         except OSError as exc:
             if exc.errno == errno.ELOOP:  # the store never follows one
                 raise SpoolError(f"{self.path}: a symlink where the fence file belongs; "
                                  "`jobspool recover` quarantines it and rebuilds the file",
                                  path=str(self.path)) from None
             raise listing_failed(exc, self.root) from None
+        if not data:
+            raise FenceEmpty(f"{self.path}: fence file is empty; run `jobspool recover` to "
+                             "rebuild it", path=str(self.path))
+        try:
+            return decode_fence(data)
+        except ValueError as exc:
+            # Written by someone else (an edit, another file copied over it): never guessed.
+            raise SpoolError(f"{self.path}: {exc}; run `jobspool recover` to rebuild it from "
+                             "the tokens on disk", path=str(self.path)) from None
 
     def lost(self) -> int:
         """The ceiling to go on from when an existing spool's fence file is gone."""
