@@ -13,6 +13,7 @@ import functools
 import logging
 import math
 import secrets
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
@@ -20,6 +21,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import orjson
+import psycopg
 
 from jobspool.errors import JobspoolError, JobTooLarge, LeaseLost, SpoolError, UnreadableJob
 from jobspool.pg import sql
@@ -35,9 +37,9 @@ from jobspool.queue.states import JobState
 log = logging.getLogger("jobspool.pg")
 
 if TYPE_CHECKING:
-    import psycopg
-
     from jobspool.pg.core import PgCore as PgSpool
+
+_IDLE = psycopg.pq.TransactionStatus.IDLE
 
 # The sweep of expired leases runs inside claims at most this often per process.
 SWEEP_EVERY = 1.0
@@ -362,6 +364,57 @@ def _stale_doubles(spool: PgSpool, leases: Sequence[Lease]) -> dict[int, LeaseLo
             if isinstance(v, LeaseLost)}
 
 
+# Row locks `fenced` blocks of this process hold: (database, job id, token) -> blocks.
+# A heartbeat skips those rows (the block extends the lease as it ends); it waits, briefly,
+# for any other holder's lock.
+_FENCED: Counter[tuple[str, str, int]] = Counter()
+_FENCED_MUTEX = threading.Lock()
+# How long a heartbeat waits for a row lock another transaction holds before it reports
+# the lease as it stands (unextended, with a warning).
+HEARTBEAT_LOCK_WAIT = "2s"
+
+
+def _heartbeat_params(spool: PgSpool, leases: Sequence[Lease], lengths: Sequence[float]
+                      ) -> dict[str, Any]:
+    return {"now": spool.now_param(), "leases": list(lengths),
+            "ids": [x.job_id for x in leases], "tokens": [x.token for x in leases],
+            "created": [x.job.created_at for x in leases]}
+
+
+def _heartbeat_rows(spool: PgSpool, leases: Sequence[Lease], lengths: Sequence[float]
+                    ) -> dict[str, Job | LeaseLost]:
+    sends = 0
+
+    def go(conn: psycopg.Connection[Any]) -> dict[str, Job | LeaseLost]:
+        nonlocal sends
+        sends += 1
+        rows = conn.execute(sql.HEARTBEAT, _heartbeat_params(spool, leases, lengths),
+                            binary=True).fetchall()
+        done: dict[str, Job | LeaseLost] = {r[0]: to_job(r) for r in rows}
+        with _FENCED_MUTEX:
+            held = {(k[1], k[2]) for k in _FENCED if k[0] == spool.display}
+        waiting = [(x, n) for x, n in zip(leases, lengths, strict=True)
+                   if x.job_id not in done and (x.job_id, x.token) not in held]
+        if waiting and conn.info.transaction_status == _IDLE:
+            try:
+                with conn.transaction():
+                    conn.execute(f"SET LOCAL lock_timeout = '{HEARTBEAT_LOCK_WAIT}'")
+                    rows = conn.execute(sql.HEARTBEAT_WAITING, _heartbeat_params(
+                        spool, [x for x, _ in waiting], [n for _, n in waiting]),
+                        binary=True).fetchall()
+                done.update({r[0]: to_job(r) for r in rows})
+            except psycopg.errors.LockNotAvailable:
+                log.warning("heartbeat: a job's row stayed locked by another transaction "
+                            "for %s; its lease is reported as it stands, unextended",
+                            HEARTBEAT_LOCK_WAIT)
+        for lease in leases:
+            if lease.job_id not in done:
+                done[lease.job_id] = _refusal(conn, lease, resent=sends > 1, now=spool.now())
+        return done
+
+    return spool.db.run(go, what="heartbeat")
+
+
 def heartbeat_many(spool: PgSpool, leases: Sequence[Lease], lease_seconds: float | None
                    ) -> list[Lease | LeaseLost]:
     """Extend each lease by `lease_seconds`, else by its own length (`Lease.seconds`), else
@@ -369,10 +422,7 @@ def heartbeat_many(spool: PgSpool, leases: Sequence[Lease], lease_seconds: float
     if not leases:
         return []
     lengths = [lease_seconds or x.seconds or spool.lease_seconds for x in leases]
-    params = {"now": spool.now_param(), "leases": lengths,
-              "ids": [x.job_id for x in leases], "tokens": [x.token for x in leases],
-              "created": [x.job.created_at for x in leases]}
-    done = _apply(spool, sql.HEARTBEAT, leases, params, "heartbeat", locked_ok=True)
+    done = _heartbeat_rows(spool, leases, lengths)
     out: list[Lease | LeaseLost] = []
     for lease, seconds in zip(leases, lengths, strict=True):
         got = done[lease.job_id]
@@ -469,8 +519,17 @@ def fenced(spool: PgSpool, lease: Lease) -> Iterator[Lease]:
         clock = spool.now_param()
         now = clock if clock is not None else float(db_now[0]) if db_now else 0.0
         machine.check_lease(to_job(row), lease, now)
-        with spool.db.pinned(conn):
-            yield lease
+        key = (spool.display, lease.job_id, lease.token)
+        with _FENCED_MUTEX:
+            _FENCED[key] += 1
+        try:
+            with spool.db.pinned(conn):
+                yield lease
+        finally:
+            with _FENCED_MUTEX:
+                _FENCED[key] -= 1
+                if _FENCED[key] <= 0:
+                    del _FENCED[key]
         with spool.db.one_line_errors("ending a fenced block (what it did is rolled back)"):
             lost = _end_block(spool, conn, lease)
     if lost is not None:
