@@ -3,6 +3,7 @@ messages, fencing tokens above a migrated spool's, and the sweep of expired leas
 
 from __future__ import annotations
 
+import logging
 import re
 import subprocess
 import sys
@@ -68,6 +69,7 @@ def test_an_older_schema_is_upgraded_by_a_writer_and_named_to_a_reader(pg_url: s
     assert "jobspool init" in out.stderr and len(out.stderr.strip().splitlines()) == 1
     init = run_jobspool("--root", pg_url, "init", "--json")  # a writer: migrates, says so
     assert init.returncode == 0 and "upgraded from version" in init.stderr
+    assert init.stderr.count("upgraded from version") == 1, init.stderr
     assert orjson.loads(init.stdout)["upgraded"] == {"from": 3, "to": SCHEMA_VERSION}
     with make_spool(pg_url) as spool:
         (lease,) = spool.claim()
@@ -336,3 +338,19 @@ def test_a_claim_that_waited_on_a_lock_does_not_move_the_clock_estimate(pg_url: 
                                      ).fetchone()  # type: ignore[misc]
         assert abs(spool.now() - db_now) < 0.5
         assert lease.expires_at - spool.now() < 1.0  # the wait ate most of it, and it shows
+
+
+def test_an_upgrade_by_a_producer_or_worker_is_logged(pg_url: str,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """Any writing open migrates an older schema, as `init` does; a producer or a worker
+    doing it said nothing, and processes of older releases started afterwards were refused
+    with nothing saying which host upgraded it."""
+    make_spool(pg_url).close()
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("ALTER TABLE jobspool_jobs DROP COLUMN started")
+        conn.execute("DELETE FROM jobspool_schema WHERE version > 3")
+    with caplog.at_level(logging.WARNING, logger="jobspool.pg"), make_spool(pg_url) as spool:
+        spool.enqueue("note", {"v": 1})
+    said = [r.getMessage() for r in caplog.records if "upgraded" in r.getMessage()]
+    assert len(said) == 1 and f"from version 3 to {SCHEMA_VERSION}" in said[0]
+    assert "older releases are refused" in said[0]

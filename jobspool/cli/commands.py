@@ -66,9 +66,7 @@ def cmd_init(args: argparse.Namespace) -> int:
             if upgraded is not None:
                 from jobspool.pg.schema import SCHEMA_VERSION
 
-                doc["upgraded"] = {"from": upgraded, "to": SCHEMA_VERSION}
-                print(f"jobspool: note: schema upgraded from version {upgraded} to "
-                      f"{SCHEMA_VERSION}", file=sys.stderr)
+                doc["upgraded"] = {"from": upgraded, "to": SCHEMA_VERSION}  # logged on open
     else:
         from jobspool.cli.owner import act_as_owner
 

@@ -145,6 +145,15 @@ class PgSpool(EnqueueForms):
         opened = open_database(self.db, create=create, read_only=read_only, given=given)
         self.created, self.channel = opened.created, opened.channel
         self.upgraded_from = opened.upgraded_from  # for `jobspool init` to say so
+        if opened.upgraded_from is not None:
+            # Any writing open migrates (as `init` does), but a producer or a worker doing
+            # it said nothing, and processes of older releases started afterwards were
+            # refused ("newer than this release's") with nothing saying which host did it.
+            from jobspool.pg.schema import SCHEMA_VERSION
+
+            log.warning("%s: jobspool schema upgraded from version %d to %d by this process "
+                        "(pid %d); processes of older releases are refused from now on",
+                        self.display, opened.upgraded_from, SCHEMA_VERSION, os.getpid())
         # This process's clock, corrected to the database's: the worker compares due
         # times the database hands out with it. Carried forward on the boot-time clock,
         # which a step of the host's wall clock (NTP, an operator's `date -s`) leaves alone:
