@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from jobspool.cli.common import (
@@ -192,10 +192,21 @@ def cmd_list(args: argparse.Namespace) -> int:
     from jobspool.queue.jobprogress import read_progress
 
     with _open(args, read_only=True) as spool:
-        scheduled = args.state == "scheduled"  # a status, not a directory: retryable/ filtered
-        found = spool.jobs(state="retryable" if scheduled else args.state, kind=args.kind)
-        picked = itertools.islice((j for j in found if j.scheduled or not scheduled),
-                                  args.limit)
+        # Each `--state` in turn (the last alone was listed, silently, for several); a job
+        # once only (`retryable` and `scheduled` overlap).
+        states = list(dict.fromkeys(args.state)) if args.state else [None]
+        seen: set[str] = set()
+
+        def listed() -> Iterator[Any]:
+            for state in states:
+                scheduled = state == "scheduled"  # a status, not a directory: retryable/
+                for j in spool.jobs(state="retryable" if scheduled else state, kind=args.kind):
+                    if (j.scheduled or not scheduled) and j.id not in seen:
+                        if len(states) > 1:
+                            seen.add(j.id)
+                        yield j
+
+        picked = itertools.islice(listed(), args.limit)
         if getattr(args, "log_format", "text") != "json":
             # Printed as read: held whole, 200,000 jobs took 400 MB (700 with --json).
             _stream_list(args, spool, picked)

@@ -160,9 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=commands.cmd_stats)
 
     c = sub.add_parser("list", parents=[common], help="list jobs")
-    c.add_argument("--state", choices=[*_state_names(), "scheduled"],
+    c.add_argument("--state", choices=[*_state_names(), "scheduled"], action="append",
                    help="only jobs in this state (scheduled: delayed jobs not run yet, a part "
-                   "of retryable)")
+                   "of retryable); repeatable, listed state by state in the order given")
     c.add_argument("--kind", help="only jobs of this kind")
     c.add_argument("--limit", type=_positive_int, default=None, metavar="N",
                    help="print at most N jobs (default: all)")
