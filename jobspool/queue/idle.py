@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from jobspool.queue.host import Lifecycle
     from jobspool.queue.job import Lease
     from jobspool.queue.runners import Runners
+    from jobspool.queue.settle import Settler
 
 # No next-due time read beside the last claim (`_claim_or_due`).
 NO_HINT: Any = object()
@@ -43,6 +44,7 @@ class IdleWaits:
     life: Lifecycle
     runners: Runners | None
     scopes: set[anyio.CancelScope]
+    settler: Settler
     arrived: anyio.Event
     stop_poked: anyio.Event
     next_claim_at: float
@@ -161,6 +163,7 @@ class IdleWaits:
         await self._until(lambda: self.life.hurrying, deadline)
         for scope in list(self.scopes):
             scope.cancel()
+        self.settler.cut_off()  # a projection commit that hangs: left running, jobs back
 
     async def _until(self, done: Callable[[], bool], deadline: float | None = None) -> None:
         """Until `done()` (a stop or hurry, which poke `stop_poked`) or the deadline. Polled

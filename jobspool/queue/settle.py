@@ -65,6 +65,18 @@ DEFER_MAX_SECONDS = 60.0
 # The longest a run leaves alone a job given back behind its back (`Settler._shun`).
 SHUN_SECONDS = 5.0
 
+# The longest a worker waits for one projection commit. LanceDB calls cannot be
+# interrupted: an object store that accepts connections and never answers (a frozen host,
+# a network dropping packets) held a worker in one call for as long as it lasted, its
+# leases beaten, deaf to SIGTERM. Past this, the call is left running in its thread and
+# its jobs go back uncounted, as for a storage fault; should it land later, its rows
+# carry those leases' tokens, which the jobs' next runs outrank (the fenced merge).
+PROJECTION_CALL_SECONDS = 300.0
+
+
+class ProjectionTimeout(Exception):
+    """A projection commit that did not return in time (left running in its thread)."""
+
 
 class Settler:
     """Settles the finished runs of one pipeline; `in_hand` is the pipeline's own dict."""
@@ -81,6 +93,30 @@ class Settler:
         self.outage_since: float | None = None  # monotonic: this run of failures' first
         self.claims_paused_until = 0.0  # monotonic: no claim before (the pipeline reads it)
         self._outage_logged_at = 0.0
+        # The waits on projection commits in flight: cancelled (the call abandoned) when a
+        # stop's grace runs out (`cut_off`).
+        self.commit_scopes: set[anyio.CancelScope] = set()
+
+    def cut_off(self) -> None:
+        """Stop waiting for projection commits in flight (a stop past its grace)."""
+        for scope in list(self.commit_scopes):
+            scope.cancel()
+
+    async def _apply_bounded(self, writes: list[Any]) -> Any:
+        """`sink.apply(writes)` in a thread, waited for at most `PROJECTION_CALL_SECONDS`
+        (and not past a stop's grace): `ProjectionTimeout` then, the call left running."""
+        with anyio.CancelScope() as scope:
+            self.commit_scopes.add(scope)
+            try:
+                with anyio.move_on_after(PROJECTION_CALL_SECONDS):
+                    return await anyio.to_thread.run_sync(self.sink.apply, writes,
+                                                          abandon_on_cancel=True)
+            finally:
+                self.commit_scopes.discard(scope)
+        cut = "the worker is stopping" if scope.cancel_called else \
+            f"no answer within {PROJECTION_CALL_SECONDS:g} s"
+        raise ProjectionTimeout(f"the projection commit did not return ({cut}; its storage "
+                                "is not answering?): left running, its jobs given back")
 
     async def settle(self, group: list[Context]) -> None:
         """Project the group's writes (fenced), then settle every run in it."""
@@ -129,7 +165,10 @@ class Settler:
     async def _project(self, done: list[Context]) -> None:
         writes = [w for c in done for w in c.writes]
         try:
-            result = await anyio.to_thread.run_sync(self.sink.apply, writes)
+            result = await self._apply_bounded(writes)
+        except ProjectionTimeout as exc:
+            self._defer(done, exc)
+            return
         except ProjectionUnusable:
             raise  # a verdict on its configuration, no job's fault: the worker stops (pipeline.py)
         except Exception as exc:  # outcome unknown: retry all; the fenced merge is idempotent
