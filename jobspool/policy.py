@@ -65,10 +65,13 @@ class Policy:
 
     def retries(self, exc: BaseException) -> bool:
         """Whether a run that raised `exc` may be retried under this policy."""
+        from jobspool.queue.signals import RetryDelayRefused
+
+        if self.retry_on is None or isinstance(exc, RetryDelayRefused):
+            return True
         # normalized to a tuple in __post_init__ (`_exception_classes`)
-        return self.retry_on is None or isinstance(exc, tuple(self.retry_on)
-                                                  if not isinstance(self.retry_on, type)
-                                                  else self.retry_on)
+        listed = self.retry_on if isinstance(self.retry_on, type) else tuple(self.retry_on)
+        return isinstance(exc, listed)
 
 
 def _positive_seconds(name: str, value: object) -> float:

@@ -303,9 +303,9 @@ _MAX_EVERY = 100 * 365 * 86_400  # past this a tick lands beyond the year 9999 b
 
 def _every_seconds(every: object, label: str) -> int:
     value: object = every.total_seconds() if isinstance(every, timedelta) else every
-    # `value > _MAX_EVERY` first: math.isfinite(10**400) raised OverflowError.
+    # The bounds first: math.isfinite(10**400) (or of -10**400) raised OverflowError.
     if isinstance(value, bool) or not isinstance(value, int | float) or value > _MAX_EVERY \
-            or not math.isfinite(value) or value < 1 or value != int(value):
+            or value < 1 or not math.isfinite(value) or value != int(value):
         shown = repr(every)
         shown = shown if len(shown) <= 40 else shown[:37] + "..."
         raise ScheduleError(f"{label}: every must be a whole number of seconds from 1 to "

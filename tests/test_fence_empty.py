@@ -32,6 +32,18 @@ def test_an_empty_fence_after_a_reboot_restarts_above_every_token(
     assert again.fsck().ok
 
 
+def test_an_empty_fence_is_named_as_empty_by_fsck_and_health(make_spool: SpoolFactory,
+                                                            spool_root: Path) -> None:
+    spool = make_spool()
+    spool.enqueue("k", 1)
+    spool.claim(limit=1)
+    (spool_root / "fence").write_bytes(b"")
+    problems = spool.fsck().problems
+    assert any("fence file is empty" in p for p in problems), problems
+    reasons = [r.message for r in spool.health().reasons if r.code == "fence_unreadable"]
+    assert reasons and "is empty" in reasons[0] and "restart tokens above" in reasons[0]
+
+
 def test_a_fence_holding_garbage_is_still_refused(make_spool: SpoolFactory,
                                                   spool_root: Path) -> None:
     spool = make_spool()

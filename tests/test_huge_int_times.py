@@ -12,7 +12,8 @@ from tests.spools import SpoolFactory
 
 
 @pytest.mark.parametrize("value, said", [(10**400, "past the year 9999"),
-                                         (-10**400, "in the past")])
+                                         (-10**400, "in the past")],
+                         ids=["huge", "huge-negative"])
 def test_run_at_as_a_huge_int_is_refused_in_one_short_line(make_spool: SpoolFactory,
                                                            value: int, said: str) -> None:
     spool = make_spool()
@@ -22,7 +23,8 @@ def test_run_at_as_a_huge_int_is_refused_in_one_short_line(make_spool: SpoolFact
     assert spool.stats().total == 0
 
 
-def test_every_as_a_huge_int_is_refused_in_one_short_line() -> None:
+@pytest.mark.parametrize("value", [10**400, -10**400], ids=["huge", "huge-negative"])
+def test_every_as_a_huge_int_is_refused_in_one_short_line(value: int) -> None:
     with pytest.raises(ScheduleError, match="every must be a whole number") as caught:
-        Schedule("k", every=10**400)
+        Schedule("k", every=value)
     assert len(str(caught.value)) < 200

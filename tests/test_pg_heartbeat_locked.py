@@ -98,3 +98,26 @@ def test_a_beat_beside_this_process_s_own_fenced_block_does_not_wait(
         assert returned_while_held
         assert got[0].token == lease.token  # current: the block extends it as it ends
         assert spool.get("c").lease.expires_at > lease.expires_at
+
+
+def test_a_statement_timeout_shorter_than_the_lock_wait_reports_what_was_extended(
+        pg_url: str) -> None:
+    """A connection given `statement_timeout=500` (in the URL's options): the wait for a
+    row held longer is cut by it; the beat still reports every lease, the free one
+    extended and the held one as it stands, instead of failing whole."""
+    url = pg_url + "%20-cstatement_timeout%3D500" if "options=" in pg_url else \
+        pg_url + ("&" if "?" in pg_url else "?") + "options=-cstatement_timeout%3D500"
+    with make_spool(url) as spool:
+        spool.enqueue("k", 1, job_id="a")
+        spool.enqueue("k", 2, job_id="b")
+        leases = {x.job_id: x for x in spool.claim(limit=2, lease_seconds=30)}
+        other = psycopg.connect(pg_url)
+        other.execute("SELECT 1 FROM jobspool_jobs WHERE id = 'a' FOR UPDATE")
+        try:
+            beats = spool.heartbeat_many([leases["a"], leases["b"]], lease_seconds=600)
+        finally:
+            other.rollback()
+            other.close()
+        held, free = beats
+        assert free.expires_at > time.time() + 500
+        assert held.expires_at < time.time() + 60  # reported as it stands

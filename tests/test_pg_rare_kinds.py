@@ -150,3 +150,21 @@ def test_next_due_matches_the_jobs_themselves(pg_url: str, priorities: int) -> N
                 if want is not None:
                     assert got == pytest.approx(want, abs=1e-6), (kinds, now)
             t[0] = 1_000_000.0
+
+
+def test_kinds_given_as_str_subclasses_are_claimed(pg_url: str) -> None:
+    """A StrEnum member is a kind the spool takes (as the file spool does); written into
+    the statement's text it must be its value, not its name."""
+    import enum
+
+    from jobspool import Worker
+
+    class Kind(enum.StrEnum):
+        INDEX = "index.notes"
+
+    with Spool(pg_url) as spool:
+        spool.enqueue(Kind.INDEX, {"i": 1})
+        spool.enqueue(Kind.INDEX, {"i": 2}, delay=3600)
+        assert spool.next_due_at([Kind.INDEX]) is not None
+        report = Worker(spool, handlers={Kind.INDEX: lambda job, ctx: None}).run_until_idle()
+        assert report.completed == 1 and report.crashes == 0

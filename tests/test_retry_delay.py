@@ -38,3 +38,22 @@ def test_a_handler_raising_a_bad_retry_fails_its_job_naming_the_delay(
     assert got.state.value == "retryable"
     assert got.last_error is not None and "Retry(delay=...)" in got.last_error
     assert "nan" in got.last_error
+
+
+def test_a_bad_retry_delay_is_retried_whatever_the_kind_s_retry_on(
+        make_spool: SpoolFactory) -> None:
+    """The handler asked for a retry: a computed delay a little below zero dead-lettered
+    the job at its first attempt when the kind's policy lists what to retry."""
+    from jobspool import Policy
+
+    spool: Spool = make_spool()
+    job = spool.enqueue("k", 1)
+
+    def handler(job: Any, ctx: Any) -> None:
+        raise Retry("later", delay=-5)
+
+    Worker(spool, handlers={"k": handler},
+           policies={"k": Policy(retry_on=(ConnectionError,))}).run_until_idle()
+    got = spool.get(job.id)
+    assert got.state.value == "retryable", got.last_error
+    assert got.last_error is not None and "Retry(delay=...)" in got.last_error

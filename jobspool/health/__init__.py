@@ -178,9 +178,13 @@ def check_health(
     if fence_problem is not None:
         reasons.append(Reason(
             "fence_unreadable",
-            f"the fence file {fence_problem}: a worker that opens the spool now cannot "
-            "tell which tokens were handed out; run `jobspool recover` (it rebuilds the "
-            "file above every token on disk)", 1))
+            f"the fence file {fence_problem}: " + (
+                "workers restart tokens above the clock (a power loss before its data "
+                "reached the disk leaves it so); run `jobspool recover` to rewrite it"
+                if fence_problem in ("is empty", "is missing") else
+                "a worker that opens the spool now cannot tell which tokens were handed "
+                "out; run `jobspool recover` (it rebuilds the file above every token on "
+                "disk)"), 1))
     behind = fence_behind_reason(ceiling, [(j.lease.token, j.id) for j in leased
                                            if j.lease is not None])
     if behind is not None:
@@ -334,7 +338,10 @@ def _fence_ceiling(spool: Spool) -> tuple[int | None, str | None]:
     if journal is None:
         return None, None
     try:
-        return decode_fence(journal.store.read("", FENCE_FILE)), None
+        data = journal.store.read("", FENCE_FILE)
+        if not data:
+            return None, "is empty"
+        return decode_fence(data), None
     except FileNotFoundError:
         return None, "is missing"
     except OSError as exc:

@@ -403,10 +403,12 @@ def _heartbeat_rows(spool: PgSpool, leases: Sequence[Lease], lengths: Sequence[f
                         spool, [x for x, _ in waiting], [n for _, n in waiting]),
                         binary=True).fetchall()
                 done.update({r[0]: to_job(r) for r in rows})
-            except psycopg.errors.LockNotAvailable:
+            except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled):
+                # Past the lock wait, or past a shorter statement_timeout the connection
+                # was given: the leases the first pass extended are still reported.
                 log.warning("heartbeat: a job's row stayed locked by another transaction "
-                            "for %s; its lease is reported as it stands, unextended",
-                            HEARTBEAT_LOCK_WAIT)
+                            "for %s (or the statement timeout); its lease is reported as "
+                            "it stands, unextended", HEARTBEAT_LOCK_WAIT)
         for lease in leases:
             if lease.job_id not in done:
                 done[lease.job_id] = _refusal(conn, lease, resent=sends > 1, now=spool.now())
@@ -478,7 +480,7 @@ def next_due_at(spool: PgSpool, kinds: Iterable[str] | None) -> float | None:
     wanted = kinds_param(kinds)
     if wanted is not None:
         # A name no kind can have has no job (and is written into the statement's text).
-        wanted = [k for k in wanted if type(k) is str and KIND_RE.fullmatch(k)]
+        wanted = [str.__str__(k) for k in wanted if isinstance(k, str) and KIND_RE.fullmatch(k)]
         if not wanted:
             return None
     statement = sql.next_due_sql(None if wanted is None else tuple(sorted(set(wanted))))

@@ -182,9 +182,13 @@ def kind_filter(kinds: list[str] | None) -> str:
     """
     if kinds is None:
         return ""
-    names = sorted(set(kinds))
+    # As plain str: a StrEnum member (a str subclass the spool accepts) formats as its
+    # name in an f-string, and its repr is no literal.
+    if not all(isinstance(k, str) for k in kinds):
+        raise ValueError(f"kinds must be str, got {kinds!r}")
+    names = sorted({str.__str__(k) for k in kinds})
     for k in names:
-        if type(k) is not str or KIND_RE.fullmatch(k) is None:
+        if KIND_RE.fullmatch(k) is None:
             raise ValueError(f"kind {k!r} must match {KIND_PATTERN}")
     if len(names) == 1:
         return f"AND kind = '{names[0]}'"

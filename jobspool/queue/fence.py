@@ -39,6 +39,12 @@ def encode_fence(value: int) -> bytes:
 def decode_fence(data: bytes) -> int:
     """Parse the fence file; raise ValueError when it is unreadable (never guess a value:
     a guess too low would hand out a token twice)."""
+    if not data:
+        # Said as what it is (a power loss on a file system without write ordering leaves
+        # it so), by fsck, health and recover alike: "not JSON" read as someone's edit.
+        raise ValueError("fence file is empty (a power loss before its data reached the "
+                         "disk?); workers restart tokens above the clock, `jobspool "
+                         "recover` rewrites it")
     try:
         d = orjson.loads(data)
     except orjson.JSONDecodeError:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from jobspool.errors import InvalidJob
+
 
 class Retry(Exception):
     """Raise from a handler to retry the job later (`delay` seconds, or the backoff)."""
@@ -14,10 +16,20 @@ class Retry(Exception):
         self.reason = reason
         # Checked here, as `fail(delay=)` checks it: refused only at the settle, a NaN or
         # negative delay was dropped for the normal backoff with a note in last_error.
-        self.delay = None if delay is None else validate_delay(delay, "Retry(delay=...)")
+        try:
+            self.delay = None if delay is None else validate_delay(delay, "Retry(delay=...)")
+        except InvalidJob as exc:
+            raise RetryDelayRefused(exc.message, field=exc.field) from None
 
     def __reduce__(self) -> tuple[object, ...]:
         return (_retry, (self.reason, self.delay))
+
+
+class RetryDelayRefused(InvalidJob):
+    """`Retry(delay=...)` with a delay no job can take (NaN, negative, past 9999). Raised
+    from a handler, the run is still retried (on the normal backoff), whatever its kind's
+    `Policy(retry_on=...)` lists: the handler asked for a retry, and a computed delay a
+    little below zero dead-lettered the job at its first attempt."""
 
 
 class Fail(Exception):
