@@ -54,8 +54,14 @@ def storage_options(args: argparse.Namespace, app_options: dict[str, str] | None
                     ) -> dict[str, str] | None:
     """The storage options a command runs with: the app's, overridden key by key by the flags
     (in a pool child, its supervisor's)."""
+    from jobspool.projection.optionkeys import setting_of
+
     given = dict(_inherited() + list(getattr(args, "projection_options", None) or []))
-    merged = {**(app_options or {}), **given}
+    # By setting, not by name: a flag `endpoint=` beside the app's `aws_endpoint` left both
+    # (LanceDB then took either), so the flag did not override.
+    overridden = {setting_of(k) for k in given}
+    kept = {k: v for k, v in (app_options or {}).items() if setting_of(k) not in overridden}
+    merged = {**kept, **given}
     return merged or None
 
 

@@ -45,7 +45,7 @@ from urllib.parse import quote, urlsplit
 from jobspool.errors import ConditionalPutUnsupported as ConditionalPutUnsupported
 from jobspool.errors import ConfigError, ProjectionError
 from jobspool.errors import ObjectStoreUnreachable as ObjectStoreUnreachable
-from jobspool.projection.optionkeys import misspelt
+from jobspool.projection.optionkeys import misspelt, setting_of
 
 log = logging.getLogger("jobspool.projection.objectstore")
 T = TypeVar("T")
@@ -78,12 +78,32 @@ def check_storage_options(options: Mapping[str, str] | None) -> dict[str, str] |
             raise ConfigError(f"unknown storage option {k!r}: did you mean {meant!r}? (LanceDB "
                               "ignores names it does not know)")
         out[k] = v
+    out = _one_per_setting(out)
     endpoint = _lookup(out, {}, _ENDPOINT_KEYS, ())  # given here (the environment's: as-is)
     allow = _lookup(out, os.environ, ("allow_http", "aws_allow_http"), ("AWS_ALLOW_HTTP",))
     if endpoint and endpoint.lower().startswith("http://") and (allow or "").lower() not in (
             "1", "true", "yes", "on"):
         raise ConfigError(f"the endpoint {endpoint} is plain http: add the storage option "
                           "allow_http=true (LanceDB refuses http endpoints without it)")
+    return out
+
+
+def _one_per_setting(options: dict[str, str]) -> dict[str, str]:
+    """Each setting under one name: two spellings of one setting (`endpoint` and
+    `aws_endpoint`, or two cases) with different values are refused, since LanceDB takes
+    one of them at random per process; with the same value, the first is kept."""
+    seen: dict[str, str] = {}
+    out: dict[str, str] = {}
+    for k, v in options.items():
+        setting = setting_of(k)
+        if setting in seen:
+            if options[seen[setting]] != v:
+                raise ConfigError(f"storage options {seen[setting]!r} and {k!r} both set the "
+                                  f"{setting}, to different values ({options[seen[setting]]!r}"
+                                  f" and {v!r}); give it once (LanceDB would take either)")
+            continue
+        seen[setting] = k
+        out[k] = v
     return out
 
 
@@ -158,6 +178,14 @@ def s3_target(uri: str, options: Mapping[str, str] | None = None,
     endpoint = _lookup(opts, env, _ENDPOINT_KEYS, _ENDPOINT_ENV)
     if endpoint is None:
         return None
+    if _lookup(opts, {}, _ENDPOINT_KEYS, ()) is None:
+        # From the environment: two of its names with different values, and LanceDB was
+        # seen writing to one while this check tested the other.
+        named = {n: env[n] for n in _ENDPOINT_ENV if env.get(n)}
+        if len(set(named.values())) > 1:
+            raise ConfigError("the environment names two S3 endpoints (" + ", ".join(
+                f"{n}={v}" for n, v in named.items()) + "): LanceDB may write to either; "
+                "set one, or give the endpoint as a storage option")
     if "://" not in endpoint:
         endpoint = "https://" + endpoint
     vhost = _lookup(opts, env, ("aws_virtual_hosted_style_request", "virtual_hosted_style_request"),

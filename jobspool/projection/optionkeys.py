@@ -43,3 +43,19 @@ def misspelt(key: str) -> str | None:
         return None
     close = difflib.get_close_matches(k, KNOWN, n=1, cutoff=0.85)
     return close[0] if close else None
+
+
+# Names object_store takes for one setting: LanceDB hands it a map of options, so of two
+# spellings given different values one wins at random per process (an endpoint given as
+# `aws_endpoint` by the app and `endpoint` by a flag: some processes wrote to each).
+_ALIASES = {"endpoint_url": "endpoint", "session_token": "token", "default_region": "region",
+            "bucket_name": "bucket"}
+
+
+def setting_of(key: str) -> str:
+    """The setting an option names, whatever its spelling: `AWS_Endpoint_URL` and
+    `endpoint` are both "endpoint"."""
+    k = key.lower()
+    if k.startswith("aws_") and k[4:] in _AWS:
+        k = k[4:]
+    return _ALIASES.get(k, k)
