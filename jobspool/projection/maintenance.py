@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, TypeVar
 
+from jobspool.errors import ProjectionError
 from jobspool.projection.beat import Beat
 from jobspool.projection.calls import CallTimedOut, _busy, _call_with_deadline, is_conflict
 from jobspool.projection.database import damaged_table_dir
@@ -154,6 +155,21 @@ def _ordered(names: Sequence[str], resume_at: str | None) -> list[str]:
     return names
 
 
+# The longest the table listing may take, or the run's budget when larger (and never past
+# `call_timeout`): not counted in the budget (a slow listing deferred every table), but
+# bounded: on a store that accepts connections and never answers, `maintain --budget 3`
+# waited as long as the stall lasted, before its budget had even started.
+LIST_SECONDS = 30.0
+
+
+def _list_tables(store: ProjectionStore, limit: float) -> list[str]:
+    try:
+        return _call_with_deadline(store.table_names, limit, (str(store.uri), "\0tables"))
+    except CallTimedOut:
+        raise ProjectionError(f"could not list the tables of {store.uri} within {limit:g} s "
+                              "(is its storage answering?); nothing was maintained") from None
+
+
 def maintain(
     uri_or_store: str | os.PathLike[str] | ProjectionStore | Any,
     *,
@@ -196,7 +212,8 @@ def maintain(
         # No projection there yet (nothing was ever projected): connecting would create one.
         return MaintenanceReport((), None, clock() - started, False)
     state = read_maintenance_state(store.uri) if store.uri is not None else {"tables": {}}
-    listed = store.table_names() if tables is None else None
+    listed = _list_tables(store, min(call_timeout, max(budget_seconds, LIST_SECONDS))) \
+        if tables is None else None
     names = list(tables) if tables is not None else listed or []
     order = _ordered(names, state.get("resume_at"))
     run = _Run(
