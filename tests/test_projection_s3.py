@@ -613,3 +613,15 @@ def test_a_misspelt_option_or_an_http_endpoint_without_allow_http_is_refused_up_
     with pytest.raises(ConfigError, match=says):
         App(handlers={}, projection="s3://bucket/idx", storage_options=options)
     assert ProjectionStore(tmp_path / "db", storage_options={"a_newer_option": "1"})
+
+
+def test_a_store_that_answers_with_a_refusal_is_not_said_to_be_silent(
+        s3_server: S3Server) -> None:
+    """An HTTP status is an answer: a missing bucket (404) or refused credentials (403)
+    were reported as "its storage did not answer (HTTP 404)", sending operators to the
+    network."""
+    with pytest.raises(ProjectionError) as caught:
+        LanceProjection("s3://no-such-bucket-jobspool/p", "t",
+                        storage_options=s3_server.options()).count()
+    text = str(caught.value)
+    assert "refused (HTTP 404" in text and "did not answer" not in text, text

@@ -239,8 +239,14 @@ class ProjectionStore(ProjectionDatabase):
                     # An object store down or refusing: LanceDB's ~800 characters of Rust
                     # debug form (source paths included) reached readers and `maintain`.
                     # Chained: writers still tell it for a storage fault and defer.
-                    raise ProjectionError(f"projection database {self._uri!r}: its storage "
-                                          f"did not answer ({summary(exc)})") from exc
+                    said = summary(exc)
+                    # An HTTP status is an answer (403 denied, 404 no such bucket), not
+                    # silence: "did not answer (HTTP 403)" sent operators to the network.
+                    what = (f"its storage refused ({said}: check the credentials and the "
+                            "bucket)" if said.startswith("HTTP 4") else
+                            f"its storage failed ({said})" if said.startswith("HTTP ") else
+                            f"its storage did not answer ({said})")
+                    raise ProjectionError(f"projection database {self._uri!r}: {what}") from exc
             return self._conn
 
     def open(self, name: str) -> Any | None:
