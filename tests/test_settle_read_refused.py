@@ -34,19 +34,26 @@ def _refuse_one_leased_read(monkeypatch: pytest.MonkeyPatch, root: Path) -> dict
     return state
 
 
-def test_a_succeeded_job_is_completed_after_its_read_was_refused(
-        make_spool: SpoolFactory, spool_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _run_one(make_spool: SpoolFactory, root: Path, monkeypatch: pytest.MonkeyPatch,
+             outcome: Any) -> tuple[Any, Any]:
+    """One job, run by a worker whose handler arms the refusal and then returns
+    `outcome()` (or raises what it raises); the job afterwards and the run's report."""
     spool: Spool = make_spool()
     job = spool.enqueue("k", {"i": 1})
-    state = _refuse_one_leased_read(monkeypatch, spool_root)
+    state = _refuse_one_leased_read(monkeypatch, root)
 
     def handler(job: Any, ctx: Any) -> Any:
         state["armed"] = True
-        return {"answer": 42}
+        return outcome()
 
     report = Worker(spool, handlers={"k": handler}, concurrency=1).run_until_idle()
     assert state["hits"] == 1  # the refusal did happen, during the settle
-    got = spool.get(job.id)
+    return spool.get(job.id), report
+
+
+def test_a_succeeded_job_is_completed_after_its_read_was_refused(
+        make_spool: SpoolFactory, spool_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    got, report = _run_one(make_spool, spool_root, monkeypatch, lambda: {"answer": 42})
     assert got.state.value == "completed", got.last_error
     assert got.result == {"answer": 42} and got.attempts == 1
     assert report.completed == 1 and report.dead_lettered == 0
@@ -54,16 +61,9 @@ def test_a_succeeded_job_is_completed_after_its_read_was_refused(
 
 def test_a_failed_job_keeps_its_own_error_after_its_read_was_refused(
         make_spool: SpoolFactory, spool_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    spool: Spool = make_spool()
-    job = spool.enqueue("k", {"i": 1})
-    state = _refuse_one_leased_read(monkeypatch, spool_root)
-
-    def handler(job: Any, ctx: Any) -> Any:
-        state["armed"] = True
+    def fail() -> None:
         raise RuntimeError("real handler error")
 
-    Worker(spool, handlers={"k": handler}, concurrency=1).run_until_idle()
-    assert state["hits"] == 1
-    got = spool.get(job.id)
+    got, _ = _run_one(make_spool, spool_root, monkeypatch, fail)
     assert got.state.value == "retryable" and got.attempts == 1
     assert got.last_error == "RuntimeError: real handler error"
