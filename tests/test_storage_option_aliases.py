@@ -44,3 +44,10 @@ def test_two_endpoints_in_the_environment_are_refused_unless_an_option_names_one
     same = s3_target("s3://bucket/p", {}, {"AWS_ENDPOINT": "http://a:1",
                                            "AWS_ENDPOINT_URL": "http://a:1"})
     assert same is not None and same.endpoint == "http://a:1"
+
+
+def test_a_region_beside_a_different_default_region_is_taken() -> None:
+    """object_store takes a default region only where no region is given, so the two agree
+    whatever their values (as AWS_REGION and AWS_DEFAULT_REGION often differ)."""
+    got = check_storage_options({"aws_region": "us-east-1", "aws_default_region": "eu-west-1"})
+    assert got == {"aws_region": "us-east-1", "aws_default_region": "eu-west-1"}

@@ -48,8 +48,9 @@ def misspelt(key: str) -> str | None:
 # Names object_store takes for one setting: LanceDB hands it a map of options, so of two
 # spellings given different values one wins at random per process (an endpoint given as
 # `aws_endpoint` by the app and `endpoint` by a flag: some processes wrote to each).
-_ALIASES = {"endpoint_url": "endpoint", "session_token": "token", "default_region": "region",
-            "bucket_name": "bucket"}
+# (Not `default_region`: object_store takes it only where no region is given, so a region
+# and a different default region, as AWS_REGION and AWS_DEFAULT_REGION often are, agree.)
+_ALIASES = {"endpoint_url": "endpoint", "session_token": "token", "bucket_name": "bucket"}
 
 
 def setting_of(key: str) -> str:

@@ -18,8 +18,10 @@ progress file gone, no longer noted as running.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +51,7 @@ from jobspool.queue.job import clip_error, evolve
 from jobspool.queue.jobsize import encode_completed
 from jobspool.queue.machine import Failure
 from jobspool.queue.report import Counters
+from jobspool.queue.runners import soon_from_thread
 from jobspool.queue.states import JobState
 
 if TYPE_CHECKING:
@@ -94,25 +97,54 @@ class Settler:
         self.claims_paused_until = 0.0  # monotonic: no claim before (the pipeline reads it)
         self._outage_logged_at = 0.0
         # The waits on projection commits in flight: cancelled (the call abandoned) when a
-        # stop's grace runs out (`cut_off`).
+        # stop's grace runs out (`cut_off`), and every later one given up at once.
         self.commit_scopes: set[anyio.CancelScope] = set()
+        self.cut = False
 
     def cut_off(self) -> None:
-        """Stop waiting for projection commits in flight (a stop past its grace)."""
+        """A stop's grace ran out: stop waiting for projection commits in flight, and start
+        none (a commit begun after the cut waited its whole deadline, 300 s past grace)."""
+        self.cut = True
         for scope in list(self.commit_scopes):
             scope.cancel()
 
     async def _apply_bounded(self, writes: list[Any]) -> Any:
-        """`sink.apply(writes)` in a thread, waited for at most `PROJECTION_CALL_SECONDS`
-        (and not past a stop's grace): `ProjectionTimeout` then, the call left running."""
+        """`sink.apply(writes)` in a daemon thread of its own, waited for at most
+        `PROJECTION_CALL_SECONDS` and not past a stop's grace: `ProjectionTimeout` then,
+        the call left running. Not an anyio worker thread: one abandoned in a hung call
+        held the interpreter's exit (those are joined) for as long as the call lasted."""
+        if self.cut:
+            raise ProjectionTimeout("the worker is stopping: the projection commit was not "
+                                    "started, its jobs given back")
+        soon = soon_from_thread()
+        if soon is None:  # not asyncio nor trio: the plain way, not abandoned on exit
+            return await anyio.to_thread.run_sync(self.sink.apply, writes,
+                                                  abandon_on_cancel=True)
+        finished = anyio.Event()
+        box: list[tuple[bool, Any]] = []
+
+        def call() -> None:
+            try:
+                box.append((True, self.sink.apply(writes)))
+            except BaseException as exc:  # handed to the loop, never lost in the thread
+                box.append((False, exc))
+            finally:
+                with contextlib.suppress(RuntimeError):  # the loop is gone: no one waits
+                    soon(finished.set)
+
+        threading.Thread(target=call, name="jobspool-projection-commit", daemon=True).start()
         with anyio.CancelScope() as scope:
             self.commit_scopes.add(scope)
             try:
                 with anyio.move_on_after(PROJECTION_CALL_SECONDS):
-                    return await anyio.to_thread.run_sync(self.sink.apply, writes,
-                                                          abandon_on_cancel=True)
+                    await finished.wait()
             finally:
                 self.commit_scopes.discard(scope)
+        if box:
+            ok, value = box[0]
+            if ok:
+                return value
+            raise value
         cut = "the worker is stopping" if scope.cancel_called else \
             f"no answer within {PROJECTION_CALL_SECONDS:g} s"
         raise ProjectionTimeout(f"the projection commit did not return ({cut}; its storage "
@@ -167,6 +199,14 @@ class Settler:
         try:
             result = await self._apply_bounded(writes)
         except ProjectionTimeout as exc:
+            if self.cut:
+                # No fault of the storage's to report: the worker is on its way out.
+                log.warning("stopping: %d jobs whose projection commit did not return within "
+                            "the grace go back uncounted (%s)", len(done), exc)
+                self.counters.deferred += len(done)
+                for c in done:
+                    c.outcome = Deferred(clip_error(str(exc)), 0.0)
+                return
             self._defer(done, exc)
             return
         except ProjectionUnusable:

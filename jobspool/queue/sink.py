@@ -95,6 +95,7 @@ class LanceSink:
         self._store: ProjectionStore | None = None
         self._beat: MaintenanceBeat | None = None
         self._fence_checked = False
+        self._closes = 0  # `close` calls: an apply begun before one schedules no maintenance
 
     def store(self) -> ProjectionStore:
         """The projection store (opened on first use)."""
@@ -181,10 +182,13 @@ class LanceSink:
                         "on above them, so that new runs' writes win", top, fence)
 
     def apply(self, writes: Sequence[PendingWrite]) -> ApplyResult:
+        closes = self._closes
         store = self.store()
         result = store.apply(writes)
         written = [t for t, n in result.tables.items() if n > 0]
-        if written:
+        # A commit abandoned by a run that has ended (a hung store, `settle.py`) and landing
+        # later started a maintenance thread nothing closed, compacting beside the next run.
+        if written and closes == self._closes:
             try:
                 self._note_commits(store, written)
             except Exception as exc:  # advisory: the commit landed, its jobs must not retry
@@ -207,6 +211,7 @@ class LanceSink:
         self._beat.maybe_run()
 
     def close(self) -> None:
+        self._closes += 1
         if self._beat is not None:
             self._beat.close()
             self._beat = None
