@@ -52,6 +52,23 @@ def _run_in_thread(worker: Worker) -> tuple[threading.Thread, list[Any]]:
     return t, box
 
 
+def _stop_during_hung_commit(worker: Worker, state: dict[str, Any],
+                             settle_first: float = 0.0) -> Any:
+    """Run `worker`, stop it once a commit hangs (after `settle_first` s, for more runs to
+    finish behind it), and return its report; the hung commits are released after."""
+    thread, box = _run_in_thread(worker)
+    try:
+        assert state["entered"].wait(60)
+        time.sleep(settle_first)
+        worker.stop()
+        thread.join(60)  # a hang guard: the grace is a fraction of a second, commits 600 s
+        assert not thread.is_alive()
+    finally:
+        state["release"].set()
+    (report,) = box
+    return report
+
+
 def test_a_commit_past_its_deadline_gives_its_jobs_back_and_the_next_run_wins(
         make_spool: SpoolFactory, spool_root: Path, hung: dict[str, threading.Event],
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -90,15 +107,7 @@ def test_a_stop_past_its_grace_does_not_wait_for_a_hung_commit(
     job = spool.enqueue("note", {"key": "k"})
     worker = Worker(spool, handlers={"note": _handler}, projection=str(spool_root / "index"),
                     grace_seconds=0.2)
-    thread, box = _run_in_thread(worker)
-    try:
-        assert hung["entered"].wait(60)
-        worker.stop()
-        thread.join(60)  # a hang guard: the grace is 0.2 s, the commit's deadline 600 s
-        assert not thread.is_alive()
-    finally:
-        hung["release"].set()
-    (report,) = box
+    report = _stop_during_hung_commit(worker, hung)
     assert report.completed == 0 and report.deferred == 1
     got = spool.get(job.id)
     assert got.state.value in ("ready", "retryable") and got.attempts == 0
@@ -136,16 +145,7 @@ def test_after_the_grace_no_later_commit_is_waited_for(
 
     worker = Worker(spool, handlers={"note": staggered}, projection=str(spool_root / "index"),
                     concurrency=8, batch_size=2, grace_seconds=0.3)
-    thread, box = _run_in_thread(worker)
-    try:
-        assert all_hung["entered"].wait(60)
-        time.sleep(0.2)  # more runs finish behind the hung commit
-        worker.stop()
-        thread.join(60)  # a hang guard: the grace is 0.2 s, a commit's deadline 600 s
-        assert not thread.is_alive()
-    finally:
-        all_hung["release"].set()
-    (report,) = box
+    report = _stop_during_hung_commit(worker, all_hung, settle_first=0.2)
     assert report.completed == 0
     assert spool.stats().counts["completed"] == 0 and spool.stats().counts["leased"] == 0
 
