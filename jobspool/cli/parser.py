@@ -128,6 +128,11 @@ def build_parser() -> argparse.ArgumentParser:
                            help="stop after claiming N jobs (default: no limit)")
             c.add_argument("--wait-retries", type=_nonneg_float, default=0.0, metavar="SECONDS",
                            help="also wait for retries that become due within SECONDS")
+            c.add_argument("--wait-for-store", type=_nonneg_float, default=30.0,
+                           metavar="SECONDS",
+                           help="wait up to SECONDS for a store that cannot be reached or "
+                           "whose disk is full, at start or during the run, then stop and "
+                           "exit 2 (default: 30)")
         else:
             c.add_argument("--processes", type=_positive_int, default=None, metavar="N",
                            help="supervise N worker processes, restarted when they die; a "

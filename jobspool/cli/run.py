@@ -17,7 +17,6 @@ from jobspool.cli.common import (
     UsageError,
     _given_root,
     _make_worker,
-    _open,
     _open_waiting,
 )
 from jobspool.cli.render import _emit, handlers_print_to_stderr, interrupted_text
@@ -35,17 +34,24 @@ def _setup_logging(args: argparse.Namespace) -> None:
 def cmd_run_until_idle(args: argparse.Namespace) -> int:
     _setup_logging(args)
     from jobspool.progress import Progress
+    from jobspool.queue.supervisor import StoreOutage
 
-    with _open(args, create=args.create) as spool:
+    with _open_waiting(args, create=args.create, patience=args.wait_for_store) as spool:
         worker = _make_worker(args, spool)
         worker.grace_seconds = args.grace
         progress = None if args.json else Progress.for_stdout(spool, worker.kinds)
-        with handlers_print_to_stderr(args):
-            report = worker.run_until_idle(args.max_jobs, wait_for_retries=args.wait_retries,
-                                           progress=progress.update if progress else None,
-                                           handle_signals=True)
-        if progress:
-            progress.close()
+        try:
+            with handlers_print_to_stderr(args):
+                report = worker.run_until_idle(
+                    args.max_jobs, wait_for_retries=args.wait_retries,
+                    progress=progress.update if progress else None, handle_signals=True,
+                    wait_for_store=args.wait_for_store)
+        except StoreOutage as exc:
+            raise Refused(f"{exc} (--wait-for-store {args.wait_for_store:g}); what it ran "
+                          "before stands, the rest runs at the next run") from None
+        finally:
+            if progress:
+                progress.close()
     doc = report.to_dict()
 
     def text() -> str:

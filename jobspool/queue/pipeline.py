@@ -91,7 +91,7 @@ class Pipeline(IdleWaits):
     def __init__(self, spool: SpoolAPI, config: WorkerConfig, counters: Counters,
                  sink: ProjectionSink, supervisor: Supervisor, lifecycle: Lifecycle, *,
                  until_idle: bool, max_jobs: int | None = None, wait_for_retries: float = 0.0,
-                 poll_seconds: float = 0.5,
+                 wait_for_store: float | None = None, poll_seconds: float = 0.5,
                  progress: Callable[[RunReport], None] | None = None) -> None:
         self.spool = spool
         self.config = config  # one value for the whole run: a change reaches the next run
@@ -102,6 +102,7 @@ class Pipeline(IdleWaits):
         self.until_idle = until_idle
         self.max_jobs = max_jobs
         self.wait_for_retries = wait_for_retries
+        self.wait_for_store = wait_for_store  # an outage longer than this ends the run
         self.poll_seconds = poll_seconds
         self.progress = progress
         self.cap = max(config.batch_size, config.concurrency)
@@ -434,7 +435,7 @@ class Pipeline(IdleWaits):
     async def _supervise(self, exc: BaseException) -> bool:
         """Our own machinery failed: the supervisor logs and backs off; False when it gives
         up (then this run stops, gives back its leases and raises its verdict)."""
-        gave_up = await self.supervisor.failed(exc, self.counters)
+        gave_up = await self.supervisor.failed(exc, self.counters, self.wait_for_store)
         if gave_up is None:
             return True
         self._stop_with(gave_up)

@@ -73,10 +73,17 @@ class Supervisor:
         """How long to wait after the `recent`-th failure within the window."""
         return min(MAX_BACKOFF_SECONDS, 0.1 * 2.0 ** max(0, recent - 1))
 
-    def record(self, exc: BaseException, counters: Counters) -> WorkerCrashed | None:
-        """Log and count a failure; the `WorkerCrashed` to raise when it is time to give up."""
+    def record(self, exc: BaseException, counters: Counters,
+               patience: float | None = None) -> WorkerCrashed | None:
+        """Log and count a failure; the `WorkerCrashed` to raise when it is time to give up.
+        An outage is waited out, for at most `patience` seconds when given (a drain in a
+        script: `run_until_idle(wait_for_store=...)`)."""
         if isinstance(exc, JobspoolError) and _waited_out(exc):
             self._outage(exc)
+            assert self.outage_since is not None
+            down = self._clock() - self.outage_since
+            if patience is not None and down >= patience:
+                return StoreOutage(down, exc)
             return None
         counters.crashes += 1
         if isinstance(exc, SpoolClosed):
@@ -116,16 +123,23 @@ class Supervisor:
             self.outage_since = None
             self._outage_tries = 0
 
-    async def failed(self, exc: BaseException, counters: Counters) -> WorkerCrashed | None:
+    async def failed(self, exc: BaseException, counters: Counters,
+                     patience: float | None = None) -> WorkerCrashed | None:
         """Record a failure and back off; the `WorkerCrashed` verdict instead when giving up.
 
         Returned, not raised: the pipeline still has leases to give back
         before it raises it.
         """
-        gave_up = self.record(exc, counters)
+        gave_up = self.record(exc, counters, patience)
         if gave_up is None:
-            tries = self._outage_tries if _waited_out(exc) else self.recent
-            await self._sleep_unless_stopped(self.backoff_seconds(tries))
+            waited_out = _waited_out(exc)
+            tries = self._outage_tries if waited_out else self.recent
+            pause = self.backoff_seconds(tries)
+            if waited_out and patience is not None and self.outage_since is not None:
+                # Not past the patience by a whole backoff: the verdict comes on time.
+                left = patience - (self._clock() - self.outage_since)
+                pause = max(0.0, min(pause, left))
+            await self._sleep_unless_stopped(pause)
         return gave_up
 
     async def _sleep_unless_stopped(self, seconds: float) -> None:
@@ -135,6 +149,16 @@ class Supervisor:
             if left <= 0:
                 return
             await anyio.sleep(min(left, 0.05))
+
+
+class StoreOutage(WorkerCrashed):
+    """A drain gave up on a store outage that outlasted its `wait_for_store`."""
+
+    def __init__(self, seconds: float, cause: BaseException) -> None:
+        super().__init__(f"the store has been unavailable for {seconds:.0f} s, longer than "
+                         f"this run waits for it: {cause}")
+        self.seconds = seconds
+        self.cause = cause
 
 
 def _waited_out(exc: BaseException) -> bool:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import socket
 import sys
@@ -223,8 +224,13 @@ class Worker:
 
     def run_until_idle(self, max_jobs: int | None = None, *, wait_for_retries: float = 0.0,
                        progress: Callable[[RunReport], None] | None = None,
-                       handle_signals: bool = False) -> RunReport:
+                       handle_signals: bool = False,
+                       wait_for_store: float | None = None) -> RunReport:
         """Drain the due jobs this worker handles, then return (sync).
+
+        A store outage (unreachable, its disk full) is waited out; with
+        `wait_for_store`, one lasting that many seconds ends the run instead, its
+        leases given back where the store takes them, raising `WorkerCrashed`.
 
         From inside a running event loop use `await worker.arun_until_idle()`:
         this one raises `RunningLoopError` (a `RuntimeError`) there instead of
@@ -236,13 +242,16 @@ class Worker:
 
         async def main() -> RunReport:
             return await self.arun_until_idle(max_jobs, wait_for_retries=wait_for_retries,
-                                              progress=progress, handle_signals=handle_signals)
+                                              progress=progress, handle_signals=handle_signals,
+                                              wait_for_store=wait_for_store)
         return anyio.run(main)
 
     async def arun_until_idle(self, max_jobs: int | None = None, *, wait_for_retries: float = 0.0,
                               progress: Callable[[RunReport], None] | None = None,
-                              handle_signals: bool = False) -> RunReport:
-        """Drain due jobs; with `wait_for_retries` > 0, also wait for retries due within it.
+                              handle_signals: bool = False,
+                              wait_for_store: float | None = None) -> RunReport:
+        """Drain due jobs; with `wait_for_retries` > 0, also wait for retries due within it
+        (`wait_for_store`: see `run_until_idle`).
 
         With `handle_signals` (what the CLI does), SIGTERM/SIGINT stop it the
         way they stop `run_forever`: no new claims, running handlers get
@@ -255,7 +264,8 @@ class Worker:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._watch_signals)
                 try:
-                    result = await self._drain(max_jobs, wait_for_retries, progress)
+                    result = await self._drain(max_jobs, wait_for_retries, progress,
+                                               wait_for_store)
                 except WorkerCrashed as exc:
                     result = exc  # raised below, outside the task group
                 finally:
@@ -264,13 +274,18 @@ class Worker:
                 raise result
             assert result is not None
             return result
-        return await self._drain(max_jobs, wait_for_retries, progress)
+        return await self._drain(max_jobs, wait_for_retries, progress, wait_for_store)
 
     async def _drain(self, max_jobs: int | None, wait_for_retries: float,
-                     progress: Callable[[RunReport], None] | None) -> RunReport:
+                     progress: Callable[[RunReport], None] | None,
+                     wait_for_store: float | None) -> RunReport:
         if max_jobs is not None:
             validate_int("max_jobs", max_jobs, minimum=0)
         wait_for_retries = validate_seconds("wait_for_retries", wait_for_retries)
+        if wait_for_store is not None and wait_for_store != math.inf:
+            wait_for_store = validate_seconds("wait_for_store", wait_for_store)
+        else:
+            wait_for_store = None  # waited out however long it lasts
         self._begin_run()
         counters = Counters()
         self._live = counters
@@ -279,7 +294,8 @@ class Worker:
             try:
                 await Pipeline(self.spool, self.config, counters, self.sink, self.supervisor,
                                self, until_idle=True, max_jobs=max_jobs,
-                               wait_for_retries=wait_for_retries, progress=progress).run()
+                               wait_for_retries=wait_for_retries,
+                               wait_for_store=wait_for_store, progress=progress).run()
             finally:
                 self.sink.close()
                 self.publish(counters, final=True)  # a finished run is no stale worker
