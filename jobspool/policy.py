@@ -82,8 +82,11 @@ def _positive_seconds(name: str, value: object) -> float:
     except OverflowError:  # an int past a float's range: a raw OverflowError named nothing
         raise PolicyError(f"Policy {name} must be a positive finite number of seconds, got an "
                           f"integer of {len(str(abs(value)))} digits") from None
-    if not math.isfinite(v) or v <= 0:
-        raise PolicyError(f"Policy {name} must be a positive finite number, got {value!r}")
+    if not math.isfinite(v) or v < 0 or (v == 0 and name == "timeout"):
+        # A backoff of 0 retries at once, as `Spool(retry_base_seconds=0)` does: refused
+        # here only, a kind could not have what the spool's default could.
+        what = "positive" if name == "timeout" else "non-negative"
+        raise PolicyError(f"Policy {name} must be a {what} finite number, got {value!r}")
     if name == "timeout" and v < MIN_TIMEOUT:
         raise PolicyError(f"Policy timeout must be at least {MIN_TIMEOUT:g} s (a limit shorter "
                           f"than starting the handler takes never lets it run), got {value!r}")

@@ -130,10 +130,8 @@ class WorkerConfig:
                             "retry_max_seconds to wait longer)", kind, p.retry_base_seconds,
                             retry_max_seconds)
         retry_policies = {
-            kind: RetryPolicy(min(p.retry_base_seconds or retry_base_seconds, cap), cap)
-            for kind, p in checked.items()
-            if p.retry_base_seconds is not None or p.retry_max_seconds is not None
-            for cap in [p.retry_max_seconds or retry_max_seconds]}
+            kind: backoff for kind, p in checked.items()
+            if (backoff := kind_backoff(p, retry_base_seconds, retry_max_seconds)) is not None}
         return cls(
             handlers=MappingProxyType(table),
             kinds=frozenset(table if kinds is None else kinds),
@@ -186,6 +184,18 @@ class WorkerConfig:
         """The kind's attempt cap when its policy sets one (the job's own still applies)."""
         policy = self.policies.get(kind)
         return None if policy is None else policy.max_attempts
+
+
+def kind_backoff(policy: Policy, base_seconds: float, max_seconds: float) -> RetryPolicy | None:
+    """A kind's backoff when its policy changes the spool's (`base_seconds`,
+    `max_seconds`), else None: a field left None is the spool's, and the base is capped by
+    the maximum (DESIGN §3). Fields compared with None: a backoff of 0 (retry at once) is
+    the policy's own, not a missing one."""
+    if policy.retry_base_seconds is None and policy.retry_max_seconds is None:
+        return None
+    cap = max_seconds if policy.retry_max_seconds is None else policy.retry_max_seconds
+    base = base_seconds if policy.retry_base_seconds is None else policy.retry_base_seconds
+    return RetryPolicy(min(base, cap), cap)
 
 
 def _checked_owner(owner: object) -> str:

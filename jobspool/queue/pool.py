@@ -44,9 +44,10 @@ import orjson
 
 from jobspool.errors import InvalidJob, JobspoolError, LeaseLost, TimeLimitExceeded
 from jobspool.errors import PoolFailed as PoolFailed
+from jobspool.queue.config import kind_backoff
 from jobspool.queue.interrupts import stop_signals
 from jobspool.queue.job import Job, Lease, clip_error, validate_int, validate_seconds
-from jobspool.queue.machine import Failure, RetryPolicy
+from jobspool.queue.machine import Failure
 
 # The child's side (what a child tells its supervisor) lives in poolchild.
 from jobspool.queue.poolchild import POOL_FD_ENV, POOL_OWNER_ENV, POOL_PARENT_ENV
@@ -507,13 +508,9 @@ class WorkerPool:
     def _failure(self, kind: str, error: str, *, rescued: bool = False) -> Failure:
         """A dead child's run as the spool records it, under its kind's policy."""
         p = self.policies.get(kind)
-        backoff = None
-        if p is not None and (p.retry_base_seconds is not None
-                              or p.retry_max_seconds is not None):
-            # The same backoff Worker derives from a policy (see its _retry_policies).
-            backoff = RetryPolicy(p.retry_base_seconds or self.spool.retry_base_seconds,
-                                  max(p.retry_max_seconds or self.spool.retry_max_seconds,
-                                      p.retry_base_seconds or 0.0))
+        # The same backoff a Worker derives from the policy.
+        backoff = None if p is None else kind_backoff(p, self.spool.retry_base_seconds,
+                                                      self.spool.retry_max_seconds)
         return Failure(error=error, policy=backoff, rescued=rescued,
                        max_attempts=None if p is None else p.max_attempts)
 
