@@ -66,9 +66,9 @@ def test_a_beat_beside_this_process_s_own_fenced_block_does_not_wait(
         pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The beat returns while the block still holds the row: it did not wait for the lock
     (set to a minute here, so a wait would outlast the test's hang guard)."""
-    from jobspool.pg import leasing
+    from jobspool.pg import beats
 
-    monkeypatch.setattr(leasing, "HEARTBEAT_LOCK_WAIT", "60s")
+    monkeypatch.setattr(beats, "HEARTBEAT_LOCK_WAIT", "60s")
     with make_spool(pg_url) as spool:
         spool.enqueue("k", 1, job_id="c")
         (lease,) = spool.claim(lease_seconds=30)

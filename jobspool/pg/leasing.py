@@ -9,25 +9,23 @@ holder could not see: while a lease is current, nobody else may change its job.
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import secrets
-import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import orjson
 import psycopg
 
-from jobspool.errors import JobspoolError, JobTooLarge, LeaseLost, SpoolError, UnreadableJob
+from jobspool.errors import JobspoolError, JobTooLarge, LeaseLost, UnreadableJob
 from jobspool.pg import sql
+from jobspool.pg.beats import check_leases
 from jobspool.pg.hotcursor import execute_hot
-from jobspool.pg.rows import COLUMNS, dump, text, to_job
-from jobspool.pg.schema import FENCE_GONE, FENCE_REL
+from jobspool.pg.refusal import refusal
+from jobspool.pg.rows import COLUMNS, TOKEN_INDEX, dump, text, to_job
 from jobspool.queue import machine
 from jobspool.queue.backlog import Waiting
 from jobspool.queue.job import KIND_RE, Job, Lease, LeaseInfo, evolve, fill_in, new_lease
@@ -112,7 +110,6 @@ def claim(spool: PgSpool, *, kinds: Iterable[str] | str | None, limit: int, owne
     return out
 
 
-_TOKEN = [c.strip() for c in COLUMNS.split(",")].index("token")
 _EXPIRES = [c.strip() for c in COLUMNS.split(",")].index("expires_at")
 
 
@@ -150,7 +147,7 @@ def _readable(spool: PgSpool, rows: list[Any]) -> list[Job]:
         try:
             jobs.append(to_job(r[:-1]))
         except UnreadableJob as exc:
-            unreadable.append({"id": r[0], "token": r[_TOKEN], "why": str(exc)[:1024]})
+            unreadable.append({"id": r[0], "token": r[TOKEN_INDEX], "why": str(exc)[:1024]})
     if unreadable:
         params = {"now": spool.now_param(), "rows": orjson.dumps(unreadable).decode()}
         spool.db.run(lambda c: c.execute(sql.DEAD_LETTER_UNREADABLE, params),
@@ -187,33 +184,6 @@ def _as_holder(lease: Lease) -> Job:
     return evolve(lease.job, state=JobState.LEASED, lease=info)
 
 
-def _refusal(conn: psycopg.Connection[Any], lease: Lease, resent: bool = False,
-             now: float = math.inf) -> LeaseLost | Job:
-    """Why a guarded write skipped `lease`; or, for a statement `resent` after its reply was
-    lost to a dropped connection, the job when that lease already settled it (the first
-    send landed). A settle made twice on purpose is refused, as on the file spool."""
-    row = conn.execute(f"SELECT {COLUMNS} FROM jobspool_jobs WHERE id = %s",
-                       (lease.job_id,)).fetchone()
-    if row is None:
-        return LeaseLost(lease.job_id, lease.token, "job is gone")
-    job = to_job(row)
-    token = row[10]
-    same_job = job.created_at == lease.job.created_at
-    # In the file spool's order (machine.check_lease), so both stores give one reason.
-    if job.state is not JobState.LEASED:
-        if resent and same_job and token == lease.token and job.revision > lease.job.revision:
-            return job
-        return LeaseLost(lease.job_id, lease.token, f"job is {job.state.value}")
-    if token != lease.token:
-        return LeaseLost(lease.job_id, lease.token, machine.token_mismatch(token, lease.token))
-    if not same_job:
-        return LeaseLost(lease.job_id, lease.token, "the lease is for another job of this id "
-                                                    "(issued by another spool?)")
-    if job.lease is not None and job.lease.expires_at > now:
-        return job  # current, its row held by a `fenced` block (which extends it on exit)
-    return LeaseLost(lease.job_id, lease.token, "lease expired")
-
-
 def _execute(conn: psycopg.Connection[Any], query: str, params: Any, *,
              binary: bool = False) -> psycopg.Cursor[Any]:
     return conn.execute(query, params, binary=binary)
@@ -234,7 +204,7 @@ def _apply(spool: PgSpool, statement: str, leases: Sequence[Lease], params: dict
         done: dict[str, Job | LeaseLost] = {r[0]: build(r) for r in rows}
         for lease in leases:
             if lease.job_id not in done:
-                done[lease.job_id] = _refusal(conn, lease, resent=sends > 1,
+                done[lease.job_id] = refusal(conn, lease, resent=sends > 1,
                                               now=spool.now() if locked_ok else math.inf)
         return done
 
@@ -364,118 +334,6 @@ def _stale_doubles(spool: PgSpool, leases: Sequence[Lease]) -> dict[int, LeaseLo
             if isinstance(v, LeaseLost)}
 
 
-# Row locks `fenced` blocks of this process hold: (database, job id, token) -> blocks.
-# A heartbeat skips those rows (the block extends the lease as it ends); it waits, briefly,
-# for any other holder's lock.
-_FENCED: Counter[tuple[str, str, int]] = Counter()
-_FENCED_MUTEX = threading.Lock()
-# How long a heartbeat waits for a row lock another transaction holds before it reports
-# the lease as it stands (unextended, with a warning).
-HEARTBEAT_LOCK_WAIT = "2s"
-
-
-def _heartbeat_params(spool: PgSpool, leases: Sequence[Lease], lengths: Sequence[float]
-                      ) -> dict[str, Any]:
-    return {"now": spool.now_param(), "leases": list(lengths),
-            "ids": [x.job_id for x in leases], "tokens": [x.token for x in leases],
-            "created": [x.job.created_at for x in leases]}
-
-
-def _heartbeat_rows(spool: PgSpool, leases: Sequence[Lease], lengths: Sequence[float]
-                    ) -> dict[str, Job | LeaseLost]:
-    sends = 0
-
-    def go(conn: psycopg.Connection[Any]) -> dict[str, Job | LeaseLost]:
-        nonlocal sends
-        sends += 1
-        rows = conn.execute(sql.HEARTBEAT, _heartbeat_params(spool, leases, lengths),
-                            binary=True).fetchall()
-        done: dict[str, Job | LeaseLost] = {r[0]: to_job(r) for r in rows}
-        with _FENCED_MUTEX:
-            held = {(k[1], k[2]) for k in _FENCED if k[0] == spool.display}
-        waiting = [(x, n) for x, n in zip(leases, lengths, strict=True)
-                   if x.job_id not in done and (x.job_id, x.token) not in held]
-        if waiting and conn.info.transaction_status == _IDLE:
-            try:
-                with conn.transaction():
-                    conn.execute(f"SET LOCAL lock_timeout = '{HEARTBEAT_LOCK_WAIT}'")
-                    rows = conn.execute(sql.HEARTBEAT_WAITING, _heartbeat_params(
-                        spool, [x for x, _ in waiting], [n for _, n in waiting]),
-                        binary=True).fetchall()
-                done.update({r[0]: to_job(r) for r in rows})
-            except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled):
-                # Past the lock wait, or past a shorter statement_timeout the connection
-                # was given: the leases the first pass extended are still reported.
-                log.warning("heartbeat: a job's row stayed locked by another transaction "
-                            "for %s (or the statement timeout); its lease is reported as "
-                            "it stands, unextended", HEARTBEAT_LOCK_WAIT)
-        for lease in leases:
-            if lease.job_id not in done:
-                done[lease.job_id] = _refusal(conn, lease, resent=sends > 1, now=spool.now())
-        return done
-
-    return spool.db.run(go, what="heartbeat")
-
-
-def heartbeat_many(spool: PgSpool, leases: Sequence[Lease], lease_seconds: float | None
-                   ) -> list[Lease | LeaseLost]:
-    """Extend each lease by `lease_seconds`, else by its own length (`Lease.seconds`), else
-    by the spool's default."""
-    if not leases:
-        return []
-    lengths = [lease_seconds or x.seconds or spool.lease_seconds for x in leases]
-    done = _heartbeat_rows(spool, leases, lengths)
-    out: list[Lease | LeaseLost] = []
-    for lease, seconds in zip(leases, lengths, strict=True):
-        got = done[lease.job_id]
-        if isinstance(got, Job) and got.lease is not None and got.lease.token == lease.token:
-            out.append(Lease(job_id=lease.job_id, token=lease.token, owner=lease.owner,
-                             expires_at=got.lease.expires_at, job=got, seconds=seconds))
-        elif isinstance(got, LeaseLost):
-            out.append(got)
-        elif got.lease is not None:  # the live lease of its job was in the batch too
-            out.append(LeaseLost(lease.job_id, lease.token,
-                                 machine.token_mismatch(got.lease.token, lease.token)))
-        else:
-            out.append(LeaseLost(lease.job_id, lease.token, f"job is {got.state.value}"))
-    return out
-
-
-def check_leases(spool: PgSpool, leases: Sequence[Lease], margin: float,
-                 lease_seconds: float | None) -> list[Lease | LeaseLost]:
-    """Which leases are current; those with less than `margin` seconds left are extended."""
-    if not leases:
-        return []
-    now = spool.now()
-    short = [x for x in leases if x.expires_at - now < margin]
-    # By id and token: keyed by id alone, a stale lease checked beside the live lease of
-    # its job passed for current (and with a margin, came back as the live one's).
-    extended = {(x.job_id, x.token): x for x in heartbeat_many(spool, short, lease_seconds)
-                if isinstance(x, Lease)} if short else {}
-    rest = [x for x in leases if (x.job_id, x.token) not in extended]
-    params = {"now": spool.now_param(), "ids": [x.job_id for x in rest],
-              "tokens": [x.token for x in rest], "created": [x.job.created_at for x in rest]}
-    live = ({(r[0], r[_TOKEN]) for r in spool.db.run(
-        lambda c: c.execute(sql.CHECK, params).fetchall(), what="checking leases")}
-        if rest else set())
-    out: list[Lease | LeaseLost] = []
-    for lease in leases:
-        if (lease.job_id, lease.token) in extended:
-            out.append(extended[(lease.job_id, lease.token)])
-        elif (lease.job_id, lease.token) in live:
-            out.append(lease)
-        else:
-            out.append(spool.db.run(functools.partial(_lost, lease=lease), what="checking leases"))
-    return out
-
-
-def _lost(conn: psycopg.Connection[Any], lease: Lease) -> LeaseLost:
-    got = _refusal(conn, lease)
-    if isinstance(got, LeaseLost):
-        return got
-    return LeaseLost(lease.job_id, lease.token, f"job is {got.state.value}")
-
-
 def next_due_at(spool: PgSpool, kinds: Iterable[str] | None) -> float | None:
     wanted = kinds_param(kinds)
     if wanted is not None:
@@ -503,98 +361,3 @@ def waiting(spool: PgSpool) -> dict[str, Waiting]:
             for kind, due, later, first, db_now in rows}
 
 
-@contextmanager
-def fenced(spool: PgSpool, lease: Lease) -> Iterator[Lease]:
-    """`PgSpool.fenced`: the job's row locked for the block, the lease checked before it
-    and extended after it, in one transaction (`Database.block`: opened again after a lost
-    connection, before anything of the block ran; a savepoint when nested)."""
-    lost: LeaseLost | None = None
-
-    def begin(conn: psycopg.Connection[Any]) -> tuple[Any, Any]:
-        row = conn.execute(f"SELECT {COLUMNS} FROM jobspool_jobs WHERE id = %s FOR UPDATE",
-                           (lease.job_id,)).fetchone()
-        return row, conn.execute("SELECT extract(epoch from now())::float8").fetchone()
-
-    with spool.db.block(begin, what="opening a fenced block") as (conn, (row, db_now)):
-        if row is None:
-            raise LeaseLost(lease.job_id, lease.token, "job is gone")
-        clock = spool.now_param()
-        now = clock if clock is not None else float(db_now[0]) if db_now else 0.0
-        machine.check_lease(to_job(row), lease, now)
-        key = (spool.display, lease.job_id, lease.token)
-        with _FENCED_MUTEX:
-            _FENCED[key] += 1
-        try:
-            with spool.db.pinned(conn):
-                yield lease
-        finally:
-            with _FENCED_MUTEX:
-                _FENCED[key] -= 1
-                if _FENCED[key] <= 0:
-                    del _FENCED[key]
-        with spool.db.one_line_errors("ending a fenced block (what it did is rolled back)"):
-            lost = _end_block(spool, conn, lease)
-    if lost is not None:
-        # As on the file spool: what the block did stands (committed above), and the
-        # lease it ended is reported lost.
-        raise lost
-
-
-def _end_block(spool: PgSpool, conn: psycopg.Connection[Any], lease: Lease) -> LeaseLost | None:
-    # From the block's end, not its start: a block longer than the lease left it
-    # expired. Guarded: the block may have settled (or canceled) the job itself.
-    end = spool.now_param()
-    extended = conn.execute(
-        "UPDATE jobspool_jobs SET expires_at = greatest(expires_at, "
-        "coalesce(%s, extract(epoch from clock_timestamp())::float8) + %s), "
-        "revision = revision + 1 WHERE id = %s AND state = 'leased' AND token = %s "
-        "RETURNING 1", (end, lease.seconds or spool.lease_seconds, lease.job_id,
-                        lease.token)).fetchone()
-    if extended is not None:
-        return None
-    now_row = conn.execute("SELECT state FROM jobspool_jobs WHERE id = %s",
-                           (lease.job_id,)).fetchone()
-    return LeaseLost(lease.job_id, lease.token, f"job is {now_row[0] if now_row else 'gone'}")
-
-
-def fence_value(spool: PgSpool) -> int:
-    """The last token handed out (0 before the first claim).
-
-    A role granted SELECT on the tables alone may not read the sequence: `stats`, `fsck`
-    and `health` failed for it ("reading commands work with SELECT alone"). It gets the
-    highest token the jobs still hold, a lower bound (GRANT SELECT ON SEQUENCE
-    jobspool_fence for the exact value)."""
-    row = spool.db.run(lambda c: c.execute(_FENCE_VALUE).fetchone(), what="reading the fence")
-    if row is not None and row[0] is None:
-        raise SpoolError(f"{spool.display}: {FENCE_GONE}")
-    return int(row[0]) if row else 0
-
-
-# pg_sequence_last_value is called only when the role may read the sequence: a plain
-# SELECT from it is checked before anything runs, whatever the CASE around it says. Its
-# argument is looked up when the row is read, not when the text is parsed, so that a
-# missing sequence reads as NULL (named in one line) rather than a parse error.
-_FENCE_VALUE = """
-SELECT CASE WHEN f.rel IS NOT NULL THEN COALESCE(
-  CASE WHEN has_sequence_privilege(f.rel, 'SELECT')
-       THEN COALESCE(pg_sequence_last_value(f.rel::regclass), 0) END,
-  (SELECT COALESCE(max(token), 0) FROM jobspool_jobs)) END
-FROM (SELECT """ + FENCE_REL + """ AS rel) AS f
-"""
-
-
-def live_tokens(spool: PgSpool) -> list[int]:
-    """Tokens of every unexpired lease."""
-    rows = spool.db.run(lambda c: c.execute(
-        "SELECT token FROM jobspool_jobs WHERE state = 'leased' AND expires_at > %s",
-        (spool.now(),)).fetchall(), what="reading leases")
-    return [int(r[0]) for r in rows]
-
-
-def keep_tokens_above(spool: PgSpool, token: int) -> bool:
-    """Raise the token sequence to `token` when it is below (never lowers it)."""
-    row = spool.db.run(lambda c: c.execute(
-        "SELECT setval('jobspool_fence', %s::bigint) FROM jobspool_fence "
-        "WHERE (CASE WHEN is_called THEN last_value ELSE 0 END) < %s::bigint",
-        (token, token)).fetchone(), what="raising the fence")
-    return row is not None

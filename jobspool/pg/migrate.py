@@ -45,8 +45,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from jobspool.errors import SpoolError, UnreadableJob, one_line
-from jobspool.pg.leasing import fence_value, keep_tokens_above
 from jobspool.pg.rows import COLUMNS, INSERT_SQL, UPDATE_SQL, to_job, write_values
+from jobspool.pg.tokens import fence_value, keep_tokens_above
 from jobspool.queue.job import Job, evolve
 from jobspool.queue.marks import RULE_MARK
 from jobspool.queue.states import JobState

@@ -9,10 +9,12 @@ one refused id (`on_conflict="error"`) leaves nothing of the batch behind.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import psycopg.errors
 
+from jobspool.errors import JobNotFound
 from jobspool.pg import sql
 from jobspool.pg.hotcursor import execute_hot
 from jobspool.pg.rows import COLUMNS, INSERT_SQL, UPDATE_SQL, dump, to_job, write_values
@@ -183,3 +185,27 @@ def insert_given(spool: PgSpool, fresh: list[Job], *, on_conflict: str,
             return out
 
     return spool.db.run(go, what="enqueue")
+
+
+def mutate(spool: PgSpool, job_id: str, decide: Callable[[Job, float], Job | None], *,
+           missing: Callable[[], Any] | None, what: str) -> Any:
+    """`PgSpool.mutate_job`: lock one job's row, let `decide` compute its next snapshot
+    (None or the job itself: nothing to write), write it and wake the workers when it is
+    claimable; `missing()` answers for a job that is not there, else `JobNotFound`."""
+    def go(conn: psycopg.Connection[Any]) -> Any:
+        with conn.transaction():
+            row = conn.execute(f"SELECT {COLUMNS} FROM jobspool_jobs WHERE id = %s "
+                               "FOR UPDATE", (job_id,)).fetchone()
+            if row is None:
+                if missing is not None:
+                    return missing()
+                raise JobNotFound(job_id)
+            job = to_job(row)
+            new = decide(job, spool.now())
+            if new is not None and new is not job:
+                write(conn, job, new)
+                if new.state in (JobState.READY, JobState.RETRYABLE):
+                    conn.execute("SELECT pg_notify(%s, '')", (spool.channel,))
+            return new
+
+    return spool.db.run(go, what=what)

@@ -31,6 +31,8 @@ COLUMNS = ("id, kind, state, priority, attempts, max_attempts, revision, created
 
 # The same list qualified by the table alias `j` (statements that join other relations).
 J_COLUMNS = ", ".join(f"j.{c.strip()}" for c in COLUMNS.split(","))
+# Where a row of COLUMNS holds the lease token.
+TOKEN_INDEX = [c.strip() for c in COLUMNS.split(",")].index("token")
 
 WRITE_COLUMNS = ("kind", "state", "priority", "attempts", "max_attempts", "revision",
                  "created_at", "updated_at", "run_at", "token", "owner", "expires_at", "proc",

@@ -27,7 +27,7 @@ from jobspool.errors import (
     SpoolClosed,
     SpoolError,
 )
-from jobspool.pg import admin, leasing, marks, produce, recovering
+from jobspool.pg import admin, beats, leasing, marks, produce, recovering, tokens
 from jobspool.pg.clock import steady
 from jobspool.pg.db import Database
 from jobspool.pg.opening import (
@@ -79,7 +79,6 @@ from jobspool.queue.runs import Runs
 from jobspool.queue.states import JobState, check_source
 
 if TYPE_CHECKING:
-    import psycopg
 
     from jobspool.health import Health
     from jobspool.pg.notify import NotifyWatcher
@@ -303,26 +302,10 @@ class PgSpool(EnqueueForms):
         return Reservation(job_id=job.id, reservation_id=rid, job=stored.job)
 
     def mutate_job(self, job_id: str, decide: Callable[[Job, float], Job | None], *,
-                missing: Callable[[], Any] | None = None, what: str = "update") -> Any:
+                   missing: Callable[[], Any] | None = None, what: str = "update") -> Any:
         """Lock one job's row, let `decide` compute its next snapshot, write it."""
-        def go(conn: psycopg.Connection[Any]) -> Any:
-            with conn.transaction():
-                row = conn.execute(f"SELECT {COLUMNS} FROM jobspool_jobs WHERE id = %s "
-                                   "FOR UPDATE", (job_id,)).fetchone()
-                if row is None:
-                    if missing is not None:
-                        return missing()
-                    raise JobNotFound(job_id)
-                job = to_job(row)
-                new = decide(job, self.now())
-                if new is not None and new is not job:
-                    produce.write(conn, job, new)
-                    if new.state in (JobState.READY, JobState.RETRYABLE):
-                        conn.execute("SELECT pg_notify(%s, '')", (self.channel,))
-                return new
-
         self.check_writable(what)
-        return self.db.run(go, what=what)
+        return produce.mutate(self, job_id, decide, missing=missing, what=what)
 
     def commit(self, reservation: Reservation) -> Job:
         """Publish a prepared job (outbox step 3). Idempotent once the job left `prepared`."""
@@ -474,14 +457,14 @@ class PgSpool(EnqueueForms):
         check_leases(leases, pairs=False)
         given = None if lease_seconds is None else self._seconds(lease_seconds)
         return each_whole(leases, self.get,
-                          lambda batch: leasing.heartbeat_many(self, batch, given), pairs=False)
+                          lambda batch: beats.heartbeat_many(self, batch, given), pairs=False)
 
     def check_leases(self, leases: Sequence[Lease], *, margin: float = 0.0,
                      lease_seconds: float | None = None) -> list[Lease | LeaseLost]:
         check_leases(leases, pairs=False)
         margin = validate_seconds("margin", margin)
         given = None if lease_seconds is None else self._seconds(lease_seconds)
-        return each_whole(leases, self.get, lambda batch: leasing.check_leases(
+        return each_whole(leases, self.get, lambda batch: beats.check_leases(
             self, batch, margin, given), pairs=False)
 
     def complete(self, lease: Lease, result: Any = None) -> Job:
@@ -520,7 +503,7 @@ class PgSpool(EnqueueForms):
         """Run a block while `lease` is current, holding its row lock (no sweep or cancel
         can move the job meanwhile); the lease is extended before the lock is released."""
         check_lease(lease)
-        return leasing.fenced(self, whole_lease(lease, self.get))
+        return beats.fenced(self, whole_lease(lease, self.get))
 
     def next_due_at(self, kinds: Iterable[str] | None = None) -> float | None:
         return leasing.next_due_at(self, kinds)
@@ -541,14 +524,14 @@ class PgSpool(EnqueueForms):
         """Nothing to preload: the claim index is the database's."""
 
     def fence_value(self) -> int:
-        return leasing.fence_value(self)
+        return tokens.fence_value(self)
 
     def keep_tokens_above(self, token: int) -> bool:
         """Hand out no token at or below `token` from now on; whether the sequence moved."""
-        return leasing.keep_tokens_above(self, token)
+        return tokens.keep_tokens_above(self, token)
 
     def live_tokens(self) -> list[int]:
-        return leasing.live_tokens(self)
+        return tokens.live_tokens(self)
 
     def min_live_token(self) -> int:
         return min(self.live_tokens(), default=self.fence_value() + 1)
