@@ -36,6 +36,7 @@ from jobspool.queue.job import EnqueueResult, Job, Reservation
 from jobspool.queue.spool import Spool
 from jobspool.queue.states import JobState
 from jobspool.queue.stats import Stats
+from jobspool.queue.wholecall import whole_in_thread
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -84,14 +85,9 @@ class AsyncSpool:
 
     async def _in_thread(self, call: Callable[[], T],
                          limiter: anyio.CapacityLimiter | None) -> T:
-        if _on_asyncio():
-            return await _finished_then_cancelled(call, limiter)
-        result = await anyio.to_thread.run_sync(call, limiter=limiter)
-        # A cancellation that came while the thread ran is raised here, once the operation
-        # is done (the module docstring's promise): without this checkpoint, a caller whose
-        # scope was cancelled meanwhile got the result as if nothing had happened.
-        await anyio.lowlevel.checkpoint()
-        return result
+        # Done whole or not begun, whatever cancels the caller (the module docstring's
+        # promise): see `wholecall`.
+        return await whole_in_thread(call, limiter=limiter)
 
     # ------------------------------------------------------------ plumbing
 
@@ -295,55 +291,6 @@ class AsyncSpool:
 
 
 __all__ = ["AsyncSpool"]
-
-
-def _on_asyncio() -> bool:
-    import asyncio
-
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
-
-
-async def _finished_then_cancelled(call: Callable[[], T],
-                                   limiter: anyio.CapacityLimiter | None) -> T:
-    """Run `call` in a worker thread; a cancellation meanwhile is raised once it is done.
-
-    anyio shields the thread's call from its own cancel scopes, not from asyncio's
-    `task.cancel()` (`asyncio.wait_for`, `asyncio.timeout`, a server cancelling a request
-    at shutdown): the caller got `CancelledError` at once while the enqueue went on in its
-    thread and landed later — told "failed", it retried, and the job ran twice.
-    """
-    import asyncio
-
-    # Cancelled before it began (a cancel scope already cancelled or past its deadline, a
-    # cancel asked of the task): raised here, with nothing done. The thread's task starts
-    # outside the caller's scope, so without this the job was written and the caller told
-    # "cancelled" (a retry under a new id ran it twice); trio's path checks first too.
-    # One loop turn first: `asyncio.timeout(0)` (a deadline already passed) cancels from a
-    # callback scheduled on the loop, not yet run when the call starts.
-    await asyncio.sleep(0)
-    await anyio.lowlevel.checkpoint_if_cancelled()
-    task = asyncio.ensure_future(anyio.to_thread.run_sync(call, limiter=limiter))
-    cancelled: asyncio.CancelledError | None = None
-    while True:
-        try:
-            result = await asyncio.shield(task)
-            break
-        except asyncio.CancelledError as exc:
-            if task.done() and task.cancelled():
-                raise  # the thread's own task was cancelled (the loop is closing)
-            cancelled = exc  # the operation goes on in its thread: wait for it first
-        except BaseException:
-            if cancelled is not None:
-                raise cancelled from None  # done (refused): the caller was cancelled
-            raise
-    if cancelled is not None:
-        raise cancelled
-    await anyio.lowlevel.checkpoint()
-    return result
 
 
 _READERS: anyio.lowlevel.RunVar[anyio.CapacityLimiter] = anyio.lowlevel.RunVar("jobspool_readers")

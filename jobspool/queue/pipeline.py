@@ -64,6 +64,7 @@ from jobspool.queue.runners import Runners, run_ended, run_started, soon_from_th
 from jobspool.queue.runtime import Monitor
 from jobspool.queue.settle import Settler
 from jobspool.queue.slots import Slots
+from jobspool.queue.wholecall import whole_in_thread
 
 if TYPE_CHECKING:
     from jobspool.queue.api import SpoolAPI
@@ -346,18 +347,24 @@ class Pipeline(IdleWaits):
             lease_seconds=self.config.lease_seconds,
             exclude=frozenset(self.in_hand) | self.settler.avoided() | self._strays,
             **self._claim_options, **self._take_over_now())
-        leases, self._due_hint = await anyio.to_thread.run_sync(self._claim_or_due, claim)
+        # Whole, whatever cancels this run (see `wholecall`): leases that landed while it
+        # was cancelled are taken into hand, to be given back uncounted on the way out.
+        leases, self._due_hint = await whole_in_thread(
+            functools.partial(self._claim_or_due, claim),
+            landed=lambda got: self._hold(got[0]))
         if len(leases) < want:
             self._next_take_over = 0.0  # the due jobs ran short: the next claim looks too
         strays = 0
         if any(lease.job.kind not in self.config.handlers for lease in leases):
-            kept = await anyio.to_thread.run_sync(self._give_back_strays, leases)
+            kept = await whole_in_thread(functools.partial(self._give_back_strays, leases),
+                                         landed=self._hold)
             strays, leases = len(leases) - len(kept), kept
         self.counters.claimed += len(leases)
         if over := over_kind_limit(self.config, leases):
             leases = [lease for lease in leases if lease not in over]
-            self.counters.dead_lettered += await anyio.to_thread.run_sync(
-                dead_letter_over_limit, self.spool, self.config, over)
+            self.counters.dead_lettered += await whole_in_thread(
+                functools.partial(dead_letter_over_limit, self.spool, self.config, over),
+                landed=lambda _: self._hold(leases))
         queued: list[Context] = []
         awaited: list[Context] = []
         for lease in leases:
@@ -375,6 +382,14 @@ class Pipeline(IdleWaits):
             self.runners.submit(tg, queued)
         self.async_runners.submit(tg, awaited)
         return len(leases) + strays  # strays count: claim again (without them), not idle
+
+    def _hold(self, leases: list[Lease]) -> None:
+        """Take claimed leases into hand unstarted (a cancellation came before they could
+        run): the way out gives them back uncounted."""
+        for lease in leases:
+            if lease.job_id not in self.in_hand:
+                self.in_hand[lease.job_id] = Context(self.spool, lease,
+                                                     key_for=self.config.keys)
 
     def _take_over_now(self) -> dict[str, bool]:
         """Whether this claim takes over expired leases too, on a store where that costs a
@@ -574,9 +589,12 @@ class Pipeline(IdleWaits):
                         await anyio.sleep(pause)
                         continue
                     log.warning("settling on the way out failed (%s); releasing", exc)
-                    await anyio.to_thread.run_sync(self.settler.release_unsettled, group)
+                    await whole_in_thread(
+                        functools.partial(self.settler.release_unsettled, group))
         rest = [c for c in self.in_hand.values() if not c.settled]
         if rest:
             for scope in list(self.scopes):
                 scope.cancel()
-            await anyio.to_thread.run_sync(self.settler.release_unsettled, rest)
+            # Whole: a second cancel of the task (the first began this way out) ended the
+            # run with these leases still held while their release went on in its thread.
+            await whole_in_thread(functools.partial(self.settler.release_unsettled, rest))

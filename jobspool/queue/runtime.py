@@ -136,7 +136,11 @@ async def in_own_task(awaitable: Awaitable[Any]) -> Any:
         # Awaited outside the `except`: inside it, every exception a handler raised carried
         # "RuntimeError: no running event loop" as its context, and each stored traceback
         # on trio began with an error that never happened.
-        return await _in_trio_task(awaitable)
+        try:
+            return await _in_trio_task(awaitable)
+        except BaseException:
+            _close_unstarted(awaitable)
+            raise
 
     async def body() -> Any:
         try:
@@ -149,10 +153,29 @@ async def in_own_task(awaitable: Awaitable[Any]) -> Any:
             # instead, where each is the job's failure like any exception.
             return _Carried(exc)
 
-    result = await loop.create_task(body())
+    try:
+        result = await loop.create_task(body())
+    except BaseException:
+        _close_unstarted(awaitable)
+        raise
     if isinstance(result, _Carried):
         raise result.exc
     return result
+
+
+def _first_leaf(group: BaseExceptionGroup[Any]) -> BaseException:
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _close_unstarted(awaitable: Awaitable[Any]) -> None:
+    """A handler's coroutine whose task was cancelled before its first step (a shutdown,
+    the run's task cancelled) is closed: left to the collector, each one printed
+    "RuntimeWarning: coroutine ... was never awaited" on the user's stderr."""
+    if isinstance(awaitable, Tracked) and awaitable.started_at is None:
+        awaitable.coro.close()
 
 
 class _Carried:
@@ -188,8 +211,20 @@ async def _in_trio_task(awaitable: Awaitable[Any]) -> Any:
             box.append(_Carried(exc))  # raised in the runner's task, as if inline
 
     try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(body)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(body)
+        except BaseExceptionGroup as group:
+            # A nursery wraps what leaves it in a group (trio's strict exception groups):
+            # `body` lets out only the runner's own cancellations, raised bare again so
+            # that the scope cancelled catches it. Wrapped, a shutdown's cut-off was
+            # taken for the handler's failure ("BaseExceptionGroup: Exceptions from Trio
+            # nursery"): the run charged as failed, not interrupted, and the runner went
+            # on starting the jobs still queued into the cancellation.
+            only, rest = group.split(trio.Cancelled)
+            if rest is not None or only is None:
+                raise
+            raise _first_leaf(only) from None
     except trio.Cancelled:
         if not box:
             raise

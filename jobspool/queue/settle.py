@@ -53,6 +53,7 @@ from jobspool.queue.machine import Failure
 from jobspool.queue.report import Counters
 from jobspool.queue.runners import soon_from_thread
 from jobspool.queue.states import JobState
+from jobspool.queue.wholecall import whole_in_thread
 
 if TYPE_CHECKING:
     from jobspool.queue.api import SpoolAPI
@@ -162,7 +163,7 @@ class Settler:
             # canceled job has no newer write to fence it out, so the merge's (version,
             # fence) rule alone would not stop it. Leases near expiry are extended here,
             # so none can lapse while the merge runs.
-            checks = await anyio.to_thread.run_sync(functools.partial(
+            checks = await whole_in_thread(functools.partial(
                 self.spool.check_leases, [c.lease for c in done],
                 margin=self.config.lease_seconds / 3.0, lease_seconds=self.config.lease_seconds))
             for ctx, check in zip(done, checks, strict=True):
@@ -173,7 +174,9 @@ class Settler:
             done = [c for c in done if not c.lost]
         if any(c.writes for c in done):
             await self._project(done)
-        await anyio.to_thread.run_sync(self._settle_sync, group)
+        # Whole, whatever cancels this run (see `wholecall`): cut short, the way out
+        # released the jobs it was completing, and each finished handler ran again.
+        await whole_in_thread(functools.partial(self._settle_sync, group))
 
     def _refuse_unstorable(self, done: list[Context]) -> list[Context]:
         """Fail for good, before their rows reach a table, the runs whose result the spool

@@ -1,0 +1,94 @@
+"""A call in a worker thread that a cancellation never cuts in half.
+
+anyio shields a thread's call from its own cancel scopes (the caller waits for it, then
+is cancelled), not from asyncio's `task.cancel()` (`asyncio.wait_for`,
+`asyncio.timeout`, a failing `TaskGroup` sibling, a server cancelling a request or its
+lifespan at shutdown): the caller got `CancelledError` at once while the call went on
+in its thread. What it did then had no owner:
+
+- an enqueue landed after the caller was told "cancelled": a retry ran the job twice;
+- a worker's claim leased jobs that never reached its hand: they stayed leased, an
+  attempt charged, to be taken back only once the leases expired (with
+  `max_attempts=1`, dead-lettered unrun);
+- a worker's settle was still completing jobs while the way out released them: the
+  release won the race, and every finished handler ran again.
+
+Here the caller waits for the call to finish, hands what it returned to `landed` (the
+worker takes the leases into its hand, to give them back uncounted), then raises the
+cancellation. A cancellation that came before the call began raises with nothing done.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+import anyio
+import anyio.lowlevel
+import anyio.to_thread
+
+T = TypeVar("T")
+
+
+def on_asyncio() -> bool:
+    import asyncio
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+async def whole_in_thread(call: Callable[[], T], *,
+                          limiter: anyio.CapacityLimiter | None = None,
+                          landed: Callable[[T], None] | None = None) -> T:
+    """`anyio.to_thread.run_sync(call)`; a cancellation meanwhile is raised once it is done,
+    after `landed(result)` when it returned."""
+    if not on_asyncio():
+        # trio cancels through scopes only, which anyio's thread call already waits out.
+        result = await anyio.to_thread.run_sync(call, limiter=limiter)
+        # A cancellation that came while the thread ran is raised here, once the call is
+        # done: without this checkpoint the caller got the result as if nothing happened.
+        try:
+            await anyio.lowlevel.checkpoint()
+        except BaseException:
+            if landed is not None:
+                landed(result)
+            raise
+        return result
+    import asyncio
+
+    # Cancelled before it began (a cancel scope already cancelled or past its deadline, a
+    # cancel asked of the task): raised here, with nothing done. The thread's task starts
+    # outside the caller's scope, so without this the call ran and the caller was told
+    # "cancelled"; trio's path checks first too. One loop turn first:
+    # `asyncio.timeout(0)` (a deadline already passed) cancels from a callback scheduled
+    # on the loop, not yet run when the call starts.
+    await asyncio.sleep(0)
+    await anyio.lowlevel.checkpoint_if_cancelled()
+    task = asyncio.ensure_future(anyio.to_thread.run_sync(call, limiter=limiter))
+    cancelled: asyncio.CancelledError | None = None
+    while True:
+        try:
+            result = await asyncio.shield(task)
+            break
+        except asyncio.CancelledError as exc:
+            if task.done() and task.cancelled():
+                raise  # the thread's own task was cancelled (the loop is closing)
+            cancelled = exc  # the call goes on in its thread: wait for it first
+        except BaseException:
+            if cancelled is not None:
+                raise cancelled from None  # done (it raised): the caller was cancelled
+            raise
+    if cancelled is not None:
+        if landed is not None:
+            landed(result)
+        raise cancelled
+    try:
+        await anyio.lowlevel.checkpoint()
+    except BaseException:
+        if landed is not None:
+            landed(result)
+        raise
+    return result
