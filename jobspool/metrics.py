@@ -43,6 +43,7 @@ O(live jobs + keep_terminal). A served endpoint caches the rendered page for
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import re
@@ -210,7 +211,13 @@ def render_prometheus(spool: Spool, worker: object = None) -> str:
 
 
 def _snapshot_path(spool: Spool, owner: str) -> Path:
-    return Path(spool.root) / METRICS_DIR / (_SAFE_NAME.sub("_", owner)[:150] + ".json")
+    name = _SAFE_NAME.sub("_", owner)[:150]
+    if name != owner:
+        # Told apart by a digest of the owner itself: cleaned alone, `team/a` and `team_a`
+        # shared one file, each worker's counters overwrote the other's, and the first to
+        # exit deleted the other's live snapshot.
+        name = f"{name}-{hashlib.sha256(owner.encode('utf-8', 'surrogatepass')).hexdigest()[:12]}"
+    return Path(spool.root) / METRICS_DIR / (name + ".json")
 
 
 def publish_worker_report(spool: Spool, owner: str, report: RunReport, *,

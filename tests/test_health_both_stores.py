@@ -85,3 +85,22 @@ def test_a_fence_behind_held_tokens_is_reported(store_root: str | Path) -> None:
     top = max(x.token for x in leases)
     assert reason.value == 2 and f"below token {top} held by" in reason.message
     assert "tokens could be issued twice" in reason.message and not health.ok
+
+
+def test_a_fence_behind_counts_every_lease_above_it(store_root: str | Path) -> None:
+    # Found in an observability probe: PostgreSQL read the 100 highest tokens and said
+    # "(100 leases above it)" with 1,100 above; `recover` then raised all 1,100.
+    with make_spool(store_root, durable=False) if isinstance(store_root, Path) else \
+            make_spool(store_root) as spool:
+        spool.enqueue_many("k", [{}] * 150)
+        assert len(spool.claim(limit=150, lease_seconds=3600)) == 150
+        if isinstance(store_root, Path):
+            from jobspool.queue.fence import FENCE_FILE, encode_fence
+            (store_root / FENCE_FILE).write_bytes(encode_fence(1))
+        else:
+            import psycopg
+            with psycopg.connect(store_root, autocommit=True) as conn:
+                conn.execute("SELECT setval('jobspool_fence', 1)")
+        health = spool.health()
+    (reason,) = [r for r in health.reasons if r.code == "fence_behind"]
+    assert reason.value == 149 and "(149 leases above it)" in reason.message, reason  # 2..150

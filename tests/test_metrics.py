@@ -240,3 +240,17 @@ def test_a_scrape_of_a_spool_that_cannot_be_read_is_a_one_line_503(
         assert value(parse(get(url))[0], "jobspool_due_jobs") == 1
     finally:
         server.shutdown()
+
+
+def test_owners_that_clean_to_one_file_name_keep_their_own_snapshots(spool: Spool) -> None:
+    # Found in an observability probe: `team/a` and `team_a` shared `team_a.json`, so one
+    # worker's counters hid the other's (the dashboard counted 115 of 240 completions),
+    # and the first to exit deleted the other's live snapshot.
+    publish_worker_report(spool, "team/a", RunReport(completed=3))
+    publish_worker_report(spool, "team_a", RunReport(completed=5))
+    publish_worker_report(spool, 'team/a "x"\\y', RunReport(completed=7))
+    reports = read_worker_reports(spool)
+    assert {o: r["completed"] for o, r in reports.items()} == {
+        "team/a": 3, "team_a": 5, 'team/a "x"\\y': 7}
+    remove_worker_report(spool, "team/a")
+    assert set(read_worker_reports(spool)) == {"team_a", 'team/a "x"\\y'}

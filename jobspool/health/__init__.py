@@ -350,19 +350,22 @@ def _fence_ceiling(spool: Spool) -> tuple[int | None, str | None]:
         return None, "does not hold a counter"
 
 
-def fence_behind_reason(fence: int | None, held: Iterable[tuple[int, str]]) -> Reason | None:
+def fence_behind_reason(fence: int | None, held: Iterable[tuple[int, str]],
+                        total: int | None = None) -> Reason | None:
     """`fence_behind` when a held lease's token (`held`: token, job id) is above the counter:
-    the next claims would hand out tokens a live holder has (fsck said so; health, ok)."""
+    the next claims would hand out tokens a live holder has (fsck said so; health, ok).
+    `total`: how many leases are above it, when `held` is only the highest of them."""
     if fence is None:
         return None
     above = sorted(((token, job_id) for token, job_id in held if token > fence), reverse=True)
     if not above:
         return None
     token, job_id = above[0]
+    count = max(len(above), total or 0)
     return Reason("fence_behind",
                   f"the fence counter ({fence}) is below token {token} held by {job_id} "
-                  f"({_plural(len(above), 'lease')} above it): tokens could be issued twice; "
-                  "run `jobspool recover` (it raises the fence above every token)", len(above))
+                  f"({_plural(count, 'lease')} above it): tokens could be issued twice; "
+                  "run `jobspool recover` (it raises the fence above every token)", count)
 
 
 def _stale_prepared(spool: Spool, cutoff: float) -> list[str]:

@@ -177,6 +177,10 @@ def _count(conn: psycopg.Connection[Any], state: JobState) -> int:
     return int(row[0]) if row else 0
 
 
+# How many of the leases above a fence that is behind `health` reads (the highest first).
+HIGHEST_SHOWN = 100
+
+
 def still_above(spool: PgSpool, rows: list[Any]) -> list[Any]:
     """Of (id, token) rows read as above a fence read before them, those above the fence
     read now. Claims draw tokens between the two reads: each token a row held when it was
@@ -335,9 +339,16 @@ def health(spool: PgSpool, *, max_due_age: float = DEFAULT_MAX_DUE_AGE,
         reasons.append(expired_reason(ids, expired))
     above = still_above(spool, spool.db.run(lambda c: c.execute(
         "SELECT id, token FROM jobspool_jobs WHERE state = 'leased' AND token > %s "
-        "ORDER BY token DESC LIMIT 100", (st.fence,)).fetchall(), what="health"))
+        f"ORDER BY token DESC LIMIT {HIGHEST_SHOWN}", (st.fence,)).fetchall(), what="health"))
     if above:
-        behind = fence_behind_reason(spool.fence_value(), [(int(t), i) for i, t in above])
+        fence = spool.fence_value()
+        total = None
+        if len(above) == HIGHEST_SHOWN:  # the highest only: the reason counts them all
+            row = spool.db.run(lambda c: c.execute(
+                "SELECT count(*) FROM jobspool_jobs WHERE state = 'leased' AND token > %s",
+                (fence,)).fetchone(), what="health")
+            total = int(row[0]) if row else None
+        behind = fence_behind_reason(fence, [(int(t), i) for i, t in above], total)
         if behind is not None:
             reasons.append(behind)
     if stale:
