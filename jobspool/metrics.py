@@ -210,6 +210,14 @@ def render_prometheus(spool: Spool, worker: object = None) -> str:
 # ---------------------------------------------------------------- worker snapshots on disk
 
 
+def metrics_dirs(spool: Spool) -> list[Path]:
+    """Where worker snapshots of this spool are on this machine: its own directory, then
+    (a database's spool) those of processes that named the database by another URL."""
+    siblings = getattr(spool, "sibling_local_dirs", None)
+    extra = siblings() if siblings is not None else []
+    return [Path(spool.root) / METRICS_DIR, *(Path(d) / METRICS_DIR for d in extra)]
+
+
 def _snapshot_path(spool: Spool, owner: str) -> Path:
     name = _SAFE_NAME.sub("_", owner)[:150]
     if name != owner:
@@ -283,9 +291,9 @@ def read_final_reports(spool: Spool, *, since: float
                        ) -> dict[str, tuple[float, float | None, dict[str, Any]]]:
     """Workers' last counters written at their exit since `since`: owner -> (when written,
     when the run began if known, counters)."""
-    directory = Path(spool.root) / METRICS_DIR
     out: dict[str, tuple[float, float | None, dict[str, Any]]] = {}
-    for doc in _docs(directory, _final_names(directory)):
+    for doc in (d for directory in metrics_dirs(spool)
+                for d in _docs(directory, _final_names(directory))):
         written, owner = doc.get("written_at"), doc.get("owner")
         if isinstance(written, int | float) and not isinstance(written, bool) \
                 and isinstance(owner, str) and written >= since:
@@ -406,12 +414,16 @@ def read_worker_reports(spool: Spool, *, stale_after: float = WORKER_STALE_SECON
 def _fresh_snapshots(spool: Spool, stale_after: float,
                      now: float | None) -> Iterator[dict[str, Any]]:
     """The worker snapshots written within `stale_after` seconds (with an owner)."""
-    directory = Path(spool.root) / METRICS_DIR
+    wall = time.time() if now is None else now
+    for directory in metrics_dirs(spool):
+        yield from _fresh_in(directory, stale_after, wall)
+
+
+def _fresh_in(directory: Path, stale_after: float, wall: float) -> Iterator[dict[str, Any]]:
     try:
         names = sorted(n for n in os.listdir(directory) if n.endswith(".json"))
-    except (FileNotFoundError, NotADirectoryError):
+    except OSError:  # none yet, or another's that this reader may not list
         return
-    wall = time.time() if now is None else now
     for doc in _docs(directory, names):
         written = doc.get("written_at")
         if not isinstance(written, int | float) or not isinstance(doc.get("owner"), str):

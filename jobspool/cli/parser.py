@@ -130,9 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
                            help="also wait for retries that become due within SECONDS")
             c.add_argument("--wait-for-store", type=_nonneg_float, default=30.0,
                            metavar="SECONDS",
-                           help="wait up to SECONDS for a store that cannot be reached or "
-                           "whose disk is full, at start or during the run, then stop and "
-                           "exit 2 (default: 30)")
+                           help="during the run, wait up to SECONDS for a store that "
+                           "cannot be reached or whose disk is full, then stop and exit 2 "
+                           "(default: 30; one that cannot be reached at start is an error "
+                           "at once)")
         else:
             c.add_argument("--processes", type=_positive_int, default=None, metavar="N",
                            help="supervise N worker processes, restarted when they die; a "

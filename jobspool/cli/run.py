@@ -17,6 +17,7 @@ from jobspool.cli.common import (
     UsageError,
     _given_root,
     _make_worker,
+    _open,
     _open_waiting,
 )
 from jobspool.cli.render import _emit, handlers_print_to_stderr, interrupted_text
@@ -36,7 +37,8 @@ def cmd_run_until_idle(args: argparse.Namespace) -> int:
     from jobspool.progress import Progress
     from jobspool.queue.supervisor import StoreOutage
 
-    with _open_waiting(args, create=args.create, patience=args.wait_for_store) as spool:
+    # Opened at once, not waited for: a script told at once that its URL reaches nothing.
+    with _open(args, create=args.create) as spool:
         worker = _make_worker(args, spool)
         worker.grace_seconds = args.grace
         progress = None if args.json else Progress.for_stdout(spool, worker.kinds)

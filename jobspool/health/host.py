@@ -128,10 +128,16 @@ def _disk_reason(spool: Spool, min_bytes: int, min_percent: float) -> Reason | N
 def _stale_workers(spool: Spool, stale_after: float) -> list[str]:
     """Owners of worker metrics files (`metrics.publish_worker_report`) older than
     `stale_after` seconds; a file that cannot be read counts by its modification time."""
-    from jobspool.metrics import METRICS_DIR
+    from jobspool.metrics import metrics_dirs
 
-    directory = Path(spool.root) / METRICS_DIR
     now = wall_clock()
+    out: list[str] = []
+    for directory in metrics_dirs(spool):
+        out += _stale_in(directory, now, stale_after)
+    return out
+
+
+def _stale_in(directory: Path, now: float, stale_after: float) -> list[str]:
     out: list[str] = []
     try:
         names = sorted(n for n in os.listdir(directory) if n.endswith(".json"))

@@ -8,6 +8,7 @@ measures how far this host's clock is from the database's.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -57,6 +58,62 @@ def default_local_dir(display: str) -> Path:
     base = os.environ.get("JOBSPOOL_STATE_DIR") or os.path.join(
         os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state"), "jobspool")
     return Path(base) / hashlib.sha256(display.encode()).hexdigest()[:16]
+
+
+# In this machine's directory for a spool: which database it serves (`database_identity`).
+IDENTITY_FILE = "database"
+
+
+def database_identity(conn: Any) -> str:
+    """The database a connection reached, whatever URL named it (user, host spelling,
+    options): the cluster's system identifier, the database's oid and the jobs table's
+    (two spools may share a database, each in a schema of its own). The local
+    directory is named by the URL, so that a monitor connecting as another role (as the
+    README advises) looked in a directory of its own, and `health` said ok with every
+    worker stuck. Readers find the workers' directories by this identity."""
+    row = conn.execute("SELECT (SELECT system_identifier FROM pg_control_system()), "
+                       "(SELECT oid FROM pg_database WHERE datname = current_database()), "
+                       "to_regclass('jobspool_jobs')::oid").fetchone()
+    if row is None or None in row:
+        return ""
+    return f"{row[0]}:{row[1]}:{row[2]}"
+
+
+def note_identity(path: Path, identity: str) -> None:
+    """Record in a local directory which database it serves (best effort: a directory
+    without it is found only by its own URL, as before)."""
+    target = path / IDENTITY_FILE
+    try:
+        if target.read_text(encoding="utf-8").strip() == identity:
+            return
+    except (OSError, UnicodeDecodeError):
+        pass
+    tmp = path / f".{IDENTITY_FILE}.{os.getpid()}"
+    try:
+        tmp.write_text(identity + "\n", encoding="utf-8")
+        os.replace(tmp, target)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
+def local_dirs_of(path: Path, identity: str) -> list[Path]:
+    """The other local directories beside `path` that serve the same database."""
+    out = []
+    try:
+        siblings = sorted(os.scandir(path.parent), key=lambda e: e.name)
+    except OSError:
+        return []
+    for entry in siblings:
+        if entry.name == path.name or not entry.is_dir(follow_symlinks=False):
+            continue
+        try:
+            with open(os.path.join(entry.path, IDENTITY_FILE), encoding="utf-8") as f:
+                if f.read(200).strip() == identity:
+                    out.append(Path(entry.path))
+        except (OSError, UnicodeDecodeError):
+            continue
+    return out
 
 
 def private_local_dir(path: Path) -> None:

@@ -34,7 +34,10 @@ from jobspool.pg.opening import (
     DEFAULTS,
     LocalLock,
     check_process_options,
+    database_identity,
     default_local_dir,
+    local_dirs_of,
+    note_identity,
     open_database,
     private_local_dir,
     validated,
@@ -170,6 +173,8 @@ class PgSpool(EnqueueForms):
         self.policy = machine.RetryPolicy(st.retry_base_seconds, st.retry_max_seconds)
         self.rng, self.lock = random.Random(seed), LocalLock()
         self.root = Path(local_dir) if local_dir is not None else default_local_dir(self.display)
+        self._default_local_dir = local_dir is None
+        self._identity: str | None = None
         self._local_dir_error: SpoolError | None = None
         if not read_only and local_dir is None:
             try:
@@ -191,10 +196,30 @@ class PgSpool(EnqueueForms):
 
     def ensure_local_dir(self) -> None:
         """Make this machine's directory for the spool, or raise why it cannot be made (a
-        worker needs it; see `__init__`)."""
+        worker needs it; see `__init__`); it records which database it serves."""
         if self._local_dir_error is not None:
             private_local_dir(self.root)
             self._local_dir_error = None
+        if self._default_local_dir and (identity := self.identity()):
+            note_identity(self.root, identity)
+
+    def identity(self) -> str:
+        """Which database this is, whatever URL named it ("" when the server will not say)."""
+        if self._identity is None:
+            try:
+                self._identity = self.db.run(database_identity, what="identifying the database")
+            except JobspoolError as exc:  # asked again next time (best effort)
+                log.debug("cannot identify the database: %s", exc)
+                return ""
+        return self._identity
+
+    def sibling_local_dirs(self) -> list[Path]:
+        """This machine's other directories for this database: those of processes that
+        named it by another URL (another role, host spelling or option), where their
+        worker snapshots are."""
+        if not self._default_local_dir or not (identity := self.identity()):
+            return []
+        return local_dirs_of(self.root, identity)
 
     def __repr__(self) -> str:
         return f"Spool({self.display!r})"
