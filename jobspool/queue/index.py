@@ -44,7 +44,7 @@ import orjson
 
 from jobspool.queue.backlog import Waiting, tally
 from jobspool.queue.changelog import ADD, ChangeRing
-from jobspool.queue.job import CorruptJob, Job, decode_job, report_unreadable
+from jobspool.queue.job import KIND_RE, CorruptJob, Job, decode_job, report_unreadable
 from jobspool.queue.states import ALL_STATES, JobState
 from jobspool.queue.store import JOB_SUFFIX, Store
 
@@ -211,6 +211,10 @@ class ClaimIndex:
                 report_unreadable(state.value, job_id, reason)
             return None
 
+    def note_unreadable(self, state: JobState, job_id: str) -> None:
+        """A claim found this file unreadable: it is no job waiting (`waiting`)."""
+        self._bad.add((state.value, job_id))
+
     def _peek_key(self, state: JobState, job_id: str) -> tuple[int, float, str] | None:
         """(priority, run_at, kind) of a job file without the full decode (the listing's hot
         path: a fresh process meets the whole backlog here once). Anything unusual falls back
@@ -220,7 +224,8 @@ class ClaimIndex:
             d = orjson.loads(data)
             priority, run_at, kind = d["priority"], d["run_at"], d["kind"]
             if (type(priority) is int and type(run_at) in (int, float) and type(kind) is str
-                    and d["state"] == state.value and d["id"] == job_id):
+                    and d["state"] == state.value and d["id"] == job_id
+                    and KIND_RE.fullmatch(kind) is not None):
                 return (priority, float(run_at), kind)
         except FileNotFoundError:
             return None
@@ -372,8 +377,13 @@ class ClaimIndex:
     def waiting(self, now: float) -> dict[str, Waiting]:
         """Cached ready and retryable jobs per kind: due now or later (`backlog.py`). A
         ready job counts as due, as a claim takes it."""
-        entries = [(key[2], True, key[1]) for key in self._ready.values()]
-        entries += [(key[2], key[1] <= now, key[1]) for key, _ in self._retry.values()]
+        # Not the files a claim found unreadable (`_bad`): `recover` quarantines them, and
+        # a run reported each as a job "left behind, run again".
+        ready, retry = JobState.READY.value, JobState.RETRYABLE.value
+        entries = [(key[2], True, key[1]) for job_id, key in self._ready.items()
+                   if (ready, job_id) not in self._bad]
+        entries += [(key[2], key[1] <= now, key[1]) for job_id, (key, _) in self._retry.items()
+                    if (retry, job_id) not in self._bad]
         return tally(entries)
 
     def next_due_at(self, now: float, kinds: frozenset[str] | None) -> float | None:

@@ -25,6 +25,7 @@ from jobspool.queue.job import (
 from jobspool.queue.journal import Journal
 from jobspool.queue.states import JobState
 from jobspool.queue.store import Change
+from jobspool.queue.storenames import JOB_SUFFIX
 
 log = logging.getLogger("jobspool.queue.spool")
 
@@ -141,6 +142,9 @@ class Leasing(Holding):
                     job = self.journal.read_job(c.state, c.job_id)
                     self.journal.index.forget(c.state, c.job_id)
                     if job is None:
+                        if self.journal.store.surely_present(c.state.value,
+                                                             c.job_id + JOB_SUFFIX):
+                            self.journal.index.note_unreadable(c.state, c.job_id)
                         continue
                     if not machine.is_due(job, now) or (job.priority, job.run_at) != c.order[:2] \
                             or (kind_set is not None and job.kind not in kind_set):
