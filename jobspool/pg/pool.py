@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
+import sys
 import threading
 import weakref
 from collections.abc import Iterator
@@ -34,6 +36,25 @@ _IDLE = psycopg.pq.TransactionStatus.IDLE
 CONNECTIONS: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
 
 
+# Frames a connection's opening needs below the recursion limit, with room to spare.
+CONNECT_FRAMES = 200
+
+
+def _room_to_connect() -> None:
+    """Refuse, before anything is opened, to connect from a stack near its recursion limit
+    (a handler deep in a recursion that catches RecursionError and goes on): the driver
+    raised it part-way through its own connect, and the connection it had opened was
+    never closed ("deleted while still open")."""
+    room = sys.getrecursionlimit()
+    frame = inspect.currentframe()
+    while frame is not None and room > CONNECT_FRAMES:
+        room -= 1
+        frame = frame.f_back
+    if room <= CONNECT_FRAMES:
+        raise RecursionError("maximum recursion depth exceeded: no room left on this "
+                             "thread's stack to open a database connection")
+
+
 class PoolExhausted(Exception):
     """Every connection of the pool stayed busy for the whole wait."""
 
@@ -57,6 +78,9 @@ class Pool:
         self._idle: list[psycopg.Connection[Any]] = []
         self._busy = 0  # connections handed out (or being made); idle + busy <= size
         self._forsaken: set[int] = set()  # ids of connections out but no longer counted
+        # Connections `give` could not close (the caller's stack at its recursion limit):
+        # closed by the next call that can.
+        self._unclosed: list[psycopg.Connection[Any]] = []
         self._lock = threading.Lock()
         self._freed = threading.Condition(self._lock)
         self.closed = False
@@ -64,6 +88,7 @@ class Pool:
     def take(self, timeout: float) -> psycopg.Connection[Any]:
         """A connection: the most recently returned idle one, else a new one while fewer
         than `size` are out, else the first given back within `timeout` (`PoolExhausted`)."""
+        self._close_unclosed()
         with self._lock:
             if (not self._idle and self._busy >= self.size and not self.closed
                     and not self._freed.wait_for(
@@ -76,15 +101,26 @@ class Pool:
             self._busy += 1
             if self._idle:
                 return self._idle.pop()
+        made: psycopg.Connection[Any] | None = None
         try:
-            conn = psycopg.connect(self.url, autocommit=True,
+            _room_to_connect()
+            made = psycopg.connect(self.url, autocommit=True,
                                    prepare_threshold=PREPARE_THRESHOLD,
                                    connect_timeout=CONNECT_TIMEOUT)
-            CONNECTIONS.add(conn)
-            conn.execute(SESSION)
-            return conn
+            CONNECTIONS.add(made)
+            made.execute(SESSION)
+            return made
         except BaseException:
-            self._release_slot()
+            # Inline, no call of ours: at a stack's recursion limit a call raised again
+            # before the slot was counted back.
+            with self._lock:
+                self._busy -= 1
+                if made is not None:
+                    self._unclosed.append(made)
+                try:  # noqa: SIM105 (suppress() is a call of its own, which may raise here)
+                    self._freed.notify()
+                except RecursionError:
+                    pass  # a taker waiting sees the slot when its wait times out
             raise
 
     def give(self, conn: psycopg.Connection[Any]) -> None:
@@ -92,24 +128,47 @@ class Pool:
         transaction) is closed instead of kept."""
         # (pgconn's status directly: `conn.info` builds an object per call, ~0.6 µs of a
         # ~25 µs one-job enqueue's client time)
-        healthy = (not conn.closed and not conn.broken
-                   and conn.pgconn.transaction_status == _IDLE)
+        try:
+            healthy = (not conn.closed and not conn.broken
+                       and conn.pgconn.transaction_status == _IDLE)
+        except BaseException:
+            # These are Python calls: a handler deep in its recursion limit (one that
+            # catches RecursionError and goes on) got the error here, before the slot was
+            # counted back. Each such call leaked a slot for good; with all of them gone
+            # every statement waited for a connection, and `close()` for ever.
+            healthy = False
         with self._lock:
             if id(conn) in self._forsaken:  # its slot was given back already
                 self._forsaken.discard(id(conn))
                 healthy = False
             else:
                 self._busy -= 1
-            if healthy and not self.closed:
-                self._idle.append(conn)
-                self._freed.notify()
-                return
-            if self.closed:  # `close()` waits on the same condition as takers
-                self._freed.notify_all()
-            else:
-                self._freed.notify()
-        with contextlib.suppress(psycopg.Error):
-            conn.close()
+            kept = healthy and not self.closed
+            (self._idle if kept else self._unclosed).append(conn)
+            # Woken after the books are right: at a stack's limit `notify` raised, and a
+            # connection to close was dropped still open. A taker not woken sees the slot
+            # when its wait times out.
+            try:  # noqa: SIM105 (suppress() is a call of its own, which may raise here)
+                self._freed.notify_all() if self.closed else self._freed.notify()
+            except RecursionError:
+                pass
+        if not kept:
+            self._close_unclosed()
+
+    def _close_unclosed(self) -> None:
+        while self._unclosed:
+            with self._lock:
+                if not self._unclosed:
+                    return
+                conn = self._unclosed.pop()
+            try:
+                conn.close()
+            except psycopg.Error:
+                pass
+            except BaseException:
+                with self._lock:
+                    self._unclosed.append(conn)  # for a later call, with room to close it
+                raise
 
     def forsake(self, conn: psycopg.Connection[Any]) -> None:
         """Give back the slot of a connection a thread still holds but will not use again
@@ -132,11 +191,6 @@ class Pool:
         for conn in idle:
             with contextlib.suppress(psycopg.Error):
                 conn.close()
-
-    def _release_slot(self) -> None:
-        with self._lock:
-            self._busy -= 1
-            self._freed.notify()
 
     @contextmanager
     def connection(self, timeout: float) -> Iterator[psycopg.Connection[Any]]:
@@ -161,6 +215,7 @@ class Pool:
         for conn in idle:
             with contextlib.suppress(psycopg.Error):
                 conn.close()
+        self._close_unclosed()
         if not wait:
             return
         with self._lock:
