@@ -54,7 +54,8 @@ def recover(spool: PgSpool, replay: Any = None) -> RecoveryReport:
 
         def decide(cur: Job, now: float, v: Any = verdict, written: list[Job] = written
                    ) -> Job:
-            if cur.state is not JobState.PREPARED or cur.revision != v.job.revision:
+            if cur.state is not JobState.PREPARED or cur.revision != v.job.revision \
+                    or cur.updated_at != v.job.updated_at:
                 return cur  # the producer spoke meanwhile: its word wins over the hook's
             new = machine.replay(cur, v.outcome, now=now, error=v.error)
             written.append(new)

@@ -182,8 +182,13 @@ def _remove(spool: Journal, victims: list[Entry]) -> tuple[list[str], list[str]]
         extra: list[Change] = []
         for victim in victims:
             found = read_job(spool, victim.state.value, victim.job_id + JOB_SUFFIX)
-            if found is None or isinstance(found, Bad) or found.revision != victim.revision:
-                continue  # moved on (requeued, re-read as corrupt) since the scan: not ours
+            if found is None or isinstance(found, Bad) or found.revision != victim.revision \
+                    or found.updated_at != victim.updated_at:
+                # Moved on (requeued, re-read as corrupt) since the scan: not ours. The time
+                # too: an id pruned, enqueued again and finished meanwhile is at the same
+                # revision as the job the scan saw, and was removed milliseconds after its
+                # completion, its result lost (a retention probe: 112 jobs in 13 s).
+                continue
             others = _other_copies(spool, found)
             if any(o.revision >= found.revision for o in others):
                 continue  # this copy is the stale one: recovery settles it, pruning must not

@@ -411,8 +411,11 @@ def _replay(spool: Journal, scan: Scan, replay: ReplayHooks | None
                 pending.append(entry.job_id)
                 continue
             job = spool.read_job(JobState.PREPARED, entry.job_id)
-            if job is None or job.revision != entry.revision:
-                continue  # committed or aborted by its producer since the scan
+            if job is None or job.revision != entry.revision or \
+                    job.updated_at != entry.updated_at:
+                # Committed or aborted by its producer since the scan (or aborted, pruned
+                # and prepared again: the same revision, another reservation).
+                continue
             # Outside the lock: a hook may take seconds (it asks the primary store).
             verdicts.append(ask(hook, job))
         if not verdicts:
@@ -424,7 +427,7 @@ def _replay(spool: Journal, scan: Scan, replay: ReplayHooks | None
             for v in verdicts:
                 job, stale = spool.locate(v.job.id)
                 if job is None or job.state is not JobState.PREPARED or \
-                        job.revision != v.job.revision:
+                        job.revision != v.job.revision or job.updated_at != v.job.updated_at:
                     continue  # the producer spoke meanwhile: its word wins over the hook's
                 new = machine.replay(job, v.outcome, now=now, error=v.error)
                 pairs.append((job, new))
