@@ -75,7 +75,7 @@ def purge_dead(spool: Spool, kind: str, until: float) -> str:
     chosen = [j for j in spool.jobs(JobState.DEAD_LETTER, kind=kind) if j.updated_at <= until]
     remove_terminal = getattr(spool, "remove_terminal", None)
     if remove_terminal is not None:  # the PostgreSQL store: one guarded DELETE
-        gone = remove_terminal([j.id for j in chosen], JobState.DEAD_LETTER)
+        gone = remove_terminal(chosen, JobState.DEAD_LETTER)
         return f"purged {len(gone)} dead letter{'s' if len(gone) != 1 else ''} of kind {kind}"
     from jobspool.recovery.prune import _remove
     from jobspool.recovery.scan import entry_of

@@ -168,8 +168,12 @@ _COUNT = {s: f"SELECT count(*) FROM jobspool_jobs WHERE state = '{s.value}'" for
 _STATE_IDS = {s: f"SELECT id FROM jobspool_jobs WHERE state = '{s.value}'" for s in JobState}
 _PAGE = {s: (f"SELECT {COLUMNS} FROM jobspool_jobs WHERE state = '{s.value}' AND id > %s "
              "AND (%s::text IS NULL OR kind = %s) ORDER BY id LIMIT 500") for s in JobState}
-_REMOVE = {s: (f"DELETE FROM jobspool_jobs WHERE id = ANY(%s) AND state = '{s.value}' "
-               "RETURNING id") for s in JobState}
+# By version, not id alone: a job requeued and ended again since it was read (or its id
+# pruned, used again and ended) is another version, left alone.
+_REMOVE = {s: ("DELETE FROM jobspool_jobs j USING unnest(%s::text[], %s::bigint[], "
+               "%s::float8[]) AS v(id, revision, updated_at) WHERE j.id = v.id "
+               f"AND j.revision = v.revision AND j.updated_at = v.updated_at "
+               f"AND j.state = '{s.value}' RETURNING j.id") for s in JobState}
 
 
 def _count(conn: psycopg.Connection[Any], state: JobState) -> int:
@@ -464,10 +468,12 @@ def _move_one(spool: PgSpool, action: str, job_id: str, which: Match,
     return last[0]
 
 
-def remove_terminal(spool: PgSpool, ids: Sequence[str], state: JobState) -> list[str]:
-    """Delete these jobs where they are still in terminal `state`; the ids removed."""
+def remove_terminal(spool: PgSpool, jobs: Sequence[Job], state: JobState) -> list[str]:
+    """Delete these jobs where they are still the versions given, in terminal `state`;
+    the ids removed."""
     if state not in _TERMINAL:
         raise ValueError(f"{state.value} is not a terminal state")
-    rows = spool.db.run(lambda c: c.execute(_REMOVE[state], (list(ids),)).fetchall(),
+    params = ([j.id for j in jobs], [j.revision for j in jobs], [j.updated_at for j in jobs])
+    rows = spool.db.run(lambda c: c.execute(_REMOVE[state], params).fetchall(),
                         what="removing jobs")
     return sorted(r[0] for r in rows)

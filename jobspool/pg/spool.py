@@ -406,11 +406,12 @@ class PgSpool(EnqueueForms):
                       changed_until=changed_until)
         return admin.apply_matching(self, "requeue", which, machine.requeue)
 
-    def remove_terminal(self, ids: Sequence[str], state: JobState) -> list[str]:
-        """Delete these jobs for good where they are still in terminal `state` (a job
-        requeued meanwhile is left alone); returns the ids removed."""
+    def remove_terminal(self, jobs: Sequence[Job], state: JobState) -> list[str]:
+        """Delete these jobs for good where they are still the versions given, in terminal
+        `state` (a job requeued meanwhile, even one ended again, is left alone); returns
+        the ids removed."""
         self.check_writable("remove jobs")
-        return admin.remove_terminal(self, ids, state)
+        return admin.remove_terminal(self, jobs, state)
 
     # ------------------------------------------------------------ reading
 
