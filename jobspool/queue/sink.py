@@ -86,7 +86,10 @@ class LanceSink:
                  keys: Mapping[str, str], storage_options: dict[str, str] | None,
                  maintenance: bool = True,
                  min_live_token: Callable[[], int | None] | None = None) -> None:
-        self.spec = spec
+        # A local path resolved now, against the directory the worker was made in: opened
+        # lazily as given, a handler's os.chdir() before the first write moved the whole
+        # projection, and a table's rows were split between two directories.
+        self.spec = _absolute(spec)
         self.storage_options = storage_options  # checked (check_storage_options)
         self._default_uri = default_uri
         self._keys = dict(keys)
@@ -215,6 +218,16 @@ class LanceSink:
         if self._beat is not None:
             self._beat.close()
             self._beat = None
+
+
+def _absolute(spec: Any) -> Any:
+    """A local path (not a URI, not a store object) as an absolute one; the rest as given."""
+    if not isinstance(spec, str | os.PathLike):
+        return spec
+    text = os.fspath(spec)
+    if not isinstance(text, str) or "://" in text or not text:
+        return spec
+    return os.path.abspath(text)
 
 
 def _same_path(spec: Any, default: str | os.PathLike[str]) -> bool:
