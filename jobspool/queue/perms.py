@@ -80,14 +80,18 @@ def needs_fix(mode: int) -> bool:
 
 
 def set_fd_mode(fd: int, mode: int) -> None:
-    if needs_fix(mode):
+    """Give a file just made exactly `mode`. The umask is read once (reading it costs a
+    /proc read); when it looked harmless the file's own mode is asked (one fstat): a
+    handler's `os.umask()` made later left job files without the spool's mode (0600 in a
+    group-read spool; 0 under umask 0777: unreadable, and quarantined by `recover`)."""
+    if needs_fix(mode) or stat.S_IMODE(os.fstat(fd).st_mode) != mode:
         os.fchmod(fd, mode)
 
 
 def make_dir(path: Path, mode: int) -> None:
     """mkdir with exactly `mode` (raises FileExistsError like mkdir)."""
     path.mkdir(mode=mode & 0o777)
-    if needs_fix(mode) or mode & ~0o777:
+    if needs_fix(mode) or mode & ~0o777 or stat.S_IMODE(path.stat().st_mode) != mode:
         os.chmod(path, mode)
 
 
