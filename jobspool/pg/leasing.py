@@ -9,6 +9,7 @@ holder could not see: while a lease is current, nobody else may change its job.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import secrets
@@ -229,27 +230,16 @@ def settle(spool: PgSpool, leases: Sequence[Lease], actions: Sequence[tuple[str,
                 raise stale[id(lease)]
             if lease.job_id in seen:
                 raise LeaseLost(lease.job_id, lease.token, "settled twice in one batch")
-            if action == "complete":
-                # machine.complete on the holder's snapshot, whose lease check always
-                # passes (see `_as_holder`): the same job, built in one step.
-                new = evolve(lease.job, state=JobState.COMPLETED, lease=None, result=arg,
-                             revision=lease.job.revision + 1, updated_at=now)
-                if arg is not None:
-                    # Without a result a completion only drops the lease: the job is no
-                    # larger than before its claim, when it fit. Nothing to check.
-                    try:
-                        new = encode_completed(new, max_bytes=spool.max_job_bytes)[0]
-                    except JobTooLarge as exc:
-                        new, told = machine.result_refused(_as_holder(lease), lease, exc,
-                                                           now=now, policy=spool.policy)
-                        new = fitted_anyway(new, max_bytes=spool.max_job_bytes)[0]
-                        refused[lease.job_id] = told
-            else:
-                new = machine.settle(_as_holder(lease), lease, action, arg, now=now,
-                                     policy=spool.policy, rng=spool.rng)
-                if new.last_error or new.traceback:
-                    # Cut to fit as the file spool cuts its file (DESIGN §9, sizes).
-                    new = fitted_anyway(new, max_bytes=spool.max_job_bytes)[0]
+            try:
+                new = _decide(spool, lease, action, arg, now, refused)
+            except LeaseLost:
+                raise
+            except JobspoolError:
+                fixed = _with_stored_payload(spool, lease)
+                if fixed is None:
+                    raise
+                lease = fixed
+                new = _decide(spool, lease, action, arg, now, refused)
         except LeaseLost as exc:
             out.append(exc)
             continue
@@ -288,6 +278,56 @@ def settle(spool: PgSpool, leases: Sequence[Lease], actions: Sequence[tuple[str,
         it = iter(refused.get(g.id, g) if isinstance(g, Job) else g for g in got)
         out = [next(it) if o is None else o for o in out]
     return [o for o in out if o is not None]
+
+
+def _decide(spool: PgSpool, lease: Lease, action: str, arg: Any, now: float,
+            refused: dict[str, JobTooLarge]) -> Job:
+    """The job a settle of `lease` writes (`action`: complete, fail or release)."""
+    if action == "complete":
+        # machine.complete on the holder's snapshot, whose lease check always
+        # passes (see `_as_holder`): the same job, built in one step.
+        new = evolve(lease.job, state=JobState.COMPLETED, lease=None, result=arg,
+                     revision=lease.job.revision + 1, updated_at=now)
+        if arg is not None:
+            # Without a result a completion only drops the lease: the job is no
+            # larger than before its claim, when it fit. Nothing to check.
+            try:
+                new = encode_completed(new, max_bytes=spool.max_job_bytes)[0]
+            except JobTooLarge as exc:
+                new, told = machine.result_refused(_as_holder(lease), lease, exc,
+                                                   now=now, policy=spool.policy)
+                new = fitted_anyway(new, max_bytes=spool.max_job_bytes)[0]
+                refused[lease.job_id] = told
+    else:
+        new = machine.settle(_as_holder(lease), lease, action, arg, now=now,
+                             policy=spool.policy, rng=spool.rng)
+        if new.last_error or new.traceback:
+            # Cut to fit as the file spool cuts its file (DESIGN §9, sizes).
+            new = fitted_anyway(new, max_bytes=spool.max_job_bytes)[0]
+    return new
+
+
+def _with_stored_payload(spool: PgSpool, lease: Lease) -> Lease | None:
+    """The lease with its job's payload as stored, when the one in hand can no longer be
+    encoded (its handler put a set or an object into `ctx.lease.job.payload`, which it
+    shares); None when the payload is not the cause. The settle decides from the claim's
+    snapshot: such a job could not be settled at all, stayed leased, ran again at every
+    expiry and was dead-lettered as a dead worker's."""
+    try:
+        dump(lease.job.payload)
+        return None
+    except (TypeError, ValueError, JobspoolError):
+        pass
+    try:
+        stored = spool.get(lease.job_id)
+    except JobspoolError:
+        return None
+    if stored.created_at != lease.job.created_at:
+        return None
+    log.warning("job %s: its handler changed the claimed job's payload into something JSON "
+                "cannot carry; settled with the payload as stored", lease.job_id,
+                extra={"job_id": lease.job_id})
+    return dataclasses.replace(lease, job=evolve(lease.job, payload=stored.payload))
 
 
 def _settle_params(spool: PgSpool, chosen: list[tuple[Lease, Job, float | None]],
