@@ -129,9 +129,12 @@ def insert_given(spool: PgSpool, fresh: list[Job], *, on_conflict: str,
     # frozen clock) made an earlier job with this id, kind and payload "this call's own":
     # a duplicate passed `on_conflict="error"`, and a canceled job was not reopened.
     committing = [False]
+    admitted = [0]  # by the latest try, in flight until it is known written (or not)
 
     def go(conn: psycopg.Connection[Any]) -> list[EnqueueResult]:
         resent = committing[0]
+        spool.landed(admitted[0], False)  # a try sent again: what it admitted is not written
+        admitted[0] = 0
         with conn.transaction():
             # Lock the ids first (an advisory lock also covers ids with no row yet, so two
             # producers of one new id cannot both insert it): one lock per bucket of ids,
@@ -174,8 +177,10 @@ def insert_given(spool: PgSpool, fresh: list[Job], *, on_conflict: str,
             # before the batch's own rows are written: inside a caller's transaction (a
             # scheduler's, whose connection is pinned) the count saw them, and a schedule's
             # tick was refused with an empty queue.
-            spool.admit(sum(1 for r in out if r.outcome == "created"
-                            or (r.outcome != "existing" and existing[r.job.id].terminal)))
+            adding = sum(1 for old_row, new_row in writes
+                         if machine.adds_to_backlog(old_row, new_row))
+            spool.admit(adding)
+            admitted[0] = adding
             for old_row, new_row in writes:
                 write(conn, old_row, new_row)
             if any(r.outcome != "existing" and r.job.state in (JobState.READY, JobState.RETRYABLE)
@@ -184,7 +189,13 @@ def insert_given(spool: PgSpool, fresh: list[Job], *, on_conflict: str,
             committing[0] = True
             return out
 
-    return spool.db.run(go, what="enqueue")
+    written = False
+    try:
+        results = spool.db.run(go, what="enqueue")
+        written = True
+    finally:
+        spool.landed(admitted[0], written)
+    return results
 
 
 def mutate(spool: PgSpool, job_id: str, decide: Callable[[Job, float], Job | None], *,

@@ -282,7 +282,16 @@ class PgSpool(EnqueueForms):
             return
         from jobspool.queue.backpressure import admit
 
-        admit(self, n, lambda: produce.measure_backlog(self))
+        # Written after this returns, outside any lock: counted in flight until `landed`.
+        admit(self, n, lambda: produce.measure_backlog(self), in_flight=True)
+
+    def landed(self, n: int, written: bool) -> None:
+        """The `n` jobs `admit` let in were written (or not): see `backpressure.landed`."""
+        if n == 0 or (self.max_due is None and self.max_lag_seconds is None):
+            return
+        from jobspool.queue.backpressure import landed
+
+        landed(self, n, written)
 
     # ------------------------------------------------------------ producing
 
@@ -306,7 +315,13 @@ class PgSpool(EnqueueForms):
             return []
         if not batch.given_ids:
             self.admit(len(fresh))
-            return produce.insert_generated(self, fresh)
+            written = False
+            try:
+                results = produce.insert_generated(self, fresh)
+                written = True
+            finally:
+                self.landed(len(fresh), written)
+            return results
         return produce.insert_given(self, fresh, on_conflict=batch.on_conflict,
                                     unique_states=batch.unique_states)
 

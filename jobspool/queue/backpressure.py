@@ -42,10 +42,12 @@ because a call that raises cannot hand a new state back to its caller.
 
 from __future__ import annotations
 
+import math
 import os
+import threading
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from jobspool.errors import Backpressure
@@ -75,6 +77,12 @@ class _State:
     on: bool = False
     backlog: Backlog | None = None
     admitted_since: int = 0  # jobs this process admitted since `backlog` was measured
+    # Admitted and not yet written (`landed`): a store whose writes are not under the
+    # admission's lock (PostgreSQL). A measurement cannot see them yet, so they stay in
+    # the estimate when it is measured again: reset with `admitted_since`, they were lost
+    # to it, and 8 threads of one producer took `max_due=100` to 150.
+    in_flight: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 _STATES: weakref.WeakKeyDictionary[Any, _State] = weakref.WeakKeyDictionary()
@@ -141,24 +149,29 @@ def _refuse(limit: tuple[Any, ...], *, releasing: bool) -> Backpressure:
         # `due + n > max_due` refuses at the limit: "4 ready jobs, over max_due=4" read wrong.
         what = f"{int(value)} ready jobs" + (f" and {adding} more" if adding else "")
         shown = f"max_due={int(bound)}"
-        back = f"under {bound / 2:g} ready jobs"
+        # In whole jobs: "under 1.5 ready jobs" for max_due=3.
+        below = math.ceil(bound / 2)
+        back = f"under {below} ready job{'s' if below != 1 else ''}"
     else:
         what = f"the oldest ready job has waited {value:.1f} s"
         shown = f"max_lag_seconds={bound:g}"
         back = f"under {bound / 2:g} s of lag"
-    state = "still over half of" if releasing else ("would be over" if name == "max_due" else "over")
+    state = "not yet under half of" if releasing else (
+        "would be over" if name == "max_due" else "over")
     return Backpressure(f"backpressure: {what}, {state} the limit {shown}; nothing was "
                         f"written, retry later (enqueues are admitted again {back})",
                         limit=name, value=value)
 
 
-def admit(spool: Any, n: int, measure_fn: Callable[[], Backlog] | None = None) -> None:
+def admit(spool: Any, n: int, measure_fn: Callable[[], Backlog] | None = None, *,
+          in_flight: bool = False) -> None:
     """Admit `n` new jobs or raise `Backpressure`.
 
     Call under the spool lock, before writing. Whether this spool object is
     refusing already is kept here, per spool (see the module docstring).
     `measure_fn` measures the backlog of a store other than the file spool
-    (the PostgreSQL store counts its rows).
+    (the PostgreSQL store counts its rows). `in_flight`: the jobs are written
+    after this returns, outside any lock of the spool's; `landed` says when.
     """
     if measure_fn is None:
         def measure_fn() -> Backlog:
@@ -166,7 +179,24 @@ def admit(spool: Any, n: int, measure_fn: Callable[[], Backlog] | None = None) -
 
     st = _STATES.get(spool)
     if st is None:
-        st = _STATES[spool] = _State()
+        st = _STATES.setdefault(spool, _State())
+    with st.lock:
+        _admit(spool, st, n, measure_fn, in_flight)
+
+
+def landed(spool: Any, n: int, written: bool) -> None:
+    """`n` jobs admitted `in_flight` were written (or not, the write failed)."""
+    st = _STATES.get(spool)
+    if st is None or n == 0:
+        return
+    with st.lock:
+        st.in_flight = max(0, st.in_flight - n)
+        if written:
+            st.admitted_since += n
+
+
+def _admit(spool: Any, st: _State, n: int, measure_fn: Callable[[], Backlog],
+           in_flight: bool) -> None:
     now = spool.now()
     on = st.on
     fresh = False
@@ -174,7 +204,8 @@ def admit(spool: Any, n: int, measure_fn: Callable[[], Backlog] | None = None) -
             now < st.backlog.measured_at:
         st.backlog, st.admitted_since, fresh = measure_fn(), 0, True
     backlog = st.backlog
-    estimate = Backlog(backlog.due + st.admitted_since, backlog.oldest_run_at, backlog.measured_at)
+    estimate = Backlog(backlog.due + st.admitted_since + st.in_flight, backlog.oldest_run_at,
+                       backlog.measured_at)
     if on:
         high = _still_high(spool, estimate, now)
         if high is not None:
@@ -184,12 +215,23 @@ def admit(spool: Any, n: int, measure_fn: Callable[[], Backlog] | None = None) -
     if limit is not None and not fresh:
         # Never refuse on a cached figure: others may have drained the queue since.
         st.backlog, st.admitted_since = measure_fn(), 0
-        limit = _over(spool, st.backlog, n, now)
+        fresh_estimate = Backlog(st.backlog.due + st.in_flight, st.backlog.oldest_run_at,
+                                 st.backlog.measured_at)
+        limit = _over(spool, fresh_estimate, n, now)
     if limit is not None:
-        st.on = True
+        # Refusing from now on (until under half) only when the backlog itself is at the
+        # limit: a batch too large for the room left is refused alone. Latched by it, a
+        # process refused every single job that fitted until the backlog fell under half.
+        at_limit = Backlog(st.backlog.due + st.admitted_since + st.in_flight,
+                           st.backlog.oldest_run_at, st.backlog.measured_at)
+        st.on = _over(spool, at_limit, 1, now) is not None
         raise _refuse(limit, releasing=False)
     st.on = False
-    st.admitted_since += n
+    if in_flight:
+        st.in_flight += n
+    else:
+        st.admitted_since += n
+
 
 
 def is_on(spool: Any) -> bool:

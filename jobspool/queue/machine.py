@@ -483,3 +483,11 @@ def replay(job: Job, outcome: str, *, now: float, error: str | None = None) -> J
                      last_error=clip_error(f"{REPLAY_GAVE_UP} {attempts} attempts; "
                                            f"last: {message}"))
     return _move(job, "replay", JobState.PREPARED, now, attempts=attempts, last_error=message)
+
+
+def adds_to_backlog(old: Job | None, new: Job) -> bool:
+    """Whether an enqueue's write adds a job to the backlog admission limits: a new job, a
+    finished one reopened, or a waiting one a replace makes ready now (a retry backing off,
+    a delayed job): those went past `max_due` unchecked."""
+    return (old is None or old.terminal
+            or (new.state is JobState.READY and old.state is not JobState.READY))

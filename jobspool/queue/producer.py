@@ -126,7 +126,8 @@ class Producer:
                 out.append(result)
             # Backpressure counts only what this call adds to the backlog: an idempotent
             # re-enqueue of an existing job adds nothing and is never refused.
-            self._admit(sum(1 for old, new in pairs if old is None or old.terminal))
+            self._admit(sum(1 for old, new in pairs
+                            if new is not None and machine.adds_to_backlog(old, new)))
             self.journal.commit_changes(pairs, stale, staged=publish, group=group,
                                         encoded={i: encoded[i] for i in publish}
                                         if encoded else None)
