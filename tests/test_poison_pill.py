@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -52,7 +53,8 @@ def test_a_job_reclaimed_past_the_bound_by_claims_is_dead_lettered(
     assert dead.state is JobState.DEAD_LETTER
     assert dead.rescues == 4 and dead.attempts == 4
     assert dead.lease is None
-    assert "poison pill" in (dead.last_error or "")
+    # It names the limit that stopped it (a limits probe: it did not).
+    assert dead.last_error == "poison pill: lease expired 4 times (max_rescues=3)"
     assert read_raw(spool_root, "dead_letter", job.id)["rescues"] == 4
 
 
@@ -169,3 +171,18 @@ def test_no_bound_leaves_only_max_attempts(spool_root: Path, clock: FakeClock) -
         dead = s.get(job.id)
         assert dead.state is JobState.DEAD_LETTER and dead.rescues == 15
         assert "attempts exhausted" in (dead.last_error or "")
+
+
+def test_both_stores_name_max_rescues_in_the_poison_pill(make_any_spool: Any) -> None:
+    from tests.store_params import sleep_past
+
+    spool = make_any_spool(lease_seconds=0.2, max_rescues=1)
+    job = spool.enqueue("render", max_attempts=10)
+    for _ in range(3):
+        leases = spool.claim()
+        if leases:
+            sleep_past(leases[0].expires_at)
+    spool.claim()  # the expiry past the bound: dead-lettered (by the claim or its sweep)
+    dead = spool.get(job.id)
+    assert dead.state is JobState.DEAD_LETTER
+    assert dead.last_error == "poison pill: lease expired 2 times (max_rescues=1)"

@@ -250,7 +250,8 @@ SET state = CASE WHEN x.dead THEN 'dead_letter' ELSE 'retryable' END,
         'attempts exhausted; last: lease expired (worker died or stalled)'
         || coalesce('; before it: ' || j.last_error, '')
       WHEN %(max_rescues)s::int IS NOT NULL AND {_past_rescues('j.', '%(max_rescues)s::int')} THEN
-        'poison pill: lease expired ' || {_bumped(_new_rescues('j.'), 'j.rescues')} || ' times'
+        'poison pill: lease expired ' || {_bumped(_new_rescues('j.'), 'j.rescues')}
+          || ' times (max_rescues=' || %(max_rescues)s::int || ')'
       WHEN {_uncounted('j.')} THEN j.last_error
       ELSE 'lease expired (worker died or stalled)' END, 1024),
     attempts = {_eff_attempts('j.')}, rescues = {_bumped(_new_rescues('j.'), 'j.rescues')},

@@ -245,7 +245,8 @@ def reclaim(job: Job, *, now: float, policy: RetryPolicy, max_rescues: int | Non
                      last_error=clip_error(f"attempts exhausted; last: {error}{before}"))
     if max_rescues is not None and rescues > max_rescues:
         return _move(job, "reclaim", JobState.DEAD_LETTER, now, lease=None, rescues=rescues,
-                     last_error=clip_error(f"poison pill: lease expired {rescues} times"))
+                     last_error=clip_error(f"poison pill: lease expired {rescues} times "
+                                           f"(max_rescues={max_rescues})"))
     # Why it is waiting again, as the PostgreSQL store records it: a job reclaimed from a
     # dead worker showed no error at all.
     return _move(job, "reclaim", JobState.RETRYABLE, now, lease=None, rescues=rescues,

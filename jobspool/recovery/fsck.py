@@ -154,9 +154,19 @@ def _notes(spool: Journal, scan: Scan, counts: dict[str, int], quarantined: int)
                      f"prepared/{stuck[0].job_id}{JOB_SUFFIX} (recover --app replays them)")
     if quarantined:
         notes.append(f"{quarantined} file(s) in quarantine/")
+    from jobspool.recovery.prune import _victims
+
     for s in sorted(TERMINAL, key=lambda s: s.value):
-        if counts[s.value] > spool.keep_terminal:
-            notes.append(f"{s.value}/ holds {counts[s.value]} jobs, over keep_terminal="
-                         f"{spool.keep_terminal} (prune removes the oldest)")
+        # The rule a prune applies (`prune._victims`): dead letters by `keep_dead`, and
+        # with `keep_terminal_seconds` only jobs older than it. The note said "over
+        # keep_terminal (prune removes the oldest)" of dead letters a prune keeps.
+        name, limit = (("keep_dead", spool.keep_dead) if s is JobState.DEAD_LETTER
+                       else ("keep_terminal", spool.keep_terminal))
+        older = spool.keep_terminal_seconds
+        going = _victims(scan.in_state(s), limit, older, now)
+        if going:
+            age = f" and older than keep_terminal_seconds={older:g}" if older is not None else ""
+            notes.append(f"{s.value}/ holds {counts[s.value]} jobs: {len(going)} of them beyond "
+                         f"{name}={limit}{age}, which a prune removes (the oldest first)")
     return notes
 
