@@ -20,8 +20,8 @@ import pytest
 
 from jobspool import Spool, Worker
 from jobspool.errors import WorkerCrashed
-from jobspool.queue.supervisor import StoreOutage, Supervisor
 from jobspool.queue.states import JobState
+from jobspool.queue.supervisor import StoreOutage, Supervisor
 
 REPO = str(Path(__file__).resolve().parents[1])
 

@@ -8,6 +8,7 @@ a connection ("no free connection within 10s"), and `close()` waited for ever.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import traceback
@@ -24,10 +25,8 @@ def _deep(n: int, fn: Callable[[], Any]) -> Any:
 def _at_every_depth_near_the_limit(fn: Callable[[], Any]) -> None:
     limit, here = sys.getrecursionlimit(), len(traceback.extract_stack())
     for margin in range(1, 120):
-        try:
+        with contextlib.suppress(RecursionError):
             _deep(limit - here - margin, fn)
-        except RecursionError:
-            pass
 
 
 def test_recursion_errors_inside_spool_calls_leak_no_connection(pg_url: str) -> None:

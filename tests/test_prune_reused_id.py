@@ -43,7 +43,7 @@ def test_a_prune_keeps_a_job_that_reused_a_pruned_id(tmp_path: Path,
             # Between the scan and the removal: old X pruned elsewhere, the id used again.
             assert other.prune(keep=1).counts["completed"] == 1
             _finish(other, "X", "new")
-            assert other.get("X").revision == [v for v in victims if v.job_id == "X"][0].revision
+            assert other.get("X").revision == next(v for v in victims if v.job_id == "X").revision
             return real(journal, victims)
 
         monkeypatch.setattr(prune_module, "_remove", meanwhile)
