@@ -37,6 +37,15 @@ def _slowed(spool: Spool, name: str, seconds: float) -> None:
     setattr(spool, name, slow)
 
 
+def _counting(ran: collections.Counter[str]) -> Callable[..., Any]:
+    """An async handler that counts its runs per job."""
+    async def handler(job: Any, ctx: Any) -> int:
+        ran[job.id] += 1
+        return 1
+
+    return handler
+
+
 def _cancel_run_after(worker: Worker, seconds: float) -> None:
     async def main() -> None:
         task = asyncio.create_task(worker.arun_until_idle())
@@ -56,11 +65,7 @@ def test_a_cancel_during_the_claim_gives_the_claimed_jobs_back_uncounted(
     spool = make_any_spool(lease_seconds=60.0)
     ids = [j.id for j in spool.enqueue_many("k", list(range(5)), max_attempts=1)]
     ran: collections.Counter[str] = collections.Counter()
-
-    async def handler(job: Any, ctx: Any) -> int:
-        ran[job.id] += 1
-        return 1
-
+    handler = _counting(ran)
     worker = Worker(spool, {"k": handler}, batch_size=5)
     _slowed(spool, "claim", 0.3)
     _cancel_run_after(worker, 0.1)  # the claim is in its thread
@@ -78,11 +83,7 @@ def test_a_cancel_during_the_settle_lets_it_land_and_runs_nothing_twice(
     spool = make_any_spool(lease_seconds=60.0)
     ids = [j.id for j in spool.enqueue_many("k", list(range(5)))]
     ran: collections.Counter[str] = collections.Counter()
-
-    async def handler(job: Any, ctx: Any) -> int:
-        ran[job.id] += 1
-        return 1
-
+    handler = _counting(ran)
     worker = Worker(spool, {"k": handler}, batch_size=5)
     _slowed(spool, "complete_many", 0.4)
     _cancel_run_after(worker, 0.2)  # the handlers ran; their settle is in its thread

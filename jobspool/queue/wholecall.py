@@ -47,16 +47,7 @@ async def whole_in_thread(call: Callable[[], T], *,
     after `landed(result)` when it returned."""
     if not on_asyncio():
         # trio cancels through scopes only, which anyio's thread call already waits out.
-        result = await anyio.to_thread.run_sync(call, limiter=limiter)
-        # A cancellation that came while the thread ran is raised here, once the call is
-        # done: without this checkpoint the caller got the result as if nothing happened.
-        try:
-            await anyio.lowlevel.checkpoint()
-        except BaseException:
-            if landed is not None:
-                landed(result)
-            raise
-        return result
+        return await _checked(await anyio.to_thread.run_sync(call, limiter=limiter), landed)
     import asyncio
 
     # Cancelled before it began (a cancel scope already cancelled or past its deadline, a
@@ -85,6 +76,13 @@ async def whole_in_thread(call: Callable[[], T], *,
         if landed is not None:
             landed(result)
         raise cancelled
+    return await _checked(result, landed)
+
+
+async def _checked(result: T, landed: Callable[[T], None] | None) -> T:
+    """`result`, unless a cancellation came while the thread ran: raised here, once the
+    call is done, after `landed(result)`. Without this checkpoint the caller got the
+    result as if nothing had happened."""
     try:
         await anyio.lowlevel.checkpoint()
     except BaseException:
