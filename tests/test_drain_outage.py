@@ -10,9 +10,6 @@ exit 2, one line naming the outage, nothing lost.
 from __future__ import annotations
 
 import errno
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -22,8 +19,7 @@ from jobspool import Spool, Worker
 from jobspool.errors import WorkerCrashed
 from jobspool.queue.states import JobState
 from jobspool.queue.supervisor import StoreOutage, Supervisor
-
-REPO = str(Path(__file__).resolve().parents[1])
+from tests.test_full_disk_lock import _on_a_small_tmpfs
 
 FULL_DISK = textwrap.dedent('''
     set -u
@@ -49,13 +45,7 @@ FULL_DISK = textwrap.dedent('''
 
 def test_a_drain_on_a_full_disk_stops_after_wait_for_store_and_loses_nothing(
         tmp_path: Path) -> None:
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    script = FULL_DISK.format(repo=REPO, python=sys.executable)
-    done = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
-                          env={**os.environ, "DIR": str(mnt)}, capture_output=True,
-                          text=True, timeout=600, cwd=REPO)
-    assert done.returncode == 0, done.stderr
+    _on_a_small_tmpfs(FULL_DISK, tmp_path)
     lines = [line.split() for line in (tmp_path / "first").read_text().splitlines()]
     rcs = [value for key, value in lines if key == "rc"]
     err = (tmp_path / "err").read_text()
