@@ -446,3 +446,28 @@ def test_init_over_a_foreign_table_with_our_name_says_so(pg_url: str, table: str
     out = run_jobspool("init", root=pg_url)
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "not jobspool's" in out.stderr and "search_path" in out.stderr, out.stderr
+
+
+def test_a_drain_gives_up_on_a_database_down_past_its_wait_for_store(
+        pg_server: PgServer, pg_url: str) -> None:
+    """`run-until-idle --wait-for-store N` on a database that goes away: the statements'
+    own reconnect budget (30 s) ran first, so any N under 30 waited 30 s anyway."""
+    ids = _enqueue(pg_url, 200, kind="slow", payload={"sleep": 0.1})
+    proc = start_jobspool("run-until-idle", "--app", APP, "--concurrency", "2",
+                          "--wait-for-store", "1", "--lease-seconds", "2", root=pg_url)
+    try:
+        wait_until(lambda: _completed(pg_url) >= 4, timeout=60, what="the drain to get going")
+        pg_server.kill()  # and stays away
+        try:
+            _, err = proc.communicate(timeout=20)  # a hang guard, far past --wait-for-store
+        except subprocess.TimeoutExpired:
+            pytest.fail("the drain waited the statements' 30 s, not its --wait-for-store 1")
+    finally:
+        _kill(proc)
+        pg_server.start_again()
+    text = err.decode(errors="replace")
+    assert proc.returncode == 2, text
+    assert "(--wait-for-store 1)" in text and "Traceback" not in text
+    time.sleep(2.1)  # what it held is up for takeover: nothing is lost
+    _ok(pg_url, "run-until-idle", "--app", APP, "--wait-retries", "60")
+    assert _completed(pg_url) == len(ids)

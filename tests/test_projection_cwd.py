@@ -35,3 +35,17 @@ def test_a_handler_changing_directory_does_not_move_the_projection(
     assert not (tmp_path / "elsewhere" / "idx").exists()
     rows = LanceProjection(str(tmp_path / "idx"), "notes").to_arrow().to_pylist()
     assert sorted(r["id"] for r in rows) == ["c1", "w1"]
+
+
+def test_a_projection_under_the_home_directory_stays_there(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    with Spool(tmp_path / "s") as spool:
+        spool.enqueue("note", {}, job_id="n1")
+        worker = Worker(spool, handlers={"note": lambda job, ctx: ctx.upsert(
+            "notes", {"id": job.id})}, projection="~/idx")
+        assert worker.run_until_idle().completed == 1
+    assert not (tmp_path / "~").exists()
+    rows = LanceProjection(str(tmp_path / "home" / "idx"), "notes").to_arrow().to_pylist()
+    assert [r["id"] for r in rows] == ["n1"]

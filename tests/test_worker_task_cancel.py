@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import gc
 import time
 import warnings
@@ -149,3 +150,68 @@ def test_a_handler_cancelled_before_its_first_step_leaves_no_unawaited_coroutine
         asyncio.run(main())
         gc.collect()
     assert not [w for w in seen if "never awaited" in str(w.message)]
+
+
+def test_a_second_cancel_during_the_way_out_leaves_no_lease_held(tmp_path: Any) -> None:
+    """The way out runs in a shielded scope, which keeps anyio's cancellations out, not
+    asyncio's: a second `task.cancel()` ended it, and every lease stayed held."""
+    with Spool(tmp_path / "s", lease_seconds=60.0) as spool:
+        spool.enqueue_many("k", list(range(5)))
+
+        async def slow(job: Any, ctx: Any) -> None:
+            await asyncio.sleep(5)
+
+        worker = Worker(spool, {"k": slow}, batch_size=5, concurrency=4, grace_seconds=0.05)
+
+        async def main() -> None:
+            task = asyncio.create_task(worker.arun_until_idle())
+            await asyncio.sleep(0.3)
+            task.cancel()
+            await asyncio.sleep(0.001)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+        asyncio.run(main())
+        states = collections.Counter((j.state, j.attempts) for j in spool.jobs())
+    assert states == {(JobState.READY, 1): 4, (JobState.READY, 0): 1}
+
+
+@pytest.mark.parametrize("turns", range(0, 12))
+def test_a_cancel_in_the_turns_after_a_claim_strands_no_job(tmp_path: Any, turns: int) -> None:
+    """Cancelled between the claim's return and its jobs reaching the hand (while it gave
+    back a stray kind's job), the claimed jobs stayed leased, an attempt charged."""
+    with Spool(tmp_path / "s", lease_seconds=60.0) as spool:
+        spool.enqueue_many("k", list(range(4)))
+        spool.enqueue("other", "stray")
+        real = spool.claim
+        handler = _counting(collections.Counter())
+        worker = Worker(spool, {"k": handler}, batch_size=10)
+
+        async def main() -> None:
+            loop = asyncio.get_running_loop()
+            task: asyncio.Task[Any] | None = None
+
+            def count(k: int) -> None:
+                if k == 0:
+                    assert task is not None
+                    task.cancel()
+                else:
+                    loop.call_soon(count, k - 1)
+
+            def claim(**kw: Any) -> Any:
+                kw["kinds"] = None  # as a stale cache did: a kind it has no handler for
+                out = real(**kw)
+                if out:
+                    loop.call_soon_threadsafe(count, turns)
+                return out
+
+            spool.claim = claim  # type: ignore[method-assign]
+            task = asyncio.create_task(worker.arun_until_idle())
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await asyncio.sleep(0.3)
+
+        asyncio.run(main())
+        del spool.claim  # type: ignore[attr-defined]
+        assert [j.id for j in spool.jobs() if j.state is JobState.LEASED] == []

@@ -39,6 +39,11 @@ def cmd_run_until_idle(args: argparse.Namespace) -> int:
 
     # Opened at once, not waited for: a script told at once that its URL reaches nothing.
     with _open(args, create=args.create) as spool:
+        db = getattr(spool, "db", None)
+        if db is not None and args.wait_for_store < db.reconnect_seconds:
+            # A database's statements retry a lost connection for `reconnect_seconds` (30)
+            # before the worker hears of the outage: `--wait-for-store 3` took 34 s.
+            db.reconnect_seconds = args.wait_for_store
         worker = _make_worker(args, spool)
         worker.grace_seconds = args.grace
         progress = None if args.json else Progress.for_stdout(spool, worker.kinds)

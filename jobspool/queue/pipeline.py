@@ -64,7 +64,7 @@ from jobspool.queue.runners import Runners, run_ended, run_started, soon_from_th
 from jobspool.queue.runtime import Monitor
 from jobspool.queue.settle import Settler
 from jobspool.queue.slots import Slots
-from jobspool.queue.wholecall import whole_in_thread
+from jobspool.queue.wholecall import whole, whole_in_thread
 
 if TYPE_CHECKING:
     from jobspool.queue.api import SpoolAPI
@@ -175,7 +175,7 @@ class Pipeline(IdleWaits):
                     await self._loop(tg)
                 finally:
                     with anyio.CancelScope(shield=True):
-                        await self._give_back_everything()
+                        await whole(self._give_back_everything)
                     tg.cancel_scope.cancel()
         finally:
             if not self._pokeless:
@@ -354,17 +354,26 @@ class Pipeline(IdleWaits):
             landed=lambda got: self._hold(got[0]))
         if len(leases) < want:
             self._next_take_over = 0.0  # the due jobs ran short: the next claim looks too
-        strays = 0
-        if any(lease.job.kind not in self.config.handlers for lease in leases):
-            kept = await whole_in_thread(functools.partial(self._give_back_strays, leases),
-                                         landed=self._hold)
-            strays, leases = len(leases) - len(kept), kept
+        claimed = leases
+        settled_here: set[str] = set()  # dead-lettered by this claim's own follow-up
+        try:
+            strays = 0
+            if any(lease.job.kind not in self.config.handlers for lease in leases):
+                kept = await whole_in_thread(functools.partial(self._give_back_strays, leases))
+                strays, leases = len(leases) - len(kept), kept
+            if over := over_kind_limit(self.config, leases):
+                leases = [lease for lease in leases if lease not in over]
+                self.counters.dead_lettered += await whole_in_thread(
+                    functools.partial(dead_letter_over_limit, self.spool, self.config, over),
+                    landed=lambda _: settled_here.update(x.job_id for x in over))
+        except BaseException:
+            # Cancelled between the claim and its jobs reaching the hand (a cancel one loop
+            # turn late): those not given back or dead-lettered yet are held, for the way
+            # out to give back uncounted. Left here, they stayed leased, an attempt charged.
+            self._hold([x for x in claimed if x.job_id not in self._strays
+                        and x.job_id not in settled_here])
+            raise
         self.counters.claimed += len(leases)
-        if over := over_kind_limit(self.config, leases):
-            leases = [lease for lease in leases if lease not in over]
-            self.counters.dead_lettered += await whole_in_thread(
-                functools.partial(dead_letter_over_limit, self.spool, self.config, over),
-                landed=lambda _: self._hold(leases))
         queued: list[Context] = []
         awaited: list[Context] = []
         for lease in leases:

@@ -227,7 +227,9 @@ def _absolute(spec: Any) -> Any:
     text = os.fspath(spec)
     if not isinstance(text, str) or "://" in text or not text:
         return spec
-    return os.path.abspath(text)
+    # `~` expanded as every reader of the projection expands it (`objectstore.local_path`):
+    # made absolute alone, "~/idx" became "<cwd>/~/idx", where nothing reads.
+    return os.path.abspath(os.path.expanduser(text))
 
 
 def _same_path(spec: Any, default: str | os.PathLike[str]) -> bool:

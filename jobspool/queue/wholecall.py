@@ -20,7 +20,7 @@ cancellation. A cancellation that came before the call began raises with nothing
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import anyio
@@ -89,4 +89,33 @@ async def _checked(result: T, landed: Callable[[T], None] | None) -> T:
         if landed is not None:
             landed(result)
         raise
+    return result
+
+
+async def whole(work: Callable[[], Awaitable[T]]) -> T:
+    """`await work()` to its end whatever cancels the caller meanwhile (then raised after
+    it): the worker's way out, which gives back what the run held. A cancel scope's
+    shield keeps anyio's cancellations out, not asyncio's `task.cancel()`: a second
+    cancel (the first began the way out) ended it at its next await, every lease it was
+    giving back left held, an attempt charged."""
+    if not on_asyncio():
+        return await work()
+    import asyncio
+
+    task = asyncio.ensure_future(work())
+    cancelled: asyncio.CancelledError | None = None
+    while True:
+        try:
+            result = await asyncio.shield(task)
+            break
+        except asyncio.CancelledError as exc:
+            if task.done() and task.cancelled():
+                raise  # its own task was cancelled (the loop is closing)
+            cancelled = exc
+        except BaseException:
+            if cancelled is not None:
+                raise cancelled from None
+            raise
+    if cancelled is not None:
+        raise cancelled
     return result
