@@ -73,3 +73,30 @@ def test_threads_of_one_producer_stay_within_max_due(make_any_spool: Callable[..
         t.join(120)  # a hang guard
     assert len(refused) == 8
     assert _ready(spool) <= 100
+
+
+def test_a_batch_committed_and_not_yet_landed_is_not_counted_twice(pg_url: str) -> None:
+    """A thread whose batch was committed but not yet counted as written (a thread switch
+    right after COMMIT) was counted twice by another thread's fresh count: a batch that
+    fitted was refused, and the producer latched, refusing single jobs."""
+    import time
+
+    from tests.spools import make_spool
+
+    spool = make_spool(pg_url, max_due=100)
+    real = spool.landed  # type: ignore[attr-defined]
+
+    def late(n: int, written: bool) -> None:
+        if n == 50:
+            time.sleep(0.5)  # committed, not yet landed
+        real(n, written)
+
+    spool.landed = late  # type: ignore[attr-defined]
+    first = threading.Thread(target=lambda: spool.enqueue_many("k", [{}] * 50))
+    first.start()
+    time.sleep(0.3)
+    spool.enqueue_many("k", [{}] * 40)  # 90: fits
+    first.join(60)
+    spool.enqueue("k", {})  # 91: fits, not latched
+    assert _ready(spool) == 91
+    spool.close()

@@ -58,6 +58,8 @@ if TYPE_CHECKING:
     from jobspool.queue.journal import Journal
 
 CACHE_SECONDS = 0.25
+# How long a refusal counted with writes in flight waits for them before deciding again.
+IN_FLIGHT_WAIT = 1.0
 
 
 @dataclass(slots=True)
@@ -82,7 +84,7 @@ class _State:
     # the estimate when it is measured again: reset with `admitted_since`, they were lost
     # to it, and 8 threads of one producer took `max_due=100` to 150.
     in_flight: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    landing: threading.Condition = field(default_factory=threading.Condition)
 
 
 _STATES: weakref.WeakKeyDictionary[Any, _State] = weakref.WeakKeyDictionary()
@@ -180,8 +182,19 @@ def admit(spool: Any, n: int, measure_fn: Callable[[], Backlog] | None = None, *
     st = _STATES.get(spool)
     if st is None:
         st = _STATES.setdefault(spool, _State())
-    with st.lock:
-        _admit(spool, st, n, measure_fn, in_flight)
+    with st.landing:
+        was_on = st.on
+        try:
+            _admit(spool, st, n, measure_fn, in_flight)
+        except Backpressure:
+            if st.in_flight == 0:
+                raise
+            # Counted with jobs admitted and not yet known written, some of which may be
+            # committed and in the fresh count already: counted twice, a batch that fitted
+            # was refused (and latched the producer). Decided again once they landed.
+            st.landing.wait_for(lambda: st.in_flight == 0, timeout=IN_FLIGHT_WAIT)
+            st.on, st.backlog = was_on, None
+            _admit(spool, st, n, measure_fn, in_flight)
 
 
 def landed(spool: Any, n: int, written: bool) -> None:
@@ -189,10 +202,11 @@ def landed(spool: Any, n: int, written: bool) -> None:
     st = _STATES.get(spool)
     if st is None or n == 0:
         return
-    with st.lock:
+    with st.landing:
         st.in_flight = max(0, st.in_flight - n)
         if written:
             st.admitted_since += n
+        st.landing.notify_all()
 
 
 def _admit(spool: Any, st: _State, n: int, measure_fn: Callable[[], Backlog],
