@@ -78,6 +78,25 @@ def insert_generated(spool: PgSpool, fresh: list[Job]) -> list[EnqueueResult]:
     return out
 
 
+def admit(spool: PgSpool, n: int) -> None:
+    """`PgSpool.admit`: the jobs are written after this returns, outside any lock, so they
+    are counted in flight until `landed`."""
+    if n == 0 or (spool.max_due is None and spool.max_lag_seconds is None):
+        return
+    from jobspool.queue.backpressure import admit as admit_jobs  # only where it is on
+
+    admit_jobs(spool, n, lambda: measure_backlog(spool), in_flight=True)
+
+
+def landed(spool: PgSpool, n: int, written: bool) -> None:
+    """`PgSpool.landed`."""
+    if n == 0 or (spool.max_due is None and spool.max_lag_seconds is None):
+        return
+    from jobspool.queue.backpressure import landed as land
+
+    land(spool, n, written)
+
+
 def measure_backlog(spool: PgSpool) -> Backlog:
     """The ready rows' count and how long the first of them (in claim order, an index
     scan rather than every row) has waited since `run_at`, or its arrival when later."""

@@ -27,7 +27,7 @@ from jobspool.errors import (
     SpoolClosed,
     SpoolError,
 )
-from jobspool.pg import admin, beats, leasing, marks, produce, recovering, tokens
+from jobspool.pg import admin, beats, leasing, marks, produce, recovering, tokens, twophase
 from jobspool.pg.clock import steady
 from jobspool.pg.db import Database
 from jobspool.pg.opening import (
@@ -49,7 +49,6 @@ from jobspool.queue.arguments import (
     check_flag,
     check_lease,
     check_leases,
-    check_reservation,
     each_whole,
     job_states,
     listed,
@@ -278,20 +277,11 @@ class PgSpool(EnqueueForms):
     def admit(self, n: int) -> None:
         """Writer backpressure (off unless `max_due`/`max_lag_seconds` are set): the same
         rule and hysteresis as the file spool's (`queue/backpressure.py`)."""
-        if n == 0 or (self.max_due is None and self.max_lag_seconds is None):
-            return
-        from jobspool.queue.backpressure import admit
-
-        # Written after this returns, outside any lock: counted in flight until `landed`.
-        admit(self, n, lambda: produce.measure_backlog(self), in_flight=True)
+        produce.admit(self, n)
 
     def landed(self, n: int, written: bool) -> None:
         """The `n` jobs `admit` let in were written (or not): see `backpressure.landed`."""
-        if n == 0 or (self.max_due is None and self.max_lag_seconds is None):
-            return
-        from jobspool.queue.backpressure import landed
-
-        landed(self, n, written)
+        produce.landed(self, n, written)
 
     # ------------------------------------------------------------ producing
 
@@ -349,33 +339,11 @@ class PgSpool(EnqueueForms):
 
     def commit(self, reservation: Reservation) -> Job:
         """Publish a prepared job (outbox step 3). Idempotent once the job left `prepared`."""
-        check_reservation(reservation)
-
-        def decide(job: Job, now: float) -> Job:
-            return machine.commit_reserved(job, reservation.reservation_id, now=now)
-
-        result: Job = self.mutate_job(reservation.job_id, decide, what="commit")
-        return result
+        return twophase.commit(self, reservation)
 
     def abort(self, reservation: Reservation) -> Job | None:
         """Release one reservation; returns the canceled job when it was the last, else None."""
-        check_reservation(reservation)
-        changed: list[Job] = []
-
-        def decide(job: Job, now: float) -> Job:
-            new = machine.abort_reserved(job, reservation.reservation_id, now=now)
-            if new is not job:
-                changed.append(new)
-            return new
-
-        self.mutate_job(reservation.job_id, decide, missing=lambda: None, what="abort")
-        if changed and changed[-1].state is JobState.CANCELED:
-            # Terminal writes count toward retention however they are made: counted on
-            # the settle path alone, canceled rows grew without bound under producers
-            # that abort and operators that cancel.
-            self.note_terminal(1)
-            return changed[-1]
-        return None
+        return twophase.abort(self, reservation)
 
     # ------------------------------------------------------------ administration
 

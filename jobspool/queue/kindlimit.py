@@ -54,3 +54,23 @@ def dead_letter_over_limit(spool: SpoolAPI, config: WorkerConfig,
                             extra={"job_id": job.id, "kind": job.kind,
                                    "state": "dead_letter"})
     return dead
+
+
+def give_back_strays(spool: SpoolAPI, config: WorkerConfig, leases: list[Lease],
+                     strays: set[str]) -> list[Lease]:
+    """Release, uncounted, claimed jobs of a kind this worker has no handler for (a claim
+    must never return them; one did from a stale cache, and the missing handler crashed
+    the worker), adding their ids to `strays` (never claimed again by this run); the rest
+    run."""
+    keep: list[Lease] = []
+    for lease in leases:
+        if lease.job.kind in config.handlers:
+            keep.append(lease)
+            continue
+        log.error("job %s: claimed with kind %r, which this worker has no handler for; "
+                  "released for a worker that has", lease.job_id, lease.job.kind,
+                  extra={"job_id": lease.job_id, "kind": lease.job.kind})
+        strays.add(lease.job_id)
+        with contextlib.suppress(JobspoolError):
+            spool.release(lease, reason="claimed by a worker without its handler")
+    return keep

@@ -35,7 +35,6 @@ decides what a failure of our own machinery costs, and the worker's
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import time
@@ -47,7 +46,6 @@ import anyio.lowlevel
 import anyio.to_thread
 
 from jobspool.errors import (
-    JobspoolError,
     ProjectionUnusable,
     StoreUnavailable,
     TimeLimitExceeded,
@@ -58,7 +56,7 @@ from jobspool.queue.async_runners import AsyncRunners
 from jobspool.queue.context import Context, Raised
 from jobspool.queue.idle import NO_HINT, IdleWaits
 from jobspool.queue.invoke import invoke
-from jobspool.queue.kindlimit import dead_letter_over_limit, over_kind_limit
+from jobspool.queue.kindlimit import dead_letter_over_limit, give_back_strays, over_kind_limit
 from jobspool.queue.report import Counters, RunReport
 from jobspool.queue.runners import Runners, run_ended, run_started, soon_from_thread
 from jobspool.queue.runtime import Monitor
@@ -359,7 +357,8 @@ class Pipeline(IdleWaits):
         try:
             strays = 0
             if any(lease.job.kind not in self.config.handlers for lease in leases):
-                kept = await whole_in_thread(functools.partial(self._give_back_strays, leases))
+                kept = await whole_in_thread(functools.partial(
+                    give_back_strays, self.spool, self.config, leases, self._strays))
                 strays, leases = len(leases) - len(kept), kept
             if over := over_kind_limit(self.config, leases):
                 leases = [lease for lease in leases if lease not in over]
@@ -412,23 +411,6 @@ class Pipeline(IdleWaits):
             return {"take_over": False}
         self._next_take_over = now + TAKE_OVER_SECONDS
         return {"take_over": True}
-
-    def _give_back_strays(self, leases: list[Lease]) -> list[Lease]:
-        """Release, uncounted, claimed jobs of a kind this worker has no handler for (a
-        claim must never return them; one did from a stale cache, and the missing handler
-        crashed the worker); the rest run."""
-        keep: list[Lease] = []
-        for lease in leases:
-            if lease.job.kind in self.config.handlers:
-                keep.append(lease)
-                continue
-            log.error("job %s: claimed with kind %r, which this worker has no handler for; "
-                      "released for a worker that has", lease.job_id, lease.job.kind,
-                      extra={"job_id": lease.job_id, "kind": lease.job.kind})
-            self._strays.add(lease.job_id)
-            with contextlib.suppress(JobspoolError):
-                self.spool.release(lease, reason="claimed by a worker without its handler")
-        return keep
 
     def _runs_async_queued(self, ctx: Context) -> bool:
         """Whether an async runner (`async_runners.py`) takes this job: an async handler,
