@@ -124,7 +124,7 @@ class SpoolLock:
             else:
                 fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, self._mode)
                 with contextlib.suppress(OSError):  # another user's lock file: leave its mode
-                    set_fd_mode(fd, self._mode)
+                    set_fd_mode(fd, self._mode, may_exist=True)
             dir_fd = os.open(self._root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as exc:
             if not self._root.is_dir():

@@ -79,12 +79,15 @@ def needs_fix(mode: int) -> bool:
     return bool(mode & 0o777 & process_umask())
 
 
-def set_fd_mode(fd: int, mode: int) -> None:
+def set_fd_mode(fd: int, mode: int, *, may_exist: bool = False) -> None:
     """Give a file just made exactly `mode`. The umask is read once (reading it costs a
     /proc read); when it looked harmless the file's own mode is asked (one fstat): a
     handler's `os.umask()` made later left job files without the spool's mode (0600 in a
-    group-read spool; 0 under umask 0777: unreadable, and quarantined by `recover`)."""
-    if needs_fix(mode) or stat.S_IMODE(os.fstat(fd).st_mode) != mode:
+    group-read spool; 0 under umask 0777: unreadable, and quarantined by `recover`).
+    `may_exist`: a file opened with O_CREAT that may be an old one (the lock file), whose
+    mode an operator may have set on purpose (a one-time read grant): only what the
+    umask strips is put back."""
+    if needs_fix(mode) or (not may_exist and stat.S_IMODE(os.fstat(fd).st_mode) != mode):
         os.fchmod(fd, mode)
 
 
