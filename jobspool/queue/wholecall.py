@@ -21,11 +21,14 @@ cancellation. A cancellation that came before the call began raises with nothing
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
+
+if TYPE_CHECKING:
+    import asyncio
 
 T = TypeVar("T")
 
@@ -58,25 +61,33 @@ async def whole_in_thread(call: Callable[[], T], *,
     # on the loop, not yet run when the call starts.
     await asyncio.sleep(0)
     await anyio.lowlevel.checkpoint_if_cancelled()
-    task = asyncio.ensure_future(anyio.to_thread.run_sync(call, limiter=limiter))
-    cancelled: asyncio.CancelledError | None = None
-    while True:
-        try:
-            result = await asyncio.shield(task)
-            break
-        except asyncio.CancelledError as exc:
-            if task.done() and task.cancelled():
-                raise  # the thread's own task was cancelled (the loop is closing)
-            cancelled = exc  # the call goes on in its thread: wait for it first
-        except BaseException:
-            if cancelled is not None:
-                raise cancelled from None  # done (it raised): the caller was cancelled
-            raise
+    result, cancelled = await _through_cancels(
+        asyncio.ensure_future(anyio.to_thread.run_sync(call, limiter=limiter)))
     if cancelled is not None:
         if landed is not None:
             landed(result)
         raise cancelled
     return await _checked(result, landed)
+
+
+async def _through_cancels(task: asyncio.Future[T]) -> tuple[T, asyncio.CancelledError | None]:
+    """`task`'s result, waited for whatever cancels the caller meanwhile, with the first
+    such cancellation (for the caller to raise once it has dealt with the result). What the
+    task raised is raised, the caller's cancellation instead when there was one."""
+    import asyncio
+
+    cancelled: asyncio.CancelledError | None = None
+    while True:
+        try:
+            return await asyncio.shield(task), cancelled
+        except asyncio.CancelledError as exc:
+            if task.done() and task.cancelled():
+                raise  # the task itself was cancelled (the loop is closing)
+            cancelled = exc  # it goes on: wait for it first
+        except BaseException:
+            if cancelled is not None:
+                raise cancelled from None  # done (it raised): the caller was cancelled
+            raise
 
 
 async def _checked(result: T, landed: Callable[[T], None] | None) -> T:
@@ -102,20 +113,7 @@ async def whole(work: Callable[[], Awaitable[T]]) -> T:
         return await work()
     import asyncio
 
-    task = asyncio.ensure_future(work())
-    cancelled: asyncio.CancelledError | None = None
-    while True:
-        try:
-            result = await asyncio.shield(task)
-            break
-        except asyncio.CancelledError as exc:
-            if task.done() and task.cancelled():
-                raise  # its own task was cancelled (the loop is closing)
-            cancelled = exc
-        except BaseException:
-            if cancelled is not None:
-                raise cancelled from None
-            raise
+    result, cancelled = await _through_cancels(asyncio.ensure_future(work()))
     if cancelled is not None:
         raise cancelled
     return result
