@@ -313,29 +313,14 @@ def test_sigterm_stops_a_worker_whose_database_is_down(pg_server: PgServer, pg_u
                                                        tmp_path: Path,
                                                        command: tuple[str, ...]) -> None:
     """The pool exited 0 with leases its children could not give back."""
-    ids = _enqueue(pg_url, 200, kind="slow", payload={"sleep": 0.1})
-    proc = start_jobspool(*command, "--app", APP, "--concurrency", "2",
-                          "--grace", "5", "--lease-seconds", "2", root=pg_url)
-    try:
-        wait_until(lambda: _completed(pg_url) >= 4, timeout=60, what="the worker to get going")
-        pg_server.kill()  # the database goes away mid-run and stays away
-        time.sleep(1.0)
-        proc.send_signal(signal.SIGTERM)
-        try:
-            _, err = proc.communicate(timeout=60)  # --grace 5: far below this guard
-        except subprocess.TimeoutExpired:
-            pytest.fail("SIGTERM did not stop run-until-idle while its database was down")
-    finally:
-        _kill(proc)
-        pg_server.start_again()
-    text = err.decode(errors="replace")
+    ids, code, text = _database_lost_mid_run(
+        pg_server, pg_url, [*command, "--grace", "5"], sigterm_after=1.0, guard=60,
+        hung="SIGTERM did not stop run-until-idle while its database was down")
     assert "Traceback" not in text
     # Leases it could not give back: not a clean stop (exit 2), and it says why.
-    assert proc.returncode == 2, text
+    assert code == 2, text
     assert "could not be given back" in text
-    time.sleep(2.1)  # what it held when it stopped is up for takeover: nothing is lost
-    _ok(pg_url, "run-until-idle", "--app", APP, "--wait-retries", "60")
-    assert _completed(pg_url) == len(ids)
+    _nothing_lost(pg_url, ids)
 
 
 # ---------------------------------------------------------------- the CLI with --root URL
@@ -452,22 +437,42 @@ def test_a_drain_gives_up_on_a_database_down_past_its_wait_for_store(
         pg_server: PgServer, pg_url: str) -> None:
     """`run-until-idle --wait-for-store N` on a database that goes away: the statements'
     own reconnect budget (30 s) ran first, so any N under 30 waited 30 s anyway."""
+    ids, code, text = _database_lost_mid_run(
+        pg_server, pg_url, ["run-until-idle", "--wait-for-store", "1"], guard=20,
+        hung="the drain waited the statements' 30 s, not its --wait-for-store 1")
+    assert code == 2, text
+    assert "(--wait-for-store 1)" in text and "Traceback" not in text
+    _nothing_lost(pg_url, ids)
+
+
+def _database_lost_mid_run(pg_server: PgServer, pg_url: str, command: list[str], *,
+                           guard: float, hung: str, sigterm_after: float | None = None
+                           ) -> tuple[list[str], int, str]:
+    """Run `command` over 200 slow jobs; once it got going, the database goes away and
+    stays away (SIGTERM `sigterm_after` s later, when given). Waits at most `guard` s (a
+    hang guard: `hung` says what hung) for it to exit: (the job ids, exit code, stderr)."""
     ids = _enqueue(pg_url, 200, kind="slow", payload={"sleep": 0.1})
-    proc = start_jobspool("run-until-idle", "--app", APP, "--concurrency", "2",
-                          "--wait-for-store", "1", "--lease-seconds", "2", root=pg_url)
+    proc = start_jobspool(*command, "--app", APP, "--concurrency", "2",
+                          "--lease-seconds", "2", root=pg_url)
     try:
-        wait_until(lambda: _completed(pg_url) >= 4, timeout=60, what="the drain to get going")
-        pg_server.kill()  # and stays away
+        wait_until(lambda: _completed(pg_url) >= 4, timeout=60, what="the run to get going")
+        pg_server.kill()
+        if sigterm_after is not None:
+            time.sleep(sigterm_after)
+            proc.send_signal(signal.SIGTERM)
         try:
-            _, err = proc.communicate(timeout=20)  # a hang guard, far past --wait-for-store
+            _, err = proc.communicate(timeout=guard)
         except subprocess.TimeoutExpired:
-            pytest.fail("the drain waited the statements' 30 s, not its --wait-for-store 1")
+            pytest.fail(hung)
     finally:
         _kill(proc)
         pg_server.start_again()
-    text = err.decode(errors="replace")
-    assert proc.returncode == 2, text
-    assert "(--wait-for-store 1)" in text and "Traceback" not in text
-    time.sleep(2.1)  # what it held is up for takeover: nothing is lost
+    return ids, proc.returncode, err.decode(errors="replace")
+
+
+def _nothing_lost(pg_url: str, ids: list[str]) -> None:
+    """What a stopped run held is up for takeover once its 2 s leases expire: a second run
+    completes every job."""
+    time.sleep(2.1)
     _ok(pg_url, "run-until-idle", "--app", APP, "--wait-retries", "60")
     assert _completed(pg_url) == len(ids)
