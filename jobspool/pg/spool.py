@@ -45,6 +45,7 @@ from jobspool.pg.opening import (
 from jobspool.pg.rows import COLUMNS, to_job
 from jobspool.queue import machine
 from jobspool.queue.arguments import (
+    check_exclude,
     check_fail_items,
     check_flag,
     check_lease,
@@ -450,7 +451,7 @@ class PgSpool(EnqueueForms):
             for k in kinds:
                 validate_kind(k)
         return leasing.claim(self, kinds=kinds, limit=limit, owner=who, lease_seconds=seconds,
-                             exclude=exclude, starts_noted=starts_noted,
+                             exclude=check_exclude(exclude), starts_noted=starts_noted,
                              take_over=bool(take_over))
 
     def _seconds(self, lease_seconds: float | None) -> float:

@@ -387,6 +387,21 @@ def listed(name: str, value: object, what: str) -> list[Any]:
     return list(value)
 
 
+def check_exclude(value: object) -> frozenset[str]:
+    """A claim's `exclude`: job ids (strings). A None in it made PostgreSQL's `NOT IN` unknown
+    for every row, so the claim took nothing, silently; a bare string was taken letter by
+    letter."""
+    if isinstance(value, str):
+        raise InvalidType(f"exclude must be a list of job ids, got the string {_short(value)}",
+                          field="exclude")
+    ids = listed("exclude", value, "job ids")
+    for job_id in ids:
+        if not isinstance(job_id, str):
+            raise InvalidType(f"exclude must hold job ids (strings), got {_short(job_id)}",
+                              field="exclude")
+    return frozenset(ids)
+
+
 def check_reservation(value: object) -> None:
     if not isinstance(value, Reservation):
         raise InvalidType(f"expected a Reservation (as prepare returns), got {_short(value)}",

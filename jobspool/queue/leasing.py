@@ -10,7 +10,7 @@ from collections.abc import Collection, Iterable
 
 from jobspool.errors import FULL_DISK, WriteFailed
 from jobspool.queue import interrupts, liveness, machine
-from jobspool.queue.arguments import listed
+from jobspool.queue.arguments import check_exclude, listed
 from jobspool.queue.backlog import Waiting
 from jobspool.queue.diskerrors import write_failed
 from jobspool.queue.holding import Holding
@@ -66,11 +66,11 @@ class Leasing(Holding):
             for k in kind_set:
                 validate_kind(k)
         who = self.owner if owner is None else validate_owner(owner)
+        excluded = check_exclude(exclude)
         with self.journal.lock.hold(), interrupts.deferred() as section:
             while True:
                 try:
-                    leases = self._claim_locked(kind_set, limit, who, seconds,
-                                                frozenset(exclude))
+                    leases = self._claim_locked(kind_set, limit, who, seconds, excluded)
                     break
                 except BaseException as exc:
                     # The index already forgot the candidates it handed out; a failure
