@@ -223,7 +223,9 @@ def test_a_helper_forked_inside_a_fenced_block_leaves_it_quietly(
                           timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["[0]", "completed", "ok"], (done.stdout, done.stderr)
-    assert "Traceback" not in done.stderr, done.stderr
+    # Nothing at all on stderr: on PostgreSQL the child ended the parent's transaction
+    # from its dead copy of the socket ("error ignored in rollback").
+    assert done.stderr == "", done.stderr
 
 
 _CHILD_WAITS = textwrap.dedent("""
@@ -291,3 +293,36 @@ def test_closing_inside_a_fenced_block_does_not_wait_for_a_thread_waiting_on_it(
     other.join(60)
     assert not other.is_alive()
     assert outcome and (outcome[0] is JobState.CANCELED or isinstance(outcome[0], SpoolClosed))
+
+
+_CHILD_USES_SPOOL_IN_BLOCK = textwrap.dedent("""
+    import os, sys
+    from jobspool import Spool
+    spool = Spool(sys.argv[1])
+    spool.enqueue("k", {}, job_id="j")
+    lease = spool.claim(kinds="k", lease_seconds=600)[0]
+    with spool.fenced(lease):
+        pid = os.fork()
+        if pid == 0:                              # a helper made inside the block
+            try:
+                spool.enqueue("k", {}, job_id="from-child")
+                code = 0
+            except Exception as e:
+                print(type(e).__name__, e, file=sys.stderr, flush=True)
+                code = 3
+            os._exit(code)
+    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), spool.get("from-child").state.value)
+""")
+
+
+def test_a_child_forked_inside_a_fenced_block_can_use_the_spool(
+        store_root: str | Path) -> None:
+    # Found by a fork probe (PostgreSQL): the block's connection, pinned for the forking
+    # thread, was a dead socket in the child, and every statement that thread sent failed
+    # "connection lost" for the child's whole life.
+    opener(store_root)[0]().close()
+    done = subprocess.run([sys.executable, "-c", _CHILD_USES_SPOOL_IN_BLOCK, str(store_root)],
+                          cwd=REPO, env=cli_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0", "ready"], (done.stdout, done.stderr)

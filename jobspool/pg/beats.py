@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import threading
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -151,6 +152,7 @@ def fenced(spool: PgSpool, lease: Lease) -> Iterator[Lease]:
                            (lease.job_id,)).fetchone()
         return row, conn.execute("SELECT extract(epoch from now())::float8").fetchone()
 
+    pid = os.getpid()
     with spool.db.block(begin, what="opening a fenced block") as (conn, (row, db_now)):
         if row is None:
             raise LeaseLost(lease.job_id, lease.token, "job is gone")
@@ -168,6 +170,8 @@ def fenced(spool: PgSpool, lease: Lease) -> Iterator[Lease]:
                 _FENCED[key] -= 1
                 if _FENCED[key] <= 0:
                     del _FENCED[key]
+        if os.getpid() != pid:
+            return  # a child forked inside the block: the block is the parent's to end
         with spool.db.one_line_errors("ending a fenced block (what it did is rolled back)"):
             lost = _end_block(spool, conn, lease)
     if lost is not None:

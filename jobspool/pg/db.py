@@ -187,8 +187,13 @@ class Database:
 
     def forked(self) -> None:
         """In a forked child (`_release_after_fork`): a parent thread may have held the
-        mutex at the fork; the inherited pool is never used (`_get_pool`)."""
+        mutex at the fork; the inherited pool is never used (`_get_pool`). A fenced block
+        open on the forking thread stays the parent's: its connection, pinned for the
+        block, is a dead socket here, and every later statement of that thread failed
+        "connection lost" for the child's whole life."""
         self._mutex = threading.Lock()
+        self._pinned = threading.local()
+        self._blocks = {}
 
     @contextmanager
     def patience(self, until: float | None) -> Iterator[None]:
@@ -252,14 +257,24 @@ class Database:
         """
         pinned = getattr(self._pinned, "conn", None)
         tries = 1 if pinned is not None else BLOCK_OPEN_TRIES
+        pid = os.getpid()
         for attempt in range(1, tries + 1):
             opened = ended = False
             try:
-                with (contextlib.nullcontext(pinned) if pinned is not None
-                      else self.connection()) as conn, conn.transaction():
+                with contextlib.ExitStack() as stack:
+                    conn = stack.enter_context(contextlib.nullcontext(pinned) if pinned
+                                               is not None else self.connection())
+                    stack.enter_context(conn.transaction())
                     value = begin(conn)
                     opened = True
-                    yield conn, value
+                    try:
+                        yield conn, value
+                    finally:
+                        if os.getpid() != pid:
+                            # A child forked inside the block leaves it: the transaction is
+                            # the parent's, its socket a dead copy here (`forked`); ending
+                            # it from here only printed psycopg's failed rollback.
+                            stack.pop_all()
                     ended = True
                 return
             except (psycopg.Error, PoolExhausted) as exc:
