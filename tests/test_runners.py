@@ -11,12 +11,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 
 from jobspool import Context, Job, JobState, Policy, Spool, Worker
+from tests.spools import make_spool
 
 
 class Gauge:
@@ -61,24 +63,19 @@ def test_every_sync_job_runs_once_with_concurrency_handlers_at_once(spool: Spool
     assert [spool.get(j.id).result for j in jobs[:5]] == [0, 2, 4, 6, 8]
 
 
-def test_quick_handlers_run_on_one_thread_and_blocking_ones_fill_every_slot(
-        spool: Spool) -> None:
-    # Four runners started at once took turns at the GIL on quick handlers (0.7x the jobs/s
-    # of one, bench/worker_overhead.py): another starts only while every runner blocks.
-    threads: set[int] = set()
-    quick = spool.enqueue_many("quick", list(range(300)))
-    report = Worker(spool, {"quick": lambda job, ctx: threads.add(threading.get_ident())},
-                    concurrency=4, batch_size=50, maintenance=False).run_until_idle()
-    assert report.completed == len(quick)
-    # One runner; a second only if the machine stalled a quick handler past GROW_SECONDS
-    # (before: four, one per slot, for every batch).
-    assert len(threads) <= 2
-    # The same worker shape with handlers that block until four run at once: no deadlock.
-    meet = threading.Barrier(4, timeout=20)
-    spool.enqueue_many("blocking", list(range(8)))
-    report = Worker(spool, {"blocking": lambda job, ctx: meet.wait()}, concurrency=4,
-                    batch_size=50, maintenance=False).run_until_idle()
-    assert report.completed == 8 and not meet.broken
+def test_runners_parked_after_a_burst_all_run_the_next_one(tmp_path: Path) -> None:
+    # Found by a probe of a change that woke one parked runner per claim and grew more only
+    # while all ran handlers for 10 ms: the second burst ran on one thread, and handlers
+    # that wait for each other (a barrier of `concurrency`) hung the run for good.
+    n = 6
+    spool = make_spool(tmp_path / "s")
+    spool.enqueue_many("warm", [0] * n)
+    spool.enqueue_many("meet", [0] * n, delay=1.0)  # claimed once the warm runners parked
+    meet = threading.Barrier(n, timeout=20)
+    report = Worker(spool, {"warm": lambda job, ctx: time.sleep(0.2),
+                            "meet": lambda job, ctx: meet.wait()},
+                    concurrency=n, maintenance=False).run_until_idle(wait_for_retries=10)
+    assert report.completed == 2 * n and not meet.broken
 
 
 def test_jobs_with_and_without_a_time_limit_share_the_concurrency_cap(spool: Spool) -> None:

@@ -9,14 +9,6 @@ queue, in claim order, until the queue is empty. Finished jobs go back to
 the loop in groups: one wakeup covers every job finished since the loop
 last looked, so a burst of quick jobs costs one hop, not one per job.
 
-Runners start one at a time, as the work needs them: a batch is handed to
-one runner, and another starts (or a parked one wakes) only when every runner
-has been inside one handler for `GROW_SECONDS` while jobs wait. Started all
-at once, `concurrency` threads took turns at the GIL on quick handlers: with
-a no-op handler on PostgreSQL, four runners drained 0.7x as fast as one, at
-more CPU per job (`bench/worker_overhead.py`). Handlers that block (I/O, a
-sleep) still fill every slot, each a few milliseconds after the last.
-
 What stays on the per-job path: async handlers, jobs with a time limit (a
 thread past its limit is abandoned, which a runner serving a queue must not
 be) and rescued jobs that must run alone.
@@ -33,7 +25,6 @@ import asyncio
 import collections
 import importlib
 import threading
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -47,12 +38,6 @@ from jobspool.queue.invoke import call_sync
 if TYPE_CHECKING:
     from jobspool.queue.host import Lifecycle
     from jobspool.queue.slots import Slots
-
-# How long every runner must have been inside one handler, jobs waiting, before another
-# runner starts: far below any handler worth a thread of its own, and twice the GIL's
-# switch interval (5 ms), so a quick handler kept waiting for the GIL by the loop's own
-# work does not look blocked (at 2 ms, 1 run in 3 of 300 no-op jobs grew a second runner).
-GROW_SECONDS = 0.01
 
 
 def soon_from_thread() -> Callable[[Callable[[], None]], Any] | None:
@@ -93,12 +78,11 @@ def run_ended(ctx: Context, life: Lifecycle) -> None:
 class _Run:
     """One runner's thread, as the loop sees it."""
 
-    __slots__ = ("abandoned", "current", "since")
+    __slots__ = ("abandoned", "current")
 
     def __init__(self) -> None:
         self.current: Context | None = None
         self.abandoned = False
-        self.since: float | None = None  # monotonic start of the handler it runs now
 
 
 class Runners:
@@ -119,58 +103,23 @@ class Runners:
         self._more = threading.Condition(self._lock)  # a parked runner waits here for jobs
         self._queue: collections.deque[Context] = collections.deque()
         self._active = 0  # runners started and not yet out of work; under _lock
-        self._runs: set[_Run] = set()  # their threads' states; under _lock
-        self._parked = 0  # runners waiting in `_drain` for jobs; under _lock
-        self._growing = False  # a `_grow` task watches the queue
         self._posted: list[Context] = []
         self._post_pending = False
 
     def submit(self, tg: anyio.abc.TaskGroup, ctxs: list[Context]) -> None:
-        """Queue jobs (claim order kept), for a parked runner or a new one; more runners
-        follow while handlers block (`_grow`)."""
+        """Queue jobs (claim order kept) and start runners for free slots."""
         if not ctxs:
             return
         with self._lock:
             self._queue.extend(ctxs)
-            start = self._active == 0
-            if start:
-                self._active += 1
-            elif self._parked:
-                self._more.notify()  # a parked runner takes them: no new task
-            grow = not self._growing and self.slots.concurrency > 1
-            self._growing = self._growing or grow
-        if start:
+            start = min(self.slots.concurrency - self._active, len(self._queue))
+            self._active += start
+            self._more.notify(len(ctxs))  # parked runners take them first: no new task
+        for _ in range(start):
             tg.start_soon(self._runner)
-        if grow:
-            tg.start_soon(self._grow, tg)
-
-    async def _grow(self, tg: anyio.abc.TaskGroup) -> None:
-        """While jobs wait: one more runner (a parked one, or a new one up to `concurrency`)
-        whenever every runner has been inside one handler for `GROW_SECONDS`."""
-        try:
-            while True:
-                await anyio.sleep(GROW_SECONDS)
-                with self._lock:
-                    if not self._queue:
-                        return
-                    now = time.monotonic()
-                    if any(r.since is None or now - r.since < GROW_SECONDS for r in self._runs
-                           if not r.abandoned):
-                        continue  # a runner is between jobs or on a quick one
-                    if self._parked:
-                        self._more.notify()
-                        continue
-                    if self._active >= self.slots.concurrency:
-                        continue
-                    self._active += 1
-                tg.start_soon(self._runner)
-        finally:
-            self._growing = False
 
     async def _runner(self) -> None:
         run = _Run()
-        with self._lock:
-            self._runs.add(run)
         try:
             with anyio.CancelScope() as scope:
                 self.scopes.add(scope)
@@ -189,7 +138,6 @@ class Runners:
         """If this runner's thread has not returned (we were cancelled), let it go: its job
         ends interrupted, the jobs still queued end unstarted."""
         with self._lock:
-            self._runs.discard(run)
             if run.abandoned or run.current is _DONE:
                 return
             run.abandoned = True
@@ -224,12 +172,8 @@ class Runners:
                     # an async runner waiting for a slot (`nudge`), a stop (`nudge`), the
                     # run ending (`_abandon`). No timeout: an idle worker's parked runners
                     # cost no wakeups.
-                    self._parked += 1
-                    try:
-                        self._more.wait_for(lambda: self._queue or run.abandoned
-                                            or self.life.stopping or self.slots.contended())
-                    finally:
-                        self._parked -= 1
+                    self._more.wait_for(lambda: self._queue or run.abandoned
+                                        or self.life.stopping or self.slots.contended())
                     if run.abandoned:
                         return False
                 if not self._queue:
@@ -243,11 +187,7 @@ class Runners:
             if ctx.unconfirmed():
                 ctx.confirm()
             if not self.life.stopping and ctx.runnable():
-                run.since = time.monotonic()
-                try:
-                    self._call(ctx)
-                finally:
-                    run.since = None
+                self._call(ctx)
             with self._lock:
                 if run.abandoned:
                     return False  # the loop ended this job already (interrupted)
