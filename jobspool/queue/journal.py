@@ -238,8 +238,13 @@ class Journal(JournalReads, JournalSettings):
                 if d and d in JobState._value2member_map_:
                     touched.add(JobState(d))
         current = {s for s in touched if self.index.tracked(s) and self.index.is_current(s)}
-        # Pure inserts may share their directory flush with concurrent producers.
-        deferred = group and self.durable and all(ch.src is None for ch in changes) \
+        # Pure inserts may share their directory flush with concurrent producers, unless
+        # this thread keeps the spool lock past this write (an enqueue in a fenced block or
+        # a schedule's tick): the shared flush is awaited under the flush lock, whose
+        # leader takes the spool lock, so waiting for it while holding the spool lock
+        # deadlocked every process of the spool (soak probe). Those flush here instead.
+        deferred = group and self.durable and not self.lock.nested \
+            and all(ch.src is None for ch in changes) \
             and all(ch.dst in _GROUP_DIRS for ch in changes)
         self.lock.begin_write()
         try:

@@ -352,6 +352,12 @@ class SpoolLock:
         """True when the calling thread holds the lock."""
         return self._depth > 0 and self._thread_lock._is_owned()  # type: ignore[attr-defined]
 
+    @property
+    def nested(self) -> bool:
+        """True when the calling thread holds the lock inside an outer hold of its own (a
+        fenced block, a schedule's tick): the inner hold's end does not release it."""
+        return self._depth > 1 and self._thread_lock._is_owned()  # type: ignore[attr-defined]
+
     @contextmanager
     def hold(self) -> Iterator[None]:
         self.acquire()
