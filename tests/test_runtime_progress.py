@@ -134,6 +134,29 @@ def test_a_worker_removes_progress_files_no_current_run_owns(spool: Spool) -> No
     assert list(orphan_dir.iterdir()) == []
 
 
+def test_a_running_worker_also_removes_progress_files_left_after_its_start(
+        spool: Spool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Found by a soak probe: pruned only at a worker's start, the file of a worker killed
+    # while this one ran stayed until the restart after next.
+    from jobspool.queue import runtime
+
+    monkeypatch.setattr(runtime, "_PRUNE_PROGRESS_EVERY", 0.2)
+    worker = Worker(spool, {"work": lambda job, ctx: None}, maintenance=False)
+    thread = threading.Thread(target=worker.run_forever, daemon=True)
+    thread.start()
+    try:
+        spool.enqueue("work", job_id="first")
+        wait_until(lambda: spool.get("first").state is JobState.COMPLETED, GUARD,
+                   "the worker to run")
+        write_progress(spool.root, "killed-elsewhere", make_progress(7, 1, None, None))
+        left = spool.root / PROGRESS_DIR / "killed-elsewhere.7.json"
+        assert left.exists()
+        wait_until(lambda: not left.exists(), GUARD, "the running worker to remove it")
+    finally:
+        worker.stop()
+        thread.join(GUARD)
+
+
 def test_a_dead_workers_progress_is_not_shown(tmp_path: Path) -> None:
     # The README: "A file left by a worker that died is never shown". Killed, the worker
     # left its report naming the lease's token, shown until the lease expired.

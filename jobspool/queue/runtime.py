@@ -49,6 +49,10 @@ MAX_HOLD_MOVES = 3
 _TICK = 0.25
 _IDLE_TICK = 1.0  # nothing in hand: no beat, progress or handler to watch between beats
 _PROGRESS_EVERY = 0.5  # at most one progress write per job this often
+# How often a running worker also removes the progress files of runs that died: at its
+# start only, a file of a worker killed while this one ran (its lease then still live)
+# stayed until the restart after next (a soak probe).
+_PRUNE_PROGRESS_EVERY = 300.0
 
 
 def _internal_dirs() -> tuple[str, ...]:
@@ -424,13 +428,17 @@ class Monitor:
             self.tick = time.monotonic()
             await anyio.sleep(_TICK)
 
-    def _run(self) -> None:
+    def _prune_progress(self) -> None:
         try:
             prune_stale_progress(self.spool)  # files left by workers that died
         except Exception as exc:  # advisory data: never let it stop the heartbeats
             log.debug("could not prune stale progress files: %s", exc)
+
+    def _run(self) -> None:
+        self._prune_progress()
         next_beat = time.monotonic() + self.interval
         next_progress = 0.0
+        next_prune = time.monotonic() + _PRUNE_PROGRESS_EVERY
         while True:
             wait = min(_TICK if self.contexts() else _IDLE_TICK,
                        max(0.005, next_beat - time.monotonic()))
@@ -443,6 +451,9 @@ class Monitor:
             if now >= next_progress:
                 next_progress = now + _PROGRESS_EVERY
                 self._flush_progress()
+            if now >= next_prune:
+                next_prune = now + _PRUNE_PROGRESS_EVERY
+                self._prune_progress()
             if now >= next_beat:
                 next_beat = now + self.interval
                 try:
