@@ -78,6 +78,26 @@ def test_runners_parked_after_a_burst_all_run_the_next_one(tmp_path: Path) -> No
     assert report.completed == 2 * n and not meet.broken
 
 
+def test_a_quick_kind_whose_handler_starts_to_block_still_fills_every_slot(
+        tmp_path: Path) -> None:
+    # Batches of a kind whose calls have been quick run on one runner (runners.py); should
+    # its handler block after all, more runners join (`_grow`): here four handlers of that
+    # kind that only return once four run at once, in the same run.
+    n = 4
+    spool = make_spool(tmp_path / "s")
+    spool.enqueue_many("k", [{"quick": True}] * 300)
+    spool.enqueue_many("k", [{"meet": True}] * (3 * n), delay=0.5)
+    meet = threading.Barrier(n, timeout=20)
+
+    def handler(job: Job, ctx: Context) -> None:
+        if job.payload.get("meet"):
+            meet.wait()
+
+    report = Worker(spool, {"k": handler}, concurrency=n, batch_size=50,
+                    maintenance=False).run_until_idle(wait_for_retries=10)
+    assert report.completed == 300 + 3 * n and not meet.broken
+
+
 def test_jobs_with_and_without_a_time_limit_share_the_concurrency_cap(spool: Spool) -> None:
     gauge = Gauge()
 
