@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    import psycopg
+
     from jobspool.pg.db import Database
     from jobspool.queue.job import Job
     from jobspool.queue.machine import RetryPolicy
@@ -69,7 +71,7 @@ class PgCore(Protocol):
 
     def now_param(self) -> float | None: ...
 
-    def admit(self, n: int) -> None: ...
+    def admit(self, n: int, conn: psycopg.Connection[Any] | None = None) -> None: ...
 
     def landed(self, n: int, written: bool) -> None: ...
 

@@ -78,14 +78,18 @@ def insert_generated(spool: PgSpool, fresh: list[Job]) -> list[EnqueueResult]:
     return out
 
 
-def admit(spool: PgSpool, n: int) -> None:
+def admit(spool: PgSpool, n: int, conn: psycopg.Connection[Any] | None = None) -> None:
     """`PgSpool.admit`: the jobs are written after this returns, outside any lock, so they
-    are counted in flight until `landed`."""
+    are counted in flight until `landed`. `conn`: the caller's own connection, which the
+    backlog is measured on. Measured on a second pooled one, a caller already holding a
+    connection waited for the pool while holding the backpressure state, and as many such
+    callers as the pool has connections (threads enqueuing with ids) starved it: nothing
+    was enqueued at all (a lock-order probe)."""
     if n == 0 or (spool.max_due is None and spool.max_lag_seconds is None):
         return
     from jobspool.queue.backpressure import admit as admit_jobs  # only where it is on
 
-    admit_jobs(spool, n, lambda: measure_backlog(spool), in_flight=True)
+    admit_jobs(spool, n, lambda: measure_backlog(spool, conn), in_flight=True)
 
 
 def landed(spool: PgSpool, n: int, written: bool) -> None:
@@ -97,16 +101,21 @@ def landed(spool: PgSpool, n: int, written: bool) -> None:
     land(spool, n, written)
 
 
-def measure_backlog(spool: PgSpool) -> Backlog:
+def measure_backlog(spool: PgSpool, conn: psycopg.Connection[Any] | None = None
+                    ) -> Backlog:
     """The ready rows' count and how long the first of them (in claim order, an index
-    scan rather than every row) has waited since `run_at`, or its arrival when later."""
+    scan rather than every row) has waited since `run_at`, or its arrival when later.
+    On `conn` when given (the caller's transaction), else on a pooled connection."""
     from jobspool.queue.backpressure import Backlog  # only where backpressure is on
 
-    row = spool.db.run(lambda c: c.execute(
-        "SELECT (SELECT count(*) FROM jobspool_jobs WHERE state = 'ready'), "
-        "(SELECT min(greatest(run_at, updated_at)) FROM (SELECT run_at, updated_at "
-        "FROM jobspool_jobs WHERE state = 'ready' ORDER BY priority, run_at, id "
-        "LIMIT 100) s)").fetchone(), what="measuring the backlog")
+    def go(c: psycopg.Connection[Any]) -> Any:
+        return c.execute(
+            "SELECT (SELECT count(*) FROM jobspool_jobs WHERE state = 'ready'), "
+            "(SELECT min(greatest(run_at, updated_at)) FROM (SELECT run_at, updated_at "
+            "FROM jobspool_jobs WHERE state = 'ready' ORDER BY priority, run_at, id "
+            "LIMIT 100) s)").fetchone()
+
+    row = go(conn) if conn is not None else spool.db.run(go, what="measuring the backlog")
     due, oldest = (int(row[0]), row[1]) if row else (0, None)
     return Backlog(due=due, oldest_run_at=oldest, measured_at=spool.now())
 
@@ -198,7 +207,7 @@ def insert_given(spool: PgSpool, fresh: list[Job], *, on_conflict: str,
             # tick was refused with an empty queue.
             adding = sum(1 for old_row, new_row in writes
                          if machine.adds_to_backlog(old_row, new_row))
-            spool.admit(adding)
+            spool.admit(adding, conn)
             admitted[0] = adding
             for old_row, new_row in writes:
                 write(conn, old_row, new_row)

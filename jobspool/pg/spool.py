@@ -82,6 +82,7 @@ from jobspool.queue.runs import Runs
 from jobspool.queue.states import JobState, check_source
 
 if TYPE_CHECKING:
+    import psycopg
 
     from jobspool.health import Health
     from jobspool.pg.notify import NotifyWatcher
@@ -275,10 +276,11 @@ class PgSpool(EnqueueForms):
         except SpoolError as exc:
             log.warning("automatic pruning failed (will retry later): %s", exc)
 
-    def admit(self, n: int) -> None:
+    def admit(self, n: int, conn: psycopg.Connection[Any] | None = None) -> None:
         """Writer backpressure (off unless `max_due`/`max_lag_seconds` are set): the same
-        rule and hysteresis as the file spool's (`queue/backpressure.py`)."""
-        produce.admit(self, n)
+        rule and hysteresis as the file spool's (`queue/backpressure.py`); measured on
+        `conn`, the caller's connection, when it holds one."""
+        produce.admit(self, n, conn)
 
     def landed(self, n: int, written: bool) -> None:
         """The `n` jobs `admit` let in were written (or not): see `backpressure.landed`."""
