@@ -26,7 +26,7 @@ def test_threads_enqueuing_with_ids_under_backpressure_do_not_starve_the_pool(
             try:
                 for i in range(EACH):
                     spool.enqueue("bp", {"i": i}, job_id=f"t{t}-{i}")
-            except BaseException as exc:  # noqa: BLE001 - reported below
+            except BaseException as exc:  # reported below
                 errors.append(exc)
 
         threads = [threading.Thread(target=produce, args=(t,)) for t in range(THREADS)]
