@@ -101,6 +101,8 @@ class GroupFlush:
                     self._lock.put(FLUSHED_SLOT, target)
             finally:
                 fcntl.flock(fd, fcntl.LOCK_UN)
+                if self._closed:
+                    self._close_fd()  # closed meanwhile by the spool lock's holder (`close`)
 
     def _flush_fd(self) -> int:
         if self._fd < 0 or self._pid != current_pid():
@@ -126,14 +128,27 @@ class GroupFlush:
             with contextlib.suppress(OSError):
                 os.close(fd)
 
-    def close(self) -> None:
+    def close(self, *, holding_spool_lock: bool = False) -> None:
+        """Close the flush lock's descriptor once no flush of this process is in flight.
+        `holding_spool_lock`: the caller holds the spool lock (a close inside a fenced
+        block), which a flush in flight may be waiting for: then that flush closes it
+        when it ends. Waiting for it here hung every process of the spool (a lock-order
+        probe: the holder waited for the flush, the flush for the spool lock)."""
         if self._pid != current_pid():
             self._thread_lock = threading.Lock()  # as in SpoolLock.close: held at the fork
-        with self._thread_lock:  # a flush in flight in another thread finishes first
+        if not self._thread_lock.acquire(blocking=not holding_spool_lock):
+            self._closed = True  # seen by the flush in flight as it ends (`wait`)
+            return
+        try:
             self._closed = True
-            if self._fd >= 0 and self._pid == current_pid():
-                os.close(self._fd)
-            self._fd = -1
+            self._close_fd()
+        finally:
+            self._thread_lock.release()
+
+    def _close_fd(self) -> None:
+        if self._fd >= 0 and self._pid == current_pid():
+            os.close(self._fd)
+        self._fd = -1
 
 
 _FLUSHES: weakref.WeakSet[GroupFlush] = weakref.WeakSet()

@@ -161,7 +161,7 @@ class Journal(JournalReads, JournalSettings):
                              path=str(self.root))
 
     def close(self) -> None:
-        self._group.close()
+        self._group.close(holding_spool_lock=self.lock.held)
         self.lock.close()
         key, self._live_key = self._live_key, None
         if key is not None and self._live_pid == current_pid():
