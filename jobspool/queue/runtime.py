@@ -499,9 +499,12 @@ class Monitor:
         """Extend every live lease in one `heartbeat_many` (one lock hold, one flush)."""
         live = []
         for c in self.contexts():
-            if c.settled or c.lost:
+            if c.settled or c.lost or c.hung:
                 continue
-            if c.deadline is not None and now > c.deadline + self.interval:
+            # Only a run still going can be past its time limit: one that returned in time
+            # and waits for its settle (a slow projection commit) lost its lease here, ran
+            # again and again, and was dead-lettered having succeeded every time.
+            if c.deadline is not None and not c.finished and now > c.deadline + self.interval:
                 if not c.hung:
                     c.hung = True
                     log.warning("job %s (%s, token %d) is past its time limit and still "
