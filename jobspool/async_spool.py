@@ -85,9 +85,27 @@ class AsyncSpool:
 
     async def _in_thread(self, call: Callable[[], T],
                          limiter: anyio.CapacityLimiter | None) -> T:
+        self._refuse_inside_fenced_block()
         # Done whole or not begun, whatever cancels the caller (the module docstring's
         # promise): see `wholecall`.
         return await whole_in_thread(call, limiter=limiter)
+
+    def _refuse_inside_fenced_block(self) -> None:
+        """Refuse a call awaited inside a fenced block open on this (the loop's) thread.
+        The call runs on another thread: on the file spool it waited for the spool lock
+        the block holds, for ever (a handler's time limit cannot end it, `wholecall`); on
+        PostgreSQL it ran outside the block's transaction, unfenced (a lock-order probe)."""
+        from jobspool.queue.context import open_fenced_block
+
+        job_id = open_fenced_block()
+        journal = getattr(self.spool, "journal", None)
+        if job_id is None and not (journal is not None and journal.lock.held):
+            return
+        inside = f"the fenced block of job {job_id!r}" if job_id else "a fenced block"
+        raise RuntimeError(f"an AsyncSpool call awaited inside {inside}: it runs on another "
+                           "thread, outside the block (on the file spool it waits for the "
+                           "block's lock for ever); call the Spool itself inside the block "
+                           "(ctx.spool), or await after it")
 
     # ------------------------------------------------------------ plumbing
 
@@ -197,6 +215,7 @@ class AsyncSpool:
         return await self._read(partial(self.spool.get, job_id))
 
     async def _read(self, call: Callable[[], T]) -> T:
+        self._refuse_inside_fenced_block()
         # Readers have threads of their own: with anyio's 40 all taken by enqueues queued
         # for a lock held elsewhere, `wait(timeout=0.5)` returned after 2.9 s. A read
         # changes nothing, so a cancelled caller leaves at once and its thread finishes
@@ -242,6 +261,7 @@ class AsyncSpool:
         # never starts, and `jobs` stops at its next job. Scans have threads of their own,
         # so that abandoned ones never keep `get` and `wait` waiting.
         # Both bounds are this AsyncSpool's: one store's outage never holds another's scans.
+        self._refuse_inside_fenced_block()
         stop = threading.Event()
 
         def run() -> T | None:

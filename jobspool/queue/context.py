@@ -89,6 +89,11 @@ if TYPE_CHECKING:
 _FENCED = threading.local()
 
 
+def open_fenced_block() -> str | None:
+    """The id of the job whose `ctx.fenced()` block is open on this thread, if any."""
+    return getattr(_FENCED, "job_id", None)
+
+
 class Context:
     """One job run's context: `ctx.token`, `ctx.heartbeat()`, `ctx.fenced()`, `ctx.upsert()`,
     `ctx.progress()`.
