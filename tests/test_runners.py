@@ -80,9 +80,8 @@ def test_runners_parked_after_a_burst_all_run_the_next_one(tmp_path: Path) -> No
 
 def test_a_quick_kind_whose_handler_starts_to_block_still_fills_every_slot(
         tmp_path: Path) -> None:
-    # Batches of a kind whose calls have been quick run on one runner (runners.py); should
-    # its handler block after all, more runners join (`_grow`): here four handlers of that
-    # kind that only return once four run at once, in the same run.
+    # Kept from an attempt (reverted) to run batches of quick kinds on one runner: four
+    # handlers of a kind that was quick all run, in the same run, only if four run at once.
     n = 4
     spool = make_spool(tmp_path / "s")
     spool.enqueue_many("k", [{"quick": True}] * 300)
@@ -96,6 +95,34 @@ def test_a_quick_kind_whose_handler_starts_to_block_still_fills_every_slot(
     report = Worker(spool, {"k": handler}, concurrency=n, batch_size=50,
                     maintenance=False).run_until_idle(wait_for_retries=10)
     assert report.completed == 300 + 3 * n and not meet.broken
+
+
+def test_quick_jobs_keep_running_beside_a_time_limited_job_that_waits_for_them(
+        tmp_path: Path) -> None:
+    # Found by a probe of that attempt: once a kind was quick, its jobs stopped for as long
+    # as a job on the per-job path (a time limit, or async) held a slot, and a limited job
+    # waiting for them waited out its limit.
+    spool = make_spool(tmp_path / "s")
+    quick_done = threading.Event()
+    seen = [0]
+
+    def quick(job: Job, ctx: Context) -> None:
+        seen[0] += 1
+        if seen[0] >= 1200:
+            quick_done.set()
+
+    def waits(job: Job, ctx: Context) -> None:
+        if not quick_done.wait(20):
+            raise RuntimeError("the quick jobs never ran")
+
+    worker = Worker(spool, {"q": quick, "t": waits}, concurrency=4, batch_size=50,
+                    maintenance=False)
+    spool.enqueue_many("q", [0] * 200)
+    worker.run_until_idle()
+    spool.enqueue("t", 0, timeout=30, max_attempts=1)
+    spool.enqueue_many("q", [0] * 1000)
+    report = worker.run_until_idle()
+    assert report.completed == 1001 and report.dead_lettered == 0
 
 
 def test_jobs_with_and_without_a_time_limit_share_the_concurrency_cap(spool: Spool) -> None:

@@ -9,17 +9,6 @@ queue, in claim order, until the queue is empty. Finished jobs go back to
 the loop in groups: one wakeup covers every job finished since the loop
 last looked, so a burst of quick jobs costs one hop, not one per job.
 
-A batch whose every job is of a *quick* kind (its handler's recent calls
-took under `QUICK_SECONDS` each, a running average per kind) goes to one
-runner, not one per slot: `concurrency` threads taking turns at the GIL on
-handlers that never wait drained a no-op batch on PostgreSQL ~0.7x as fast
-as one thread, at more CPU per job (`bench/worker_overhead.py`). Any other
-batch (a kind not yet timed, one that blocks even a few milliseconds) starts
-a runner per free slot at once, as before. Should a quick kind's handler
-block after all, `_grow` doubles the runners at work (waking parked ones
-first) while every runner has been inside one handler for `GROW_SECONDS`
-with jobs waiting.
-
 What stays on the per-job path: async handlers, jobs with a time limit (a
 thread past its limit is abandoned, which a runner serving a queue must not
 be) and rescued jobs that must run alone.
@@ -36,7 +25,6 @@ import asyncio
 import collections
 import importlib
 import threading
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -50,15 +38,6 @@ from jobspool.queue.invoke import call_sync
 if TYPE_CHECKING:
     from jobspool.queue.host import Lifecycle
     from jobspool.queue.slots import Slots
-
-# A kind whose handler's calls average under this (wall time) runs a batch on one runner.
-QUICK_SECONDS = 0.0005
-# Weight of the latest call in a kind's running average.
-_COST_WEIGHT = 0.2
-# How long every working runner must have been inside one handler, jobs waiting, before
-# another joins a quick batch: twice the GIL's switch interval (5 ms), so a quick handler
-# kept waiting for the GIL by the loop's own work does not look blocked.
-GROW_SECONDS = 0.01
 
 
 def soon_from_thread() -> Callable[[Callable[[], None]], Any] | None:
@@ -99,13 +78,11 @@ def run_ended(ctx: Context, life: Lifecycle) -> None:
 class _Run:
     """One runner's thread, as the loop sees it."""
 
-    __slots__ = ("abandoned", "current", "parked", "since")
+    __slots__ = ("abandoned", "current")
 
     def __init__(self) -> None:
         self.current: Context | None = None
         self.abandoned = False
-        self.parked = False  # waiting in `_drain` for jobs
-        self.since: float | None = None  # perf_counter() start of the handler it runs now
 
 
 class Runners:
@@ -126,67 +103,23 @@ class Runners:
         self._more = threading.Condition(self._lock)  # a parked runner waits here for jobs
         self._queue: collections.deque[Context] = collections.deque()
         self._active = 0  # runners started and not yet out of work; under _lock
-        self._runs: set[_Run] = set()  # their states; under _lock
-        self._cost: dict[str, float] = {}  # kind -> running average of its calls' seconds
-        self._growing = False  # a `_grow` task watches a quick batch
-        self._want = slots.concurrency  # runners at work wanted now; under _lock
         self._posted: list[Context] = []
         self._post_pending = False
 
     def submit(self, tg: anyio.abc.TaskGroup, ctxs: list[Context]) -> None:
-        """Queue jobs (claim order kept) and start runners for free slots: one for a batch
-        of quick kinds (see the module docstring), one per free slot otherwise."""
+        """Queue jobs (claim order kept) and start runners for free slots."""
         if not ctxs:
             return
-        cost = self._cost
-        quick = self.slots.concurrency > 1 and all(
-            cost.get(ctx.job.kind, QUICK_SECONDS) < QUICK_SECONDS for ctx in ctxs)
         with self._lock:
             self._queue.extend(ctxs)
-            # Runners beyond it park at their next job boundary, keeping their slots.
-            self._want = 1 if quick else self.slots.concurrency
-            start = max(0, min(self._want - self._active, len(self._queue)))
+            start = min(self.slots.concurrency - self._active, len(self._queue))
             self._active += start
-            # Parked runners take them first: no new task.
-            self._more.notify(1 if quick else len(ctxs))
-            grow = quick and not self._growing
-            self._growing = self._growing or grow
+            self._more.notify(len(ctxs))  # parked runners take them first: no new task
         for _ in range(start):
             tg.start_soon(self._runner)
-        if grow:
-            tg.start_soon(self._grow, tg)
-
-    async def _grow(self, tg: anyio.abc.TaskGroup) -> None:
-        """While jobs of a quick batch wait: twice the runners at work (parked ones woken,
-        new ones up to `concurrency`) whenever every runner at work has been inside one
-        handler for `GROW_SECONDS` (a quick kind's handler blocked after all)."""
-        try:
-            while True:
-                await anyio.sleep(GROW_SECONDS)
-                with self._lock:
-                    if not self._queue:
-                        return
-                    now = time.perf_counter()
-                    working = [r for r in self._runs if not r.parked and not r.abandoned]
-                    if any(r.since is None or now - r.since < GROW_SECONDS for r in working):
-                        continue  # a runner is between jobs or on a quick one
-                    if self._want >= self.slots.concurrency:
-                        return  # every slot may work already
-                    # Doubled, not one more: 16 blocking handlers all ran after ~50 ms, not
-                    # ~200 ms (one tick and one handler's wait per step).
-                    self._want = min(self.slots.concurrency, 2 * max(1, len(working)))
-                    self._more.notify_all()  # parked runners find `_may_work` true
-                    start = max(0, min(self._want - self._active, len(self._queue)))
-                    self._active += start
-                for _ in range(start):
-                    tg.start_soon(self._runner)
-        finally:
-            self._growing = False
 
     async def _runner(self) -> None:
         run = _Run()
-        with self._lock:
-            self._runs.add(run)
         try:
             with anyio.CancelScope() as scope:
                 self.scopes.add(scope)
@@ -205,7 +138,6 @@ class Runners:
         """If this runner's thread has not returned (we were cancelled), let it go: its job
         ends interrupted, the jobs still queued end unstarted."""
         with self._lock:
-            self._runs.discard(run)
             if run.abandoned or run.current is _DONE:
                 return
             run.abandoned = True
@@ -231,9 +163,8 @@ class Runners:
             with self._lock:
                 if run.abandoned:
                     return False
-                if (not self._queue or not self._may_work(run)) and not self.life.stopping:
-                    # Park, keeping the slot, until more jobs come (or, on a quick batch,
-                    # until another runner is wanted: `_want`): a parked runner takes
+                if not self._queue and not self.life.stopping:
+                    # Park, keeping the slot, until more jobs come: a parked runner takes
                     # them without a new task, slot and thread hop (four per claim at
                     # concurrency 4: 30% of the loop's time per job, bench/worker_overhead;
                     # and one hop less between an idle worker's claim and its handler). It
@@ -241,13 +172,8 @@ class Runners:
                     # an async runner waiting for a slot (`nudge`), a stop (`nudge`), the
                     # run ending (`_abandon`). No timeout: an idle worker's parked runners
                     # cost no wakeups.
-                    run.parked = True
-                    try:
-                        self._more.wait_for(lambda: (self._queue and self._may_work(run))
-                                            or run.abandoned or self.life.stopping
-                                            or self.slots.contended())
-                    finally:
-                        run.parked = False
+                    self._more.wait_for(lambda: self._queue or run.abandoned
+                                        or self.life.stopping or self.slots.contended())
                     if run.abandoned:
                         return False
                 if not self._queue:
@@ -261,15 +187,7 @@ class Runners:
             if ctx.unconfirmed():
                 ctx.confirm()
             if not self.life.stopping and ctx.runnable():
-                kind = ctx.job.kind
-                run.since = start = time.perf_counter()
-                try:
-                    self._call(ctx)
-                finally:
-                    run.since = None
-                    took = time.perf_counter() - start
-                    was = self._cost.get(kind)
-                    self._cost[kind] = took if was is None else was + _COST_WEIGHT * (took - was)
+                self._call(ctx)
             with self._lock:
                 if run.abandoned:
                     return False  # the loop ended this job already (interrupted)
@@ -278,14 +196,6 @@ class Runners:
                 wake, self._post_pending = not self._post_pending, True
             if wake:
                 self.soon(self._collect)
-
-    def _may_work(self, run: _Run) -> bool:
-        """Under the lock: whether `run` may take a job beside the runners at work."""
-        others = 0
-        for r in self._runs:
-            if r is not run and not r.parked and not r.abandoned:
-                others += 1
-        return others < self._want
 
     def nudge(self) -> None:
         """Wake parked runners to look again (something waits for a slot, or a stop)."""
