@@ -98,8 +98,10 @@ class AsyncSpool:
         from jobspool.queue.context import open_fenced_block
 
         job_id = open_fenced_block()
-        journal = getattr(self.spool, "journal", None)
-        if job_id is None and not (journal is not None and journal.lock.held):
+        journal = getattr(self.spool, "journal", None)  # the file spool's
+        db = getattr(self.spool, "db", None)  # PostgreSQL's
+        if job_id is None and not (journal is not None and journal.lock.held) \
+                and not (db is not None and db.pinned_here()):
             return
         inside = f"the fenced block of job {job_id!r}" if job_id else "a fenced block"
         raise RuntimeError(f"an AsyncSpool call awaited inside {inside}: it runs on another "

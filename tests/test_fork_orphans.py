@@ -296,13 +296,15 @@ def test_closing_inside_a_fenced_block_does_not_wait_for_a_thread_waiting_on_it(
 
 
 _CHILD_USES_SPOOL_IN_BLOCK = textwrap.dedent("""
-    import os, sys
+    import contextlib, os, sys
     from jobspool import Spool
     spool = Spool(sys.argv[1])
     spool.enqueue("k", {}, job_id="j")
     lease = spool.claim(kinds="k", lease_seconds=600)[0]
+    nested = sys.argv[2] == "nested"
     with spool.fenced(lease):
-        pid = os.fork()
+        with spool.fenced(lease) if nested else contextlib.nullcontext():
+            pid = os.fork()
         if pid == 0:                              # a helper made inside the block
             try:
                 spool.enqueue("k", {}, job_id="from-child")
@@ -315,13 +317,16 @@ _CHILD_USES_SPOOL_IN_BLOCK = textwrap.dedent("""
 """)
 
 
+@pytest.mark.parametrize("blocks", ["flat", "nested"])
 def test_a_child_forked_inside_a_fenced_block_can_use_the_spool(
-        store_root: str | Path) -> None:
+        store_root: str | Path, blocks: str) -> None:
     # Found by a fork probe (PostgreSQL): the block's connection, pinned for the forking
     # thread, was a dead socket in the child, and every statement that thread sent failed
-    # "connection lost" for the child's whole life.
+    # "connection lost" for the child's whole life. Nested (a regression probe): leaving
+    # the inner block put the outer block's dead connection back.
     opener(store_root)[0]().close()
-    done = subprocess.run([sys.executable, "-c", _CHILD_USES_SPOOL_IN_BLOCK, str(store_root)],
+    done = subprocess.run([sys.executable, "-c", _CHILD_USES_SPOOL_IN_BLOCK, str(store_root),
+                           blocks],
                           cwd=REPO, env=cli_env(), capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr

@@ -82,6 +82,7 @@ def test_schedules_firing_beside_other_producers_never_deadlock(tmp_path: Path) 
 _CLOSE_IN_BLOCK = textwrap.dedent("""
     import sys, threading, time
     from jobspool import Spool
+    from jobspool.errors import SpoolClosed
     base = sys.argv[1]
     for round_ in range(int(sys.argv[2])):
         spool = Spool(f"{base}/r{round_}", durable=True)
@@ -92,8 +93,11 @@ _CLOSE_IN_BLOCK = textwrap.dedent("""
             while not stop:
                 try:
                     spool.enqueue("other", {})
-                except Exception:
+                except SpoolClosed:
                     return  # closed under it: refused, as a closed spool is
+                except Exception as e:  # a job published, reported failed: not expected
+                    print("producer:", type(e).__name__, e, file=sys.stderr, flush=True)
+                    return
         threads = [threading.Thread(target=produce, daemon=True) for _ in range(3)]
         for t in threads:
             t.start()
@@ -109,7 +113,7 @@ _CLOSE_IN_BLOCK = textwrap.dedent("""
 """)
 
 
-def test_closing_inside_a_fenced_block_beside_a_group_flush_in_flight_never_hangs(
+def test_closing_inside_a_fenced_block_beside_a_group_flush_in_flight_is_clean(
         tmp_path: Path) -> None:
     # Found by a lock-order probe (3 runs in 11 hung, and every process of the spool with
     # them): close() waited for the group flush in flight on another thread, which waited
@@ -119,3 +123,6 @@ def test_closing_inside_a_fenced_block_beside_a_group_flush_in_flight_never_hang
                           timeout=150)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "done"
+    # A flush leader the close cut off flushes for itself: its enqueue is not reported
+    # failed (WriteFailed "published though not confirmed durable") for a job that landed.
+    assert "producer:" not in done.stderr, done.stderr

@@ -157,6 +157,30 @@ def test_a_running_worker_also_removes_progress_files_left_after_its_start(
         thread.join(GUARD)
 
 
+def test_pruning_keeps_a_live_runs_file_while_the_store_cannot_answer(
+        spool: Spool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Found by a regression probe: a `get` failing for a moment (a database blip) read as
+    # "no such job", and the file of a run still leased was deleted.
+    from jobspool.errors import StoreUnavailable
+    from jobspool.queue.jobprogress import prune_stale_progress
+
+    spool.enqueue("work", job_id="live")
+    (lease,) = spool.claim()
+    write_progress(spool.root, "live", make_progress(lease.token, 2, 5, "running"))
+    write_progress(spool.root, "gone", make_progress(3, 1, None, None))
+    real_get = spool.get
+
+    def flaky_get(job_id: str) -> Job:
+        if job_id == "live":
+            raise StoreUnavailable("database unavailable for a moment")
+        return real_get(job_id)
+
+    monkeypatch.setattr(spool, "get", flaky_get)
+    assert prune_stale_progress(spool) == 1  # "gone" (no such job) only
+    assert sorted(p.name for p in (spool.root / PROGRESS_DIR).iterdir()) == [
+        f"live.{lease.token}.json"]
+
+
 def test_a_dead_workers_progress_is_not_shown(tmp_path: Path) -> None:
     # The README: "A file left by a worker that died is never shown". Killed, the worker
     # left its report naming the lease's token, shown until the lease expired.

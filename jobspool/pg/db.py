@@ -215,14 +215,23 @@ class Database:
         before = getattr(self._pinned, "conn", None)
         self._pinned.conn = conn
         ident = threading.get_ident()
+        pid = os.getpid()
         if before is None:
             self._blocks[ident] = conn
         try:
             yield
         finally:
-            self._pinned.conn = before
-            if before is None:
-                self._blocks.pop(ident, None)
+            if os.getpid() == pid:
+                self._pinned.conn = before
+                if before is None:
+                    self._blocks.pop(ident, None)
+            # else: a child forked inside the block leaves it; `forked` cleared what was
+            # pinned, and putting back the outer block's connection (the parent's, a dead
+            # socket here) failed every later statement of this thread.
+
+    def pinned_here(self) -> bool:
+        """Whether a transaction block (a fenced block) is open on this thread."""
+        return getattr(self._pinned, "conn", None) is not None
 
     def cut_block(self, thread_ident: int) -> bool:
         """End the open block of a thread that was given up on (a sync handler past its

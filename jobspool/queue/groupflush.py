@@ -38,6 +38,7 @@ import weakref
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from jobspool.errors import SpoolClosed
 from jobspool.queue.lock import SpoolLock
 from jobspool.queue.procid import current_pid
 
@@ -82,13 +83,23 @@ class GroupFlush:
             fd = self._flush_fd()
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
-                if self._lock.generation(FLUSHED_SLOT) >= number:
-                    return  # another producer's flush covered us while we waited
-                with self._lock.hold():
-                    target = self._lock.generation(PUBLISHED_SLOT)
-                    changed = {slot: g for slot in slot_dirs
-                               if (g := self._lock.generation(slot))
-                               != self._lock.generation(FLUSHED_GEN_BASE + slot)}
+                try:
+                    if self._lock.generation(FLUSHED_SLOT) >= number:
+                        return  # another producer's flush covered us while we waited
+                    with self._lock.hold():
+                        target = self._lock.generation(PUBLISHED_SLOT)
+                        changed = {slot: g for slot in slot_dirs
+                                   if (g := self._lock.generation(slot))
+                                   != self._lock.generation(FLUSHED_GEN_BASE + slot)}
+                except (SpoolClosed, ValueError):  # ValueError: its shared map closed
+                    if not self._lock.closed:
+                        raise
+                    # Closed meanwhile (by a fenced block's holder, `close`): our jobs are
+                    # published; flush for ourselves, as a waiter arriving after it does,
+                    # rather than fail a call whose work is done (a regression probe).
+                    for d in set(slot_dirs.values()):
+                        self._flush_dir(self._root / d)
+                    return
                 for slot in changed:
                     self._flush_dir(self._root / slot_dirs[slot])
                 # Without the spool lock: only leaders write these slots, and only under

@@ -429,8 +429,13 @@ class Monitor:
             await anyio.sleep(_TICK)
 
     def _prune_progress(self) -> None:
+        # On the heartbeat thread: a store that is down is asked for at most a second,
+        # not waited out (`reconnect_seconds`) while the beats and time limits wait.
+        db = getattr(self.spool, "db", None)  # the PostgreSQL store's connection pool
         try:
-            prune_stale_progress(self.spool)  # files left by workers that died
+            with db.patience(time.monotonic() + 1.0) if db is not None \
+                    else contextlib.nullcontext():
+                prune_stale_progress(self.spool)  # files left by workers that died
         except Exception as exc:  # advisory data: never let it stop the heartbeats
             log.debug("could not prune stale progress files: %s", exc)
 
