@@ -68,10 +68,10 @@ def test_a_beat_beside_this_process_s_own_fenced_block_does_not_wait(
     (set to a minute here, so a wait would outlast the test's hang guard)."""
     from jobspool.pg import beats
 
-    monkeypatch.setattr(beats, "HEARTBEAT_LOCK_WAIT", "60s")
+    monkeypatch.setattr(beats, "HEARTBEAT_LOCK_WAIT", 60.0)
     with make_spool(pg_url) as spool:
         spool.enqueue("k", 1, job_id="c")
-        (lease,) = spool.claim(lease_seconds=30)
+        (lease,) = spool.claim(lease_seconds=600)  # the wait: a quarter of it, capped at 60 s
         inside, leave, beaten = threading.Event(), threading.Event(), threading.Event()
         got: list[Any] = []
 
@@ -121,3 +121,40 @@ def test_a_statement_timeout_shorter_than_the_lock_wait_reports_what_was_extende
         held, free = beats
         assert free.expires_at > time.time() + 500
         assert held.expires_at < time.time() + 60  # reported as it stands
+
+
+def test_a_row_held_by_another_transaction_does_not_cost_other_jobs_their_short_leases(
+        pg_url: str) -> None:
+    # Found by a probe: the beat's wait for the held row (a fixed 2 s) held the heartbeat
+    # thread past the 1.5 s leases of every other job, which were lost and dead-lettered.
+    from jobspool import Context, Job, JobState, Worker
+
+    started = threading.Event()
+    runs: list[str] = []
+
+    def handler(job: Job, ctx: Context) -> str:
+        runs.append(job.id)
+        started.set()
+        time.sleep(4.0)  # past two leases: only beats keep them
+        return "ok"
+
+    def hold_row_a() -> None:
+        started.wait(30)
+        with psycopg.connect(pg_url) as other:
+            other.execute("SELECT 1 FROM jobspool_jobs WHERE id = 'a' FOR UPDATE")
+            time.sleep(5.0)
+            other.rollback()
+
+    with make_spool(pg_url, lease_seconds=1.5) as spool:
+        spool.enqueue("k", {}, job_id="a", max_attempts=1)
+        spool.enqueue("k", {}, job_id="b", max_attempts=1)
+        holder = threading.Thread(target=hold_row_a)
+        holder.start()
+        try:
+            report = Worker(spool, {"k": handler}, concurrency=2,
+                            maintenance=False).run_until_idle()
+        finally:
+            holder.join()
+        assert sorted(runs).count("b") == 1
+        assert spool.get("b").state is JobState.COMPLETED
+        assert report.lease_lost <= 1  # "a" may lose its lease to the held row; "b" not

@@ -41,8 +41,10 @@ _IDLE = psycopg.pq.TransactionStatus.IDLE
 _FENCED: Counter[tuple[str, str, int]] = Counter()
 _FENCED_MUTEX = threading.Lock()
 # How long a heartbeat waits for a row lock another transaction holds before it reports
-# the lease as it stands (unextended, with a warning).
-HEARTBEAT_LOCK_WAIT = "2s"
+# the lease as it stands (unextended, with a warning): at most this, and at most a quarter
+# of the shortest lease beaten. The wait holds the heartbeat thread, every other lease's
+# next beat with it: a fixed 2 s cost 1.5 s leases of unrelated jobs (a probe).
+HEARTBEAT_LOCK_WAIT = 2.0
 
 
 def _heartbeat_params(spool: PgSpool, leases: Sequence[Lease], lengths: Sequence[float]
@@ -67,9 +69,10 @@ def _heartbeat_rows(spool: PgSpool, leases: Sequence[Lease], lengths: Sequence[f
         waiting = [(x, n) for x, n in zip(leases, lengths, strict=True)
                    if x.job_id not in done and (x.job_id, x.token) not in held]
         if waiting and conn.info.transaction_status == _IDLE:
+            wait_ms = max(1, int(1000 * min(HEARTBEAT_LOCK_WAIT, min(lengths) / 4)))
             try:
                 with conn.transaction():
-                    conn.execute(f"SET LOCAL lock_timeout = '{HEARTBEAT_LOCK_WAIT}'")
+                    conn.execute(f"SET LOCAL lock_timeout = '{wait_ms}ms'")
                     rows = conn.execute(sql.HEARTBEAT_WAITING, _heartbeat_params(
                         spool, [x for x, _ in waiting], [n for _, n in waiting]),
                         binary=True).fetchall()
@@ -78,8 +81,8 @@ def _heartbeat_rows(spool: PgSpool, leases: Sequence[Lease], lengths: Sequence[f
                 # Past the lock wait, or past a shorter statement_timeout the connection
                 # was given: the leases the first pass extended are still reported.
                 log.warning("heartbeat: a job's row stayed locked by another transaction "
-                            "for %s (or the statement timeout); its lease is reported as "
-                            "it stands, unextended", HEARTBEAT_LOCK_WAIT)
+                            "for %d ms (or the statement timeout); its lease is reported as "
+                            "it stands, unextended", wait_ms)
         for lease in leases:
             if lease.job_id not in done:
                 done[lease.job_id] = refusal(conn, lease, resent=sends > 1, now=spool.now())

@@ -376,6 +376,7 @@ class Monitor:
         self.contexts = contexts
         self.lease_seconds = lease_seconds
         self.interval = lease_seconds / 3.0
+        self._pruning: threading.Thread | None = None  # `_prune_progress`
         self.tick = time.monotonic()
         self.on_loop: Tracked | None = None
         # The time limits of async handlers running now (`invoke`), by their Tracked: one
@@ -392,6 +393,9 @@ class Monitor:
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=5.0)
+        pruning = self._pruning
+        if pruning is not None and pruning.is_alive():
+            pruning.join(timeout=1.0)  # a short run's own prune done; a long one goes on alone
 
     def held_back(self, by: Tracked, seconds: float) -> None:
         """`by`'s step held the loop for `seconds`, until now. An async handler whose time
@@ -429,15 +433,25 @@ class Monitor:
             await anyio.sleep(_TICK)
 
     def _prune_progress(self) -> None:
-        # On the heartbeat thread: a store that is down is asked for at most a second,
-        # not waited out (`reconnect_seconds`) while the beats and time limits wait.
-        db = getattr(self.spool, "db", None)  # the PostgreSQL store's connection pool
-        try:
-            with db.patience(time.monotonic() + 1.0) if db is not None \
-                    else contextlib.nullcontext():
-                prune_stale_progress(self.spool)  # files left by workers that died
-        except Exception as exc:  # advisory data: never let it stop the heartbeats
-            log.debug("could not prune stale progress files: %s", exc)
+        """Remove dead runs' progress files on a thread of its own: one store read per file,
+        on the heartbeat thread, held the first beat past the lease with thousands of them
+        (a probe: 20,000 files, 12.8 s), and a store that is down is asked for at most a
+        second per file, not waited out (`reconnect_seconds`)."""
+        if self._pruning is not None and self._pruning.is_alive():
+            return
+
+        def prune() -> None:
+            db = getattr(self.spool, "db", None)  # the PostgreSQL store's connection pool
+            try:
+                with db.patience(time.monotonic() + 1.0) if db is not None \
+                        else contextlib.nullcontext():
+                    prune_stale_progress(self.spool)  # files left by workers that died
+            except Exception as exc:  # advisory data: never let it stop anything
+                log.debug("could not prune stale progress files: %s", exc)
+
+        self._pruning = threading.Thread(target=prune, name="jobspool-progress-prune",
+                                         daemon=True)
+        self._pruning.start()
 
     def _run(self) -> None:
         self._prune_progress()
@@ -453,12 +467,8 @@ class Monitor:
             now = time.monotonic()
             self._watch_process(now - asleep - wait, now)
             self._watch_loop(now)
-            if now >= next_progress:
-                next_progress = now + _PROGRESS_EVERY
-                self._flush_progress()
-            if now >= next_prune:
-                next_prune = now + _PRUNE_PROGRESS_EVERY
-                self._prune_progress()
+            # The beat first: what else this thread does (progress files) may be slow
+            # on a bad disk, and must never cost a lease.
             if now >= next_beat:
                 next_beat = now + self.interval
                 try:
@@ -466,6 +476,12 @@ class Monitor:
                 except Exception as exc:  # a beat failing must never end the heartbeats
                     log.warning("heartbeat failed (%s: %s); retrying at the next beat",
                                 type(exc).__name__, exc)
+            if now >= next_progress:
+                next_progress = now + _PROGRESS_EVERY
+                self._flush_progress(deadline=next_beat)
+            if now >= next_prune:
+                next_prune = now + _PRUNE_PROGRESS_EVERY
+                self._prune_progress()
 
     def _watch_process(self, late: float, now: float) -> None:
         """This thread woke `late` seconds past its wait: when the loop stalled as long, the
@@ -493,8 +509,13 @@ class Monitor:
             log.info("event loop ran again after %.1f s", now - self._blocked_since)
             self._blocked_since = None
 
-    def _flush_progress(self) -> None:
+    def _flush_progress(self, *, deadline: float) -> None:
+        """Write changed progress files until `deadline` (the next beat's time): the rest
+        wait for the next turn. Written one after another before the beat, 0.5 s each on
+        a slow disk cost four jobs their leases (a probe)."""
         for c in self.contexts():
+            if time.monotonic() >= deadline:
+                return
             try:
                 c.flush_progress()
             except Exception as exc:  # advisory: never let it stop the heartbeats
@@ -503,13 +524,19 @@ class Monitor:
     def beat(self, now: float) -> None:
         """Extend every live lease in one `heartbeat_many` (one lock hold, one flush)."""
         live = []
+        # While the loop stands still (a handler blocking it, the worker's own slow code),
+        # a run's end is not seen (`finished` is set on the loop) and a held-back handler's
+        # limit not yet moved (`held_back`): no run is judged past its limit then. Judged,
+        # a run done in time lost its lease, ran again, and was dead-lettered (a probe).
+        loop_stalled = now - self.tick > 2 * _TICK
         for c in self.contexts():
             if c.settled or c.lost or c.hung:
                 continue
             # Only a run still going can be past its time limit: one that returned in time
             # and waits for its settle (a slow projection commit) lost its lease here, ran
             # again and again, and was dead-lettered having succeeded every time.
-            if c.deadline is not None and not c.finished and now > c.deadline + self.interval:
+            if c.deadline is not None and not c.finished and not loop_stalled \
+                    and now > c.deadline + self.interval:
                 if not c.hung:
                     c.hung = True
                     log.warning("job %s (%s, token %d) is past its time limit and still "
