@@ -125,6 +125,10 @@ class Context:
         self.mark_kept = False  # still marked running after its run ended (`run_ended`)
         self.traceback: str | None = None  # the failed run's, kept on the job
         self.thread_ident: int | None = None  # a sync handler's thread, while it runs
+        # Set by a sync handler's own thread (`invoke._StartGate`): its end is known off
+        # the loop, so the heartbeat thread can judge its time limit while the loop stalls.
+        self.in_thread = False
+        self.returned = False  # ... and it returned (or raised)
         self._progress: Progress | None = None
         self._progress_dirty = False
         self._progress_file = False

@@ -286,6 +286,7 @@ class _StartGate:
                 return None
             self._started = True
         self._began = time.monotonic()
+        ctx.in_thread = True
         try:
             result = _in_thread(fn, ctx)
             # Boxed: trio refuses a thread's function that returns a coroutine ("appears
@@ -297,6 +298,10 @@ class _StartGate:
             raise
         finally:
             self._ended = time.monotonic()
+            if isinstance(self.result, _HandedBack):
+                ctx.in_thread = False  # the rest is awaited on the loop
+            else:
+                ctx.returned = True
         return self.result
 
     def ended_within(self, timeout: float) -> bool:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from jobspool.errors import InvalidJob, JobNotFound
+from jobspool.errors import InvalidJob, SpoolClosed, StoreUnavailable
 from jobspool.queue.states import JobState
 
 if TYPE_CHECKING:
@@ -136,13 +136,13 @@ def prune_stale_progress(spool: Any) -> int:
         if owner is not None:
             try:
                 job = spool.get(owner[0])
-            except JobNotFound:  # gone: nothing runs it under this file
-                job = None
-            except Exception:
-                # The store out of reach for a moment (or the file unreadable): whether
-                # a run still owns it is unknown, and deleting a live run's file lost its
-                # progress until the handler reported again. Asked again next time.
+            except (StoreUnavailable, SpoolClosed, OSError):
+                # The store out of reach for a moment: whether a run still owns it is
+                # unknown, and deleting a live run's file lost its progress until the
+                # handler reported again. Asked again next time.
                 continue
+            except Exception:  # gone, not a job id, unreadable: nothing runs it under this
+                job = None
         path = directory / name
         if owner is not None and job is not None and job.lease is not None \
                 and job.lease.token == owner[1] and read_progress(spool.root, job) is not None:

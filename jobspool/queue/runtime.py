@@ -37,6 +37,12 @@ log = logging.getLogger("jobspool.queue.worker")
 
 # A loop that has not turned for this long is reported (once per stall).
 BLOCKED_SECONDS = 1.0
+# How long a stalled loop defers judging async runs past their time limits (`beat`).
+STALL_JUDGE_SECONDS = 10.0
+# The thread pruning dead runs' progress files, per spool root: one at a time per process
+# (a Monitor per run each started one, and repeated runs piled them up).
+_PRUNING: dict[str, threading.Thread] = {}
+_PRUNING_LOCK = threading.Lock()
 # A handler's step on the loop longer than this may move the other async handlers' time
 # limits (`Monitor.held_back`); shorter ones are a loop's normal sharing.
 HELD_BACK_SECONDS = 0.02
@@ -376,7 +382,7 @@ class Monitor:
         self.contexts = contexts
         self.lease_seconds = lease_seconds
         self.interval = lease_seconds / 3.0
-        self._pruning: threading.Thread | None = None  # `_prune_progress`
+        self._progress_next = 0  # where `_flush_progress` goes on next turn
         self.tick = time.monotonic()
         self.on_loop: Tracked | None = None
         # The time limits of async handlers running now (`invoke`), by their Tracked: one
@@ -393,7 +399,7 @@ class Monitor:
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=5.0)
-        pruning = self._pruning
+        pruning = _PRUNING.get(str(self.spool.root))
         if pruning is not None and pruning.is_alive():
             pruning.join(timeout=1.0)  # a short run's own prune done; a long one goes on alone
 
@@ -437,9 +443,6 @@ class Monitor:
         on the heartbeat thread, held the first beat past the lease with thousands of them
         (a probe: 20,000 files, 12.8 s), and a store that is down is asked for at most a
         second per file, not waited out (`reconnect_seconds`)."""
-        if self._pruning is not None and self._pruning.is_alive():
-            return
-
         def prune() -> None:
             db = getattr(self.spool, "db", None)  # the PostgreSQL store's connection pool
             try:
@@ -449,9 +452,14 @@ class Monitor:
             except Exception as exc:  # advisory data: never let it stop anything
                 log.debug("could not prune stale progress files: %s", exc)
 
-        self._pruning = threading.Thread(target=prune, name="jobspool-progress-prune",
-                                         daemon=True)
-        self._pruning.start()
+        key = str(self.spool.root)
+        with _PRUNING_LOCK:
+            running = _PRUNING.get(key)
+            if running is not None and running.is_alive():
+                return  # one at a time per spool in this process, whatever runs it
+            thread = _PRUNING[key] = threading.Thread(
+                target=prune, name="jobspool-progress-prune", daemon=True)
+            thread.start()
 
     def _run(self) -> None:
         self._prune_progress()
@@ -513,29 +521,41 @@ class Monitor:
         """Write changed progress files until `deadline` (the next beat's time): the rest
         wait for the next turn. Written one after another before the beat, 0.5 s each on
         a slow disk cost four jobs their leases (a probe)."""
-        for c in self.contexts():
+        contexts = self.contexts()
+        # Starting where the last turn stopped: from the front each time, the jobs at the
+        # end of the list never had their progress written on a slow disk.
+        start = self._progress_next % len(contexts) if contexts else 0
+        for i in range(len(contexts)):
             if time.monotonic() >= deadline:
+                self._progress_next = start + i
                 return
+            c = contexts[(start + i) % len(contexts)]
             try:
                 c.flush_progress()
             except Exception as exc:  # advisory: never let it stop the heartbeats
                 log.debug("could not write the progress of job %s: %s", c.job_id, exc)
+        self._progress_next = start
 
     def beat(self, now: float) -> None:
         """Extend every live lease in one `heartbeat_many` (one lock hold, one flush)."""
         live = []
         # While the loop stands still (a handler blocking it, the worker's own slow code),
-        # a run's end is not seen (`finished` is set on the loop) and a held-back handler's
-        # limit not yet moved (`held_back`): no run is judged past its limit then. Judged,
-        # a run done in time lost its lease, ran again, and was dead-lettered (a probe).
-        loop_stalled = now - self.tick > 2 * _TICK
+        # an async run's end is not seen (`finished` is set on the loop) and a held-back
+        # handler's limit not yet moved (`held_back`): such runs are judged past their
+        # limits only once the stall passes STALL_JUDGE_SECONDS (a loop blocked for good
+        # must not keep their leases for ever). Judged at once, a run done in time lost its
+        # lease, ran again, and was dead-lettered (a probe). A sync run's thread says
+        # itself whether it returned (`returned`): judged as usual.
+        stall = now - self.tick
+        defer_async = 2 * _TICK < stall < STALL_JUDGE_SECONDS
         for c in self.contexts():
             if c.settled or c.lost or c.hung:
                 continue
             # Only a run still going can be past its time limit: one that returned in time
             # and waits for its settle (a slow projection commit) lost its lease here, ran
             # again and again, and was dead-lettered having succeeded every time.
-            if c.deadline is not None and not c.finished and not loop_stalled \
+            if c.deadline is not None and not c.finished and not c.returned \
+                    and not (defer_async and not c.in_thread) \
                     and now > c.deadline + self.interval:
                 if not c.hung:
                     c.hung = True
