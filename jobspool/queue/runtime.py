@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Generator
 from typing import TYPE_CHECKING, Any
 
 from jobspool.errors import JobspoolError, LeaseLost
-from jobspool.queue.jobprogress import prune_stale_progress
+from jobspool.queue.jobprogress import join_pruning, prune_in_background
 
 if TYPE_CHECKING:
     import anyio
@@ -39,10 +39,6 @@ log = logging.getLogger("jobspool.queue.worker")
 BLOCKED_SECONDS = 1.0
 # How long a stalled loop defers judging async runs past their time limits (`beat`).
 STALL_JUDGE_SECONDS = 10.0
-# The thread pruning dead runs' progress files, per spool root: one at a time per process
-# (a Monitor per run each started one, and repeated runs piled them up).
-_PRUNING: dict[str, threading.Thread] = {}
-_PRUNING_LOCK = threading.Lock()
 # A handler's step on the loop longer than this may move the other async handlers' time
 # limits (`Monitor.held_back`); shorter ones are a loop's normal sharing.
 HELD_BACK_SECONDS = 0.02
@@ -399,9 +395,7 @@ class Monitor:
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=5.0)
-        pruning = _PRUNING.get(str(self.spool.root))
-        if pruning is not None and pruning.is_alive():
-            pruning.join(timeout=1.0)  # a short run's own prune done; a long one goes on alone
+        join_pruning(self.spool, 1.0)  # a short run's own prune done; a long one goes on
 
     def held_back(self, by: Tracked, seconds: float) -> None:
         """`by`'s step held the loop for `seconds`, until now. An async handler whose time
@@ -438,31 +432,8 @@ class Monitor:
             self.tick = time.monotonic()
             await anyio.sleep(_TICK)
 
-    def _prune_progress(self) -> None:
-        """Remove dead runs' progress files on a thread of its own: one store read per file,
-        on the heartbeat thread, held the first beat past the lease with thousands of them
-        (a probe: 20,000 files, 12.8 s), and a store that is down is asked for at most a
-        second per file, not waited out (`reconnect_seconds`)."""
-        def prune() -> None:
-            db = getattr(self.spool, "db", None)  # the PostgreSQL store's connection pool
-            try:
-                with db.patience(time.monotonic() + 1.0) if db is not None \
-                        else contextlib.nullcontext():
-                    prune_stale_progress(self.spool)  # files left by workers that died
-            except Exception as exc:  # advisory data: never let it stop anything
-                log.debug("could not prune stale progress files: %s", exc)
-
-        key = str(self.spool.root)
-        with _PRUNING_LOCK:
-            running = _PRUNING.get(key)
-            if running is not None and running.is_alive():
-                return  # one at a time per spool in this process, whatever runs it
-            thread = _PRUNING[key] = threading.Thread(
-                target=prune, name="jobspool-progress-prune", daemon=True)
-            thread.start()
-
     def _run(self) -> None:
-        self._prune_progress()
+        prune_in_background(self.spool)  # files of runs that died
         next_beat = time.monotonic() + self.interval
         next_progress = 0.0
         next_prune = time.monotonic() + _PRUNE_PROGRESS_EVERY
@@ -489,7 +460,7 @@ class Monitor:
                 self._flush_progress(deadline=next_beat)
             if now >= next_prune:
                 next_prune = now + _PRUNE_PROGRESS_EVERY
-                self._prune_progress()
+                prune_in_background(self.spool)  # files of runs that died
 
     def _watch_process(self, late: float, now: float) -> None:
         """This thread woke `late` seconds past its wait: when the loop stalled as long, the
