@@ -322,11 +322,10 @@ class ClaimIndex:
     def _push_ready(self, kind: str, item: tuple[int, float, str]) -> None:
         heapq.heappush(self._ready_heaps.setdefault(kind, []), item)
         self._ready_pushes += 1
-        if self._ready_pushes > 2 * len(self._ready) + _COMPACT_SLACK:
-            self._compact_ready()
+        self._compact_ready()
 
     def _compact_ready(self) -> None:
-        """Rebuild the ready heaps from the live entries (see `_COMPACT_SLACK`)."""
+        """Rebuild the ready heaps from the live entries once due (see `_COMPACT_SLACK`)."""
         if self._ready_pushes <= 2 * len(self._ready) + _COMPACT_SLACK:
             return
         heaps: dict[str, list[tuple[int, float, str]]] = {}
