@@ -122,6 +122,17 @@ class LeaseLost(JobspoolError):
         self.reason = reason
 
 
+class HoldCut(JobspoolError):
+    """Raised when a thread steps on inside a fenced block its worker ended: the handler ran
+    past its time limit and was abandoned (a sync thread cannot be stopped), so nothing more
+    it does in the block is written (the file spool; PostgreSQL ends the block's transaction)."""
+
+    def __init__(self, message: str = "this thread's fenced block was ended by its worker: "
+                 "its handler ran past its time limit and was abandoned; nothing more it "
+                 "does in the block is written") -> None:
+        super().__init__(message)
+
+
 class InvalidTransition(JobspoolError):
     """Raised when a job's current state does not allow the requested change."""
 
@@ -293,6 +304,7 @@ __all__ = [
     "ConfigError",
     "CorruptFileWarning",
     "DuplicateJob",
+    "HoldCut",
     "InvalidJob",
     "InvalidRoot",
     "InvalidTransition",

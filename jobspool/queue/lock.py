@@ -4,8 +4,9 @@ What it protects against: two processes, or two threads of one process,
 interleaving the steps of state changes (a claim reading a job another
 claim is moving). `flock` locks belong to the open file description, so
 threads sharing one descriptor are not excluded from each other by it:
-the `threading.RLock` does that. The lock is re-entrant within a thread so
-that `ctx.fenced()` may call `heartbeat` while holding it.
+a thread lock does that (`handover.py`). The lock is re-entrant within a thread so
+that `ctx.fenced()` may call `heartbeat` while holding it, and a worker may end the hold
+of a handler it abandoned inside a fenced block.
 
 Two flocks are taken, in this order: one on `<root>/.lock` (the lock DESIGN
 §2 names, which outside tools may also take) and one on the spool's root
@@ -47,7 +48,6 @@ import fcntl
 import mmap
 import os
 import struct
-import threading
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -56,6 +56,7 @@ from pathlib import Path
 from jobspool.errors import SpoolClosed, SpoolError
 from jobspool.queue.changelog import RING_BYTES, ChangeRing
 from jobspool.queue.diskerrors import os_hint, spool_missing
+from jobspool.queue.handover import HandoverLock
 from jobspool.queue.perms import set_fd_mode
 from jobspool.queue.procid import current_pid
 
@@ -104,8 +105,7 @@ class SpoolLock:
         self.read_only = read_only
         self._mode = mode
         self.on_reopen = on_reopen
-        self._thread_lock = threading.RLock()
-        self._depth = 0
+        self._thread_lock = HandoverLock(self._let_go_for_cut)
         self._boot = _boot_hash()
         self._dir_fd = -1
         self._fd = -1
@@ -173,10 +173,9 @@ class SpoolLock:
         the parent's block to end, and the releases of the levels it inherited are
         ignored (`_inherited`): one ran the count below zero (a traceback, then a child
         that never took the lock again)."""
-        inherited = self._depth if self._depth and self._thread_lock._is_owned() else 0  # type: ignore[attr-defined]
+        inherited = self._thread_lock.count if self._thread_lock._is_owned() else 0
         self._close_fds()
-        self._thread_lock = threading.RLock()
-        self._depth = 0
+        self._thread_lock = HandoverLock(self._let_go_for_cut)
         self._inherited = inherited
         self._pid = os.getpid()
         if self._closed:
@@ -205,8 +204,7 @@ class SpoolLock:
         # The parent's descriptors stay open in the parent; the child drops its copies.
         old = self._map
         self._close_fds()
-        self._thread_lock = threading.RLock()
-        self._depth = 0
+        self._thread_lock = HandoverLock(self._let_go_for_cut)
         self._open()
         old.close()
 
@@ -265,10 +263,11 @@ class SpoolLock:
         if self._pid != current_pid():
             self._reopen_after_fork()
         self._thread_lock.acquire()
-        if self._closed and self._depth == 0:  # closed by another thread while we waited
+        first = self._thread_lock.count == 1
+        if self._closed and first:  # closed by another thread while we waited
             self._thread_lock.release()
             raise SpoolClosed(self._root)
-        if self._depth == 0:
+        if first:
             self._after_reopen = False
             try:
                 if self._fd < 0:  # an earlier reopen failed: the spool was gone
@@ -290,7 +289,6 @@ class SpoolLock:
                 # claim after the crash ran a job whose completion was already on disk.
                 self.bump(self.SUSPECT_SLOT)
                 _SLOT.pack_into(self._map, self.WRITER_SLOT * _SLOT.size, 0)
-        self._depth += 1
 
     @property
     def current_boot(self) -> bool:
@@ -319,11 +317,14 @@ class SpoolLock:
             self.on_reopen()
 
     def release(self) -> None:
-        if self._depth == 0 and self._inherited:
-            self._inherited -= 1  # the end of a block its parent entered: nothing to let go
+        lock = self._thread_lock
+        if not lock._is_owned():
+            if self._inherited:
+                self._inherited -= 1  # the end of a block its parent entered: nothing to let go
+                return
+            lock.release()  # a level of a hold that was cut (`cut`): nothing to let go
             return
-        self._depth -= 1
-        if self._depth == 0:
+        if lock.count == 1:
             if self._closed:  # closed by this holder inside its block: now it goes
                 try:
                     self._close_now()
@@ -331,32 +332,57 @@ class SpoolLock:
                     self._thread_lock.release()
                 return
             try:
-                fcntl.flock(self._dir_fd, fcntl.LOCK_UN)
-                fcntl.flock(self._fd, fcntl.LOCK_UN)
-            except OSError:
-                # Closing a descriptor drops its lock for certain: never leave other
-                # processes blocked behind a lock we failed to release.
-                old = self._map
-                self._close_fds()
-                try:
-                    self._open()
-                finally:
-                    old.close()
+                self._unlock_files()
             finally:
-                self._thread_lock.release()
+                lock.release()
         else:
-            self._thread_lock.release()
+            lock.release()
+
+    def _let_go_for_cut(self) -> None:
+        if self._closed:  # closed by the holder inside its block: it goes with the hold
+            self._close_now()
+        else:
+            self._unlock_files()
+
+    def _unlock_files(self) -> None:
+        try:
+            fcntl.flock(self._dir_fd, fcntl.LOCK_UN)
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        except OSError:
+            # Closing a descriptor drops its lock for certain: never leave other
+            # processes blocked behind a lock we failed to release.
+            old = self._map
+            self._close_fds()
+            try:
+                self._open()
+            finally:
+                old.close()
 
     @property
     def held(self) -> bool:
         """True when the calling thread holds the lock."""
-        return self._depth > 0 and self._thread_lock._is_owned()  # type: ignore[attr-defined]
+        return self._thread_lock._is_owned()
 
     @property
     def nested(self) -> bool:
         """True when the calling thread holds the lock inside an outer hold of its own (a
         fenced block, a schedule's tick): the inner hold's end does not release it."""
-        return self._depth > 1 and self._thread_lock._is_owned()  # type: ignore[attr-defined]
+        return self._thread_lock.count > 1 and self._thread_lock._is_owned()
+
+    def allow_cut(self) -> None:
+        """The holder runs its caller's code from here (a fenced block's inside) until
+        `forbid_cut`: a worker giving up on the thread may end its hold there (`cut`)."""
+        self._thread_lock.allow_cut()
+
+    def forbid_cut(self) -> None:
+        """The end of `allow_cut`; `HoldCut` if the hold was ended meanwhile."""
+        self._thread_lock.forbid_cut()
+
+    def cut(self, thread_ident: int) -> str:
+        """End the hold of a thread abandoned inside a fenced block (`handover.py`): the
+        flocks and the thread lock go to whoever waits, the thread's next step inside its
+        block raises `HoldCut`."""
+        return self._thread_lock.cut(thread_ident)
 
     @contextmanager
     def hold(self) -> Iterator[None]:
@@ -422,13 +448,12 @@ class SpoolLock:
         if self._pid != current_pid():
             # A forked child closing its copy: a parent thread may have held the thread
             # lock at the fork, and it stays held in the child for ever (the close hung).
-            self._thread_lock = threading.RLock()
-            self._depth = 0
+            self._thread_lock = HandoverLock(self._let_go_for_cut)
         with self._thread_lock:
             if self._closed:
                 return
             self._closed = True
-            if self._depth:
+            if self._thread_lock.count > 1:
                 # Called by the holder itself (inside a fenced block): the lock goes when
                 # the block ends (`release`), not from under it.
                 return

@@ -364,6 +364,10 @@ class Spool(EnqueueForms):
         check_lease(lease)
         return self.leasing.fenced(whole_lease(lease, self.get))
 
+    def abandon_blocks(self, thread_ident: int) -> None:
+        """A handler's thread was given up on: end its fenced block (`Holding.abandon`)."""
+        self.leasing.abandon(thread_ident)
+
     def preload(self) -> None:
         """Read the claimable backlog into this process's claim index now (`Leasing.preload`)."""
         self.leasing.preload()
