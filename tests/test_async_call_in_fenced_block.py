@@ -47,3 +47,44 @@ def test_awaiting_the_spool_inside_spool_fenced_is_refused(any_spool: Spool) -> 
         assert await aspool.jobs(kind="other") == []
 
     anyio.run(main)
+
+
+def test_a_sync_handler_handing_the_spool_to_the_loop_inside_its_block_fails_its_job(
+        any_spool: Spool) -> None:
+    # The sync form of the same hang (left by the previous fix): the handler's thread holds
+    # the block and waits on the loop, whose call waits for the block's lock.
+    aspool = AsyncSpool(any_spool)
+
+    def handler(job: Job, ctx: Context) -> None:
+        with ctx.fenced():
+            anyio.from_thread.run(aspool.enqueue, "follow-up", {})
+
+    job = any_spool.enqueue("k", {}, max_attempts=1)
+    report = Worker(any_spool, {"k": handler}, maintenance=False).run_until_idle()
+    assert report.dead_lettered == 1
+    dead = any_spool.get(job.id)
+    assert "AsyncSpool call awaited inside the fenced block" in (dead.last_error or "")
+    assert list(any_spool.jobs(kind="follow-up")) == []
+
+
+def test_a_thread_started_inside_a_block_may_call_the_loop_after_it(any_spool: Spool) -> None:
+    # What the block's code hands on keeps a copy of its context: the block's mark in it ends
+    # with the block, so a call made after the block is not refused.
+    aspool = AsyncSpool(any_spool)
+    after_block = []
+
+    def late_call(ended: anyio.Event) -> None:
+        anyio.from_thread.run(ended.wait)
+        after_block.append(anyio.from_thread.run(aspool.enqueue, "follow-up", {}).kind)
+
+    async def handler(job: Job, ctx: Context) -> None:
+        ended = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            with ctx.fenced():
+                tg.start_soon(anyio.to_thread.run_sync, late_call, ended)
+            ended.set()
+
+    any_spool.enqueue("k", {}, max_attempts=1)
+    report = Worker(any_spool, {"k": handler}, maintenance=False).run_until_idle()
+    assert report.completed == 1
+    assert after_block == ["follow-up"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 import time
@@ -87,11 +88,21 @@ if TYPE_CHECKING:
 
 # The job whose `ctx.fenced()` block is open on this thread, if any.
 _FENCED = threading.local()
+# The same, seen by what the block's code hands work to: a coroutine a sync handler runs on
+# the loop (`anyio.from_thread.run`), a task it starts. A list, emptied as the block ends: a
+# thread the block started keeps a copy of the context for as long as it lives.
+_FENCED_CALLER: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
+    "jobspool_fenced_caller", default=None)
 
 
 def open_fenced_block() -> str | None:
-    """The id of the job whose `ctx.fenced()` block is open on this thread, if any."""
-    return getattr(_FENCED, "job_id", None)
+    """The id of the job whose `ctx.fenced()` block is open on this thread, or in the code
+    that called this one (a coroutine a handler inside its block waits on), if any."""
+    job_id = getattr(_FENCED, "job_id", None)
+    if job_id is None:
+        caller = _FENCED_CALLER.get()
+        job_id = caller[0] if caller else None
+    return job_id
 
 
 class Context:
@@ -242,11 +253,15 @@ class Context:
                                f"job {open_for!r} is still open on this thread; an async "
                                "handler must not await inside a fenced block")
         _FENCED.job_id = self.job_id
+        caller, before = [self.job_id], _FENCED_CALLER.get()
+        _FENCED_CALLER.set(caller)
         try:
             with self.spool.fenced(self.lease) as lease:
                 yield lease
         finally:
             _FENCED.job_id = open_for
+            caller.clear()
+            _FENCED_CALLER.set(before)
 
     def upsert(self, table: str, rows: Mapping[str, Any] | Iterable[Mapping[str, Any]],
                version: float | None = None) -> None:
