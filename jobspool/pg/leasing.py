@@ -27,7 +27,7 @@ from jobspool.pg.beats import check_leases
 from jobspool.pg.hotcursor import execute_hot
 from jobspool.pg.refusal import refusal
 from jobspool.pg.rows import COLUMNS, TOKEN_INDEX, dump, text, to_job
-from jobspool.queue import machine
+from jobspool.queue import claimnotes, machine
 from jobspool.queue.backlog import Waiting
 from jobspool.queue.job import KIND_RE, Job, Lease, LeaseInfo, evolve, fill_in, new_lease
 from jobspool.queue.jobsize import encode_completed, fitted_anyway
@@ -175,6 +175,7 @@ def _sweep_and_log(spool: PgSpool, kinds: list[str] | None) -> list[tuple[str, s
     swept = sweep(spool, kinds, exhausted_only=True)
     if swept:
         spool.log_swept(swept)
+        claimnotes.dead_lettered(sum(1 for _, state in swept if state == "dead_letter"))
     return swept
 
 

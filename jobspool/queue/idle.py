@@ -17,6 +17,8 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
+from jobspool.queue import claimnotes
+
 if TYPE_CHECKING:
     from jobspool.queue.api import SpoolAPI
     from jobspool.queue.config import WorkerConfig
@@ -53,6 +55,7 @@ class IdleWaits:
     until_idle: bool
     wait_for_retries: float
     looked_past_claim: bool
+    claim_dead_lettered: int  # by the latest claim, taking over exhausted expired leases
     _pokeless: bool
     _due_hint: Any
 
@@ -104,7 +107,9 @@ class IdleWaits:
     def _claim_or_due(self, claim: Callable[[], list[Lease]]) -> tuple[list[Lease], Any]:
         """In a thread: the claim and, when it comes back empty in `run_forever`, when the
         next job comes due (`_claim_when_due`): one thread hop, not two, per idle poll."""
+        claimnotes.take_dead_lettered()  # a note of an earlier call this thread made
         leases = claim()
+        self.claim_dead_lettered = claimnotes.take_dead_lettered()
         if leases or self.until_idle:
             return leases, NO_HINT
         return leases, self.spool.next_due_at(self.config.kinds)

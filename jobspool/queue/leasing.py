@@ -9,7 +9,7 @@ import socket
 from collections.abc import Collection, Iterable
 
 from jobspool.errors import FULL_DISK, WriteFailed
-from jobspool.queue import interrupts, liveness, machine
+from jobspool.queue import claimnotes, interrupts, liveness, machine
 from jobspool.queue.arguments import check_exclude, listed
 from jobspool.queue.backlog import Waiting
 from jobspool.queue.diskerrors import write_failed
@@ -219,6 +219,7 @@ class Leasing(Holding):
                 log.warning("claim: %s; adopting the %d lease(s) that reached the disk",
                             exc, len(adopted))
                 return adopted
+            claimnotes.dead_lettered(len(dead))
         return leases
 
     def _drop_stale_doubles(self, picked: list[Job], doubles: set[str],

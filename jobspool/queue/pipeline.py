@@ -120,6 +120,7 @@ class Pipeline(IdleWaits):
         self._strays: set[str] = set()  # given back for want of a handler: never claimed again
         self.idle = 0.01
         self.looked_past_claim = False  # idle.py `_wait_for_due`
+        self.claim_dead_lettered = 0  # idle.py `_claim_or_due`
         self.arrived = anyio.Event()
         self.stop_poked = anyio.Event()  # set by `_poke`: a stop or hurry was asked
         self.monitor = Monitor(self.spool, lambda: list(self.in_hand.values()),
@@ -350,6 +351,7 @@ class Pipeline(IdleWaits):
         leases, self._due_hint = await whole_in_thread(
             functools.partial(self._claim_or_due, claim),
             landed=lambda got: self._hold(got[0]))
+        self.counters.dead_lettered += self.claim_dead_lettered
         if len(leases) < want:
             self._next_take_over = 0.0  # the due jobs ran short: the next claim looks too
         claimed = leases
