@@ -13,7 +13,10 @@ cut waits (pending) until the thread is back at its cut point. A thread that doe
 the lock yet is marked: its first cut point is cut at once.
 
 A thread whose hold was cut finds out at its next step: taking the lock again raises
-`HoldCut`, and the releases of the levels it held are ignored, so that it unwinds.
+`HoldCut`, and the releases of the levels it held are ignored, so that it unwinds. Once
+unwound it is a thread like any other: a handler that catches `HoldCut` and opens another
+block holds the lock again (one cut per time limit, as the worker asks once). A cut asked
+of a handler that has returned is void (`forget_cuts`): its pool thread runs other jobs.
 """
 
 from __future__ import annotations
@@ -52,13 +55,15 @@ class HandoverLock:
             return None
         return mark[1]
 
-    def acquire(self) -> None:
+    def acquire(self, *, cut_ok: bool = False) -> None:
+        """Take the lock (again); `HoldCut` for a thread whose hold was cut and has not
+        unwound yet, unless `cut_ok` (a `close()`, which must work from anywhere)."""
         me = threading.get_ident()
         with self._state:
             if self.owner == me:
                 self.count += 1
                 return
-            if self._cut and self._cut_level():
+            if not cut_ok and self._cut and self._cut_level():
                 raise HoldCut()
         self._lock.acquire()
         with self._state:
@@ -80,6 +85,9 @@ class HandoverLock:
                 return False
             self.count -= 1
             if self.count == 0:
+                if self._pending:  # never back at a cut point: cut at its next one
+                    self._pending = False
+                    self._mark(me)
                 self.owner = None
                 self._lock.release()
             elif self._pending and self._points and self.count == self._points[-1]:
@@ -105,7 +113,8 @@ class HandoverLock:
         """The owner runs its caller's code at this level until `forbid_cut`."""
         with self._state:
             self._points.append(self.count)
-            if self._cut and self._cut_level() == 0:  # marked before it took the lock
+            # Asked while it opened its block (pending), or before it held (marked).
+            if self._pending or (self._cut and self._cut_level() == 0):
                 self._cut_now()
                 raise HoldCut()
 
@@ -117,8 +126,6 @@ class HandoverLock:
                     raise HoldCut()
                 return
             self._points.pop()
-            if not self._points:
-                self._pending = False
 
     def cut(self, thread_ident: int) -> str:
         """End the hold of the thread `thread_ident` at its cut point: "cut" now, "pending"
@@ -131,10 +138,30 @@ class HandoverLock:
                     return "cut"
                 self._pending = True
                 return "pending"
-            thread = next((t for t in threading.enumerate() if t.ident == thread_ident), None)
-            if thread is not None and thread_ident not in self._cut:
-                self._cut[thread_ident] = (weakref.ref(thread), 0)
+            self._mark(thread_ident)
             return "marked"
+
+    def _mark(self, thread_ident: int) -> None:
+        """Cut `thread_ident` at its next cut point (under `_state`)."""
+        thread = next((t for t in threading.enumerate() if t.ident == thread_ident), None)
+        if thread is not None and thread_ident not in self._cut:
+            self._cut[thread_ident] = (weakref.ref(thread), 0)
+
+    def levels_here(self) -> int:
+        """Levels the calling thread holds, or has still to unwind of a hold that was cut."""
+        with self._state:
+            if self.owner == threading.get_ident():
+                return self.count
+            return (self._cut_level() or 0) if self._cut else 0
+
+    def forget_cuts(self) -> None:
+        """The calling thread's handler returned: a cut asked of it is void (a pool thread
+        serves other jobs next, whose blocks were cut on its mark)."""
+        me = threading.get_ident()
+        with self._state:
+            self._cut.pop(me, None)
+            if self.owner == me:
+                self._pending = False
 
     def _cut_now(self) -> None:
         """Take the hold from its owner (under `_state`)."""

@@ -140,7 +140,7 @@ async def invoke(ctx: Context, fn: Callable[..., Any], *, is_async: bool,
             _timed_out(ctx, timeout or 0.0, sync=in_thread,
                        stack=tracked.stack() if tracked is not None else None)
             if in_thread:
-                on_hung(ctx)
+                gate.while_running(functools.partial(on_hung, ctx))
         elif is_async and timeout is not None and anyio.current_time() > limit.deadline:
             # It returned past its limit: before the cancellation could reach it (an async
             # handler that blocked the loop), or after catching it. Past the limit is past
@@ -297,12 +297,25 @@ class _StartGate:
             self.error = exc
             raise
         finally:
-            self._ended = time.monotonic()
+            with self._lock:  # after a `while_running` in progress, or it skips
+                self._ended = time.monotonic()
             if isinstance(self.result, _HandedBack):
                 ctx.in_thread = False  # the rest is awaited on the loop
             else:
                 ctx.returned = True
+            # A cut of this thread's fenced block asked past its time limit is void now:
+            # left, it cut the next job's block that this pool thread ran.
+            forget = getattr(ctx.spool, "forget_abandoned", None)
+            if forget is not None:
+                forget()
         return self.result
+
+    def while_running(self, call: Callable[[], None]) -> None:
+        """`call()` unless the handler has returned: told it was hung once it had returned,
+        the worker cut or marked the thread, which had gone on to other jobs."""
+        with self._lock:
+            if not self._ended:
+                call()
 
     def ended_within(self, timeout: float) -> bool:
         """Whether the handler returned (or raised) within `timeout` of its own start."""

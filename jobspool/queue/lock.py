@@ -173,7 +173,7 @@ class SpoolLock:
         the parent's block to end, and the releases of the levels it inherited are
         ignored (`_inherited`): one ran the count below zero (a traceback, then a child
         that never took the lock again)."""
-        inherited = self._thread_lock.count if self._thread_lock._is_owned() else 0
+        inherited = self._thread_lock.levels_here()  # held, or cut and not unwound yet
         self._close_fds()
         self._thread_lock = HandoverLock(self._let_go_for_cut)
         self._inherited = inherited
@@ -384,6 +384,10 @@ class SpoolLock:
         block raises `HoldCut`."""
         return self._thread_lock.cut(thread_ident)
 
+    def forget_cuts(self) -> None:
+        """The calling thread's handler returned: a cut asked of it is void."""
+        self._thread_lock.forget_cuts()
+
     @contextmanager
     def hold(self) -> Iterator[None]:
         self.acquire()
@@ -449,7 +453,8 @@ class SpoolLock:
             # A forked child closing its copy: a parent thread may have held the thread
             # lock at the fork, and it stays held in the child for ever (the close hung).
             self._thread_lock = HandoverLock(self._let_go_for_cut)
-        with self._thread_lock:
+        self._thread_lock.acquire(cut_ok=True)  # from a block that was cut too
+        try:
             if self._closed:
                 return
             self._closed = True
@@ -458,6 +463,8 @@ class SpoolLock:
                 # the block ends (`release`), not from under it.
                 return
             self._close_now()
+        finally:
+            self._thread_lock.release()
 
     def _close_now(self) -> None:
         try:

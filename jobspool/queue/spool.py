@@ -368,6 +368,10 @@ class Spool(EnqueueForms):
         """A handler's thread was given up on: end its fenced block (`Holding.abandon`)."""
         self.leasing.abandon(thread_ident)
 
+    def forget_abandoned(self) -> None:
+        """In a handler's thread, as its handler returns: a cut asked of it is void."""
+        self.journal.lock.forget_cuts()
+
     def preload(self) -> None:
         """Read the claimable backlog into this process's claim index now (`Leasing.preload`)."""
         self.leasing.preload()
