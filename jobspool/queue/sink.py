@@ -213,10 +213,11 @@ class LanceSink:
             self._beat.note_commit(t)
         self._beat.maybe_run()
 
-    def close(self) -> None:
+    def close(self, wait: float = 30.0) -> None:
+        """Stop projection maintenance, waiting up to `wait` seconds for a step in progress."""
         self._closes += 1
         if self._beat is not None:
-            self._beat.close()
+            self._beat.close(timeout=wait)
             self._beat = None
 
 

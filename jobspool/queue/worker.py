@@ -58,6 +58,8 @@ if TYPE_CHECKING:
     from jobspool.schedules import Schedule
 
 log = logging.getLogger(__name__)
+# The longest a run's end waits for projection maintenance in progress (`_maintenance_wait`).
+MAINTENANCE_WAIT = 30.0
 
 
 class Worker:
@@ -140,6 +142,7 @@ class Worker:
         self._runs: Runs = getattr(spool, "runs", None) or Runs()
         self._stop = threading.Event()
         self._hurry = threading.Event()
+        self._stop_at: float | None = None  # when the standing stop was asked (monotonic)
         self._waker: Callable[[], None] | None = None  # wakes the running pipeline (on_stop)
         self._honored = False  # the standing stop()/hurry() has ended a run (see _begin_run)
         self.serving_daemon = False  # its run serves in a daemon thread (signalhub)
@@ -297,7 +300,7 @@ class Worker:
                                wait_for_retries=wait_for_retries,
                                wait_for_store=wait_for_store, progress=progress).run()
             finally:
-                self.sink.close()
+                self.sink.close(wait=self._maintenance_wait())
                 self.publish(counters, final=True)  # a finished run is no stale worker
                 self._live = None
                 self._stop_honored()
@@ -387,7 +390,7 @@ class Worker:
             finally:
                 if elsewhere:
                     signalhub.detach(self)
-                self.sink.close()
+                self.sink.close(wait=self._maintenance_wait())
                 self.publish(counters, final=True)
                 self._live = None
                 tg.cancel_scope.cancel()
@@ -420,6 +423,8 @@ class Worker:
         Asked between runs, it stops the next run at once; a run begun after a
         stopped one serves normally."""
         self._honored = False
+        if not self._stop.is_set():
+            self._stop_at = time.monotonic()
         self._stop.set()
         self.spool.stop_retrying()
         self._wake_run()
@@ -446,15 +451,30 @@ class Worker:
             self._honored = False
             self._stop.clear()
             self._hurry.clear()
+            self._stop_at = None
             self.spool.stop_retrying(False)
 
     def hurry(self) -> None:
         """Stop now: cut off every running handler and release its lease (a second signal)."""
         self._honored = False
+        if not self._stop.is_set():
+            self._stop_at = time.monotonic()
         self._stop.set()
         self._hurry.set()
         self.spool.stop_retrying()
         self._wake_run()
+
+    def _maintenance_wait(self) -> float:
+        """How long a run's end waits for projection maintenance in progress (a LanceDB
+        compaction step): up to `MAINTENANCE_WAIT`, after a stop only what is left of its
+        grace, after a hurry none. It waited 30 s past `--grace` whatever was asked; what
+        it leaves is a step lance commits whole or not at all, retried by a later run."""
+        if not self._stop.is_set():
+            return MAINTENANCE_WAIT
+        if self._hurry.is_set() or self._stop_at is None:
+            return 0.0
+        left = self.config.grace_seconds - (time.monotonic() - self._stop_at)
+        return max(0.0, min(MAINTENANCE_WAIT, left))
 
     @property
     def stopping(self) -> bool:
