@@ -19,6 +19,7 @@ import orjson
 import pytest
 
 from jobspool import Job, JobState
+from jobspool.queue.states import TERMINAL
 from tests.cli_harness import LineReader, reap, run_jobspool, start_jobspool
 from tests.spools import make_spool
 from tests.waiting import wait_until
@@ -358,3 +359,29 @@ def test_a_pools_children_get_the_database_url_by_environment_not_command_line(
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
+
+
+def test_a_job_that_returned_in_time_is_not_killed_for_a_loop_held_up_after_it(
+        tmp_path: Path) -> None:
+    # The supervisor heard of a handler's end from the child's event loop: a loop held up
+    # (an async handler blocking it) past the job's limit + grace made it kill the child
+    # for a job that had returned in time; the job was dead-lettered as timed out.
+    root = tmp_path / "spool"
+    startfile = tmp_path / "started"
+    with make_spool(root) as spool:
+        # Past the supervisor's limit: 1 s + grace (1 s) + its 2 s margin.
+        spool.enqueue("blocker", {"startfile": str(startfile), "sleep": 7}, job_id="blocker",
+                      priority=1)
+        spool.enqueue("brief", {"startfile": str(startfile)}, job_id="brief", priority=0)
+    proc = start_jobspool("worker", "--app", "tests.apps.loop_block:app", "--json",
+                          "--no-maintenance", "--processes", "1", "--concurrency", "2",
+                          "--batch-size", "2", "--grace", "1", root=root)
+    try:
+        wait_until(lambda: all(j.state in TERMINAL for j in _jobs(root, ["brief", "blocker"])),
+                   GUARD, proc=proc)
+    finally:
+        report, log = _stop(proc)
+    brief, blocker = _jobs(root, ["brief", "blocker"])
+    assert (brief.state, brief.result) == (JobState.COMPLETED, "in time"), brief.last_error
+    assert blocker.state is JobState.COMPLETED
+    assert report["killed_hung"] == 0 and report["restarts"] == 0, log[-2000:]

@@ -62,16 +62,18 @@ log = logging.getLogger("jobspool.queue.worker")
 async def invoke(ctx: Context, fn: Callable[..., Any], *, is_async: bool,
                  timeout: float | None, monitor: Monitor, threads: anyio.CapacityLimiter,
                  on_hung: Callable[[Context], None],
-                 on_wait: Callable[[], None] | None = None) -> None:
+                 on_wait: Callable[[], None] | None = None,
+                 on_returned: Callable[[Context], None] | None = None) -> None:
     """Run `fn(ctx.job, ctx)` within `timeout` and record how it ended in `ctx.outcome`.
 
     Raises only our own cancellation (after recording `interrupted`). A sync
     handler runs in a thread (from `threads`); past its time limit it is
-    abandoned — a thread cannot be stopped — and `on_hung(ctx)` is told.
+    abandoned — a thread cannot be stopped — and `on_hung(ctx)` is told. `on_returned(ctx)`
+    is called in a sync handler's thread as it returns, before the loop hears of it.
     """
     kind = ctx.job.kind
     tracked: Tracked | None = None
-    gate = _StartGate()
+    gate = _StartGate(on_returned)
     try:
         limit: anyio.CancelScope | _NoLimit = (
             _NO_LIMIT if timeout is None else anyio.move_on_after(timeout))
@@ -272,7 +274,8 @@ class _StartGate:
     dropping it first: a run dropped before it began must never begin afterwards (its job
     goes back to the queue, and another worker may take it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_returned: Callable[[Context], None] | None = None) -> None:
+        self._on_returned = on_returned
         self._lock = threading.Lock()
         self._started = False
         self._dropped = False
@@ -308,6 +311,12 @@ class _StartGate:
             forget = getattr(ctx.spool, "forget_abandoned", None)
             if forget is not None:
                 forget()
+            if self._on_returned is not None and ctx.returned:
+                try:
+                    self._on_returned(ctx)
+                except Exception as exc:  # advisory: the handler's outcome stands
+                    log.warning("job %s: could not tell that its handler returned: %s",
+                                ctx.job_id, exc)
         return self.result
 
     def while_running(self, call: Callable[[], None]) -> None:

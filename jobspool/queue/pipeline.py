@@ -531,7 +531,7 @@ class Pipeline(IdleWaits):
         try:
             await invoke(ctx, fn, is_async=self.config.is_async(kind), timeout=timeout,
                          monitor=self.monitor, threads=self.threads, on_hung=self.life.note_hung,
-                         on_wait=on_wait)
+                         on_wait=on_wait, on_returned=self.life.note_returned)
         finally:
             run_ended(ctx, self.life)
         self._count_timeout(ctx)

@@ -98,8 +98,18 @@ def attach_child(worker: Worker) -> Callable[[RunReport], None] | None:
                    else worker.timeout_for(ctx.job.kind)) or 0.0
         send(f"S {ctx.job_id} {ctx.token} {timeout:g}")
 
+    told: set[int] = set()  # tokens whose end was sent from the handler's thread
+
+    def on_returned(ctx: Context) -> None:
+        # From the handler's thread: a loop held up past the job's limit (another handler
+        # blocking it) made the supervisor kill this child for a job that returned in time.
+        told.add(ctx.token)
+        send(f"E {ctx.job_id} {ctx.token}")
+
     def on_end(ctx: Context) -> None:
-        if not ctx.hung:
+        if ctx.token in told:
+            told.discard(ctx.token)
+        elif not ctx.hung:
             send(f"E {ctx.job_id} {ctx.token}")
 
     def on_hung(ctx: Context) -> None:
@@ -109,6 +119,7 @@ def attach_child(worker: Worker) -> Callable[[RunReport], None] | None:
         worker.stop()
 
     worker.on_start, worker.on_end, worker.on_hung = on_start, on_end, on_hung
+    worker.on_returned = on_returned
     worker.reclaims_dead = False  # the supervisor settles a dead sibling's jobs, knowing why
 
     def watch_parent() -> None:

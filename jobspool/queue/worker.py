@@ -156,6 +156,9 @@ class Worker:
         self.reclaims_dead = True
         self.on_end: Callable[[Context], None] | None = None
         self.on_hung: Callable[[Context], None] | None = None
+        # In a sync handler's thread as it returns: a pool child tells its supervisor at
+        # once, whose time limit a loop held up would otherwise see run out.
+        self.on_returned: Callable[[Context], None] | None = None
         self._live: Counters | None = None
         self._published = 0.0
         # Fired by run_forever (jobspool.schedules.serve_schedules), not by run_until_idle;
@@ -491,6 +494,10 @@ class Worker:
     def note_end(self, ctx: Context) -> None:
         if self.on_end is not None:
             self.on_end(ctx)
+
+    def note_returned(self, ctx: Context) -> None:
+        if self.on_returned is not None:
+            self.on_returned(ctx)
 
     def note_hung(self, ctx: Context) -> None:
         """A sync handler passed its time limit; its thread cannot be stopped. A store that
