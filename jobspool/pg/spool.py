@@ -27,7 +27,7 @@ from jobspool.errors import (
     SpoolClosed,
     SpoolError,
 )
-from jobspool.pg import admin, beats, leasing, marks, produce, recovering, tokens, twophase
+from jobspool.pg import admin, beats, leasing, marks, produce, recovering, twophase
 from jobspool.pg.clock import steady
 from jobspool.pg.db import Database
 from jobspool.pg.opening import (
@@ -43,6 +43,7 @@ from jobspool.pg.opening import (
     validated,
 )
 from jobspool.pg.rows import COLUMNS, to_job
+from jobspool.pg.workerside import PgWorkerSide
 from jobspool.queue import machine
 from jobspool.queue.arguments import (
     check_exclude,
@@ -104,7 +105,7 @@ def _one(out: T | JobspoolError) -> T:
     return out
 
 
-class PgSpool(EnqueueForms):
+class PgSpool(PgWorkerSide, EnqueueForms):
     """A durable job queue in a PostgreSQL database, shared by processes on many machines."""
 
     durable = True
@@ -524,30 +525,6 @@ class PgSpool(EnqueueForms):
         """Jobs waiting to be claimed (ready, retryable), per kind: due now or later."""
         return leasing.waiting(self)
 
-    def note_running(self, tokens: Iterable[int], *, started: bool) -> None:
-        """Record the start of a rescued job's handler before it runs, for rescue counting
-        (`leasing.note_started`); nothing else to record."""
-        if started:
-            leasing.note_started(self, tokens)
-        else:
-            self.unnoted_starts.difference_update(tokens)
-
-    def preload(self) -> None:
-        """Nothing to preload: the claim index is the database's."""
-
-    def fence_value(self) -> int:
-        return tokens.fence_value(self)
-
-    def keep_tokens_above(self, token: int) -> bool:
-        """Hand out no token at or below `token` from now on; whether the sequence moved."""
-        return tokens.keep_tokens_above(self, token)
-
-    def live_tokens(self) -> list[int]:
-        return tokens.live_tokens(self)
-
-    def min_live_token(self) -> int:
-        return min(self.live_tokens(), default=self.fence_value() + 1)
-
     def schedule_marks(self, *, rules: bool = False) -> dict[str, int]:
         """The last fired tick of each schedule, shared by every machine (a table); with
         `rules`, the fingerprint of the rule that fired it too (as the file store)."""
@@ -555,10 +532,6 @@ class PgSpool(EnqueueForms):
 
     def hold_schedule_marks(self) -> AbstractContextManager[dict[str, int]]:
         return marks.held(self)
-
-    def abandon_blocks(self, thread_ident: int) -> None:
-        """A handler's thread was given up on: end its open fenced block (`cut_block`)."""
-        self.db.cut_block(thread_ident)
 
     def stop_retrying(self, stop: bool = True) -> None:
         """While shutting down, a statement the server cannot take fails at once (`True`)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self, cast
 
 from jobspool.errors import InvalidJob, InvalidRoot, JobspoolError, LeaseLost, SpoolError
-from jobspool.queue import bulk, liveness, machine
+from jobspool.queue import bulk, machine
 from jobspool.queue.arguments import (
     check_fail_items,
     check_flag,
@@ -73,6 +73,7 @@ from jobspool.queue.runs import Runs
 from jobspool.queue.states import ALL_STATES, JobState
 from jobspool.queue.stats import Stats, collect_stats
 from jobspool.queue.wakeup import DirWatcher
+from jobspool.queue.workerside import WorkerSide
 
 if TYPE_CHECKING:
     from jobspool.health import Health
@@ -89,7 +90,7 @@ _WRITERS = ("enqueue", "enqueue_many", "prepare", "commit", "abort", "claim", "h
             "cancel_matching", "requeue_matching", "enqueue_result", "enqueue_many_results")
 
 
-class Spool(EnqueueForms):
+class Spool(WorkerSide, EnqueueForms):
     """A durable job queue in one directory, shared safely by threads and processes.
 
     Given a `postgresql://` URL instead of a directory, `Spool(url, ...)` returns a
@@ -364,14 +365,6 @@ class Spool(EnqueueForms):
         check_lease(lease)
         return self.leasing.fenced(whole_lease(lease, self.get))
 
-    def abandon_blocks(self, thread_ident: int) -> None:
-        """A handler's thread was given up on: end its fenced block (`Holding.abandon`)."""
-        self.leasing.abandon(thread_ident)
-
-    def forget_abandoned(self) -> None:
-        """In a handler's thread, as its handler returns: a cut asked of it is void."""
-        self.journal.lock.forget_cuts()
-
     def preload(self) -> None:
         """Read the claimable backlog into this process's claim index now (`Leasing.preload`)."""
         self.leasing.preload()
@@ -383,33 +376,6 @@ class Spool(EnqueueForms):
     def waiting(self) -> dict[str, Waiting]:
         """Jobs waiting to be claimed (ready, retryable), per kind: due now or later."""
         return self.leasing.waiting()
-
-    def live_tokens(self) -> list[int]:
-        """Tokens of every unexpired lease."""
-        self.lock.check_open()
-        return self.leasing.live_tokens()
-
-    def min_live_token(self) -> int:
-        """The smallest token a live lease holds, or the next token when none is live."""
-        self.lock.check_open()
-        return self.leasing.min_live_token()
-
-    def process_mark(self) -> liveness.ProcessMark:
-        """This process's liveness mark in this spool (`liveness.py`)."""
-        return self.leasing.process_mark()
-
-    def reclaim_dead(self) -> int:
-        """Take back the leases of provably dead holders now (see `Leasing.reclaim_dead`)."""
-        self.lock.check_open()
-        return self.leasing.reclaim_dead()
-
-    def died_running(self, job: Job) -> bool:
-        """Whether a leased job's holder died with its handler started and not settled."""
-        return self.leasing.died_running(job)
-
-    def note_running(self, tokens: Iterable[int], *, started: bool) -> None:
-        """Record that handlers for these leases started (or settled), for rescue counting."""
-        self.leasing.note_running(tokens, started=started)
 
     # ------------------------------------------------------------ producing (producer.py)
 
