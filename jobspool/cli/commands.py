@@ -119,7 +119,9 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
               if args.unique_states is not None else None)
     if unique == []:  # "," or "": an empty set would make every existing job replaceable
         raise UsageError("--unique-states names no state (give e.g. ready,leased)")
-    with _open(args, create=args.create) as spool:
+    limits = {k: v for k, v in (("max_due", args.max_due), ("max_lag_seconds", args.max_lag))
+              if v is not None}
+    with _open(args, create=args.create, **limits) as spool:
         if from_stdin:
             payload = _read_payload("-", stdin_limit=spool.max_job_bytes)
         result = spool.enqueue_result(args.kind, payload, job_id=args.job_id, delay=args.delay,

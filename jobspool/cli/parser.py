@@ -96,6 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--timeout", type=_positive_float, metavar="SECONDS",
                    help="time limit of each run of this job in seconds, over its kind's "
                    "policy (default: the policy's, else none)")
+    c.add_argument("--max-due", type=_positive_int, metavar="N",
+                   help="backpressure: refuse (exit 2, nothing written) while N or more jobs "
+                   "are due and waiting (default: no limit)")
+    c.add_argument("--max-lag", type=_positive_float, metavar="SECONDS",
+                   help="backpressure: refuse (exit 2, nothing written) while the oldest due "
+                   "job has waited SECONDS or more (default: no limit)")
     c.set_defaults(func=commands.cmd_enqueue)
 
     for name, func, helptext in (
