@@ -385,3 +385,31 @@ def test_a_job_that_returned_in_time_is_not_killed_for_a_loop_held_up_after_it(
     assert (brief.state, brief.result) == (JobState.COMPLETED, "in time"), brief.last_error
     assert blocker.state is JobState.COMPLETED
     assert report["killed_hung"] == 0 and report["restarts"] == 0, log[-2000:]
+
+
+def test_a_job_that_returned_in_time_is_not_charged_for_a_kill_of_its_process(
+        tmp_path: Path) -> None:
+    # Its handler returned in time; then the supervisor killed the process for another
+    # handler that froze the loop past its own limit. The returned job's liveness mark was
+    # cleared only on the (frozen) loop: it was charged a rescue for the death, and with no
+    # attempts left dead-lettered (found by a regression probe). It runs again, uncounted.
+    root = tmp_path / "spool"
+    startfile = tmp_path / "started"
+    with make_spool(root) as spool:
+        spool.enqueue("timed_blocker", {"startfile": str(startfile), "sleep": 20},
+                      job_id="blocker", priority=1)
+        spool.enqueue("brief", {"startfile": str(startfile)}, job_id="brief", priority=0)
+    proc = start_jobspool("worker", "--app", "tests.apps.loop_block:app", "--json",
+                          "--no-maintenance", "--processes", "1", "--concurrency", "2",
+                          "--batch-size", "2", "--grace", "1", root=root)
+    try:
+        wait_until(lambda: all(j.state in TERMINAL for j in _jobs(root, ["brief", "blocker"])),
+                   GUARD, proc=proc)
+    finally:
+        report, log = _stop(proc)
+    brief, blocker = _jobs(root, ["brief", "blocker"])
+    assert (brief.state, brief.result, brief.rescues) == (JobState.COMPLETED, "in time", 0), \
+        brief.last_error
+    assert blocker.state is JobState.DEAD_LETTER
+    assert "TimeLimitExceeded" in (blocker.last_error or "")
+    assert report["killed_hung"] == 1, log[-2000:]

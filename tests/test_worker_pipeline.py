@@ -39,6 +39,9 @@ class Life:
     def note_end(self, ctx: Context) -> None:
         self.ended.append((ctx.job_id, type(ctx.outcome).__name__))
 
+    def note_began(self, ctx: Context) -> None:
+        pass
+
     def note_returned(self, ctx: Context) -> None:
         pass
 

@@ -134,6 +134,8 @@ class Context:
         self.deadline: float | None = None  # monotonic time its time limit passes
         self.hung = False  # past its time limit and still running: no longer beaten
         self.mark_kept = False  # still marked running after its run ended (`run_ended`)
+        self.mark_cleared = False  # ... cleared by its thread as it returned (`run_returned`)
+        self.start_in_thread = False  # its start is marked by its thread (`run_began`)
         self.traceback: str | None = None  # the failed run's, kept on the job
         self.thread_ident: int | None = None  # a sync handler's thread, while it runs
         # Set by a sync handler's own thread (`invoke._StartGate`): its end is known off

@@ -43,6 +43,10 @@ class Lifecycle(Protocol):
 
     def note_end(self, ctx: Context) -> None: ...
 
+    def note_began(self, ctx: Context) -> None:
+        """In a time-limited sync handler's thread, as the handler begins."""
+        ...
+
     def note_returned(self, ctx: Context) -> None:
         """In a sync handler's thread, as it returns (the loop may be held up)."""
         ...

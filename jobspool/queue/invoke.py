@@ -63,17 +63,19 @@ async def invoke(ctx: Context, fn: Callable[..., Any], *, is_async: bool,
                  timeout: float | None, monitor: Monitor, threads: anyio.CapacityLimiter,
                  on_hung: Callable[[Context], None],
                  on_wait: Callable[[], None] | None = None,
+                 on_began: Callable[[Context], None] | None = None,
                  on_returned: Callable[[Context], None] | None = None) -> None:
     """Run `fn(ctx.job, ctx)` within `timeout` and record how it ended in `ctx.outcome`.
 
     Raises only our own cancellation (after recording `interrupted`). A sync
     handler runs in a thread (from `threads`); past its time limit it is
-    abandoned — a thread cannot be stopped — and `on_hung(ctx)` is told. `on_returned(ctx)`
-    is called in a sync handler's thread as it returns, before the loop hears of it.
+    abandoned — a thread cannot be stopped — and `on_hung(ctx)` is told. `on_began(ctx)` and
+    `on_returned(ctx)` are called in a sync handler's thread as the handler begins and as it
+    returns, before the loop hears of either.
     """
     kind = ctx.job.kind
     tracked: Tracked | None = None
-    gate = _StartGate(on_returned)
+    gate = _StartGate(on_began, on_returned)
     try:
         limit: anyio.CancelScope | _NoLimit = (
             _NO_LIMIT if timeout is None else anyio.move_on_after(timeout))
@@ -274,7 +276,9 @@ class _StartGate:
     dropping it first: a run dropped before it began must never begin afterwards (its job
     goes back to the queue, and another worker may take it)."""
 
-    def __init__(self, on_returned: Callable[[Context], None] | None = None) -> None:
+    def __init__(self, on_began: Callable[[Context], None] | None = None,
+                 on_returned: Callable[[Context], None] | None = None) -> None:
+        self._on_began = on_began
         self._on_returned = on_returned
         self._lock = threading.Lock()
         self._started = False
@@ -290,6 +294,11 @@ class _StartGate:
             self._started = True
         self._began = time.monotonic()
         ctx.in_thread = True
+        if self._on_began is not None:
+            try:
+                self._on_began(ctx)
+            except Exception as exc:  # advisory: the handler runs all the same
+                log.warning("job %s: could not mark its handler's start: %s", ctx.job_id, exc)
         try:
             result = _in_thread(fn, ctx)
             # Boxed: trio refuses a thread's function that returns a coroutine ("appears

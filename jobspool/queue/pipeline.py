@@ -58,7 +58,14 @@ from jobspool.queue.idle import NO_HINT, IdleWaits
 from jobspool.queue.invoke import invoke
 from jobspool.queue.kindlimit import dead_letter_over_limit, give_back_strays, over_kind_limit
 from jobspool.queue.report import Counters, RunReport
-from jobspool.queue.runners import Runners, run_ended, run_started, soon_from_thread
+from jobspool.queue.runners import (
+    Runners,
+    run_began,
+    run_ended,
+    run_returned,
+    run_started,
+    soon_from_thread,
+)
 from jobspool.queue.runtime import Monitor
 from jobspool.queue.settle import Settler
 from jobspool.queue.slots import Slots
@@ -526,12 +533,15 @@ class Pipeline(IdleWaits):
         fn = self.config.handlers[kind]
         # The job's own limit, given at enqueue, wins over its kind's policy.
         timeout = ctx.job.timeout if ctx.job.timeout is not None else self.config.timeout_for(kind)
+        is_async = self.config.is_async(kind)
         run_started(ctx, self.life,
-                    deadline=None if timeout is None else time.monotonic() + timeout)
+                    deadline=None if timeout is None else time.monotonic() + timeout,
+                    in_thread=not is_async and timeout is not None)
         try:
-            await invoke(ctx, fn, is_async=self.config.is_async(kind), timeout=timeout,
+            await invoke(ctx, fn, is_async=is_async, timeout=timeout,
                          monitor=self.monitor, threads=self.threads, on_hung=self.life.note_hung,
-                         on_wait=on_wait, on_returned=self.life.note_returned)
+                         on_wait=on_wait, on_began=functools.partial(run_began, life=self.life),
+                         on_returned=functools.partial(run_returned, life=self.life))
         finally:
             run_ended(ctx, self.life)
         self._count_timeout(ctx)

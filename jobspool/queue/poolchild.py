@@ -93,10 +93,17 @@ def attach_child(worker: Worker) -> Callable[[RunReport], None] | None:
         with contextlib.suppress(OSError):
             os.write(fd, line.encode() + b"\n")
 
-    def on_start(ctx: Context) -> None:
+    def began(ctx: Context) -> None:
         timeout = (ctx.job.timeout if ctx.job.timeout is not None
                    else worker.timeout_for(ctx.job.kind)) or 0.0
         send(f"S {ctx.job_id} {ctx.token} {timeout:g}")
+
+    def on_start(ctx: Context) -> None:
+        # A time-limited sync handler says so from its thread as it begins (`on_began`):
+        # sent here, a handler whose thread had not begun when another froze the loop was
+        # killed (and dead-lettered) for a limit it never started to use.
+        if not ctx.start_in_thread:
+            began(ctx)
 
     told: set[int] = set()  # tokens whose end was sent from the handler's thread
 
@@ -119,7 +126,7 @@ def attach_child(worker: Worker) -> Callable[[RunReport], None] | None:
         worker.stop()
 
     worker.on_start, worker.on_end, worker.on_hung = on_start, on_end, on_hung
-    worker.on_returned = on_returned
+    worker.on_returned, worker.on_began = on_returned, began
     worker.reclaims_dead = False  # the supervisor settles a dead sibling's jobs, knowing why
 
     def watch_parent() -> None:

@@ -54,13 +54,37 @@ def soon_from_thread() -> Callable[[Callable[[], None]], Any] | None:
         return None
 
 
-def run_started(ctx: Context, life: Lifecycle, *, deadline: float | None) -> None:
-    """A handler is about to be called (either path: here, or the pipeline's per-job one)."""
+def run_started(ctx: Context, life: Lifecycle, *, deadline: float | None,
+                in_thread: bool = False) -> None:
+    """A handler is about to be called (either path: here, or the pipeline's per-job one).
+    `in_thread`: a time-limited sync handler, which `run_began` marks as its thread begins."""
     ctx.started = True
     ctx.deadline = deadline
+    ctx.start_in_thread = in_thread
     life.note_start(ctx)
-    # Before the handler runs: if this process dies now, recovery blames this job only.
+    if not in_thread:
+        # Before the handler runs: if this process dies now, recovery blames this job only.
+        ctx.spool.note_running([ctx.token], started=True)
+
+
+def run_began(ctx: Context, life: Lifecycle) -> None:
+    """In a time-limited sync handler's thread, as the handler begins. Marked (and its pool
+    supervisor's clock started) when the loop handed it over, a run whose thread had not
+    begun when another handler froze the loop was blamed for the death that followed:
+    dead-lettered as timed out, its handler never called."""
     ctx.spool.note_running([ctx.token], started=True)
+    life.note_began(ctx)
+
+
+def run_returned(ctx: Context, life: Lifecycle) -> None:
+    """In a sync handler's thread, as it returns (the loop may be held up): from now a death
+    is not this job's doing, unless its writes are still to be merged (`run_ended`). Left
+    to the loop, a job that returned in time was charged a rescue when its worker process
+    was killed for a loop that another handler held up."""
+    if not ctx.writes and not ctx.hung:
+        ctx.spool.note_running([ctx.token], started=False)
+        ctx.mark_cleared = True
+    life.note_returned(ctx)
 
 
 def run_ended(ctx: Context, life: Lifecycle) -> None:
@@ -71,7 +95,7 @@ def run_ended(ctx: Context, life: Lifecycle) -> None:
     # charged to the jobs in it, or it loops uncounted for ever). Those keep the mark
     # until their settle (`Settler._forget`), as a hung handler's does.
     ctx.mark_kept = ctx.hung or bool(ctx.writes)
-    if not ctx.mark_kept:
+    if not ctx.mark_kept and not ctx.mark_cleared:
         ctx.spool.note_running([ctx.token], started=False)
 
 

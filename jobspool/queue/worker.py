@@ -159,6 +159,7 @@ class Worker:
         # In a sync handler's thread as it returns: a pool child tells its supervisor at
         # once, whose time limit a loop held up would otherwise see run out.
         self.on_returned: Callable[[Context], None] | None = None
+        self.on_began: Callable[[Context], None] | None = None  # ... as it begins (timed)
         self._live: Counters | None = None
         self._published = 0.0
         # Fired by run_forever (jobspool.schedules.serve_schedules), not by run_until_idle;
@@ -494,6 +495,10 @@ class Worker:
     def note_end(self, ctx: Context) -> None:
         if self.on_end is not None:
             self.on_end(ctx)
+
+    def note_began(self, ctx: Context) -> None:
+        if self.on_began is not None:
+            self.on_began(ctx)
 
     def note_returned(self, ctx: Context) -> None:
         if self.on_returned is not None:

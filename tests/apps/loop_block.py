@@ -4,6 +4,7 @@ while an async one holds the event loop (`--app tests.apps.loop_block:app`).
 `brief` (limit 1 s) touches `payload["startfile"]` and returns 0.3 s later, well within
 its limit; `blocker` waits for that file, then blocks the loop for `payload["sleep"]`
 seconds with a plain sleep, so the loop hears of `brief`'s end only after that.
+`timed_blocker` is `blocker` with a time limit of 2 s: the supervisor kills its process.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ async def blocker(job: Job, ctx: Context) -> str:
     return "blocked"
 
 
-app = App(handlers={"brief": brief, "blocker": blocker},
+app = App(handlers={"brief": brief, "blocker": blocker, "timed_blocker": blocker},
           policies={"brief": Policy(timeout=1.0, max_attempts=1),
-                    "blocker": Policy(max_attempts=1)})
+                    "blocker": Policy(max_attempts=1),
+                    "timed_blocker": Policy(timeout=2.0, max_attempts=1)})
