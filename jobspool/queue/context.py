@@ -119,7 +119,12 @@ class Context:
     def __init__(self, spool: Spool, lease: Lease, *, key_for: Mapping[str, str] | None = None
                  ) -> None:
         self.spool = spool
-        self.lease = lease
+        # Read-only to handlers (`lease`, `job_id`, `token`): a handler that set `ctx.lease`
+        # to another job's lease hung the run for ever (its run was filed under one id and
+        # taken out under another) and settled that job with its own result; one that set a
+        # forged token for an upsert and put the real lease back wrote a row fenced at 1e9.
+        self._lease = lease
+        self._job_id, self._token = lease.job_id, lease.token
         self.job: Job = _handlers_copy(lease.job)
         self.writes: list[PendingWrite] = []
         self.lost = False
@@ -148,16 +153,22 @@ class Context:
         # Read-only views (a worker config's), not copied: a `StoreKeys` answers every table.
         self._key_for: Mapping[str, str] = key_for if key_for is not None else {}
         self._mutex = threading.Lock()
+        self._open_blocks: dict[int, int] = {}  # thread ident -> fenced blocks open there
         self.confirmed = time.monotonic()  # when the store last said the lease holds
+
+    @property
+    def lease(self) -> Lease:
+        """This run's lease, as last extended (the worker keeps it: `set_lease`)."""
+        return self._lease
 
     @property
     def token(self) -> int:
         """The fencing token of this run's lease (strictly larger than any earlier run's)."""
-        return self.lease.token
+        return self._token
 
     @property
     def job_id(self) -> str:
-        return self.lease.job_id
+        return self._job_id
 
     def heartbeat(self) -> Lease:
         """Extend the lease now (`LeaseLost` if it is gone); the worker also beats on its own."""
@@ -182,10 +193,12 @@ class Context:
 
     def set_lease(self, lease: Lease) -> None:
         """Adopt an extended lease (from the heartbeat thread or the handler's own beat)."""
+        if lease.job_id != self._job_id or lease.token != self._token:
+            return  # not this run's (a handler's own beat of another lease): never adopted
         with self._mutex:
             self.confirmed = time.monotonic()
-            if lease.expires_at >= self.lease.expires_at:
-                self.lease = lease
+            if lease.expires_at >= self._lease.expires_at:
+                self._lease = lease
 
     def unconfirmed(self) -> bool:
         """Whether it waited long enough since its lease was last confirmed to be asked
@@ -231,6 +244,34 @@ class Context:
             write_progress(self.spool.root, self.job_id, self._progress,
                            getattr(getattr(self.spool, "store", None), "file_mode", 0o600))
 
+    def finish(self) -> None:
+        """Its run ended (on the loop, handed to the settler). A fenced block still open on
+        another thread (one the handler started and did not wait for) is ended, as for a
+        handler abandoned past its time limit: it held the spool lock, the settle waited
+        on it, and a worker stopped with `--grace 2` exited when the block ended, 56 s on."""
+        with self._mutex:
+            self.finished = True
+            strays = [t for t in self._open_blocks if t != threading.get_ident()]
+        abandon = getattr(self.spool, "abandon_blocks", None)
+        if abandon is None:
+            return
+        for ident in strays:
+            try:
+                abandon(ident)
+            except (JobspoolError, OSError) as exc:
+                log.warning("could not end a fenced block of job %s left open by its "
+                            "handler: %s", self.job_id, exc)
+
+    def _close_block(self, ident: int) -> None:
+        with self._mutex:
+            left = self._open_blocks.pop(ident) - 1
+            if left:
+                self._open_blocks[ident] = left
+            stray = self.finished
+        forget = getattr(self.spool, "forget_abandoned", None) if stray and not left else None
+        if forget is not None:
+            forget()  # the end of a stray block: a cut asked of its thread is spent
+
     def drop_progress(self) -> None:
         """Remove the progress file once the run is settled (called by the worker)."""
         with self._mutex:
@@ -254,6 +295,12 @@ class Context:
             raise RuntimeError(f"ctx.fenced() for job {self.job_id!r}: the fenced block of "
                                f"job {open_for!r} is still open on this thread; an async "
                                "handler must not await inside a fenced block")
+        ident = threading.get_ident()
+        with self._mutex:
+            if self.finished or self.settled:
+                raise LeaseLost(self.job_id, self.token, "its run has ended (the handler "
+                                "returned): a fenced block opened after that is refused")
+            self._open_blocks[ident] = self._open_blocks.get(ident, 0) + 1
         _FENCED.job_id = self.job_id
         caller, before = [self.job_id], _FENCED_CALLER.get()
         _FENCED_CALLER.set(caller)
@@ -261,6 +308,7 @@ class Context:
             with self.spool.fenced(self.lease) as lease:
                 yield lease
         finally:
+            self._close_block(ident)
             _FENCED.job_id = open_for
             caller.clear()
             _FENCED_CALLER.set(before)

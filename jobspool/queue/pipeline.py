@@ -476,7 +476,7 @@ class Pipeline(IdleWaits):
         if not self.done:
             self.first_done_at = time.monotonic()
         self.done.append(ctx)
-        ctx.finished = True
+        ctx.finish()
         self.rescued_in_hand.discard(ctx.job_id)
         self.wake.set()
 

@@ -170,7 +170,7 @@ class Settler:
                 if isinstance(check, LeaseLost):
                     ctx.lost = True
                 else:
-                    ctx.lease = check
+                    ctx.set_lease(check)
             done = [c for c in done if not c.lost]
         if any(c.writes for c in done):
             await self._project(done)
