@@ -8,7 +8,9 @@ just dead-lettered, on both stores (found in the slow-machinery probe).
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 from jobspool import JobState, Spool, Worker
 
@@ -33,3 +35,25 @@ def test_a_claim_that_dead_letters_nothing_adds_nothing(any_spool: Spool) -> Non
     any_spool.enqueue_many("k", [None] * 3)
     report = Worker(any_spool, {"k": lambda job, ctx: None}, maintenance=False).run_until_idle()
     assert (report.claimed, report.completed, report.dead_lettered) == (3, 3, 0)
+
+
+def test_dead_letters_made_taking_back_a_dead_holders_lease_are_in_the_report(
+        tmp_path: Path) -> None:
+    # The file spool takes back the leases of provably dead worker processes at once
+    # (`reclaim_dead`); a job out of attempts is dead-lettered there, and went uncounted.
+    root = tmp_path / "spool"
+    with Spool(root, durable=False) as spool:
+        spool.enqueue("k", None, job_id="spent", max_attempts=1)
+    pid = os.fork()
+    if pid == 0:  # a worker process that claims, starts its handler, and dies
+        try:
+            child = Spool(root, durable=False, lease_seconds=300)
+            [lease] = child.claim(kinds=["k"])
+            child.note_running([lease.token], started=True)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    with Spool(root, durable=False) as spool:
+        report = Worker(spool, {"k": lambda job, ctx: None}, maintenance=False).run_until_idle()
+        assert spool.get("spent").state is JobState.DEAD_LETTER
+    assert (report.claimed, report.dead_lettered) == (0, 1)

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from jobspool.queue.config import WorkerConfig
     from jobspool.queue.host import Lifecycle
     from jobspool.queue.job import Lease
+    from jobspool.queue.report import Counters
     from jobspool.queue.runners import Runners
     from jobspool.queue.settle import Settler
 
@@ -56,6 +57,7 @@ class IdleWaits:
     wait_for_retries: float
     looked_past_claim: bool
     claim_dead_lettered: int  # by the latest claim, taking over exhausted expired leases
+    counters: Counters
     _pokeless: bool
     _due_hint: Any
 
@@ -126,8 +128,16 @@ class IdleWaits:
         if reclaim is None or (not now_or_never and now < self.next_dead_check):
             return False
         self.next_dead_check = now + DEAD_CHECK_SECONDS
+
+        def take_back() -> tuple[int, int]:
+            claimnotes.take_dead_lettered()
+            return reclaim(), claimnotes.take_dead_lettered()
+
         try:
-            return bool(await anyio.to_thread.run_sync(reclaim))
+            taken, dead = await anyio.to_thread.run_sync(take_back)
+            # A dead holder's job out of attempts is dead-lettered by this run: counted.
+            self.counters.dead_lettered += dead
+            return bool(taken)
         except Exception as exc:  # a look that failed: the leases expire as they would have
             log.debug("could not look for leases of dead workers: %s", exc)
             return False

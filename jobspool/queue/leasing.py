@@ -275,6 +275,8 @@ class Leasing(Holding):
                     rng=self.journal.rng)))
             if pairs:
                 self.journal.commit_changes(pairs)
+                claimnotes.dead_lettered(sum(1 for _, new in pairs if new is not None
+                                             and new.state is JobState.DEAD_LETTER))
         if pairs:
             log.warning("took back %d lease(s) of dead worker process(es): %s", len(pairs),
                         ", ".join(sorted(old.id for old, _ in pairs if old is not None)))
