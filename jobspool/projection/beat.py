@@ -8,6 +8,7 @@ What a run does is the subclass's (`MaintenanceBeat._run` in maintenance.py runs
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 from jobspool.projection.maintenance_state import MaintenanceReport
@@ -124,12 +125,23 @@ class Beat:
             self._cond.wait_for(lambda: self._runs > seen or self._closed, timeout)
             return self._last_report if self._runs > seen else None
 
-    def close(self, timeout: float | None = 30.0) -> None:
-        """Stop the beat: cancel a run in progress between steps and join the thread."""
+    def close(self, timeout: float | None = 30.0,
+              give_up: Callable[[], bool] | None = None) -> None:
+        """Stop the beat: cancel a run in progress between steps and join the thread, for
+        up to `timeout` seconds or until `give_up()` says so (a worker's second signal)."""
         with self._cond:
             self._closed = True
             self._cancel.set()
             self._cond.notify_all()
             thread = self._thread
-        if thread is not None:
+        if thread is None:
+            return
+        if give_up is None:
             thread.join(timeout)
+            return
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while thread.is_alive() and not give_up():
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return
+            thread.join(0.1 if left is None else min(0.1, left))

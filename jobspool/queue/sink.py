@@ -213,11 +213,12 @@ class LanceSink:
             self._beat.note_commit(t)
         self._beat.maybe_run()
 
-    def close(self, wait: float = 30.0) -> None:
-        """Stop projection maintenance, waiting up to `wait` seconds for a step in progress."""
+    def close(self, wait: float = 30.0, give_up: Callable[[], bool] | None = None) -> None:
+        """Stop projection maintenance, waiting up to `wait` seconds for a step in progress
+        (less if `give_up()` turns true meanwhile)."""
         self._closes += 1
         if self._beat is not None:
-            self._beat.close(timeout=wait)
+            self._beat.close(timeout=wait, give_up=give_up)
             self._beat = None
 
 

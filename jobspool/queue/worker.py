@@ -304,7 +304,7 @@ class Worker:
                                wait_for_retries=wait_for_retries,
                                wait_for_store=wait_for_store, progress=progress).run()
             finally:
-                self.sink.close(wait=self._maintenance_wait())
+                self.sink.close(wait=self._maintenance_wait(), give_up=self._hurry.is_set)
                 self.publish(counters, final=True)  # a finished run is no stale worker
                 self._live = None
                 self._stop_honored()
@@ -394,7 +394,7 @@ class Worker:
             finally:
                 if elsewhere:
                     signalhub.detach(self)
-                self.sink.close(wait=self._maintenance_wait())
+                self.sink.close(wait=self._maintenance_wait(), give_up=self._hurry.is_set)
                 self.publish(counters, final=True)
                 self._live = None
                 tg.cancel_scope.cancel()
