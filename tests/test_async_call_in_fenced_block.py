@@ -8,6 +8,8 @@ transaction, unfenced. The docs already said never to await inside a fenced bloc
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 import pytest
 
@@ -88,3 +90,26 @@ def test_a_thread_started_inside_a_block_may_call_the_loop_after_it(any_spool: S
     report = Worker(any_spool, {"k": handler}, maintenance=False).run_until_idle()
     assert report.completed == 1
     assert after_block == ["follow-up"]
+
+
+def test_a_plain_spool_call_handed_to_a_worker_thread_inside_a_block_fails_its_job(
+        make_spool: Any) -> None:
+    # The same wait through a plain `Spool` call: the handler's block awaits, on the loop, a
+    # call run in a worker thread, which waited for the block's own lock for ever (a
+    # regression probe; no time limit: nothing ended it). Refused at the lock, in one line.
+    spool = make_spool()
+
+    async def enqueue_in_a_thread() -> None:
+        await anyio.to_thread.run_sync(lambda: spool.enqueue("follow-up", {}))
+
+    def handler(job: Job, ctx: Context) -> None:
+        with ctx.fenced():
+            anyio.from_thread.run(enqueue_in_a_thread)
+
+    job = spool.enqueue("k", {}, max_attempts=1)
+    report = Worker(spool, {"k": handler}, maintenance=False).run_until_idle()
+    assert report.dead_lettered == 1
+    error = spool.get(job.id).last_error or ""
+    assert "handed to another thread from inside the fenced block" in error
+    assert list(spool.jobs(kind="follow-up")) == []
+    spool.enqueue("after", {})  # the lock is free again

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextvars
 import logging
 import threading
 import time
@@ -12,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from jobspool.errors import JobspoolError, LeaseLost
+from jobspool.queue import fencedmark
 from jobspool.queue.job import Job, Lease, evolve
 from jobspool.queue.jobprogress import Progress, make_progress, remove_progress, write_progress
 from jobspool.queue.payload import json_snapshot
@@ -88,21 +88,13 @@ if TYPE_CHECKING:
 
 # The job whose `ctx.fenced()` block is open on this thread, if any.
 _FENCED = threading.local()
-# The same, seen by what the block's code hands work to: a coroutine a sync handler runs on
-# the loop (`anyio.from_thread.run`), a task it starts. A list, emptied as the block ends: a
-# thread the block started keeps a copy of the context for as long as it lives.
-_FENCED_CALLER: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
-    "jobspool_fenced_caller", default=None)
 
 
 def open_fenced_block() -> str | None:
     """The id of the job whose `ctx.fenced()` block is open on this thread, or in the code
     that called this one (a coroutine a handler inside its block waits on), if any."""
     job_id = getattr(_FENCED, "job_id", None)
-    if job_id is None:
-        caller = _FENCED_CALLER.get()
-        job_id = caller[0] if caller else None
-    return job_id
+    return job_id if job_id is not None else fencedmark.handed_from()
 
 
 class Context:
@@ -302,16 +294,18 @@ class Context:
                                 "returned): a fenced block opened after that is refused")
             self._open_blocks[ident] = self._open_blocks.get(ident, 0) + 1
         _FENCED.job_id = self.job_id
-        caller, before = [self.job_id], _FENCED_CALLER.get()
-        _FENCED_CALLER.set(caller)
+        caller, before = [self.job_id], fencedmark.FENCED_CALLER.get()
         try:
             with self.spool.fenced(self.lease) as lease:
+                # Marked once inside: set while the block waited for the lock, it refused
+                # the block's own acquire as "handed from" itself.
+                fencedmark.FENCED_CALLER.set(caller)
                 yield lease
         finally:
             self._close_block(ident)
             _FENCED.job_id = open_for
             caller.clear()
-            _FENCED_CALLER.set(before)
+            fencedmark.FENCED_CALLER.set(before)
 
     def upsert(self, table: str, rows: Mapping[str, Any] | Iterable[Mapping[str, Any]],
                version: float | None = None) -> None:

@@ -48,12 +48,14 @@ import fcntl
 import mmap
 import os
 import struct
+import threading
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from jobspool.errors import SpoolClosed, SpoolError
+from jobspool.queue import fencedmark
 from jobspool.queue.changelog import RING_BYTES, ChangeRing
 from jobspool.queue.diskerrors import os_hint, spool_missing
 from jobspool.queue.handover import HandoverLock
@@ -262,6 +264,8 @@ class SpoolLock:
             raise SpoolClosed(self._root)
         if self._pid != current_pid():
             self._reopen_after_fork()
+        if self._thread_lock.owner not in (None, threading.get_ident()):
+            self._refuse_if_handed_from_block()
         self._thread_lock.acquire()
         first = self._thread_lock.count == 1
         if self._closed and first:  # closed by another thread while we waited
@@ -289,6 +293,17 @@ class SpoolLock:
                 # claim after the crash ran a job whose completion was already on disk.
                 self.bump(self.SUSPECT_SLOT)
                 _SLOT.pack_into(self._map, self.WRITER_SLOT * _SLOT.size, 0)
+
+    def _refuse_if_handed_from_block(self) -> None:
+        """Refuse a call handed to this thread by code inside a fenced block that holds the
+        lock and waits for it (`fencedmark.py`): it waited for ever, and the worker with it
+        (a sync handler awaiting, on the loop, a call run in a worker thread)."""
+        job_id = fencedmark.handed_from()
+        if job_id is not None:
+            raise RuntimeError(f"a spool call handed to another thread from inside the fenced "
+                               f"block of job {job_id!r}: it would wait for that block's lock "
+                               "for ever; call the spool on the block's own thread, or after "
+                               "the block")
 
     @property
     def current_boot(self) -> bool:
