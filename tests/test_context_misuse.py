@@ -94,3 +94,26 @@ def test_a_fenced_block_opened_after_the_run_ended_is_refused(any_spool: Spool) 
            ).run_until_idle()
     with pytest.raises(LeaseLost, match="run has ended"), kept[0].fenced():
         pass
+
+
+def test_a_write_from_a_handler_given_up_on_says_so(any_spool: Spool, tmp_path: Path) -> None:
+    # It was told "the handler returned", which is not what happened.
+    from jobspool import Policy
+
+    any_spool.enqueue("k", None, job_id="j", max_attempts=1)
+    said: list[str] = []
+    done = threading.Event()
+
+    def handler(job: Any, ctx: Any) -> None:
+        try:
+            threading.Event().wait(1.5)  # past its limit of 0.5 s
+            ctx.upsert("t", {"id": job.id})
+        except LeaseLost as exc:
+            said.append(str(exc))
+        finally:
+            done.set()
+
+    Worker(any_spool, {"k": handler}, policies={"k": Policy(timeout=0.5)},
+           projection=str(tmp_path / "index"), maintenance=False).run_until_idle()
+    assert done.wait(60)
+    assert said and "time limit" in said[0] and "returned" not in said[0], said

@@ -254,6 +254,11 @@ class Context:
                 log.warning("could not end a fenced block of job %s left open by its "
                             "handler: %s", self.job_id, exc)
 
+    def _ended_how(self) -> str:
+        # A write from a handler abandoned past its time limit was told "the handler returned".
+        return ("the handler ran past its time limit and was given up on" if self.hung
+                else "the handler returned")
+
     def _close_block(self, ident: int) -> None:
         with self._mutex:
             left = self._open_blocks.pop(ident) - 1
@@ -290,8 +295,8 @@ class Context:
         ident = threading.get_ident()
         with self._mutex:
             if self.finished or self.settled:
-                raise LeaseLost(self.job_id, self.token, "its run has ended (the handler "
-                                "returned): a fenced block opened after that is refused")
+                raise LeaseLost(self.job_id, self.token, f"its run has ended ({self._ended_how()}"
+                                "): a fenced block opened after that is refused")
             self._open_blocks[ident] = self._open_blocks.get(ident, 0) + 1
         _FENCED.job_id = self.job_id
         caller, before = [self.job_id], fencedmark.FENCED_CALLER.get()
@@ -329,8 +334,8 @@ class Context:
             if self.finished or self.settled:
                 # A ctx kept past its run (handed to a thread that outlived the handler):
                 # its writes were taken when the run settled; this one would be dropped.
-                raise LeaseLost(self.job_id, self.token, "its run has ended (the handler "
-                                "returned): a write after that is never applied")
+                raise LeaseLost(self.job_id, self.token, f"its run has ended ({self._ended_how()}"
+                                "): a write after that is never applied")
             self.writes.append(write)
 
     def __repr__(self) -> str:
