@@ -361,42 +361,14 @@ def test_a_pools_children_get_the_database_url_by_environment_not_command_line(
     assert proc.returncode == 0, err
 
 
-def test_a_job_that_returned_in_time_is_not_killed_for_a_loop_held_up_after_it(
-        tmp_path: Path) -> None:
-    # The supervisor heard of a handler's end from the child's event loop: a loop held up
-    # (an async handler blocking it) past the job's limit + grace made it kill the child
-    # for a job that had returned in time; the job was dead-lettered as timed out.
+def _brief_beside_a_blocker(tmp_path: Path, blocker_kind: str, sleep: float
+                            ) -> tuple[Job, Job, dict[str, Any], str]:
+    """`brief` (returns in 0.3 s, limit 1 s) and a `blocker` that freezes the pool child's
+    loop for `sleep` s once `brief` began, in one process; both end, the pool is stopped."""
     root = tmp_path / "spool"
     startfile = tmp_path / "started"
     with make_spool(root) as spool:
-        # Past the supervisor's limit: 1 s + grace (1 s) + its 2 s margin.
-        spool.enqueue("blocker", {"startfile": str(startfile), "sleep": 7}, job_id="blocker",
-                      priority=1)
-        spool.enqueue("brief", {"startfile": str(startfile)}, job_id="brief", priority=0)
-    proc = start_jobspool("worker", "--app", "tests.apps.loop_block:app", "--json",
-                          "--no-maintenance", "--processes", "1", "--concurrency", "2",
-                          "--batch-size", "2", "--grace", "1", root=root)
-    try:
-        wait_until(lambda: all(j.state in TERMINAL for j in _jobs(root, ["brief", "blocker"])),
-                   GUARD, proc=proc)
-    finally:
-        report, log = _stop(proc)
-    brief, blocker = _jobs(root, ["brief", "blocker"])
-    assert (brief.state, brief.result) == (JobState.COMPLETED, "in time"), brief.last_error
-    assert blocker.state is JobState.COMPLETED
-    assert report["killed_hung"] == 0 and report["restarts"] == 0, log[-2000:]
-
-
-def test_a_job_that_returned_in_time_is_not_charged_for_a_kill_of_its_process(
-        tmp_path: Path) -> None:
-    # Its handler returned in time; then the supervisor killed the process for another
-    # handler that froze the loop past its own limit. The returned job's liveness mark was
-    # cleared only on the (frozen) loop: it was charged a rescue for the death, and with no
-    # attempts left dead-lettered (found by a regression probe). It runs again, uncounted.
-    root = tmp_path / "spool"
-    startfile = tmp_path / "started"
-    with make_spool(root) as spool:
-        spool.enqueue("timed_blocker", {"startfile": str(startfile), "sleep": 20},
+        spool.enqueue(blocker_kind, {"startfile": str(startfile), "sleep": sleep},
                       job_id="blocker", priority=1)
         spool.enqueue("brief", {"startfile": str(startfile)}, job_id="brief", priority=0)
     proc = start_jobspool("worker", "--app", "tests.apps.loop_block:app", "--json",
@@ -408,6 +380,28 @@ def test_a_job_that_returned_in_time_is_not_charged_for_a_kill_of_its_process(
     finally:
         report, log = _stop(proc)
     brief, blocker = _jobs(root, ["brief", "blocker"])
+    return brief, blocker, report, log
+
+
+def test_a_job_that_returned_in_time_is_not_killed_for_a_loop_held_up_after_it(
+        tmp_path: Path) -> None:
+    # The supervisor heard of a handler's end from the child's event loop: a loop held up
+    # (an async handler blocking it) past the job's limit + grace made it kill the child
+    # for a job that had returned in time; the job was dead-lettered as timed out.
+    # 7 s: past the supervisor's limit of 1 s + grace (1 s) + its 2 s margin.
+    brief, blocker, report, log = _brief_beside_a_blocker(tmp_path, "blocker", 7)
+    assert (brief.state, brief.result) == (JobState.COMPLETED, "in time"), brief.last_error
+    assert blocker.state is JobState.COMPLETED
+    assert report["killed_hung"] == 0 and report["restarts"] == 0, log[-2000:]
+
+
+def test_a_job_that_returned_in_time_is_not_charged_for_a_kill_of_its_process(
+        tmp_path: Path) -> None:
+    # Its handler returned in time; then the supervisor killed the process for another
+    # handler that froze the loop past its own limit. The returned job's liveness mark was
+    # cleared only on the (frozen) loop: it was charged a rescue for the death, and with no
+    # attempts left dead-lettered (found by a regression probe). It runs again, uncounted.
+    brief, blocker, report, log = _brief_beside_a_blocker(tmp_path, "timed_blocker", 20)
     assert (brief.state, brief.result, brief.rescues) == (JobState.COMPLETED, "in time", 0), \
         brief.last_error
     assert blocker.state is JobState.DEAD_LETTER
