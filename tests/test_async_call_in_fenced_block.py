@@ -8,6 +8,10 @@ transaction, unfenced. The docs already said never to await inside a fenced bloc
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextvars
+import threading
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -113,3 +117,51 @@ def test_a_plain_spool_call_handed_to_a_worker_thread_inside_a_block_fails_its_j
     assert "handed to another thread from inside the fenced block" in error
     assert list(spool.jobs(kind="follow-up")) == []
     spool.enqueue("after", {})  # the lock is free again
+
+
+def test_a_block_may_write_another_spool_whose_lock_another_thread_holds(
+        make_spool: Any, tmp_path: Path) -> None:
+    # Found by a probe of the refusal above: any call carrying the block's mark was refused
+    # when any other thread held the lock it asked for, another spool's too.
+    spool = make_spool()
+    other = make_spool(tmp_path / "other")
+    asking, held = threading.Event(), threading.Event()
+
+    def hold_other() -> None:
+        with other.journal.lock.hold():
+            held.set()
+            asking.wait(60)
+            threading.Event().wait(0.2)  # the block's enqueue waits for it meanwhile
+
+    def handler(job: Job, ctx: Context) -> None:
+        with ctx.fenced():
+            asking.set()
+            other.enqueue("copied", {"of": job.id})
+
+    holder = threading.Thread(target=hold_other)
+    holder.start()
+    assert held.wait(60)
+    spool.enqueue("k", {}, job_id="j", max_attempts=1)
+    report = Worker(spool, {"k": handler}, maintenance=False).run_until_idle()
+    holder.join(60)
+    assert report.completed == 1, spool.get("j").last_error
+    assert [j.kind for j in other.jobs()] == ["copied"]
+
+
+def test_work_a_block_hands_off_without_waiting_for_it_gets_the_lock_after_the_block(
+        make_spool: Any) -> None:
+    # Handed to an executor with the block's context and not awaited inside the block: the
+    # block does not wait for it, so it waits for the block to end, and is not refused.
+    spool = make_spool()
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+
+    def handler(job: Job, ctx: Context) -> str:
+        with ctx.fenced():
+            later = pool.submit(contextvars.copy_context().run, spool.enqueue, "follow-up", {})
+        return later.result(60).kind
+
+    spool.enqueue("k", {}, job_id="j", max_attempts=1)
+    report = Worker(spool, {"k": handler}, maintenance=False).run_until_idle()
+    pool.shutdown()
+    assert report.completed == 1, spool.get("j").last_error
+    assert spool.get("j").result == "follow-up"

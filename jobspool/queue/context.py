@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
@@ -241,18 +241,20 @@ class Context:
         another thread (one the handler started and did not wait for) is ended, as for a
         handler abandoned past its time limit: it held the spool lock, the settle waited
         on it, and a worker stopped with `--grace 2` exited when the block ended, 56 s on."""
+        abandon: Callable[[int], None] | None = getattr(self.spool, "abandon_blocks", None)
+        # Under the mutex, so that a block closing meanwhile (`_close_block`) is not cut
+        # after it closed: that left a mark on its thread, which cut the next block a pool
+        # thread ran, another job's.
         with self._mutex:
             self.finished = True
-            strays = [t for t in self._open_blocks if t != threading.get_ident()]
-        abandon = getattr(self.spool, "abandon_blocks", None)
-        if abandon is None:
-            return
-        for ident in strays:
-            try:
-                abandon(ident)
-            except (JobspoolError, OSError) as exc:
-                log.warning("could not end a fenced block of job %s left open by its "
-                            "handler: %s", self.job_id, exc)
+            me = threading.get_ident()
+            strays = [t for t in self._open_blocks if t != me] if abandon is not None else []
+            for ident in strays:
+                try:
+                    abandon(ident)  # type: ignore[misc]
+                except (JobspoolError, OSError) as exc:
+                    log.warning("could not end a fenced block of job %s left open by its "
+                                "handler: %s", self.job_id, exc)
 
     def _ended_how(self) -> str:
         # A write from a handler abandoned past its time limit was told "the handler returned".
@@ -299,7 +301,7 @@ class Context:
                                 "): a fenced block opened after that is refused")
             self._open_blocks[ident] = self._open_blocks.get(ident, 0) + 1
         _FENCED.job_id = self.job_id
-        caller, before = [self.job_id], fencedmark.FENCED_CALLER.get()
+        caller, before = [(self.job_id, ident)], fencedmark.FENCED_CALLER.get()
         try:
             with self.spool.fenced(self.lease) as lease:
                 # Marked once inside: set while the block waited for the lock, it refused

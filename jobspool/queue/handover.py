@@ -55,20 +55,23 @@ class HandoverLock:
             return None
         return mark[1]
 
-    def acquire(self, *, cut_ok: bool = False) -> None:
+    def acquire(self, *, cut_ok: bool = False, timeout: float = -1) -> bool:
         """Take the lock (again); `HoldCut` for a thread whose hold was cut and has not
-        unwound yet, unless `cut_ok` (a `close()`, which must work from anywhere)."""
+        unwound yet, unless `cut_ok` (a `close()`, which must work from anywhere). False if
+        `timeout` (seconds; -1: none) passed first."""
         me = threading.get_ident()
         with self._state:
             if self.owner == me:
                 self.count += 1
-                return
+                return True
             if not cut_ok and self._cut and self._cut_level():
                 raise HoldCut()
-        self._lock.acquire()
+        if not self._lock.acquire(timeout=timeout):
+            return False
         with self._state:
             self.owner = me
             self.count = 1
+        return True
 
     def release(self) -> bool:
         """Let one level go; False if it was a level of a hold that was cut (nothing to do)."""

@@ -264,9 +264,15 @@ class SpoolLock:
             raise SpoolClosed(self._root)
         if self._pid != current_pid():
             self._reopen_after_fork()
-        if self._thread_lock.owner not in (None, threading.get_ident()):
-            self._refuse_if_handed_from_block()
-        self._thread_lock.acquire()
+        block = fencedmark.block_thread()
+        if block is not None and block != threading.get_ident() \
+                and self._thread_lock.owner == block:
+            # Handed from inside a fenced block whose thread holds this lock: it may be
+            # waiting for this very call (for ever), or not (work it did not await).
+            if not self._thread_lock.acquire(timeout=fencedmark.HANDED_WAIT_SECONDS):
+                self._refuse_handed_from_block()
+        else:
+            self._thread_lock.acquire()
         first = self._thread_lock.count == 1
         if self._closed and first:  # closed by another thread while we waited
             self._thread_lock.release()
@@ -294,16 +300,14 @@ class SpoolLock:
                 self.bump(self.SUSPECT_SLOT)
                 _SLOT.pack_into(self._map, self.WRITER_SLOT * _SLOT.size, 0)
 
-    def _refuse_if_handed_from_block(self) -> None:
-        """Refuse a call handed to this thread by code inside a fenced block that holds the
-        lock and waits for it (`fencedmark.py`): it waited for ever, and the worker with it
-        (a sync handler awaiting, on the loop, a call run in a worker thread)."""
-        job_id = fencedmark.handed_from()
-        if job_id is not None:
-            raise RuntimeError(f"a spool call handed to another thread from inside the fenced "
-                               f"block of job {job_id!r}: it would wait for that block's lock "
-                               "for ever; call the spool on the block's own thread, or after "
-                               "the block")
+    def _refuse_handed_from_block(self) -> None:
+        """Refuse a call handed to this thread by code inside a fenced block that still holds
+        the lock (`fencedmark.py`): it waited for ever, and the worker with it (a sync
+        handler awaiting, on the loop, a call run in a worker thread)."""
+        raise RuntimeError(f"a spool call handed to another thread from inside the fenced "
+                           f"block of job {fencedmark.handed_from()!r}: it would wait for that "
+                           "block's lock for ever; call the spool on the block's own thread, "
+                           "or after the block")
 
     @property
     def current_boot(self) -> bool:
