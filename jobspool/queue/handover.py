@@ -147,7 +147,10 @@ class HandoverLock:
     def _mark(self, thread_ident: int) -> None:
         """Cut `thread_ident` at its next cut point (under `_state`)."""
         thread = next((t for t in threading.enumerate() if t.ident == thread_ident), None)
-        if thread is not None and thread_ident not in self._cut:
+        there = self._cut.get(thread_ident)
+        # Another thread's entry under a reused ident (one marked that never reached a
+        # block, and ended) is stale: kept, it stood in for this thread's mark.
+        if thread is not None and (there is None or there[0]() is not thread):
             self._cut[thread_ident] = (weakref.ref(thread), 0)
 
     def levels_here(self) -> int:
