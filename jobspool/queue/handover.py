@@ -106,12 +106,6 @@ class HandoverLock:
     def __exit__(self, *exc: object) -> None:
         self.release()
 
-    @property
-    def was_cut(self) -> bool:
-        """Whether the calling thread's hold was cut and has levels left to unwind."""
-        with self._state:
-            return bool(self._cut and self._cut_level())
-
     def allow_cut(self) -> None:
         """The owner runs its caller's code at this level until `forbid_cut`."""
         with self._state:
