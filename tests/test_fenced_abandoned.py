@@ -246,7 +246,7 @@ def test_a_pending_cut_never_reaches_the_next_holder(tmp_path: Path) -> None:
         a = threading.Thread(target=plain)
         a.start()
         assert held.wait(30) and a.ident is not None
-        assert lock.cut(a.ident) == "pending"
+        assert lock.threads.cut(a.ident) == "pending"
         go.set()
         a.join(30)
         spool.enqueue("k", job_id="j")
@@ -340,7 +340,7 @@ def test_a_thread_forking_inside_a_cut_block_unwinds_in_the_child_too(tmp_path: 
         t = threading.Thread(target=handler)
         t.start()
         assert entered.wait(30) and t.ident is not None
-        assert spool.journal.lock.cut(t.ident) == "cut"
+        assert spool.journal.lock.threads.cut(t.ident) == "cut"
         cut.set()
         t.join(60)
         with os.fdopen(read, "rb") as r:
@@ -366,7 +366,7 @@ def test_a_cut_thread_may_close_the_spool(tmp_path: Path) -> None:
     t = threading.Thread(target=handler)
     t.start()
     assert entered.wait(30) and t.ident is not None
-    spool.journal.lock.cut(t.ident)
+    spool.journal.lock.threads.cut(t.ident)
     cut.set()
     t.join(30)
     assert seen == ["closed", "cut"]

@@ -30,6 +30,15 @@ def handed_from() -> str | None:
     return caller[0][0] if caller else None
 
 
+def refusal() -> RuntimeError:
+    """The error for a call handed to another thread by code inside a fenced block that still
+    holds the lock: it waited for ever, and the worker with it (a sync handler awaiting, on the
+    loop, a call run in a worker thread)."""
+    return RuntimeError(f"a spool call handed to another thread from inside the fenced block "
+                        f"of job {handed_from()!r}: it would wait for that block's lock for "
+                        "ever; call the spool on the block's own thread, or after the block")
+
+
 def block_thread() -> int | None:
     """The thread of the open fenced block the running code was handed from, if any."""
     caller = FENCED_CALLER.get()

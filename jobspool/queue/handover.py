@@ -140,7 +140,7 @@ class HandoverLock:
 
     def _mark(self, thread_ident: int) -> None:
         """Cut `thread_ident` at its next cut point (under `_state`)."""
-        thread = next((t for t in threading.enumerate() if t.ident == thread_ident), None)
+        thread = _thread(thread_ident)
         there = self._cut.get(thread_ident)
         # Another thread's entry under a reused ident (one marked that never reached a
         # block, and ended) is stale: kept, it stood in for this thread's mark.
@@ -167,7 +167,7 @@ class HandoverLock:
         """Take the hold from its owner (under `_state`)."""
         owner = self.owner
         assert owner is not None
-        thread = next((t for t in threading.enumerate() if t.ident == owner), None)
+        thread = _thread(owner)
         self._on_cut()
         if thread is not None:  # else gone already: nothing will unwind
             self._cut[owner] = (weakref.ref(thread), self.count)
@@ -176,3 +176,8 @@ class HandoverLock:
         self._points = []
         self._pending = False
         self._lock.release()
+
+
+def _thread(ident: int) -> threading.Thread | None:
+    """The live thread of `ident` (the weak references of cuts and marks point to it)."""
+    return next((t for t in threading.enumerate() if t.ident == ident), None)

@@ -263,7 +263,7 @@ class Holding:
         """A handler's thread was given up on past its time limit: end its hold of the
         spool lock inside a fenced block, now or at the block's next step (`SpoolLock.cut`).
         It kept every thread and process of the spool waiting for as long as it ran."""
-        if self.journal.lock.cut(thread_ident) == "cut":
+        if self.journal.lock.threads.cut(thread_ident) == "cut":
             log.warning("spool %s: ended the fenced block of a handler abandoned past its "
                         "time limit: what it wrote in the block stays, nothing after",
                         self.journal.root)
@@ -284,11 +284,11 @@ class Holding:
             # A handler abandoned past its time limit in here is cut off at its next step
             # (`handover.py`): what it wrote before stays written (files are not a
             # transaction), nothing after; its job is the worker's to settle.
-            lock.allow_cut()
+            lock.threads.allow_cut()
             try:
                 yield lease
             finally:
-                lock.forbid_cut()
+                lock.threads.forbid_cut()
             # Held since the check: a block that outlived the lease let nobody take the job,
             # so it is extended all the same (refusing it raised LeaseLost for a side
             # effect already done, and the job ran again, side effect and all).

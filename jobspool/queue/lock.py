@@ -270,7 +270,7 @@ class SpoolLock:
             # Handed from inside a fenced block whose thread holds this lock: it may be
             # waiting for this very call (for ever), or not (work it did not await).
             if not self._thread_lock.acquire(timeout=fencedmark.HANDED_WAIT_SECONDS):
-                self._refuse_handed_from_block()
+                raise fencedmark.refusal()
         else:
             self._thread_lock.acquire()
         first = self._thread_lock.count == 1
@@ -299,15 +299,6 @@ class SpoolLock:
                 # claim after the crash ran a job whose completion was already on disk.
                 self.bump(self.SUSPECT_SLOT)
                 _SLOT.pack_into(self._map, self.WRITER_SLOT * _SLOT.size, 0)
-
-    def _refuse_handed_from_block(self) -> None:
-        """Refuse a call handed to this thread by code inside a fenced block that still holds
-        the lock (`fencedmark.py`): it waited for ever, and the worker with it (a sync
-        handler awaiting, on the loop, a call run in a worker thread)."""
-        raise RuntimeError(f"a spool call handed to another thread from inside the fenced "
-                           f"block of job {fencedmark.handed_from()!r}: it would wait for that "
-                           "block's lock for ever; call the spool on the block's own thread, "
-                           "or after the block")
 
     @property
     def current_boot(self) -> bool:
@@ -388,24 +379,11 @@ class SpoolLock:
         fenced block, a schedule's tick): the inner hold's end does not release it."""
         return self._thread_lock.count > 1 and self._thread_lock._is_owned()
 
-    def allow_cut(self) -> None:
-        """The holder runs its caller's code from here (a fenced block's inside) until
-        `forbid_cut`: a worker giving up on the thread may end its hold there (`cut`)."""
-        self._thread_lock.allow_cut()
-
-    def forbid_cut(self) -> None:
-        """The end of `allow_cut`; `HoldCut` if the hold was ended meanwhile."""
-        self._thread_lock.forbid_cut()
-
-    def cut(self, thread_ident: int) -> str:
-        """End the hold of a thread abandoned inside a fenced block (`handover.py`): the
-        flocks and the thread lock go to whoever waits, the thread's next step inside its
-        block raises `HoldCut`."""
-        return self._thread_lock.cut(thread_ident)
-
-    def forget_cuts(self) -> None:
-        """The calling thread's handler returned: a cut asked of it is void."""
-        self._thread_lock.forget_cuts()
+    @property
+    def threads(self) -> HandoverLock:
+        """The thread half: where a fenced block allows its hold to be cut, and a worker
+        giving up on a handler cuts it (`handover.py`; the flocks go with the hold)."""
+        return self._thread_lock
 
     @contextmanager
     def hold(self) -> Iterator[None]:

@@ -31,7 +31,7 @@ class WorkerSide:
 
     def forget_abandoned(self) -> None:
         """In a handler's thread, as its handler returns: a cut asked of it is void."""
-        self.journal.lock.forget_cuts()
+        self.journal.lock.threads.forget_cuts()
 
     def live_tokens(self) -> list[int]:
         """Tokens of every unexpired lease."""
