@@ -361,6 +361,11 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("jobs", "rounds", "batch"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if args.statements and args.url:
+        # Found out only after every round had run: the extension needs a server started
+        # with it preloaded, which only the bench's own server is.
+        p.error("--statements needs the bench's own server (pg_stat_statements must be "
+                "preloaded): leave out --url")
     opts = args.server_opts
     if args.statements:
         opts += " -c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=top"
