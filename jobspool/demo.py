@@ -58,7 +58,9 @@ def make_docs(n: int, seed: int = 7) -> list[dict[str, Any]]:
     for i in range(n):
         body = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(20, 120)))
         docs.append({"doc_id": f"doc-{i:05d}", "title": f"note {i}: {rng.choice(_WORDS)}",
-                     "body": body, "rev": 1, "flaky": i % 700 == 13, "poison": i == n // 2})
+                     "body": body, "rev": 1, "flaky": i % 700 == 13,
+                     # one broken document to show a dead letter, unless it would be all
+                     "poison": n > 1 and i == n // 2})
     return docs
 
 
@@ -67,6 +69,47 @@ def _child_env() -> dict[str, str]:
     here = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = here + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
+
+
+class _Workers:
+    """The demo's worker processes, stopped on the way out whatever ends the demo: a failed
+    worker, Ctrl-C, SIGTERM (raised the way Ctrl-C is, `cli._terminated`). Left running, they
+    went on draining the spool under init after the demo had said it was interrupted.
+    Each one's stderr goes to a file: read one worker at a time, a pipe another filled
+    with log lines would hold that worker up until its turn."""
+
+    STOP_SECONDS = 10.0  # a worker's SIGTERM releases its leases; then SIGKILL
+
+    def __init__(self, cmd: list[str], n: int) -> None:
+        self.cmd, self.n = cmd, n
+        self.procs: list[tuple[subprocess.Popen[bytes], Any]] = []
+
+    def __enter__(self) -> list[tuple[subprocess.Popen[bytes], Any]]:
+        try:
+            for _ in range(self.n):
+                errors = tempfile.TemporaryFile()
+                self.procs.append((subprocess.Popen(self.cmd, stdout=subprocess.PIPE,
+                                                    stderr=errors, env=_child_env()), errors))
+        except BaseException:
+            self.__exit__()
+            raise
+        return self.procs
+
+    def __exit__(self, *_: object) -> None:
+        running = [p for p, _ in self.procs if p.poll() is None]
+        for p in running:
+            p.terminate()
+        deadline = time.monotonic() + self.STOP_SECONDS
+        for p in running:
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        for p, errors in self.procs:
+            if p.stdout is not None:
+                p.stdout.close()
+            errors.close()
 
 
 def run_demo(*, root: str | None, jobs: int, workers: int, as_json: bool,
@@ -105,16 +148,18 @@ def run_demo(*, root: str | None, jobs: int, workers: int, as_json: bool,
                "--app", "jobspool.demo:app", "--json", "--wait-retries", "5",
                "--concurrency", "4", "--batch-size", "50"]
         t0 = time.monotonic()
-        procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  env=_child_env()) for _ in range(workers)]
         reports = []
-        for p in procs:
-            out, err = p.communicate(timeout=300)
-            if p.returncode != 0:
-                sys.stderr.write(err.decode(errors="replace"))
-                say(f"a worker exited with {p.returncode}")
-                return 2
-            reports.append(orjson.loads(out))
+        with _Workers(cmd, workers) as procs:
+            for p, errors in procs:
+                # No time limit: the workers run until the spool is idle, however long a
+                # large --jobs takes (a fixed 300 s ended in a traceback, workers running on).
+                out, _ = p.communicate()
+                if p.returncode != 0:
+                    errors.seek(0)
+                    sys.stderr.write(errors.read().decode(errors="replace"))
+                    say(f"a worker exited with {p.returncode}")
+                    return 2
+                reports.append(orjson.loads(out))
         run_s = time.monotonic() - t0
         stats = spool.stats()
         dead = list(spool.jobs(state="dead_letter"))

@@ -71,6 +71,33 @@ def _poll_seconds(text: str) -> float:
 _nonneg_int = _number(int, "an integer", strictly_positive=False)
 
 
+def _lease_seconds(text: str) -> float:
+    """`--lease-seconds` (init's and a worker's): positive and at least a worker's floor.
+    `init` took 0.001 and fixed it as the spool's lease, which every worker then refused:
+    a spool no worker could serve without its own `--lease-seconds`."""
+    from jobspool.queue.payload import MIN_WORKER_LEASE
+
+    value = float(_positive_float(text))
+    if value < MIN_WORKER_LEASE:
+        raise argparse.ArgumentTypeError(f"{text!r} is too short for a worker: at least "
+                                         f"{MIN_WORKER_LEASE:g} s (it must start each job and "
+                                         "beat its lease within it)")
+    return value
+
+
+_DEMO_MAX_WORKERS = 64
+
+
+def _demo_workers(text: str) -> int:
+    """`demo --workers`: a positive integer, at most `_DEMO_MAX_WORKERS`. A thousand
+    processes on one spool queued for minutes on its lock and finished nothing."""
+    value = int(_positive_int(text))
+    if value > _DEMO_MAX_WORKERS:
+        raise argparse.ArgumentTypeError(f"{text!r} is too many for the demo (at most "
+                                         f"{_DEMO_MAX_WORKERS} worker processes)")
+    return value
+
+
 def _projection_arg(text: str) -> str:
     """`--projection`: a URI or directory, never empty (an empty one fell back to the
     default projection without a word, where `App(projection="")` is refused)."""

@@ -9,6 +9,8 @@ from jobspool.cli.common import (
     _listen_host,
     _nonneg_float,
     _nonneg_int,
+    _demo_workers,
+    _lease_seconds,
     _Parser,
     _poll_seconds,
     _port,
@@ -49,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     c = sub.add_parser("init", parents=[common], help="create a spool directory")
-    c.add_argument("--lease-seconds", type=_positive_float, metavar="SECONDS",
+    c.add_argument("--lease-seconds", type=_lease_seconds, metavar="SECONDS",
                    help="default lease length in seconds (default: 60)")
     c.add_argument("--max-attempts", type=_positive_int, metavar="N",
                    help="default attempts before a job is dead-lettered (default: 5)")
@@ -116,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="jobs claimed per claim, at most (default: 50; with --processes, "
                        "--concurrency: a child claims only what it can start)")
         c.add_argument("--kinds", help="comma-separated kinds to handle (default: all the app has)")
-        c.add_argument("--lease-seconds", type=_positive_float, metavar="SECONDS",
+        c.add_argument("--lease-seconds", type=_lease_seconds, metavar="SECONDS",
                        help="lease length in seconds, renewed every third of it while a "
                        "handler runs (default: the spool's)")
         c.add_argument("--projection", type=_projection_arg,
@@ -255,8 +257,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="run a realistic batch through two workers")
     c.add_argument("--jobs", type=_positive_int, default=3000, metavar="N",
                    help="jobs to run through (default: 3000)")
-    c.add_argument("--workers", type=_positive_int, default=2, metavar="N",
-                   help="worker processes (default: 2)")
+    c.add_argument("--workers", type=_demo_workers, default=2, metavar="N",
+                   help="worker processes (default: 2, at most 64)")
     c.set_defaults(func=commands.cmd_demo)
 
     from jobspool.cli import quarantine
