@@ -6,11 +6,11 @@ import argparse
 
 from jobspool.cli import commands, maintain
 from jobspool.cli.common import (
+    _demo_workers,
+    _lease_seconds,
     _listen_host,
     _nonneg_float,
     _nonneg_int,
-    _demo_workers,
-    _lease_seconds,
     _Parser,
     _poll_seconds,
     _port,

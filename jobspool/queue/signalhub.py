@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
+import sys
 import threading
 from collections.abc import Iterable
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 log = logging.getLogger("jobspool.queue.worker")
 
@@ -60,6 +62,7 @@ def leave(worker: Stoppable, signals: Iterable[int]) -> None:
     if _members:
         _install_fan_out(tuple(signals))
     else:
+        _disarm()  # the runs ended: an embedding application goes on
         _restore(_original)
         _original.clear()
 
@@ -129,15 +132,30 @@ def detach(worker: Stoppable) -> None:
         _elsewhere.remove(worker)
 
 
+# After the second signal (a hurry), how long the runs may take to end before the process
+# exits on its own: releasing held leases is a few statements or renames, but a thread
+# blocked where no signal reaches it (waiting for the spool lock that a stopped or stuck
+# process holds, or for a database that does not answer) held the process through any
+# number of signals; only SIGKILL ended it.
+HURRY_EXIT_SECONDS = 10.0
+_overdue: threading.Timer | None = None
+
+
 def deliver(signum: int, told: Stoppable | None = None) -> None:
-    """A stop signal arrived: every member stops, or is hurried if already stopping."""
+    """A stop signal arrived: every member stops, or is hurried if already stopping; a
+    third signal (every member hurried already) ends the process at once."""
     members = (list(_members) or ([told] if told is not None else [])) + list(_elsewhere)
     if not members:
         return
     first = told if told is not None else members[0]
     name = signal.Signals(signum).name
+    if all(getattr(worker, "hurrying", False) for worker in members):
+        exit_now(signum, f"received {name} a third time: exiting now; leases still held "
+                 "expire at their lease's end and are reclaimed then")
     if first.stopping:
-        log.warning("received %s again: releasing every held lease now", name)
+        log.warning("received %s again: releasing every held lease now (a third ends the "
+                    "process at once)", name)
+        _arm(signum)
     else:
         log.warning("received %s: no new claims; running handlers get %g s (send it again "
                     "to release their leases now)", name, first.grace_seconds)
@@ -146,6 +164,43 @@ def deliver(signum: int, told: Stoppable | None = None) -> None:
             worker.hurry()
         else:
             worker.stop()
+
+
+def _arm(signum: int) -> None:
+    """Exit if the hurried runs have not ended within `HURRY_EXIT_SECONDS`."""
+    global _overdue
+    if _overdue is not None:
+        return
+
+    def overdue() -> None:
+        if _members or any(w.stopping for w in _elsewhere):
+            exit_now(signum, f"still not stopped {HURRY_EXIT_SECONDS:g} s after the second "
+                     "signal (a thread waits where no signal reaches it: for the spool lock "
+                     "another process holds, or for the database); exiting now; leases still "
+                     "held expire at their lease's end and are reclaimed then")
+
+    _overdue = threading.Timer(HURRY_EXIT_SECONDS, overdue)
+    _overdue.daemon = True
+    _overdue.start()
+
+
+def _disarm() -> None:
+    global _overdue
+    if _overdue is not None:
+        _overdue.cancel()
+        _overdue = None
+
+
+def exit_now(signum: int, why: str) -> NoReturn:
+    """End the process at once (`os._exit`, 128 + the signal's number, as a process the
+    signal killed): no cleanup runs, since what would run it is what is stuck."""
+    log.warning("%s", why)
+    for handler in logging.getLogger().handlers + log.handlers:
+        with contextlib.suppress(Exception):
+            handler.flush()
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    os._exit(128 + signum)
 
 
 def _asyncio_loop() -> Any:

@@ -1,0 +1,134 @@
+"""A worker told to stop ends even while it waits for a spool lock another process holds.
+
+Found by an operator-slip probe: with the spool lock held by another process (a long
+`fenced` block, or a process stopped with SIGSTOP inside one), a worker's claim thread sat
+in `flock`, where no signal reaches; SIGTERM, SIGTERM again and SIGINT were each logged and
+the worker ran on (9 minutes in one run) until SIGKILL. Now a third signal ends the
+process at once, and a run still going `HURRY_EXIT_SECONDS` after the second ends it too.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from jobspool.queue.signalhub import HURRY_EXIT_SECONDS
+from tests.cli_harness import reap, run_jobspool, start_jobspool
+from tests.spools import make_spool
+
+pytestmark = pytest.mark.slow
+
+HOLDER = """
+import sys, time
+from jobspool import Spool
+with Spool(sys.argv[1]) as spool:
+    spool.enqueue("hold", {})
+    lease = spool.claim(kinds=["hold"], lease_seconds=600)[0]
+    with spool.fenced(lease):
+        print("held", flush=True)
+        time.sleep(600)
+"""
+
+
+def _blocked_in_flock(pid: int) -> bool:
+    """Whether a thread of `pid` sleeps in the kernel's flock wait (its claim, here)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            if "flock" in (task / "wchan").read_text() or \
+                    "lock_inode" in (task / "wchan").read_text():
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def _wait_until(check: object, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if check():  # type: ignore[operator]
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.fixture
+def held_spool(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A spool whose lock another process holds (inside a fenced block) until the test ends."""
+    root = tmp_path / "spool"
+    with make_spool(root) as spool:
+        spool.enqueue("work", {})
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(root)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+        yield root
+    finally:
+        holder.kill()
+        holder.communicate()
+
+
+def _blocked_worker(root: Path) -> subprocess.Popen[bytes]:
+    worker = start_jobspool("--root", root, "worker", "--app", "tests.apps.simple:app")
+    # The worker's run has begun and its claim waits in flock for the holder's lock.
+    assert _wait_until(lambda: _blocked_in_flock(worker.pid), 60), "never blocked on the lock"
+    time.sleep(0.5)  # its signal handlers are in place before its first claim; a margin
+    return worker
+
+
+def test_a_third_signal_ends_a_worker_blocked_on_the_spool_lock(held_spool: Path) -> None:
+    worker = _blocked_worker(held_spool)
+    try:
+        for sig in (signal.SIGTERM, signal.SIGTERM, signal.SIGINT):
+            worker.send_signal(sig)
+            time.sleep(0.3)
+        # Well under HURRY_EXIT_SECONDS: it is the third signal that ends it.
+        _, err = worker.communicate(timeout=HURRY_EXIT_SECONDS / 2)
+    finally:
+        reap(worker)
+    assert worker.returncode == 128 + signal.SIGINT
+    text = err.decode()
+    assert "received SIGINT a third time: exiting now" in text
+    assert "Traceback" not in text
+
+
+def test_a_hurried_worker_still_blocked_exits_on_its_own(held_spool: Path) -> None:
+    worker = _blocked_worker(held_spool)
+    try:
+        worker.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        worker.send_signal(signal.SIGTERM)
+        # The bound only guards against a hang (it ran on for minutes before).
+        _, err = worker.communicate(timeout=HURRY_EXIT_SECONDS + 60)
+    finally:
+        reap(worker)
+    assert worker.returncode == 128 + signal.SIGTERM
+    text = err.decode()
+    assert f"still not stopped {HURRY_EXIT_SECONDS:g} s after the second signal" in text
+    assert "Traceback" not in text
+
+
+def test_a_hurried_worker_not_blocked_still_releases_its_leases_and_exits_0(
+        tmp_path: Path) -> None:
+    # The escalation leaves the normal second signal alone: leases released, exit 0.
+    root = tmp_path / "spool"
+    with make_spool(root) as spool:
+        spool.enqueue("work", {"sleep": 60})
+    worker = start_jobspool("--root", root, "worker", "--app", "tests.apps.simple:app")
+    try:
+        with make_spool(root, create=False) as spool:
+            assert _wait_until(lambda: spool.stats().counts["leased"] == 1, 60)
+        worker.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        worker.send_signal(signal.SIGTERM)
+        worker.communicate(timeout=60)
+    finally:
+        reap(worker)
+    assert worker.returncode == 0
+    with make_spool(root, create=False) as spool:
+        assert spool.stats().counts["leased"] == 0
+    assert run_jobspool("--root", root, "fsck").returncode == 0
