@@ -11,29 +11,18 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from jobspool.queue.signalhub import HURRY_EXIT_SECONDS
 from tests.cli_harness import reap, run_jobspool, start_jobspool
+from tests.lock_holder import holding_lock
 from tests.spools import make_spool
 
 pytestmark = pytest.mark.slow
-
-HOLDER = """
-import sys, time
-from jobspool import Spool
-with Spool(sys.argv[1]) as spool:
-    spool.enqueue("hold", {})
-    lease = spool.claim(kinds=["hold"], lease_seconds=600)[0]
-    with spool.fenced(lease):
-        print("held", flush=True)
-        time.sleep(600)
-"""
-
 
 def _blocked_in_flock(pid: int) -> bool:
     """Whether a thread of `pid` sleeps in the kernel's flock wait (its claim, here)."""
@@ -57,19 +46,13 @@ def _wait_until(check: object, seconds: float) -> bool:
 
 
 @pytest.fixture
-def held_spool(tmp_path: Path):  # type: ignore[no-untyped-def]
+def held_spool(tmp_path: Path) -> Iterator[Path]:
     """A spool whose lock another process holds (inside a fenced block) until the test ends."""
     root = tmp_path / "spool"
     with make_spool(root) as spool:
         spool.enqueue("work", {})
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(root)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+    with holding_lock(root):
         yield root
-    finally:
-        holder.kill()
-        holder.communicate()
 
 
 def _blocked_worker(root: Path) -> subprocess.Popen[bytes]:

@@ -84,7 +84,16 @@ class _Terminated(KeyboardInterrupt):
     flight lands whole first (`queue/interrupts.py`), instead of the process dying in it."""
 
 
+_terminating = False
+
+
 def _terminated(signum: int, frame: object) -> None:
+    global _terminating
+    if _terminating:
+        # Unwinding for the first one already: a repeat (GNU `timeout` signals the child,
+        # then its whole group) raised again inside the unwinding and printed a traceback.
+        return
+    _terminating = True
     raise _Terminated
 
 
@@ -167,11 +176,13 @@ def _main(argv: Sequence[str] | None) -> int:
         as_json = bool(args.json)
         if getattr(args, "command", None) in _SERVING:
             return _ungrouped(args.func, args)
+        from jobspool.queue import lockwait
         from jobspool.queue.job import reported_once
 
         # A one-shot command says each unreadable file once: `cancel --kind` listed then
-        # read under the lock, and printed every skip twice.
-        with reported_once():
+        # read under the lock, and printed every skip twice. It says so when it waits long
+        # for the spool lock: `stats` behind a stopped process's fenced block sat silent.
+        with reported_once(), lockwait.bounded(None, notice=_waiting_for_lock):
             return _ungrouped(args.func, args)
     except UsageError as exc:
         return _fail(str(exc), EXIT_USAGE, as_json)
@@ -208,6 +219,13 @@ def _main(argv: Sequence[str] | None) -> int:
             return 143
         return _fail(f"interrupted by {'SIGTERM' if term else 'SIGINT'}; what was done "
                      "before it stands", 143 if term else 130, as_json)
+
+
+def _waiting_for_lock(waited: float) -> None:
+    with contextlib.suppress(Exception):
+        print(f"jobspool: waiting for the spool lock, held by another process for {waited:.0f} s "
+              "so far (a long fenced block, or a stopped process); Ctrl-C gives up",
+              file=sys.stderr, flush=True)
 
 
 def _pool_child() -> bool:

@@ -58,9 +58,9 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec
 
 from jobspool.health.host import disk_figures, host_reasons
 from jobspool.health.reasons import Health, Reason, default_projection
@@ -86,6 +86,7 @@ MAX_FILES_READ = 10_000
 
 # Seam for tests (a clock for file times).
 wall_clock = time.time
+P = ParamSpec("P")
 
 
 def expired_reason(ids: list[str], total: int) -> Reason:
@@ -132,6 +133,37 @@ def check_max_files_read(max_files_read: object) -> None:
         raise ValueError(f"max_files_read must be a whole number >= 0, not {max_files_read!r}")
 
 
+# How long `health` waits for the spool lock before it reports the lock held instead: it
+# answers a container's HEALTHCHECK or a cron probe, and waited as long as the holder did.
+HEALTH_LOCK_WAIT = 5.0
+
+
+def _lock_bounded(check: Callable[Concatenate[Spool, P], Health]
+                  ) -> Callable[Concatenate[Spool, P], Health]:
+    """`check`, waiting at most `HEALTH_LOCK_WAIT` s for the file spool's lock each time it
+    reads under it; a lock held longer by another process is the verdict: "degraded",
+    nothing else checked."""
+
+    def bounded(spool: Spool, /, *args: P.args, **kwargs: P.kwargs) -> Health:
+        from jobspool.errors import SpoolBusy
+        from jobspool.queue import lockwait
+
+        try:
+            with lockwait.bounded(HEALTH_LOCK_WAIT):
+                return check(spool, *args, **kwargs)
+        except SpoolBusy as exc:
+            return Health(reasons=[Reason(
+                "lock_held", f"{exc}; nothing else was checked. Is a process stopped "
+                f"(`ps -o stat` shows T) or hung inside `ctx.fenced()`? `fuser "
+                f"{spool.root}/.lock` names the processes that have it open",
+                HEALTH_LOCK_WAIT)], root=str(spool.root), checked_at=wall_clock(), figures={})
+
+    # (not functools.wraps: mypy loses the ParamSpec through it)
+    bounded.__name__, bounded.__doc__ = check.__name__, check.__doc__
+    return bounded
+
+
+@_lock_bounded
 @reported_once()
 def check_health(
     spool: Spool,

@@ -55,7 +55,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from jobspool.errors import SpoolClosed, SpoolError
-from jobspool.queue import fencedmark
+from jobspool.queue import fencedmark, lockwait
 from jobspool.queue.changelog import RING_BYTES, ChangeRing
 from jobspool.queue.diskerrors import os_hint, spool_missing
 from jobspool.queue.handover import HandoverLock
@@ -72,9 +72,13 @@ os_flock = fcntl.flock
 
 
 def _flock(fd: int, op: int, path: Path) -> None:
+    rule = lockwait.policy() if op != fcntl.LOCK_UN else None
     while True:
         try:
-            os_flock(fd, op)
+            if rule is not None:
+                lockwait.wait_for(os_flock, fd, op, path, rule)
+            else:
+                os_flock(fd, op)
             return
         except InterruptedError:
             continue
@@ -230,7 +234,13 @@ class SpoolLock:
         """Take both flocks, reopening `.lock` while the one we hold is no longer at the path."""
         for _ in range(100):
             _flock(self._fd, fcntl.LOCK_EX, self._path)
-            _flock(self._dir_fd, fcntl.LOCK_EX, self._root)
+            try:
+                _flock(self._dir_fd, fcntl.LOCK_EX, self._root)
+            except BaseException:
+                # Refused (a bounded wait ran out, lockwait.py): the lock is not ours,
+                # so neither half may stay held, or every other process waits on it.
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+                raise
             if self._still_at_path():
                 return
             if self.read_only and not self._path.exists():

@@ -1,0 +1,88 @@
+"""What waits on a spool lock another process holds says so, and `health` answers anyway.
+
+Found by an operator-slip probe: behind a long fenced block (or a process stopped inside
+one), `health`, `stats` and `fsck` sat silent for as long as it lasted (a container's
+HEALTHCHECK timed out instead of reporting a spool no writer could touch); two quick
+SIGTERMs to such a command printed a traceback.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+from pathlib import Path
+
+import orjson
+import pytest
+
+from jobspool.errors import SpoolBusy
+from jobspool.queue import lockwait
+from tests.cli_harness import reap, run_jobspool, start_jobspool
+from tests.lock_holder import holding_lock
+from tests.spools import make_spool
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    path = tmp_path / "spool"
+    with make_spool(path) as spool:
+        spool.enqueue("work", {})
+    return path
+
+
+def test_health_reports_a_lock_held_past_its_wait_instead_of_waiting_with_it(root: Path) -> None:
+    with holding_lock(root):
+        r = run_jobspool("--root", root, "health", "--json", timeout=120)
+    assert r.returncode == 2
+    doc = orjson.loads(r.stdout)
+    assert doc["status"] == "degraded"
+    assert [reason["code"] for reason in doc["reasons"]] == ["lock_held"]
+    assert "held by another process" in doc["reasons"][0]["message"]
+    # Once the lock is free, the check looks at everything again: the killed holder's
+    # lease is what it finds now.
+    after = orjson.loads(run_jobspool("--root", root, "health", "--json").stdout)
+    assert [reason["code"] for reason in after["reasons"]] == ["dead_holders"]
+
+
+def test_stats_says_it_waits_for_the_lock_then_answers(root: Path) -> None:
+    with holding_lock(root, seconds=4):
+        r = run_jobspool("--root", root, "stats", "--json", timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert orjson.loads(r.stdout)["counts"]["ready"] == 1
+    notices = [line for line in r.stderr.splitlines() if "waiting for the spool lock" in line]
+    assert len(notices) == 1  # said once, not at every poll
+
+
+def test_two_quick_sigterms_to_a_command_waiting_for_the_lock_print_one_line(root: Path
+                                                                              ) -> None:
+    with holding_lock(root):
+        proc = start_jobspool("--root", root, "stats")
+        try:
+            # Its notice says it is past start-up and in the wait.
+            assert proc.stderr is not None
+            line = proc.stderr.readline()
+            assert b"waiting for the spool lock" in line, line
+            os.kill(proc.pid, signal.SIGTERM)
+            os.kill(proc.pid, signal.SIGTERM)  # as GNU timeout does: the child, then its group
+            _, err = proc.communicate(timeout=60)
+        finally:
+            reap(proc)
+    assert proc.returncode == 143
+    lines = [line for line in err.decode().splitlines() if line.strip()]
+    assert len(lines) == 1 and "interrupted by SIGTERM" in lines[0], err
+
+
+def test_a_bounded_take_that_runs_out_leaves_no_half_of_the_lock_held(root: Path) -> None:
+    # The spool lock is two flocks (`.lock`, then the directory). Given up on the second,
+    # the first stayed held: every other process of the spool then waited for ever.
+    with holding_lock(root, directory_only=True), make_spool(root, create=False) as spool:
+        with lockwait.bounded(0.3), pytest.raises(SpoolBusy, match="held by another process"):
+            spool.stats()
+        fd = os.open(root / ".lock", os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free: raises if still held
+        finally:
+            os.close(fd)
