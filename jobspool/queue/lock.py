@@ -47,6 +47,7 @@ import errno
 import fcntl
 import mmap
 import os
+import stat
 import struct
 import threading
 import weakref
@@ -88,6 +89,12 @@ def _flock(fd: int, op: int, path: Path) -> None:
                     "check the spool's permissions and filesystem")
             raise SpoolError(f"cannot lock {path}: {exc.strerror or exc}; {hint}",
                              path=str(path)) from None
+
+
+def _not_a_lock_file(path: Path) -> SpoolError:
+    return SpoolError(f"the spool lock {path} is not a regular file (replaced by hand?): "
+                      "every command that writes is refused; move it away (`rmdir` or `mv`), "
+                      "and the next command that writes recreates it", path=str(path))
 
 
 def _boot_hash() -> int:
@@ -140,10 +147,18 @@ class SpoolLock:
                 raise SpoolError(f"the spool lock {self._path} is missing (deleted?); any "
                                  "command that writes, e.g. `jobspool recover`, recreates it",
                                  path=str(self._path)) from None
+            if isinstance(exc, IsADirectoryError):
+                raise _not_a_lock_file(self._path) from None
             raise SpoolError(f"cannot open the spool lock {self._path}: "
                              f"{exc.strerror or exc}", path=str(self._path)) from None
-        self._fd, self._dir_fd = fd, dir_fd
         st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            # A reader opens a directory put there by hand without a word, and answered
+            # "consistent" (`fsck`, `health`) for a spool every writer refused.
+            os.close(fd)
+            os.close(dir_fd)
+            raise _not_a_lock_file(self._path)
+        self._fd, self._dir_fd = fd, dir_fd
         self._ident = (st.st_dev, st.st_ino)
         if self.read_only:
             if st.st_size < _MAP_SIZE:
