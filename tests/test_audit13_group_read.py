@@ -115,7 +115,7 @@ def test_a_reader_who_may_not_open_a_job_file_is_told_so_not_to_run_recover(
 def test_the_skip_warning_for_a_file_this_user_may_not_read_does_not_send_them_to_recover(
         ) -> None:
     from jobspool.errors import CorruptFileWarning
-    from jobspool.queue.job import report_unreadable
+    from jobspool.queue.unreadable import report_unreadable
 
     with pytest.warns(CorruptFileWarning) as denied:
         report_unreadable("ready", "later", os.strerror(errno.EACCES))

@@ -177,7 +177,7 @@ def _main(argv: Sequence[str] | None) -> int:
         if getattr(args, "command", None) in _SERVING:
             return _ungrouped(args.func, args)
         from jobspool.queue import lockwait
-        from jobspool.queue.job import reported_once
+        from jobspool.queue.unreadable import reported_once
 
         # A one-shot command says each unreadable file once: `cancel --kind` listed then
         # read under the lock, and printed every skip twice. It says so when it waits long

@@ -252,8 +252,9 @@ def _stream_list(args: argparse.Namespace, spool: Any, jobs: Iterable[Any]) -> N
 
 def cmd_show(args: argparse.Namespace) -> int:
     from jobspool.queue.jobprogress import read_progress
+    from jobspool.queue.unreadable import unreported
 
-    with _open(args, read_only=True) as spool:
+    with _open(args, read_only=True) as spool, unreported():
         job = spool.get(args.job_id)
         progress = read_progress(spool.root, job)
     doc = _job_doc(job)

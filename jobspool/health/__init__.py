@@ -66,9 +66,9 @@ from jobspool.health.host import disk_figures, host_reasons
 from jobspool.health.reasons import Health, Reason, default_projection
 from jobspool.health.reasons import ids as _ids
 from jobspool.health.reasons import plural as _plural
-from jobspool.queue.job import reported_once
 from jobspool.queue.states import JobState
 from jobspool.queue.store import JOB_SUFFIX, ignored_name
+from jobspool.queue.unreadable import reported_once
 
 if TYPE_CHECKING:
     from jobspool.queue.api import SpoolAPI as Spool

@@ -44,9 +44,10 @@ import orjson
 
 from jobspool.queue.backlog import Waiting, tally
 from jobspool.queue.changelog import ADD, ChangeRing
-from jobspool.queue.job import KIND_RE, CorruptJob, Job, decode_job, report_unreadable
+from jobspool.queue.job import KIND_RE, CorruptJob, Job, decode_job
 from jobspool.queue.states import ALL_STATES, JobState
 from jobspool.queue.store import JOB_SUFFIX, Store
+from jobspool.queue.unreadable import report_unreadable
 
 log = logging.getLogger(__name__)
 

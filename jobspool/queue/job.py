@@ -9,21 +9,16 @@ so every boundary refuses the same things with the same messages.
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import logging
 import math
-import os
 import re
-import warnings
-from collections.abc import Callable, Iterator
-from contextvars import ContextVar
+from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, TypeVar
 
 import orjson
 
-from jobspool.errors import CorruptFileWarning, InvalidJob, InvalidType, JobTooLarge
+from jobspool.errors import InvalidJob, InvalidType, JobTooLarge
 
 # The payload rule and the time helpers live in payload.py; re-exported for callers here.
 from jobspool.queue.payload import MAX_JSON_DEPTH as MAX_JSON_DEPTH
@@ -169,42 +164,6 @@ class CorruptJob(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
-
-
-# The files already reported within `reported_once()`, None outside it.
-_reported: ContextVar[set[tuple[str, str]] | None] = ContextVar("_reported", default=None)
-
-
-@contextlib.contextmanager
-def reported_once() -> Iterator[None]:
-    """Within it, each unreadable file is reported once (this thread). For a check made of
-    several reads of the spool (`health`: stats, then leased and prepared jobs), each of
-    which meets the same file: one bad file printed the same warning three times."""
-    token = _reported.set(set())
-    try:
-        yield
-    finally:
-        _reported.reset(token)
-
-
-def report_unreadable(directory: str, job_id: str, reason: str) -> None:
-    """Say, without raising, that a reader skipped an unreadable job file.
-
-    Both a log warning (for operators) and a `CorruptFileWarning` (for code
-    and tests); the CLI silences the latter since it logs the former.
-    """
-    seen = _reported.get()
-    if seen is not None:
-        if (directory, job_id) in seen:
-            return
-        seen.add((directory, job_id))
-    # A permission error is this reader's gap, not a damaged file: recover would not move it.
-    denied = reason in (os.strerror(errno.EACCES), os.strerror(errno.EPERM))
-    hint = ("this user may not read it: see `jobspool init --access group-read`" if denied
-            else "`jobspool recover` moves it to quarantine/")
-    message = f"skipping unreadable job file {directory}/{job_id}.json: {reason} ({hint})"
-    _log.warning(message, extra={"job_id": job_id, "state": directory})
-    warnings.warn(message, CorruptFileWarning, stacklevel=3)
 
 
 # ---------------------------------------------------------------- validation

@@ -14,11 +14,12 @@ from pathlib import Path
 
 from jobspool.errors import JobNotFound, JobspoolError, SpoolError, UnreadableJob
 from jobspool.queue.diskerrors import SHORT_OF_RESOURCES, listing_failed, read_failed
-from jobspool.queue.job import CorruptJob, Job, decode_job, report_unreadable, survivor_key
+from jobspool.queue.job import CorruptJob, Job, decode_job, survivor_key
 from jobspool.queue.layout import SpoolSettings, effective_keep_dead
 from jobspool.queue.options import ProcessOptions
 from jobspool.queue.states import ALL_STATES, JobState
 from jobspool.queue.store import JOB_SUFFIX, Store
+from jobspool.queue.unreadable import report_unreadable
 
 
 class JournalReads:
