@@ -196,12 +196,16 @@ def load_app(spec: str) -> App:
         raise AppError(f"--app {spec!r}: importing {module_name!r} failed: "
                        f"{_described(exc)}") from None
     obj: Any = module
-    for part in attr.split("."):
+    parts = attr.split(".")
+    for i, part in enumerate(parts):
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise AppError(f"--app {spec!r}: module {module_name!r} has no attribute "
-                           f"{attr!r}") from None
+            # Which step failed: "module 'm' has no attribute 'app.nope'" sent people
+            # looking for a module attribute named with a dot.
+            owner = (f"module {module_name!r}" if i == 0
+                     else f"{module_name}:{'.'.join(parts[:i])}")
+            raise AppError(f"--app {spec!r}: {owner} has no attribute {part!r}") from None
         except Exception as exc:  # a module-level __getattr__ (lazy loading) that failed
             raise AppError(f"--app {spec!r}: reading {attr!r} failed: "
                            f"{type(exc).__name__}: {exc}") from None

@@ -117,3 +117,18 @@ def test_stdout_is_given_back_when_the_app_fails_after_writing_to_fd_1(
     doc = orjson.loads(res.out)  # the error document reached stdout, and nothing else did
     assert doc["ok"] is False and "cannot load" in doc["error"], doc
     assert res.err.splitlines() == ["raw at import", f"jobspool: error: {doc['error']}"]
+
+
+@pytest.mark.parametrize(("spec", "says"), [
+    ("objapp:app.nope", "objapp:app has no attribute 'nope'"),
+    ("objapp:nope.handlers", "module 'objapp' has no attribute 'nope'"),
+    ("objapp:app.handlers.nope", "objapp:app.handlers has no attribute 'nope'"),
+])
+def test_a_dotted_app_path_names_the_step_that_has_no_such_attribute(
+        tmp_path: Path, root: Path, spec: str, says: str) -> None:
+    # Found by a CLI probe: "module 'objapp' has no attribute 'app.nope'" sent people
+    # looking for a module attribute with a dot in its name.
+    env = app_module(tmp_path, "objapp", _HANDLER + "class H:\n    handlers = {'ok': ok}\n"
+                     "\napp = H()\n")
+    res = run_jobspool("run-until-idle", "--app", spec, "--json", root=root, env=env)
+    assert says in failed_as_json(res)
