@@ -94,6 +94,7 @@ if TYPE_CHECKING:
     from jobspool.recovery.replay import ReplayHooks
 
 log = logging.getLogger("jobspool.pg")
+CLOSING_PRUNE_PATIENCE = 2.0  # seconds `close` waits out an outage for its last prune
 
 T = TypeVar("T", Job, Lease)
 
@@ -242,8 +243,25 @@ class PgSpool(PgWorkerSide, EnqueueForms):
         self.close()
 
     def close(self) -> None:
-        """Stop the workers running on this spool (see `Spool.close`), then disconnect."""
-        self.runs.close_after(self.db.close)
+        """Stop the workers running on this spool (see `Spool.close`), prune what this
+        opener finished since its last automatic prune, then disconnect."""
+        self.runs.close_after(self._prune_then_disconnect)
+
+    def _prune_then_disconnect(self) -> None:
+        # The file spool counts terminal writes in its lock's shared memory, for every
+        # process; here each opener counts its own (`note_terminal`), so openers that
+        # finish fewer jobs than the interval (four threads completing 50 each, cron runs)
+        # left up to an interval each beyond `keep_terminal`: 199 completed kept for 3.
+        # Bounded by a short patience: a server gone at close must not hold it.
+        since = self._terminal_writes
+        if 0 < since < max(64, self.keep_terminal // 4) and not self.read_only:
+            self._terminal_writes = 0
+            try:
+                with self.db.patience(time.monotonic() + CLOSING_PRUNE_PATIENCE):
+                    admin.prune(self, count=False)
+            except JobspoolError as exc:
+                log.info("pruning at close skipped: %s", exc)
+        self.db.close()
 
     def now(self) -> float:
         """Seconds since the epoch on the database's clock (or the clock given)."""
