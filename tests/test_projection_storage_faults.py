@@ -359,3 +359,41 @@ def test_what_a_failed_first_creation_left_is_no_damage(tmp_path: Path) -> None:
         report = Worker(spool, app, maintenance=False).run_until_idle(wait_for_retries=0)
         assert report.completed == 1 and report.deferred == 0
     assert LanceProjection(str(proj), "t").count() == 1
+
+
+
+def test_a_run_whose_deferred_jobs_ran_again_within_it_reports_none_left(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Found by a projection probe: storage that failed once and answered again (the index
+    # directory deleted mid-run, recreated by the next commit) left the run drained, yet
+    # `run-until-idle` said "1 job run(s) deferred ... they run again once it is fixed" and
+    # exited 2: it went by every deferral of the run, not by what was left of them.
+    import jobspool.projection.lance as lance_mod
+
+    real = lance_mod._execute_merge
+    failed: list[int] = []
+
+    def once(*args: object, **kwargs: object) -> object:
+        if not failed:
+            failed.append(1)
+            raise OSError(30, "Read-only file system")  # a storage fault, this once
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lance_mod, "_execute_merge", once)
+
+    def project(job: Job, ctx: Context) -> None:
+        # The first finishes alone (its merge is the one that fails); the others are still
+        # running then, and their merge, which lands, is the storage answering again.
+        time.sleep(0 if job.id == "j00" else 0.5)
+        _project(job, ctx)
+
+    app = App(handlers={"p": project}, projection=str(tmp_path / "proj"))
+    with Spool(tmp_path / "spool") as spool:
+        for n in range(8):
+            spool.enqueue("p", {"n": n}, job_id=f"j{n:02d}")
+        report = Worker(spool, app, maintenance=False, batch_size=1, concurrency=4
+                        ).run_until_idle(wait_for_retries=30)
+        states = {job.id: job.state for job in spool.jobs()}
+    assert failed and report.deferred == 1
+    assert all(state is JobState.COMPLETED for state in states.values()), states
+    assert report.completed == 8 and report.deferred_left == 0

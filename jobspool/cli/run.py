@@ -101,11 +101,11 @@ def cmd_run_until_idle(args: argparse.Namespace) -> int:
 
     _emit(args, doc, text)
     code = _unreleased_verdict(report)
-    if report.deferred:
+    if report.deferred_left:
         # Not drained, and not for the jobs' fault: a script must not read it as done.
-        print(f"jobspool: error: {report.deferred} job run(s) deferred: the projection could "
-              "not be written for its storage (see the log above); they run again once it "
-              "is fixed", file=sys.stderr)
+        print(f"jobspool: error: {report.deferred_left} job(s) deferred: the projection "
+              "could not be written for its storage (see the log above); they run again once "
+              "it is fixed", file=sys.stderr)
         code = EXIT_UNHEALTHY
     _exit_past_abandoned_handlers(code)
     return code

@@ -26,8 +26,11 @@ class RunReport:
     # jobs wait for the leases to expire, then run again.
     unreleased: int = 0
     # Given back uncounted because the projection's storage failed (read-only, full,
-    # damaged): they run again once it is fixed; `run-until-idle` exits 2 on any.
+    # damaged): they run again once it is fixed. `deferred_left`: the jobs among them that
+    # did not run again to an outcome within this run (`run-until-idle` exits 2 on any);
+    # with storage that came back meanwhile, the run finished them.
     deferred: int = 0
+    deferred_left: int = 0
     # Runs cut off by a shutdown past its grace: back to ready at once, the attempt
     # counted (`released` are give-backs that count none; they were one figure, and a
     # summary hid the attempts a shutdown had spent).
@@ -99,7 +102,8 @@ class FinishedRun(RunReport, Coroutine[Any, Any, RunReport]):
 
 # The tallies a run keeps as it goes; `waiting` is looked up once, at the end.
 _COUNTED = tuple(f.name for f in fields(RunReport)
-                 if f.type in ("int", int) and f.name not in ("waiting", "waiting_due"))
+                 if f.type in ("int", int)
+                 and f.name not in ("waiting", "waiting_due", "deferred_left"))
 
 
 class Counters:
@@ -109,6 +113,7 @@ class Counters:
         self.started = time.monotonic()
         for name in _COUNTED:
             setattr(self, name, 0)
+        self.deferred_jobs: set[str] = set()  # deferred, not run again to an outcome yet
 
     claimed: int
     completed: int
@@ -129,4 +134,5 @@ class Counters:
         counts = {name: getattr(self, name) for name in _COUNTED}
         return RunReport(**counts, duration=time.monotonic() - self.started,
                          unhandled=dict(unhandled or {}), waiting=waiting,
-                         next_due_in=next_due_in, waiting_due=waiting_due)
+                         next_due_in=next_due_in, waiting_due=waiting_due,
+                         deferred_left=len(self.deferred_jobs))

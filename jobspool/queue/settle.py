@@ -207,6 +207,7 @@ class Settler:
                 log.warning("stopping: %d jobs whose projection commit did not return within "
                             "the grace go back uncounted (%s)", len(done), exc)
                 self.counters.deferred += len(done)
+                self.counters.deferred_jobs.update(c.job_id for c in done)
                 for c in done:
                     c.outcome = Deferred(clip_error(str(exc)), 0.0)
                 return
@@ -270,6 +271,7 @@ class Settler:
             log.debug("the projection's storage still fails: %d jobs given back, due again "
                       "in %g s", len(runs), delay)
         self.counters.deferred += len(runs)
+        self.counters.deferred_jobs.update(c.job_id for c in runs)
         for c in runs:
             c.outcome = Deferred(clip_error(error), delay)
 
@@ -393,6 +395,9 @@ class Settler:
 
     def _forget(self, c: Context) -> None:
         c.drop_progress()  # settled, and its progress file (if any) gone
+        if not isinstance(c.outcome, Deferred):
+            # Deferred earlier in this run, it ran again to an outcome of its own.
+            self.counters.deferred_jobs.discard(c.job_id)
         self.in_hand.pop(c.job_id, None)
         if c.started and c.mark_kept:  # the others were cleared when their handlers returned
             self.spool.note_running([c.token], started=False)
