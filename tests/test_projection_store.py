@@ -346,3 +346,36 @@ def test_a_table_deleted_under_a_store_is_made_anew_with_a_warning(
             break
     assert attempt <= 1
     assert any("was there and is gone" in r.getMessage() for r in caplog.records)
+
+
+def test_a_column_declared_after_the_table_was_made_is_refused_saying_how_to_add_it(
+        tmp_path: Path) -> None:
+    # Found by a projection probe: declared in schemas=, the column was refused as "not in
+    # the schema of table 't'", read as a bug; the README said "declare it in schemas=".
+    import lancedb
+
+    from jobspool import Spool, Worker
+
+    uri = str(tmp_path / "index")
+
+    def write(job: Any, ctx: Any) -> None:
+        ctx.upsert("t", job.payload)
+
+    declared = pa.schema([pa.field("id", pa.string(), nullable=False),
+                          pa.field("x", pa.int64()), pa.field("y", pa.string())])
+    with Spool(tmp_path / "spool") as spool:
+        spool.enqueue("k", {"id": "a", "x": 1})
+        assert Worker(spool, {"k": write}, projection=uri).run_until_idle().completed == 1
+        spool.enqueue("k", {"id": "b", "x": 2, "y": "new"}, job_id="late")
+        store = ProjectionStore(uri, schemas={"t": declared})
+        assert Worker(spool, {"k": write}, projection=store).run_until_idle().dead_lettered == 1
+        error = spool.get("late").last_error or ""
+        assert "declared in schemas= but table 't' was made before it" in error
+        assert "add_columns" in error
+        # The fix it names works: the column added once, the job requeued completes.
+        lancedb.connect(uri).open_table("t").add_columns(
+            pa.schema([pa.field("y", pa.string())]))
+        spool.requeue("late")
+        store = ProjectionStore(uri, schemas={"t": declared})
+        assert Worker(spool, {"k": write}, projection=store).run_until_idle().completed == 1
+    assert LanceProjection(uri, "t").get("b")["y"] == "new"

@@ -174,7 +174,7 @@ def plan_table(
     for w in writes:
         err = check_write(w, allowed, key, required, new=not exists)
         if err is not None:
-            bad.setdefault(w.job_id, err)
+            bad.setdefault(w.job_id, _declared_too_late(err, declared, schema, name))
     if bad:
         return None, bad
     job_ids = {w.job_id for w in writes}
@@ -184,6 +184,23 @@ def plan_table(
     if built.bad:
         return None, built.bad
     return TablePlan(name, schema, exists, job_ids, built.batch, add_fields), {}
+
+
+def _declared_too_late(err: ProjectionError, declared: pa.Schema | None,
+                       schema: pa.Schema | None, name: str) -> ProjectionError:
+    """A row refused for a column this store declares but the table, made before the
+    declaration, lacks: say so and how to add it (a declaration applies when a table is
+    made; "not in the schema" while `schemas=` named it read as a bug)."""
+    field = getattr(err, "field", None)
+    if declared is None or schema is None or field not in declared.names \
+            or field in schema.names:
+        return err
+    kind = declared.field(field).type
+    return ProjectionError(
+        f"field {field!r} is declared in schemas= but table {name!r} was made before it "
+        f"(a declaration applies when a table is made): add the column to the table once, "
+        f"e.g. lancedb.connect(URI).open_table({name!r}).add_columns(pyarrow.schema("
+        f"[pyarrow.field({field!r}, pyarrow.{kind})]))", table=name, field=field)
 
 
 def _without_stale(w: PendingWrite, key: str, stored: Mapping[str, tuple[float, int]]
