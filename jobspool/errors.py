@@ -157,11 +157,6 @@ class InvalidRoot(SpoolError, ConfigError):
     as it always was for callers of `Spool()`."""
 
 
-class SpoolBusy(SpoolError):
-    """Raised when a bounded wait for the spool lock ran out (`health` and the read-only
-    commands bound theirs): another process has held it that long."""
-
-
 class UnreadableJob(SpoolError):
     """Raised when a job's file is there but cannot be read: damaged (`recover` moves it to
     quarantine/), or not readable by this user. Listings skip such a file with a warning."""

@@ -98,6 +98,8 @@ def _terminated(signum: int, frame: object) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    global _terminating
+    _terminating = False  # a call of its own: an earlier call's SIGTERM is no repeat here
     _closed_streams_to_devnull()
     in_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminated) if in_main else None
@@ -182,7 +184,7 @@ def _main(argv: Sequence[str] | None) -> int:
         # A one-shot command says each unreadable file once: `cancel --kind` listed then
         # read under the lock, and printed every skip twice. It says so when it waits long
         # for the spool lock: `stats` behind a stopped process's fenced block sat silent.
-        with reported_once(), lockwait.bounded(None, notice=_waiting_for_lock):
+        with reported_once(), lockwait.noticed(_waiting_for_lock):
             return _ungrouped(args.func, args)
     except UsageError as exc:
         return _fail(str(exc), EXIT_USAGE, as_json)
@@ -223,9 +225,9 @@ def _main(argv: Sequence[str] | None) -> int:
 
 def _waiting_for_lock(waited: float) -> None:
     with contextlib.suppress(Exception):
-        print(f"jobspool: waiting for the spool lock, held by another process for {waited:.0f} s "
-              "so far (a long fenced block, or a stopped process); Ctrl-C gives up",
-              file=sys.stderr, flush=True)
+        print(f"jobspool: still waiting for the spool lock after {waited:g} s (busy workers "
+              "take turns with it; a long fenced block or a stopped process holds it); "
+              "Ctrl-C gives up", file=sys.stderr, flush=True)
 
 
 def _pool_child() -> bool:

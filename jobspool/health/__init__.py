@@ -140,23 +140,24 @@ HEALTH_LOCK_WAIT = 5.0
 
 def _lock_bounded(check: Callable[Concatenate[Spool, P], Health]
                   ) -> Callable[Concatenate[Spool, P], Health]:
-    """`check`, waiting at most `HEALTH_LOCK_WAIT` s for the file spool's lock each time it
-    reads under it; a lock held longer by another process is the verdict: "degraded",
-    nothing else checked."""
+    """`check`, after asking whether the file spool's lock can be taken within
+    `HEALTH_LOCK_WAIT` s (`lockwait.free_within`); a lock held longer (by another process,
+    or another thread of this one) is the verdict: "degraded", nothing else checked."""
 
     def bounded(spool: Spool, /, *args: P.args, **kwargs: P.kwargs) -> Health:
-        from jobspool.errors import SpoolBusy
         from jobspool.queue import lockwait
 
-        try:
-            with lockwait.bounded(HEALTH_LOCK_WAIT):
-                return check(spool, *args, **kwargs)
-        except SpoolBusy as exc:
-            return Health(reasons=[Reason(
-                "lock_held", f"{exc}; nothing else was checked. Is a process stopped "
-                f"(`ps -o stat` shows T) or hung inside `ctx.fenced()`? `fuser "
-                f"{spool.root}/.lock` names the processes that have it open",
-                HEALTH_LOCK_WAIT)], root=str(spool.root), checked_at=wall_clock(), figures={})
+        lock = getattr(spool, "lock", None)
+        path = getattr(lock, "path", None)
+        if path is None or lockwait.free_within(path, Path(spool.root), HEALTH_LOCK_WAIT):
+            return check(spool, *args, **kwargs)
+        return Health(reasons=[Reason(
+            "lock_held", f"the spool lock {path} has been held for over "
+            f"{HEALTH_LOCK_WAIT:g} s (a long fenced block, or a stopped or stuck process: "
+            f"every writer waits for it); nothing else was checked. Is a process stopped "
+            f"(`ps -o stat` shows T) or hung inside `ctx.fenced()`? `fuser {path}` names "
+            "the processes that have it open", HEALTH_LOCK_WAIT)],
+            root=str(spool.root), checked_at=wall_clock(), figures={})
 
     # (not functools.wraps: mypy loses the ParamSpec through it)
     bounded.__name__, bounded.__doc__ = check.__name__, check.__doc__

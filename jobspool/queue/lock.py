@@ -73,13 +73,9 @@ os_flock = fcntl.flock
 
 
 def _flock(fd: int, op: int, path: Path) -> None:
-    rule = lockwait.policy() if op != fcntl.LOCK_UN else None
     while True:
         try:
-            if rule is not None:
-                lockwait.wait_for(os_flock, fd, op, path, rule)
-            else:
-                os_flock(fd, op)
+            lockwait.blocking_flock(os_flock, fd, op)
             return
         except InterruptedError:
             continue
@@ -93,8 +89,8 @@ def _flock(fd: int, op: int, path: Path) -> None:
 
 def _not_a_lock_file(path: Path) -> SpoolError:
     return SpoolError(f"the spool lock {path} is not a regular file (replaced by hand?): "
-                      "every command that writes is refused; move it away (`rmdir` or `mv`), "
-                      "and the next command that writes recreates it", path=str(path))
+                      "no command can use the spool; move it away (`rmdir` or `mv`), and the "
+                      "next command that writes recreates it", path=str(path))
 
 
 def _boot_hash() -> int:
@@ -132,10 +128,13 @@ class SpoolLock:
         # locks belong to it, so parent and child would not exclude each other.
         self._pid = os.getpid()
         try:
+            # O_NONBLOCK: a FIFO put at the path (by hand) blocked a reader's open for ever,
+            # before the check below could refuse it; a regular file ignores the flag.
             if self.read_only:
-                fd = os.open(self._path, os.O_RDONLY | os.O_CLOEXEC)
+                fd = os.open(self._path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
             else:
-                fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, self._mode)
+                fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC,
+                             self._mode)
                 with contextlib.suppress(OSError):  # another user's lock file: leave its mode
                     set_fd_mode(fd, self._mode, may_exist=True)
             dir_fd = os.open(self._root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -252,8 +251,9 @@ class SpoolLock:
             try:
                 _flock(self._dir_fd, fcntl.LOCK_EX, self._root)
             except BaseException:
-                # Refused (a bounded wait ran out, lockwait.py): the lock is not ours,
-                # so neither half may stay held, or every other process waits on it.
+                # Refused or interrupted (a signal's exception out of the wait): the lock
+                # is not ours, so neither half may stay held, or every other process
+                # waits on it.
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
                 raise
             if self._still_at_path():

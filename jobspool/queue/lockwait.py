@@ -1,86 +1,88 @@
-"""Bounded waits for the spool lock, for readers that must answer.
+"""Waiting for the spool lock where someone is waiting on the answer.
 
 A process that holds the spool lock for long (a long `fenced` block, a process stopped
 with SIGSTOP inside one, a stuck disk) holds every other process's changes, which is what
-the lock is for; but `health` (a container's HEALTHCHECK, a cron probe) waited with them,
-silently, for as long as it lasted: a spool no worker could touch was never reported,
-because the check itself hung. Under `bounded(...)` this thread's takes of the lock poll
-(`LOCK_NB`) instead of sleeping in the kernel: after `notice_after` seconds `notice(waited)`
-is called once (a CLI command says what it waits for), and past `limit` the take gives up
-with `SpoolBusy`. Without it (every other caller) the lock is taken as before: one blocking
-`flock`, no polling.
+the lock is for; but a one-shot command waited silently, and `health` (a container's
+HEALTHCHECK, a cron probe) waited with them for as long as it lasted: a spool no worker
+could touch was never reported, because the check itself hung.
+
+- `noticed(notice, after)`: this thread's takes of the spool lock stay one blocking `flock`
+  each, and a timer calls `notice(after)` once if a take is still waiting `after` seconds
+  in (a CLI command says what it waits for).
+- `free_within(lock_path, root, seconds)`: whether the spool lock could be taken within
+  `seconds`, asked by a thread of its own, on descriptors of its own, with blocking
+  flocks (so the kernel queues it with every other waiter, and another thread of this
+  process holding the lock counts too); `health` asks before it reads under the lock.
+
+Not polling with `LOCK_NB`: a poll loses to holders that re-take the lock as soon as they
+let it go (busy workers), which starved a command for seconds to minutes and made a busy,
+healthy spool look stuck (`lock.py`'s docstring measured the same for writers).
 """
 
 from __future__ import annotations
 
-import errno
+import contextlib
 import fcntl
+import os
 import threading
-import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-
-from jobspool.errors import SpoolBusy
-
-# Polls start fast (a holder's usual change is well under a millisecond) and back off to
-# this, so a long wait costs a few wakeups a second.
-_MAX_NAP = 0.1
-
-
-@dataclass(frozen=True)
-class _Policy:
-    limit: float | None
-    notice: Callable[[float], None] | None
-    notice_after: float
-
 
 _here = threading.local()
 
 
-@contextmanager
-def bounded(limit: float | None, *, notice: Callable[[float], None] | None = None,
-            notice_after: float = 2.0) -> Iterator[None]:
-    """Within this block, this thread waits at most `limit` seconds (None: as long as it
-    takes) for each take of a spool lock, telling `notice` once if it waited `notice_after`."""
-    previous = getattr(_here, "policy", None)
-    _here.policy = _Policy(limit, notice, notice_after)
+@contextlib.contextmanager
+def noticed(notice: Callable[[float], None], after: float = 2.0) -> Iterator[None]:
+    """Within this block, a take of the spool lock by this thread that waits `after`
+    seconds calls `notice(after)` once (from a timer thread) and goes on waiting."""
+    previous = getattr(_here, "notice", None)
+    _here.notice = (notice, after)
     try:
         yield
     finally:
-        _here.policy = previous
+        _here.notice = previous
 
 
-def policy() -> _Policy | None:
-    """This thread's policy, if a `bounded` block is open."""
-    return getattr(_here, "policy", None)
+def blocking_flock(flock: Callable[[int, int], None], fd: int, op: int) -> None:
+    """`flock(fd, op)`, blocking, with this thread's notice (if any) armed meanwhile."""
+    told = getattr(_here, "notice", None)
+    if told is None:
+        flock(fd, op)
+        return
+    notice, after = told
+    timer = threading.Timer(after, notice, args=(after,))
+    timer.daemon = True
+    timer.start()
+    try:
+        flock(fd, op)
+    finally:
+        timer.cancel()
 
 
-def wait_for(flock: Callable[[int, int], None], fd: int, op: int, path: Path,
-             rule: _Policy) -> None:
-    """Take `op` (an exclusive or shared flock) on `fd` under `rule`; `SpoolBusy` past its
-    limit. Other errors of `flock` go to the caller as they are."""
-    started = time.monotonic()
-    nap = 0.001
-    told = False
-    while True:
+def free_within(lock_path: Path, root: Path, seconds: float) -> bool:
+    """Whether the spool lock (`lock_path`'s flock, then `root`'s) could be taken within
+    `seconds`; taken by a helper thread on descriptors of its own and let go at once.
+
+    False also when `lock_path` cannot be opened: the caller's own take then says why.
+    The helper outlives a False answer, blocked until the holder lets go; it then lets go
+    itself and closes what it opened (a daemon: it never holds the process's exit).
+    """
+    got = threading.Event()
+
+    def take() -> None:
+        fds: list[int] = []
         try:
-            flock(fd, op | fcntl.LOCK_NB)
-            return
-        except InterruptedError:
-            continue
-        except OSError as exc:
-            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise
-        waited = time.monotonic() - started
-        if rule.limit is not None and waited >= rule.limit:
-            raise SpoolBusy(f"the spool lock {path} has been held by another process for "
-                            f"over {rule.limit:g} s (a long fenced block, or a stopped or "
-                            "stuck process: every writer waits for it)", path=str(path))
-        if not told and rule.notice is not None and waited >= rule.notice_after:
-            told = True
-            rule.notice(waited)
-        left = None if rule.limit is None else rule.limit - waited
-        time.sleep(nap if left is None else max(0.0, min(nap, left)))
-        nap = min(_MAX_NAP, nap * 2)
+            fds.append(os.open(lock_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC))
+            fds.append(os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+            for fd in fds:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            got.set()
+        except OSError:
+            got.set()  # not ours to judge: the caller's take reports it
+        finally:
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)  # closing lets go of its flock
+
+    threading.Thread(target=take, name="jobspool-lock-probe", daemon=True).start()
+    return got.wait(seconds)
