@@ -88,8 +88,13 @@ class _Workers:
         try:
             for _ in range(self.n):
                 errors = tempfile.TemporaryFile()
-                self.procs.append((subprocess.Popen(self.cmd, stdout=subprocess.PIPE,
-                                                    stderr=errors, env=_child_env()), errors))
+                try:
+                    proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=errors,
+                                            env=_child_env())
+                except BaseException:
+                    errors.close()
+                    raise
+                self.procs.append((proc, errors))
         except BaseException:
             self.__exit__()
             raise
