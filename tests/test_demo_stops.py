@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.cli_harness import one_error_line, reap, run_jobspool, start_jobspool
 from tests.spools import make_spool
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -37,15 +37,6 @@ def _workers_of(root: Path) -> list[int]:
     return found
 
 
-def _wait_for(check: object, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if check():  # type: ignore[operator]
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_demo_stopped_by_sigterm_stops_its_workers_and_leaves_no_lease(tmp_path: Path) -> None:
     root = tmp_path / "spool"
     # Its own session: the signal reaches the demo alone, as `kill PID` or a service
@@ -53,7 +44,7 @@ def test_demo_stopped_by_sigterm_stops_its_workers_and_leaves_no_lease(tmp_path:
     demo = start_jobspool("--root", root, "demo", "--jobs", str(JOBS), "--workers", "2",
                           start_new_session=True)
     try:
-        assert _wait_for(lambda: len(_workers_of(root)) == 2, 120), "the workers never started"
+        wait_until(lambda: len(_workers_of(root)) == 2, 120, "the demo's two workers", proc=demo)
         demo.send_signal(signal.SIGTERM)
         demo.communicate(timeout=60)
     finally:
@@ -61,7 +52,7 @@ def test_demo_stopped_by_sigterm_stops_its_workers_and_leaves_no_lease(tmp_path:
     assert demo.returncode != 0
     # Stopped with SIGTERM, a worker gives its leases back and exits (in well under a
     # second here; the bound only guards against a hang), long before the spool is drained.
-    assert _wait_for(lambda: not _workers_of(root), 20), f"left running: {_workers_of(root)}"
+    wait_until(lambda: not _workers_of(root), 20, "the demo's workers to exit")
     with make_spool(root, create=False) as spool:
         stats = spool.stats()
         assert stats.counts["leased"] == 0

@@ -21,6 +21,7 @@ from jobspool.queue.signalhub import HURRY_EXIT_SECONDS
 from tests.cli_harness import reap, run_jobspool, start_jobspool
 from tests.lock_holder import holding_lock
 from tests.spools import make_spool
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -33,15 +34,6 @@ def _blocked_in_flock(pid: int) -> bool:
                 return True
         except OSError:
             continue
-    return False
-
-
-def _wait_until(check: object, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if check():  # type: ignore[operator]
-            return True
-        time.sleep(0.05)
     return False
 
 
@@ -58,7 +50,8 @@ def held_spool(tmp_path: Path) -> Iterator[Path]:
 def _blocked_worker(root: Path) -> subprocess.Popen[bytes]:
     worker = start_jobspool("--root", root, "worker", "--app", "tests.apps.simple:app")
     # The worker's run has begun and its claim waits in flock for the holder's lock.
-    assert _wait_until(lambda: _blocked_in_flock(worker.pid), 60), "never blocked on the lock"
+    wait_until(lambda: _blocked_in_flock(worker.pid), 60, "its claim to wait in flock",
+               proc=worker)
     time.sleep(0.5)  # its signal handlers are in place before its first claim; a margin
     return worker
 
@@ -104,7 +97,8 @@ def test_a_hurried_worker_not_blocked_still_releases_its_leases_and_exits_0(
     worker = start_jobspool("--root", root, "worker", "--app", "tests.apps.simple:app")
     try:
         with make_spool(root, create=False) as spool:
-            assert _wait_until(lambda: spool.stats().counts["leased"] == 1, 60)
+            wait_until(lambda: spool.stats().counts["leased"] == 1, 60, "the job leased",
+                       proc=worker)
         worker.send_signal(signal.SIGTERM)
         time.sleep(0.3)
         worker.send_signal(signal.SIGTERM)
