@@ -116,3 +116,20 @@ def test_a_command_interrupted_in_process_does_not_ignore_the_next_calls_sigterm
         done = subprocess.run([sys.executable, str(script), str(root)], capture_output=True,
                               text=True, timeout=100, cwd=tmp_path)
     assert done.stdout.split() == ["143", "143"], (done.stdout, done.stderr)
+
+
+def test_repeated_health_behind_a_held_lock_keeps_one_helper(root: Path) -> None:
+    # A dashboard asking every few seconds behind a lock held for hours: each question
+    # left a helper thread (and two descriptors) blocked until the holder let go.
+    import threading
+
+    from jobspool.queue import lockwait
+
+    with holding_lock(root), make_spool(root, create=False) as spool:
+        before = threading.active_count()
+        for _ in range(5):
+            assert not lockwait.free_within(spool.lock.path, root, 0.05)
+        assert threading.active_count() <= before + 1
+    # Once the holder is gone, the helper lets go and the next question is answered.
+    with make_spool(root, create=False) as spool:
+        assert lockwait.free_within(spool.lock.path, root, 60)

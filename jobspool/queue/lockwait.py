@@ -59,30 +59,45 @@ def blocking_flock(flock: Callable[[int, int], None], fd: int, op: int) -> None:
         timer.cancel()
 
 
+# One helper per lock at a time: behind a lock held for hours (a stopped process), a
+# dashboard or probe asking every few seconds would otherwise leave a thread and two
+# descriptors blocked per question. A question asked while one is out waits on that one.
+_asking: dict[tuple[str, str], threading.Event] = {}
+_asking_mutex = threading.Lock()
+
+
 def free_within(lock_path: Path, root: Path, seconds: float) -> bool:
     """Whether the spool lock (`lock_path`'s flock, then `root`'s) could be taken within
     `seconds`; taken by a helper thread on descriptors of its own and let go at once.
 
     False also when `lock_path` cannot be opened: the caller's own take then says why.
     The helper outlives a False answer, blocked until the holder lets go; it then lets go
-    itself and closes what it opened (a daemon: it never holds the process's exit).
+    itself and closes what it opened (a daemon: it never holds the process's exit). Until
+    then, later questions about the same lock wait on it rather than start another.
     """
-    got = threading.Event()
-
-    def take() -> None:
-        fds: list[int] = []
-        try:
-            fds.append(os.open(lock_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC))
-            fds.append(os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
-            for fd in fds:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            got.set()
-        except OSError:
-            got.set()  # not ours to judge: the caller's take reports it
-        finally:
-            for fd in fds:
-                with contextlib.suppress(OSError):
-                    os.close(fd)  # closing lets go of its flock
-
-    threading.Thread(target=take, name="jobspool-lock-probe", daemon=True).start()
+    key = (str(lock_path), str(root))
+    with _asking_mutex:
+        got = _asking.get(key)
+        if got is None:
+            got = _asking[key] = threading.Event()
+            threading.Thread(target=_take, args=(lock_path, root, key, got),
+                             name="jobspool-lock-probe", daemon=True).start()
     return got.wait(seconds)
+
+
+def _take(lock_path: Path, root: Path, key: tuple[str, str], got: threading.Event) -> None:
+    fds: list[int] = []
+    try:
+        fds.append(os.open(lock_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC))
+        fds.append(os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+        for fd in fds:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError:
+        pass  # not ours to judge: the caller's take reports it
+    finally:
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)  # closing lets go of its flock
+        with _asking_mutex:
+            _asking.pop(key, None)
+        got.set()
