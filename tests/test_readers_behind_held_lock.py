@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import orjson
@@ -133,3 +134,44 @@ def test_repeated_health_behind_a_held_lock_keeps_one_helper(root: Path) -> None
     # Once the holder is gone, the helper lets go and the next question is answered.
     with make_spool(root, create=False) as spool:
         assert lockwait.free_within(spool.lock.path, root, 60)
+
+
+def test_health_inside_the_callers_own_fenced_block_is_not_lock_held(root: Path) -> None:
+    # Found by a regression probe: the helper asked for the lock the caller itself held
+    # (re-entrant for it), and waited 5 s to answer "lock_held" on a healthy spool.
+    with make_spool(root, create=False) as spool:
+        lease = spool.claim(limit=1)[0]
+        with spool.fenced(lease):
+            assert "lock_held" not in spool.health().codes()
+
+
+def test_a_child_forked_while_health_waited_does_not_keep_the_lock(root: Path) -> None:
+    # Found by a regression probe: a child forked while health's helper waited (a
+    # multiprocessing pool) inherited its descriptors; once the parent's helper took the
+    # lock and closed its own, the child's copies kept it held: every writer hung for the
+    # child's life, and the child's own health said lock_held for ever.
+    read_end, write_end = os.pipe()
+    with make_spool(root, create=False) as spool:
+        with holding_lock(root):
+            assert spool.health().codes() == ["lock_held"]  # its helper still waits
+            child = os.fork()
+            if child == 0:  # the child: report its own health once the holder is gone
+                os.close(read_end)
+                try:
+                    time.sleep(1.0)
+                    codes = spool.health().codes()
+                    os.write(write_end, (",".join(codes) or "ok").encode())
+                    time.sleep(60)  # lives on, as a pool's worker does
+                finally:
+                    os._exit(0)
+        os.close(write_end)
+        try:
+            # The holder is gone: another process takes the lock while the child lives.
+            done = run_jobspool("--root", root, "enqueue", "k", "{}", timeout=60)
+            assert done.returncode == 0, done.stderr
+            assert "still waiting" not in done.stderr
+            assert os.read(read_end, 100).decode() != "lock_held"
+        finally:
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+            os.close(read_end)

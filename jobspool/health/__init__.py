@@ -149,7 +149,10 @@ def _lock_bounded(check: Callable[Concatenate[Spool, P], Health]
 
         lock = getattr(spool, "lock", None)
         path = getattr(lock, "path", None)
-        if path is None or lockwait.free_within(path, Path(spool.root), HEALTH_LOCK_WAIT):
+        # A caller holding the lock itself (inside its own fenced block) re-enters it: the
+        # check can run, and a helper asking for it would wait on the caller.
+        if path is None or getattr(lock, "held", False) \
+                or lockwait.free_within(path, Path(spool.root), HEALTH_LOCK_WAIT):
             return check(spool, *args, **kwargs)
         return Health(reasons=[Reason(
             "lock_held", f"the spool lock {path} has been held for over "

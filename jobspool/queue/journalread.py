@@ -131,8 +131,23 @@ class JournalReads:
             return UnreadableJob(f"job {job_id!r}: its file {where} cannot be read by this "
                                  "user (permission denied); read it as the spool's owner",
                                  path=str(path))
-        return UnreadableJob(f"job {job_id!r}: its file {where} cannot be read; run `jobspool "
-                             "recover` (it moves the file to quarantine/)", path=str(path))
+        why = self._why(where, job_id)
+        return UnreadableJob(f"job {job_id!r}: its file {where} cannot be read"
+                             + (f" ({why})" if why else "") + "; run `jobspool recover` (it "
+                             "moves the file to quarantine/)", path=str(path))
+
+    def _why(self, where: str, job_id: str) -> str | None:
+        """Why the file at `where` (`<state>/<id>.json`) does not decode as that job, read
+        again quietly: the error says it, as the warning of a skipped file does."""
+        state = JobState(where.partition("/")[0])
+        try:
+            decode_job(self.store.read(state.value, job_id + JOB_SUFFIX), expect_id=job_id,
+                       expect_state=state)
+        except CorruptJob as exc:
+            return exc.reason
+        except OSError as exc:
+            return exc.strerror or str(exc)
+        return None
 
     def locate(self, job_id: str) -> tuple[Job | None, list[JobState]]:
         """The newest copy of a job and the states holding stale copies (crash leftovers)."""

@@ -64,6 +64,25 @@ def blocking_flock(flock: Callable[[int, int], None], fd: int, op: int) -> None:
 # descriptors blocked per question. A question asked while one is out waits on that one.
 _asking: dict[tuple[str, str], threading.Event] = {}
 _asking_mutex = threading.Lock()
+_helper_fds: set[int] = set()  # descriptors a helper holds open now (under the mutex)
+
+
+def _after_fork_in_child() -> None:
+    """A child forked while a helper waited (a `multiprocessing` pool after a `health`)
+    inherits its descriptors, which kept the spool lock held once the parent's helper had
+    taken it and closed its own (flocks belong to the open file description): every
+    writer of the spool hung for the child's life. And the helper's event, which no thread
+    of the child would ever set: each `health` there answered `lock_held`."""
+    global _asking_mutex
+    _asking_mutex = threading.Lock()  # a helper may have held it at the fork
+    _asking.clear()
+    for fd in list(_helper_fds):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _helper_fds.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def free_within(lock_path: Path, root: Path, seconds: float) -> bool:
@@ -88,16 +107,21 @@ def free_within(lock_path: Path, root: Path, seconds: float) -> bool:
 def _take(lock_path: Path, root: Path, key: tuple[str, str], got: threading.Event) -> None:
     fds: list[int] = []
     try:
-        fds.append(os.open(lock_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC))
-        fds.append(os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+        for path, flags in ((lock_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC),
+                            (root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)):
+            with _asking_mutex:  # known before a fork can copy it
+                fd = os.open(path, flags)
+                fds.append(fd)
+                _helper_fds.add(fd)
         for fd in fds:
             fcntl.flock(fd, fcntl.LOCK_EX)
     except OSError:
         pass  # not ours to judge: the caller's take reports it
     finally:
-        for fd in fds:
-            with contextlib.suppress(OSError):
-                os.close(fd)  # closing lets go of its flock
         with _asking_mutex:
+            for fd in fds:
+                _helper_fds.discard(fd)
+                with contextlib.suppress(OSError):
+                    os.close(fd)  # closing lets go of its flock
             _asking.pop(key, None)
         got.set()
