@@ -306,3 +306,34 @@ def test_an_async_handler_that_swallows_its_cancellation_is_told_so_not_blamed_f
     assert "caught its cancellation and returned anyway" in swallowed.last_error
     assert "blocked the event loop" not in swallowed.last_error
     assert "having blocked the event loop" in blocked.last_error
+
+
+def test_a_sync_handler_that_began_as_the_loops_limit_passed_gets_its_own_limit() -> None:
+    # Seen in a CI run under load: the loop's limit for a quick sync job passed just as
+    # its thread began (the loop held up by another handler); judged at once it had not
+    # returned yet, and was dead-lettered as "abandoned, still running".
+    import threading
+
+    import anyio
+
+    from jobspool.queue.invoke import _StartGate
+
+    gate = _StartGate()
+    began = threading.Event()
+
+    def handler(job: Any, ctx: Any) -> str:
+        began.set()
+        time.sleep(0.2)  # well within its own limit of 2 s
+        return "ok"
+
+    class _Ctx:
+        job, job_id, in_thread, returned, spool = None, "j", False, False, None
+
+    thread = threading.Thread(target=gate.run, args=(handler, _Ctx()))
+    thread.start()
+    assert began.wait(60)
+    assert not gate.drop()  # it began: not given back
+    assert not gate.ended_within(2.0)  # judged now, it has not returned yet
+    anyio.run(gate.own_limit, 2.0)
+    thread.join()
+    assert gate.ended_within(2.0) and gate.result == "ok"

@@ -127,6 +127,7 @@ async def invoke(ctx: Context, fn: Callable[..., Any], *, is_async: bool,
                             extra={"job_id": ctx.job_id, "kind": kind, "token": ctx.token})
                 ctx.outcome = None
                 return
+            await gate.own_limit(timeout or 0.0)
             in_time = gate.ended_within(timeout or 0.0)
             if in_time:
                 if gate.error is not None:
@@ -292,7 +293,7 @@ class _StartGate:
             if self._dropped:
                 return None
             self._started = True
-        self._began = time.monotonic()
+            self._began = time.monotonic()  # with `_started`: `own_deadline` reads both
         ctx.in_thread = True
         if self._on_began is not None:
             try:
@@ -334,6 +335,18 @@ class _StartGate:
         with self._lock:
             if not self._ended:
                 call()
+
+    async def own_limit(self, timeout: float) -> None:
+        """Wait, if the handler began and has not ended, until it ends or its own limit
+        (`timeout` from its own start) passes. Its thread may have begun only as the loop's
+        limit passed (a loop held up, a loaded machine): judged at once, a handler that
+        returns at once was failed as "abandoned, still running" and dead-lettered."""
+        with self._lock:
+            if not self._started or self._ended:
+                return
+            deadline = self._began + timeout
+        while not self._ended and time.monotonic() < deadline:
+            await anyio.sleep(min(0.01, max(0.0, deadline - time.monotonic())))
 
     def ended_within(self, timeout: float) -> bool:
         """Whether the handler returned (or raised) within `timeout` of its own start."""
