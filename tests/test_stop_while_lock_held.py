@@ -62,8 +62,8 @@ def test_a_third_signal_ends_a_worker_blocked_on_the_spool_lock(held_spool: Path
         for sig in (signal.SIGTERM, signal.SIGTERM, signal.SIGINT):
             worker.send_signal(sig)
             time.sleep(0.3)
-        # Well under HURRY_EXIT_SECONDS: it is the third signal that ends it.
-        _, err = worker.communicate(timeout=HURRY_EXIT_SECONDS / 2)
+        # The bound only guards against a hang: the message below says which ended it.
+        _, err = worker.communicate(timeout=HURRY_EXIT_SECONDS + 60)
     finally:
         reap(worker)
     assert worker.returncode == 128 + signal.SIGINT
