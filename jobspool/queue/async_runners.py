@@ -76,12 +76,13 @@ class AsyncRunners:
                 self.scopes.add(scope)
                 try:
                     while self._queue:
-                        await self.slots.take()
+                        await self.slots.take(self._queue[0].seq)
                         try:
-                            first = True
-                            # Between jobs, a per-job run waiting for a slot takes ours.
-                            while self._queue and (first or not self.slots.contended()):
-                                first = False
+                            # Between jobs (and before the first: the slot may have come
+                            # while an earlier job began to wait), a run waiting for a
+                            # slot for an earlier job (in claim order) takes ours.
+                            while self._queue and not self.slots.contended(
+                                    before=self._queue[0].seq):
                                 current = self._queue.popleft()
                                 if current.unconfirmed():
                                     await anyio.to_thread.run_sync(current.confirm)

@@ -133,6 +133,7 @@ class Context:
         self.mark_kept = False  # still marked running after its run ended (`run_ended`)
         self.mark_cleared = False  # ... cleared by its thread as it returned (`run_returned`)
         self.start_in_thread = False  # its start is marked by its thread (`run_began`)
+        self.seq = 0  # its place in its run's claim order: who gets a handler slot first
         self.traceback: str | None = None  # the failed run's, kept on the job
         self.thread_ident: int | None = None  # a sync handler's thread, while it runs
         # Set by a sync handler's own thread (`invoke._StartGate`): its end is known off

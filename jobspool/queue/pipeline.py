@@ -116,6 +116,7 @@ class Pipeline(IdleWaits):
         self.crashed: WorkerCrashed | ProjectionUnusable | None = None
         self.next_claim_at = 0.0
         self.next_dead_check = 0.0
+        self._claim_seq = 0  # each claimed job's place in claim order (`Slots`)
         self._due_hint: Any = NO_HINT  # next_due_at, read beside the last empty claim
         self._strays: set[str] = set()  # given back for want of a handler: never claimed again
         self.idle = 0.01
@@ -379,6 +380,7 @@ class Pipeline(IdleWaits):
         awaited: list[Context] = []
         for lease in leases:
             ctx = Context(self.spool, lease, key_for=self.config.keys)
+            ctx.seq, self._claim_seq = self._claim_seq, self._claim_seq + 1  # claim order
             self.in_hand[ctx.job_id] = ctx
             if lease.job.rescues:
                 self.rescued_in_hand.add(ctx.job_id)
@@ -479,7 +481,7 @@ class Pipeline(IdleWaits):
                 self.scopes.add(scope)
                 try:
                     if ctx.job.rescues == 0:
-                        await self.slots.take()  # the common case, without a generator
+                        await self.slots.take(ctx.seq)  # the common case, no generator
                         try:
                             await self._call_unless_dropped(ctx)
                         finally:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import importlib
+import math
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -149,10 +150,16 @@ class Runners:
                 self.scopes.add(scope)
                 try:
                     more = True
-                    while more:  # between turns, a per-job run waiting for a slot takes it
-                        async with self.slots.limiter:
+                    while more:  # between turns, a run for an earlier job takes the slot
+                        # Taken as every other run takes one (`Slots.take`), saying for
+                        # which job: taken from the limiter directly, an async runner never
+                        # saw this one wait, and ran its whole queue of later jobs first.
+                        await self.slots.take(self._head())
+                        try:
                             more = await anyio.to_thread.run_sync(
                                 self._drain, run, limiter=self.threads, abandon_on_cancel=True)
+                        finally:
+                            self.slots.release()
                 finally:
                     self.scopes.discard(scope)
         finally:
@@ -178,11 +185,10 @@ class Runners:
 
     def _drain(self, run: _Run) -> bool:
         """In a worker thread: run queued jobs until none is left (False), the loop let go
-        (False), or a per-job run waits for a handler slot (True: give the slot up for a
-        turn). Without that turn a runner kept refilled by claims would hold its slot for
-        the whole backlog, and a job with a time limit or a rescued one would starve; the
-        per-job path takes slots first come, first served."""
-        first = True
+        (False), or a run for a job earlier in claim order waits for a handler slot (True:
+        give the slot up for a turn). Without that turn a runner kept refilled by claims
+        would hold its slot for the whole backlog, and a job with a time limit, a rescued
+        one or an async one would starve or run out of priority order."""
         while True:
             with self._lock:
                 if run.abandoned:
@@ -204,9 +210,8 @@ class Runners:
                     self._active -= 1
                     run.current = _DONE
                     return False
-                if not first and self.slots.contended():
-                    return True
-                first = False
+                if self.slots.contended(before=self._queue[0].seq):
+                    return True  # a run for an earlier job (in claim order) waits
                 ctx = run.current = self._queue.popleft()
             if ctx.unconfirmed():
                 ctx.confirm()
@@ -220,6 +225,11 @@ class Runners:
                 wake, self._post_pending = not self._post_pending, True
             if wake:
                 self.soon(self._collect)
+
+    def _head(self) -> float:
+        """The claim-order place of the next job queued here (none: after every job)."""
+        with self._lock:
+            return self._queue[0].seq if self._queue else math.inf
 
     def nudge(self) -> None:
         """Wake parked runners to look again (something waits for a slot, or a stop)."""
