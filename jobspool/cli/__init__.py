@@ -219,8 +219,10 @@ def _main(argv: Sequence[str] | None) -> int:
             # logs its death and replaces it: a line of its own was noise on the pool's
             # stderr at every stop.
             return 143
+        done = getattr(exc, "done", None)  # what a bulk command had done (`_bulk_move`)
         return _fail(f"interrupted by {'SIGTERM' if term else 'SIGINT'}; what was done "
-                     "before it stands", 143 if term else 130, as_json)
+                     "before it stands" + (f": {done}" if done else ""),
+                     143 if term else 130, as_json)
 
 
 def _rollback_noise(record: logging.LogRecord) -> bool:

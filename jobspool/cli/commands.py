@@ -276,7 +276,13 @@ def _bulk(args: argparse.Namespace) -> bool:
 
 def _bulk_move(args: argparse.Namespace, spool: Any, verb: str) -> None:
     method = spool.cancel_matching if verb == "canceled" else spool.requeue_matching
-    jobs = method(kind=args.kind, states=args.state, older_than=args.older_than)
+    try:
+        jobs = method(kind=args.kind, states=args.state, older_than=args.older_than)
+    except KeyboardInterrupt as exc:
+        done = getattr(exc, "moved", None)
+        if done is not None:
+            exc.done = f"{verb} {len(done)} job(s)"  # type: ignore[attr-defined]
+        raise
     _emit(args, {verb: [j.id for j in jobs], "count": len(jobs)},
           f"{verb} {len(jobs)} job(s)")
 

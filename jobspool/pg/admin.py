@@ -436,15 +436,21 @@ def apply_matching(spool: PgSpool, action: str, which: Match, decide: Callable[.
     spool.check_writable(action)
     moved: list[Job] = []
     seen: set[str] = set()
-    for _ in range(LISTING_PASSES):
-        ids = sorted({job.id for job in iter_jobs(spool, which.states, which.kind)} - seen)
-        if not ids:
-            break
-        seen.update(ids)
-        for job_id in ids:
-            wrote = _move_one(spool, action, job_id, which, decide)
-            if wrote is not None:
-                moved.append(wrote)
+    try:
+        for _ in range(LISTING_PASSES):
+            ids = sorted({job.id for job in iter_jobs(spool, which.states, which.kind)} - seen)
+            if not ids:
+                break
+            seen.update(ids)
+            for job_id in ids:
+                wrote = _move_one(spool, action, job_id, which, decide)
+                if wrote is not None:
+                    moved.append(wrote)
+    except KeyboardInterrupt as exc:
+        # As the file store says what stands (`queue/bulk.py`); a move whose commit was
+        # in flight as the signal came may have landed uncounted.
+        exc.moved = moved  # type: ignore[attr-defined]
+        raise
     return sorted(moved, key=lambda j: j.id)  # by id, as the file store lists them
 
 
