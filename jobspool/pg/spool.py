@@ -459,7 +459,7 @@ class PgSpool(PgWorkerSide, EnqueueForms):
         `starts_noted`: the caller (a Worker) runs rescued jobs alone and calls
         `note_running(started=True)` before each handler, so an expired lease of one
         whose start was never noted is given back uncounted (sql.py). `take_over=False`:
-        due jobs only, no read of every leased row (`Pipeline._take_over_now`)."""
+        due jobs only, no read of every leased row (`queue/takeover.py`)."""
         self.check_writable("claim")
         limit = validate_int("limit", limit, minimum=1)
         seconds = self.lease_seconds if lease_seconds is None else validate_seconds(

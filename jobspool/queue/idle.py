@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from jobspool.queue.report import Counters
     from jobspool.queue.runners import Runners
     from jobspool.queue.settle import Settler
+    from jobspool.queue.takeover import TakeOvers
 
 # No next-due time read beside the last claim (`_claim_or_due`).
 NO_HINT: Any = object()
@@ -60,6 +61,7 @@ class IdleWaits:
     counters: Counters
     _pokeless: bool
     _due_hint: Any
+    take_overs: TakeOvers
 
     def _poke(self) -> None:
         """On the loop: a stop or hurry was asked (end an idle sleep, start the grace)."""
@@ -102,6 +104,7 @@ class IdleWaits:
                 if hit:
                     self.next_claim_at = 0.0
                     self.idle = 0.01
+                    self.take_overs.arrival = True  # its claim need not look at leases
                     self.arrived.set()
         finally:
             watcher.close()

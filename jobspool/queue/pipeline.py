@@ -62,6 +62,7 @@ from jobspool.queue.runners import Runners, run_began, run_ended, run_returned, 
 from jobspool.queue.runtime import Monitor
 from jobspool.queue.settle import Settler
 from jobspool.queue.slots import Slots
+from jobspool.queue.takeover import TakeOvers
 from jobspool.queue.wholecall import whole, whole_in_thread
 
 if TYPE_CHECKING:
@@ -76,9 +77,6 @@ log = logging.getLogger("jobspool.queue.worker")
 
 # How long the first finished job of a group waits for its batch mates before settling.
 SETTLE_SECONDS = 0.05
-# While claims come back full, how often one also takes over expired leases (on a store
-# where that is a separate read of the leased rows: `_take_over_now`).
-TAKE_OVER_SECONDS = 1.0
 # On the way out, a settle refused (a full disk, an unreachable store) is tried again
 # after these pauses before what it held is released.
 _LAST_SETTLE_PAUSES = (0.2, 0.5, 1.0)
@@ -143,8 +141,7 @@ class Pipeline(IdleWaits):
         # a store that counts on that promise is told so (PgSpool.claim).
         self._claim_options: dict[str, Any] = (
             {"starts_noted": True} if getattr(spool, "notes_starts", False) else {})
-        self._lazy_take_over = bool(getattr(spool, "lazy_take_over", False))
-        self._next_take_over = 0.0  # monotonic; before it, full claims skip expired leases
+        self.take_overs = TakeOvers(bool(getattr(spool, "lazy_take_over", False)))
 
     # ------------------------------------------------------------ the loop
 
@@ -216,6 +213,8 @@ class Pipeline(IdleWaits):
                     self.idle = 0.01
                     self.looked_past_claim = False
                     continue
+                if self.take_overs.skipped and self.until_idle:
+                    continue  # no proof of idleness: claim again at once, looking
                 self.next_claim_at = time.monotonic() + self.idle
                 self.idle = min(self.poll_seconds, self.idle * 2)
                 if not self.until_idle:
@@ -346,15 +345,14 @@ class Pipeline(IdleWaits):
             self.spool.claim, kinds=self.config.kinds, limit=want, owner=self.config.owner,
             lease_seconds=self.config.lease_seconds,
             exclude=frozenset(self.in_hand) | self.settler.avoided() | self._strays,
-            **self._claim_options, **self._take_over_now())
+            **self._claim_options, **(looks := self.take_overs.options()))
         # Whole, whatever cancels this run (see `wholecall`): leases that landed while it
         # was cancelled are taken into hand, to be given back uncounted on the way out.
         leases, self._due_hint = await whole_in_thread(
             functools.partial(self._claim_or_due, claim),
             landed=lambda got: self._hold(got[0]))
         self.counters.dead_lettered += self.claim_dead_lettered
-        if len(leases) < want:
-            self._next_take_over = 0.0  # the due jobs ran short: the next claim looks too
+        self.take_overs.claimed(looks, short=len(leases) < want)
         claimed = leases
         settled_here: set[str] = set()  # dead-lettered by this claim's own follow-up
         try:
@@ -402,19 +400,6 @@ class Pipeline(IdleWaits):
             if lease.job_id not in self.in_hand:
                 self.in_hand[lease.job_id] = Context(self.spool, lease,
                                                      key_for=self.config.keys)
-
-    def _take_over_now(self) -> dict[str, bool]:
-        """Whether this claim takes over expired leases too, on a store where that costs a
-        read of every leased row (`lazy_take_over`): at most once a second while claims
-        come back full, and at once after one came back short (a drained or idle queue,
-        where an expired lease is all there may be to take)."""
-        if not self._lazy_take_over:
-            return {}
-        now = time.monotonic()
-        if now < self._next_take_over:
-            return {"take_over": False}
-        self._next_take_over = now + TAKE_OVER_SECONDS
-        return {"take_over": True}
 
     def _runs_async_queued(self, ctx: Context) -> bool:
         """Whether an async runner (`async_runners.py`) takes this job: an async handler,
