@@ -22,8 +22,8 @@ from jobspool.queue import bulk
 
 def _interrupt_at(monkeypatch: pytest.MonkeyPatch, spool_store: str, step: int) -> None:
     """SIGINT inside the `step`-th unit of work: a chunk's commit on the file store (the
-    signal is held to the chunk's end, so the chunk lands), before one job's move on
-    PostgreSQL (the move does not happen)."""
+    signal is held to the chunk's end, so the chunk lands), just after one job's move
+    committed on PostgreSQL (the move landed, and its call had not returned)."""
     calls = [0]
     if spool_store == "file":
         from jobspool.queue.journal import Journal
@@ -43,9 +43,10 @@ def _interrupt_at(monkeypatch: pytest.MonkeyPatch, spool_store: str, step: int) 
 
         def move(*args: Any, **kwargs: Any) -> Any:
             calls[0] += 1
+            got = real_move(*args, **kwargs)
             if calls[0] == step:
                 signal.raise_signal(signal.SIGINT)
-            return real_move(*args, **kwargs)
+            return got
 
         monkeypatch.setattr(admin, "_move_one", move)
 
@@ -63,13 +64,51 @@ def test_an_interrupted_bulk_cancel_says_how_many_it_canceled(
     captured = capsys.readouterr()
     with Spool(store_root) as spool:
         canceled = spool.stats().counts[JobState.CANCELED.value]
-    # File store: the chunk the signal came in landed, and none after it (3 chunks of 5);
-    # PostgreSQL: the two moves before the signal.
-    assert canceled == (15 if spool_store == "file" else 2)
-    said = f"canceled {canceled} job(s)"
+    # File store: the chunk the signal came in landed, and none after it (3 chunks of 5),
+    # all counted; PostgreSQL: three moves, the third in flight as the signal came, named.
+    if spool_store == "file":
+        assert canceled == 15
+        said = "canceled 15 job(s)"
+    else:
+        assert canceled == 3
+        with Spool(store_root) as spool:
+            third = sorted(j.id for j in spool.jobs(JobState.CANCELED))[-1]
+        said = (f"canceled 2 job(s); job {third} was in flight (`jobspool show {third}` "
+                "says where it is)")
     if as_json:
         doc = orjson.loads(captured.out)
         assert doc["exit"] == 130 and doc["error"].endswith(said), doc
     else:
         assert captured.err.strip() == ("jobspool: error: interrupted by SIGINT; what was "
                                         f"done before it stands: {said}")
+
+
+def test_a_bulk_cancel_cut_off_while_writing_its_output_says_what_it_did_on_stderr(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A signal while stdout is blocked (a slow reader's full pipe) after the work was done:
+    the line says the count, and no error document follows half of the output."""
+    root = tmp_path / "s"
+    with Spool(root) as spool:
+        spool.enqueue_many("ok", [{"i": i} for i in range(30)])
+
+    class Blocked:
+        def __init__(self) -> None:
+            self.written = ""
+
+        def write(self, text: str) -> int:
+            self.written += text[:40]  # part of it went out, then the signal came
+            raise KeyboardInterrupt
+
+        def flush(self) -> None:
+            pass
+
+    out = Blocked()
+    monkeypatch.setattr("sys.stdout", out)
+    assert main(["--root", str(root), "--json", "cancel", "--kind", "ok"]) == 130
+    assert '"canceled"' in out.written and "error" not in out.written
+    assert capsys.readouterr().err.strip() == (
+        "jobspool: error: interrupted by SIGINT; what was done before it stands: "
+        "canceled 30 job(s)")
+    with Spool(root) as spool:
+        assert spool.stats().counts[JobState.CANCELED.value] == 30

@@ -167,7 +167,10 @@ def _main(argv: Sequence[str] | None) -> int:
 
     # The same event is logged as a warning already; one line per bad file is enough.
     warnings.simplefilter("ignore", CorruptFileWarning)
-    logging.getLogger("psycopg").addFilter(_rollback_noise)  # once: the same object
+    # On each logger that logs it: a logger's filters see only its own records, not those
+    # of its children (psycopg.transaction's "... rollback of <Transaction ...>" went by).
+    for name in _ROLLBACK_LOGGERS:
+        logging.getLogger(name).addFilter(_rollback_noise)  # once: the same object
     # Before parsing (a refused command line still answers in JSON); argparse also takes
     # an unambiguous prefix (`--js`), which must count too.
     as_json = any(len(a) > 3 and "--json".startswith(a) for a in argv)
@@ -220,9 +223,14 @@ def _main(argv: Sequence[str] | None) -> int:
             # stderr at every stop.
             return 143
         done = getattr(exc, "done", None)  # what a bulk command had done (`_bulk_move`)
+        # Cut while writing its output (a slow reader's full pipe): a JSON error document
+        # after half of the output made stdout one invalid document; stderr says it all.
         return _fail(f"interrupted by {'SIGTERM' if term else 'SIGINT'}; what was done "
                      "before it stands" + (f": {done}" if done else ""),
-                     143 if term else 130, as_json)
+                     143 if term else 130, as_json and not getattr(exc, "output_cut", False))
+
+
+_ROLLBACK_LOGGERS = ("psycopg", "psycopg.transaction")
 
 
 def _rollback_noise(record: logging.LogRecord) -> bool:

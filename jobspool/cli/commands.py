@@ -276,15 +276,19 @@ def _bulk(args: argparse.Namespace) -> bool:
 
 def _bulk_move(args: argparse.Namespace, spool: Any, verb: str) -> None:
     method = spool.cancel_matching if verb == "canceled" else spool.requeue_matching
+    jobs = None
     try:
         jobs = method(kind=args.kind, states=args.state, older_than=args.older_than)
+        _emit(args, {verb: [j.id for j in jobs], "count": len(jobs)},
+              f"{verb} {len(jobs)} job(s)")
     except KeyboardInterrupt as exc:
-        done = getattr(exc, "moved", None)
+        done = jobs if jobs is not None else getattr(exc, "moved", None)
         if done is not None:
-            exc.done = f"{verb} {len(done)} job(s)"  # type: ignore[attr-defined]
+            in_flight = getattr(exc, "in_flight", None)
+            exc.done = (f"{verb} {len(done)} job(s)"  # type: ignore[attr-defined]
+                        + (f"; job {in_flight} was in flight (`jobspool show {in_flight}` "
+                           "says where it is)" if in_flight and jobs is None else ""))
         raise
-    _emit(args, {verb: [j.id for j in jobs], "count": len(jobs)},
-          f"{verb} {len(jobs)} job(s)")
 
 
 def _show_text(job: Any, progress: Any = None) -> str:

@@ -50,6 +50,9 @@ def _emit(args: argparse.Namespace, doc: Any, text: str | Callable[[], str]) -> 
         sys.stdout.flush()
     except BrokenPipeError:
         raise
+    except KeyboardInterrupt as exc:  # SIGINT/SIGTERM while stdout blocked: output cut
+        exc.output_cut = True  # type: ignore[attr-defined]
+        raise
     except OSError as exc:
         # stdout itself (`> /dev/full`): not the spool's disk, which the generic OSError
         # hint would blame, sending the user to `jobspool recover`.
