@@ -213,7 +213,7 @@ class Pipeline(IdleWaits):
                     self.idle = 0.01
                     self.looked_past_claim = False
                     continue
-                if self.take_overs.skipped and self.until_idle:
+                if self.take_overs.skipped:
                     continue  # no proof of idleness: claim again at once, looking
                 self.next_claim_at = time.monotonic() + self.idle
                 self.idle = min(self.poll_seconds, self.idle * 2)
