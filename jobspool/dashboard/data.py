@@ -28,6 +28,7 @@ from jobspool.queue.states import ALL_STATES, CANCELABLE, REQUEUEABLE, TERMINAL,
 if TYPE_CHECKING:
     from jobspool.queue.job import Job
     from jobspool.queue.spool import Spool
+    from jobspool.queue.stats import Stats
 
 log = logging.getLogger("jobspool.dashboard")
 
@@ -175,6 +176,7 @@ class Overview:
         self.spool = spool
         self.max_due_age = max_due_age
         self._kinds = _KindCache()
+        self._last_stats: Stats | None = None  # shown while the spool lock is held
 
     def by_kind(self) -> dict[str, dict[str, int]] | None:
         """Per-kind counts, from a pass in the background while requests get the last
@@ -220,14 +222,25 @@ class Overview:
                 cache.passed.set()
 
     def snapshot(self, throughput: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Everything the overview page shows, as JSON-able data."""
+        """Everything the overview page shows, as JSON-able data.
+
+        Health first: it answers `lock_held` within its bound when another process holds
+        the file spool's lock, and the counts (which wait for the lock) are then the last
+        ones read, `counts_as_of` saying when. Counted first, the overview hung for as long
+        as the lock was held (50 s behind a 50 s hold), just when the operator needed it,
+        and never showed `lock_held`."""
         spool = self.spool
-        stats = spool.stats()
         health = spool.health(max_due_age=self.max_due_age)  # each store its own checks
+        held = any(r.code == "lock_held" for r in health.reasons)
+        stats = self._last_stats if held else None
+        if stats is None:  # (held since this dashboard began: it waits, as it did)
+            stats = self._last_stats = spool.stats()
+        now = spool.now() if held else stats.now
         kinds = self.by_kind()
         return {
             "root": str(getattr(spool, "display", spool.root)),
-            "now": stats.now,
+            "now": now,
+            "counts_as_of": stats.now,  # earlier than `now` while the lock is held
             "counts": dict(stats.counts),
             "total": stats.total,
             "due": stats.due,
@@ -240,7 +253,7 @@ class Overview:
             "by_kind_pending": kinds is None,  # the first count is still running
             "health": {"status": health.status,
                        "reasons": [r.to_dict() for r in health.reasons]},
-            "workers": live_workers(spool, stats.now),
+            "workers": live_workers(spool, now),
             "throughput": throughput or {},
         }
 

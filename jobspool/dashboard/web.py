@@ -50,7 +50,8 @@ class Dashboard:
         big spool one computation took seconds, and each request of several tabs made its
         own: they piled up (six at once took 13 s each) and memory grew with them. A
         result stays fresh as long as it took to compute, so a slow spool is not read back
-        to back."""
+        to back — up to `FRESH_AT_MOST`: one that took 50 s (waiting for a held spool lock)
+        was served, frozen, for the next 50 s."""
         cached = self._cached
         if cached is not None and time.monotonic() < cached[0]:
             return cached[1]
@@ -62,7 +63,7 @@ class Dashboard:
             doc = self.overview.snapshot(self.throughput.series())
             doc["read_only"] = self.read_only
             took = time.monotonic() - began
-            self._cached = (time.monotonic() + max(1.0, took), doc)
+            self._cached = (time.monotonic() + min(max(1.0, took), FRESH_AT_MOST), doc)
             return doc
 
     def render(self, request: Request, template: str, status: int = 200,
@@ -83,6 +84,10 @@ class Dashboard:
         if notice:
             response.delete_cookie(NOTICE_COOKIE, path="/")
         return response
+
+
+# The longest an overview document is served again without being recomputed (seconds).
+FRESH_AT_MOST = 10.0
 
 
 def json_response(doc: Any, status: int = 200) -> Response:
