@@ -170,9 +170,9 @@ def run_demo(*, root: str | None, jobs: int, workers: int, as_json: bool,
         dead = list(spool.jobs(state="dead_letter"))
         flaky = [j for j in spool.jobs(state="completed") if j.attempts > 1]
         from jobspool.projection.lance import LanceProjection
-        from jobspool.queue.layout import default_projection_uri
+        from jobspool.queue.layout import default_projection_of
 
-        uri = default_projection_uri(spool.root)
+        uri = default_projection_of(spool)
         table = LanceProjection(uri, TABLE)
         rows = table.count()
         long_docs = table.count("words > 100")

@@ -17,12 +17,12 @@ def _app_projection(args: argparse.Namespace, spool: Any) -> tuple[str, Any, Any
     `ProjectionStore` or a LanceDB connection is used as such: its `str()` was taken for a
     path ("no tables", exit 0), and an app's `keys` were left out (no key index built)."""
     from jobspool.projection.lance import ProjectionStore, uri_of
-    from jobspool.queue.layout import default_projection_uri
+    from jobspool.queue.layout import default_projection_of
 
     app = _load_app(getattr(args, "app", None))
     given = app.projection if app and app.projection else None
     if args.projection or given is None:
-        return str(args.projection or default_projection_uri(spool.root)), None, app
+        return str(args.projection or default_projection_of(spool)), None, app
     if isinstance(given, str | os.PathLike):
         return os.fspath(given), None, app
     uri = uri_of(given)

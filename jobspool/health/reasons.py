@@ -74,7 +74,7 @@ def plural(n: int, word: str) -> str:
 
 def default_projection(spool: Spool) -> str | None:
     """`<root>/index` when that directory exists (where a worker projects by default)."""
-    from jobspool.queue.layout import default_projection_uri
+    from jobspool.queue.layout import default_projection_of
 
-    path = default_projection_uri(spool.root)
+    path = default_projection_of(spool)
     return path if os.path.isdir(path) else None

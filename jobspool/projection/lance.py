@@ -79,7 +79,7 @@ from jobspool.projection.schema import (
     primary_key_of,
     table_schema,
 )
-from jobspool.projection.tableread import LiveReads, sql_string, strip_hidden
+from jobspool.projection.tableread import LiveReads, sql_name, sql_string, strip_hidden
 
 log = logging.getLogger("jobspool.projection")
 
@@ -138,7 +138,8 @@ def _stored_fences(tbl: Any, key: str, writes: Sequence[PendingWrite]
     keys = sorted({r[key] for w in writes for r in w.rows if isinstance(r.get(key), str)})
     if not keys:
         return {}
-    found = tbl.search().where(f"{key} IN ({', '.join(sql_string(k) for k in keys)})").select(
+    names = ", ".join(sql_string(k) for k in keys)
+    found = tbl.search().where(f"{sql_name(key)} IN ({names})").select(
         [key, VERSION_COLUMN, FENCE_COLUMN]).limit(4 * len(keys) + 16).to_arrow().to_pylist()
     out: dict[str, tuple[float, int]] = {}
     for row in found:

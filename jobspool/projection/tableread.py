@@ -29,6 +29,13 @@ def sql_string(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
+def sql_name(column: str) -> str:
+    """A column name as a LanceDB filter takes it whatever it is: bare, a key named `null`
+    matched nothing (`get` said no row), `true` failed every upsert with a planner error,
+    and `Path` was read as `path`. Key names hold no backtick (`keying.py`)."""
+    return "`" + column + "`"
+
+
 def strip_hidden(tbl: pa.Table) -> pa.Table:
     hidden = [c for c in HIDDEN_COLUMNS if c in tbl.column_names]
     return _user_columns_first(tbl.drop_columns(hidden) if hidden else tbl)
@@ -77,7 +84,7 @@ class LiveReads:
         if tbl is None:
             return None
         with self._reading():
-            found = tbl.search().where(f"{self.key} = {sql_string(key)} AND {LIVE_FILTER}"
+            found = tbl.search().where(f"{sql_name(self.key)} = {sql_string(key)} AND {LIVE_FILTER}"
                                        ).limit(1).to_arrow()
         rows = strip_hidden(found).to_pylist()
         return rows[0] if rows else None

@@ -51,6 +51,23 @@ def default_projection_uri(root: os.PathLike[str] | str) -> str:
     return str(Path(root) / INDEX_DIR)
 
 
+def default_projection_of(spool: Any) -> str:
+    """Where a worker on `spool` projects by default: `<root>/index`, unless this machine
+    has another directory for the same database (a store naming its directory by URL,
+    reached by another spelling of it: `?application_name=`, `localhost`, `postgres://`)
+    that holds the index already. Per spelling, each worker wrote an index of its own, and
+    each held only the rows of the runs that named the database its way."""
+    own = default_projection_uri(spool.root)
+    siblings = getattr(spool, "sibling_local_dirs", None)
+    if siblings is None or os.path.isdir(own):
+        return own
+    for directory in siblings():
+        there = default_projection_uri(directory)
+        if os.path.isdir(there):
+            return there
+    return own
+
+
 def projection_inside_spool(root: os.PathLike[str] | str, uri: str) -> str | None:
     """Why a local projection `uri` may not live where it is, or None: inside one of the
     spool's own directories (or the spool itself) its files would be read as jobs, or

@@ -42,7 +42,7 @@ from jobspool.queue.context import Context as Context
 from jobspool.queue.idle import MIN_POLL_SECONDS
 from jobspool.queue.interrupts import stop_signals
 from jobspool.queue.job import validate_int, validate_seconds
-from jobspool.queue.layout import default_projection_uri, projection_inside_spool
+from jobspool.queue.layout import default_projection_of, projection_inside_spool
 from jobspool.queue.pipeline import Pipeline
 from jobspool.queue.report import Counters, FinishedRun
 from jobspool.queue.report import RunReport as RunReport
@@ -133,7 +133,7 @@ class Worker:
             if inside is not None:
                 raise ConfigError(inside)
 
-        self.sink = LanceSink(projection, default_uri=default_projection_uri(spool.root),
+        self.sink = LanceSink(projection, default_uri=default_projection_of(spool),
                               keys=self.config.keys,
                               storage_options=options,
                               maintenance=maintenance, min_live_token=spool.min_live_token)
