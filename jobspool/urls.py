@@ -66,7 +66,12 @@ def scrub_password(text: str, url: str) -> str:
     a password holding an unencoded '@' ends up in the host it names."""
     secrets: set[str] = set()
     patterns = (_ALL_SECRET_TO_LAST_AT if stray_at(url) else _USERINFO_SECRET,
-                _QUERY_SECRET, _KEYWORD_SECRET)
+                _QUERY_SECRET)
+    if "://" not in url:
+        # The keyword form's `password=...` runs to a space; in a URL's query it took every
+        # parameter after the password for a piece of it, and the database, role or host
+        # an error named was shown as "***".
+        patterns += (_KEYWORD_SECRET,)
     for pattern in patterns:
         for found in pattern.findall(url):
             secret = found.strip("'")

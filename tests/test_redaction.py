@@ -195,3 +195,22 @@ def test_an_at_in_a_query_value_is_libpqs_to_read(url: str) -> None:
     # Refused as a misplaced password: libpq reads these (a regression probe).
     r = run_cli("stats", root=url)
     assert r.code == 2 and "cannot connect" in r.err and "percent-encode" not in r.err, r.err
+
+
+@pytest.mark.parametrize(("url", "message", "kept"), [
+    ("postgresql://u@h:1/postgres?password=x&dbname=orders_db",
+     'FATAL: database "orders_db" does not exist', "orders_db"),
+    ("postgresql://u@h:1/postgres?password=x&user=nosuchrole",
+     'FATAL: role "nosuchrole" does not exist', "nosuchrole"),
+    ("postgresql://u@h:1/postgres?password=s3cretpw&host=dbhost.example",
+     'connection to server at "dbhost.example", port 1 failed', "dbhost.example"),
+])
+def test_a_query_password_hides_itself_not_the_parameters_after_it(
+        url: str, message: str, kept: str) -> None:
+    # The keyword form's pattern (`password=...` up to a space) took the rest of the
+    # query for the password: the database, role or host the error was about showed "***".
+    said = scrub_password(message, url)
+    assert kept in said, said
+    secret = url.split("password=")[1].split("&")[0]
+    shown = scrub_password(f"{message}; password={secret} given", url)
+    assert f"password={secret}" not in shown and "password=***" in shown, shown

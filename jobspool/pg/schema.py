@@ -189,7 +189,12 @@ def schema_problem(conn: psycopg.Connection[Any]) -> str | None:
     if row is None or row[0] is not None:
         return None
     role, path = row[1], row[2]
-    given = (path.split(",")[0].strip() if path else "") or "public"
+    if not (path or "").strip():
+        # Taken for the default path, it blamed permissions on public ("grant it"), to a
+        # superuser.
+        return ("the search_path is empty, so it names no schema to work in; name one "
+                "(?options=-csearch_path%3Dmyschema), or leave the search_path out")
+    given = path.split(",")[0].strip() or "public"
     # As PostgreSQL reads it: a quoted name as written, any other folded to lower case.
     first = given[1:-1].replace('""', '"') if given.startswith('"') else given.lower()
     if first == "$user":
