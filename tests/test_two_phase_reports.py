@@ -14,6 +14,8 @@ found the PostgreSQL store disagreeing with the file spool):
 
 from __future__ import annotations
 
+import dataclasses
+
 import time
 from pathlib import Path
 
@@ -105,7 +107,7 @@ def test_a_late_abort_cancels_the_job_recovery_gave_up_on(store_root: str | Path
         assert spool.get("o7").state is JobState.DEAD_LETTER
         assert spool.abort(first) is None  # another producer still holds it
         assert spool.get("o7").state is JobState.DEAD_LETTER
-        with pytest.raises(InvalidTransition, match="reservation released"):
+        with pytest.raises(InvalidTransition, match="released by an abort"):
             spool.commit(first)  # its producer aborted: it cannot publish the job now
         canceled = spool.abort(second)  # ...and rolled its change back too
         assert canceled is not None and canceled.state is JobState.CANCELED
@@ -143,3 +145,15 @@ def test_a_producer_joining_a_job_recovery_gave_up_on_can_commit_or_abort_it(
         assert published.state is JobState.READY
         assert published.reservations == ()
         assert spool.commit(slow).state is JobState.READY  # idempotent once published
+
+
+def test_a_commit_of_a_reservation_never_held_names_it(store_root: str | Path) -> None:
+    # "in state 'prepared (reservation released)'": the holder of a mixed-up reservation
+    # went looking for an abort nobody made.
+    with make_spool(store_root) as spool:
+        held = spool.prepare("charge", {"order": 8}, job_id="o8")
+        with pytest.raises(InvalidTransition, match="holds no reservation 'zzz'") as err:
+            spool.commit(dataclasses.replace(held, reservation_id="zzz"))
+        assert err.value.job_id == "o8"
+        assert spool.get("o8").state is JobState.PREPARED  # nothing changed
+        assert spool.commit(held).state is JobState.READY

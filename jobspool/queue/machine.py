@@ -403,17 +403,27 @@ def commit_reserved(job: Job, reservation_id: str, *, now: float) -> Job:
     (`InvalidTransition`); any other returned as it is (a commit is idempotent)."""
     if job.state is JobState.PREPARED:
         if reservation_id not in job.reservations:
-            raise InvalidTransition(job.id, "prepared (reservation released)", "commit")
+            raise _not_held(job, reservation_id)
         return commit(job, now=now)
     if job.state is JobState.CANCELED:
         raise InvalidTransition(job.id, job.state.value, "commit")
     if job.state is JobState.DEAD_LETTER and _replay_gave_up(job):
         if job.reservations and reservation_id not in job.reservations:
             # Its producer aborted it since (a dead letter of an older release holds none).
-            raise InvalidTransition(job.id, "dead_letter (reservation released)", "commit")
+            raise _not_held(job, reservation_id)
         dst = JobState.RETRYABLE if job.run_at > now else JobState.READY
         return _move(job, "commit", dst, now, attempts=0, last_error=None, reservations=())
     return job
+
+
+def _not_held(job: Job, reservation_id: str) -> InvalidTransition:
+    """A commit with a reservation the job does not hold. The job cannot tell an aborted
+    one from one never its own (a forged or mixed-up `Reservation`): "in state 'prepared
+    (reservation released)'" sent the holder of an unknown one looking for an abort."""
+    return InvalidTransition(
+        job.id, f"{job.state.value} (reservation released)", "commit",
+        f"cannot commit job {job.id!r}: it holds no reservation {reservation_id!r:.80} "
+        "(released by an abort, or never one of this job's)")
 
 
 def _check_reservation_fits(job: Job, max_bytes: int) -> None:
