@@ -15,7 +15,6 @@ found the PostgreSQL store disagreeing with the file spool):
 from __future__ import annotations
 
 import dataclasses
-
 import time
 from pathlib import Path
 
