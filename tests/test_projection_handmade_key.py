@@ -75,7 +75,8 @@ def test_a_hand_made_table_keyed_on_a_nullable_column_gets_its_key(tmp_path: Pat
 @pytest.mark.parametrize(("ids", "says"), [(["a", "a"], "held more than once"),
                                           (["a", None], "without a key")])
 def test_a_hand_made_table_that_cannot_be_keyed_waits_uncounted(
-        tmp_path: Path, ids: list[str | None], says: str) -> None:
+        tmp_path: Path, ids: list[str | None], says: str,
+        caplog: pytest.LogCaptureFixture) -> None:
     uri = str(tmp_path / "proj")
     lancedb.connect(uri).create_table("kv", data=[
         {"id": key, "val": n, "version": float(n), "fence": 0, "_deleted": False,
@@ -89,3 +90,7 @@ def test_a_hand_made_table_that_cannot_be_keyed_waits_uncounted(
         assert job is not None and (job.state, job.attempts) == (JobState.RETRYABLE, 0)
         assert says in (job.last_error or "")
     assert lancedb.connect(uri).open_table("kv").count_rows() == 2
+    # The log gives the remedy that works: it sent the operator to `jobspool maintain`,
+    # which said the table was fine.
+    said = [r.getMessage() for r in caplog.records if "could not be written" in r.getMessage()]
+    assert said and all("maintain" not in m and "by hand" in m for m in said), said

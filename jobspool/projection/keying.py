@@ -49,6 +49,15 @@ def creating(uri: str | None, name: str) -> Iterator[None]:
         lock.release()
 
 
+class UnkeyableTable(OSError):
+    """A table made without jobspool holding a key twice, or a row without one: a storage
+    fault (its jobs wait uncounted) that says its own remedy (`remedy`): the worker's
+    generic advice sent the operator to `jobspool maintain`, which said the table was
+    fine."""
+
+    remedy = "remove those rows by hand, then its writes resume"
+
+
 def key_table(tbl: Any, name: str, key: str) -> None:
     """A table made without jobspool (by hand, another tool) given its unenforced
     primary key before its first fenced merge: without it LanceDB cannot tell two
@@ -65,9 +74,9 @@ def key_table(tbl: Any, name: str, key: str) -> None:
     elif (extra := len(keys) - len(pc.unique(keys))) > 0:
         problem = f"{extra} key(s) held more than once"
     if problem is not None:
-        raise OSError(errno.EIO, f"projection table {name!r} (made without jobspool?) "
-                      f"has {problem}: fenced writes need each key once; remove those "
-                      "rows by hand, then its writes resume")
+        raise UnkeyableTable(errno.EIO, f"projection table {name!r} (made without "
+                             f"jobspool?) has {problem}: fenced writes need each key once; "
+                             f"{UnkeyableTable.remedy}")
     try:
         if tbl.schema.field(key).nullable:
             tbl.alter_columns({"path": key, "nullable": False})

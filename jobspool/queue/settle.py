@@ -261,12 +261,14 @@ class Settler:
         error = one_line(f"{type(exc).__name__}: {exc}")
         if self.storage_faults == 1 or now - self._outage_logged_at >= DEFER_MAX_SECONDS:
             self._outage_logged_at = now
+            # A fault that knows its remedy (`keying.UnkeyableTable`) says it alone.
+            remedy = getattr(exc, "remedy", None) or (
+                "fix its storage (space, permissions; a damaged table, which `jobspool "
+                "maintain` names: restore it from a backup)")
             log.error("the projection could not be written, for its storage (%s): %d jobs "
                       "given back uncounted, due again in %g s (no claim meanwhile; the "
-                      "delay grows with the outage, to a minute); fix its storage (space, "
-                      "permissions; a damaged table, which `jobspool maintain` names: restore "
-                      "it from a backup), nothing is lost meanwhile",
-                      error, len(runs), delay)
+                      "delay grows with the outage, to a minute); %s, nothing is lost "
+                      "meanwhile", error, len(runs), delay, remedy)
         else:
             log.debug("the projection's storage still fails: %d jobs given back, due again "
                       "in %g s", len(runs), delay)
