@@ -65,8 +65,8 @@ def scrub_password(text: str, url: str) -> str:
     psycopg quotes what it could not parse (`invalid percent-encoded token: "s3cr%t"`) and
     a password holding an unencoded '@' ends up in the host it names."""
     secrets: set[str] = set()
-    patterns = (_ALL_SECRET_TO_LAST_AT if stray_at(url) else _USERINFO_SECRET,
-                _QUERY_SECRET)
+    patterns: tuple[re.Pattern[str], ...] = (
+        _ALL_SECRET_TO_LAST_AT if stray_at(url) else _USERINFO_SECRET, _QUERY_SECRET)
     if "://" not in url:
         # The keyword form's `password=...` runs to a space; in a URL's query it took every
         # parameter after the password for a piece of it, and the database, role or host
