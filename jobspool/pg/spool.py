@@ -565,7 +565,7 @@ class PgSpool(PgWorkerSide, EnqueueForms):
     # ------------------------------------------------------------ administration
 
     def stats(self, *, by_kind: bool = False) -> Stats:
-        return admin.stats(self, by_kind=by_kind)
+        return admin.stats(self, by_kind=check_flag("by_kind", by_kind))
 
     def recover(self, replay: ReplayHooks | None = None) -> RecoveryReport:
         """Reclaim expired leases, replay prepared jobs past the grace period, prune."""

@@ -49,7 +49,6 @@ from jobspool.errors import (
     ProjectionUnusable,
     StoreUnavailable,
     TimeLimitExceeded,
-    WorkerCrashed,
     WriteFailed,
 )
 from jobspool.queue.async_runners import AsyncRunners
@@ -111,7 +110,9 @@ class Pipeline(IdleWaits):
         self.slots = Slots(config.concurrency)
         self.threads = anyio.CapacityLimiter(config.concurrency)
         self.scopes: set[anyio.CancelScope] = set()
-        self.crashed: WorkerCrashed | ProjectionUnusable | None = None
+        # What ends the run, raised once it has given back its leases: a verdict of its own
+        # (`WorkerCrashed`, `ProjectionUnusable`) or the caller's `progress` raising.
+        self.crashed: Exception | None = None
         self.next_claim_at = 0.0
         self.next_dead_check = 0.0
         self._claim_seq = 0  # each claimed job's place in claim order (`Slots`)
@@ -436,7 +437,7 @@ class Pipeline(IdleWaits):
         self._stop_with(gave_up)
         return False
 
-    def _stop_with(self, verdict: WorkerCrashed | ProjectionUnusable) -> None:
+    def _stop_with(self, verdict: Exception) -> None:
         """Stop this run: it gives back its leases and raises `verdict`."""
         self.crashed = verdict
         self.life.stop()
@@ -444,8 +445,13 @@ class Pipeline(IdleWaits):
             scope.cancel()
 
     def _report_progress(self) -> None:
-        if self.progress is not None:
-            self.progress(self.counters.freeze())
+        if self.progress is not None and self.crashed is None:
+            try:
+                self.progress(self.counters.freeze())
+            except Exception as exc:
+                # Raised here, it came out of the run's task group in an ExceptionGroup
+                # (`except ValueError` missed it) with the run's leases left to its way out.
+                self._stop_with(exc)
         self.life.publish(self.counters)
 
     # ------------------------------------------------------------ running handlers

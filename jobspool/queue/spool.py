@@ -499,7 +499,7 @@ class Spool(WorkerSide, EnqueueForms):
 
     def stats(self, *, by_kind: bool = False) -> Stats:
         """Counts per state, the age of the oldest due job, the fence, quarantine size."""
-        return collect_stats(self.journal, by_kind=by_kind)
+        return collect_stats(self.journal, by_kind=check_flag("by_kind", by_kind))
 
     def wait(self, job_id: str, timeout: float | None = None, *,
              poll_seconds: float = 0.05) -> Job:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.to_thread
 
-from jobspool.errors import ConfigError, InvalidJob, JobspoolError, RunningLoopError
+from jobspool.errors import ConfigError, InvalidJob, InvalidType, JobspoolError, RunningLoopError
 from jobspool.errors import WorkerCrashed as WorkerCrashed
 from jobspool.policy import Policy
 from jobspool.queue import signalhub
@@ -264,6 +264,7 @@ class Worker:
         way they stop `run_forever`: no new claims, running handlers get
         `grace_seconds`, the rest are released, and it returns normally.
         """
+        _check_run_options(progress, handle_signals)
         # Before any task group, so a refused endpoint is raised as itself (not in a group).
         await anyio.to_thread.run_sync(self.sink.before_claims, self.spool)
         if handle_signals and threading.current_thread() is threading.main_thread():
@@ -349,6 +350,7 @@ class Worker:
         started go back uncounted. A second signal (or `hurry()`) cuts off
         every run at once.
         """
+        _check_run_options(progress, handle_signals)
         poll_seconds = validate_seconds("poll_seconds", poll_seconds, positive=True)
         if poll_seconds < MIN_POLL_SECONDS:
             raise InvalidJob(f"poll_seconds must be at least {MIN_POLL_SECONDS:g} (a safety "
@@ -562,6 +564,16 @@ class Worker:
         """The projection this worker writes through (opened on first use: lancedb is slow
         to import)."""
         return self.sink.store()
+
+
+def _check_run_options(progress: object, handle_signals: object) -> None:
+    """A run's options checked before it claims: `progress=5` ran every job, then raised
+    "'int' object is not callable" in an ExceptionGroup; `handle_signals="no"` (truthy)
+    took over SIGTERM."""
+    check_flag("handle_signals", handle_signals)
+    if progress is not None and not callable(progress):
+        raise InvalidType(f"progress must be a callable taking the run's report, or None; "
+                          f"got {progress!r:.80}", field="progress")
 
 
 def _in_event_loop() -> bool:
