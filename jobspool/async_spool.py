@@ -95,8 +95,13 @@ class AsyncSpool:
         The call runs on another thread: on the file spool it waited for the spool lock
         the block holds, for ever (a handler's time limit cannot end it, `wholecall`); on
         PostgreSQL it ran outside the block's transaction, unfenced (a lock-order probe)."""
-        from jobspool.queue.context import open_fenced_block
+        from jobspool.queue.context import block_of_another_task, open_fenced_block
 
+        if block_of_another_task():
+            # Another handler's block is open on this loop's thread (it awaited inside it):
+            # this call is not inside it, and waits in its thread for the block to end. It
+            # was refused as "awaited inside the fenced block", from a task with none.
+            return
         job_id = open_fenced_block()
         journal = getattr(self.spool, "journal", None)  # the file spool's
         db = getattr(self.spool, "db", None)  # PostgreSQL's

@@ -122,6 +122,21 @@ class LeaseLost(JobspoolError):
         self.reason = reason
 
 
+class FencedBlockBusy(JobspoolError, RuntimeError):
+    """Raised by `ctx.fenced()` in an async handler while another async handler's fenced
+    block is open on the same event loop's thread: that handler awaited inside its block
+    (which it must not), and this block cannot wait for it there without stopping the
+    loop. The worker gives this run back uncounted (it runs again once the block is over)
+    and fails the handler that awaited inside its block."""
+
+    def __init__(self, job_id: str, open_for: str) -> None:
+        super().__init__(f"ctx.fenced() for job {job_id!r}: the fenced block of job "
+                         f"{open_for!r} is open on this event loop's thread (its handler "
+                         "awaited inside it); this run is given back, to run again after it")
+        self.job_id = job_id
+        self.open_for = open_for
+
+
 class HoldCut(JobspoolError):
     """Raised when a thread steps on inside a fenced block its worker ended: the handler ran
     past its time limit and was abandoned (a sync thread cannot be stopped), so nothing more
@@ -304,6 +319,7 @@ __all__ = [
     "ConfigError",
     "CorruptFileWarning",
     "DuplicateJob",
+    "FencedBlockBusy",
     "HoldCut",
     "InvalidJob",
     "InvalidRoot",

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from jobspool.errors import JobspoolError, LeaseLost
+from jobspool.errors import FencedBlockBusy, JobspoolError, LeaseLost
 from jobspool.queue import fencedmark
 from jobspool.queue.job import Job, Lease, evolve
 from jobspool.queue.jobprogress import Progress, make_progress, remove_progress, write_progress
@@ -97,6 +97,14 @@ def open_fenced_block() -> str | None:
     return job_id if job_id is not None else fencedmark.handed_from()
 
 
+def block_of_another_task() -> bool:
+    """Whether the fenced block open on this thread belongs to another task than the
+    running code (an async handler awaited inside its block, and this task runs meanwhile
+    on the same event loop): such code is not inside the block, and may wait for it off
+    the loop's thread."""
+    return getattr(_FENCED, "ctx", None) is not None and fencedmark.handed_from() is None
+
+
 class Context:
     """One job run's context: `ctx.token`, `ctx.heartbeat()`, `ctx.fenced()`, `ctx.upsert()`,
     `ctx.progress()`.
@@ -148,6 +156,9 @@ class Context:
         self._mutex = threading.Lock()
         self._open_blocks: dict[int, int] = {}  # thread ident -> fenced blocks open there
         self.confirmed = time.monotonic()  # when the store last said the lease holds
+        # Set when another task was refused a block while this run's own block was open on
+        # their shared event loop thread (it awaited inside it): the block fails as it ends.
+        self.awaited_in_block = False
 
     @property
     def lease(self) -> Lease:
@@ -291,6 +302,14 @@ class Context:
         # awaited, ran beside it instead of after it. Refused, naming the cause.
         open_for = getattr(_FENCED, "job_id", None)
         if open_for is not None and open_for != self.job_id:
+            owner: Context | None = getattr(_FENCED, "ctx", None)
+            if fencedmark.handed_from() is None and owner is not None:
+                # Another task on this loop's thread: the block's own handler awaited inside
+                # it. Refused with a RuntimeError charged to this job, the innocent one was
+                # dead-lettered and the one that broke the rule completed: this run goes back
+                # uncounted (`invoke.record_raised`), and that block fails as it ends.
+                owner.awaited_in_block = True
+                raise FencedBlockBusy(self.job_id, open_for)
             raise RuntimeError(f"ctx.fenced() for job {self.job_id!r}: the fenced block of "
                                f"job {open_for!r} is still open on this thread; an async "
                                "handler must not await inside a fenced block")
@@ -300,7 +319,10 @@ class Context:
                 raise LeaseLost(self.job_id, self.token, f"its run has ended ({self._ended_how()}"
                                 "): a fenced block opened after that is refused")
             self._open_blocks[ident] = self._open_blocks.get(ident, 0) + 1
-        _FENCED.job_id = self.job_id
+        open_ctx = getattr(_FENCED, "ctx", None)
+        _FENCED.job_id, _FENCED.ctx = self.job_id, self
+        if open_for is None:
+            self.awaited_in_block = False
         caller, before = [(self.job_id, ident)], fencedmark.FENCED_CALLER.get()
         try:
             with self.spool.fenced(self.lease) as lease:
@@ -310,9 +332,15 @@ class Context:
                 yield lease
         finally:
             self._close_block(ident)
-            _FENCED.job_id = open_for
+            _FENCED.job_id, _FENCED.ctx = open_for, open_ctx
             caller.clear()
             fencedmark.FENCED_CALLER.set(before)
+        if open_for is None and self.awaited_in_block:
+            self.awaited_in_block = False
+            raise RuntimeError(f"job {self.job_id!r}: its handler awaited inside its fenced "
+                               "block, and the blocks of other jobs on its event loop were "
+                               "refused meanwhile (given back to run again); await after the "
+                               "block, never inside it")
 
     def upsert(self, table: str, rows: Mapping[str, Any] | Iterable[Mapping[str, Any]],
                version: float | None = None) -> None:

@@ -29,10 +29,17 @@ import anyio
 import anyio.from_thread
 import anyio.to_thread
 
-from jobspool.errors import JobspoolError, LeaseLost, ProjectionError, TimeLimitExceeded
+from jobspool.errors import (
+    FencedBlockBusy,
+    JobspoolError,
+    LeaseLost,
+    ProjectionError,
+    TimeLimitExceeded,
+)
 from jobspool.queue.context import (
     Completed,
     Context,
+    Deferred,
     Errored,
     Failed,
     Interrupted,
@@ -184,6 +191,11 @@ async def invoke(ctx: Context, fn: Callable[..., Any], *, is_async: bool,
             monitor.limits.pop(tracked, None)
 
 
+# When a run refused a fenced block (another handler awaited inside its own on this loop)
+# is due again: blocks are short, and the one that broke the rule fails as it ends.
+BUSY_BLOCK_DELAY = 0.5
+
+
 def call_sync(ctx: Context, fn: Callable[..., Any]) -> None:
     """In a worker thread: call a sync handler with no time limit (`runners.py`) and record
     how it ended in `ctx.outcome`, as `invoke` does."""
@@ -225,6 +237,9 @@ def record_raised(ctx: Context, exc: BaseException) -> None:
         ctx.outcome = Failed(str(exc))
     elif isinstance(exc, LeaseLost) and (exc.job_id, exc.token) == (ctx.job_id, ctx.token):
         ctx.lost = True
+    elif isinstance(exc, FencedBlockBusy) and exc.job_id == ctx.job_id:
+        # Another handler awaited inside its block on this loop: nothing this job did.
+        ctx.outcome = Deferred(str(exc), BUSY_BLOCK_DELAY)
     # Any other LeaseLost is for a lease the handler took itself (a child job it settles):
     # this run's lease still holds, so it is the handler's failure like any exception.
     else:

@@ -15,6 +15,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import select
+import stat
 import sys
 import threading
 import time
@@ -50,9 +52,26 @@ def _pool_child() -> tuple[int, str | None, int] | None:
         fd_text = os.environ.pop(POOL_FD_ENV, None)
         owner = os.environ.pop(POOL_OWNER_ENV, None)
         parent = int(os.environ.pop(POOL_PARENT_ENV, None) or 0)
-        ours = fd_text is not None and fd_text.isdigit() and (not parent or os.getppid() == parent)
+        ours = fd_text is not None and fd_text.isdigit() and (
+            not parent or os.getppid() == parent or _orphaned(int(fd_text)))
         _CHILD.append((int(fd_text), owner, parent) if ours and fd_text else None)
     return _CHILD[0]
+
+
+def _orphaned(fd: int) -> bool:
+    """Whether `fd` is a pipe whose reading end is closed: this process is a pool child whose
+    supervisor died before it looked (reparented already). Taken for someone else's process,
+    such a child ran on as a standalone worker for ever, unsupervised (a SIGKILL probe: the
+    supervisor killed while its children started). A process that merely inherited the
+    environment (a handler's) has no such pipe at that number."""
+    try:
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return False
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        return any(ev & select.POLLERR for _, ev in poller.poll(0))
+    except (OSError, ValueError):
+        return False
 
 
 def is_pool_child() -> bool:
@@ -128,6 +147,11 @@ def attach_child(worker: Worker) -> Callable[[RunReport], None] | None:
     worker.on_start, worker.on_end, worker.on_hung = on_start, on_end, on_hung
     worker.on_returned, worker.on_began = on_returned, began
     worker.reclaims_dead = False  # the supervisor settles a dead sibling's jobs, knowing why
+
+    if parent and os.getppid() != parent:
+        # Orphaned before it started (`_orphaned`): stop before the run claims anything.
+        log.warning("the pool supervisor is gone; stopping")
+        worker.stop()
 
     def watch_parent() -> None:
         # start_new_session cut us off from the terminal: notice an orphaning ourselves.
