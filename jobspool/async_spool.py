@@ -88,7 +88,15 @@ class AsyncSpool:
         self._refuse_inside_fenced_block()
         # Done whole or not begun, whatever cancels the caller (the module docstring's
         # promise): see `wholecall`.
-        return await whole_in_thread(call, limiter=limiter)
+        got: list[T] = []
+        try:
+            return await whole_in_thread(call, limiter=limiter, landed=got.append)
+        except anyio.get_cancelled_exc_class() as exc:
+            if got and (what := _landed(got[0])) is not None:
+                # "`get` the id to see it": an enqueue without `job_id` left the caller
+                # no id to get, and a retry enqueued the job twice.
+                exc.add_note(f"jobspool: {what} before the cancellation")
+            raise
 
     def _refuse_inside_fenced_block(self) -> None:
         """Refuse a call awaited inside a fenced block open on this (the loop's) thread.
@@ -337,3 +345,20 @@ def _loop_limiter(slot: anyio.lowlevel.RunVar[anyio.CapacityLimiter],
         limiter = anyio.CapacityLimiter(threads)
         slot.set(limiter)
         return limiter
+
+
+def _landed(result: object) -> str | None:
+    """What a write whose caller was cancelled did, for the cancellation's note."""
+    if isinstance(result, EnqueueResult):
+        result = result.job
+    if isinstance(result, Job):
+        return f"job {result.id!r} ({result.kind}) was enqueued"
+    if isinstance(result, Reservation):
+        return f"job {result.job_id!r} was prepared (reservation {result.reservation_id!r})"
+    if isinstance(result, list) and result:
+        jobs = [r.job if isinstance(r, EnqueueResult) else r for r in result]
+        if all(isinstance(j, Job) for j in jobs):
+            ids = ", ".join(repr(j.id) for j in jobs[:3]) + (", ..." if len(jobs) > 3 else "")
+            return f"{len(jobs)} job(s) were enqueued ({ids})"
+    return None
+
