@@ -85,6 +85,7 @@ class AsyncSpool:
 
     async def _in_thread(self, call: Callable[[], T],
                          limiter: anyio.CapacityLimiter | None) -> T:
+        await _wait_out_block()
         self._refuse_inside_fenced_block()
         # Done whole or not begun, whatever cancels the caller (the module docstring's
         # promise): see `wholecall`.
@@ -95,7 +96,8 @@ class AsyncSpool:
             if got and (what := _landed(got[0])) is not None:
                 # "`get` the id to see it": an enqueue without `job_id` left the caller
                 # no id to get, and a retry enqueued the job twice.
-                exc.add_note(f"jobspool: {what} before the cancellation")
+                name = getattr(getattr(call, "func", None), "__name__", "the call")
+                exc.add_note(f"jobspool: {name} landed before the cancellation: {what}")
             raise
 
     def _refuse_inside_fenced_block(self) -> None:
@@ -103,13 +105,8 @@ class AsyncSpool:
         The call runs on another thread: on the file spool it waited for the spool lock
         the block holds, for ever (a handler's time limit cannot end it, `wholecall`); on
         PostgreSQL it ran outside the block's transaction, unfenced (a lock-order probe)."""
-        from jobspool.queue.context import block_of_another_task, open_fenced_block
+        from jobspool.queue.context import open_fenced_block
 
-        if block_of_another_task():
-            # Another handler's block is open on this loop's thread (it awaited inside it):
-            # this call is not inside it, and waits in its thread for the block to end. It
-            # was refused as "awaited inside the fenced block", from a task with none.
-            return
         job_id = open_fenced_block()
         journal = getattr(self.spool, "journal", None)  # the file spool's
         db = getattr(self.spool, "db", None)  # PostgreSQL's
@@ -348,17 +345,40 @@ def _loop_limiter(slot: anyio.lowlevel.RunVar[anyio.CapacityLimiter],
 
 
 def _landed(result: object) -> str | None:
-    """What a write whose caller was cancelled did, for the cancellation's note."""
+    """What a write whose caller was cancelled left, for the cancellation's note."""
     if isinstance(result, EnqueueResult):
-        result = result.job
+        job = result.job
+        return f"job {job.id!r} ({job.kind}, {result.outcome}, now {job.state.value})"
     if isinstance(result, Job):
-        return f"job {result.id!r} ({result.kind}) was enqueued"
+        return f"job {result.id!r} ({result.kind}, now {result.state.value})"
     if isinstance(result, Reservation):
-        return f"job {result.job_id!r} was prepared (reservation {result.reservation_id!r})"
+        return f"job {result.job_id!r} prepared (reservation {result.reservation_id!r})"
     if isinstance(result, list) and result:
         jobs = [r.job if isinstance(r, EnqueueResult) else r for r in result]
         if all(isinstance(j, Job) for j in jobs):
             ids = ", ".join(repr(j.id) for j in jobs[:3]) + (", ..." if len(jobs) > 3 else "")
-            return f"{len(jobs)} job(s) were enqueued ({ids})"
+            return f"{len(jobs)} job(s): {ids}"
     return None
+
+
+async def _wait_out_block() -> None:
+    """Another task's fenced block open on this loop's thread (its handler awaited inside
+    it): wait on the loop for it to end, up to `HANDED_WAIT_SECONDS`, then refuse. Such a
+    call was refused as "awaited inside the fenced block" from a task with no block; sent
+    to its thread at once, one from a task the block itself awaits (started before it)
+    waited for the block's lock for ever, and the block for it."""
+    from jobspool.queue.context import block_of_another_task, open_fenced_block
+    from jobspool.queue.fencedmark import HANDED_WAIT_SECONDS
+
+    if not block_of_another_task():
+        return
+    deadline = time.monotonic() + HANDED_WAIT_SECONDS
+    while block_of_another_task():
+        if time.monotonic() >= deadline:
+            raise RuntimeError(
+                f"an AsyncSpool call waited {HANDED_WAIT_SECONDS:g} s for the fenced block of "
+                f"job {open_fenced_block()!r}, open on this event loop's thread while its "
+                "handler awaited inside it; refused (a block that awaits this call would "
+                "wait for it for ever): await after the block, never inside it")
+        await anyio.sleep(0.005)
 

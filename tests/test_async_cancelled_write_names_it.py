@@ -57,7 +57,7 @@ def test_a_cancelled_enqueue_that_landed_names_its_job(tmp_path: Path, backend: 
     # Every job that landed under a cancellation is named (one cancelled before it began
     # lands nothing and says nothing).
     assert told, "no cancellation landed mid-call in 30 tries"
-    assert all("was enqueued before the cancellation" in n for n in told), told
+    assert all("enqueue landed before the cancellation: job " in n for n in told), told
     ids = [n.split("'")[1] for n in told]
 
     async def check() -> None:
@@ -67,3 +67,25 @@ def test_a_cancelled_enqueue_that_landed_names_its_job(tmp_path: Path, backend: 
 
     anyio.run(check, backend=backend)
     assert total == len(returned) + len(told)  # every job that landed was told of
+
+
+def test_the_note_says_what_the_call_did() -> None:
+    # Every call returning a job was noted "was enqueued": a cancel, a requeue, an abort,
+    # an enqueue that found the job there already.
+    from jobspool.async_spool import _landed
+    from jobspool.queue.job import EnqueueResult
+
+    async def main(root: Path) -> None:
+        async with AsyncSpool(root) as s:
+            job = await s.enqueue("k", job_id="x")
+            again = await s.enqueue_result("k", job_id="x")
+            canceled = await s.cancel("x")
+            assert _landed(again) == "job 'x' (k, existing, now ready)"
+            assert _landed(canceled) == "job 'x' (k, now canceled)"
+            assert _landed(EnqueueResult(job, "created")) == "job 'x' (k, created, now ready)"
+            assert _landed(None) is None
+
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        anyio.run(main, Path(d) / "spool")

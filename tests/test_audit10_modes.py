@@ -85,3 +85,17 @@ def test_a_spool_json_that_lost_its_access_keeps_the_directorys(tmp_path: Path,
     with make_spool(root) as spool:
         job = spool.enqueue("k", {})
     assert stat.S_IMODE((root / "ready" / f"{job.id}.json").stat().st_mode) == 0o660
+
+
+@pytest.mark.parametrize("access", ["private", "group"])
+def test_an_empty_tmp_dir_adopted_by_a_new_spool_gets_its_mode(tmp_path: Path,
+                                                               access: str) -> None:
+    # Found following the README as a new user: `--create` over a directory holding an
+    # empty `tmp/` made a private spool whose tmp/ stayed 0755.
+    root = tmp_path / "spool"
+    (root / "tmp").mkdir(parents=True, mode=0o755)
+    (root / "tmp").chmod(0o755)
+    with make_spool(root, access=access):
+        pass
+    want = stat.S_IMODE(root.stat().st_mode)
+    assert stat.S_IMODE((root / "tmp").stat().st_mode) == want, oct(want)

@@ -70,3 +70,101 @@ def test_the_refusal_names_the_block_that_is_open() -> None:
     exc = FencedBlockBusy("b", "a")
     assert isinstance(exc, RuntimeError)
     assert "'a'" in str(exc) and "'b'" in str(exc) and "awaited" in str(exc)
+
+
+def test_blocks_of_one_job_ending_out_of_order_leave_no_mark(tmp_path: Path) -> None:
+    # Two tasks of one handler, each awaiting inside a block of its own, the first to open
+    # ending first: the thread's mark was restored out of order and named job 'a' for good;
+    # every later block of another job was refused, its run deferred every 0.5 s, for ever.
+    seen: dict[str, Any] = {}
+
+    async def main() -> None:
+        async with AsyncSpool(tmp_path / "spool") as s:
+            async def sloppy(job: Any, ctx: Any) -> None:
+                async def part(first: float, inside: float) -> None:
+                    await anyio.sleep(first)
+                    with ctx.fenced():
+                        await anyio.sleep(inside)
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(part, 0, 0.2)
+                    tg.start_soon(part, 0.05, 0.4)
+
+            async def later(job: Any, ctx: Any) -> str:
+                with ctx.fenced():
+                    return "entered"
+
+            await s.enqueue("sloppy", job_id="a", max_attempts=1)
+            await Worker(s, {"sloppy": sloppy}).arun_until_idle()
+            await s.enqueue("later", job_id="b", max_attempts=1)
+            with anyio.fail_after(60):  # a hang guard: it runs at once
+                await Worker(s, {"later": later}).arun_until_idle(wait_for_retries=5)
+            seen["b"] = await s.get("b")
+
+    anyio.run(main)
+    assert seen["b"].state is JobState.COMPLETED and seen["b"].result == "entered"
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_block_refused_inside_a_task_group_goes_back_uncounted(tmp_path: Path,
+                                                                  backend: str) -> None:
+    # Raised in a task of the handler's, the refusal reached the worker as an ExceptionGroup
+    # and the innocent job was dead-lettered.
+    seen: dict[str, Any] = {}
+
+    async def main() -> None:
+        async with AsyncSpool(tmp_path / "spool") as s:
+            async def sloppy(job: Any, ctx: Any) -> None:
+                with ctx.fenced():
+                    await anyio.sleep(0.5)
+
+            async def innocent(job: Any, ctx: Any) -> str:
+                async def write() -> None:
+                    await anyio.sleep(0.1)
+                    with ctx.fenced():
+                        pass
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(write)
+                return "written"
+
+            await s.enqueue("sloppy", job_id="a", max_attempts=1)
+            await s.enqueue("innocent", job_id="b", max_attempts=1)
+            await Worker(s, {"sloppy": sloppy, "innocent": innocent},
+                         concurrency=2).arun_until_idle(wait_for_retries=5)
+            seen["b"] = await s.get("b")
+
+    anyio.run(main, backend=backend)
+    assert seen["b"].state is JobState.COMPLETED and seen["b"].attempts == 1, seen["b"]
+
+
+def test_a_call_from_a_task_its_block_awaits_is_refused_not_hung(tmp_path: Path) -> None:
+    # A task started before the block carries no mark of it: sent to its thread at once,
+    # its call waited for the block's lock, and the block for the call, for ever.
+    seen: dict[str, Any] = {}
+
+    async def main() -> None:
+        async with AsyncSpool(tmp_path / "spool") as s:
+            async def handler(job: Any, ctx: Any) -> None:
+                done = anyio.Event()
+
+                async def child() -> None:
+                    await anyio.sleep(0.05)
+                    await s.enqueue("next", job_id="child-made")
+                    done.set()
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(child)
+                    with ctx.fenced():
+                        await done.wait()
+
+            await s.enqueue("h", job_id="a", max_attempts=1)
+            with anyio.fail_after(120):  # a hang guard: it is refused after 10 s
+                await Worker(s, {"h": handler}).arun_until_idle()
+            seen["a"] = await s.get("a")
+            seen["child"] = await s.stats()
+
+    anyio.run(main)
+    assert seen["a"].state is JobState.DEAD_LETTER
+    assert "waited 10 s for the fenced block of job 'a'" in (seen["a"].last_error or ""), \
+        seen["a"].last_error

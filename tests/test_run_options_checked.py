@@ -58,7 +58,12 @@ def test_a_progress_callback_that_raises_is_its_own_error_not_a_group(
         raise ValueError("my display broke")
 
     with make_spool(store_root) as spool:
-        spool.enqueue_many("h", [1, 2])
-        with pytest.raises(ValueError, match="my display broke"):
-            Worker(spool, {"h": _noop}).run_until_idle(progress=progress)
-        assert not list(spool.jobs(state="leased"))  # nothing left held
+        for run in (lambda w: w.run_until_idle(progress=progress),
+                    # In its signal watcher's task group, and `run_forever`'s, it still came
+                    # out wrapped (the CLI's `run-until-idle` passes handle_signals=True).
+                    lambda w: w.run_until_idle(progress=progress, handle_signals=True),
+                    lambda w: w.run_forever(progress=progress, handle_signals=False)):
+            spool.enqueue_many("h", [1, 2])
+            with pytest.raises(ValueError, match="my display broke"):
+                run(Worker(spool, {"h": _noop}))
+            assert not list(spool.jobs(state="leased"))  # nothing left held

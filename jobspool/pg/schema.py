@@ -189,7 +189,7 @@ def schema_problem(conn: psycopg.Connection[Any]) -> str | None:
     if row is None or row[0] is not None:
         return None
     role, path = row[1], row[2]
-    if not (path or "").strip():
+    if (path or "").strip() in ("", '""'):  # `SET search_path = ''` shows as ""
         # Taken for the default path, it blamed permissions on public ("grant it"), to a
         # superuser.
         return ("the search_path is empty, so it names no schema to work in; name one "

@@ -86,23 +86,34 @@ if TYPE_CHECKING:
     from jobspool.queue.api import SpoolAPI as Spool
 
 
-# The job whose `ctx.fenced()` block is open on this thread, if any.
+# The `ctx.fenced()` blocks open on this thread: job id -> [its Context, blocks open].
+# Counted per job, not saved and restored: blocks of one job opened by two of its tasks
+# on one event loop can end in either order, and a restore out of order left a job marked
+# open on the thread for good (every other job's block refused from then on).
 _FENCED = threading.local()
 
 
+def _open_blocks() -> dict[str, list[Any]]:
+    blocks: dict[str, list[Any]] | None = getattr(_FENCED, "blocks", None)
+    if blocks is None:
+        blocks = _FENCED.blocks = {}
+    return blocks
+
+
 def open_fenced_block() -> str | None:
-    """The id of the job whose `ctx.fenced()` block is open on this thread, or in the code
+    """The id of a job whose `ctx.fenced()` block is open on this thread, or in the code
     that called this one (a coroutine a handler inside its block waits on), if any."""
-    job_id = getattr(_FENCED, "job_id", None)
-    return job_id if job_id is not None else fencedmark.handed_from()
+    blocks = _open_blocks()
+    return next(iter(blocks)) if blocks else fencedmark.handed_from()
 
 
 def block_of_another_task() -> bool:
-    """Whether the fenced block open on this thread belongs to another task than the
-    running code (an async handler awaited inside its block, and this task runs meanwhile
-    on the same event loop): such code is not inside the block, and may wait for it off
-    the loop's thread."""
-    return getattr(_FENCED, "ctx", None) is not None and fencedmark.handed_from() is None
+    """Whether a fenced block open on this thread belongs to another task than the running
+    code (an async handler awaited inside its block, and this task runs meanwhile on the
+    same event loop). Such code may be one the block awaits (a task started before it), so
+    it must not wait for the block on the loop's thread, nor take its lock elsewhere
+    unbounded (`AsyncSpool._wait_out_block`)."""
+    return bool(_open_blocks()) and fencedmark.handed_from() is None
 
 
 class Context:
@@ -300,10 +311,11 @@ class Context:
         # The spool lock is re-entrant per thread (and PostgreSQL's block pins its
         # connection per thread): another async handler's block, entered while this one
         # awaited, ran beside it instead of after it. Refused, naming the cause.
-        open_for = getattr(_FENCED, "job_id", None)
-        if open_for is not None and open_for != self.job_id:
-            owner: Context | None = getattr(_FENCED, "ctx", None)
-            if fencedmark.handed_from() is None and owner is not None:
+        blocks = _open_blocks()
+        open_for = next((j for j in blocks if j != self.job_id), None)
+        if open_for is not None:
+            owner: Context = blocks[open_for][0]
+            if fencedmark.handed_from() is None:
                 # Another task on this loop's thread: the block's own handler awaited inside
                 # it. Refused with a RuntimeError charged to this job, the innocent one was
                 # dead-lettered and the one that broke the rule completed: this run goes back
@@ -319,9 +331,10 @@ class Context:
                 raise LeaseLost(self.job_id, self.token, f"its run has ended ({self._ended_how()}"
                                 "): a fenced block opened after that is refused")
             self._open_blocks[ident] = self._open_blocks.get(ident, 0) + 1
-        open_ctx = getattr(_FENCED, "ctx", None)
-        _FENCED.job_id, _FENCED.ctx = self.job_id, self
-        if open_for is None:
+        mine = blocks.setdefault(self.job_id, [self, 0])
+        outermost = mine[1] == 0
+        mine[1] += 1
+        if outermost:
             self.awaited_in_block = False
         caller, before = [(self.job_id, ident)], fencedmark.FENCED_CALLER.get()
         try:
@@ -332,10 +345,12 @@ class Context:
                 yield lease
         finally:
             self._close_block(ident)
-            _FENCED.job_id, _FENCED.ctx = open_for, open_ctx
+            mine[1] -= 1
+            if mine[1] <= 0:
+                blocks.pop(self.job_id, None)
             caller.clear()
             fencedmark.FENCED_CALLER.set(before)
-        if open_for is None and self.awaited_in_block:
+        if outermost and self.awaited_in_block:
             self.awaited_in_block = False
             raise RuntimeError(f"job {self.job_id!r}: its handler awaited inside its fenced "
                                "block, and the blocks of other jobs on its event loop were "

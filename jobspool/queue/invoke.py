@@ -23,7 +23,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import anyio.from_thread
@@ -237,13 +237,35 @@ def record_raised(ctx: Context, exc: BaseException) -> None:
         ctx.outcome = Failed(str(exc))
     elif isinstance(exc, LeaseLost) and (exc.job_id, exc.token) == (ctx.job_id, ctx.token):
         ctx.lost = True
-    elif isinstance(exc, FencedBlockBusy) and exc.job_id == ctx.job_id:
+    elif (busy := _busy_block(exc, ctx.job_id)) is not None:
         # Another handler awaited inside its block on this loop: nothing this job did.
-        ctx.outcome = Deferred(str(exc), BUSY_BLOCK_DELAY)
+        ctx.outcome = Deferred(str(busy), BUSY_BLOCK_DELAY)
     # Any other LeaseLost is for a lease the handler took itself (a child job it settles):
     # this run's lease still holds, so it is the handler's failure like any exception.
     else:
         _handler_raised(ctx, exc)
+
+
+def _busy_block(exc: BaseException, job_id: str) -> FencedBlockBusy | None:
+    """This job's `FencedBlockBusy` when that is all `exc` is: itself, the only thing in a
+    task group's exception group (a block opened in a task of the handler's: dead-lettered
+    as an ExceptionGroup), or what the exception it raised was raised from."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, FencedBlockBusy):
+            return exc if exc.job_id == job_id else None
+        if isinstance(exc, BaseExceptionGroup):
+            busy, rest = exc.split(lambda e: isinstance(e, FencedBlockBusy)
+                                   and e.job_id == job_id)
+            if busy is None or rest is not None:
+                return None
+            first: BaseException = busy
+            while isinstance(first, BaseExceptionGroup):
+                first = first.exceptions[0]
+            return cast(FencedBlockBusy, first)
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return None
 
 
 def _handler_raised(ctx: Context, exc: BaseException) -> None:

@@ -194,6 +194,11 @@ def clip_error(error: object) -> str:
         # was stored as "KeyboardInterrupt: ".
         said = safe_str(error)
         text = f"{type(error).__name__}: {said}" if said else type(error).__name__
+        if isinstance(error, BaseExceptionGroup):
+            # "ExceptionGroup: unhandled errors in a TaskGroup (1 sub-exception)" said
+            # nothing of what failed (a handler's task group, trio's nursery): its
+            # exceptions follow, as far as the error's length allows.
+            text += "".join(f"; {clip_error(e)}" for e in error.exceptions[:3])
     text = storable_text(text)
     return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
 

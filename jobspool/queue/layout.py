@@ -381,7 +381,8 @@ def _open_layout(root: Path, *, create: bool, durable: bool, read_only: bool = F
         # scratch directories hold nothing a job depends on: a writer recreates them after
         # an operator's `rm -rf tmp` instead of refusing the spool for good.
         _ensure_dir(root, name, create=create or doc is None or (
-            not read_only and name in _SCRATCH_DIRS), mode=dir_mode(chosen))
+            not read_only and name in _SCRATCH_DIRS), mode=dir_mode(chosen),
+            adopt=doc is None and create and not orphaned)
     for name in _LAZY_DIRS:
         # Made when first written (a worker's metrics, a job's progress): a symlink there
         # would send those writes outside the spool, as one in place of a state directory.
@@ -512,7 +513,11 @@ def _stray_content(root: Path) -> str | None:
     return None
 
 
-def _ensure_dir(root: Path, name: str, *, create: bool, mode: int) -> None:
+def _ensure_dir(root: Path, name: str, *, create: bool, mode: int, adopt: bool = False
+                ) -> None:
+    """Make (or check) a spool directory; `adopt`: one already there when the spool is being
+    created (an empty `tmp/` of the user's) gets the spool's mode, as the root does: it
+    stayed 0755 in a private spool."""
     path = root / name
     try:
         st = path.lstat()
@@ -539,6 +544,8 @@ def _ensure_dir(root: Path, name: str, *, create: bool, mode: int) -> None:
         raise SpoolError(f"{path} is not a directory (move it away; `jobspool init` makes "
                          "the directory again)", path=str(path))
     refuse_foreign_writers(path, st)
+    if adopt and stat.S_IMODE(st.st_mode) != mode and st.st_uid == os.geteuid():
+        os.chmod(path, mode)
     return None
 
 

@@ -422,7 +422,7 @@ def _not_held(job: Job, reservation_id: str) -> InvalidTransition:
     (reservation released)'" sent the holder of an unknown one looking for an abort."""
     return InvalidTransition(
         job.id, f"{job.state.value} (reservation released)", "commit",
-        f"cannot commit job {job.id!r}: it holds no reservation {reservation_id!r:.80} "
+        f"cannot commit job {job.id!r}: it holds no reservation {reservation_id[:80]!r} "
         "(released by an abort, or never one of this job's)")
 
 

@@ -268,17 +268,17 @@ class Worker:
         # Before any task group, so a refused endpoint is raised as itself (not in a group).
         await anyio.to_thread.run_sync(self.sink.before_claims, self.spool)
         if handle_signals and threading.current_thread() is threading.main_thread():
-            result: RunReport | WorkerCrashed | None = None
+            result: RunReport | Exception | None = None
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._watch_signals)
                 try:
                     result = await self._drain(max_jobs, wait_for_retries, progress,
                                                wait_for_store)
-                except WorkerCrashed as exc:
-                    result = exc  # raised below, outside the task group
+                except Exception as exc:  # the run's verdict, or its `progress` raising
+                    result = exc  # raised below as itself, outside the task group
                 finally:
                     tg.cancel_scope.cancel()
-            if isinstance(result, WorkerCrashed):
+            if isinstance(result, Exception):
                 raise result
             assert result is not None
             return result
@@ -375,7 +375,7 @@ class Worker:
 
     async def _serve(self, counters: Counters, poll_seconds: float, handle_signals: bool,
                      progress: Callable[[RunReport], None] | None) -> None:
-        crashed: WorkerCrashed | None = None
+        crashed: Exception | None = None
         elsewhere = handle_signals and threading.current_thread() is not threading.main_thread()
         if elsewhere:
             self.serving_daemon = threading.current_thread().daemon
@@ -391,8 +391,8 @@ class Worker:
                 await Pipeline(self.spool, self.config, counters, self.sink, self.supervisor,
                                self, until_idle=False, poll_seconds=poll_seconds,
                                progress=progress).run()
-            except WorkerCrashed as gave_up:
-                crashed = gave_up  # raised below, outside the task group
+            except Exception as exc:  # the run's verdict, or its `progress` raising
+                crashed = exc  # raised below as itself, outside the task group
             finally:
                 if elsewhere:
                     signalhub.detach(self)
