@@ -227,6 +227,7 @@ class AsyncSpool:
         return await self._read(partial(self.spool.get, job_id))
 
     async def _read(self, call: Callable[[], T]) -> T:
+        await _wait_out_block()  # as every call does (`_in_thread`)
         self._refuse_inside_fenced_block()
         # Readers have threads of their own: with anyio's 40 all taken by enqueues queued
         # for a lock held elsewhere, `wait(timeout=0.5)` returned after 2.9 s. A read
@@ -273,6 +274,7 @@ class AsyncSpool:
         # never starts, and `jobs` stops at its next job. Scans have threads of their own,
         # so that abandoned ones never keep `get` and `wait` waiting.
         # Both bounds are this AsyncSpool's: one store's outage never holds another's scans.
+        await _wait_out_block()  # as every call does (`_in_thread`)
         self._refuse_inside_fenced_block()
         stop = threading.Event()
 

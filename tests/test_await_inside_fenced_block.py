@@ -168,3 +168,62 @@ def test_a_call_from_a_task_its_block_awaits_is_refused_not_hung(tmp_path: Path)
     assert seen["a"].state is JobState.DEAD_LETTER
     assert "waited 10 s for the fenced block of job 'a'" in (seen["a"].last_error or ""), \
         seen["a"].last_error
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_handler_that_only_reads_waits_out_the_block(tmp_path: Path, backend: str) -> None:
+    # `get` (and every read) was refused at once as "awaited inside the fenced block" while
+    # another handler's block was open: the reading job was dead-lettered.
+    seen: dict[str, Any] = {}
+
+    async def main() -> None:
+        async with AsyncSpool(tmp_path / "spool") as s:
+            async def sloppy(job: Any, ctx: Any) -> None:
+                with ctx.fenced():
+                    await anyio.sleep(0.5)
+
+            async def reader(job: Any, ctx: Any) -> str:
+                await anyio.sleep(0.1)
+                await s.stats()
+                return (await s.get("a")).kind
+
+            await s.enqueue("sloppy", job_id="a", max_attempts=1)
+            await s.enqueue("reader", job_id="c", max_attempts=1)
+            await Worker(s, {"sloppy": sloppy, "reader": reader},
+                         concurrency=2).arun_until_idle()
+            seen["c"] = await s.get("c")
+
+    anyio.run(main, backend=backend)
+    assert seen["c"].state is JobState.COMPLETED and seen["c"].result == "sloppy", seen["c"]
+
+
+def test_a_block_ended_by_its_own_exception_still_fails_its_job(tmp_path: Path) -> None:
+    # The charge came after the block's normal end only: a handler whose block ended by an
+    # exception it then caught completed, its neighbour's block refused meanwhile.
+    seen: dict[str, Any] = {}
+
+    async def main() -> None:
+        async with AsyncSpool(tmp_path / "spool") as s:
+            async def sloppy(job: Any, ctx: Any) -> str:
+                try:
+                    with ctx.fenced():
+                        await anyio.sleep(0.5)
+                        raise LookupError("cache miss")
+                except LookupError:
+                    return "fallback"
+
+            async def innocent(job: Any, ctx: Any) -> str:
+                await anyio.sleep(0.1)
+                with ctx.fenced():
+                    return "ok"
+
+            await s.enqueue("sloppy", job_id="a", max_attempts=1)
+            await s.enqueue("innocent", job_id="b", max_attempts=1)
+            await Worker(s, {"sloppy": sloppy, "innocent": innocent},
+                         concurrency=2).arun_until_idle(wait_for_retries=5)
+            seen["a"], seen["b"] = await s.get("a"), await s.get("b")
+
+    anyio.run(main)
+    assert seen["a"].state is JobState.DEAD_LETTER, seen["a"]
+    assert "awaited inside its fenced block" in (seen["a"].last_error or "")
+    assert seen["b"].state is JobState.COMPLETED and seen["b"].attempts == 1

@@ -33,3 +33,23 @@ def test_a_task_groups_failure_names_the_error_inside(tmp_path: Path, backend: s
         job = spool.get("a")
     assert job.state is JobState.DEAD_LETTER
     assert "ValueError: upstream said 503 for page 7" in (job.last_error or ""), job.last_error
+
+
+def test_a_deep_group_is_recorded_bounded(tmp_path: Path) -> None:
+    # Recursing through the groups, 400 levels crashed the worker (RecursionError) and
+    # charged its batch mate; 40 levels of headers filled the error before the cause.
+    def deep(job: Any, ctx: Any) -> None:
+        exc: BaseException = ValueError("disk full on /data")
+        for i in range(400):
+            exc = ExceptionGroup(f"level {i}", [exc])
+        raise exc
+
+    with make_spool(tmp_path / "spool") as spool:
+        spool.enqueue("deep", job_id="d", max_attempts=1)
+        spool.enqueue("fine", job_id="f")
+        report = Worker(spool, {"deep": deep, "fine": lambda job, ctx: "ok"}).run_until_idle()
+        assert report.completed == 1 and report.dead_lettered == 1
+        job = spool.get("d")
+    assert job.state is JobState.DEAD_LETTER
+    assert "ValueError: disk full on /data" in (job.last_error or ""), job.last_error
+    assert len(job.last_error or "") <= 1024

@@ -343,6 +343,13 @@ class Context:
                 # the block's own acquire as "handed from" itself.
                 fencedmark.FENCED_CALLER.set(caller)
                 yield lease
+        except Exception as exc:
+            if outermost and self.awaited_in_block:
+                # Ended by its own exception, the block was never charged: a handler that
+                # caught it completed (cancellations and exits pass through untouched).
+                self.awaited_in_block = False
+                raise RuntimeError(self._awaited_inside()) from exc
+            raise
         finally:
             self._close_block(ident)
             mine[1] -= 1
@@ -352,10 +359,12 @@ class Context:
             fencedmark.FENCED_CALLER.set(before)
         if outermost and self.awaited_in_block:
             self.awaited_in_block = False
-            raise RuntimeError(f"job {self.job_id!r}: its handler awaited inside its fenced "
-                               "block, and the blocks of other jobs on its event loop were "
-                               "refused meanwhile (given back to run again); await after the "
-                               "block, never inside it")
+            raise RuntimeError(self._awaited_inside())
+
+    def _awaited_inside(self) -> str:
+        return (f"job {self.job_id!r}: its handler awaited inside its fenced block, and the "
+                "blocks of other jobs on its event loop were refused meanwhile (given back "
+                "to run again); await after the block, never inside it")
 
     def upsert(self, table: str, rows: Mapping[str, Any] | Iterable[Mapping[str, Any]],
                version: float | None = None) -> None:

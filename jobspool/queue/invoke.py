@@ -46,7 +46,7 @@ from jobspool.queue.context import (
     Raised,
     Retried,
 )
-from jobspool.queue.job import clip_error, validate_delay
+from jobspool.queue.job import clip_error, group_leaves, validate_delay
 from jobspool.queue.jobsize import clip_traceback
 from jobspool.queue.procid import current_pid
 from jobspool.queue.runs import HANDLER_THREADS
@@ -194,6 +194,8 @@ async def invoke(ctx: Context, fn: Callable[..., Any], *, is_async: bool,
 # When a run refused a fenced block (another handler awaited inside its own on this loop)
 # is due again: blocks are short, and the one that broke the rule fails as it ends.
 BUSY_BLOCK_DELAY = 0.5
+# The most exceptions of a group looked at to tell a refused block from a failure.
+GROUP_LEAVES = 100
 
 
 def call_sync(ctx: Context, fn: Callable[..., Any]) -> None:
@@ -256,14 +258,11 @@ def _busy_block(exc: BaseException, job_id: str) -> FencedBlockBusy | None:
         if isinstance(exc, FencedBlockBusy):
             return exc if exc.job_id == job_id else None
         if isinstance(exc, BaseExceptionGroup):
-            busy, rest = exc.split(lambda e: isinstance(e, FencedBlockBusy)
-                                   and e.job_id == job_id)
-            if busy is None or rest is not None:
-                return None
-            first: BaseException = busy
-            while isinstance(first, BaseExceptionGroup):
-                first = first.exceptions[0]
-            return cast(FencedBlockBusy, first)
+            leaves, whole = group_leaves(exc, GROUP_LEAVES)
+            if whole and leaves and all(isinstance(e, FencedBlockBusy) and e.job_id == job_id
+                                        for e in leaves):
+                return cast(FencedBlockBusy, leaves[0])
+            return None
         exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
     return None
 

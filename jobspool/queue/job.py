@@ -196,11 +196,39 @@ def clip_error(error: object) -> str:
         text = f"{type(error).__name__}: {said}" if said else type(error).__name__
         if isinstance(error, BaseExceptionGroup):
             # "ExceptionGroup: unhandled errors in a TaskGroup (1 sub-exception)" said
-            # nothing of what failed (a handler's task group, trio's nursery): its
-            # exceptions follow, as far as the error's length allows.
-            text += "".join(f"; {clip_error(e)}" for e in error.exceptions[:3])
+            # nothing of what failed (a handler's task group, trio's nursery): the errors
+            # inside follow, the innermost, not the groups around them.
+            for leaf in group_leaves(error, 3)[0]:
+                said = safe_str(leaf)
+                text += f"; {type(leaf).__name__}: {said}" if said else f"; {type(leaf).__name__}"
     text = storable_text(text)
     return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
+
+
+def group_leaves(group: BaseExceptionGroup[Any], most: int
+                 ) -> tuple[list[BaseException], bool]:
+    """The first `most` exceptions inside `group` that are no groups, each once, looked for
+    through at most `_GROUP_LOOKS` exceptions; and whether that was all of them. Recursing
+    (or `split`), 400 nested groups crashed the worker (RecursionError), and a
+    sub-exception shared across levels made the walk exponential."""
+    leaves: list[BaseException] = []
+    seen: set[int] = set()
+    stack: list[BaseException] = [group]
+    looks = 0
+    while stack and len(leaves) < most and looks < _GROUP_LOOKS:
+        exc = stack.pop()
+        if id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        looks += 1
+        if isinstance(exc, BaseExceptionGroup):
+            stack.extend(reversed(exc.exceptions))
+        else:
+            leaves.append(exc)
+    return leaves, not stack
+
+
+_GROUP_LOOKS = 1000
 
 
 # How a NUL in an error or traceback is stored (SYMBOL FOR NULL).
