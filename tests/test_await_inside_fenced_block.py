@@ -105,37 +105,61 @@ def test_blocks_of_one_job_ending_out_of_order_leave_no_mark(tmp_path: Path) -> 
     assert seen["b"].state is JobState.COMPLETED and seen["b"].result == "entered"
 
 
+async def _sloppy(job: Any, ctx: Any) -> None:
+    with ctx.fenced():
+        await anyio.sleep(0.5)  # breaks the rule
+
+
+def _beside_sloppy(root: Path, backend: str, handler: Any, **run: Any) -> dict[str, Any]:
+    """Jobs 'a' (awaits inside its block) and 'b' (`handler(spool)`), run together."""
+    seen: dict[str, Any] = {}
+
+    async def main() -> None:
+        async with AsyncSpool(root) as s:
+            await s.enqueue("sloppy", job_id="a", max_attempts=1)
+            await s.enqueue("other", job_id="b", max_attempts=1)
+            await Worker(s, {"sloppy": _sloppy, "other": handler(s)},
+                         concurrency=2).arun_until_idle(**run)
+            seen["a"], seen["b"] = await s.get("a"), await s.get("b")
+
+    anyio.run(main, backend=backend)
+    return seen
+
+
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_a_block_refused_inside_a_task_group_goes_back_uncounted(tmp_path: Path,
                                                                   backend: str) -> None:
     # Raised in a task of the handler's, the refusal reached the worker as an ExceptionGroup
     # and the innocent job was dead-lettered.
-    seen: dict[str, Any] = {}
-
-    async def main() -> None:
-        async with AsyncSpool(tmp_path / "spool") as s:
-            async def sloppy(job: Any, ctx: Any) -> None:
+    def innocent(s: AsyncSpool) -> Any:
+        async def handler(job: Any, ctx: Any) -> str:
+            async def write() -> None:
+                await anyio.sleep(0.1)
                 with ctx.fenced():
-                    await anyio.sleep(0.5)
+                    pass
 
-            async def innocent(job: Any, ctx: Any) -> str:
-                async def write() -> None:
-                    await anyio.sleep(0.1)
-                    with ctx.fenced():
-                        pass
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(write)
+            return "written"
+        return handler
 
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(write)
-                return "written"
-
-            await s.enqueue("sloppy", job_id="a", max_attempts=1)
-            await s.enqueue("innocent", job_id="b", max_attempts=1)
-            await Worker(s, {"sloppy": sloppy, "innocent": innocent},
-                         concurrency=2).arun_until_idle(wait_for_retries=5)
-            seen["b"] = await s.get("b")
-
-    anyio.run(main, backend=backend)
+    seen = _beside_sloppy(tmp_path / "spool", backend, innocent, wait_for_retries=5)
     assert seen["b"].state is JobState.COMPLETED and seen["b"].attempts == 1, seen["b"]
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_handler_that_only_reads_waits_out_the_block(tmp_path: Path, backend: str) -> None:
+    # `get` (and every read) was refused at once as "awaited inside the fenced block" while
+    # another handler's block was open: the reading job was dead-lettered.
+    def reader(s: AsyncSpool) -> Any:
+        async def handler(job: Any, ctx: Any) -> str:
+            await anyio.sleep(0.1)
+            await s.stats()
+            return (await s.get("a")).kind
+        return handler
+
+    seen = _beside_sloppy(tmp_path / "spool", backend, reader)
+    assert seen["b"].state is JobState.COMPLETED and seen["b"].result == "sloppy", seen["b"]
 
 
 def test_a_call_from_a_task_its_block_awaits_is_refused_not_hung(tmp_path: Path) -> None:
@@ -168,33 +192,6 @@ def test_a_call_from_a_task_its_block_awaits_is_refused_not_hung(tmp_path: Path)
     assert seen["a"].state is JobState.DEAD_LETTER
     assert "waited 10 s for the fenced block of job 'a'" in (seen["a"].last_error or ""), \
         seen["a"].last_error
-
-
-@pytest.mark.parametrize("backend", ["asyncio", "trio"])
-def test_a_handler_that_only_reads_waits_out_the_block(tmp_path: Path, backend: str) -> None:
-    # `get` (and every read) was refused at once as "awaited inside the fenced block" while
-    # another handler's block was open: the reading job was dead-lettered.
-    seen: dict[str, Any] = {}
-
-    async def main() -> None:
-        async with AsyncSpool(tmp_path / "spool") as s:
-            async def sloppy(job: Any, ctx: Any) -> None:
-                with ctx.fenced():
-                    await anyio.sleep(0.5)
-
-            async def reader(job: Any, ctx: Any) -> str:
-                await anyio.sleep(0.1)
-                await s.stats()
-                return (await s.get("a")).kind
-
-            await s.enqueue("sloppy", job_id="a", max_attempts=1)
-            await s.enqueue("reader", job_id="c", max_attempts=1)
-            await Worker(s, {"sloppy": sloppy, "reader": reader},
-                         concurrency=2).arun_until_idle()
-            seen["c"] = await s.get("c")
-
-    anyio.run(main, backend=backend)
-    assert seen["c"].state is JobState.COMPLETED and seen["c"].result == "sloppy", seen["c"]
 
 
 def test_a_block_ended_by_its_own_exception_still_fails_its_job(tmp_path: Path) -> None:
