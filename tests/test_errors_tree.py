@@ -25,6 +25,7 @@ _ARGS: dict[str, tuple[object, ...]] = {
     "DuplicateJob": ("j1", "ready", "taken"),
     "JobFailed": ("j1", "dead_letter", "boom"),
     "LeaseLost": ("j1", 7, "expired"),
+    "FencedBlockBusy": ("j2", "j1"),
     "InvalidTransition": ("j1", "done", "cancel"),
     "WaitTimeout": ("j1", 1.5),
     "TimeLimitExceeded": ("j1", "tasks.add", 2.0, "cut off"),
