@@ -68,3 +68,37 @@ def test_every_path_starts_its_jobs_in_claim_order(any_spool: Spool, seed: int,
     # Every claim takes the next jobs in claim order (all were enqueued before the run), and
     # the jobs in hand start in claim order: the whole run starts in claim order.
     assert started == _claim_order(any_spool, ids)
+
+
+def test_a_parked_sync_runner_waits_for_an_earlier_async_job_of_its_claim(
+        any_spool: Spool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sync runner parked with its slot is woken on its own thread as a claim queues
+    sync jobs; the async runner for the same claim's earlier jobs waits for its slot from
+    its first step, a loop turn later. The loop held up for a moment after the claim (a
+    busy loop: found as a CI flake) let the parked runner start its later sync job first."""
+    from jobspool.queue import async_runners
+
+    queue_async = async_runners.AsyncRunners.submit
+
+    def queue_then_hold_the_loop(self: async_runners.AsyncRunners, tg: object,
+                                 ctxs: list[Context]) -> None:
+        queue_async(self, tg, ctxs)  # type: ignore[arg-type]
+        time.sleep(0.05)
+
+    monkeypatch.setattr(async_runners.AsyncRunners, "submit", queue_then_hold_the_loop)
+    started: list[str] = []
+    handlers = _handlers(started)
+    plain_sync = handlers["s"]
+
+    def first(job: Job, ctx: Context) -> None:
+        # Both visible before this job ends: the next claim takes them together, while
+        # the runner that ran this one is parked with the only slot.
+        any_spool.enqueue("a", job_id="async-first", priority=-1)
+        any_spool.enqueue("s", job_id="sync-second", priority=0)
+        plain_sync(job, ctx)  # type: ignore[operator]
+
+    handlers["first"] = first
+    any_spool.enqueue("first", job_id="opener")
+    report = Worker(any_spool, handlers, concurrency=1).run_until_idle()
+    assert report.completed == 3
+    assert started == ["opener", "async-first", "sync-second"]

@@ -377,6 +377,7 @@ class Pipeline(IdleWaits):
         self.counters.claimed += len(leases)
         queued: list[Context] = []
         awaited: list[Context] = []
+        per_job: list[float] = []
         for lease in leases:
             ctx = Context(self.spool, lease, key_for=self.config.keys)
             ctx.seq, self._claim_seq = self._claim_seq, self._claim_seq + 1  # claim order
@@ -388,11 +389,24 @@ class Pipeline(IdleWaits):
             elif self._runs_async_queued(ctx):
                 awaited.append(ctx)
             else:
+                per_job.append(ctx.seq)
                 tg.start_soon(self._run_one, ctx)
+        if bool(per_job) + bool(queued) + bool(awaited) > 1:  # runs of several kinds
+            starting = per_job + [q[0].seq for q in (queued, awaited) if q]
+            self.slots.expect(starting)
+            tg.start_soon(self._forget_after_first_steps, starting)
         if self.runners is not None:
             self.runners.submit(tg, queued)
         self.async_runners.submit(tg, awaited)
         return len(leases) + strays  # strays count: claim again (without them), not idle
+
+    async def _forget_after_first_steps(self, seqs: list[float]) -> None:
+        """Started after a claim's runs: they take their first step (and wait for a slot)
+        before this one's second."""
+        try:
+            await anyio.lowlevel.checkpoint()
+        finally:
+            self.slots.forget(seqs)
 
     def _hold(self, leases: list[Lease]) -> None:
         """Take claimed leases into hand unstarted (a cancellation came before they could

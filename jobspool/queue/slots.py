@@ -39,6 +39,8 @@ class Slots:
         # `min` over a copy, which the GIL keeps whole.
         self._waits: dict[object, tuple[float, anyio.Event]] = {}
         self._granted: set[object] = set()  # handed a slot, not yet resumed
+        # Claim-order places of runs started this turn, not yet waiting (`expect`).
+        self._expected: list[float] = []
         self.on_wait: Callable[[], None] | None = None  # wakes parked runners
 
     def contended(self, before: float | None = None) -> bool:
@@ -47,13 +49,32 @@ class Slots:
         slot up to it, and keeps it otherwise)."""
         if before is None:
             return self.waiters > 0
-        return min([w[0] for w in list(self._waits.values())], default=math.inf) < before
+        waits = [w[0] for w in list(self._waits.values())] + list(self._expected)
+        return min(waits, default=math.inf) < before
+
+    def expect(self, seqs: list[float]) -> None:
+        """Runs for the jobs at these places were started this turn: until each waits for
+        its slot (its first step, a turn later: `take`) or `forget` says they had their
+        turn, count them as waiting. Runners already going (a sync one parked with its
+        slot and woken on its own thread by the claim, an async one between jobs) looked
+        in that gap, saw no wait for an earlier job, and ran a later one first: a sync
+        job of a claim started before an earlier async one (a flake in CI, reproduced
+        every time by holding the loop for a moment after a claim)."""
+        self._expected.extend(seqs)
+
+    def forget(self, seqs: list[float]) -> None:
+        """The runs `expect`ed for these places had their first step: any not waiting now
+        (an async runner whose queue another emptied) is not counted any more."""
+        for seq in seqs:
+            with contextlib.suppress(ValueError):
+                self._expected.remove(seq)
 
     async def take(self, seq: float = -math.inf) -> None:
         """One slot for the job at claim-order place `seq` (by default ahead of all);
         counted while it waits."""
         key, event = object(), anyio.Event()
         self._waits[key] = (seq, event)
+        self.forget([seq])  # expected until now
         self.waiters += 1
         try:
             if self._free > 0:
