@@ -93,7 +93,7 @@ if TYPE_CHECKING:
 _FENCED = threading.local()
 
 
-def _open_blocks() -> dict[str, list[Any]]:
+def _thread_blocks() -> dict[str, list[Any]]:
     blocks: dict[str, list[Any]] | None = getattr(_FENCED, "blocks", None)
     if blocks is None:
         blocks = _FENCED.blocks = {}
@@ -103,7 +103,7 @@ def _open_blocks() -> dict[str, list[Any]]:
 def open_fenced_block() -> str | None:
     """The id of a job whose `ctx.fenced()` block is open on this thread, or in the code
     that called this one (a coroutine a handler inside its block waits on), if any."""
-    blocks = _open_blocks()
+    blocks = _thread_blocks()
     return next(iter(blocks)) if blocks else fencedmark.handed_from()
 
 
@@ -113,7 +113,7 @@ def block_of_another_task() -> bool:
     same event loop). Such code may be one the block awaits (a task started before it), so
     it must not wait for the block on the loop's thread, nor take its lock elsewhere
     unbounded (`AsyncSpool._wait_out_block`)."""
-    return bool(_open_blocks()) and fencedmark.handed_from() is None
+    return bool(_thread_blocks()) and fencedmark.handed_from() is None
 
 
 class Context:
@@ -311,7 +311,7 @@ class Context:
         # The spool lock is re-entrant per thread (and PostgreSQL's block pins its
         # connection per thread): another async handler's block, entered while this one
         # awaited, ran beside it instead of after it. Refused, naming the cause.
-        blocks = _open_blocks()
+        blocks = _thread_blocks()
         open_for = next((j for j in blocks if j != self.job_id), None)
         if open_for is not None:
             owner: Context = blocks[open_for][0]

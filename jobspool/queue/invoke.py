@@ -239,11 +239,11 @@ def record_raised(ctx: Context, exc: BaseException) -> None:
         ctx.outcome = Failed(str(exc))
     elif isinstance(exc, LeaseLost) and (exc.job_id, exc.token) == (ctx.job_id, ctx.token):
         ctx.lost = True
+    # Any other LeaseLost is for a lease the handler took itself (a child job it settles):
+    # this run's lease still holds, so it is the handler's failure like any exception.
     elif (busy := _busy_block(exc, ctx.job_id)) is not None:
         # Another handler awaited inside its block on this loop: nothing this job did.
         ctx.outcome = Deferred(str(busy), BUSY_BLOCK_DELAY)
-    # Any other LeaseLost is for a lease the handler took itself (a child job it settles):
-    # this run's lease still holds, so it is the handler's failure like any exception.
     else:
         _handler_raised(ctx, exc)
 
