@@ -45,6 +45,7 @@ import ctypes.util
 import errno
 import logging
 import os
+import shutil
 import stat
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -352,16 +353,25 @@ class Store(StoreReader, RecycledPool):
                 except FileNotFoundError:
                     continue  # another process took it
                 try:
-                    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-                except PermissionError:
-                    # Another user's file (one root's command recycled): not ours to
-                    # reuse, and failing on it stopped this user's worker for good.
-                    _quiet_unlink(path)
+                    fd = os.open(path, _RECYCLED_FLAGS)
+                except OSError as exc:
+                    if exc.errno not in _NOT_REUSABLE:
+                        _quiet_unlink(path)
+                        raise
+                    # Another user's file (one root's command recycled), or no file at all:
+                    # not ours to reuse, and failing on it stopped this user's worker for
+                    # good (a directory in the pool wedged every write and `recover`).
+                    _remove_entry(path)
                     continue
-                except OSError:
-                    _quiet_unlink(path)
-                    raise
-                return path, fd, os.fstat(fd).st_size
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+                    # A device or a FIFO that opened (written to, the job was gone), or a
+                    # file linked elsewhere too (overwritten in place, the other name's
+                    # contents changed): dropped, as a person's junk in `tmp/` is.
+                    os.close(fd)
+                    _remove_entry(path)
+                    continue
+                return path, fd, st.st_size
             if not self._refill_pool():
                 break
         path = os.path.join(self._tmp, staging_name(suffix))
@@ -467,6 +477,24 @@ def _write_all(fd: int, data: bytes) -> None:
     while view:
         written = os_write(fd, view)
         view = view[written:]
+
+
+# A recycled file is opened without waiting and without following a link: a FIFO put in
+# `tmp/pool/` hung the worker in open() for good (no reader ever comes), past SIGTERM.
+_RECYCLED_FLAGS = os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+_NOT_REUSABLE = frozenset({errno.EACCES, errno.EPERM, errno.EISDIR, errno.ENXIO, errno.ELOOP,
+                           errno.ETXTBSY, errno.EOPNOTSUPP})
+
+
+def _remove_entry(path: str) -> None:
+    """Remove what a pool name turned out to be, a directory included (`tmp/` is ours)."""
+    try:
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            shutil.rmtree(path, ignore_errors=True)
+            return
+    except OSError:
+        pass
+    _quiet_unlink(path)
 
 
 def _quiet_unlink(path: str) -> None:
