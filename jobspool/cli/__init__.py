@@ -105,6 +105,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     in_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminated) if in_main else None
     own = argv is None and in_main  # the process's own command line, not a caller's call
+    if own and signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        # Started in the background by a script (`jobspool worker &`), SIGINT comes in
+        # ignored: a `kill -INT` while `--app` imported was lost (the worker served on,
+        # `run-until-idle` ran the jobs and exited 0), yet honoured once the run began.
+        # Honoured throughout, as an interactive start has it.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         code = _main(argv)
     finally:
