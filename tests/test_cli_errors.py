@@ -448,11 +448,13 @@ def test_a_command_run_with_stdout_and_stderr_closed_does_its_work(tmp_path: Pat
     from tests.cli_harness import command, environment
 
     root = tmp_path / "spool"
-    for args in (("init",), ("enqueue", "k", "{}", "--id", "j1"), ("stats",)):
+    # A command that only reads fails instead: its output, all it does, was lost.
+    for args, code in ((("init",), 0), (("enqueue", "k", "{}", "--id", "j1"), 0),
+                       (("stats",), 2)):
         line = " ".join(shlex.quote(a) for a in command(*args, root=root))
         done = subprocess.run(["sh", "-c", f"exec {line} >&- 2>&-"], env=environment(),
                               timeout=120, check=False)
-        assert done.returncode == 0, args
+        assert done.returncode == code, args
     from tests.spools import make_spool
 
     with make_spool(root) as spool:
@@ -529,6 +531,32 @@ def test_a_stdout_that_cannot_be_written_is_named_not_the_spools_disk(
     assert err.strip().splitlines() == [
         "jobspool: error: cannot write the output to stdout: No space left on device (what "
         "the command did stands)"]
+
+
+@pytest.mark.parametrize("command_args", [("list",), ("--json", "list"), ("stats",),
+                                          ("show", "j1"), ("fsck",)])
+@pytest.mark.parametrize("stdout", ["/dev/full", "closed"])
+def test_a_reading_command_whose_output_is_lost_says_so_and_fails(
+        tmp_path: Path, command_args: tuple[str, ...], stdout: str) -> None:
+    """Found by a probe: `list > /dev/full` blamed the spool's disk ("the disk is full ...
+    run jobspool recover"); `list >&-` (or `stats`) printed nothing and exited 0."""
+    import shlex
+    import subprocess
+
+    from tests.cli_harness import command, environment
+
+    root = tmp_path / "spool"
+    with make_spool(root) as spool:
+        spool.enqueue("k", {}, job_id="j1")
+    line = " ".join(shlex.quote(a) for a in command(*command_args, root=root))
+    redirect = "> /dev/full" if stdout == "/dev/full" else ">&-"
+    done = subprocess.run(["sh", "-c", f"exec {line} {redirect}"], env=environment(),
+                          capture_output=True, timeout=120, check=False)
+    err = done.stderr.decode()
+    assert done.returncode == 2, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("jobspool: error: cannot write the output to stdout: "), err
+    assert "recover" not in err
 
 
 @pytest.mark.parametrize("value", ["1e-6", "1e-320", "0.0009"])

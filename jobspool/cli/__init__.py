@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
+import io
 import logging
 import os
 import re
@@ -52,6 +54,10 @@ def _exit_code_for(exc: JobspoolError) -> int:
 # Commands that serve until stopped: a file reported once would never be again, however
 # often it was mended and damaged meanwhile.
 _SERVING = frozenset({"worker", "run-until-idle", "dashboard", "demo"})
+# Commands whose output is all they do: started with stdout closed, they fail
+# (`_ClosedStdout`). The others did their work, which a non-zero exit would invite a
+# script to repeat (an enqueue twice).
+_READS = frozenset({"stats", "list", "show", "fsck", "health"})
 
 _ARGV: list[str] = []  # for `_fail`: errors found before logging is set up
 
@@ -158,10 +164,29 @@ def _exit_past_leftover_threads(code: int) -> None:
 def _closed_streams_to_devnull() -> None:
     """A command started with stdout or stderr closed (`>&-`, a daemon manager that closes
     them) has `sys.stdout` None: its first print raised AttributeError with a traceback
-    nobody could read, after the work was done. What it would print goes nowhere instead."""
+    nobody could read, after the work was done. Their descriptors are taken by /dev/null
+    (left free, the next file opened, a job file, would take them and get what is printed);
+    a one-shot command's output fails there as on `/dev/full` (`_ClosedStdout`)."""
+    _CLOSED.clear()
     for name in ("stdout", "stderr"):
         if getattr(sys, name) is None:
-            setattr(sys, name, open(os.devnull, "w"))  # noqa: SIM115 (for the process's life)
+            _CLOSED[name] = open(os.devnull, "w")  # noqa: SIM115 (for the process's life)
+            setattr(sys, name, _CLOSED[name])
+
+
+_CLOSED: dict[str, object] = {}  # the /dev/null files holding closed standard streams' fds
+
+
+class _ClosedStdout(io.TextIOBase):
+    """stdout of a reading command (`_READS`) started with it closed: writing fails, so the
+    command says its output was lost and exits non-zero, as `cat >&-` does. Dropped
+    silently, a script read exit 0 and never knew `list` or `stats` printed nothing."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.EBADF, "stdout was closed when the command started")
 
 
 def _main(argv: Sequence[str] | None) -> int:
@@ -187,6 +212,8 @@ def _main(argv: Sequence[str] | None) -> int:
         as_json = bool(args.json)
         if getattr(args, "command", None) in _SERVING:
             return _ungrouped(args.func, args)
+        if "stdout" in _CLOSED and args.command in _READS:
+            sys.stdout = _ClosedStdout()
         from jobspool.queue import lockwait
         from jobspool.queue.unreadable import reported_once
 

@@ -227,10 +227,9 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def _stream_list(args: argparse.Namespace, spool: Any, jobs: Iterable[Any]) -> None:
     """`list` one job at a time: the text lines, or the same JSON array `_emit` writes."""
-    from jobspool.cli.render import json_text
+    from jobspool.cli.render import json_text, write_out
     from jobspool.queue.jobprogress import read_progress
 
-    out = sys.stdout
     first = True
     for job in jobs:
         progress = read_progress(spool.root, job)
@@ -238,16 +237,18 @@ def _stream_list(args: argparse.Namespace, spool: Any, jobs: Iterable[Any]) -> N
             doc = _job_doc(job)
             if progress is not None:
                 doc["progress"] = progress.to_dict()
-            out.write(("[\n" if first else ",\n")
+            write_out(("[\n" if first else ",\n")
                       + "\n".join("  " + line for line in json_text(doc).split("\n")))
         else:
-            out.write(_job_line(job) + (f"  progress={progress.text()}" if progress else "")
+            write_out(_job_line(job) + (f"  progress={progress.text()}" if progress else "")
                       + "\n")
         first = False
     if args.json:
-        out.write("[]\n" if first else "\n]\n")
+        write_out("[]\n" if first else "\n]\n", flush=True)
     elif first:
-        out.write("no jobs\n")
+        write_out("no jobs\n", flush=True)
+    else:
+        write_out("", flush=True)
 
 
 def cmd_show(args: argparse.Namespace) -> int:

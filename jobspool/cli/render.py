@@ -42,12 +42,20 @@ def _emit(args: argparse.Namespace, doc: Any, text: str | Callable[[], str]) -> 
         from jobspool.logs import summary
 
         summary(str(getattr(args, "command", "jobspool")), doc)
+    if args.json:
+        write_out(json_text(doc) + "\n", flush=True)
+    elif getattr(args, "log_format", "text") != "json":
+        write_out((text() if callable(text) else text).rstrip("\n") + "\n", flush=True)
+    else:
+        write_out("", flush=True)
+
+
+def write_out(text: str, *, flush: bool = False) -> None:
+    """Write the command's output to stdout, a failure there said as such."""
     try:
-        if args.json:
-            sys.stdout.write(json_text(doc) + "\n")
-        elif getattr(args, "log_format", "text") != "json":
-            sys.stdout.write((text() if callable(text) else text).rstrip("\n") + "\n")
-        sys.stdout.flush()
+        sys.stdout.write(text)
+        if flush:
+            sys.stdout.flush()
     except BrokenPipeError:
         raise
     except KeyboardInterrupt as exc:  # SIGINT/SIGTERM while stdout blocked: output cut
