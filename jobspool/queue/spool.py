@@ -18,6 +18,7 @@ administrative and O(jobs) by nature.
 from __future__ import annotations
 
 import inspect
+import logging
 import os
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
@@ -89,6 +90,8 @@ _WRITERS = ("enqueue", "enqueue_many", "prepare", "commit", "abort", "claim", "h
             "release", "fenced", "cancel", "requeue", "requeue_all", "recover", "prune",
             "cancel_matching", "requeue_matching", "enqueue_result", "enqueue_many_results")
 
+
+log = logging.getLogger(__name__)
 
 class Spool(WorkerSide, EnqueueForms):
     """A durable job queue in one directory, shared safely by threads and processes.
@@ -190,6 +193,8 @@ class Spool(WorkerSide, EnqueueForms):
         self.leasing = Leasing(self.journal)
         self.producer = Producer(self.journal)
         self.journal.autoprune = self._autoprune
+        if not read_only:
+            self.journal.store.on_occupied = self._occupied
         j = self.journal
         # Shared with the journal (the same objects), read by the layers above the facade.
         self.root, self.settings, self.options = j.root, settings, options
@@ -269,6 +274,26 @@ class Spool(WorkerSide, EnqueueForms):
         raise TypeError(f"a Spool cannot be pickled (it holds open files and locks): pass "
                         f"its root ({str(self.root)!r}) to the other process and open a "
                         "Spool there")
+
+    def _occupied(self, directory: str, name: str) -> None:
+        """A file is where a job is about to be renamed (under the lock): unreadable, it
+        goes to quarantine/ first. Renamed over, a damaged or hand-edited file that
+        `claim`, `stats` and `jobs` had skipped, saying `recover` would quarantine it,
+        was destroyed without a word. A readable one is an older copy of the same job
+        (a power loss kept it): the newer revision replaces it, as recovery would."""
+        from jobspool.recovery.quarantine import quarantine
+        from jobspool.recovery.scan import Bad, read_job
+
+        try:
+            JobState(directory)
+        except ValueError:
+            return  # not a state directory
+        if isinstance(bad := read_job(self.journal, directory, name), Bad):
+            try:
+                quarantine(self.journal, [bad])
+            except OSError as exc:
+                log.warning("could not quarantine %s/%s before writing over it (%s)",
+                            directory, name, exc.strerror or exc)
 
     def _autoprune(self) -> None:
         from jobspool.recovery.prune import prune_if_over

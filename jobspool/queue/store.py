@@ -123,6 +123,10 @@ class Store(StoreReader, RecycledPool):
     # Called (under the spool lock) when a superseded copy could not be removed, so that
     # claims check for stale copies until recovery runs (`SpoolLock.suspect`).
     on_unretired: Callable[[], None] | None = None
+    # Called (under the spool lock) with (directory, name) when a file is found where a
+    # job moves or is created: a hand-placed or damaged file there, which the rename
+    # would destroy. The layer above decides (an unreadable one goes to quarantine/).
+    on_occupied: Callable[[str, str], None] | None = None
 
     def __init__(self, root: Path, *, durable: bool = True, sync_mode: str = "auto",
                  pool_size: int = 256, file_mode: int = 0o600, dir_mode: int = 0o700) -> None:
@@ -182,6 +186,9 @@ class Store(StoreReader, RecycledPool):
             for i, (ch, tmp) in enumerate(staged):
                 assert ch.dst is not None
                 dst = os.path.join(self.root, ch.dst, ch.name)
+                if (ch.dst and ch.src != ch.dst and self.on_occupied is not None
+                        and os.path.lexists(dst)):  # ~1 µs: a job's own move finds none
+                    self.on_occupied(ch.dst, ch.name)
                 for attempt in range(_RESTAGE_TRIES + 1):
                     try:
                         os_replace(tmp, dst)
