@@ -54,10 +54,11 @@ from jobspool.queue import store as store_mod
 from jobspool.queue.fence import FENCE_FILE, decode_fence, encode_fence, restart_floor
 from jobspool.queue.job import survivor_key
 from jobspool.queue.layout import ADMIN_BATCH as BATCH
+from jobspool.queue.layout import QUARANTINE_DIR
 from jobspool.queue.states import CLAIMABLE, JobState
 from jobspool.queue.store import JOB_SUFFIX, TMP_DIR, Change
 from jobspool.recovery.prune import prune
-from jobspool.recovery.quarantine import quarantine, quarantine_root_file
+from jobspool.recovery.quarantine import REASON_SUFFIX, quarantine, quarantine_root_file
 from jobspool.recovery.replay import ReplayHook, ReplayHooks, Verdict, ask, hook_for
 from jobspool.recovery.scan import Bad, Scan, probe, scan_spool
 from jobspool.recovery.strays import stray_tmp_files
@@ -84,7 +85,8 @@ class RecoveryReport:
     stale_copies_removed: tuple[str, ...] = ()  # `state/id.json` of the removed copies
     quarantined: tuple[str, ...] = ()  # source paths (`state/name`) moved to quarantine/
     quarantine_names: tuple[str, ...] = ()  # their names inside quarantine/
-    temp_files_removed: tuple[str, ...] = ()  # `tmp/<name>` (and root-level leftovers)
+    # `tmp/<name>`, root-level leftovers, and reason files left alone in quarantine/
+    temp_files_removed: tuple[str, ...] = ()
     pool_files_trimmed: tuple[str, ...] = ()  # `tmp/pool/<name>` beyond the pool size
     fence_raised: tuple[str, ...] = ()  # ids holding tokens above the old fence (or "fence")
     leases_reclaimed: tuple[str, ...] = ()  # expired (or dead holders') leases to retryable
@@ -229,6 +231,10 @@ def _clean_tmp(spool: Journal) -> tuple[list[str], list[str]]:
             if _unlink(path):
                 removed.append(name)
                 root_dirty = True
+        orphans = _orphan_reasons(spool.root / QUARANTINE_DIR)
+        for name in orphans:
+            if _unlink(spool.root / QUARANTINE_DIR / name):
+                removed.append(f"{QUARANTINE_DIR}/{name}")
         pool = sorted(spool.store.pool_names())
         for name in pool[spool.store.pool_size:]:
             if _unlink(spool.root / store_mod.POOL_DIR / name):
@@ -240,9 +246,24 @@ def _clean_tmp(spool: Journal) -> tuple[list[str], list[str]]:
                 store_mod.fsync_dir(tmp)
             if root_dirty:
                 store_mod.fsync_dir(spool.root)
+            if orphans:
+                store_mod.fsync_dir(spool.root / QUARANTINE_DIR)
             if trimmed:
                 store_mod.fsync_dir(spool.root / store_mod.POOL_DIR)
     return removed, trimmed
+
+
+def _orphan_reasons(qdir: Path) -> list[str]:
+    """Reason files in quarantine/ with no quarantined file beside them. A quarantine writes
+    the reason, then moves the file (both under the lock, which this holds): one killed
+    between the two left the reason behind, and the next pass quarantined the file again
+    under a new name, so orphans piled up that no listing showed."""
+    try:
+        names = set(os.listdir(qdir))
+    except FileNotFoundError:
+        return []
+    return sorted(n for n in names
+                  if n.endswith(REASON_SUFFIX) and n[: -len(REASON_SUFFIX)] not in names)
 
 
 def _remove_stray(path: Path) -> bool:
