@@ -7,6 +7,7 @@ Handler control-flow signals (`Retry`, `Fail`) are not faults and live in
 from __future__ import annotations
 
 import errno as _errno
+import re
 
 # What a full disk or quota answers a write with (WriteFailed.disk_full).
 FULL_DISK = frozenset({_errno.ENOSPC, _errno.EDQUOT})
@@ -366,6 +367,22 @@ def undecodable_escaped(text: str) -> str:
         return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
     except UnicodeEncodeError:  # a lone surrogate no file name decodes to
         return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+# Control characters and bidirectional overrides, as a file name may hold them.
+_NAME_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e"
+                           "\u2066-\u2069]")
+
+
+def shown_name(name: str) -> str:
+    """A file name as a one-line message shows it: control characters (a newline in a
+    name split `fsck`'s line in two, an escape sequence acted on the terminal) and
+    undecodable bytes spelled as backslash escapes. Any other name is shown as it is."""
+    name = undecodable_escaped(name)
+    if _NAME_CONTROL.search(name) is None:
+        return name
+    return _NAME_CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"),
+                             name)
 
 
 def json_safe(value: object) -> object:

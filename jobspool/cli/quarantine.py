@@ -59,6 +59,7 @@ def _when(at: float | None) -> str:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    from jobspool.errors import shown_name
     from jobspool.recovery.quarantine import list_quarantined
 
     with _open(args, read_only=True) as spool:
@@ -67,8 +68,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     def text() -> str:
         if not files:
             return "quarantine is empty"
-        return "\n".join(f"{q.name}  from {q.source}  at {_when(q.quarantined_at)}  "
-                         f"{q.size} B: {q.reason}" for q in files)
+        return "\n".join(f"{shown_name(q.name)}  from {shown_name(q.source)}  at "
+                         f"{_when(q.quarantined_at)}  {q.size} B: {q.reason}" for q in files)
 
     _emit(args, {"count": len(files), "files": [q.to_dict() for q in files]}, text)
     return EXIT_OK

@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Iterator
 from contextvars import ContextVar
 
-from jobspool.errors import CorruptFileWarning
+from jobspool.errors import CorruptFileWarning, shown_name
 
 _log = logging.getLogger("jobspool.queue")  # the logger these warnings always came from
 
@@ -68,6 +68,7 @@ def report_unreadable(directory: str, job_id: str, reason: str) -> None:
     denied = reason in (os.strerror(errno.EACCES), os.strerror(errno.EPERM))
     hint = ("this user may not read it: see `jobspool init --access group-read`" if denied
             else "`jobspool recover` moves it to quarantine/")
-    message = f"skipping unreadable job file {directory}/{job_id}.json: {reason} ({hint})"
+    message = (f"skipping unreadable job file {shown_name(f'{directory}/{job_id}.json')}: "
+               f"{reason} ({hint})")
     _log.warning(message, extra={"job_id": job_id, "state": directory})
     warnings.warn(message, CorruptFileWarning, stacklevel=3)

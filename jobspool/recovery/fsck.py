@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from jobspool.errors import shown_name
 from jobspool.queue.fence import FENCE_FILE, decode_fence
 from jobspool.queue.layout import ADMIN_BATCH as BATCH
 from jobspool.queue.states import ALL_STATES, TERMINAL, JobState
@@ -78,7 +79,7 @@ def fsck(spool: Journal) -> FsckReport:
             for stray in strays[start:start + BATCH]:
                 bad = confirm(spool, stray)
                 if bad is not None:
-                    problems.append(f"{bad.path}: {bad.reason}")
+                    problems.append(f"{shown_name(bad.path)}: {bad.reason}")
 
     top, _ = scan.max_token()
     with spool.lock.hold():
@@ -99,7 +100,7 @@ def fsck(spool: Journal) -> FsckReport:
                                         f"{job.lease.token} in {job.state.value}/{job.id}{JOB_SUFFIX}")
     if fence_problem:
         problems.append(fence_problem)
-    problems.extend(f"{TMP_DIR}/{name}: stray temp file (no live writer will publish it)"
+    problems.extend(f"{TMP_DIR}/{shown_name(name)}: stray temp file (no live writer will publish it)"
                     for name in temps)
 
     counts = {s.value: 0 for s in ALL_STATES}
@@ -117,11 +118,12 @@ def fsck(spool: Journal) -> FsckReport:
 def _check_id(spool: Journal, job_id: str) -> tuple[list[Job], list[str]]:
     """The readable copies of a suspect id, and its problems."""
     good, bad = probe(spool, job_id)
-    out = [f"{b.path}: {b.reason}" for b in bad]
+    out = [f"{shown_name(b.path)}: {b.reason}" for b in bad]
     if len(good) > 1:
-        where = ", ".join(f"{j.state.value}/{job_id}{JOB_SUFFIX} (revision {j.revision})"
+        where = ", ".join(f"{j.state.value}/{shown_name(job_id)}{JOB_SUFFIX} "
+                          f"(revision {j.revision})"
                           for j in good)
-        out.append(f"job {job_id} has {len(good)} files: {where}")
+        out.append(f"job {shown_name(job_id)} has {len(good)} files: {where}")
     return good, out
 
 

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from jobspool.errors import NotQuarantined as NotQuarantined
-from jobspool.errors import SpoolError, undecodable_escaped
+from jobspool.errors import SpoolError, shown_name, undecodable_escaped
 from jobspool.queue import store as store_mod
 from jobspool.queue.diskerrors import write_failed
 from jobspool.queue.fence import FENCE_FILE, decode_fence
@@ -88,8 +88,8 @@ def quarantine(spool: Journal, suspects: Iterable[Bad]) -> list[tuple[str, str]]
             if qname is not None:
                 moved.append((bad.path, qname))
                 dirs.add(bad.directory)
-                log.warning("quarantined %s as %s/%s: %s", bad.path, QUARANTINE_DIR, qname,
-                            bad.reason)
+                log.warning("quarantined %s as %s/%s: %s", shown_name(bad.path),
+                            QUARANTINE_DIR, shown_name(qname), bad.reason)
     finally:
         # Also when a later move failed: the ones done are flushed and seen by claims.
         if moved:
@@ -109,7 +109,8 @@ def quarantine_root_file(spool: Journal, name: str, reason: str) -> str | None:
     assert spool.lock.held, "quarantine_root_file() must run under the spool lock"
     qname = _move(spool, Bad("", name, reason))
     if qname is not None:
-        log.warning("quarantined %s as %s/%s: %s", name, QUARANTINE_DIR, qname, reason)
+        log.warning("quarantined %s as %s/%s: %s", shown_name(name), QUARANTINE_DIR,
+                    shown_name(qname), reason)
         if spool.durable:
             store_mod.fsync_dir(spool.root / QUARANTINE_DIR)
     return qname

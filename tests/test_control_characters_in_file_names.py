@@ -1,0 +1,45 @@
+"""A file name holding a newline or an escape sequence is shown escaped, one line per
+problem: found by a probe, `fsck`, the warnings of `list`, the log of `recover` and
+`quarantine list` printed such names raw (a newline split a message in two; the escape
+sequence acted on the terminal)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from tests.cli_harness import run_jobspool
+from tests.spools import make_spool
+
+_NAMES = ["ev\nil.json", "a\x1b[31mred.json"]
+
+
+def _one_line_each(text: str) -> list[str]:
+    assert "\x1b" not in text
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def test_names_with_control_characters_are_shown_escaped(tmp_path: Path) -> None:
+    root = tmp_path / "spool"
+    with make_spool(root) as spool:
+        spool.enqueue("k", {}, job_id="r0")
+    for name in _NAMES:
+        shutil.copy(root / "ready" / "r0.json", root / "ready" / name)
+
+    fsck = run_jobspool("fsck", root=root)
+    lines = _one_line_each(fsck.stdout)
+    assert any("ready/ev\\nil.json" in line for line in lines), fsck.stdout
+    assert any("ready/a\\x1b[31mred.json" in line for line in lines), fsck.stdout
+    assert len(lines) == 2 + len(_NAMES)  # the heading, one per file, the hint
+
+    listed = run_jobspool("list", root=root)
+    warned = _one_line_each(listed.stderr)
+    assert len(warned) == len(_NAMES), listed.stderr
+
+    recovered = run_jobspool("recover", root=root)
+    assert recovered.returncode == 0, recovered.stderr
+    said = [line for line in _one_line_each(recovered.stderr) if "quarantined" in line]
+    assert len(said) == len(_NAMES), recovered.stderr
+
+    shown = run_jobspool("quarantine", "list", root=root)
+    assert len(_one_line_each(shown.stdout)) == len(_NAMES), shown.stdout
