@@ -22,7 +22,6 @@ import logging
 import math
 import os
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -31,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.to_thread
 
-from jobspool.errors import ConfigError, InvalidJob, InvalidType, JobspoolError, RunningLoopError
+from jobspool.errors import ConfigError, InvalidJob, JobspoolError, RunningLoopError
 from jobspool.errors import WorkerCrashed as WorkerCrashed
 from jobspool.policy import Policy
 from jobspool.queue import signalhub
@@ -46,6 +45,7 @@ from jobspool.queue.layout import default_projection_of, projection_inside_spool
 from jobspool.queue.pipeline import Pipeline
 from jobspool.queue.report import Counters, FinishedRun
 from jobspool.queue.report import RunReport as RunReport
+from jobspool.queue.runchecks import check_run_options, in_event_loop
 from jobspool.queue.runs import Runs
 from jobspool.queue.sink import LanceSink
 from jobspool.queue.supervisor import Supervisor
@@ -243,7 +243,7 @@ class Worker:
         this one raises `RunningLoopError` (a `RuntimeError`) there instead of
         blocking the loop.
         """
-        if _in_event_loop():
+        if in_event_loop():
             raise RunningLoopError("Worker.run_until_idle() was called inside a running event "
                                    "loop; use `await worker.arun_until_idle()` there")
 
@@ -264,7 +264,7 @@ class Worker:
         way they stop `run_forever`: no new claims, running handlers get
         `grace_seconds`, the rest are released, and it returns normally.
         """
-        _check_run_options(progress, handle_signals)
+        check_run_options(progress, handle_signals)
         # Before any task group, so a refused endpoint is raised as itself (not in a group).
         await anyio.to_thread.run_sync(self.sink.before_claims, self.spool)
         if handle_signals and threading.current_thread() is threading.main_thread():
@@ -327,7 +327,7 @@ class Worker:
         """
         coro = self.arun_forever(poll_seconds=poll_seconds, handle_signals=handle_signals,
                                  progress=progress)
-        if _in_event_loop():
+        if in_event_loop():
             return coro
 
         async def main() -> RunReport:
@@ -350,7 +350,7 @@ class Worker:
         started go back uncounted. A second signal (or `hurry()`) cuts off
         every run at once.
         """
-        _check_run_options(progress, handle_signals)
+        check_run_options(progress, handle_signals)
         poll_seconds = validate_seconds("poll_seconds", poll_seconds, positive=True)
         if poll_seconds < MIN_POLL_SECONDS:
             raise InvalidJob(f"poll_seconds must be at least {MIN_POLL_SECONDS:g} (a safety "
@@ -564,37 +564,3 @@ class Worker:
         """The projection this worker writes through (opened on first use: lancedb is slow
         to import)."""
         return self.sink.store()
-
-
-def _check_run_options(progress: object, handle_signals: object) -> None:
-    """A run's options checked before it claims: `progress=5` ran every job, then raised
-    "'int' object is not callable" in an ExceptionGroup; `handle_signals="no"` (truthy)
-    took over SIGTERM."""
-    check_flag("handle_signals", handle_signals)
-    if progress is not None and not callable(progress):
-        raise InvalidType(f"progress must be a callable taking the run's report, or None; "
-                          f"got {progress!r:.80}", field="progress")
-
-
-def _in_event_loop() -> bool:
-    """Whether this thread is running an async event loop (asyncio or trio).
-
-    Asked of the loops themselves, not through `sniffio`: anyio no longer depends on it,
-    so a plain `pip install jobspool` has no sniffio and `run_until_idle` died importing
-    it. A trio run has imported trio already, so trio is looked for only when loaded.
-    """
-    import asyncio
-
-    try:
-        asyncio.get_running_loop()
-        return True
-    except RuntimeError:
-        pass
-    trio = sys.modules.get("trio")
-    if trio is None:
-        return False
-    try:
-        trio.lowlevel.current_trio_token()
-    except RuntimeError:
-        return False
-    return True
