@@ -534,7 +534,7 @@ def test_a_stdout_that_cannot_be_written_is_named_not_the_spools_disk(
 
 
 @pytest.mark.parametrize("command_args", [("list",), ("--json", "list"), ("stats",),
-                                          ("show", "j1"), ("fsck",)])
+                                          ("show", "j1"), ("fsck",), ("quarantine", "list")])
 @pytest.mark.parametrize("stdout", ["/dev/full", "closed"])
 def test_a_reading_command_whose_output_is_lost_says_so_and_fails(
         tmp_path: Path, command_args: tuple[str, ...], stdout: str) -> None:

@@ -32,6 +32,10 @@ def test_names_with_control_characters_are_shown_escaped(tmp_path: Path) -> None
     assert any("ready/a\\x1b[31mred.json" in line for line in lines), fsck.stdout
     assert len(lines) == 2 + len(_NAMES)  # the heading, one per file, the hint
 
+    health = run_jobspool("health", root=root)
+    said = [line for line in _one_line_each(health.stdout) if "unreadable" in line]
+    assert len(said) == 1 and "ready/ev\\nil.json" in said[0], health.stdout
+
     listed = run_jobspool("list", root=root)
     warned = _one_line_each(listed.stderr)
     assert len(warned) == len(_NAMES), listed.stderr
@@ -43,3 +47,7 @@ def test_names_with_control_characters_are_shown_escaped(tmp_path: Path) -> None
 
     shown = run_jobspool("quarantine", "list", root=root)
     assert len(_one_line_each(shown.stdout)) == len(_NAMES), shown.stdout
+    first = shown.stdout.split()[0]
+    one = run_jobspool("quarantine", "show", first.split(".")[0], root=root)
+    head = _one_line_each(one.stdout.split("content")[0])
+    assert [line.split(":")[0] for line in head[:2]] == ["name", "from"], one.stdout

@@ -39,3 +39,19 @@ def test_recover_removes_a_reason_file_left_without_its_file(tmp_path: Path) -> 
         assert all(n + ".reason" in names for n in names if not n.endswith(".reason"))
         assert not spool.recover().changed  # nothing left to do
         assert spool.fsck().ok
+
+
+def test_a_quarantined_file_named_like_a_reason_is_kept_with_its_reason(tmp_path: Path) -> None:
+    """Found by a probe of the fix above: `ready/notes.reason` quarantined as
+    `<...>.ready.notes.reason` was taken for an orphan reason and deleted, then its own
+    reason in the next pass."""
+    root = tmp_path / "spool"
+    qdir = root / "quarantine"
+    with make_spool(root) as spool:
+        (root / "ready" / "notes.reason").write_bytes(b"important notes")
+        assert spool.recover().quarantined == ("ready/notes.reason",)
+        for _ in range(2):
+            assert spool.recover().temp_files_removed == ()
+        kept = sorted(p.name for p in qdir.iterdir())
+        assert len(kept) == 2 and kept[1] == kept[0] + ".reason"
+        assert (qdir / kept[0]).read_bytes() == b"important notes"

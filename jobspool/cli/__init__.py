@@ -57,7 +57,8 @@ _SERVING = frozenset({"worker", "run-until-idle", "dashboard", "demo"})
 # Commands whose output is all they do: started with stdout closed, they fail
 # (`_ClosedStdout`). The others did their work, which a non-zero exit would invite a
 # script to repeat (an enqueue twice).
-_READS = frozenset({"stats", "list", "show", "fsck", "health"})
+_READS = frozenset({("stats", None), ("list", None), ("show", None), ("fsck", None),
+                    ("health", None), ("quarantine", "list"), ("quarantine", "show")})
 
 _ARGV: list[str] = []  # for `_fail`: errors found before logging is set up
 
@@ -212,7 +213,7 @@ def _main(argv: Sequence[str] | None) -> int:
         as_json = bool(args.json)
         if getattr(args, "command", None) in _SERVING:
             return _ungrouped(args.func, args)
-        if "stdout" in _CLOSED and args.command in _READS:
+        if "stdout" in _CLOSED and (args.command, getattr(args, "action", None)) in _READS:
             sys.stdout = _ClosedStdout()
         from jobspool.queue import lockwait
         from jobspool.queue.unreadable import reported_once

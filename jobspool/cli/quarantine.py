@@ -76,13 +76,14 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
+    from jobspool.errors import shown_name
     from jobspool.recovery.quarantine import show_quarantined
 
     with _open(args, read_only=True) as spool:
         doc = show_quarantined(_core(spool), args.ident)
 
     def text() -> str:
-        lines = [f"name: {doc['name']}", f"from: {doc['source']}",
+        lines = [f"name: {shown_name(doc['name'])}", f"from: {shown_name(doc['source'])}",
                  f"quarantined at: {_when(doc['quarantined_at'])}",
                  f"reason: {doc['reason']}", f"size: {doc['size']} B",
                  "now readable: yes (`jobspool quarantine restore` puts it back)"

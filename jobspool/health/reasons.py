@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from jobspool.errors import shown_name
+
 if TYPE_CHECKING:
     from jobspool.queue.api import SpoolAPI as Spool
 
@@ -62,7 +64,7 @@ class Health:
 def ids(ids: list[str], total: int | None = None) -> str:
     """A few of `ids` (of `total`, when more exist than were listed)."""
     total = len(ids) if total is None else total
-    shown = ", ".join(ids[:_EXAMPLES])
+    shown = ", ".join(shown_name(i) for i in ids[:_EXAMPLES])
     return shown + (f" and {total - _EXAMPLES} more" if total > _EXAMPLES else "")
 
 

@@ -191,6 +191,19 @@ def read_reason(spool: Journal, qname: str) -> dict[str, object]:
     return doc
 
 
+def is_reason_file(path: Path) -> bool:
+    """Whether `path` holds a reason record as `_move` writes them (a small JSON object with
+    the format version, the source and the reason), not a file quarantined for its name."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(64 * 1024 + 1)
+        doc = orjson.loads(data)
+    except (OSError, orjson.JSONDecodeError):
+        return False
+    return (isinstance(doc, dict) and doc.get("v") == REASON_FORMAT
+            and isinstance(doc.get("source"), str) and isinstance(doc.get("reason"), str))
+
+
 # ---------------------------------------------------------------- operator commands
 #
 # `jobspool quarantine list|show|restore|purge`: look at what recovery moved aside, put a
