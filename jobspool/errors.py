@@ -370,8 +370,8 @@ def undecodable_escaped(text: str) -> str:
 
 
 # Control characters and bidirectional overrides, as a file name may hold them.
-_NAME_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e"
-                           "\u2066-\u2069]")
+_NAME_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e"
+                           "\u2066-\u2069\ufeff]")
 
 
 def shown_name(name: str) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from jobspool import JobState
-from tests.cli_harness import start_jobspool
+from tests.cli_harness import reap, start_jobspool
 from tests.spools import make_spool
 
 
@@ -41,9 +41,7 @@ def test_sigint_during_the_app_import_stops_the_command_and_runs_nothing(
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        reap(proc)
     assert proc.returncode == 130, err.decode()
     assert "interrupted by SIGINT" in err.decode()
     with make_spool(root) as spool:

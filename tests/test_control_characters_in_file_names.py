@@ -51,3 +51,14 @@ def test_names_with_control_characters_are_shown_escaped(tmp_path: Path) -> None
     one = run_jobspool("quarantine", "show", first.split(".")[0], root=root)
     head = _one_line_each(one.stdout.split("content")[0])
     assert [line.split(":")[0] for line in head[:2]] == ["name", "from"], one.stdout
+
+
+def test_line_and_paragraph_separators_and_invisible_marks_are_escaped_too() -> None:
+    """U+2028/U+2029 end a line for `str.splitlines` (log readers, tests): a name holding
+    one made `fsck`'s line two (probe). U+200B and U+FEFF would not show at all."""
+    from jobspool.errors import shown_name
+
+    for char in ("\u2028", "\u2029", "\u200b", "\ufeff", "\x85"):
+        shown = shown_name(f"ready/a{char}b.json")
+        assert len(shown.splitlines()) == 1 and char not in shown, repr(shown)
+    assert shown_name("ready/plain-name_1.json") == "ready/plain-name_1.json"

@@ -5,6 +5,7 @@ listing showed and no later pass removed."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -55,3 +56,59 @@ def test_a_quarantined_file_named_like_a_reason_is_kept_with_its_reason(tmp_path
         kept = sorted(p.name for p in qdir.iterdir())
         assert len(kept) == 2 and kept[1] == kept[0] + ".reason"
         assert (qdir / kept[0]).read_bytes() == b"important notes"
+
+
+def test_a_fifo_named_like_a_reason_never_blocks_recover_or_the_listing(
+        tmp_path: Path) -> None:
+    """Found by a probe: reading it to tell whether it was a reason, `recover` hung for good
+    holding the spool lock (every enqueue and claim waiting behind it); `quarantine list`
+    hung on a FIFO standing in for a file's reason."""
+    import subprocess
+
+    from tests.cli_harness import run_jobspool
+
+    root = tmp_path / "spool"
+    with make_spool(root):
+        pass
+    qdir = root / "quarantine"
+    os.mkfifo(qdir / "hand.reason")
+    (qdir / "x").write_bytes(b"quarantined by hand")
+    os.mkfifo(qdir / "x.reason")
+    for args in (("recover",), ("quarantine", "list"), ("fsck",)):
+        try:
+            done = run_jobspool(*args, root=root, timeout=60)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"jobspool {' '.join(args)} hung on a FIFO") from None
+        assert "Traceback" not in done.stderr, done.stderr
+    assert (qdir / "x").read_bytes() == b"quarantined by hand"
+
+
+def test_a_reason_left_empty_or_cut_short_is_an_orphan_too(tmp_path: Path) -> None:
+    """A quarantine killed before its reason was written (or a non-durable spool after a
+    power loss) leaves it empty or cut short, named as every reason is named."""
+    root = tmp_path / "spool"
+    qdir = root / "quarantine"
+    with make_spool(root) as spool:
+        (qdir / "1796663488858562502-22705-0.ready.x.json.reason").write_bytes(b"")
+        (qdir / "1796663488858562503-22705-1.ready.y.json.reason").write_bytes(
+            b'{"v":1,"source":"ready/y.js')
+        (qdir / "notes.reason").write_bytes(b"a person's file, not a reason")
+        report = spool.recover()
+        assert sorted(report.temp_files_removed) == [
+            "quarantine/1796663488858562502-22705-0.ready.x.json.reason",
+            "quarantine/1796663488858562503-22705-1.ready.y.json.reason"]
+        assert (qdir / "notes.reason").exists()
+
+
+def test_a_quarantined_file_named_like_a_reason_is_listed_shown_and_restored(
+        tmp_path: Path) -> None:
+    from jobspool.recovery.quarantine import list_quarantined, restore_quarantined
+
+    root = tmp_path / "spool"
+    with make_spool(root) as spool:
+        (root / "ready" / "notes.reason").write_bytes(b"not a job")
+        spool.recover()
+        [q] = list_quarantined(spool.journal)
+        assert q.name.endswith(".ready.notes.reason") and q.source == "ready/notes.reason"
+        with pytest.raises(Exception, match="still not a readable job"):
+            restore_quarantined(spool.journal, q.name)

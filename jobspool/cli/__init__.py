@@ -58,7 +58,8 @@ _SERVING = frozenset({"worker", "run-until-idle", "dashboard", "demo"})
 # (`_ClosedStdout`). The others did their work, which a non-zero exit would invite a
 # script to repeat (an enqueue twice).
 _READS = frozenset({("stats", None), ("list", None), ("show", None), ("fsck", None),
-                    ("health", None), ("quarantine", "list"), ("quarantine", "show")})
+                    ("health", None), ("quarantine", "list"), ("quarantine", "show"),
+                    ("schedules", None)})
 
 _ARGV: list[str] = []  # for `_fail`: errors found before logging is set up
 

@@ -97,13 +97,14 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
+    from jobspool.errors import shown_name
     from jobspool.recovery.quarantine import resolve, restore_quarantined
 
     with _open(args) as spool:
         name = resolve(_core(spool), args.ident)
         job = restore_quarantined(_core(spool), name)
     _emit(args, {"restored": name, "job": _job_doc(job)},
-          f"restored {name} as {job.state.value}/{job.id}.json")
+          f"restored {shown_name(name)} as {job.state.value}/{job.id}.json")
     return EXIT_OK
 
 

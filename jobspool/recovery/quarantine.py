@@ -26,11 +26,14 @@ of "corrupt" is only a suspicion.
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import logging
 import os
+import re
 import shutil
 import socket
+import stat
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -176,32 +179,79 @@ def _move(spool: Journal, bad: Bad) -> str | None:
 def quarantined_files(spool: Journal) -> list[str]:
     """Names of the quarantined files (their reason files excluded)."""
     try:
-        return sorted(n for n in os.listdir(spool.root / QUARANTINE_DIR)
-                      if not n.endswith(REASON_SUFFIX) and not n.startswith("."))
+        return _pairs(os.listdir(spool.root / QUARANTINE_DIR))[0]
     except FileNotFoundError:
         return []
 
 
+def _pairs(listing: Iterable[str]) -> tuple[list[str], list[str]]:
+    """A listing of quarantine/ as (quarantined files, reason files with no file beside
+    them). A name ending in `.reason` is a quarantined file when it has a reason of its own
+    (`ready/notes.reason` quarantined): counted as a reason by its name alone, it was never
+    listed, shown or restored, and `recover` took it for an orphan and deleted it."""
+    names = {n for n in listing if not n.startswith(".")}
+    files = sorted(n for n in names
+                   if not n.endswith(REASON_SUFFIX) or n + REASON_SUFFIX in names)
+    kept = set(files) | {f + REASON_SUFFIX for f in files}
+    return files, sorted(n for n in names - kept if n.endswith(REASON_SUFFIX))
+
+
+def orphan_reasons(qdir: Path) -> list[str]:
+    """Reason files in quarantine/ with no quarantined file beside them that are surely
+    reasons: plain files named as `_move` names them (`<time_ns>-<pid>-<n>.`; cut short or
+    empty, a reason written as its quarantine was killed still is one), or holding a
+    reason record. Call under the spool lock: a quarantine writes the reason, then moves
+    the file, and one killed between the two left the reason behind for good."""
+    try:
+        candidates = _pairs(os.listdir(qdir))[1]
+    except FileNotFoundError:
+        return []
+    return [n for n in candidates
+            if (_QUARANTINE_NAME.match(n) and _is_plain_file(qdir / n))
+            or _reason_record(qdir / n) is not None]
+
+
+_QUARANTINE_NAME = re.compile(r"\d+-\d+-\d+\.")
+
+
+def _is_plain_file(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _read_plain(path: Path, limit: int) -> bytes:
+    """At most `limit` bytes of a regular file, never blocking: a FIFO named like a reason
+    file hung `recover` (holding the spool lock) and `quarantine list` for good."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        return os.read(fd, limit)
+    finally:
+        os.close(fd)
+
+
+def _reason_record(path: Path) -> dict[str, object] | None:
+    """The reason record `path` holds, as `_move` writes them; None for anything else."""
+    try:
+        doc = orjson.loads(_read_plain(path, 64 * 1024))
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    if (isinstance(doc, dict) and doc.get("v") == REASON_FORMAT
+            and isinstance(doc.get("source"), str) and isinstance(doc.get("reason"), str)):
+        return doc
+    return None
+
+
 def read_reason(spool: Journal, qname: str) -> dict[str, object]:
     """The reason record written beside a quarantined file."""
-    data = (spool.root / QUARANTINE_DIR / (qname + REASON_SUFFIX)).read_bytes()
+    data = _read_plain(spool.root / QUARANTINE_DIR / (qname + REASON_SUFFIX), 1024 * 1024)
     doc = orjson.loads(data)
     if not isinstance(doc, dict):
         raise ValueError(f"{qname}{REASON_SUFFIX} is not a JSON object")
     return doc
-
-
-def is_reason_file(path: Path) -> bool:
-    """Whether `path` holds a reason record as `_move` writes them (a small JSON object with
-    the format version, the source and the reason), not a file quarantined for its name."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read(64 * 1024 + 1)
-        doc = orjson.loads(data)
-    except (OSError, orjson.JSONDecodeError):
-        return False
-    return (isinstance(doc, dict) and doc.get("v") == REASON_FORMAT
-            and isinstance(doc.get("source"), str) and isinstance(doc.get("reason"), str))
 
 
 # ---------------------------------------------------------------- operator commands
@@ -321,31 +371,32 @@ def restore_quarantined(spool: Journal, ident: str) -> Job:
     spool.check_writable("restore a quarantined file")
     name = resolve(spool, ident)
     qpath = spool.root / QUARANTINE_DIR / name
+    where = f"{QUARANTINE_DIR}/{shown_name(name)}"
     with spool.lock.hold():
         try:
             data = spool.store.read(QUARANTINE_DIR, name)
         except FileNotFoundError:
             raise NotQuarantined(ident) from None
         except IsADirectoryError:
-            raise SpoolError(f"cannot restore {QUARANTINE_DIR}/{name}: a directory, not a job "
+            raise SpoolError(f"cannot restore {where}: a directory, not a job "
                              "file; `jobspool quarantine purge` it", path=str(qpath)) from None
         except OSError as exc:  # a symlink, no permission
-            raise SpoolError(f"cannot restore {QUARANTINE_DIR}/{name}: "
+            raise SpoolError(f"cannot restore {where}: "
                              f"{exc.strerror or exc}", path=str(qpath)) from None
         try:
             job = decode_job(data)
         except CorruptJob as exc:
-            raise SpoolError(f"cannot restore {QUARANTINE_DIR}/{name}: still not a readable job "
+            raise SpoolError(f"cannot restore {where}: still not a readable job "
                              f"({exc.reason if data else 'empty file'}); repair it in place "
                              "first, or `jobspool quarantine purge` it", path=str(qpath)) from None
         if len(data) > spool.max_job_bytes:
             # Readers would take it, and every later write of it be "written anyway".
-            raise SpoolError(f"cannot restore {QUARANTINE_DIR}/{name}: {len(data)} bytes, over "
+            raise SpoolError(f"cannot restore {where}: {len(data)} bytes, over "
                              f"max_job_bytes={spool.max_job_bytes}; shorten it in place first",
                              path=str(qpath))
         existing, _ = spool.locate(job.id)
         if existing is not None:
-            raise SpoolError(f"cannot restore {QUARANTINE_DIR}/{name}: job {job.id!r} already "
+            raise SpoolError(f"cannot restore {where}: job {job.id!r} already "
                              f"exists (state {existing.state.value}); purge the quarantined "
                              "copy instead", path=str(qpath))
         target = spool.root / job.state.value / (job.id + JOB_SUFFIX)
@@ -364,8 +415,9 @@ def restore_quarantined(spool: Journal, ident: str) -> Job:
             store_mod.fsync_dir(spool.root / job.state.value)
             store_mod.fsync_dir(spool.root / QUARANTINE_DIR)
         spool.touch([job.state])
-    log.info("restored %s/%s as %s", QUARANTINE_DIR, name, target.relative_to(spool.root),
-                extra={"job_id": job.id, "state": job.state.value})
+    log.info("restored %s/%s as %s", QUARANTINE_DIR, shown_name(name),
+             shown_name(str(target.relative_to(spool.root))),
+             extra={"job_id": job.id, "state": job.state.value})
     return job
 
 
@@ -416,11 +468,8 @@ def purge_quarantined(spool: Journal, idents: Sequence[str] = (), *,
         # the lock, and only those without their file: a `recover` quarantining alongside
         # writes the reason first, and lost it to this sweep ("no reason recorded").
         with contextlib.suppress(FileNotFoundError), spool.lock.hold():
-            for orphan in os.listdir(qdir):
-                if orphan.endswith(REASON_SUFFIX) and \
-                        not os.path.lexists(qdir / orphan[:-len(REASON_SUFFIX)]):
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(qdir / orphan)
+            for orphan in _pairs(os.listdir(qdir))[1]:
+                _remove(qdir / orphan)
     if purged and spool.durable:
         store_mod.fsync_dir(qdir)
     if failed:

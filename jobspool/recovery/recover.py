@@ -58,12 +58,7 @@ from jobspool.queue.layout import QUARANTINE_DIR
 from jobspool.queue.states import CLAIMABLE, JobState
 from jobspool.queue.store import JOB_SUFFIX, TMP_DIR, Change
 from jobspool.recovery.prune import prune
-from jobspool.recovery.quarantine import (
-    REASON_SUFFIX,
-    is_reason_file,
-    quarantine,
-    quarantine_root_file,
-)
+from jobspool.recovery.quarantine import orphan_reasons, quarantine, quarantine_root_file
 from jobspool.recovery.replay import ReplayHook, ReplayHooks, Verdict, ask, hook_for
 from jobspool.recovery.scan import Bad, Scan, probe, scan_spool
 from jobspool.recovery.strays import stray_tmp_files
@@ -236,7 +231,7 @@ def _clean_tmp(spool: Journal) -> tuple[list[str], list[str]]:
             if _unlink(path):
                 removed.append(name)
                 root_dirty = True
-        orphans = _orphan_reasons(spool.root / QUARANTINE_DIR)
+        orphans = orphan_reasons(spool.root / QUARANTINE_DIR)
         for name in orphans:
             if _unlink(spool.root / QUARANTINE_DIR / name):
                 removed.append(f"{QUARANTINE_DIR}/{name}")
@@ -256,24 +251,6 @@ def _clean_tmp(spool: Journal) -> tuple[list[str], list[str]]:
             if trimmed:
                 store_mod.fsync_dir(spool.root / store_mod.POOL_DIR)
     return removed, trimmed
-
-
-def _orphan_reasons(qdir: Path) -> list[str]:
-    """Reason files in quarantine/ with no quarantined file beside them. A quarantine writes
-    the reason, then moves the file (both under the lock, which this holds): one killed
-    between the two left the reason behind, and the next pass quarantined the file again
-    under a new name, so orphans piled up that no listing showed.
-
-    Only what is surely a reason goes: a name ending in `.reason` with no reason of its own
-    beside it (a quarantined `ready/notes.reason` has one) and holding a reason document.
-    Going by the name alone, such a quarantined file was deleted, then its reason."""
-    try:
-        names = set(os.listdir(qdir))
-    except FileNotFoundError:
-        return []
-    return sorted(n for n in names
-                  if n.endswith(REASON_SUFFIX) and n[: -len(REASON_SUFFIX)] not in names
-                  and n + REASON_SUFFIX not in names and is_reason_file(qdir / n))
 
 
 def _remove_stray(path: Path) -> bool:
