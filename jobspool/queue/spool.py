@@ -282,18 +282,18 @@ class Spool(WorkerSide, EnqueueForms):
         was destroyed without a word. A readable one is an older copy of the same job
         (a power loss kept it): the newer revision replaces it, as recovery would."""
         from jobspool.recovery.quarantine import quarantine
-        from jobspool.recovery.scan import Bad, read_job
+        from jobspool.recovery.scan import Bad
 
         try:
             JobState(directory)
         except ValueError:
             return  # not a state directory
-        if isinstance(bad := read_job(self.journal, directory, name), Bad):
-            try:
-                quarantine(self.journal, [bad])
-            except OSError as exc:
-                log.warning("could not quarantine %s/%s before writing over it (%s)",
-                            directory, name, exc.strerror or exc)
+        try:
+            # A suspect: `quarantine` reads it (under the lock) and moves it only if bad.
+            quarantine(self.journal, [Bad(directory, name, "in the way of a move")])
+        except OSError as exc:
+            log.warning("could not quarantine %s/%s before writing over it (%s)",
+                        directory, name, exc.strerror or exc)
 
     def _autoprune(self) -> None:
         from jobspool.recovery.prune import prune_if_over
