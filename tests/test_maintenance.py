@@ -290,6 +290,29 @@ def test_a_key_index_is_built_once_the_table_is_large(tmp_path: Path) -> None:
     assert store.table("big").get("k0")["fence"] == 40  # type: ignore[index]
 
 
+def test_fenced_merges_hold_on_a_table_with_a_key_index(tmp_path: Path) -> None:
+    # lancedb 0.41 (lance 14) refused every fenced merge into a keyed table once
+    # maintenance had indexed its key ("Primary key column ... must not be nullable").
+    store = ProjectionStore(tmp_path / "db")
+    fill(store, "big", commits=6, start=10)  # k0..k5 at fences 10..15
+    assert maintain(store, index_threshold=5)["big"].indexed
+    stale = store.apply([make_upsert("late", "big", {"id": "k1", "n": -1}, None, 3)])
+    assert stale.ok and stale.tables == {"big": 0}, stale  # lost to the stored fence, unwritten
+    batch = [make_upsert("a", "big", {"id": "k2", "n": 20}, None, 30),
+             make_upsert("b", "big", {"id": "new", "n": 7}, None, 31),
+             make_delete("c", "big", ["k3"], None, 32)]
+    result = store.apply(batch)
+    assert result.ok and result.tables == {"big": 3}, result
+    # A lower version loses to a higher one whatever the fences (no version: the fence).
+    versioned = store.apply([make_upsert("v1", "big", {"id": "k4", "n": 40}, 100.0, 40)])
+    assert versioned.ok, versioned
+    older = store.apply([make_upsert("v0", "big", {"id": "k4", "n": 41}, 99.0, 41)])
+    assert older.ok and older.tables == {"big": 0}, older
+    rows = {r["id"]: r["n"] for r in store.table("big").to_arrow().to_pylist()}
+    assert rows == {"k0": 0, "k1": 1, "k2": 20, "k4": 40, "k5": 5, "new": 7}
+    assert store.open("big").count_rows() == 7  # type: ignore[union-attr]  # k3's tombstone
+
+
 def test_the_key_index_is_built_on_the_key_the_table_was_made_with(tmp_path: Path) -> None:
     # Found in a projection probe: maintenance asked for the store's default key ("id"),
     # so a table keyed on `path` never got an index, however large it grew.

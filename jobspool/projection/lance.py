@@ -149,9 +149,18 @@ def _stored_fences(tbl: Any, key: str, writes: Sequence[PendingWrite]
 
 
 def _execute_merge(tbl: Any, key: str, batch: pa.Table, timeout: timedelta | None) -> Any:
+    builder = tbl.merge_insert(key).when_matched_update_all(where=FENCE_WHERE)
+    if hasattr(builder, "use_index"):
+        # Never lance's index-assisted merge, taken once the key has a BTREE (maintenance
+        # builds one past `index_threshold`): lance 14 (lancedb 0.41) refuses it for a
+        # conditional merge on a keyed table ("Primary key column ... must not be
+        # nullable"), and earlier releases had it silently match no rows (lancedb#3515,
+        # lance#7934) or leave inserted keys out of the commit's conflict check
+        # (lance#9238): fencing must not stand on that path. The index still serves the
+        # fence lookup before the merge (`_stored_fences`) and readers.
+        builder = builder.use_index(False)
     return (
-        tbl.merge_insert(key)
-        .when_matched_update_all(where=FENCE_WHERE)
+        builder
         .when_not_matched_insert_all()
         # "null": tombstones hold null vectors, which the default "error"
         # refuses. Bad user vectors never get here (schema.strict_array).

@@ -13,8 +13,9 @@ files; left alone, reads slow down and the version list grows without end.
    a source that, after the window, replays a version older than the
    delete; that write resurrects the row. Without `min_live_token` no
    tombstone is collected.
-2. A BTREE index on the key once the table passes `index_threshold` rows
-   (merges then find their matches through it).
+2. A BTREE index on the key once the table passes `index_threshold` rows:
+   the fence lookup before each merge and readers' `get` find rows through
+   it. The merge itself scans (lance.py `_execute_merge` says why).
 3. `optimize(cleanup_older_than=...)`: compaction, index update, and removal
    of versions older than minutes. Never `delete_unverified`: it removes files
    of in-flight commits and corrupted tables under concurrent writers.
