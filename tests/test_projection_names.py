@@ -177,6 +177,23 @@ def test_a_value_arrow_cannot_store_is_named_not_blamed_on_the_schema(
     assert "\n" not in error
 
 
+def test_a_field_outside_a_declared_schema_is_named_as_not_declared(tmp_path: Path) -> None:
+    """Found in a projection probe: refused from a table declared with schemas=, the field
+    was said to be "left out of the columns ... inferred from its first write", as if the
+    declaration had been ignored."""
+    import pyarrow as pa
+
+    from jobspool.projection import ProjectionStore
+
+    declared = pa.schema([pa.field("id", pa.string()), pa.field("n", pa.int32())])
+    store = ProjectionStore(tmp_path / "index", schemas={"decl": declared})
+    result = store.apply([make_upsert("j", "decl", {"id": "a", "n": 1, "zzz": 3}, None, 1)])
+    error = str(result.rejected["j"])
+    assert "field 'zzz' is not among the columns declared for table 'decl'" in error, error
+    assert "inferred" not in error and "(columns: id, n)" in error, error
+    assert store.open("decl") is None or store.open("decl").count_rows() == 0
+
+
 def test_a_row_error_quoting_a_multi_line_value_is_one_line(tmp_path: Path) -> None:
     """A 2-D array's repr put newlines into the job's last_error and the log line."""
     root, index = tmp_path / "spool", tmp_path / "index"

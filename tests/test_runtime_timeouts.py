@@ -308,6 +308,63 @@ def test_an_async_handler_that_swallows_its_cancellation_is_told_so_not_blamed_f
     assert "having blocked the event loop" in blocked.last_error
 
 
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+@pytest.mark.parametrize("first", ["swallows", "blocks"])
+def test_a_handler_that_returns_on_its_cancellation_after_a_held_loop_is_failed(
+        tmp_path: Any, backend: str, first: str) -> None:
+    """Found in a policy probe, on trio: a handler that began only after another had
+    held the loop got its limit moved to just past the hold; cancelled there, it caught
+    the cancellation and returned. Its own run (0.1 s) was within its limit, so its
+    result was taken and the job completed. A run that ends on its cancellation is cut
+    off, however short it was."""
+    async def swallows(job: Job, ctx: Context) -> str:
+        try:
+            await anyio.sleep(30)
+        except anyio.get_cancelled_exc_class():
+            return "swallowed"
+        return "slept"
+
+    async def blocks(job: Job, ctx: Context) -> str:
+        time.sleep(1.0)  # no await: the loop is held
+        return "blocked"
+
+    second = "blocks" if first == "swallows" else "swallows"
+    with make_spool(tmp_path / "s") as spool:
+        for kind in (first, second):
+            spool.enqueue(kind, {}, job_id=kind, max_attempts=1)
+        worker = _worker(spool, {"swallows": swallows, "blocks": blocks},
+                         {"swallows": Policy(timeout=0.3), "blocks": Policy(timeout=0.3)},
+                         concurrency=2, batch_size=2)
+        anyio.run(worker.arun_until_idle, backend=backend)
+        swallowed = spool.get("swallows")
+    assert swallowed.state is JobState.DEAD_LETTER, (swallowed.state, swallowed.result)
+    assert swallowed.result is None
+    assert "caught its cancellation and returned anyway" in (swallowed.last_error or "")
+    assert "blocked the event loop" not in (swallowed.last_error or "")
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_lone_handler_that_swallows_its_cancellation_is_told_so_on_either_loop(
+        tmp_path: Any, backend: str) -> None:
+    """Found in a policy probe: on trio, a handler that caught its cancellation and
+    returned was said to have "blocked the event loop", which it never did."""
+    async def swallows(job: Job, ctx: Context) -> str:
+        try:
+            await anyio.sleep(30)
+        except anyio.get_cancelled_exc_class():
+            return "swallowed"
+        return "slept"
+
+    with make_spool(tmp_path / "s") as spool:
+        spool.enqueue("swallows", {}, job_id="s", max_attempts=1)
+        worker = _worker(spool, {"swallows": swallows}, {"swallows": Policy(timeout=0.2)})
+        anyio.run(worker.arun_until_idle, backend=backend)
+        job = spool.get("s")
+    assert job.state is JobState.DEAD_LETTER and job.result is None
+    assert "caught its cancellation and returned anyway" in (job.last_error or ""), job.last_error
+    assert "blocked the event loop" not in (job.last_error or "")
+
+
 def test_a_sync_handler_that_began_as_the_loops_limit_passed_gets_its_own_limit() -> None:
     # Seen in a CI run under load: the loop's limit for a quick sync job passed just as
     # its thread began (the loop held up by another handler); judged at once it had not

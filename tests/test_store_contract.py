@@ -680,6 +680,18 @@ def test_the_last_instant_of_the_year_9999_is_taken_and_the_next_refused(
         any_spool.enqueue("k", run_at=last.timestamp() + 2)
 
 
+def test_epoch_seconds_of_the_year_10000_are_refused_not_moved_back(any_spool: Spool) -> None:
+    """Found in a schedules probe: run_at=253402300800 (10000-01-01T00:00:00Z) was taken
+    and stored a second earlier, while the same instant written as text was refused."""
+    with pytest.raises(InvalidJob, match="past the year 9999"):
+        any_spool.enqueue("k", job_id="late", run_at=253402300800.0)
+    with pytest.raises(InvalidJob, match="past the year 9999"):
+        any_spool.enqueue("k", job_id="late", run_at=253402300800)
+    assert any_spool.stats().total == 0
+    # Within the last second of the year 9999: the latest time stored.
+    assert any_spool.enqueue("k", job_id="last", run_at=253402300799.5).run_at == 253402300799.0
+
+
 def test_health_reports_dead_letters_and_a_stuck_queue_with_the_same_codes(
         make_any_spool: MakeSpool) -> None:
     """One alert rule serves both stores: the same reason codes for the same conditions

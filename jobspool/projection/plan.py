@@ -172,7 +172,8 @@ def plan_table(
     allowed = user_columns(schema) if schema is not None else frozenset({key})
     required = required_columns(schema) if schema is not None else frozenset()
     for w in writes:
-        err = check_write(w, allowed, key, required, new=not exists)
+        err = check_write(w, allowed, key, required, new=None if exists else
+                          "declared" if declared is not None else "inferred")
         if err is not None:
             bad.setdefault(w.job_id, _declared_too_late(err, declared, schema, name))
     if bad:
@@ -219,10 +220,10 @@ def _keyed_rows(writes: list[PendingWrite], key: str) -> list[dict[str, Any]]:
 
 
 def check_write(w: PendingWrite, allowed: frozenset[str], key: str,
-                required: frozenset[str] = frozenset(), *, new: bool = False
+                required: frozenset[str] = frozenset(), *, new: str | None = None
                 ) -> ProjectionError | None:
     """The reason one job's write does not fit the table (None when it does). `new`: the
-    table is made by this write, its columns inferred from it."""
+    table is made by this write, its columns "inferred" from it or "declared" (schemas=)."""
     try:
         if w.op == "delete":
             for k in w.keys:
@@ -249,11 +250,17 @@ def check_write(w: PendingWrite, allowed: frozenset[str], key: str,
                         field=field,
                     )
                 if field not in allowed and not unset_vector(field, value):
-                    # A new table's columns come from its first write: a field left out of
-                    # them was not "not in the schema" of a table that did not exist.
-                    where = (f"was left out of the columns of the new table {w.table!r}, "
-                             "inferred from its first write" if new else
-                             f"is not in the schema of table {w.table!r}")
+                    # A new table's columns come from its first write or its declaration:
+                    # a field left out of them was not "not in the schema" of a table that
+                    # did not exist.
+                    if new == "declared":
+                        where = (f"is not among the columns declared for table {w.table!r} "
+                                 "(schemas=)")
+                    elif new:
+                        where = (f"was left out of the columns of the new table "
+                                 f"{w.table!r}, inferred from its first write")
+                    else:
+                        where = f"is not in the schema of table {w.table!r}"
                     return ProjectionError(
                         f"field {field!r} {where} "
                         f"(columns: {', '.join(sorted(allowed))}){_unstorable(value)}",

@@ -161,8 +161,9 @@ async def invoke(ctx: Context, fn: Callable[..., Any], *, is_async: bool,
             # (`cancel_called` stays False while a blocking handler holds the loop); trio
             # cancels its own sleeps the same way, so there only a swallow seen over
             # several steps (`Tracked`) counts.
-            swallowed = tracked is not None and (tracked.swallowed_at is not None or (
-                not on_trio() and limit.cancel_called))
+            swallowed = tracked is not None and (
+                tracked.swallowed_at is not None or tracked.returned_on_cancel or (
+                    not on_trio() and limit.cancel_called))
             _timed_out(ctx, timeout or 0.0, sync=False, late=True, swallowed=swallowed)
         else:
             ctx.outcome = Completed(result)

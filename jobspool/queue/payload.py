@@ -234,9 +234,11 @@ def validate_run_at(run_at: object, now: float) -> float:
             value = MAX_RUN_AT * 2 if run_at > 0 else -MAX_RUN_AT * 2
     if not math.isfinite(value):
         raise InvalidJob(f"run_at must be a finite time, got {run_at!r}", field="run_at")
-    if MAX_RUN_AT < value <= MAX_RUN_AT + 1:
-        # Within the last second of the year 9999 (23:59:59.999999 rounds to the next
-        # second as a float): the latest time stored, not a time past the year 9999.
+    if MAX_RUN_AT < value < MAX_RUN_AT + 1 or (
+            value == MAX_RUN_AT + 1 and isinstance(run_at, _dt.datetime)):
+        # Within the last second of the year 9999: the latest time stored. A datetime
+        # cannot be past it (23:59:59.999999 rounds up to the next second as a float);
+        # the number 253402300800 is 10000-01-01T00:00:00Z, refused below.
         value = MAX_RUN_AT
     if value > MAX_RUN_AT:
         raise InvalidJob(f"run_at {shown} is past the year 9999 (milliseconds instead of "

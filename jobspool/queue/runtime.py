@@ -264,6 +264,9 @@ class Tracked:
         # what it returned: a run the loop held back may have ended before we noticed.
         self.started_at: float | None = None
         self.returned_at: float | None = None
+        # It returned in the step its cancellation was delivered to (caught, then
+        # returned): cut off, however short its own run.
+        self.returned_on_cancel = False
         self.value: Any = None
         self.limit_moves = 0  # how often another's hold of the loop moved its limit
 
@@ -272,10 +275,22 @@ class Tracked:
         return self._label()
 
     def returned_within(self, seconds: float) -> bool:
-        """Whether the handler returned within `seconds` of its own start: in time, however
-        late the loop (held by another handler blocking it) let its runner see it."""
+        """Whether the handler returned within `seconds` of its own start, of its own
+        accord: in time, however late the loop (held by another handler blocking it) let
+        its runner see it."""
         return (self.started_at is not None and self.returned_at is not None
+                and not self.returned_on_cancel
                 and self.returned_at - self.started_at <= seconds)
+
+    def _past_limit(self) -> bool:
+        """Whether its time limit's deadline (as moved for holds) has passed, on the loop's
+        clock; read without asking the scope, which on trio would cancel it."""
+        held = self.monitor.limits.get(self)
+        if held is None:
+            return False
+        import anyio
+
+        return anyio.current_time() >= held[0].deadline
 
     def stack(self) -> str | None:
         """Where the handler was when it was cancelled (its frames down to the await), or
@@ -302,10 +317,16 @@ class Tracked:
             began = time.monotonic()
             if self.started_at is None:
                 self.started_at = began
+            # On trio the cancellation is raised inside the handler's frames, at the trap
+            # it is parked in: a step that begins past its limit is delivered it. (Not
+            # `_cancelled_here()`: the handler's own sleep's scope, expired, reads so too.)
+            cancelling = (error is not None and _is_cancel(error)) or (
+                trio and self._past_limit())
             try:
                 step = run(it.send, value) if error is None else run(it.throw, error)
             except StopIteration as stop:
                 self.returned_at, self.value = time.monotonic(), stop.value
+                self.returned_on_cancel = cancelling
                 return stop.value
             except BaseException as exc:
                 self.raised = exc
