@@ -493,15 +493,31 @@ _NOT_REUSABLE = frozenset({errno.EACCES, errno.EPERM, errno.EISDIR, errno.ENXIO,
                            errno.ETXTBSY, errno.EOPNOTSUPP})
 
 
-def _remove_entry(path: str) -> None:
-    """Remove what a pool name turned out to be, a directory included (`tmp/` is ours)."""
+def remove_entry(path: str | os.PathLike[str]) -> bool:
+    """Remove whatever a name in one of our own directories (`tmp/`, `quarantine/`, a
+    state directory recovery moved aside) turned out to be: a file, a FIFO, a symlink
+    (never followed) or a whole directory. False when nothing was there; other errors
+    raise."""
     try:
-        if stat.S_ISDIR(os.lstat(path).st_mode):
-            shutil.rmtree(path, ignore_errors=True)
-            return
-    except OSError:
-        pass
-    _quiet_unlink(path)
+        os_unlink(path)
+        return True
+    except FileNotFoundError:
+        return False
+    except (IsADirectoryError, PermissionError):
+        # unlink(2) on a directory: EISDIR on Linux, EPERM where POSIX allows it.
+        try:
+            if not stat.S_ISDIR(os.lstat(path).st_mode):
+                raise
+        except FileNotFoundError:
+            return False
+        shutil.rmtree(path)
+        return True
+
+
+def _remove_entry(path: str) -> None:
+    """Remove what a pool name turned out to be, quietly: the pool is refilled anyway."""
+    with contextlib.suppress(OSError):
+        remove_entry(path)
 
 
 def _quiet_unlink(path: str) -> None:

@@ -31,7 +31,6 @@ import itertools
 import logging
 import os
 import re
-import shutil
 import socket
 import stat
 import time
@@ -458,7 +457,7 @@ def purge_quarantined(spool: Journal, idents: Sequence[str] = (), *,
             # and its rename, a restore failed with a raw FileNotFoundError.
             with spool.lock.hold():
                 for path in (qdir / name, qdir / (name + REASON_SUFFIX)):
-                    _remove(path)
+                    store_mod.remove_entry(path)
         except OSError as exc:
             failed.append(f"{name}: {exc.strerror or exc}")  # the others are still purged
             continue
@@ -469,21 +468,10 @@ def purge_quarantined(spool: Journal, idents: Sequence[str] = (), *,
         # writes the reason first, and lost it to this sweep ("no reason recorded").
         with contextlib.suppress(FileNotFoundError), spool.lock.hold():
             for orphan in _pairs(os.listdir(qdir))[1]:
-                _remove(qdir / orphan)
+                store_mod.remove_entry(qdir / orphan)
     if purged and spool.durable:
         store_mod.fsync_dir(qdir)
     if failed:
         raise SpoolError(f"purged {len(purged)} quarantined file(s), could not purge "
                          f"{len(failed)}: {'; '.join(failed[:5])}", path=str(qdir))
     return purged
-
-
-def _remove(path: Path) -> None:
-    """Unlink a file, or a whole directory that recovery moved aside (a `<name>.json`
-    directory in a state directory); a symlink is unlinked, never followed."""
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        return
-    except IsADirectoryError:
-        shutil.rmtree(path)

@@ -42,13 +42,11 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import shutil
 import time
 from dataclasses import dataclass, fields
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jobspool.errors import FULL_DISK, WriteFailed
+from jobspool.errors import FULL_DISK, WriteFailed, shown_name
 from jobspool.queue import liveness, machine
 from jobspool.queue import store as store_mod
 from jobspool.queue.fence import FENCE_FILE, decode_fence, encode_fence, restart_floor
@@ -253,15 +251,15 @@ def _clean_tmp(spool: Journal) -> tuple[list[str], list[str]]:
     return removed, trimmed
 
 
-def _remove_stray(path: Path) -> bool:
-    """Remove a stray entry of tmp/ (a file, a symlink, or a directory someone left)."""
+def _remove_stray(path: os.PathLike[str]) -> bool:
+    """Remove a stray entry of tmp/; one that resists (a directory holding what this user
+    may not delete) is left with a warning, not a failed recover on every boot."""
     try:
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-            return True
-    except OSError:
+        return store_mod.remove_entry(path)
+    except OSError as exc:
+        log.warning("could not remove %s (%s); left in place", shown_name(str(path)),
+                    exc.strerror or exc)
         return False
-    return _unlink(path)
 
 
 def _unlink(path: os.PathLike[str]) -> bool:
