@@ -27,23 +27,41 @@ def read_marks(root: Path, *, rules: bool = False) -> dict[str, int]:
     with `rules`, each rule fingerprint too, under its name plus `RULE_MARK` (what a
     scheduler holds and saves back, `write_marks`)."""
     try:
-        doc = orjson.loads((root / MARKS_FILE).read_bytes())
+        raw = (root / MARKS_FILE).read_bytes()
+        doc = orjson.loads(raw)
     except FileNotFoundError:
         return {}
     except (OSError, orjson.JSONDecodeError) as exc:
         log.warning("ignoring unreadable %s: %s", root / MARKS_FILE, exc)
         return {}
-    out = _ints(doc.get("last_tick") if isinstance(doc, dict) else None)
+    section = doc.get("last_tick") if isinstance(doc, dict) else None
+    out = _ints(section)
+    if not isinstance(section, dict) or len(out) != len(section):
+        _said_once(raw, "ignoring %s the schedules' last ticks cannot be read from (%s): "
+                   "schedules start afresh (catch_up='all' loses the ticks missed)",
+                   root / MARKS_FILE, "no 'last_tick' object" if not isinstance(section, dict)
+                   else "a tick that is not an integer")
     if rules and isinstance(doc, dict):
         out.update({k + RULE_MARK: v for k, v in _ints(doc.get("rule")).items()})
     return out
+
+
+_SAID: set[int] = set()
+
+
+def _said_once(raw: bytes, message: str, *args: object) -> None:
+    """Warn once per process for one content of the file: every scheduler tick reads it,
+    and the next fire rewrites it whole."""
+    if hash(raw) not in _SAID:
+        _SAID.add(hash(raw))
+        log.warning(message, *args)
 
 
 def _ints(section: object) -> dict[str, int]:
     if not isinstance(section, dict):
         return {}
     return {k: v for k, v in section.items() if isinstance(k, str) and isinstance(v, int)
-            and not isinstance(v, bool)}
+            and not isinstance(v, bool) and -2**63 <= v < 2**63}
 
 
 def write_marks(root: Path, marks: dict[str, int], *, durable: bool, mode: int) -> None:
