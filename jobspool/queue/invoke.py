@@ -91,6 +91,7 @@ async def invoke(ctx: Context, fn: Callable[..., Any], *, is_async: bool,
                 tracked = Tracked(fn(ctx.job, ctx), monitor, functools.partial(
                     _label, kind, fn, ctx.job_id), on_wait=on_wait)
                 if isinstance(limit, anyio.CancelScope):
+                    tracked.limit_seconds = timeout
                     monitor.limits[tracked] = (limit, ctx)
                 result = await in_own_task(tracked)
             else:
@@ -103,6 +104,7 @@ async def invoke(ctx: Context, fn: Callable[..., Any], *, is_async: bool,
                     tracked = Tracked(_awaited(result.awaitable), monitor, functools.partial(
                         _label, kind, fn, ctx.job_id), on_wait=on_wait)
                     if isinstance(limit, anyio.CancelScope):
+                        tracked.limit_seconds = timeout
                         monitor.limits[tracked] = (limit, ctx)
                     result = await in_own_task(tracked)
         in_time = False
@@ -185,7 +187,14 @@ async def invoke(ctx: Context, fn: Callable[..., Any], *, is_async: bool,
         _handler_raised(ctx, exc)
     except BaseException as exc:  # SystemExit and KeyboardInterrupt included:
         # whatever a handler raises is its job's failure; only a real signal stops us.
-        record_raised(ctx, exc)
+        if tracked is not None and tracked.raised_on_cancel and timeout is not None \
+                and limit.cancel_called:
+            # Raised on (or after swallowing) its limit's cancellation: a `Retry` or a
+            # ValueError from its cleanup stood in for the TimeLimitExceeded that
+            # `retry_on` and the attempt count go by.
+            _timed_out(ctx, timeout, sync=False, raised=exc)
+        else:
+            record_raised(ctx, exc)
     finally:
         ctx.thread_ident = None
         if tracked is not None:
@@ -279,10 +288,15 @@ def _handler_raised(ctx: Context, exc: BaseException) -> None:
 
 
 def _timed_out(ctx: Context, timeout: float, *, sync: bool, stack: str | None = None,
-               late: bool = False, abandoned: bool = False, swallowed: bool = False) -> None:
+               late: bool = False, abandoned: bool = False, swallowed: bool = False,
+               raised: BaseException | None = None) -> None:
     # Where it was: the thread's stack now, or the cancelled coroutine's frames.
     stack = thread_stack(ctx.thread_ident) if sync else stack
-    detail = ("a sync handler's thread cannot be stopped: it is abandoned, still "
+    if raised is not None:
+        stack = format_traceback(raised)
+    detail = (f"it caught its cancellation and raised {clip_error(raised)} instead"
+              if raised is not None else
+              "a sync handler's thread cannot be stopped: it is abandoned, still "
               "running (under `worker --processes`, its process is replaced, which "
               "stops it)" if sync else "it caught its cancellation and returned anyway; its "
               "result is discarded" if late and swallowed else "it returned only then, "

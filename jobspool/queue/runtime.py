@@ -267,8 +267,11 @@ class Tracked:
         # It returned in the step its cancellation was delivered to (caught, then
         # returned): cut off, however short its own run.
         self.returned_on_cancel = False
+        # ... or raised something else there, or after swallowing it: cut off all the same.
+        self.raised_on_cancel = False
         self.value: Any = None
         self.limit_moves = 0  # how often another's hold of the loop moved its limit
+        self.limit_seconds: float | None = None  # its time limit, when it has one
 
     @property
     def label(self) -> str:
@@ -315,13 +318,17 @@ class Tracked:
         while True:
             self.monitor.on_loop = self
             began = time.monotonic()
-            if self.started_at is None:
+            first = self.started_at is None
+            if first:
                 self.started_at = began
-            # On trio the cancellation is raised inside the handler's frames, at the trap
-            # it is parked in: a step that begins past its limit is delivered it. (Not
-            # `_cancelled_here()`: the handler's own sleep's scope, expired, reads so too.)
-            cancelling = (error is not None and _is_cancel(error)) or (
-                trio and self._past_limit())
+            # Whether this step delivers the limit's cancellation. asyncio throws it in
+            # (and the handler's own timeouts too: only past the limit is it ours). On trio
+            # it is raised inside the handler's frames, at the trap it is parked in, so a
+            # later step that begins past the limit is delivered it; a first step is not
+            # parked anywhere, and one that returns without a checkpoint never saw it.
+            # (Not `_cancelled_here()`: the handler's own expired sleep reads so too.)
+            cancelling = ((error is not None and _is_cancel(error)) or (trio and not first)
+                          ) and self._past_limit()
             try:
                 step = run(it.send, value) if error is None else run(it.throw, error)
             except StopIteration as stop:
@@ -330,17 +337,22 @@ class Tracked:
                 return stop.value
             except BaseException as exc:
                 self.raised = exc
+                if (cancelling or self.swallowed_at is not None) and not _is_cancel(exc):
+                    self.raised_on_cancel = True
                 raise
             finally:
                 self.monitor.on_loop = None
                 held = time.monotonic() - began
                 if held > HELD_BACK_SECONDS and self.monitor.limits:
                     self.monitor.held_back(self, held)
-            if self.swallowed_at is None and (
-                    (error is not None and _is_cancel(error)) or (trio and _cancelled_here())):
+            if self.swallowed_at is None and (trio or (error is not None and _is_cancel(error))
+                                              ) and _cancelled_here():
                 # Trio raises its cancellation inside the handler's frames (the trap's
                 # outcome), never through this generator: only the cancelled scope tells.
                 # Unseen, a handler swallowing it in a loop spun trio's scheduler for ever.
+                # On asyncio, a cancellation thrown in whose scope is gone (the handler's
+                # own `move_on_after`, `asyncio.timeout`) was the handler's to catch: taken
+                # for a swallow, the run was abandoned 2 s later as "interrupted".
                 self.swallowed_at = time.monotonic()
             if (self.swallowed_at is not None
                     and time.monotonic() - self.swallowed_at > ABANDON_SECONDS):
@@ -439,7 +451,10 @@ class Monitor:
                 continue
             if not now - seconds < scope.deadline <= now + HOLD_GRACE_SECONDS:
                 continue  # still ahead (it lost no chance to run), or passed before the hold
-            moved = now + HOLD_GRACE_SECONDS - scope.deadline
+            # One that had not begun gets its whole limit from now (it was cut 0.1 s into
+            # its own run, and its attempt counted); one already running, a step's grace.
+            ahead = tracked.limit_seconds if tracked.started_at is None else None
+            moved = now + (ahead or HOLD_GRACE_SECONDS) - scope.deadline
             tracked.limit_moves += 1
             scope.deadline += moved
             if ctx.deadline is not None:
