@@ -1010,3 +1010,41 @@ def test_the_jobs_api_lists_a_payload_as_deep_as_enqueue_takes(spool: Spool) -> 
         answer = client.get("/api/jobs/ready")
     assert answer.status_code == 200, answer.text
     assert sorted(j["id"] for j in answer.json()["jobs"]) == ["deep", "plain"]
+
+
+def test_an_action_while_another_process_holds_the_lock_is_refused_with_nothing_done(
+        spool: Spool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found in a dashboard probe: an action waited for the lock as long as another process
+    held it; stopping the server then answered 500, and the action was carried out anyway
+    once the lock came free."""
+    from jobspool.dashboard import actions
+    from tests.lock_holder import holding_lock
+
+    monkeypatch.setattr(actions, "ACTION_LOCK_WAIT", 0.5)
+    live = spool.enqueue("mail", {}, job_id="live").id
+    with _client(spool) as client:
+        token = _csrf(client)
+        with holding_lock(Path(spool.root)):
+            started = time.monotonic()
+            refused = client.post(f"/job/{live}/cancel", data={"csrf": token})
+            waited = time.monotonic() - started
+        shown = client.get(refused.headers["location"]).text
+        assert spool.get(live).state is JobState.READY
+        done = client.post(f"/job/{live}/cancel", data={"csrf": token})
+    assert refused.status_code == 303 and waited < 30
+    assert "nothing was done" in shown and "spool lock" in shown
+    assert done.status_code == 303 and spool.get(live).state is JobState.CANCELED
+
+
+def test_a_long_notice_is_kept_whole_up_to_its_bound_and_marked_where_cut() -> None:
+    """Found in a dashboard probe: notices were cut at 300 characters, mid-sentence, and a
+    refused restore lost the remedy its last words give."""
+    from urllib.parse import unquote
+
+    from jobspool.dashboard.web import NOTICE_CHARS, redirect
+
+    remedy = "x" * 400 + " repair it in place first, or `jobspool quarantine purge NAME`"
+    kept = redirect("/", remedy).headers["set-cookie"]
+    assert remedy in unquote(kept)
+    cut = unquote(redirect("/", "y" * (NOTICE_CHARS + 50)).headers["set-cookie"])
+    assert ("y" * (NOTICE_CHARS - 1) + "…") in cut and len(kept) < 4000

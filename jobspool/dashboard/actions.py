@@ -22,6 +22,25 @@ class ActionError(Exception):
     """An action that could not be carried out; the message is shown to the operator."""
 
 
+# How long an action waits for the spool lock before it is refused, nothing done: as long
+# as `health` waits (`HEALTH_LOCK_WAIT`). Waiting for good, a request hung for as long as a
+# stopped process held the lock, and so did the dashboard's stop.
+ACTION_LOCK_WAIT = 5.0
+
+
+def lock_within_reach(spool: Spool) -> None:
+    """Refuse (`ActionError`) when the file spool's lock stays held `ACTION_LOCK_WAIT` s."""
+    from pathlib import Path
+
+    from jobspool.queue import lockwait
+
+    path = getattr(getattr(spool, "lock", None), "path", None)
+    if path is not None and not lockwait.free_within(path, Path(spool.root), ACTION_LOCK_WAIT):
+        raise ActionError(f"nothing was done: the spool lock has been held for over "
+                          f"{ACTION_LOCK_WAIT:g} s by another process (a long fenced block, or "
+                          "a stopped or stuck process); try again, and see `jobspool health`")
+
+
 def requeue(spool: Spool, job_id: str) -> str:
     """Run a dead-lettered or canceled job again (`Spool.requeue`)."""
     try:

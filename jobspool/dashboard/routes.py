@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
+import anyio
 import orjson
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
@@ -150,9 +151,15 @@ def routes(dash: Dashboard) -> list[Route]:
                                    message="missing or stale CSRF token: reload the page "
                                            "and try again")
             try:
-                return await run(request, form)
+                # Shielded: an action under way when the server stops (its lock taken, its
+                # thread running) finishes and answers. Cut off at its await, it answered
+                # 500 while its thread carried it out all the same.
+                with anyio.CancelScope(shield=True):
+                    await in_thread(actions.lock_within_reach, dash.spool)
+                    response = await run(request, form)
             except actions.ActionError as exc:
                 return redirect(safe_next(form.get("next")), str(exc))
+            return response
 
         return handler
 

@@ -99,11 +99,18 @@ def json_response(doc: Any, status: int = 200) -> Response:
     return Response(body, status_code=status, media_type="application/json")
 
 
+NOTICE_CHARS = 1000
+
+
 def redirect(to: str, notice: str | None = None) -> RedirectResponse:
     """A 303 to a local path, carrying a one-shot notice in a cookie (never in the URL)."""
     response = RedirectResponse(safe_next(to), status_code=303)
     if notice:
-        response.set_cookie(NOTICE_COOKIE, quote(notice[:300]), path="/", httponly=True,
+        # Whole where it can be (a refusal's remedy comes last: cut at 300 characters, the
+        # restore of a damaged file lost it); bounded so the cookie, quoted, stays < 4 KB.
+        if len(notice) > NOTICE_CHARS:
+            notice = notice[:NOTICE_CHARS - 1].rstrip() + "…"
+        response.set_cookie(NOTICE_COOKIE, quote(notice), path="/", httponly=True,
                             samesite="strict")
     return response
 
