@@ -23,6 +23,15 @@ from tests.helpers_spool import FakeClock
 from tests.spools import make_spool
 
 
+async def _swallows(job: Job, ctx: Context) -> str:
+    """Catches its cancellation (its time limit's) and returns."""
+    try:
+        await anyio.sleep(30)
+    except anyio.get_cancelled_exc_class():
+        return "swallowed"
+    return "slept"
+
+
 def _worker(spool: Spool, handlers: dict[str, Any], policies: dict[str, Policy],
             **options: Any) -> Worker:
     return Worker(spool, handlers, policies=policies, maintenance=False, **options)
@@ -283,13 +292,6 @@ def test_an_async_handler_that_swallows_its_cancellation_is_told_so_not_blamed_f
         tmp_path: Any) -> None:
     # A policy probe: one that caught its cancellation and returned was failed as having
     # "blocked the event loop"; one that really blocked it still is.
-    async def swallows(job: Job, ctx: Context) -> str:
-        try:
-            await anyio.sleep(30)
-        except anyio.get_cancelled_exc_class():
-            return "swallowed"
-        return "slept"
-
     async def blocks(job: Job, ctx: Context) -> str:
         time.sleep(0.6)  # no await: the loop is held
         return "blocked"
@@ -297,7 +299,7 @@ def test_an_async_handler_that_swallows_its_cancellation_is_told_so_not_blamed_f
     with make_spool(tmp_path / "s") as spool:
         spool.enqueue("swallows", {}, job_id="s", max_attempts=1)
         spool.enqueue("blocks", {}, job_id="b", max_attempts=1)
-        Worker(spool, {"swallows": swallows, "blocks": blocks}, maintenance=False,
+        Worker(spool, {"swallows": _swallows, "blocks": blocks}, maintenance=False,
                policies={"swallows": Policy(timeout=0.2), "blocks": Policy(timeout=0.2)},
                ).run_until_idle()
         swallowed, blocked = spool.get("s"), spool.get("b")
@@ -317,13 +319,6 @@ def test_a_handler_that_returns_on_its_cancellation_after_a_held_loop_is_failed(
     the cancellation and returned. Its own run (0.1 s) was within its limit, so its
     result was taken and the job completed. A run that ends on its cancellation is cut
     off, however short it was."""
-    async def swallows(job: Job, ctx: Context) -> str:
-        try:
-            await anyio.sleep(30)
-        except anyio.get_cancelled_exc_class():
-            return "swallowed"
-        return "slept"
-
     async def blocks(job: Job, ctx: Context) -> str:
         time.sleep(1.0)  # no await: the loop is held
         return "blocked"
@@ -332,7 +327,7 @@ def test_a_handler_that_returns_on_its_cancellation_after_a_held_loop_is_failed(
     with make_spool(tmp_path / "s") as spool:
         for kind in (first, second):
             spool.enqueue(kind, {}, job_id=kind, max_attempts=1)
-        worker = _worker(spool, {"swallows": swallows, "blocks": blocks},
+        worker = _worker(spool, {"swallows": _swallows, "blocks": blocks},
                          {"swallows": Policy(timeout=0.3), "blocks": Policy(timeout=0.3)},
                          concurrency=2, batch_size=2)
         anyio.run(worker.arun_until_idle, backend=backend)
@@ -348,16 +343,9 @@ def test_a_lone_handler_that_swallows_its_cancellation_is_told_so_on_either_loop
         tmp_path: Any, backend: str) -> None:
     """Found in a policy probe: on trio, a handler that caught its cancellation and
     returned was said to have "blocked the event loop", which it never did."""
-    async def swallows(job: Job, ctx: Context) -> str:
-        try:
-            await anyio.sleep(30)
-        except anyio.get_cancelled_exc_class():
-            return "swallowed"
-        return "slept"
-
     with make_spool(tmp_path / "s") as spool:
         spool.enqueue("swallows", {}, job_id="s", max_attempts=1)
-        worker = _worker(spool, {"swallows": swallows}, {"swallows": Policy(timeout=0.2)})
+        worker = _worker(spool, {"swallows": _swallows}, {"swallows": Policy(timeout=0.2)})
         anyio.run(worker.arun_until_idle, backend=backend)
         job = spool.get("s")
     assert job.state is JobState.DEAD_LETTER and job.result is None
