@@ -42,6 +42,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import stat
 import time
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
@@ -252,11 +253,18 @@ def _clean_tmp(spool: Journal) -> tuple[list[str], list[str]]:
 
 
 def _remove_stray(path: os.PathLike[str]) -> bool:
-    """Remove a stray entry of tmp/; one that resists (a directory holding what this user
-    may not delete) is left with a warning, not a failed recover on every boot."""
+    """Remove a stray entry of tmp/. A directory that resists (holding what this user may
+    not delete) is left with a warning, not a failed recover on every boot; a file that
+    cannot be unlinked is the disk's failure, and is reported (raised)."""
     try:
         return store_mod.remove_entry(path)
     except OSError as exc:
+        try:
+            is_dir = stat.S_ISDIR(os.lstat(path).st_mode)
+        except OSError:
+            is_dir = False
+        if not is_dir:
+            raise
         log.warning("could not remove %s (%s); left in place", shown_name(str(path)),
                     exc.strerror or exc)
         return False
