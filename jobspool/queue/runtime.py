@@ -270,6 +270,9 @@ class Tracked:
         # ... or raised something else there, or after swallowing it: cut off all the same.
         self.raised_on_cancel = False
         self.value: Any = None
+        # On asyncio, the task that awaits this handler's own one (`in_own_task`): ours (a
+        # limit's or a shutdown's cancellation) reach the handler through it.
+        self._outer = _asyncio_task()
         self.limit_moves = 0  # how often another's hold of the loop moved its limit
         self.limit_seconds: float | None = None  # its time limit, when it has one
 
@@ -284,6 +287,12 @@ class Tracked:
         return (self.started_at is not None and self.returned_at is not None
                 and not self.returned_on_cancel
                 and self.returned_at - self.started_at <= seconds)
+
+    def _ours_cancelling(self) -> bool:
+        """asyncio: whether the task awaiting the handler's is being cancelled (a cancel
+        scope of ours, its limit's or a shutdown's, is cancelled around it)."""
+        outer = self._outer
+        return outer is None or outer.cancelling() > 0
 
     def _past_limit(self) -> bool:
         """Whether its time limit's deadline (as moved for holds) has passed, on the loop's
@@ -345,14 +354,16 @@ class Tracked:
                 held = time.monotonic() - began
                 if held > HELD_BACK_SECONDS and self.monitor.limits:
                     self.monitor.held_back(self, held)
-            if self.swallowed_at is None and (trio or (error is not None and _is_cancel(error))
-                                              ) and _cancelled_here():
+            if self.swallowed_at is None and (
+                    (trio and _cancelled_here()) or (error is not None and _is_cancel(error)
+                                                     and self._ours_cancelling())):
                 # Trio raises its cancellation inside the handler's frames (the trap's
                 # outcome), never through this generator: only the cancelled scope tells.
                 # Unseen, a handler swallowing it in a loop spun trio's scheduler for ever.
-                # On asyncio, a cancellation thrown in whose scope is gone (the handler's
-                # own `move_on_after`, `asyncio.timeout`) was the handler's to catch: taken
-                # for a swallow, the run was abandoned 2 s later as "interrupted".
+                # On asyncio, a cancellation thrown in while ours is not under way (the
+                # handler's own `move_on_after`, `asyncio.timeout`) was the handler's to
+                # catch: taken for a swallow, the run was abandoned 2 s later as
+                # "interrupted".
                 self.swallowed_at = time.monotonic()
             if (self.swallowed_at is not None
                     and time.monotonic() - self.swallowed_at > ABANDON_SECONDS):
@@ -394,6 +405,16 @@ def on_trio() -> bool:
     except RuntimeError:
         return True
     return False
+
+
+def _asyncio_task() -> Any:
+    """The running asyncio task, or None (on trio)."""
+    import asyncio
+
+    try:
+        return asyncio.current_task()
+    except RuntimeError:
+        return None
 
 
 def _is_cancel(exc: BaseException) -> bool:
