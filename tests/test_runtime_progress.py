@@ -138,7 +138,7 @@ def test_a_running_worker_also_removes_progress_files_left_after_its_start(
         spool: Spool, monkeypatch: pytest.MonkeyPatch) -> None:
     # Found by a soak probe: pruned only at a worker's start, the file of a worker killed
     # while this one ran stayed until the restart after next.
-    from jobspool.queue import runtime
+    from jobspool.queue import monitor as runtime
 
     monkeypatch.setattr(runtime, "_PRUNE_PROGRESS_EVERY", 0.2)
     worker = Worker(spool, {"work": lambda job, ctx: None}, maintenance=False)

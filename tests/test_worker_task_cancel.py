@@ -129,7 +129,8 @@ def test_a_stop_past_its_grace_interrupts_async_handlers_on_either_loop(
 
 def test_a_handler_cancelled_before_its_first_step_leaves_no_unawaited_coroutine(
         tmp_path: Any) -> None:
-    from jobspool.queue.runtime import Monitor, Tracked, in_own_task
+    from jobspool.queue.monitor import Monitor
+    from jobspool.queue.runtime import Tracked, in_own_task
 
     async def handler() -> None:
         raise AssertionError("never started")

@@ -30,12 +30,9 @@ ACTION_LOCK_WAIT = 5.0
 
 def lock_within_reach(spool: Spool) -> None:
     """Refuse (`ActionError`) when the file spool's lock stays held `ACTION_LOCK_WAIT` s."""
-    from pathlib import Path
-
     from jobspool.queue import lockwait
 
-    path = getattr(getattr(spool, "lock", None), "path", None)
-    if path is not None and not lockwait.free_within(path, Path(spool.root), ACTION_LOCK_WAIT):
+    if lockwait.held_too_long(spool, ACTION_LOCK_WAIT) is not None:
         raise ActionError(f"nothing was done: the spool lock has been held for over "
                           f"{ACTION_LOCK_WAIT:g} s by another process (a long fenced block, or "
                           "a stopped or stuck process); try again, and see `jobspool health`")

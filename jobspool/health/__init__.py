@@ -147,12 +147,8 @@ def _lock_bounded(check: Callable[Concatenate[Spool, P], Health]
     def bounded(spool: Spool, /, *args: P.args, **kwargs: P.kwargs) -> Health:
         from jobspool.queue import lockwait
 
-        lock = getattr(spool, "lock", None)
-        path = getattr(lock, "path", None)
-        # A caller holding the lock itself (inside its own fenced block) re-enters it: the
-        # check can run, and a helper asking for it would wait on the caller.
-        if path is None or getattr(lock, "held", False) \
-                or lockwait.free_within(path, Path(spool.root), HEALTH_LOCK_WAIT):
+        path = lockwait.held_too_long(spool, HEALTH_LOCK_WAIT)
+        if path is None:
             return check(spool, *args, **kwargs)
         return Health(reasons=[Reason(
             "lock_held", f"the spool lock {path} has been held for over "

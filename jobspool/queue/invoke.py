@@ -23,7 +23,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 import anyio.from_thread
@@ -53,7 +53,6 @@ from jobspool.queue.runs import HANDLER_THREADS
 from jobspool.queue.runtime import (
     ABANDON_SECONDS,
     Abandoned,
-    Monitor,
     Tracked,
     cancel_requested,
     format_traceback,
@@ -62,6 +61,9 @@ from jobspool.queue.runtime import (
     thread_stack,
 )
 from jobspool.queue.signals import Fail, Retry
+
+if TYPE_CHECKING:
+    from jobspool.queue.monitor import Monitor
 
 log = logging.getLogger("jobspool.queue.worker")
 

@@ -13,6 +13,8 @@ could touch was never reported, because the check itself hung.
   `seconds`, asked by a thread of its own, on descriptors of its own, with blocking
   flocks (so the kernel queues it with every other waiter, and another thread of this
   process holding the lock counts too); `health` asks before it reads under the lock.
+- `held_too_long(spool, seconds)`: the same question about a spool, naming its lock when
+  the answer is no (`health`, the dashboard's actions).
 
 Not polling with `LOCK_NB`: a poll loses to holders that re-take the lock as soon as they
 let it go (busy workers), which starved a command for seconds to minutes and made a busy,
@@ -27,6 +29,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 _here = threading.local()
 
@@ -109,6 +112,18 @@ def free_within(lock_path: Path, root: Path, seconds: float) -> bool:
             threading.Thread(target=_take, args=(lock_path, root, key, got),
                              name="jobspool-lock-probe", daemon=True).start()
     return got.wait(seconds)
+
+
+def held_too_long(spool: Any, seconds: float) -> Path | None:
+    """The path of a file spool's lock when it could not be taken within `seconds`
+    (`free_within`); None when it could, when this thread holds it already (inside its own
+    fenced block a helper asking for it would wait on the caller), or for a store with no
+    spool lock. `health` and the dashboard's actions ask before they take it."""
+    lock = getattr(spool, "lock", None)
+    path = getattr(lock, "path", None)
+    if path is None or getattr(lock, "held", False):
+        return None
+    return None if free_within(path, Path(spool.root), seconds) else Path(path)
 
 
 def _take(lock_path: Path, root: Path, key: tuple[str, str], got: threading.Event) -> None:

@@ -56,9 +56,9 @@ from jobspool.queue.context import Context, Raised
 from jobspool.queue.idle import NO_HINT, IdleWaits
 from jobspool.queue.invoke import invoke
 from jobspool.queue.kindlimit import dead_letter_over_limit, give_back_strays, over_kind_limit
+from jobspool.queue.monitor import Monitor
 from jobspool.queue.report import Counters, RunReport
 from jobspool.queue.runners import Runners, run_began, run_ended, run_returned, run_started, soon_from_thread
-from jobspool.queue.runtime import Monitor
 from jobspool.queue.settle import Settler
 from jobspool.queue.slots import Slots
 from jobspool.queue.takeover import TakeOvers
