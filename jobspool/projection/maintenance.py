@@ -15,7 +15,7 @@ files; left alone, reads slow down and the version list grows without end.
    tombstone is collected.
 2. A BTREE index on the key once the table passes `index_threshold` rows:
    the fence lookup before each merge and readers' `get` find rows through
-   it. The merge itself scans (lance.py `_execute_merge` says why).
+   it. The merge itself scans (lancecalls.py `_execute_merge` says why).
 3. `optimize(cleanup_older_than=...)`: compaction, index update, and removal
    of versions older than minutes. Never `delete_unverified`: it removes files
    of in-flight commits and corrupted tables under concurrent writers.
@@ -61,7 +61,8 @@ from jobspool.projection.handler import (
     WRITTEN_AT_COLUMN,
     _one_line,
 )
-from jobspool.projection.lance import ProjectionStore, _open_table
+from jobspool.projection.lance import ProjectionStore
+from jobspool.projection.lancecalls import _open_table
 
 # The records and the state file live in maintenance_state.py (health reads them
 # without LanceDB); they stay importable from here.

@@ -107,7 +107,7 @@ def check_connects(spec: Any, storage_options: Mapping[str, str] | None = None) 
     scheme = scheme_of(text)
     if scheme in ("", "file", "memory") or scheme in _NETWORK_SCHEMES:
         return
-    from jobspool.projection.lance import _connect
+    from jobspool.projection.lancecalls import _connect
 
     try:
         _connect(text, storage_options)
