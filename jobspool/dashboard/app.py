@@ -26,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from jobspool.dashboard import security
+from jobspool.dashboard import security, throttle
 from jobspool.dashboard.data import Overview
 from jobspool.dashboard.throughput import Throughput
 from jobspool.dashboard.web import (
@@ -57,16 +57,11 @@ def _guard_middleware(dash: Dashboard) -> type[BaseHTTPMiddleware]:
                                          "(start it with a token to serve other names)", 400)
             path = request.url.path
             public = path.startswith("/static/") or path == "/login"
-            if not public and not guard.authorized(request.headers.get("authorization"),
+            if not public and not guard.authorized(None,
                                                    request.cookies.get(security.AUTH_COOKIE)):
-                if request.method in ("GET", "HEAD") and not path.startswith("/api/"):
-                    # The query too: a shared filtered link (?kind=...) keeps its filter.
-                    query = request.url.query
-                    back = f"{path}?{query}" if query else path
-                    return RedirectResponse(f"/login?next={quote(back, safe='/')}",
-                                            status_code=303)
-                return PlainTextResponse("a token is required", 401,
-                                         headers={"www-authenticate": "Bearer"})
+                refused = self._by_header(request, path)
+                if refused is not None:
+                    return refused
             if request.method not in ("GET", "HEAD") and not security.same_origin(
                     request.headers.get("origin"), host):
                 return PlainTextResponse("cross-origin request refused", 403)
@@ -78,6 +73,32 @@ def _guard_middleware(dash: Dashboard) -> type[BaseHTTPMiddleware]:
                 response.set_cookie(security.SESSION_COOKIE, request.state.sid, path="/",
                                     httponly=True, samesite="strict")
             return response
+
+        @staticmethod
+        def _by_header(request: Request, path: str) -> Response | None:
+            """No login cookie: None when a bearer header holds the token, else the answer
+            (throttled, or asked for the token). A header is a guess: counted (throttle.py)."""
+            auth = request.headers.get("authorization")
+            if auth and guard.token is not None:
+                client = security.client_of(request)
+                wait = guard.throttle.wait(client)
+                if wait > 0:
+                    return PlainTextResponse(
+                        f"too many wrong tokens from {client}: try again in "
+                        f"{throttle.retry_after(wait)} s", 429,
+                        headers={"retry-after": throttle.retry_after(wait)})
+                if guard.authorized(auth, None):
+                    guard.throttle.passed(client)
+                    return None
+                guard.throttle.failed(client)
+            if request.method in ("GET", "HEAD") and not path.startswith("/api/"):
+                # The query too: a shared filtered link (?kind=...) keeps its filter.
+                query = request.url.query
+                back = f"{path}?{query}" if query else path
+                return RedirectResponse(f"/login?next={quote(back, safe='/')}",
+                                        status_code=303)
+            return PlainTextResponse("a token is required", 401,
+                                     headers={"www-authenticate": "Bearer"})
 
     return Guarded
 

@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from jobspool.dashboard import actions, data, security
+from jobspool.dashboard import actions, data, security, throttle
 from jobspool.dashboard.web import (
     FormTooLarge,
     age_text,
@@ -232,9 +232,21 @@ def routes(dash: Dashboard) -> list[Route]:
         if not dash.guard.csrf_ok(request.state.sid, form.get(security.CSRF_FIELD)):
             return dash.render(request, "login.html", 403, next=nxt, nav=None,
                                error="stale form: try again")
+        client = security.client_of(request)
+        wait = dash.guard.throttle.wait(client)
+        if wait > 0:
+            # Before the token is looked at: a right guess must not show while throttled.
+            after = throttle.retry_after(wait)
+            held = dash.render(request, "login.html", 429, next=nxt, nav=None,
+                               error=f"too many wrong tokens from your address: try again "
+                                     f"in {after} s")
+            held.headers["retry-after"] = after
+            return held
         if not dash.guard.token_ok(form.get("token")):
+            dash.guard.throttle.failed(client)
             return dash.render(request, "login.html", 401, next=nxt, nav=None,
                                error="wrong token")
+        dash.guard.throttle.passed(client)
         response = RedirectResponse(nxt, status_code=303)
         response.set_cookie(security.AUTH_COOKIE, dash.guard.auth_cookie(), path="/",
                             httponly=True, samesite="strict")

@@ -7,7 +7,8 @@ The threats, and what answers each:
   (`check_bind`). With a token, every request needs it: a bearer header
   (`Authorization: Bearer ...`, for scripts) or the cookie the login form
   sets. The cookie holds an HMAC of the token under a per-process secret,
-  never the token, and is `HttpOnly; SameSite=Strict`.
+  never the token, and is `HttpOnly; SameSite=Strict`. Wrong tokens from
+  one address are throttled (`throttle.py`): a short token cannot be guessed.
 - A web page the operator visits that posts to the dashboard (CSRF). Every
   POST carries a token bound to the browser's session cookie
   (HMAC(secret, session id)); it is checked in constant time, and a POST
@@ -31,7 +32,10 @@ import hashlib
 import hmac
 import ipaddress
 import secrets
+from typing import Any
 from urllib.parse import urlsplit
+
+from jobspool.dashboard.throttle import Throttle
 
 SESSION_COOKIE = "jobspool_sid"
 AUTH_COOKIE = "jobspool_auth"
@@ -90,6 +94,7 @@ class Guard:
     def __init__(self, token: str | None) -> None:
         self.token = token or None
         self._secret = secrets.token_bytes(32)
+        self.throttle = Throttle()  # wrong tokens per client address (throttle.py)
 
     def _mac(self, purpose: str, value: str) -> str:
         return hmac.new(self._secret, f"{purpose}:{value}".encode(), hashlib.sha256).hexdigest()
@@ -139,6 +144,12 @@ class Guard:
             if scheme.lower() == "bearer" and self.token_ok(value.strip()):
                 return True
         return bool(cookie) and _same(str(cookie), self.auth_cookie())
+
+
+def client_of(request: Any) -> str:
+    """The address a request came from, as the throttle counts it."""
+    client = getattr(request, "client", None)
+    return str(client.host) if client is not None and client.host else "unknown"
 
 
 def _utf8(text: str) -> bytes:
