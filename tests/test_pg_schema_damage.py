@@ -61,3 +61,54 @@ def test_a_lost_primary_key_is_named_not_remade(pg_url: str) -> None:
     out = run_jobspool("init", root=pg_url)
     assert out.code == 0 and "ADD PRIMARY KEY" in out.stderr, out.stderr
     assert run_jobspool("fsck", root=pg_url).code != 0  # still named: a person decides
+
+
+def test_init_adds_dropped_columns_back_and_a_lease_they_held_is_lost(pg_url: str) -> None:
+    """`init` said "made again" for a dropped column and made nothing (its CREATE TABLE IF
+    NOT EXISTS met the table), `fsck` and `health` failed on the column instead of naming
+    it, and every worker crash-looped on each claim (an operator-slips probe)."""
+    from jobspool.errors import LeaseLost
+
+    with make_spool(pg_url) as spool:
+        spool.enqueue("k", 1, job_id="waiting", priority=5)
+        spool.enqueue("k", 2, job_id="held")
+        (lease,) = spool.claim(limit=1, owner="w", kinds=["k"])
+        assert lease.job_id == "held"
+    _sql(pg_url, *(f"ALTER TABLE jobspool_jobs DROP COLUMN {c}"
+                   for c in ("rescues", "traceback", "expires_at", "run_at", "priority")))
+    fsck = run_jobspool("fsck", root=pg_url)
+    said = fsck.stdout + fsck.stderr
+    assert fsck.code != 0 and "Traceback" not in said and "does not exist" not in said, said
+    for column in ("rescues", "traceback", "expires_at", "run_at", "priority"):
+        assert f"column jobspool_jobs.{column} is missing" in said, said
+    health = run_jobspool("health", root=pg_url)
+    assert health.code != 0 and "schema" in health.stdout + health.stderr, health.stderr
+    assert "does not exist" not in health.stdout + health.stderr
+
+    out = run_jobspool("init", root=pg_url)
+    assert out.code == 0 and "made again" in out.stderr, out.stderr
+    assert run_jobspool("init", root=pg_url).stderr.count("made again") == 0  # nothing left
+    assert run_jobspool("fsck", root=pg_url).code == 0
+    with make_spool(pg_url) as spool:
+        held = spool.get("held")
+        assert held.state is JobState.RETRYABLE and "dropped" in (held.last_error or "")
+        with pytest.raises(LeaseLost):
+            spool.complete(lease, result="late")
+        taken = spool.claim(limit=5, owner="w2", kinds=["k"])
+        assert sorted(x.job_id for x in taken) == ["held", "waiting"]
+        for x in taken:
+            spool.complete(x, result="done")
+        assert spool.get("waiting").state is JobState.COMPLETED
+
+
+@pytest.mark.parametrize("column", ["kind", "state"])
+def test_a_dropped_kind_or_state_is_named_and_left_to_a_backup(pg_url: str,
+                                                               column: str) -> None:
+    with make_spool(pg_url) as spool:
+        spool.enqueue("k", 1, job_id="one")
+    _sql(pg_url, f"ALTER TABLE jobspool_jobs DROP COLUMN {column}")
+    fsck = run_jobspool("fsck", root=pg_url)
+    assert fsck.code != 0 and "restore jobspool_jobs from a backup" in fsck.stdout + fsck.stderr
+    out = run_jobspool("init", root=pg_url)
+    assert out.code == 2 and "cannot be made again" in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr

@@ -26,7 +26,7 @@ from jobspool.health import (
 )
 from jobspool.health.reasons import ids as some_ids
 from jobspool.pg.rows import COLUMNS, to_job
-from jobspool.pg.schema import FOREIGN_HINT, NO_PRIMARY_KEY, damage
+from jobspool.pg.schema import FOREIGN_HINT, LOST_FOR_GOOD, NO_PRIMARY_KEY, damage
 from jobspool.queue.bulk import LISTING_PASSES
 from jobspool.queue.job import Job, validate_int, validate_seconds
 from jobspool.queue.states import ALL_STATES, TERMINAL, JobState
@@ -198,17 +198,31 @@ def still_above(spool: PgSpool, rows: list[Any]) -> list[Any]:
     return [r for r in rows if int(r[1]) > fence]
 
 
+def _remedy(found: str) -> str:
+    """What `fsck` says to do about one thing `schema.damage` found."""
+    if FOREIGN_HINT in found:
+        return ""
+    if found == NO_PRIMARY_KEY:
+        return ": ids may be doubled; see the warning of `jobspool init`"
+    if any(found == f"column jobspool_jobs.{c} is missing" for c in LOST_FOR_GOOD):
+        return ": what it held is gone; restore jobspool_jobs from a backup"
+    return "; `jobspool init` makes it again"
+
+
+def unreadable_damage(found: list[str]) -> bool:
+    """Whether what `schema.damage` found keeps the job table from being read at all (it
+    or its sequence gone, or a column every read names): nothing past it can be checked."""
+    return any(d.startswith(("jobspool_jobs is", "jobspool_fence is", "column jobspool_jobs."))
+               for d in found)
+
+
 def fsck(spool: PgSpool) -> FsckReport:
     """Check the invariants a database can still break (the schema enforces the rest)."""
     from jobspool.recovery.fsck import FsckReport
 
-    problems: list[str] = [
-        f"schema: {d}" if FOREIGN_HINT in d else
-        f"schema: {d}; `jobspool init` makes it again" if d != NO_PRIMARY_KEY else
-        f"schema: {d}: ids may be doubled; see the warning of `jobspool init`"
-        for d in spool.db.run(damage, what="fsck")]
-    if any(d.startswith(("schema: jobspool_jobs is", "schema: jobspool_fence is"))
-           for d in problems):
+    found = spool.db.run(damage, what="fsck")
+    problems: list[str] = [f"schema: {d}{_remedy(d)}" for d in found]
+    if unreadable_damage(found):
         return FsckReport(ok=False, problems=tuple(problems))  # nothing more can be read
     rows = spool.db.run(lambda c: c.execute(
         "SELECT state, count(*), max(token) FROM jobspool_jobs GROUP BY state").fetchall(),
@@ -311,6 +325,15 @@ def health(spool: PgSpool, *, max_due_age: float = DEFAULT_MAX_DUE_AGE,
                   min_free_bytes=min_free_bytes, min_free_percent=min_free_percent,
                   worker_stale=worker_stale)
     check_max_files_read(max_files_read)
+    damaged = spool.db.run(damage, what="health")
+    # Each of these fails a part of the queue (a claim, a schedule's tick) while the counts
+    # look fine; `fsck` lists them with what to do.
+    schema_reason = Reason("schema_damaged", f"the schema is not what this release's holds: "
+                           f"{'; '.join(damaged)}; run `jobspool fsck`", len(damaged))
+    if unreadable_damage(damaged):
+        # The counts cannot be read past it: said, rather than "refused stats: column ...".
+        return Health(reasons=[schema_reason], root=spool.display, checked_at=spool.now(),
+                      figures={})
     now = spool.now()
     st = stats(spool)
     # The same reasons, codes and texts as the file spool's, so one alert rule serves both.
@@ -329,13 +352,8 @@ def health(spool: PgSpool, *, max_due_age: float = DEFAULT_MAX_DUE_AGE,
         reasons.append(Reason("database_read_only", "the database takes no writes (a standby, "
                               "or default_transaction_read_only is on): every claim, enqueue "
                               "and settle fails", 1))
-    damaged = spool.db.run(damage, what="health")
     if damaged:
-        # Each of these fails a part of the queue (a claim, a schedule's tick) while the
-        # counts look fine; `fsck` lists them with what to do.
-        reasons.append(Reason("schema_damaged", f"the schema is not what this release's "
-                              f"holds: {'; '.join(damaged)}; run `jobspool fsck`",
-                              len(damaged)))
+        reasons.append(schema_reason)
     if expired:
         ids = [r[0] for r in spool.db.run(lambda c: c.execute(
             "SELECT id FROM jobspool_jobs WHERE state = 'leased' AND expires_at <= %s "

@@ -304,6 +304,28 @@ _JOB_COLUMNS = ("id", "kind", "state", "priority", "attempts", "max_attempts", "
                 "payload", "result", "last_error", "traceback", "reservations", "rescues",
                 "timeout", "started")
 NO_PRIMARY_KEY = "jobspool_jobs has no primary key on id"
+# A column dropped by hand, as `repair` adds it again: what every row gets, since what it
+# held is gone (the defaults a new job would have; a time is the repair's). Defaults
+# given only to fill the rows are dropped again (`_FILL_ONLY`), as v1 has none.
+_EPOCH_NOW = "extract(epoch from clock_timestamp())"
+_COLUMN_AGAIN = {
+    "priority": "bigint NOT NULL DEFAULT 0", "attempts": "bigint NOT NULL DEFAULT 0",
+    "max_attempts": "bigint NOT NULL DEFAULT {max_attempts}",
+    "revision": "bigint NOT NULL DEFAULT 1",
+    "created_at": f"double precision NOT NULL DEFAULT {_EPOCH_NOW}",
+    "updated_at": f"double precision NOT NULL DEFAULT {_EPOCH_NOW}",
+    "run_at": f"double precision NOT NULL DEFAULT {_EPOCH_NOW}",
+    "token": "bigint", "owner": "text", "expires_at": "double precision", "proc": "text",
+    "payload": "json", "result": "json", "last_error": "text", "traceback": "text",
+    "reservations": "text[] NOT NULL DEFAULT '{{}}'", "rescues": "bigint NOT NULL DEFAULT 0",
+    "timeout": "double precision", "started": "boolean",
+}
+_FILL_ONLY = ("max_attempts", "revision", "created_at", "updated_at", "run_at")
+# What no default can stand for: the job's identity and where it is.
+LOST_FOR_GOOD = ("id", "kind", "state")
+# Dropped with `token` or `expires_at`, and added again once every row is back within it.
+_LEASE_CHECK = ("jobspool_jobs_lease_check",
+                "CHECK ((state = 'leased') = (expires_at IS NOT NULL AND token IS NOT NULL))")
 
 
 def damage(conn: psycopg.Connection[Any]) -> list[str]:
@@ -340,7 +362,17 @@ def repair(conn: psycopg.Connection[Any], settings: dict[str, Any], where: str) 
         found = damage(conn)
         if not [d for d in found if d != NO_PRIMARY_KEY]:
             return found
+        lost = [c for c in LOST_FOR_GOOD if f"column jobspool_jobs.{c} is missing" in found]
+        if lost:
+            raise SpoolError(
+                f"{where}: column{'s' if len(lost) > 1 else ''} "
+                f"{', '.join(f'jobspool_jobs.{c}' for c in lost)} "
+                f"{'are' if len(lost) > 1 else 'is'} missing and cannot be made again (no "
+                "default can stand for a job's id, kind or state): restore jobspool_jobs "
+                "from a backup; nothing was changed")
         fence_lost = fence_missing(conn)
+        # Before the migrations: their indexes name these columns, and failed without them.
+        _columns_again(conn, found, settings)
         for v in sorted(MIGRATIONS):
             conn.execute(MIGRATIONS[v])
         for key, value in settings.items():
@@ -349,6 +381,34 @@ def repair(conn: psycopg.Connection[Any], settings: dict[str, Any], where: str) 
         if fence_lost:  # v1 made it again, from 1: above every token instead
             fence_above_tokens(conn)
     return found
+
+
+def _columns_again(conn: psycopg.Connection[Any], found: list[str],
+                   settings: dict[str, Any]) -> None:
+    """Add back the job table's columns `found` missing (`_COLUMN_AGAIN`). A lease whose
+    token or expiry went with its column cannot be checked any more: the job goes back to
+    `retryable`, due now, its holder fenced out (as a lease lost to `cancel` is)."""
+    missing = [c for c in _COLUMN_AGAIN if f"column jobspool_jobs.{c} is missing" in found]
+    if not missing:
+        return
+    max_attempts = int(settings.get("max_attempts", 5))
+    for column in missing:
+        conn.execute(sql.SQL("ALTER TABLE jobspool_jobs ADD COLUMN IF NOT EXISTS {} ").format(
+            sql.Identifier(column)) + sql.SQL(
+            _COLUMN_AGAIN[column].format(max_attempts=max_attempts)))
+        if column in _FILL_ONLY:
+            conn.execute(sql.SQL("ALTER TABLE jobspool_jobs ALTER COLUMN {} DROP DEFAULT")
+                         .format(sql.Identifier(column)))
+    if {"token", "expires_at"} & set(missing):
+        conn.execute(
+            f"UPDATE jobspool_jobs SET state = 'retryable', run_at = {_EPOCH_NOW}, "
+            f"updated_at = {_EPOCH_NOW}, revision = revision + 1, token = NULL, "
+            "expires_at = NULL, owner = NULL, proc = NULL, started = NULL, "
+            "last_error = left('lease lost: its column was dropped by hand; before it: ' "
+            "|| coalesce(last_error, 'none'), 1024) "
+            "WHERE state = 'leased' AND (token IS NULL OR expires_at IS NULL)")
+        conn.execute(sql.SQL("ALTER TABLE jobspool_jobs ADD CONSTRAINT {} " + _LEASE_CHECK[1])
+                     .format(sql.Identifier(_LEASE_CHECK[0])))
 
 
 def load_settings(conn: psycopg.Connection[Any]) -> dict[str, Any]:
