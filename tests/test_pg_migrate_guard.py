@@ -131,6 +131,9 @@ def test_a_migration_run_again_after_the_source_ran_jobs_brings_them_up_to_date(
     assert sorted(doc["updated_ids"]) == ["a", "b"]
     assert sorted(doc["diverged_ids"]) == ["c", "d"]
     assert "changed on both spools" in again.stderr
+    # Every one named in the text too: a later run no longer lists them (it said "`--json`
+    # lists them", and the `--json` run after it listed none).
+    assert "c, d" in again.stderr and "`--json` lists them" not in again.stderr
     with make_spool(pg_url) as target:
         states = {i: (target.get(i).state.value, target.get(i).result) for i in "abcde"}
     assert states == {"a": ("completed", {"on": "file"}), "b": ("completed", {"on": "file"}),

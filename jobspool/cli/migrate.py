@@ -157,10 +157,12 @@ def _notes(args: argparse.Namespace, report: Any, unreadable: int, quarantined: 
               f"holds another job under the same id (another kind or payload), e.g. "
               f"{report.conflicts[0]!r}; `--json` lists them", file=sys.stderr)
     if report.diverged:
+        # Every one of them, here: this run records them as handled, so a later run (the
+        # `--json` one a hint sent the operator to) no longer lists any.
         print(f"jobspool: warning: {len(report.diverged)} job(s) changed on both spools since "
-              f"an earlier run of this migration (workers ran them on each), e.g. "
-              f"{report.diverged[0]!r}; they were left as the target has them: check them "
-              "(`--json` lists them)", file=sys.stderr)
+              f"an earlier run of this migration (workers ran them on each); they were left "
+              f"as the target has them: check each (a later run does not list them again): "
+              f"{', '.join(sorted(report.diverged))}", file=sys.stderr)
     if report.refused:
         print(f"jobspool: warning: {len(report.refused)} job(s) were NOT copied: they hold "
               f"values the database cannot (e.g. {report.refused_why}); `--json` lists them",
