@@ -59,7 +59,8 @@ def test_stats_says_it_waits_for_the_lock_then_answers(root: Path) -> None:
 def test_two_quick_sigterms_to_a_command_waiting_for_the_lock_print_one_line(root: Path
                                                                               ) -> None:
     with holding_lock(root):
-        proc = start_jobspool("--root", root, "stats")
+        # A writing command: `stats` now gives up after its bounded wait.
+        proc = start_jobspool("--root", root, "enqueue", "k", "{}")
         try:
             # Its notice says it is past start-up and in the wait.
             assert proc.stderr is not None
@@ -175,3 +176,16 @@ def test_a_child_forked_while_health_waited_does_not_keep_the_lock(root: Path) -
             os.kill(child, signal.SIGKILL)
             os.waitpid(child, 0)
             os.close(read_end)
+
+
+@pytest.mark.parametrize("command", [["stats", "--json"], ["stats", "--prometheus"], ["fsck"]])
+def test_stats_and_fsck_give_up_on_a_lock_held_past_their_wait(root: Path,
+                                                              command: list[str]) -> None:
+    """They waited for as long as the holder lasted: a cron exporter running `stats
+    --prometheus` every minute piled up behind a stopped process (an operator probe)."""
+    with holding_lock(root):
+        r = run_jobspool("--root", root, *command, timeout=120)
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    errors = [line for line in r.stderr.splitlines() if "has been held for over" in line]
+    assert len(errors) == 1 and "nothing was read" in errors[0], r.stderr
+    assert "Traceback" not in r.stderr and "# TYPE" not in r.stdout

@@ -20,7 +20,14 @@ from collections.abc import Callable, Sequence
 
 import orjson
 
-from jobspool.cli.common import EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE, Refused, UsageError
+from jobspool.cli.common import (
+    EXIT_OK,
+    EXIT_UNHEALTHY,
+    EXIT_USAGE,
+    Refused,
+    UsageError,
+    _waiting_for_lock,
+)
 from jobspool.cli.parser import build_parser
 from jobspool.cli.render import StdoutFailed
 from jobspool.errors import (
@@ -274,13 +281,6 @@ def _rollback_noise(record: logging.LogRecord) -> bool:
     statement still in flight). The command says what happened in its own one line; the
     extra line came before it in 4 of 9 interrupted bulk cancels and migrates (a probe)."""
     return not str(record.msg).startswith("error ignored in rollback")
-
-
-def _waiting_for_lock(waited: float) -> None:
-    with contextlib.suppress(Exception):
-        print(f"jobspool: still waiting for the spool lock after {waited:g} s (busy workers "
-              "take turns with it; a long fenced block or a stopped process holds it); "
-              "Ctrl-C gives up", file=sys.stderr, flush=True)
 
 
 def _pool_child() -> bool:

@@ -20,6 +20,7 @@ from jobspool.cli.common import (
     _load_app,
     _open,
     _root_spec,
+    _waiting_for_lock,
 )
 from jobspool.cli.jobinput import _read_payload, _run_at
 from jobspool.cli.render import (
@@ -156,10 +157,33 @@ def _report_text(title: str, d: dict[str, Any]) -> str:
     return f"{title}: " + ", ".join(f"{k}={v}" for k, v in counts.items())
 
 
+# How long `stats` and `fsck` wait for the spool lock before giving up, as `health` does:
+# a cron exporter run every minute piled up behind a process stopped while holding it.
+READ_LOCK_WAIT = 5.0
+NOTICE_AFTER = 2.0  # when it says it waits (`lockwait.noticed`'s default)
+
+
+def _lock_within_reach(spool: Any, command: str) -> None:
+    """Refuse (exit 2, one line) when the file spool's lock stays held `READ_LOCK_WAIT` s."""
+    from jobspool.errors import SpoolError
+    from jobspool.queue import lockwait
+
+    path = lockwait.held_too_long(spool, NOTICE_AFTER)
+    if path is not None:
+        _waiting_for_lock(NOTICE_AFTER)  # as any other take of the lock says it waits
+        path = lockwait.held_too_long(spool, READ_LOCK_WAIT - NOTICE_AFTER)
+    if path is not None:
+        raise SpoolError(f"{command}: the spool lock {path} has been held for over "
+                         f"{READ_LOCK_WAIT:g} s by another process (a long fenced block, or a "
+                         "stopped or stuck process): nothing was read; `jobspool health` "
+                         "says more", path=str(path))
+
+
 def cmd_stats(args: argparse.Namespace) -> int:
     if args.prometheus and args.json:
         raise UsageError("stats: --prometheus and --json are two output formats; pick one")
     with _open(args, read_only=True) as spool:
+        _lock_within_reach(spool, "stats")
         if args.prometheus:
             from jobspool.metrics import render_prometheus
 
@@ -349,6 +373,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 def cmd_fsck(args: argparse.Namespace) -> int:
     with _open(args, read_only=True) as spool:
+        _lock_within_reach(spool, "fsck")
         report = spool.fsck()
     d = report.to_dict()
     _emit(args, d, lambda: "spool is consistent" if report.ok else _problems_text(report.problems))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -291,3 +292,11 @@ def _make_worker(args: argparse.Namespace, spool: Any) -> Any:
                   projection=args.projection or app.projection,
                   storage_options=storage_options(args, app.storage_options),
                   maintenance=not args.no_maintenance)
+
+
+def _waiting_for_lock(waited: float) -> None:
+    """The notice of a command still waiting for the spool lock (`lockwait.noticed`)."""
+    with contextlib.suppress(Exception):
+        print(f"jobspool: still waiting for the spool lock after {waited:g} s (busy workers "
+              "take turns with it; a long fenced block or a stopped process holds it); "
+              "Ctrl-C gives up", file=sys.stderr, flush=True)

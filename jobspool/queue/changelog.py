@@ -66,9 +66,11 @@ class ChangeRing:
         """The (op, id) changes of generations `seen+1 .. now` in order, or None when the
         ring does not hold all of them (the caller must relist)."""
         missed = now - seen
-        if missed <= 0:
+        if missed == 0:
             return []
-        if missed > SLOTS:
+        if missed < 0 or missed > SLOTS:
+            # Backwards: the counters started over (`.lock` emptied or replaced), and what
+            # the caller saw is no measure of what changed since.
             return None
         count = self._count()
         by_gen: dict[int, list[tuple[int, int, bytes, str]]] = {}

@@ -47,6 +47,7 @@ import errno
 import fcntl
 import mmap
 import os
+import secrets
 import stat
 import struct
 import threading
@@ -120,6 +121,7 @@ class SpoolLock:
         self._fd = -1
         self._closed = False
         self._inherited = 0  # levels of a hold a forked child inherited (`drop_after_fork`)
+        self._emptied = False  # `.lock` found emptied by hand at open (`_grow_back`)
         self._open()
         _LOCKS.add(self)
 
@@ -133,8 +135,7 @@ class SpoolLock:
             if self.read_only:
                 fd = os.open(self._path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
             else:
-                fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC,
-                             self._mode)
+                fd, created = _open_or_create(self._path, self._mode)
                 with contextlib.suppress(OSError):  # another user's lock file: leave its mode
                     set_fd_mode(fd, self._mode, may_exist=True)
             dir_fd = os.open(self._root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -170,6 +171,9 @@ class SpoolLock:
             # shrink, which keeps other processes' maps valid (shrinking would SIGBUS them).
             if st.st_size < _MAP_SIZE or st.st_blocks * 512 < _MAP_SIZE:
                 _allocate(fd, self._path)
+            # Short, and not of our making: emptied by hand. Its shared state starts over
+            # at the first hold (`_grow_back`), under the lock.
+            self._emptied = st.st_size < _MAP_SIZE and not created
             self._map = _map_shared(fd, mmap.PROT_READ | mmap.PROT_WRITE)
         if hasattr(self, "ring"):
             self.ring.remap(self._map)
@@ -314,6 +318,8 @@ class SpoolLock:
                 raise
             if self._after_reopen:
                 self._forget_shared_state()
+            elif self._emptied or self._shrunk():
+                self._grow_back()
             if not self.read_only and self.generation(self.BOOT_SLOT) != self._boot:
                 self._new_boot()
             if not self.read_only and self.generation(self.WRITER_SLOT):
@@ -340,12 +346,40 @@ class SpoolLock:
         self.put(self.FENCE_CEILING_SLOT, 0)
         self.put(self.BOOT_SLOT, self._boot)
 
+    def _shrunk(self) -> bool:
+        """Whether `.lock` is shorter than the map (emptied by hand: `: > .lock`). Touching
+        the map past the file's end is a SIGBUS: every process on the spool died (exit 135,
+        no message) at its next change. Asked once per hold, before the map is read."""
+        try:
+            return os.fstat(self._fd).st_size < _MAP_SIZE
+        except OSError:
+            return False  # a descriptor that cannot be asked: the next open says why
+
+    def _grow_back(self) -> None:
+        """Under both flocks: give the emptied `.lock` its size again (its content is
+        gone, zeros) and start the shared state over. The per-state generations restart
+        at random values, not 0: a process that cached a listing at generation 7 before
+        the file was emptied would take a 7 reached again for "nothing changed". The
+        publication and flush numbers restart at 0, which only makes the next producer
+        lead its own flush; the token counter re-reads its ceiling from disk."""
+        self._emptied = False
+        if self.read_only:
+            # A reader cannot grow it: its own zeroed view until a writer has.
+            self._map = mmap.mmap(-1, _MAP_SIZE)
+            self.ring.remap(self._map)
+        else:
+            _allocate(self._fd, self._path)
+        self._forget_shared_state()
+
     def _forget_shared_state(self) -> None:
         """After switching to a new `.lock`: every cache built on the old counters is void,
         and a writer may have died mid-batch unseen (its in-flight mark was in the old map)."""
         if not self.read_only:
+            # Restarted at random values, not bumped: a counter that restarted from 0 (the
+            # file emptied, or a new one) and came round again to the value a cache holds
+            # would pass that cache for current.
             for slot in range(_GENERATION_SLOTS):
-                self.bump(slot)
+                self.put(slot, secrets.randbits(48) | 1)
             self.bump(self.SUSPECT_SLOT)
             self.put(self.FENCE_CEILING_SLOT, 0)  # re-read the token ceiling from disk
         if self.on_reopen is not None:
@@ -493,6 +527,22 @@ class SpoolLock:
             self._map.close()
         finally:
             self._close_fds()
+
+
+def _open_or_create(path: Path, mode: int) -> tuple[int, bool]:
+    """`.lock` opened for writing, and whether this call created it (a short file it did
+    not create was emptied by hand: `_open`)."""
+    flags = os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC
+    for _ in range(10):
+        try:
+            return os.open(path, flags | os.O_CREAT | os.O_EXCL, mode), True
+        except FileExistsError:
+            pass
+        try:
+            return os.open(path, flags), False
+        except FileNotFoundError:
+            continue  # deleted between the two opens: try to create it again
+    return os.open(path, flags | os.O_CREAT, mode), False
 
 
 def _map_shared(locked: int, prot: int) -> mmap.mmap:
