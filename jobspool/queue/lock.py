@@ -122,6 +122,7 @@ class SpoolLock:
         self._closed = False
         self._inherited = 0  # levels of a hold a forked child inherited (`drop_after_fork`)
         self._emptied = False  # `.lock` found emptied by hand at open (`_grow_back`)
+        self._private = False  # a reader's own zeroed map, not the file's (`_open`)
         self._open()
         _LOCKS.add(self)
 
@@ -161,7 +162,8 @@ class SpoolLock:
         self._fd, self._dir_fd = fd, dir_fd
         self._ident = (st.st_dev, st.st_ino)
         if self.read_only:
-            if st.st_size < _MAP_SIZE:
+            self._private = st.st_size < _MAP_SIZE
+            if self._private:
                 # Never grown by a writer yet: readers get a private zeroed view.
                 self._map = mmap.mmap(-1, _MAP_SIZE)
             else:
@@ -318,7 +320,7 @@ class SpoolLock:
                 raise
             if self._after_reopen:
                 self._forget_shared_state()
-            elif self._emptied or self._shrunk():
+            elif self._emptied or (self._shrunk() and not self._private):
                 self._grow_back()
             if not self.read_only and self.generation(self.BOOT_SLOT) != self._boot:
                 self._new_boot()
@@ -364,8 +366,8 @@ class SpoolLock:
         lead its own flush; the token counter re-reads its ceiling from disk."""
         self._emptied = False
         if self.read_only:
-            # A reader cannot grow it: its own zeroed view until a writer has.
-            self._map = mmap.mmap(-1, _MAP_SIZE)
+            # A reader cannot grow it: its own zeroed view (until it reopens the file).
+            self._map, self._private = mmap.mmap(-1, _MAP_SIZE), True
             self.ring.remap(self._map)
         else:
             _allocate(self._fd, self._path)
