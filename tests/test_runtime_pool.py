@@ -407,3 +407,28 @@ def test_a_job_that_returned_in_time_is_not_charged_for_a_kill_of_its_process(
     assert blocker.state is JobState.DEAD_LETTER
     assert "TimeLimitExceeded" in (blocker.last_error or "")
     assert report["killed_hung"] == 1, log[-2000:]
+
+
+def test_a_restart_still_pending_at_the_stop_is_not_counted(tmp_path: Path) -> None:
+    """The summary counted a restart when it was scheduled: stopped while one waited out its
+    backoff, the pool reported as many restarts as processes started (a probe: 22 of 22
+    with --processes 2). Counted when spawned, started = processes + restarts."""
+    root = tmp_path / "spool"
+    pidfile = tmp_path / "pids"
+    with make_spool(root) as spool:
+        spool.enqueue_many("die", [{"sleep": 600, "pidfile": str(pidfile)} for _ in range(4)])
+    proc = _pool(root, "--processes", "1", "--concurrency", "1", "--grace", "1")
+    log = LineReader(proc.stderr)
+    try:
+        for kill in range(1, 4):  # each child dies in its first job: backoff 0.1, 0.2, 0.4 s
+            wait_until(lambda k=kill: len(_pids(pidfile)) >= k, GUARD, proc=proc)
+            os.kill(_pids(pidfile)[-1], signal.SIGKILL)
+            log.wait_for(r"restarting in", GUARD, what=f"restart {kill} scheduled")
+        # The third restart waits 0.4 s: stopped now, it never happens.
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=GUARD)
+    finally:
+        reap(proc)
+    report = orjson.loads(out)
+    assert report["started"] == report["processes"] + report["restarts"], report
+    assert report["restarts"] in (2, 3), report

@@ -249,6 +249,9 @@ class WorkerPool:
                 if now >= at:
                     del self._restart_at[slot]
                     self._spawn(slot)
+                    # Counted once spawned: a restart still pending when the pool stopped
+                    # was counted too, and the summary said 22 restarts of 22 started.
+                    self._restarts += 1
 
     def _forward(self) -> None:
         """Forward one SIGTERM per signal we got: children stop gracefully, then at once."""
@@ -411,7 +414,6 @@ class WorkerPool:
                f"exited with {_describe(code)}")
         log.warning("pool: worker process %d (slot %d) %s; restarting in %.1f s",
                     child.proc.pid, child.slot, why, delay)
-        self._restarts += 1
         self._restart_at[child.slot] = time.monotonic() + delay
 
     def _add_report(self, out: bytes) -> None:
