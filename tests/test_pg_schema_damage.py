@@ -112,3 +112,20 @@ def test_a_dropped_kind_or_state_is_named_and_left_to_a_backup(pg_url: str,
     out = run_jobspool("init", root=pg_url)
     assert out.code == 2 and "cannot be made again" in out.stderr, out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+
+
+def test_a_column_retyped_by_hand_is_named_by_fsck_health_and_init(pg_url: str) -> None:
+    """`payload` turned jsonb by hand: a NUL in a string was refused and a payload's keys
+    reordered, while `fsck` said the spool was consistent (an operator-slips probe)."""
+    with make_spool(pg_url) as spool:
+        spool.enqueue("k", {"b": 1, "a": 2}, job_id="one")
+    _sql(pg_url, "ALTER TABLE jobspool_jobs ALTER COLUMN payload TYPE jsonb")
+    fsck = run_jobspool("fsck", root=pg_url)
+    said = fsck.stdout + fsck.stderr
+    assert fsck.code != 0 and "jobspool_jobs.payload has type jsonb, not json" in said, said
+    health = run_jobspool("health", root=pg_url)
+    assert health.code != 0 and "payload has type jsonb" in health.stdout + health.stderr
+    out = run_jobspool("init", root=pg_url)
+    assert "payload has type jsonb" in out.stderr and "made again" not in out.stderr, out.stderr
+    _sql(pg_url, "ALTER TABLE jobspool_jobs ALTER COLUMN payload TYPE json")
+    assert run_jobspool("fsck", root=pg_url).code == 0

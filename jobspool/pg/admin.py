@@ -26,7 +26,7 @@ from jobspool.health import (
 )
 from jobspool.health.reasons import ids as some_ids
 from jobspool.pg.rows import COLUMNS, to_job
-from jobspool.pg.schema import FOREIGN_HINT, LOST_FOR_GOOD, NO_PRIMARY_KEY, damage
+from jobspool.pg.schema import FOREIGN_HINT, LOST_FOR_GOOD, NO_PRIMARY_KEY, damage, retyped
 from jobspool.queue.bulk import LISTING_PASSES
 from jobspool.queue.job import Job, validate_int, validate_seconds
 from jobspool.queue.states import ALL_STATES, TERMINAL, JobState
@@ -200,7 +200,7 @@ def still_above(spool: PgSpool, rows: list[Any]) -> list[Any]:
 
 def _remedy(found: str) -> str:
     """What `fsck` says to do about one thing `schema.damage` found."""
-    if FOREIGN_HINT in found:
+    if FOREIGN_HINT in found or retyped(found):
         return ""
     if found == NO_PRIMARY_KEY:
         return ": ids may be doubled; see the warning of `jobspool init`"

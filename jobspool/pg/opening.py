@@ -31,6 +31,7 @@ from jobspool.pg.schema import (
     migrate,
     repair,
     restore_fence,
+    retyped,
     schema_problem,
 )
 from jobspool.queue.job import MAX_JOB_BYTES, validate_int, validate_seconds
@@ -280,7 +281,10 @@ def repair_damage(url: str, given: dict[str, Any]) -> list[str]:
         raise connect_error(exc, f"database {db.display}: {one_line(exc)}") from None
     finally:
         conn.close()
-    fixed = [d for d in found if d != NO_PRIMARY_KEY]
+    fixed = [d for d in found if d != NO_PRIMARY_KEY and not retyped(d)]
+    for d in found:
+        if retyped(d):
+            log.warning("%s: %s", db.display, d)
     if fixed:
         tables = [d for d in fixed if d.split()[0] in _TABLES]
         log.warning("%s: the schema lacked what this release's holds (%s); made again%s%s",

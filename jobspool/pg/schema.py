@@ -304,6 +304,23 @@ _JOB_COLUMNS = ("id", "kind", "state", "priority", "attempts", "max_attempts", "
                 "payload", "result", "last_error", "traceback", "reservations", "rescues",
                 "timeout", "started")
 NO_PRIMARY_KEY = "jobspool_jobs has no primary key on id"
+# The job table's column types as v1 (and v5) make them. One changed by hand changes what a
+# job holds without a word: `payload` as jsonb refused a NUL in a string and reordered a
+# payload's keys, where the file spool and a schema jobspool made keep both.
+_JOB_TYPES = {**{c: "text" for c in ("id", "kind", "state", "owner", "proc", "last_error",
+                                     "traceback")},
+              **{c: "bigint" for c in ("priority", "attempts", "max_attempts", "revision",
+                                       "token", "rescues")},
+              **{c: "double precision" for c in ("created_at", "updated_at", "run_at",
+                                                 "expires_at", "timeout")},
+              "payload": "json", "result": "json", "reservations": "text[]",
+              "started": "boolean"}
+_RETYPE = "not changed by init: ALTER TABLE jobspool_jobs ALTER COLUMN ... TYPE ... back"
+
+
+def retyped(found: str) -> bool:
+    """Whether one thing `damage` found is a column of another type (named, not repaired)."""
+    return found.endswith(f"({_RETYPE})")
 # A column dropped by hand, as `repair` adds it again: what every row gets, since what it
 # held is gone (the defaults a new job would have; a time is the repair's). Defaults
 # given only to fill the rows are dropped again (`_FILL_ONLY`), as v1 has none.
@@ -338,10 +355,12 @@ def damage(conn: psycopg.Connection[Any]) -> list[str]:
         if missing]
     found = [f"{r} is missing" for r in gone]
     if "jobspool_jobs" not in gone:
-        have = {r[0] for r in conn.execute(
-            "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass('jobspool_jobs') "
-            "AND attnum > 0 AND NOT attisdropped")}
+        have = {r[0]: r[1] for r in conn.execute(
+            "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
+            "WHERE attrelid = to_regclass('jobspool_jobs') AND attnum > 0 AND NOT attisdropped")}
         found += [f"column jobspool_jobs.{c} is missing" for c in _JOB_COLUMNS if c not in have]
+        found += [f"jobspool_jobs.{c} has type {have[c]}, not {want} ({_RETYPE})"
+                  for c, want in _JOB_TYPES.items() if c in have and have[c] != want]
         if conn.execute("SELECT 1 FROM pg_index WHERE indrelid = to_regclass('jobspool_jobs') "
                         "AND indisprimary").fetchone() is None:
             found.append(NO_PRIMARY_KEY)
@@ -360,7 +379,7 @@ def repair(conn: psycopg.Connection[Any], settings: dict[str, Any], where: str) 
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
         refuse_foreign(conn, where)  # not made again by the migrations: someone else's
         found = damage(conn)
-        if not [d for d in found if d != NO_PRIMARY_KEY]:
+        if not [d for d in found if d != NO_PRIMARY_KEY and not retyped(d)]:
             return found
         lost = [c for c in LOST_FOR_GOOD if f"column jobspool_jobs.{c} is missing" in found]
         if lost:
