@@ -528,9 +528,14 @@ def test_a_stdout_that_cannot_be_written_is_named_not_the_spools_disk(
                               stderr=subprocess.PIPE, env=environment(), timeout=120)
     err = done.stderr.decode()
     assert done.returncode == 2 and "Traceback" not in err, err
+    # `stats` only reads: nothing it did stands (a probe read that as a change made).
     assert err.strip().splitlines() == [
-        "jobspool: error: cannot write the output to stdout: No space left on device (what "
-        "the command did stands)"]
+        "jobspool: error: cannot write the output to stdout: No space left on device"]
+    with open("/dev/full", "wb") as full:
+        made = subprocess.run(command("--root", root, "enqueue", "k", "{}", *flags),
+                              stdout=full, stderr=subprocess.PIPE, env=environment(),
+                              timeout=120)
+    assert made.returncode == 2 and "(what the command did stands)" in made.stderr.decode()
 
 
 @pytest.mark.parametrize("command_args", [("list",), ("--json", "list"), ("stats",),

@@ -68,6 +68,12 @@ _READS = frozenset({("stats", None), ("list", None), ("show", None), ("fsck", No
                     ("health", None), ("quarantine", "list"), ("quarantine", "show"),
                     ("schedules", None)})
 
+
+
+def _is_read(args: argparse.Namespace) -> bool:
+    return (args.command, getattr(args, "action", None)) in _READS
+
+
 _ARGV: list[str] = []  # for `_fail`: errors found before logging is set up
 
 
@@ -221,7 +227,7 @@ def _main(argv: Sequence[str] | None) -> int:
         as_json = bool(args.json)
         if getattr(args, "command", None) in _SERVING:
             return _ungrouped(args.func, args)
-        if "stdout" in _CLOSED and (args.command, getattr(args, "action", None)) in _READS:
+        if "stdout" in _CLOSED and _is_read(args):
             sys.stdout = _ClosedStdout()
         from jobspool.queue import lockwait
         from jobspool.queue.unreadable import reported_once
@@ -241,8 +247,9 @@ def _main(argv: Sequence[str] | None) -> int:
         return _fail(str(exc), EXIT_USAGE, as_json)
     except StdoutFailed as exc:
         _stdout_to_devnull()  # the exit's own flush must not fail on it again
-        return _fail(f"cannot write the output to stdout: {exc} (what the command did "
-                     "stands)", EXIT_UNHEALTHY, False)
+        # A read did nothing but its output; a change stays made whatever its output did.
+        did = "" if _is_read(args) else " (what the command did stands)"
+        return _fail(f"cannot write the output to stdout: {exc}{did}", EXIT_UNHEALTHY, False)
     except BrokenPipeError:
         # The reader went away (`jobspool list | head`): nothing to say to it, and writing
         # the error to the same pipe raised again (two chained tracebacks with --json).

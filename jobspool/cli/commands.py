@@ -376,7 +376,11 @@ def cmd_fsck(args: argparse.Namespace) -> int:
         _lock_within_reach(spool, "fsck")
         report = spool.fsck()
     d = report.to_dict()
-    _emit(args, d, lambda: "spool is consistent" if report.ok else _problems_text(report.problems))
+    # On a database every line says what to do itself (`init`, by hand): no crash leaves
+    # files for `recover` there.
+    hint = "" if getattr(spool, "url", None) else "\n(`jobspool recover` repairs what a crash left)"
+    _emit(args, d, lambda: "spool is consistent" if report.ok
+          else _problems_text(report.problems) + hint)
     return EXIT_OK if report.ok else EXIT_UNHEALTHY
 
 
@@ -389,8 +393,7 @@ def _problems_text(problems: list[str]) -> str:
     shown = [f"  {p}" for p in problems[:FSCK_LINES]]
     if len(problems) > FSCK_LINES:
         shown.append(f"  ... and {len(problems) - FSCK_LINES} more (--json lists every one)")
-    return (f"spool has {len(problems)} problem(s):\n" + "\n".join(shown)
-            + "\n(`jobspool recover` repairs what a crash left)")
+    return f"spool has {len(problems)} problem(s):\n" + "\n".join(shown)
 
 
 def cmd_health(args: argparse.Namespace) -> int:
