@@ -91,3 +91,43 @@ def test_the_window_slides_and_addresses_count_apart() -> None:
     assert throttle.wait("10.0.0.1") == 0.0  # the oldest failure left the window
     throttle.failed("10.0.0.1")
     assert throttle.wait("10.0.0.1") == 0.0  # one failure in the window now
+
+
+def test_the_served_dashboard_counts_the_peer_not_a_forwarded_for_header(
+        spool: Spool) -> None:
+    """uvicorn's default took the client's address from `X-Forwarded-For` when the peer was
+    loopback (an SSH tunnel, a local script): a guesser named a new address each time and
+    was never throttled, or named someone else's to lock it out (a probe)."""
+    import urllib.error
+    import urllib.request
+
+    from tests.cli_harness import LineReader, reap, start_jobspool
+    from tests.waiting import wait_until
+
+    proc = start_jobspool("dashboard", "--token", TOKEN, "--port", "0", "--poll", "0",
+                          root=spool.root)
+    try:
+        line = LineReader(proc.stdout).wait_for(r"http://", 60, what="the dashboard's URL")
+        url = next(w for w in line.split() if w.startswith("http://"))
+        direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+        def status(token: str, forwarded: str | None = None) -> int:
+            headers = {"authorization": f"Bearer {token}"}
+            if forwarded is not None:
+                headers["x-forwarded-for"] = forwarded
+            request = urllib.request.Request(url + "api/overview", headers=headers)
+            try:
+                with direct.open(request, timeout=10) as response:
+                    return int(response.status)
+            except urllib.error.HTTPError as exc:
+                exc.close()
+                return int(exc.code)
+
+        wait_until(lambda: status(TOKEN) == 200, 60, "the dashboard to serve")
+        wrong = [status(f"g{i}", forwarded=f"203.0.113.{i}") for i in range(MAX_FAILURES)]
+        held = status(TOKEN, forwarded="198.51.100.1")
+    finally:
+        proc.terminate()
+        reap(proc)
+    assert wrong == [401] * MAX_FAILURES
+    assert held == 429  # the peer (127.0.0.1) made every guess, whatever the header said

@@ -156,8 +156,13 @@ def serve(root: Path | str, *, host: str = DEFAULT_HOST, port: int = DEFAULT_POR
         sys.stdout.flush()
         # log_config=None: uvicorn's records go through the command's own handler (so with
         # `--log-format json` they are JSON lines too) instead of handlers of its own.
+        # proxy_headers=False: uvicorn's default took the client's address from an
+        # `X-Forwarded-For` any loopback client (an SSH tunnel's, a local script) could
+        # write, and the token throttle counted guesses per made-up address: unlimited
+        # guessing, or a chosen address locked out (a probe).
         config = uvicorn.Config(app, log_config=None, log_level="warning", access_log=False,
-                                lifespan="on", server_header=False, timeout_graceful_shutdown=2)
+                                lifespan="on", server_header=False, timeout_graceful_shutdown=2,
+                                proxy_headers=False)
         # uvicorn raises the signal that stopped it again once it is done, with the handler
         # it found: SIG_DFL for SIGTERM, so a normal stop (systemd, docker stop) showed as
         # a death by signal (143). Handlers of ours are found instead: a stop is success.

@@ -79,7 +79,8 @@ def _guard_middleware(dash: Dashboard) -> type[BaseHTTPMiddleware]:
             """No login cookie: None when a bearer header holds the token, else the answer
             (throttled, or asked for the token). A header is a guess: counted (throttle.py)."""
             auth = request.headers.get("authorization")
-            if auth and guard.token is not None:
+            # Only a bearer token is a guess at ours: a proxy's own `Basic` header is not.
+            if auth and auth[:7].lower() == "bearer " and guard.token is not None:
                 client = security.client_of(request)
                 wait = guard.throttle.wait(client)
                 if wait > 0:

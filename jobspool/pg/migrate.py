@@ -108,7 +108,9 @@ class MigrationReport:
                 "skipped_ids": self.skipped[:100], "conflicts": len(self.conflicts),
                 "conflict_ids": self.conflicts[:100], "updated": len(self.updated),
                 "updated_ids": self.updated[:100], "diverged": len(self.diverged),
-                "diverged_ids": self.diverged[:100], "refused": len(self.refused),
+                # Every one: the run that finds them records them handled, and no later
+                # run lists them again (the others are found again by every run).
+                "diverged_ids": list(self.diverged), "refused": len(self.refused),
                 "refused_ids": self.refused[:100], "unleased": self.unleased,
                 "fence": self.fence, "schedule_marks": self.marks}
 
