@@ -75,11 +75,11 @@ def test_init_adds_dropped_columns_back_and_a_lease_they_held_is_lost(pg_url: st
         (lease,) = spool.claim(limit=1, owner="w", kinds=["k"])
         assert lease.job_id == "held"
     _sql(pg_url, *(f"ALTER TABLE jobspool_jobs DROP COLUMN {c}"
-                   for c in ("rescues", "traceback", "expires_at", "run_at", "priority")))
+                   for c in ("rescues", "traceback", "owner", "run_at", "priority")))
     fsck = run_jobspool("fsck", root=pg_url)
     said = fsck.stdout + fsck.stderr
     assert fsck.code != 0 and "Traceback" not in said and "does not exist" not in said, said
-    for column in ("rescues", "traceback", "expires_at", "run_at", "priority"):
+    for column in ("rescues", "traceback", "owner", "run_at", "priority"):
         assert f"column jobspool_jobs.{column} is missing" in said, said
     health = run_jobspool("health", root=pg_url)
     assert health.code != 0 and "schema" in health.stdout + health.stderr, health.stderr
@@ -129,3 +129,48 @@ def test_a_column_retyped_by_hand_is_named_by_fsck_health_and_init(pg_url: str) 
     assert "payload has type jsonb" in out.stderr and "made again" not in out.stderr, out.stderr
     _sql(pg_url, "ALTER TABLE jobspool_jobs ALTER COLUMN payload TYPE json")
     assert run_jobspool("fsck", root=pg_url).code == 0
+
+
+def test_constraints_and_nullability_changed_by_hand_are_named_and_made_again(
+        pg_url: str) -> None:
+    """A column dropped and re-added by hand with its type left the lease check gone and a
+    leased row with no token (`fsck` said consistent); `started` re-added NOT NULL failed
+    every enqueue while `health` said ok; a constraint left under the repair's own name
+    made `init` fail for ever; `owner` dropped left leases no heartbeat could read."""
+    from jobspool.errors import LeaseLost
+
+    with make_spool(pg_url) as spool:
+        spool.enqueue("k", 1, job_id="held")
+        (lease,) = spool.claim(limit=1, owner="w", kinds=["k"])
+    _sql(pg_url, "ALTER TABLE jobspool_jobs DROP COLUMN token",
+         "ALTER TABLE jobspool_jobs ADD COLUMN token bigint",
+         "ALTER TABLE jobspool_jobs ADD CONSTRAINT jobspool_jobs_lease_check CHECK (true)",
+         "ALTER TABLE jobspool_jobs DROP COLUMN started",
+         "ALTER TABLE jobspool_jobs ADD COLUMN started boolean NOT NULL DEFAULT false",
+         "ALTER TABLE jobspool_jobs ALTER COLUMN started DROP DEFAULT")
+    fsck = run_jobspool("fsck", root=pg_url)
+    said = fsck.stdout + fsck.stderr
+    assert fsck.code != 0 and "the lease check of jobspool_jobs is missing" in said, said
+    assert "jobspool_jobs.started is NOT NULL" in said, said
+    assert run_jobspool("health", root=pg_url).code != 0
+    out = run_jobspool("init", root=pg_url)
+    assert out.code == 0 and "made again" in out.stderr, out.stderr
+    assert run_jobspool("fsck", root=pg_url).code == 0
+    with make_spool(pg_url) as spool:
+        held = spool.get("held")
+        assert held.state is JobState.RETRYABLE, held
+        with pytest.raises(LeaseLost):
+            spool.complete(lease, result="late")
+        spool.enqueue("k", 2, job_id="new")  # failed on the NOT NULL before
+        assert sorted(x.job_id for x in spool.claim(limit=5, kinds=["k"])) == ["held", "new"]
+
+
+def test_a_retyped_token_is_named_not_failed_on(pg_url: str) -> None:
+    with make_spool(pg_url) as spool:
+        spool.enqueue("k", 1)
+    _sql(pg_url, "ALTER TABLE jobspool_jobs ALTER COLUMN token TYPE text")
+    for command in ("fsck", "health"):
+        out = run_jobspool(command, root=pg_url)
+        said = out.stdout + out.stderr
+        assert out.code != 0 and "jobspool_jobs.token has type text, not bigint" in said, said
+        assert "COALESCE" not in said

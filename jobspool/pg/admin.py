@@ -212,8 +212,10 @@ def _remedy(found: str) -> str:
 def unreadable_damage(found: list[str]) -> bool:
     """Whether what `schema.damage` found keeps the job table from being read at all (it
     or its sequence gone, or a column every read names): nothing past it can be checked."""
+    # A column of another type too: the reads past it failed on it ("COALESCE types text
+    # and integer cannot be matched" for a `token` made text), instead of naming it.
     return any(d.startswith(("jobspool_jobs is", "jobspool_fence is", "column jobspool_jobs."))
-               for d in found)
+               or retyped(d) for d in found)
 
 
 def fsck(spool: PgSpool) -> FsckReport:

@@ -340,9 +340,18 @@ _COLUMN_AGAIN = {
 _FILL_ONLY = ("max_attempts", "revision", "created_at", "updated_at", "run_at")
 # What no default can stand for: the job's identity and where it is.
 LOST_FOR_GOOD = ("id", "kind", "state")
-# Dropped with `token` or `expires_at`, and added again once every row is back within it.
-_LEASE_CHECK = ("jobspool_jobs_lease_check",
-                "CHECK ((state = 'leased') = (expires_at IS NOT NULL AND token IS NOT NULL))")
+# The job table's CHECK constraints, by what their text holds: dropped with a column they
+# name (or by hand), and added again (`_checks_again`) once every row is back within them.
+_CHECKS = {
+    "lease": ("jobspool_jobs_lease_check",
+              "CHECK ((state = 'leased') = (expires_at IS NOT NULL AND token IS NOT NULL))"),
+    "state": ("jobspool_jobs_state_check",
+              "CHECK (state IN ('prepared', 'ready', 'leased', 'retryable', 'completed', "
+              "'dead_letter', 'canceled'))"),
+}
+# What `pg_get_constraintdef` of each holds, to find it whatever its name.
+_CHECK_MARKS = {"lease": "expires_at IS NOT NULL", "state": "'dead_letter'"}
+_NULLABLE = frozenset(c for c, d in _COLUMN_AGAIN.items() if "NOT NULL" not in d)
 
 
 def damage(conn: psycopg.Connection[Any]) -> list[str]:
@@ -355,12 +364,23 @@ def damage(conn: psycopg.Connection[Any]) -> list[str]:
         if missing]
     found = [f"{r} is missing" for r in gone]
     if "jobspool_jobs" not in gone:
-        have = {r[0]: r[1] for r in conn.execute(
-            "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
-            "WHERE attrelid = to_regclass('jobspool_jobs') AND attnum > 0 AND NOT attisdropped")}
+        rows = conn.execute(
+            "SELECT attname, format_type(atttypid, atttypmod), attnotnull FROM pg_attribute "
+            "WHERE attrelid = to_regclass('jobspool_jobs') AND attnum > 0 AND NOT attisdropped"
+        ).fetchall()
+        have = {r[0]: r[1] for r in rows}
         found += [f"column jobspool_jobs.{c} is missing" for c in _JOB_COLUMNS if c not in have]
         found += [f"jobspool_jobs.{c} has type {have[c]}, not {want} ({_RETYPE})"
                   for c, want in _JOB_TYPES.items() if c in have and have[c] != want]
+        # A column jobspool leaves NULL made NOT NULL by hand: every write that leaves it
+        # NULL failed (every enqueue, for `started`) while `health` said ok.
+        found += [f"column jobspool_jobs.{name} is NOT NULL, and jobspool leaves it NULL"
+                  for name, _, not_null in rows if not_null and name in _NULLABLE]
+        checks = " ".join(r[0] for r in conn.execute(
+            "SELECT pg_get_constraintdef(oid) FROM pg_constraint "
+            "WHERE conrelid = to_regclass('jobspool_jobs') AND contype = 'c'"))
+        found += [f"the {label} check of jobspool_jobs is missing"
+                  for label, mark in _CHECK_MARKS.items() if mark not in checks]
         if conn.execute("SELECT 1 FROM pg_index WHERE indrelid = to_regclass('jobspool_jobs') "
                         "AND indisprimary").fetchone() is None:
             found.append(NO_PRIMARY_KEY)
@@ -394,6 +414,7 @@ def repair(conn: psycopg.Connection[Any], settings: dict[str, Any], where: str) 
         _columns_again(conn, found, settings)
         for v in sorted(MIGRATIONS):
             conn.execute(MIGRATIONS[v])
+        _checks_again(conn, damage(conn))  # the columns are back: what they still lack
         for key, value in settings.items():
             conn.execute("INSERT INTO jobspool_settings (key, value) VALUES (%s, %s) "
                          "ON CONFLICT (key) DO NOTHING", (key, Jsonb(value)))
@@ -404,9 +425,8 @@ def repair(conn: psycopg.Connection[Any], settings: dict[str, Any], where: str) 
 
 def _columns_again(conn: psycopg.Connection[Any], found: list[str],
                    settings: dict[str, Any]) -> None:
-    """Add back the job table's columns `found` missing (`_COLUMN_AGAIN`). A lease whose
-    token or expiry went with its column cannot be checked any more: the job goes back to
-    `retryable`, due now, its holder fenced out (as a lease lost to `cancel` is)."""
+    """Add back the job table's columns `found` missing (`_COLUMN_AGAIN`); a lease whose
+    token, expiry or owner went with its column is lost (`_lose_broken_leases`)."""
     missing = [c for c in _COLUMN_AGAIN if f"column jobspool_jobs.{c} is missing" in found]
     if not missing:
         return
@@ -418,16 +438,47 @@ def _columns_again(conn: psycopg.Connection[Any], found: list[str],
         if column in _FILL_ONLY:
             conn.execute(sql.SQL("ALTER TABLE jobspool_jobs ALTER COLUMN {} DROP DEFAULT")
                          .format(sql.Identifier(column)))
-    if {"token", "expires_at"} & set(missing):
-        conn.execute(
-            f"UPDATE jobspool_jobs SET state = 'retryable', run_at = {_EPOCH_NOW}, "
-            f"updated_at = {_EPOCH_NOW}, revision = revision + 1, token = NULL, "
-            "expires_at = NULL, owner = NULL, proc = NULL, started = NULL, "
-            "last_error = left('lease lost: its column was dropped by hand; before it: ' "
-            "|| coalesce(last_error, 'none'), 1024) "
-            "WHERE state = 'leased' AND (token IS NULL OR expires_at IS NULL)")
-        conn.execute(sql.SQL("ALTER TABLE jobspool_jobs ADD CONSTRAINT {} " + _LEASE_CHECK[1])
-                     .format(sql.Identifier(_LEASE_CHECK[0])))
+    if {"token", "expires_at", "owner"} & set(missing):
+        _lose_broken_leases(conn)
+
+
+
+def _lose_broken_leases(conn: psycopg.Connection[Any]) -> None:
+    """Leased rows whose token, expiry or owner went with a dropped column cannot be
+    checked or beaten any more: back to `retryable`, due now, the holder fenced out (as a
+    lease lost to `cancel` is)."""
+    conn.execute(
+        f"UPDATE jobspool_jobs SET state = 'retryable', run_at = {_EPOCH_NOW}, "
+        f"updated_at = {_EPOCH_NOW}, revision = revision + 1, token = NULL, "
+        "expires_at = NULL, owner = NULL, proc = NULL, started = NULL, "
+        "last_error = left('lease lost: a column it needs was dropped by hand; "
+        "before it: ' || coalesce(last_error, 'none'), 1024) "
+        "WHERE state = 'leased' AND (token IS NULL OR expires_at IS NULL OR owner IS NULL)")
+
+
+def _checks_again(conn: psycopg.Connection[Any], found: list[str]) -> None:
+    """Make the table what jobspool writes into again: a NOT NULL put by hand on a column
+    it leaves NULL is dropped, and a lost CHECK is added back. A lease whose token, expiry
+    or owner is gone (its column dropped and made again) cannot be checked any more: the
+    job goes back to `retryable`, due now, its holder fenced out (as a lease lost to
+    `cancel` is)."""
+    for name in sorted(_NULLABLE):
+        if f"column jobspool_jobs.{name} is NOT NULL, and jobspool leaves it NULL" in found:
+            conn.execute(sql.SQL("ALTER TABLE jobspool_jobs ALTER COLUMN {} DROP NOT NULL")
+                         .format(sql.Identifier(name)))
+    for label, (name, text) in _CHECKS.items():
+        if f"the {label} check of jobspool_jobs is missing" not in found:
+            continue
+        if label == "lease":
+            _lose_broken_leases(conn)
+            conn.execute("UPDATE jobspool_jobs SET token = NULL, expires_at = NULL "
+                         "WHERE state <> 'leased' AND (token IS NOT NULL) "
+                         "AND expires_at IS NOT NULL")
+        # A constraint left under our name (made by hand, or half of an earlier repair).
+        conn.execute(sql.SQL("ALTER TABLE jobspool_jobs DROP CONSTRAINT IF EXISTS {}")
+                     .format(sql.Identifier(name)))
+        conn.execute(sql.SQL("ALTER TABLE jobspool_jobs ADD CONSTRAINT {} " + text)
+                     .format(sql.Identifier(name)))
 
 
 def load_settings(conn: psycopg.Connection[Any]) -> dict[str, Any]:
