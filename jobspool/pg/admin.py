@@ -332,7 +332,8 @@ def health(spool: PgSpool, *, max_due_age: float = DEFAULT_MAX_DUE_AGE,
     # look fine; `fsck` lists them with what to do.
     schema_reason = Reason("schema_damaged", f"the schema is not what this release's holds: "
                            f"{'; '.join(damaged)}; run `jobspool fsck`", len(damaged))
-    if unreadable_damage(damaged):
+    # A lost sequence is the one-line error that names it (reading the fence), as before.
+    if unreadable_damage([d for d in damaged if not d.startswith("jobspool_fence is")]):
         # The counts cannot be read past it: said, rather than "refused stats: column ...".
         return Health(reasons=[schema_reason], root=spool.display, checked_at=spool.now(),
                       figures={})
