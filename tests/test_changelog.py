@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import mmap
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,28 @@ from tests.spools import make_spool
 
 @pytest.fixture
 def ring() -> ChangeRing:
-    return ChangeRing(mmap.mmap(-1, RING_OFFSET + RING_BYTES))
+    data = bytearray(RING_OFFSET + RING_BYTES)  # the lock file's shared data, in memory
+
+    def read(offset: int, size: int) -> bytes:
+        return bytes(data[offset:offset + size]).ljust(size, b"\0")
+
+    def write(offset: int, blob: bytes) -> None:
+        data[offset:offset + len(blob)] = blob
+
+    return ChangeRing(read, write)
+
+
+def test_a_batch_that_wraps_past_the_rings_end_is_read_whole(ring: ChangeRing) -> None:
+    for g in range(1, SLOTS - 1):  # the ring filled to two slots before its end
+        ring.record(g, [f"j{g}"], [])
+    ring.record(SLOTS - 1, ["w1", "w2", "w3", "w4"], ["j1"])  # wraps: 2 slots, then 3
+    assert ring.since(SLOTS - 2, SLOTS - 1) == [(ADD, "w1"), (ADD, "w2"), (ADD, "w3"),
+                                                (ADD, "w4"), (REMOVE, "j1")]
+
+
+def test_counters_that_went_backwards_mean_relist(ring: ChangeRing) -> None:
+    ring.record(1, ["a"], [])
+    assert ring.since(5, 1) is None  # `.lock` emptied: the counters started over
 
 
 def test_a_reader_gets_the_changes_of_every_generation_it_missed_in_order(

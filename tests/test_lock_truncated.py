@@ -88,3 +88,61 @@ def test_another_process_open_across_the_emptying_sees_every_change(tmp_path: Pa
     out, err = worker.communicate(timeout=60)
     assert worker.returncode == 0, (worker.returncode, err[-2000:])
     assert out.split() == ["new", "old0", "old1", "old2"]
+
+
+def test_emptying_the_lock_file_under_a_pool_and_producers_kills_nothing(
+        tmp_path: Path) -> None:
+    """Checked once per hold, a truncation that landed inside another process's hold still
+    killed it at its next touch of the map (half the time under a busy pool, and producers
+    in their group flush, outside any hold): the shared data is now read and written by
+    position, so a read past the end is zeros. Real processes: a pool of two, two
+    producers, `.lock` emptied every 0.1 s while they run."""
+    import os
+    import signal
+    import time
+
+    import orjson
+
+    from tests.cli_harness import environment, reap, start_jobspool
+
+    root = tmp_path / "s"
+    log = tmp_path / "runs"
+    Spool(root).close()
+    env = {"JOBSPOOL_TEST_LOG": str(log)}
+    pool = start_jobspool("worker", "--processes", "2", "--concurrency", "2", "--app",
+                          "tests.apps.ledger:app", "--json", "--no-maintenance", root=root,
+                          env=env)
+    producers = [subprocess.Popen(
+        [sys.executable, "-c", _PRELUDE + textwrap.dedent("""
+            with Spool(root) as spool:
+                for i in range(150):
+                    spool.enqueue("record", i, job_id=f"{sys.argv[2]}{i}")
+                    time.sleep(0.003)
+        """), str(root), name], env=environment(env), stderr=subprocess.PIPE)
+        for name in ("a", "b")]
+    emptied = 0
+    try:
+        while any(p.poll() is None for p in producers):
+            time.sleep(0.1)
+            os.truncate(root / ".lock", 0)
+            emptied += 1
+        said = [p.communicate(timeout=120)[1] for p in producers]  # closes their pipes
+        codes = [p.returncode for p in producers]
+        with Spool(root) as spool:
+            deadline = time.monotonic() + 120
+            while sum(1 for j in spool.jobs() if j.state is JobState.COMPLETED) < 300:
+                assert pool.poll() is None and time.monotonic() < deadline, pool.poll()
+                time.sleep(0.1)
+        pool.send_signal(signal.SIGTERM)
+        out, err = pool.communicate(timeout=120)
+    finally:
+        for p in producers:
+            reap(p)
+        reap(pool)
+    assert emptied >= 3
+    assert codes == [0, 0], said
+    assert pool.returncode == 0, err.decode()[-3000:]
+    report = orjson.loads(out)
+    assert report["restarts"] == 0 and report["completed"] == 300, report
+    runs = [line.split()[1] for line in log.read_text().splitlines() if line.startswith("run ")]
+    assert sorted(runs) == sorted(f"{p}{i}" for p in "ab" for i in range(150))  # once each

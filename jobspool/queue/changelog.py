@@ -1,4 +1,4 @@
-"""A ring of recent changes to `ready/`, in the lock file's shared memory.
+"""A ring of recent changes to `ready/`, in the lock file's shared data.
 
 Why: each process caches the claimable jobs of `ready/` (see `index.py`)
 and used to relist the whole directory whenever another process changed
@@ -19,9 +19,8 @@ across a reboot, never a source of truth about any job.
 
 from __future__ import annotations
 
-import mmap
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 RING_OFFSET = 4096
 SLOTS = 512
@@ -29,6 +28,12 @@ _HEADER = struct.Struct("<Q")  # entries written so far
 _ENTRY = struct.Struct("<QIIcB128s")  # generation, batch size, index in batch, op, id length, id
 _ENTRY_SIZE = 160
 RING_BYTES = _HEADER.size + SLOTS * _ENTRY_SIZE
+
+
+
+def _slot_offset(slot: int) -> int:
+    return RING_OFFSET + _HEADER.size + slot * _ENTRY_SIZE
+
 
 ADD = b"A"
 REMOVE = b"R"
@@ -38,15 +43,14 @@ NOTHING = b"N"
 class ChangeRing:
     """Writer and reader of the ring; every call must hold the spool lock."""
 
-    def __init__(self, shared: mmap.mmap) -> None:
-        self._map = shared
-
-    def remap(self, shared: mmap.mmap) -> None:
-        """Follow the lock file to a new map (after `.lock` was replaced)."""
-        self._map = shared
+    def __init__(self, read: Callable[[int, int], bytes],
+                 write: Callable[[int, bytes], None]) -> None:
+        # The lock file's shared data, by position (`SpoolLock._read` / `_write`).
+        self._read = read
+        self._write = write
 
     def _count(self) -> int:
-        return int(_HEADER.unpack_from(self._map, RING_OFFSET)[0])
+        return int(_HEADER.unpack(self._read(RING_OFFSET, _HEADER.size))[0])
 
     def record(self, generation: int, added: Sequence[str], removed: Sequence[str]) -> None:
         """Log one batch's changes to `ready/` under its new generation."""
@@ -56,11 +60,18 @@ class ChangeRing:
         if len(entries) > SLOTS:
             return  # cannot be logged whole: readers see a gap and relist
         start = self._count()
+        packed = []
         for n, (op, job_id) in enumerate(entries):
             raw = job_id.encode()
-            offset = RING_OFFSET + _HEADER.size + ((start + n) % SLOTS) * _ENTRY_SIZE
-            _ENTRY.pack_into(self._map, offset, generation, len(entries), n, op, len(raw), raw)
-        _HEADER.pack_into(self._map, RING_OFFSET, start + len(entries))
+            packed.append(_ENTRY.pack(generation, len(entries), n, op, len(raw), raw)
+                          .ljust(_ENTRY_SIZE, b"\0"))
+        # One write per run of slots (two where the batch wraps past the ring's end).
+        first = start % SLOTS
+        head = min(len(packed), SLOTS - first)
+        self._write(_slot_offset(first), b"".join(packed[:head]))
+        if head < len(packed):
+            self._write(_slot_offset(0), b"".join(packed[head:]))
+        self._write(RING_OFFSET, _HEADER.pack(start + len(entries)))
 
     def since(self, seen: int, now: int) -> list[tuple[bytes, str]] | None:
         """The (op, id) changes of generations `seen+1 .. now` in order, or None when the
@@ -73,12 +84,17 @@ class ChangeRing:
             # the caller saw is no measure of what changed since.
             return None
         count = self._count()
+        held = min(count, SLOTS)
+        ring = self._read(_slot_offset(0), (SLOTS if count > SLOTS else held) * _ENTRY_SIZE)
         by_gen: dict[int, list[tuple[int, int, bytes, str]]] = {}
-        for k in range(max(0, count - SLOTS), count):
-            offset = RING_OFFSET + _HEADER.size + (k % SLOTS) * _ENTRY_SIZE
-            gen, size, idx, op, length, raw = _ENTRY.unpack_from(self._map, offset)
+        for k in range(count - held, count):
+            gen, size, idx, op, length, raw = _ENTRY.unpack_from(ring, (k % SLOTS) * _ENTRY_SIZE)
             if seen < gen <= now:
-                by_gen.setdefault(gen, []).append((idx, size, op, raw[:length].decode()))
+                try:
+                    job_id = raw[:length].decode()
+                except UnicodeDecodeError:
+                    return None  # torn or overwritten: relist
+                by_gen.setdefault(gen, []).append((idx, size, op, job_id))
         out: list[tuple[bytes, str]] = []
         for gen in range(seen + 1, now + 1):
             batch = sorted(by_gen.get(gen, []))

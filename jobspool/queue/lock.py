@@ -16,8 +16,8 @@ freshly created `.lock` would otherwise both hold "the" lock (measured: 230
 tokens issued twice, jobs overwritten). A directory cannot be unlinked while
 it holds the spool, so every process always meets on the same inode there.
 After locking, a process also checks that the `.lock` it holds is the one at
-the path; if it was deleted or replaced, it reopens it (re-mapping the shared
-memory below and telling its caches to start over).
+the path; if it was deleted or replaced, it reopens it (reading the shared
+data below from the new file, and telling its caches to start over).
 
 The lock is taken *blocking* (`LOCK_EX` without `LOCK_NB`): the kernel
 queues waiters, which measured fair (p99 3.4 ms, 50/50 share between two
@@ -27,8 +27,13 @@ What it does not protect against: a process that writes the spool without
 taking the lock, or a spool on a network filesystem where `flock` is not
 coherent across machines (an `ENOLCK` there is reported as a `SpoolError`).
 
-The same file also carries, through a shared memory map, one change counter
-per state directory (the *generation*). Every mutation bumps the counters of
+The same file also carries one change counter per state directory (the
+*generation*), read and written in place with positional reads and writes
+(every process sees the others' through the page cache). Not through a
+memory map, as before: a map touched past the end of a `.lock` an operator
+emptied (`: > .lock`) is a SIGBUS, and every process on the spool died of it
+at any moment; a read past the end is zeros, and the next holder starts the
+counters over (`_grow_back`). Every mutation bumps the counters of
 the directories it touched, under the lock. A process that cached a
 directory listing can then tell, in one memory read, whether anyone changed
 that directory since — so a claim does not relist `ready/` while nothing
@@ -36,8 +41,7 @@ changed. The counters are hints for caches, never a source of truth: their
 content after a crash, a reboot or a deleted `.lock` does not matter.
 
 `read_only=True` opens an existing `.lock` without write access (a user who
-may only read the spool): the map is read-only and the writer-side methods
-must not be called.
+may only read the spool): the writer-side methods must not be called.
 """
 
 from __future__ import annotations
@@ -45,7 +49,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import mmap
 import os
 import secrets
 import stat
@@ -68,6 +71,11 @@ from jobspool.queue.procid import current_pid
 _MAP_SIZE = 4096 + (-(-RING_BYTES // 4096)) * 4096
 _SLOT = struct.Struct("<Q")
 _GENERATION_SLOTS = 12
+# The slots read once per hold (`SpoolLock._page`): all of them but the group flush's
+# (17..31), which leaders write under the flush lock alone, outside any hold.
+_PAGE_SLOTS = 34
+_PAGE_BYTES = _PAGE_SLOTS * _SLOT.size
+_GROUP_SLOTS = (17, 31)
 
 # Seams for fault injection.
 os_flock = fcntl.flock
@@ -122,7 +130,7 @@ class SpoolLock:
         self._closed = False
         self._inherited = 0  # levels of a hold a forked child inherited (`drop_after_fork`)
         self._emptied = False  # `.lock` found emptied by hand at open (`_grow_back`)
-        self._private = False  # a reader's own zeroed map, not the file's (`_open`)
+        self._page: bytearray | None = None  # the slots as of this hold (`generation`)
         self._open()
         _LOCKS.add(self)
 
@@ -161,26 +169,16 @@ class SpoolLock:
             raise _not_a_lock_file(self._path)
         self._fd, self._dir_fd = fd, dir_fd
         self._ident = (st.st_dev, st.st_ino)
-        if self.read_only:
-            self._private = st.st_size < _MAP_SIZE
-            if self._private:
-                # Never grown by a writer yet: readers get a private zeroed view.
-                self._map = mmap.mmap(-1, _MAP_SIZE)
-            else:
-                self._map = _map_shared(fd, mmap.PROT_READ)
-        else:
+        if not self.read_only:
             # Growing to a fixed size is idempotent, so racing openers agree; we never
-            # shrink, which keeps other processes' maps valid (shrinking would SIGBUS them).
+            # shrink it. Allocated, a full disk is an error here, not at a later write.
             if st.st_size < _MAP_SIZE or st.st_blocks * 512 < _MAP_SIZE:
                 _allocate(fd, self._path)
             # Short, and not of our making: emptied by hand. Its shared state starts over
             # at the first hold (`_grow_back`), under the lock.
             self._emptied = st.st_size < _MAP_SIZE and not created
-            self._map = _map_shared(fd, mmap.PROT_READ | mmap.PROT_WRITE)
-        if hasattr(self, "ring"):
-            self.ring.remap(self._map)
-        else:
-            self.ring = ChangeRing(self._map)
+        if not hasattr(self, "ring"):
+            self.ring = ChangeRing(self._read, self._write)
 
     def drop_after_fork(self) -> None:
         """In a forked child, at once: close the copies of the flocked descriptors, which
@@ -206,14 +204,13 @@ class SpoolLock:
         self._pid = os.getpid()
         if self._closed:
             return
-        old = self._map
         try:
             self._open()
         except (OSError, SpoolError):
             return  # the spool is gone: the next `acquire` tries again (`_fd < 0`)
-        old.close()
 
     def _close_fds(self) -> None:
+        self._page = None
         for fd in (self._fd, self._dir_fd):
             if fd >= 0:
                 with contextlib.suppress(OSError):
@@ -228,20 +225,17 @@ class SpoolLock:
 
     def _reopen_after_fork(self) -> None:
         # The parent's descriptors stay open in the parent; the child drops its copies.
-        old = self._map
         self._close_fds()
         self._thread_lock = HandoverLock(self._let_go_for_cut)
         self._open()
-        old.close()
 
     def _reopen(self) -> None:
         """Switch to the `.lock` at the path. When that fails (the spool directory is gone)
-        the descriptors stay closed and the old map in place: the next `acquire` tries
-        again, so a spool re-created at its path is found without reopening the Spool."""
-        old = self._map
+        the descriptors stay closed (the shared data reads as zeros meanwhile): the next
+        `acquire` tries again, so a spool re-created at its path is found without
+        reopening the Spool."""
         self._close_fds()
         self._open()
-        old.close()
 
     def _still_at_path(self) -> bool:
         try:
@@ -318,9 +312,12 @@ class SpoolLock:
             except BaseException:
                 self._thread_lock.release()
                 raise
+            # The counters only a holder writes, read once for the whole hold (a read of
+            # the file apiece was a system call each, ~20 per enqueue).
+            self._page = bytearray(self._read(0, _PAGE_BYTES))
             if self._after_reopen:
                 self._forget_shared_state()
-            elif self._emptied or (self._shrunk() and not self._private):
+            elif self._emptied or self._shrunk():
                 self._grow_back()
             if not self.read_only and self.generation(self.BOOT_SLOT) != self._boot:
                 self._new_boot()
@@ -331,7 +328,7 @@ class SpoolLock:
                 # check for newer copies); found only at our own `begin_write`, the first
                 # claim after the crash ran a job whose completion was already on disk.
                 self.bump(self.SUSPECT_SLOT)
-                _SLOT.pack_into(self._map, self.WRITER_SLOT * _SLOT.size, 0)
+                self.put(self.WRITER_SLOT, 0)
 
     @property
     def current_boot(self) -> bool:
@@ -339,7 +336,7 @@ class SpoolLock:
         return self.generation(self.BOOT_SLOT) == self._boot
 
     def _new_boot(self) -> None:
-        """First holder since the machine booted (or of a new `.lock`): the map's content
+        """First holder since the machine booted (or of a new `.lock`): the shared data
         predates a reboot, when a power loss may have left two copies of a job (claims
         check for them until recovery runs) and the token counter must restart from disk."""
         if self.generation(self.BOOT_SLOT) != 0:
@@ -349,9 +346,9 @@ class SpoolLock:
         self.put(self.BOOT_SLOT, self._boot)
 
     def _shrunk(self) -> bool:
-        """Whether `.lock` is shorter than the map (emptied by hand: `: > .lock`). Touching
-        the map past the file's end is a SIGBUS: every process on the spool died (exit 135,
-        no message) at its next change. Asked once per hold, before the map is read."""
+        """Whether `.lock` is shorter than its shared data (emptied by hand: `: > .lock`).
+        Asked once per hold: the data reads as zeros past the end, and the counters must
+        start over (`_grow_back`), not from those zeros."""
         try:
             return os.fstat(self._fd).st_size < _MAP_SIZE
         except OSError:
@@ -359,23 +356,18 @@ class SpoolLock:
 
     def _grow_back(self) -> None:
         """Under both flocks: give the emptied `.lock` its size again (its content is
-        gone, zeros) and start the shared state over. The per-state generations restart
-        at random values, not 0: a process that cached a listing at generation 7 before
-        the file was emptied would take a 7 reached again for "nothing changed". The
+        gone: zeros) and start the shared state over (`_forget_shared_state`). The
         publication and flush numbers restart at 0, which only makes the next producer
-        lead its own flush; the token counter re-reads its ceiling from disk."""
+        lead its own flush; the token counter re-reads its ceiling from disk. A reader
+        cannot grow it: it reads zeros until a writer has, and forgets its caches."""
         self._emptied = False
-        if self.read_only:
-            # A reader cannot grow it: its own zeroed view (until it reopens the file).
-            self._map, self._private = mmap.mmap(-1, _MAP_SIZE), True
-            self.ring.remap(self._map)
-        else:
+        if not self.read_only:
             _allocate(self._fd, self._path)
         self._forget_shared_state()
 
     def _forget_shared_state(self) -> None:
         """After switching to a new `.lock`: every cache built on the old counters is void,
-        and a writer may have died mid-batch unseen (its in-flight mark was in the old map)."""
+        and a writer may have died mid-batch unseen (its in-flight mark was in the old file)."""
         if not self.read_only:
             # Restarted at random values, not bumped: a counter that restarted from 0 (the
             # file emptied, or a new one) and came round again to the value a cache holds
@@ -416,18 +408,15 @@ class SpoolLock:
             self._unlock_files()
 
     def _unlock_files(self) -> None:
+        self._page = None  # before the flocks go: another process may change them then
         try:
             fcntl.flock(self._dir_fd, fcntl.LOCK_UN)
             fcntl.flock(self._fd, fcntl.LOCK_UN)
         except OSError:
             # Closing a descriptor drops its lock for certain: never leave other
             # processes blocked behind a lock we failed to release.
-            old = self._map
             self._close_fds()
-            try:
-                self._open()
-            finally:
-                old.close()
+            self._open()
 
     @property
     def held(self) -> bool:
@@ -456,17 +445,48 @@ class SpoolLock:
 
     # ------------------------------------------------------------ generations
 
+    def _read(self, offset: int, size: int) -> bytes:
+        """`size` bytes of the shared data at `offset`; zeros past the file's end (emptied
+        by hand) or while the spool is away (a failed reopen). Positional reads, not a
+        memory map: a map touched past the end of a file someone emptied is a SIGBUS, and
+        every process on the spool died of it, at any moment, not only in its next hold."""
+        fd = self._fd
+        if fd < 0:
+            if self._closed:
+                raise ValueError("the spool lock's shared data is closed")
+            return bytes(size)
+        data = os.pread(fd, size, offset)
+        return data if len(data) == size else data.ljust(size, b"\0")
+
+    def _write(self, offset: int, data: bytes) -> None:
+        """Write shared data at `offset` (past a short file's end it grows it, sparse)."""
+        fd = self._fd
+        if fd < 0:
+            if self._closed:
+                raise ValueError("the spool lock's shared data is closed")
+            return  # the spool is away: hints only, and the next hold starts them over
+        os.pwrite(fd, data, offset)
+
     def generation(self, slot: int) -> int:
-        return int(_SLOT.unpack_from(self._map, slot * _SLOT.size)[0])
+        page = self._page
+        if page is not None and slot < _PAGE_SLOTS and not _GROUP_SLOTS[0] <= slot <= _GROUP_SLOTS[1]:
+            # Held (by some thread of ours): no other process can change these now, and
+            # our own writes went to the page too.
+            return int(_SLOT.unpack_from(page, slot * _SLOT.size)[0])
+        return int(_SLOT.unpack(self._read(slot * _SLOT.size, _SLOT.size))[0])
 
     def put(self, slot: int, value: int) -> None:
         """Set a slot; call only while holding the lock."""
-        _SLOT.pack_into(self._map, slot * _SLOT.size, value & 0xFFFFFFFFFFFFFFFF)
+        raw = _SLOT.pack(value & 0xFFFFFFFFFFFFFFFF)
+        self._write(slot * _SLOT.size, raw)
+        page = self._page
+        if page is not None and slot < _PAGE_SLOTS:
+            page[slot * _SLOT.size:(slot + 1) * _SLOT.size] = raw
 
     def bump(self, slot: int) -> int:
         """Increment a directory's change counter; call only while holding the lock."""
         value = (self.generation(slot) + 1) & 0xFFFFFFFFFFFFFFFF
-        _SLOT.pack_into(self._map, slot * _SLOT.size, value)
+        self.put(slot, value)
         return value
 
     # Slots past the per-state generations: a writer in flight, and crash suspicion.
@@ -486,12 +506,12 @@ class SpoolLock:
     def begin_write(self) -> None:
         """Mark a batch of renames in flight (under the lock). A mark found still set is
         a writer that died mid-batch: `acquire` flags that, before anything is read."""
-        _SLOT.pack_into(self._map, self.WRITER_SLOT * _SLOT.size, current_pid())
+        self.put(self.WRITER_SLOT, current_pid())
 
     def end_write(self, *, clean: bool) -> None:
         if not clean:
             self.bump(self.SUSPECT_SLOT)
-        _SLOT.pack_into(self._map, self.WRITER_SLOT * _SLOT.size, 0)
+        self.put(self.WRITER_SLOT, 0)
 
     def suspect(self) -> int:
         """Non-zero while a writer may have died mid-batch since the last recovery. Lives in
@@ -501,7 +521,7 @@ class SpoolLock:
     def clear_suspect(self, seen: int) -> None:
         """Clear the suspicion recovery started from, unless a new one arrived meanwhile."""
         if self.generation(self.SUSPECT_SLOT) == seen:
-            _SLOT.pack_into(self._map, self.SUSPECT_SLOT * _SLOT.size, 0)
+            self.put(self.SUSPECT_SLOT, 0)
 
     def close(self) -> None:
         """Close, after the operations other threads have in flight here: closing under
@@ -525,10 +545,7 @@ class SpoolLock:
             self._thread_lock.release()
 
     def _close_now(self) -> None:
-        try:
-            self._map.close()
-        finally:
-            self._close_fds()
+        self._close_fds()
 
 
 def _open_or_create(path: Path, mode: int) -> tuple[int, bool]:
@@ -547,22 +564,6 @@ def _open_or_create(path: Path, mode: int) -> tuple[int, bool]:
     return os.open(path, flags | os.O_CREAT, mode), False
 
 
-def _map_shared(locked: int, prot: int) -> mmap.mmap:
-    """The lock file's shared map, through an open file description of its own: mmap keeps
-    a duplicate of the descriptor it maps, and one of the flocked descriptor could not be
-    closed in a forked child (see `SpoolLock.drop_after_fork`). Reopened through
-    /proc/self/fd, so it is the same file even if the path was replaced meanwhile."""
-    flags = (os.O_RDONLY if prot == mmap.PROT_READ else os.O_RDWR) | os.O_CLOEXEC
-    try:
-        fd = os.open(f"/proc/self/fd/{locked}", flags)
-    except OSError:  # no /proc mounted: map the locked descriptor, as before
-        fd = os.dup(locked)
-    try:
-        return mmap.mmap(fd, _MAP_SIZE, mmap.MAP_SHARED, prot)
-    finally:
-        os.close(fd)
-
-
 _LOCKS: weakref.WeakSet[SpoolLock] = weakref.WeakSet()
 
 
@@ -575,11 +576,11 @@ os.register_at_fork(after_in_child=_drop_locks_after_fork)
 
 
 def _allocate(fd: int, path: Path) -> None:
-    """Give the mapped lock file its disk blocks now. `ftruncate` makes a sparse file;
-    its pages got blocks only when first written through the map, and on a full disk
-    that write is a SIGBUS: producers and workers died (exit 135, no message), one after
-    publishing its job. Allocated at open, a full disk is an error here instead (and a
-    file size limit under 88 KiB, RLIMIT_FSIZE, a one-line one, not an OSError)."""
+    """Give the lock file its disk blocks now. `ftruncate` makes a sparse file; its pages
+    got blocks only when first written (through the map, as it was: on a full disk a
+    SIGBUS, producers and workers dying with exit 135, one after publishing its job).
+    Allocated at open, a full disk is an error here instead (and a file size limit under
+    88 KiB, RLIMIT_FSIZE, a one-line one, not an OSError)."""
     try:
         if os.fstat(fd).st_size < _MAP_SIZE:
             os.ftruncate(fd, _MAP_SIZE)
